@@ -1,0 +1,162 @@
+//! The `Backend` trait: the few primitive operations a lock store provides.
+//!
+//! Everything else (waiting, renewal, the lost signal, release on drop,
+//! several keys) is written once in the core on top of these primitives.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{LockError, LostReason, Operation};
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+/// A future that resolves when a key *may* have been released (a hint to try
+/// again, never a promise that the key is free).
+pub type ReleaseNotice = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A future a backend hands out with a grant that resolves when the backend
+/// itself learns the lease is gone (for example its session died).
+pub type LossNotice = Pin<Box<dyn Future<Output = LostReason> + Send + 'static>>;
+
+/// The random identity of one acquisition. Release and extend succeed only
+/// for the owner that acquired, so a holder whose lease ran out can never
+/// release or extend the lease of whoever holds the key now.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerId([u8; 16]);
+
+impl OwnerId {
+    /// 128 fresh random bits from the operating system.
+    pub fn random() -> Result<Self, LockError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| LockError::backend("system", Operation::Acquire, "", e.to_string()))?;
+        Ok(Self(bytes))
+    }
+
+    /// Rebuilds an owner id from its bytes (as stored by a backend).
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    /// The raw bytes.
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// Parses the 32-hex-digit form written by `Display`.
+    pub fn parse_hex(text: &str) -> Option<Self> {
+        if text.len() != 32 || !text.is_ascii() {
+            return None;
+        }
+        let mut bytes = [0u8; 16];
+        for (i, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Self(bytes))
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for byte in self.0 {
+            write!(f, "{byte:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({self})")
+    }
+}
+
+/// The answer to one [`Backend::try_acquire`].
+pub enum Attempt {
+    /// The key was free and is now held by the caller.
+    Acquired(Grant),
+    /// Someone else holds the key.
+    Held {
+        /// How long until the current holder's lease runs out, if the
+        /// backend knows: the waiter retries then even if no release is
+        /// announced.
+        expires_in: Option<Duration>,
+    },
+}
+
+impl fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attempt::Acquired(grant) => f.debug_tuple("Acquired").field(&grant.token).finish(),
+            Attempt::Held { expires_in } => f
+                .debug_struct("Held")
+                .field("expires_in", expires_in)
+                .finish(),
+        }
+    }
+}
+
+/// A successful acquisition.
+pub struct Grant {
+    /// The fencing token of this acquisition.
+    pub token: FencingToken,
+    /// Resolves if the backend learns the lease is gone before the core does
+    /// (`None` when only renewal can tell).
+    pub loss: Option<LossNotice>,
+}
+
+impl Grant {
+    /// A grant whose loss only renewal can detect.
+    pub fn new(token: FencingToken) -> Self {
+        Self { token, loss: None }
+    }
+}
+
+/// A lock store. Implement these primitives and the core gives every lease
+/// renewal, the lost signal, waiting, release on drop and multi-key locking.
+///
+/// All operations must be atomic on the store: `try_acquire` sets the owner
+/// and draws the fencing token in one step, and `extend`/`release` compare
+/// the owner and act in one step.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The kind of store, for errors and traces (`"memory"`, `"file"`, …).
+    fn kind(&self) -> &'static str;
+
+    /// Takes `key` for `owner` for `ttl` if nobody holds it, drawing a
+    /// fencing token greater than every token issued for `key` before.
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError>;
+
+    /// Sets the remaining lifetime of `owner`'s lease on `key` to `ttl`.
+    /// `Ok(false)` when `owner` no longer holds `key`.
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError>;
+
+    /// Releases `key` if `owner` holds it. `Ok(false)` when it did not (the
+    /// lease had run out or was taken over); nothing is changed then.
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError>;
+
+    /// Registers interest in the release of `key`. The notice must resolve
+    /// after any release (or expiry the backend can see) that happens after
+    /// this call returns, so that a waiter that subscribes and then tries
+    /// again can never miss the release between the two steps.
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
+
+    /// Administrative: releases `key` whoever holds it. Its holder finds out
+    /// at its next renewal and sees its lease lost. `Ok(false)` if the key
+    /// was not held.
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError>;
+}

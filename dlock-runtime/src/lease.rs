@@ -1,0 +1,584 @@
+//! The lease lifecycle, written once for every backend: acquisition with
+//! waiting, background renewal, the lost signal, release, and release on drop.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::{Instant, sleep_until, timeout};
+use tracing::Instrument as _;
+
+use crate::backend::{Attempt, Backend, Grant, LossNotice, OwnerId};
+use crate::error::{LockError, LostReason};
+use crate::key::LockKey;
+use crate::options::LockOptions;
+use crate::token::{FencingToken, FencingTokens};
+
+/// The longest a waiter sleeps between attempts when no release is announced
+/// (covers expiries a backend cannot announce).
+const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
+/// Added to a holder's remaining lifetime before retrying, so the retry lands
+/// after the expiry rather than just before it.
+const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// The longest pause between renewal retries after a failed renewal.
+const MAX_RENEW_RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Held,
+    Lost(LostReason),
+    Released,
+}
+
+/// What a lease and its renewal task share.
+struct Shared {
+    key: LockKey,
+    token: FencingToken,
+    owner: OwnerId,
+    backend: Arc<dyn Backend>,
+    state: watch::Sender<State>,
+}
+
+impl Shared {
+    fn lost_error(&self, reason: LostReason) -> LockError {
+        LockError::LeaseLost {
+            key: self.key.to_string(),
+            token: self.token,
+            reason,
+        }
+    }
+
+    fn error_for(&self, state: &State) -> Option<LockError> {
+        match state {
+            State::Held => None,
+            State::Lost(reason) => Some(self.lost_error(reason.clone())),
+            State::Released => Some(self.lost_error(LostReason::Released)),
+        }
+    }
+
+    /// Marks the lease lost unless it already ended; true if this call did.
+    fn mark_lost(&self, reason: LostReason) -> bool {
+        let marked = self.state.send_if_modified(|state| {
+            if *state == State::Held {
+                *state = State::Lost(reason.clone());
+                true
+            } else {
+                false
+            }
+        });
+        if marked {
+            tracing::warn!(
+                key = %self.key,
+                backend = self.backend.kind(),
+                token = %self.token,
+                %reason,
+                "lease lost"
+            );
+        }
+        marked
+    }
+
+    async fn lost(&self) -> LockError {
+        let mut rx = self.state.subscribe();
+        let ended = rx
+            .wait_for(|state| *state != State::Held)
+            .await
+            .ok()
+            .and_then(|state| self.error_for(&state));
+        match ended {
+            Some(err) => err,
+            // The sender lives in `self`, so the channel cannot close.
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// A held lock. Renewed in the background while it lives (unless renewal is
+/// off); lost when renewal fails or the ttl runs out, and its holder can see
+/// that ([`Lease::lost`], [`Lease::check`]); released by
+/// [`Lease::release`] or, if dropped unreleased, in the background (or, with
+/// no runtime left, by its ttl).
+#[must_use = "a lease is released as soon as it is dropped"]
+pub struct Lease {
+    shared: Arc<Shared>,
+    monitor: AbortHandle,
+    acquired_at: Instant,
+    min_hold: Duration,
+    finished: bool,
+}
+
+impl Lease {
+    /// The locked key.
+    pub fn key(&self) -> &LockKey {
+        &self.shared.key
+    }
+
+    /// The fencing token: send it with every write to the protected resource.
+    pub fn token(&self) -> FencingToken {
+        self.shared.token
+    }
+
+    /// The kind of backend holding the lock.
+    pub fn backend_kind(&self) -> &'static str {
+        self.shared.backend.kind()
+    }
+
+    /// True once the lease is lost: stop acting on the protected resource.
+    pub fn is_lost(&self) -> bool {
+        *self.shared.state.borrow() != State::Held
+    }
+
+    /// `Ok(())` while the lease is held, the [`LockError::LeaseLost`] that
+    /// ended it otherwise. Cheap: call it between steps of long work.
+    pub fn check(&self) -> Result<(), LockError> {
+        match self.shared.error_for(&self.shared.state.borrow()) {
+            None => Ok(()),
+            Some(err) => Err(err),
+        }
+    }
+
+    /// Resolves, with the [`LockError::LeaseLost`] that says why, when the
+    /// lease is lost. Pending for as long as it is held.
+    pub async fn lost(&self) -> LockError {
+        self.shared.lost().await
+    }
+
+    /// A cheap handle on the lost signal that can be moved into other tasks.
+    pub fn lost_signal(&self) -> LostSignal {
+        LostSignal {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    /// Runs `work` while the lease is held: if the lease is lost first,
+    /// `work` is dropped (cancelled) and the lost error returned.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
+        tokio::select! {
+            biased;
+            err = self.lost() => Err(err),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Releases the lock (keeping it until the minimum hold, if one was
+    /// set). Fails with [`LockError::LeaseLost`] if the lease had been lost
+    /// before: its holder must assume someone else acted meanwhile.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.finished = true;
+        self.monitor.abort();
+        let prior = self.shared.state.send_replace(State::Released);
+        let outcome = finish(&self.shared, self.keep_for()).await;
+        if let State::Lost(reason) = prior {
+            return Err(self.shared.lost_error(reason));
+        }
+        match outcome {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(self.shared.lost_error(LostReason::NotOwner)),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Gives the lock back at once, ignoring the minimum hold (used when a
+    /// multi-key acquisition fails half-way and did no work).
+    async fn give_back(mut self) {
+        self.finished = true;
+        self.monitor.abort();
+        self.shared.state.send_replace(State::Released);
+        if let Err(err) = finish(&self.shared, Duration::ZERO).await {
+            tracing::warn!(key = %self.shared.key, error = %err, "giving back a lock failed; its ttl will free it");
+        }
+    }
+
+    /// How much longer the minimum hold keeps the key.
+    fn keep_for(&self) -> Duration {
+        self.min_hold.saturating_sub(self.acquired_at.elapsed())
+    }
+}
+
+/// Ends the lease on the backend: releases it, or shortens it to `keep_for`
+/// when a minimum hold is still running. `Ok(false)`: it was not ours any more.
+async fn finish(shared: &Shared, keep_for: Duration) -> Result<bool, LockError> {
+    let outcome = if keep_for.is_zero() {
+        shared.backend.release(&shared.key, &shared.owner).await
+    } else {
+        shared
+            .backend
+            .extend(&shared.key, &shared.owner, keep_for)
+            .await
+    };
+    tracing::debug!(
+        key = %shared.key,
+        backend = shared.backend.kind(),
+        token = %shared.token,
+        kept_for_ms = keep_for.as_millis() as u64,
+        released = matches!(outcome, Ok(true)),
+        "lease released"
+    );
+    outcome
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.monitor.abort();
+        self.shared.state.send_replace(State::Released);
+        let keep_for = self.keep_for();
+        let shared = Arc::clone(&self.shared);
+        // Early return, `?`, panic or cancellation: release in the background
+        // if a runtime is still there; otherwise the ttl frees the key.
+        if let Ok(handle) = Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(err) = finish(&shared, keep_for).await {
+                    tracing::warn!(key = %shared.key, error = %err, "release on drop failed; the ttl will free the key");
+                }
+            });
+        }
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &self.shared.key)
+            .field("token", &self.shared.token)
+            .field("backend", &self.shared.backend.kind())
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+/// A handle on a lease's lost signal, detached from the lease so it can be
+/// moved into spawned tasks. It reports the lease ended once it is lost *or*
+/// released: either way nothing may be done under it any more.
+#[derive(Clone)]
+pub struct LostSignal {
+    shared: Arc<Shared>,
+}
+
+impl LostSignal {
+    /// True once the lease is lost or released.
+    pub fn is_lost(&self) -> bool {
+        *self.shared.state.borrow() != State::Held
+    }
+
+    /// `Ok(())` while the lease is held.
+    pub fn check(&self) -> Result<(), LockError> {
+        match self.shared.error_for(&self.shared.state.borrow()) {
+            None => Ok(()),
+            Some(err) => Err(err),
+        }
+    }
+
+    /// Resolves when the lease is lost or released.
+    pub async fn lost(&self) -> LockError {
+        self.shared.lost().await
+    }
+
+    /// The token of the lease this signal watches.
+    pub fn token(&self) -> FencingToken {
+        self.shared.token
+    }
+}
+
+impl std::fmt::Debug for LostSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LostSignal")
+            .field("key", &self.shared.key)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+/// Acquires one key, waiting until `deadline` if it is held.
+pub(crate) async fn acquire(
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    options: LockOptions,
+    deadline: Instant,
+) -> Result<Lease, LockError> {
+    let Ok(runtime) = Handle::try_current() else {
+        return Err(LockError::NoRuntime {
+            key: key.to_string(),
+        });
+    };
+    let span = tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind());
+    async move {
+        let started = Instant::now();
+        let owner = OwnerId::random()?;
+        let (grant, sent) = take(&*backend, &key, &owner, &options, deadline, started).await?;
+        tracing::debug!(
+            token = %grant.token,
+            waited_ms = started.elapsed().as_millis() as u64,
+            "lock acquired"
+        );
+        Ok(start(runtime, backend, key, owner, grant, sent, &options))
+    }
+    .instrument(span)
+    .await
+}
+
+/// The attempt loop. Returns the grant and the instant its request was sent,
+/// from which the lease's lifetime is counted (never later than the server's).
+async fn take(
+    backend: &dyn Backend,
+    key: &LockKey,
+    owner: &OwnerId,
+    options: &LockOptions,
+    deadline: Instant,
+    started: Instant,
+) -> Result<(Grant, Instant), LockError> {
+    let contended = |now: Instant| {
+        if options.wait.is_zero() {
+            LockError::Held {
+                key: key.to_string(),
+            }
+        } else {
+            LockError::Timeout {
+                key: key.to_string(),
+                waited: now - started,
+            }
+        }
+    };
+    let sent = Instant::now();
+    if let Attempt::Acquired(grant) = backend.try_acquire(key, owner, options.ttl).await? {
+        return Ok((grant, sent));
+    }
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(contended(now));
+        }
+        // Subscribe first, then try again: a release that lands between the
+        // failed attempt and the subscription is seen by this retry, and one
+        // that lands after it wakes the notice. No wake-up is lost.
+        let notice = backend.subscribe(key).await?;
+        let sent = Instant::now();
+        let expires_in = match backend.try_acquire(key, owner, options.ttl).await? {
+            Attempt::Acquired(grant) => return Ok((grant, sent)),
+            Attempt::Held { expires_in } => expires_in,
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(contended(now));
+        }
+        let mut nap = (deadline - now).min(FALLBACK_RECHECK);
+        if let Some(expires_in) = expires_in {
+            nap = nap.min(expires_in + EXPIRY_SLACK);
+        }
+        let _woken = timeout(nap, notice).await;
+    }
+}
+
+fn start(
+    runtime: Handle,
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    owner: OwnerId,
+    grant: Grant,
+    sent: Instant,
+    options: &LockOptions,
+) -> Lease {
+    let (state, _) = watch::channel(State::Held);
+    let shared = Arc::new(Shared {
+        key,
+        token: grant.token,
+        owner,
+        backend,
+        state,
+    });
+    let monitor = runtime
+        .spawn(keep_alive(
+            Arc::clone(&shared),
+            sent + options.ttl,
+            options.ttl,
+            options.renew,
+            grant.loss,
+        ))
+        .abort_handle();
+    Lease {
+        shared,
+        monitor,
+        acquired_at: sent,
+        min_hold: options.min_hold,
+        finished: false,
+    }
+}
+
+/// The renewal task: renews every third of the ttl, and marks the lease lost
+/// when the backend reports it gone, when a renewal is refused, or when the
+/// ttl runs out before a renewal went through.
+async fn keep_alive(
+    shared: Arc<Shared>,
+    mut valid_until: Instant,
+    ttl: Duration,
+    renew: bool,
+    loss: Option<LossNotice>,
+) {
+    let mut loss = loss.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let interval = ttl / 3;
+    let mut next_renewal = valid_until - ttl + interval;
+    let mut last_error: Option<String> = None;
+    loop {
+        tokio::select! {
+            reason = &mut loss => {
+                shared.mark_lost(reason);
+                return;
+            }
+            _ = sleep_until(valid_until) => {
+                shared.mark_lost(match last_error.take() {
+                    Some(err) => LostReason::Unreachable(err),
+                    None => LostReason::Expired,
+                });
+                return;
+            }
+            _ = sleep_until(next_renewal), if renew => {
+                let sent = Instant::now();
+                let left = valid_until.saturating_duration_since(sent);
+                match timeout(left, shared.backend.extend(&shared.key, &shared.owner, ttl)).await {
+                    Ok(Ok(true)) => {
+                        valid_until = sent + ttl;
+                        next_renewal = sent + interval;
+                        last_error = None;
+                        tracing::trace!(key = %shared.key, token = %shared.token, "lease renewed");
+                    }
+                    Ok(Ok(false)) => {
+                        shared.mark_lost(LostReason::NotOwner);
+                        return;
+                    }
+                    Ok(Err(err)) => {
+                        tracing::warn!(key = %shared.key, token = %shared.token, error = %err, "lease renewal failed; retrying");
+                        last_error = Some(err.to_string());
+                        next_renewal = Instant::now() + (ttl / 10).min(MAX_RENEW_RETRY);
+                    }
+                    // The ttl ran out while the renewal was in flight: the
+                    // expiry branch fires on the next turn.
+                    Err(_) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Several held locks, taken in one global order. Lost as soon as any of
+/// them is lost.
+#[must_use = "the locks are released as soon as the set is dropped"]
+#[derive(Debug)]
+pub struct LeaseSet {
+    /// In locking (sorted) order.
+    leases: Vec<Lease>,
+    /// For each key as written, its index in `leases`.
+    written: Vec<usize>,
+}
+
+impl LeaseSet {
+    /// The tokens, one per key in the order the keys were written.
+    pub fn tokens(&self) -> FencingTokens {
+        FencingTokens(
+            self.written
+                .iter()
+                .map(|&i| self.leases[i].token())
+                .collect(),
+        )
+    }
+
+    /// The token of `key`, if it is in the set.
+    pub fn token_of(&self, key: &LockKey) -> Option<FencingToken> {
+        self.leases
+            .iter()
+            .find(|lease| lease.key() == key)
+            .map(Lease::token)
+    }
+
+    /// The leases, in locking order.
+    pub fn leases(&self) -> &[Lease] {
+        &self.leases
+    }
+
+    /// True once any of the leases is lost.
+    pub fn is_lost(&self) -> bool {
+        self.leases.iter().any(Lease::is_lost)
+    }
+
+    /// `Ok(())` while every lease is held.
+    pub fn check(&self) -> Result<(), LockError> {
+        self.leases.iter().try_for_each(Lease::check)
+    }
+
+    /// Resolves when any lease is lost.
+    pub async fn lost(&self) -> LockError {
+        let mut waits: Vec<Pin<Box<dyn Future<Output = LockError> + Send + '_>>> = self
+            .leases
+            .iter()
+            .map(|lease| {
+                Box::pin(lease.lost()) as Pin<Box<dyn Future<Output = LockError> + Send + '_>>
+            })
+            .collect();
+        poll_fn(|cx| {
+            for wait in &mut waits {
+                if let Poll::Ready(err) = wait.as_mut().poll(cx) {
+                    return Poll::Ready(err);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Runs `work` while every lease is held; cancels it if one is lost.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
+        tokio::select! {
+            biased;
+            err = self.lost() => Err(err),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Releases every lock, in reverse locking order. All are released even
+    /// if one fails; the first failure is returned.
+    pub async fn release(self) -> Result<(), LockError> {
+        let mut first_error = None;
+        for lease in self.leases.into_iter().rev() {
+            if let Err(err) = lease.release().await {
+                first_error.get_or_insert(err);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Acquires several keys in sorted order, giving back what it took if a
+/// later key cannot be had.
+pub(crate) async fn acquire_many(
+    backend: Arc<dyn Backend>,
+    keys: Vec<LockKey>,
+    options: LockOptions,
+    deadline: Instant,
+) -> Result<LeaseSet, LockError> {
+    let mut order = keys.clone();
+    order.sort();
+    order.dedup();
+    let mut leases: Vec<Lease> = Vec::with_capacity(order.len());
+    for key in &order {
+        match acquire(Arc::clone(&backend), key.clone(), options.clone(), deadline).await {
+            Ok(lease) => leases.push(lease),
+            Err(err) => {
+                for taken in leases.into_iter().rev() {
+                    taken.give_back().await;
+                }
+                return Err(err);
+            }
+        }
+    }
+    let written = keys
+        .iter()
+        .map(|key| order.binary_search(key).unwrap_or_default())
+        .collect();
+    Ok(LeaseSet { leases, written })
+}

@@ -1,0 +1,42 @@
+//! The runtime of [dlock](https://docs.rs/dlock): everything that runs.
+//!
+//! Users depend on the `dlock` facade, which re-exports this crate; the
+//! `#[distributed_lock]` macro expands to calls into it.
+//!
+//! - [`FencingToken`]: the monotonic number every acquisition returns.
+//! - [`Backend`]: the few primitives a lock store implements.
+//! - [`Lease`]: a held lock, renewed in the background, with a lost signal,
+//!   released explicitly or on drop.
+//! - [`LockOptions`]: the programmatic API (ttl, wait, renewal, minimum hold,
+//!   backend name) and `acquire`/`acquire_many`.
+//! - [`registry()`]: backends by name.
+//! - [`fence`]: resource-side checks that reject stale tokens.
+//! - Backends: [`memory`] and [`file`].
+
+#![warn(missing_docs)]
+
+pub mod backend;
+pub mod error;
+pub mod fence;
+pub mod file;
+pub mod key;
+pub mod lease;
+pub mod memory;
+pub mod options;
+pub mod registry;
+pub mod token;
+
+pub use backend::{Attempt, Backend, Grant, LossNotice, OwnerId, ReleaseNotice};
+pub use error::{BoxError, LockError, LostReason, Operation};
+pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};
+pub use lease::{Lease, LeaseSet, LostSignal};
+pub use options::{IntoLockKey, LockOptions, MAX_DURATION};
+pub use registry::{DEFAULT_BACKEND, Registry, registry};
+pub use token::{FencingToken, FencingTokens};
+
+/// Logs a release that failed after a locked body finished (used by the
+/// `dlock` facade, which has no tracing dependency of its own).
+#[doc(hidden)]
+pub fn __log_release_failure(err: &LockError) {
+    tracing::warn!(error = %err, "releasing after the locked body failed; the body's result is returned");
+}

@@ -1,0 +1,250 @@
+//! `MemoryBackend`: locks shared by the tasks of one process.
+//!
+//! For tests and local development, and as the reference every other backend
+//! is checked against: it keeps the full semantics (ttl expiry, fencing
+//! tokens, waiting without polling, owner-checked release and extend).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+/// How many keys may be added between two sweeps of idle entries.
+const SWEEP_EVERY: usize = 1024;
+
+/// Locks held in this process's memory.
+///
+/// Fencing tokens come from one counter for the whole backend, seeded from
+/// the wall clock in microseconds, so tokens keep rising across a restart of
+/// the process as long as the clock does not move backwards.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::{sync::Arc, time::Duration};
+/// use dlock_runtime::{memory::MemoryBackend, Backend, LockOptions};
+///
+/// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+/// let options = LockOptions::new(Duration::from_secs(10));
+/// let first = options.acquire_on(backend.clone(), "job").await?;
+/// assert!(options.acquire_on(backend.clone(), "job").await.is_err());
+/// let first_token = first.token();
+/// first.release().await?;
+/// let second = options.acquire_on(backend.clone(), "job").await?;
+/// assert!(second.token() > first_token);
+/// second.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    entries: Mutex<Entries>,
+    counter: AtomicU64,
+}
+
+#[derive(Default)]
+struct Entries {
+    by_key: HashMap<LockKey, Entry>,
+    added_since_sweep: usize,
+}
+
+struct Entry {
+    holder: Option<Holder>,
+    /// Bumped on every release; waiters hold receivers.
+    released: watch::Sender<u64>,
+}
+
+struct Holder {
+    owner: OwnerId,
+    expires_at: Instant,
+}
+
+impl Entry {
+    fn new() -> Self {
+        Self {
+            holder: None,
+            released: watch::channel(0).0,
+        }
+    }
+
+    /// The live holder, if any (an expired lease holds nothing).
+    fn live_holder(&self, now: Instant) -> Option<&Holder> {
+        self.holder.as_ref().filter(|h| h.expires_at > now)
+    }
+
+    fn announce_release(&self) {
+        self.released.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn idle(&self, now: Instant) -> bool {
+        self.live_holder(now).is_none() && self.released.receiver_count() == 0
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty backend.
+    pub fn new() -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        Self {
+            inner: Arc::new(Inner {
+                entries: Mutex::default(),
+                counter: AtomicU64::new(seed),
+            }),
+        }
+    }
+
+    /// How many keys the backend tracks (held or waited on), for tests of
+    /// its memory use.
+    pub fn tracked_keys(&self) -> usize {
+        self.lock().by_key.len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.inner
+            .entries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_token(&self) -> FencingToken {
+        FencingToken::new(self.inner.counter.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+}
+
+impl Entries {
+    fn entry(&mut self, key: &LockKey) -> &mut Entry {
+        if !self.by_key.contains_key(key) {
+            self.added_since_sweep += 1;
+            if self.added_since_sweep >= SWEEP_EVERY {
+                let now = Instant::now();
+                self.by_key.retain(|_, entry| !entry.idle(now));
+                self.added_since_sweep = 0;
+            }
+        }
+        self.by_key.entry(key.clone()).or_insert_with(Entry::new)
+    }
+
+    /// Drops the entry of `key` if nothing refers to it any more.
+    fn forget_if_idle(&mut self, key: &LockKey) {
+        let now = Instant::now();
+        if self.by_key.get(key).is_some_and(|entry| entry.idle(now)) {
+            self.by_key.remove(key);
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("tracked_keys", &self.tracked_keys())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let entry = entries.entry(key);
+        if let Some(holder) = entry.live_holder(now) {
+            return Ok(Attempt::Held {
+                expires_in: Some(holder.expires_at - now),
+            });
+        }
+        // The token is drawn under the same mutex that sets the holder, so
+        // token order is acquisition order.
+        let token = self.next_token();
+        entry.holder = Some(Holder {
+            owner: *owner,
+            expires_at: now + ttl,
+        });
+        Ok(Attempt::Acquired(Grant::new(token)))
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(holder) = entries.by_key.get_mut(key).and_then(|e| e.holder.as_mut()) else {
+            return Ok(false);
+        };
+        if holder.owner != *owner || holder.expires_at <= now {
+            return Ok(false);
+        }
+        holder.expires_at = now + ttl;
+        Ok(true)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            return Ok(false);
+        };
+        let ours = entry
+            .live_holder(now)
+            .is_some_and(|holder| holder.owner == *owner);
+        if ours {
+            entry.holder = None;
+            entry.announce_release();
+            entries.forget_if_idle(key);
+        }
+        Ok(ours)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let mut receiver = self.lock().entry(key).released.subscribe();
+        Ok(Box::pin(async move {
+            // A closed channel (backend dropped) also ends the wait.
+            let _ = receiver.changed().await;
+        }))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            return Ok(false);
+        };
+        let was_held = entry.live_holder(now).is_some();
+        entry.holder = None;
+        entry.announce_release();
+        entries.forget_if_idle(key);
+        Ok(was_held)
+    }
+}

@@ -1,0 +1,232 @@
+//! Lock options and the programmatic entry point: `LockOptions::acquire`.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::error::LockError;
+use crate::key::LockKey;
+use crate::lease::{self, Lease, LeaseSet};
+use crate::registry::{DEFAULT_BACKEND, registry};
+
+/// The longest ttl, wait or minimum hold accepted (30 days): longer values
+/// are almost certainly unit mistakes.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// How a lock is taken and kept: the programmatic twin of the
+/// `#[distributed_lock(...)]` options.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{registry, memory::MemoryBackend, LockOptions};
+///
+/// registry().register("doc-options", MemoryBackend::new());
+/// let options = LockOptions::new(Duration::from_secs(30))
+///     .backend("doc-options")
+///     .wait(Duration::from_secs(5));
+/// let lease = options.acquire("export:42").await?;
+/// println!("holding {} with token {}", lease.key(), lease.token());
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) renew: bool,
+    pub(crate) min_hold: Duration,
+    pub(crate) backend: Cow<'static, str>,
+}
+
+impl LockOptions {
+    /// Options with the given ttl: no waiting, renewal on, no minimum hold,
+    /// the backend registered as `"default"`.
+    pub const fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            wait: Duration::ZERO,
+            renew: true,
+            min_hold: Duration::ZERO,
+            backend: Cow::Borrowed(DEFAULT_BACKEND),
+        }
+    }
+
+    /// How long to wait for a held key before failing with
+    /// [`LockError::Timeout`]. Zero (the default) fails at once with
+    /// [`LockError::Held`].
+    pub const fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether a live holder renews its lease in the background (on by
+    /// default, every third of the ttl). Off, the lease is lost when the ttl
+    /// runs out, and the holder is told.
+    pub const fn renew(mut self, renew: bool) -> Self {
+        self.renew = renew;
+        self
+    }
+
+    /// Keeps the key held for at least this long after acquisition, even if
+    /// released earlier (ShedLock's `lockAtLeastFor`): a job that runs fast
+    /// on one replica is not run again at once by a replica whose clock is
+    /// a little behind. Must not exceed the ttl.
+    pub const fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = min_hold;
+        self
+    }
+
+    /// The registry name of the backend to lock with.
+    pub fn backend(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.backend = name.into();
+        self
+    }
+
+    /// The ttl.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Checks every value; [`LockOptions::acquire`] does this too.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |option, reason: String| Err(LockError::InvalidOption { option, reason });
+        if self.ttl.is_zero() {
+            return bad("ttl", "must be greater than zero".into());
+        }
+        if self.ttl < Duration::from_millis(10) {
+            return bad("ttl", format!("{:?} is below the 10ms minimum", self.ttl));
+        }
+        for (option, value) in [
+            ("ttl", self.ttl),
+            ("wait", self.wait),
+            ("min_hold", self.min_hold),
+        ] {
+            if value > MAX_DURATION {
+                return bad(option, format!("{value:?} is above the 30-day maximum"));
+            }
+        }
+        if self.min_hold > self.ttl {
+            return bad(
+                "min_hold",
+                format!(
+                    "{:?} is longer than the ttl {:?}: a lease cannot be kept past its ttl",
+                    self.min_hold, self.ttl
+                ),
+            );
+        }
+        if self.backend.is_empty() {
+            return bad("backend", "the backend name must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// Acquires `key` on the named backend.
+    pub async fn acquire(&self, key: impl IntoLockKey) -> Result<Lease, LockError> {
+        let key = key.into_lock_key()?;
+        let backend = registry().get(&self.backend)?;
+        self.acquire_on(backend, key).await
+    }
+
+    /// Acquires `key` on a backend held directly rather than by name.
+    pub async fn acquire_on(
+        &self,
+        backend: Arc<dyn Backend>,
+        key: impl IntoLockKey,
+    ) -> Result<Lease, LockError> {
+        let key = key.into_lock_key()?;
+        self.validate()?;
+        lease::acquire(backend, key, self.clone(), self.deadline()).await
+    }
+
+    /// Acquires several keys at once, always in one global order (sorted,
+    /// duplicates taken once), giving back what it took if a later key
+    /// cannot be had. Two callers locking `{a, b}` and `{b, a}` therefore
+    /// never deadlock. The wait, if any, covers all keys together.
+    pub async fn acquire_many<I>(&self, keys: I) -> Result<LeaseSet, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoLockKey,
+    {
+        let keys = keys
+            .into_iter()
+            .map(IntoLockKey::into_lock_key)
+            .collect::<Result<Vec<_>, _>>()?;
+        let backend = registry().get(&self.backend)?;
+        self.acquire_many_on(backend, keys).await
+    }
+
+    /// [`LockOptions::acquire_many`] on a backend held directly.
+    pub async fn acquire_many_on<I>(
+        &self,
+        backend: Arc<dyn Backend>,
+        keys: I,
+    ) -> Result<LeaseSet, LockError>
+    where
+        I: IntoIterator,
+        I::Item: IntoLockKey,
+    {
+        let keys = keys
+            .into_iter()
+            .map(IntoLockKey::into_lock_key)
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Err(LockError::InvalidOption {
+                option: "keys",
+                reason: "at least one key is needed".into(),
+            });
+        }
+        self.validate()?;
+        lease::acquire_many(backend, keys, self.clone(), self.deadline()).await
+    }
+
+    fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.wait
+    }
+}
+
+/// Anything that names one lock key: `&str`, `String`, [`LockKey`], or the
+/// result of building one.
+pub trait IntoLockKey {
+    /// Validates and converts.
+    fn into_lock_key(self) -> Result<LockKey, LockError>;
+}
+
+impl IntoLockKey for LockKey {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        Ok(self)
+    }
+}
+
+impl IntoLockKey for &LockKey {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        Ok(self.clone())
+    }
+}
+
+impl IntoLockKey for &str {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        LockKey::new(self)
+    }
+}
+
+impl IntoLockKey for String {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        LockKey::new(self)
+    }
+}
+
+impl IntoLockKey for &String {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        LockKey::new(self.as_str())
+    }
+}
+
+impl IntoLockKey for Result<LockKey, LockError> {
+    fn into_lock_key(self) -> Result<LockKey, LockError> {
+        self
+    }
+}

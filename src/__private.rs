@@ -1,0 +1,80 @@
+//! What `#[distributed_lock]` expansions call. Not a public API: it may
+//! change in any release.
+
+use std::future::Future;
+
+pub use core::time::Duration;
+pub use dlock_runtime::{
+    FencingToken, FencingTokens, KeyBuilder, Lease, LeaseSet, LockError, LockOptions, LostSignal,
+};
+
+/// The return types a locked function may have: anything that can carry a
+/// [`LockError`], that is `Result<T, E>` with `E: From<LockError>`.
+#[diagnostic::on_unimplemented(
+    message = "`#[distributed_lock]` needs a return type that can carry a `dlock::LockError`, found `{Self}`",
+    label = "this type cannot carry a `dlock::LockError`",
+    note = "return `Result<T, E>` where `E: From<dlock::LockError>` (for example `Result<T, dlock::LockError>`)"
+)]
+pub trait LockResult: Sized {
+    /// Wraps a lock failure into the function's return type.
+    fn from_lock_error(err: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> LockResult for Result<T, E> {
+    fn from_lock_error(err: LockError) -> Self {
+        Err(E::from(err))
+    }
+}
+
+/// What happens to the body when the lease is lost while it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnLost {
+    /// Cancel the body and return the `LeaseLost` error (the default).
+    Abort,
+    /// Let the body finish and return its result; the loss is logged.
+    Finish,
+}
+
+/// Runs a locked body and releases the lease afterwards.
+pub async fn run<R, F>(lease: Lease, on_lost: OnLost, body: F) -> R
+where
+    R: LockResult,
+    F: Future<Output = R>,
+{
+    let out = match on_lost {
+        OnLost::Abort => match lease.run(body).await {
+            Ok(out) => out,
+            Err(lost) => return R::from_lock_error(lost),
+        },
+        OnLost::Finish => body.await,
+    };
+    if let Err(err) = lease.release().await {
+        // The body's work is done and its writes carried the token; its
+        // result is returned so it is not lost, and the failure is logged.
+        tracing_warn(&err);
+    }
+    out
+}
+
+/// [`run`] for a lease on several keys.
+pub async fn run_many<R, F>(leases: LeaseSet, on_lost: OnLost, body: F) -> R
+where
+    R: LockResult,
+    F: Future<Output = R>,
+{
+    let out = match on_lost {
+        OnLost::Abort => match leases.run(body).await {
+            Ok(out) => out,
+            Err(lost) => return R::from_lock_error(lost),
+        },
+        OnLost::Finish => body.await,
+    };
+    if let Err(err) = leases.release().await {
+        tracing_warn(&err);
+    }
+    out
+}
+
+fn tracing_warn(err: &LockError) {
+    dlock_runtime::__log_release_failure(err);
+}

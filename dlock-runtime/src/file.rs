@@ -1,1 +1,554 @@
-//! placeholder
+//! `FileBackend`: locks shared by the processes of one host, through a
+//! directory.
+//!
+//! Per key, three kinds of file live in the directory:
+//!
+//! - `NAME.lock`: locked (OS file lock, exclusive) only for the few
+//!   microseconds it takes to read and rewrite the state, so every operation
+//!   on a key is one atomic step across processes.
+//! - `NAME.state`: the fencing counter, the current owner and when its lease
+//!   expires (wall clock). Rewritten through a temporary file and a rename;
+//!   made durable before a token is handed out, so tokens keep rising across
+//!   process restarts and host crashes.
+//! - `NAME.OWNER.alive`: locked exclusively by the holder's process for as
+//!   long as it holds the lease. The OS drops that lock the moment the
+//!   process dies, so a holder killed with SIGKILL frees the key at once: a
+//!   contender that can lock the file knows its holder is gone. Waiters block
+//!   on a shared lock of it and wake the moment it is released.
+//!
+//! `NAME` is the key with every byte outside `[A-Za-z0-9_-]` percent-encoded,
+//! or, for long keys, a 128-bit FNV-1a hash of it; the state keeps the whole
+//! key, so a hash collision can only cause false contention, never two
+//! holders.
+//!
+//! Expiry uses the host's wall clock, which every process on the host shares:
+//! a clock stepped forward by more than a ttl ends leases early (fencing
+//! tokens still protect the resource).
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+const KIND: &str = "file";
+const STATE_HEADER: &str = "dlock-file-state v1";
+/// Encoded names longer than this are replaced by a hash (file names are
+/// limited to 255 bytes on most file systems).
+const MAX_PLAIN_NAME: usize = 160;
+
+/// Locks coordinated through a directory on one host.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{file::FileBackend, registry, LockOptions};
+///
+/// let dir = std::env::temp_dir().join(format!("dlock-doc-{}", std::process::id()));
+/// registry().register("doc-file", FileBackend::open(&dir)?);
+/// let lease = LockOptions::new(Duration::from_secs(10))
+///     .backend("doc-file")
+///     .acquire("nightly-report")
+///     .await?;
+/// lease.release().await?;
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct FileBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    dir: PathBuf,
+    /// The alive files this process holds locked, one per lease it holds.
+    alive: Mutex<HashMap<(String, OwnerId), File>>,
+    /// One watcher thread per (alive file) being waited on, shared by every
+    /// waiter of this process.
+    watchers: Mutex<HashMap<PathBuf, watch::Receiver<bool>>>,
+}
+
+/// What `NAME.state` holds.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct State {
+    counter: u64,
+    owner: Option<OwnerId>,
+    expires_at_us: u64,
+    key: String,
+}
+
+impl FileBackend {
+    /// Uses (and creates if needed) `dir` for lock files. Every process that
+    /// must see the same locks opens the same directory.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, LockError> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(&dir).map_err(|e| {
+            LockError::backend(
+                KIND,
+                Operation::Connect,
+                "",
+                io::Error::new(e.kind(), format!("cannot create {}: {e}", dir.display())),
+            )
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                dir,
+                alive: Mutex::default(),
+                watchers: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The directory the locks live in.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Runs blocking file work off the async threads.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        operation: Operation,
+        key: &LockKey,
+        work: impl FnOnce(&Inner) -> io::Result<T> + Send + 'static,
+    ) -> Result<T, LockError> {
+        let inner = Arc::clone(&self.inner);
+        let joined = tokio::task::spawn_blocking(move || work(&inner)).await;
+        match joined {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(LockError::backend(KIND, operation, key.as_str(), err)),
+            Err(join) => Err(LockError::backend(
+                KIND,
+                operation,
+                key.as_str(),
+                io::Error::other(format!("file operation did not finish: {join}")),
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for FileBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileBackend")
+            .field("dir", &self.inner.dir)
+            .finish()
+    }
+}
+
+impl Inner {
+    fn path(&self, name: &str, suffix: &str) -> PathBuf {
+        self.dir.join(format!("{name}.{suffix}"))
+    }
+
+    fn alive_path(&self, name: &str, owner: &OwnerId) -> PathBuf {
+        self.path(name, &format!("{owner}.alive"))
+    }
+
+    /// Locks `NAME.lock` for one read-modify-write of the state.
+    fn lock_key(&self, name: &str) -> io::Result<File> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.path(name, "lock"))?;
+        file.lock()?;
+        Ok(file)
+    }
+
+    fn read_state(&self, name: &str) -> io::Result<Option<State>> {
+        let path = self.path(name, "state");
+        let mut text = String::new();
+        match File::open(&path) {
+            Ok(mut file) => file.read_to_string(&mut text)?,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => return Err(err),
+        };
+        parse_state(&text).map(Some).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} is corrupt; it holds the fencing counter, so it is not reset silently: \
+                     remove it only when no process uses this key",
+                    path.display()
+                ),
+            )
+        })
+    }
+
+    /// Replaces the state atomically (temporary file + rename). `durable`
+    /// also syncs the file and the directory, for writes that hand out a
+    /// token: after a crash the counter must never go back.
+    fn write_state(&self, name: &str, state: &State, durable: bool) -> io::Result<()> {
+        let path = self.path(name, "state");
+        let tmp = self.path(name, "state.tmp");
+        let mut file = File::create(&tmp)?;
+        file.write_all(render_state(state).as_bytes())?;
+        if durable {
+            file.sync_all()?;
+        }
+        drop(file);
+        fs::rename(&tmp, &path)?;
+        if durable {
+            File::open(&self.dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Whether `owner`'s process still holds its alive file. A file that can
+    /// be locked belongs to a dead holder: it is removed.
+    fn holder_alive(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
+        if self
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&(name.to_owned(), *owner))
+        {
+            return Ok(true);
+        }
+        let path = self.alive_path(name, owner);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = fs::remove_file(&path);
+                Ok(false)
+            }
+            Err(TryLockError::WouldBlock) => Ok(true),
+            Err(TryLockError::Error(err)) => Err(err),
+        }
+    }
+
+    /// Drops this process's alive file for a lease, waking its waiters.
+    fn drop_alive(&self, name: &str, owner: &OwnerId) {
+        let file = self
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(name.to_owned(), *owner));
+        if let Some(file) = file {
+            let _ = fs::remove_file(self.alive_path(name, owner));
+            drop(file);
+        }
+    }
+
+    fn try_acquire(
+        &self,
+        name: &str,
+        key: &str,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> io::Result<Attempt> {
+        let _guard = self.lock_key(name)?;
+        let now = now_us();
+        let state = self.read_state(name)?;
+        if let Some(State {
+            owner: Some(holder),
+            expires_at_us,
+            ..
+        }) = &state
+        {
+            // For an expired holder this only tidies up a dead one's file.
+            let alive = self.holder_alive(name, holder)?;
+            if alive && *expires_at_us > now {
+                return Ok(Attempt::Held {
+                    expires_in: Some(Duration::from_micros(expires_at_us - now)),
+                });
+            }
+        }
+        // A key never seen (or whose state was deleted) starts its counter
+        // at the wall clock in microseconds, so tokens still rise.
+        let counter = state.map_or(now, |s| s.counter).max(1);
+        let token = counter
+            .checked_add(1)
+            .ok_or_else(|| io::Error::other("fencing counter exhausted"))?;
+        let alive_path = self.alive_path(name, &owner);
+        let alive = File::create(&alive_path)?;
+        alive.lock()?;
+        let written = self.write_state(
+            name,
+            &State {
+                counter: token,
+                owner: Some(owner),
+                expires_at_us: now.saturating_add(ttl.as_micros() as u64),
+                key: key.to_owned(),
+            },
+            true,
+        );
+        if let Err(err) = written {
+            let _ = fs::remove_file(&alive_path);
+            return Err(err);
+        }
+        self.alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((name.to_owned(), owner), alive);
+        Ok(Attempt::Acquired(Grant::new(FencingToken::new(token))))
+    }
+
+    fn extend(&self, name: &str, owner: OwnerId, ttl: Duration) -> io::Result<bool> {
+        let guard = self.lock_key(name)?;
+        let now = now_us();
+        let state = self.read_state(name)?;
+        let Some(mut state) = state.filter(|s| s.owner == Some(owner) && s.expires_at_us > now)
+        else {
+            drop(guard);
+            self.drop_alive(name, &owner);
+            return Ok(false);
+        };
+        state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+        self.write_state(name, &state, false)?;
+        Ok(true)
+    }
+
+    fn release(&self, name: &str, owner: OwnerId) -> io::Result<bool> {
+        let guard = self.lock_key(name)?;
+        let now = now_us();
+        let mut ours = false;
+        if let Some(mut state) = self.read_state(name)?
+            && state.owner == Some(owner)
+        {
+            ours = state.expires_at_us > now;
+            state.owner = None;
+            state.expires_at_us = 0;
+            self.write_state(name, &state, false)?;
+        }
+        drop(guard);
+        self.drop_alive(name, &owner);
+        Ok(ours)
+    }
+
+    fn force_release(&self, name: &str) -> io::Result<bool> {
+        let _guard = self.lock_key(name)?;
+        let now = now_us();
+        let Some(mut state) = self.read_state(name)? else {
+            return Ok(false);
+        };
+        let was_held = state.owner.is_some() && state.expires_at_us > now;
+        state.owner = None;
+        state.expires_at_us = 0;
+        self.write_state(name, &state, false)?;
+        Ok(was_held)
+    }
+
+    /// The alive file to wait on, if the key has a live holder now.
+    fn current_alive_file(&self, name: &str) -> io::Result<Option<PathBuf>> {
+        Ok(match self.read_state(name)? {
+            Some(State {
+                owner: Some(owner),
+                expires_at_us,
+                ..
+            }) if expires_at_us > now_us() => Some(self.alive_path(name, &owner)),
+            _ => None,
+        })
+    }
+
+    /// A receiver that turns true once the holder's alive file is unlocked
+    /// (release or death). One blocking thread per file, shared by waiters.
+    fn watch_alive(self: &Arc<Self>, path: PathBuf) -> io::Result<watch::Receiver<bool>> {
+        let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(rx) = watchers.get(&path) {
+            return Ok(rx.clone());
+        }
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            // Already released: the notice is ready at once.
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(watch::channel(true).1),
+            Err(err) => return Err(err),
+        };
+        let (tx, rx) = watch::channel(false);
+        watchers.insert(path.clone(), rx.clone());
+        let inner = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("dlock-file-wait".into())
+            .spawn(move || {
+                // Blocks until the holder's exclusive lock is gone.
+                let _ = file.lock_shared();
+                drop(file);
+                inner
+                    .watchers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&path);
+                let _ = tx.send(true);
+            })?;
+        Ok(rx)
+    }
+}
+
+#[async_trait]
+impl Backend for FileBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let (name, text, owner) = (file_name(key), key.to_string(), *owner);
+        self.blocking(Operation::Acquire, key, move |inner| {
+            inner.try_acquire(&name, &text, owner, ttl)
+        })
+        .await
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let (name, owner) = (file_name(key), *owner);
+        self.blocking(Operation::Extend, key, move |inner| {
+            inner.extend(&name, owner, ttl)
+        })
+        .await
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+        let (name, owner) = (file_name(key), *owner);
+        self.blocking(Operation::Release, key, move |inner| {
+            inner.release(&name, owner)
+        })
+        .await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let name = file_name(key);
+        let this = Arc::clone(&self.inner);
+        let receiver = self
+            .blocking(Operation::Wait, key, move |inner| {
+                match inner.current_alive_file(&name)? {
+                    Some(path) => this.watch_alive(path).map(Some),
+                    None => Ok(None),
+                }
+            })
+            .await?;
+        Ok(match receiver {
+            Some(mut rx) => Box::pin(async move {
+                let _ = rx.wait_for(|released| *released).await;
+            }),
+            // Nobody holds it: the caller's retry will tell.
+            None => Box::pin(std::future::ready(())),
+        })
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        let name = file_name(key);
+        self.blocking(Operation::Release, key, move |inner| {
+            inner.force_release(&name)
+        })
+        .await
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The file-name stem of a key: percent-encoded, or hashed when long.
+fn file_name(key: &LockKey) -> String {
+    let mut name = String::with_capacity(key.as_str().len());
+    for byte in key.as_str().bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' {
+            name.push(byte as char);
+        } else {
+            name.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    if name.len() <= MAX_PLAIN_NAME {
+        name
+    } else {
+        format!("h-{:032x}", fnv1a_128(key.as_str().as_bytes()))
+    }
+}
+
+/// FNV-1a, 128-bit: stable across builds and platforms (unlike std's
+/// hasher), so every process maps a key to the same file.
+fn fnv1a_128(bytes: &[u8]) -> u128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    bytes.iter().fold(OFFSET, |hash, &byte| {
+        (hash ^ u128::from(byte)).wrapping_mul(PRIME)
+    })
+}
+
+fn render_state(state: &State) -> String {
+    let owner = state
+        .owner
+        .map_or_else(|| "-".to_owned(), |owner| owner.to_string());
+    format!(
+        "{STATE_HEADER}\ncounter {}\nowner {owner}\nexpires_us {}\nkey {}",
+        state.counter, state.expires_at_us, state.key
+    )
+}
+
+fn parse_state(text: &str) -> Option<State> {
+    let mut lines = text.splitn(5, '\n');
+    if lines.next()? != STATE_HEADER {
+        return None;
+    }
+    let counter = lines.next()?.strip_prefix("counter ")?.parse().ok()?;
+    let owner = match lines.next()?.strip_prefix("owner ")? {
+        "-" => None,
+        hex => Some(OwnerId::parse_hex(hex)?),
+    };
+    let expires_at_us = lines.next()?.strip_prefix("expires_us ")?.parse().ok()?;
+    let key = lines.next()?.strip_prefix("key ")?.to_owned();
+    Some(State {
+        counter,
+        owner,
+        expires_at_us,
+        key,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips_with_odd_keys() {
+        let state = State {
+            counter: 42,
+            owner: OwnerId::random().ok(),
+            expires_at_us: 1_700_000_000_000_000,
+            key: "a\nb key \"quoted\"\nü".into(),
+        };
+        assert_eq!(parse_state(&render_state(&state)), Some(state));
+    }
+
+    #[test]
+    fn corrupt_state_is_not_parsed() {
+        assert_eq!(parse_state("garbage"), None);
+        assert_eq!(parse_state(&format!("{STATE_HEADER}\ncounter x\n")), None);
+    }
+
+    #[test]
+    fn file_names_are_distinct_and_bounded() {
+        let name = |k: &str| file_name(&LockKey::new(k).expect("valid key"));
+        assert_ne!(name("a:b"), name("a%3Ab"));
+        assert_ne!(name("a.b"), name("a_b"));
+        assert!(!name("x.y/../z").contains(['.', '/']));
+        let long = "k".repeat(1000);
+        assert!(name(&long).len() <= MAX_PLAIN_NAME);
+        assert_ne!(name(&long), name(&"k".repeat(999)));
+    }
+}

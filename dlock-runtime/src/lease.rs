@@ -19,9 +19,13 @@ use crate::key::LockKey;
 use crate::options::LockOptions;
 use crate::token::{FencingToken, FencingTokens};
 
-/// The longest a waiter sleeps between attempts when no release is announced
-/// (covers expiries a backend cannot announce).
+/// How long a waiter sleeps before trying again when no release is announced
+/// and the backend cannot tell when the holder's lease runs out.
 const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
+/// The longest a waiter sleeps without trying again even when the backend
+/// says when the holder's lease runs out: a safety net should a release
+/// notice ever be lost.
+const MAX_NAP: Duration = Duration::from_secs(10);
 /// Added to a holder's remaining lifetime before retrying, so the retry lands
 /// after the expiry rather than just before it.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
@@ -368,10 +372,11 @@ async fn take(
         if now >= deadline {
             return Err(contended(now));
         }
-        let mut nap = (deadline - now).min(FALLBACK_RECHECK);
-        if let Some(expires_in) = expires_in {
-            nap = nap.min(expires_in + EXPIRY_SLACK);
-        }
+        let nap = match expires_in {
+            Some(expires_in) => (expires_in + EXPIRY_SLACK).min(MAX_NAP),
+            None => FALLBACK_RECHECK,
+        };
+        let nap = nap.min(deadline - now);
         let _woken = timeout(nap, notice).await;
     }
 }

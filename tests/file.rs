@@ -1,0 +1,256 @@
+//! The conformance suite on `FileBackend`, plus what it promises across
+//! real OS processes on one host.
+
+mod conformance;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::backend::OwnerId;
+use dlock::file::FileBackend;
+use dlock::{Backend, LockOptions};
+
+fn fresh_dir() -> PathBuf {
+    let id = OwnerId::random().expect("random");
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-file-{id}"))
+}
+
+async fn backend() -> Arc<dyn Backend> {
+    Arc::new(FileBackend::open(fresh_dir()).expect("lock directory"))
+}
+
+conformance::suite!(backend);
+
+/// The environment variable that turns this test binary into a child
+/// process playing one role (see `child_process_entry`).
+const CHILD_ROLE: &str = "DLOCK_FILE_TEST_CHILD";
+
+/// Re-runs this test binary as a child process in `role`.
+fn spawn_child(role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    Command::new(exe)
+        .args([
+            "child_process_entry",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child")
+}
+
+/// Lines the child printed that start with `prefix`, with the prefix cut.
+fn child_lines(child: &mut Child, prefix: &str) -> Vec<String> {
+    let stdout = child.stdout.take().expect("piped stdout");
+    BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
+        .collect()
+}
+
+/// The child side. Ignored in normal runs; the tests below start it as
+/// `<test binary> child_process_entry --exact --ignored` with a role.
+#[test]
+#[ignore = "runs only as a child process of the cross-process tests"]
+fn child_process_entry() {
+    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+        return;
+    };
+    let parts: Vec<&str> = spec.split('\u{1f}').collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(parts[1]).expect("dir"));
+        let key = parts[2];
+        match parts[0] {
+            // Increment a plain, unlocked counter file under the lock: any
+            // overlap between holders loses an increment.
+            "counter" => {
+                let counter = Path::new(parts[3]);
+                let rounds: usize = parts[4].parse().expect("rounds");
+                for _ in 0..rounds {
+                    let lease = LockOptions::new(Duration::from_secs(10))
+                        .wait(Duration::from_secs(60))
+                        .acquire_on(backend.clone(), key)
+                        .await
+                        .expect("acquire");
+                    let value: u64 = std::fs::read_to_string(counter)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
+                    println!("held {} {}", lease.token(), value);
+                    lease.release().await.expect("release");
+                }
+            }
+            // Take the lock with a long ttl and hang on to it.
+            "hold" => {
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .acquire_on(backend.clone(), key)
+                    .await
+                    .expect("acquire");
+                println!("held {}", lease.token());
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(lease);
+            }
+            // Take and release once.
+            "once" => {
+                let lease = LockOptions::new(Duration::from_secs(10))
+                    .acquire_on(backend.clone(), key)
+                    .await
+                    .expect("acquire");
+                println!("held {}", lease.token());
+                lease.release().await.expect("release");
+            }
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+#[test]
+fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
+    let dir = fresh_dir();
+    let counter = dir.join("counter.txt");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let dir_s = dir.to_str().expect("utf-8 path");
+    let counter_s = counter.to_str().expect("utf-8 path");
+    const ROUNDS: usize = 40;
+    let mut children: Vec<Child> = (0..3)
+        .map(|_| {
+            spawn_child(
+                "counter",
+                &[dir_s, "shared-job", counter_s, &ROUNDS.to_string()],
+            )
+        })
+        .collect();
+    let mut holds: Vec<(u64, u64)> = Vec::new();
+    for child in &mut children {
+        for line in child_lines(child, "held ") {
+            let mut fields = line.split(' ').map(|f| f.parse::<u64>().expect("number"));
+            holds.push((fields.next().expect("token"), fields.next().expect("value")));
+        }
+        assert!(child.wait().expect("child exits").success());
+    }
+    let final_value: u64 = std::fs::read_to_string(&counter)
+        .expect("counter")
+        .trim()
+        .parse()
+        .expect("number");
+    assert_eq!(holds.len(), 3 * ROUNDS);
+    assert_eq!(
+        final_value,
+        (3 * ROUNDS) as u64,
+        "an increment was lost: two processes held the lock at once"
+    );
+    // In the order the holders ran (the counter value each one read), the
+    // tokens strictly increase.
+    holds.sort_by_key(|&(_, value)| value);
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].0 > pair[0].0,
+            "token {} ran after token {}",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_holder_frees_the_key_at_once_and_wakes_waiters() {
+    let dir = fresh_dir();
+    let mut child = spawn_child("hold", &[dir.to_str().expect("utf-8"), "killed-holder"]);
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let child_token: u64 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("held ").and_then(|t| t.parse().ok()))
+        .expect("the child reports its token");
+    // Keep draining so the child never writes into a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    // The child's ttl is 120s; the waiter gives up after 20s, so only the
+    // holder's death can let it in.
+    let waiter = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, "killed-holder")
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap");
+    let lease = waiter
+        .await
+        .expect("task")
+        .expect("the dead holder's lock must be free long before its ttl");
+    assert!(lease.token().get() > child_token);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn tokens_keep_rising_across_process_restarts() {
+    let dir = fresh_dir();
+    let dir_s = dir.to_str().expect("utf-8");
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let mut child = spawn_child("once", &[dir_s, "restarts"]);
+        let lines = child_lines(&mut child, "held ");
+        assert!(child.wait().expect("exit").success());
+        tokens.push(lines[0].parse::<u64>().expect("token"));
+    }
+    // And a fresh backend instance in this process continues the sequence.
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend, "restarts")
+        .await
+        .expect("free");
+    tokens.push(lease.token().get());
+    lease.release().await.expect("release");
+    assert!(
+        tokens.windows(2).all(|w| w[1] > w[0]),
+        "tokens must rise across processes: {tokens:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_state_file_is_an_error_not_a_reset_counter() {
+    let dir = fresh_dir();
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), "corrupt")
+        .await
+        .expect("free");
+    lease.release().await.expect("release");
+    std::fs::write(dir.join("corrupt.state"), "not a state file").expect("overwrite");
+    let err = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend, "corrupt")
+        .await
+        .expect_err("a corrupt counter must not be silently reset");
+    assert!(err.to_string().contains("corrupt"), "{err}");
+}
+
+#[tokio::test]
+async fn an_unusable_directory_is_a_clear_error() {
+    let file = fresh_dir();
+    std::fs::create_dir_all(file.parent().expect("parent")).expect("parent");
+    std::fs::write(&file, "a file, not a directory").expect("file");
+    let err = FileBackend::open(file.join("locks")).expect_err("cannot create under a file");
+    assert!(err.to_string().contains("cannot create"), "{err}");
+}

@@ -51,3 +51,8 @@ pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options
 
 #[doc(hidden)]
 pub mod __private;
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -254,3 +254,40 @@ async fn an_unusable_directory_is_a_clear_error() {
     let err = FileBackend::open(file.join("locks")).expect_err("cannot create under a file");
     assert!(err.to_string().contains("cannot create"), "{err}");
 }
+
+#[tokio::test]
+async fn finished_leases_leave_no_alive_files_behind() {
+    let dir = fresh_dir();
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let alive_files = || {
+        std::fs::read_dir(&dir)
+            .expect("dir")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".alive"))
+            .count()
+    };
+    let released = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), "tidy")
+        .await
+        .expect("free");
+    assert_eq!(alive_files(), 1, "a held lease has its alive file");
+    released.release().await.expect("release");
+    assert_eq!(alive_files(), 0);
+    let kept = LockOptions::new(Duration::from_secs(10))
+        .min_hold(Duration::from_millis(200))
+        .acquire_on(backend.clone(), "tidy")
+        .await
+        .expect("free");
+    kept.release()
+        .await
+        .expect("release within the minimum hold");
+    assert_eq!(alive_files(), 1, "the minimum hold keeps the key held");
+    let next = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(10))
+        .acquire_on(backend.clone(), "tidy")
+        .await
+        .expect("free after the minimum hold");
+    next.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(alive_files(), 0, "alive files must not pile up");
+}

@@ -204,16 +204,30 @@ impl Lease {
     }
 }
 
-/// Ends the lease on the backend: releases it, or shortens it to `keep_for`
-/// when a minimum hold is still running. `Ok(false)`: it was not ours any more.
-async fn finish(shared: &Shared, keep_for: Duration) -> Result<bool, LockError> {
+/// Ends the lease on the backend: releases it, or, while a minimum hold is
+/// still running, shortens it to `keep_for` and releases it when that is
+/// over (which lets backends whose locks do not expire by themselves, and
+/// those that keep per-lease resources, let go). `Ok(false)`: it was not
+/// ours any more.
+async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<bool, LockError> {
     let outcome = if keep_for.is_zero() {
         shared.backend.release(&shared.key, &shared.owner).await
     } else {
-        shared
+        let kept = shared
             .backend
             .extend(&shared.key, &shared.owner, keep_for)
-            .await
+            .await;
+        if matches!(kept, Ok(true))
+            && let Ok(runtime) = Handle::try_current()
+        {
+            let shared = Arc::clone(shared);
+            runtime.spawn(async move {
+                tokio::time::sleep(keep_for).await;
+                // Owner-checked: a no-op if the key expired and moved on.
+                let _ = shared.backend.release(&shared.key, &shared.owner).await;
+            });
+        }
+        kept
     };
     tracing::debug!(
         key = %shared.key,

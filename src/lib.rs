@@ -48,6 +48,8 @@ pub use dlock_runtime::{
     LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
 };
 pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options, token};
+#[cfg(feature = "redis")]
+pub use dlock_runtime::redis;
 
 #[doc(hidden)]
 pub mod __private;

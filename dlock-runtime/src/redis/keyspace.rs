@@ -1,0 +1,112 @@
+//! Where a lock key lives in Redis.
+//!
+//! For a lock key `K`, with `T` = `K` with `%`, `{` and `}` percent-encoded:
+//!
+//! | name | type | holds |
+//! | --- | --- | --- |
+//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) |
+//! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
+//! | `dlock:{T}:released` | pub/sub channel | a message on every release |
+//!
+//! `{T}` is a Redis Cluster hash tag: both keys hash to the same slot, so
+//! the scripts that touch both are valid on a cluster. Encoding the braces
+//! keeps the tag whole whatever `K` contains (a raw `}` would end it early,
+//! and a key starting with `}` would leave an empty tag and split the two
+//! keys across slots); encoding `%` too keeps the mapping one-to-one.
+
+use std::fmt::Write as _;
+
+use crate::key::LockKey;
+
+/// The Redis names of one lock key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keyspace {
+    /// The string holding the owner id while the key is locked.
+    pub(crate) lock: String,
+    /// The fencing counter.
+    pub(crate) fence: String,
+    /// The channel a release is announced on.
+    pub(crate) released: String,
+}
+
+impl Keyspace {
+    /// The names for `key`.
+    pub(crate) fn of(key: &LockKey) -> Self {
+        let tag = hash_tag(key.as_str());
+        Self {
+            lock: format!("dlock:{{{tag}}}:lock"),
+            fence: format!("dlock:{{{tag}}}:fence"),
+            released: format!("dlock:{{{tag}}}:released"),
+        }
+    }
+}
+
+/// `key` with `%`, `{` and `}` percent-encoded, so it can sit between the
+/// braces of a hash tag.
+fn hash_tag(key: &str) -> String {
+    let mut tag = String::with_capacity(key.len());
+    for c in key.chars() {
+        match c {
+            '%' | '{' | '}' => {
+                // Writing to a String cannot fail.
+                let _ = write!(tag, "%{:02X}", c as u32);
+            }
+            other => tag.push(other),
+        }
+    }
+    tag
+}
+
+/// The slot-relevant part of a Redis key: what Redis Cluster hashes.
+#[cfg(test)]
+fn cluster_hash_part(name: &str) -> &str {
+    if let Some(open) = name.find('{')
+        && let Some(len) = name[open + 1..].find('}')
+        && len > 0
+    {
+        return &name[open + 1..open + 1 + len];
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(key: &str) -> Keyspace {
+        Keyspace::of(&LockKey::new(key).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    #[test]
+    fn lock_and_fence_share_one_hash_tag_whatever_the_key() {
+        for key in ["plain", "}", "}{", "a}b{c", "{}", "%7D", "ü}🔒{", "{x}:{y}"] {
+            let names = names(key);
+            let lock = cluster_hash_part(&names.lock);
+            assert_eq!(lock, cluster_hash_part(&names.fence), "{key:?}");
+            assert_eq!(lock, cluster_hash_part(&names.released), "{key:?}");
+            assert!(!lock.contains(['{', '}']), "{key:?} -> {lock:?}");
+            assert!(
+                names.lock.len() > lock.len(),
+                "the tag is not the whole key"
+            );
+        }
+    }
+
+    #[test]
+    fn different_keys_get_different_names() {
+        let keys = ["a}b", "a%7Db", "a%7db", "a{b", "a%7Bb", "a%b", "a%25b"];
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(names(a).lock, names(b).lock, "{a:?} vs {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_layout_is_as_documented() {
+        let names = names("job:{42}");
+        assert_eq!(names.lock, "dlock:{job:%7B42%7D}:lock");
+        assert_eq!(names.fence, "dlock:{job:%7B42%7D}:fence");
+        assert_eq!(names.released, "dlock:{job:%7B42%7D}:released");
+    }
+}

@@ -1,0 +1,518 @@
+//! `RedisBackend`: locks in Redis (a single server or a Redis Cluster).
+//!
+//! - **Acquire is one round trip**: a Lua script sets the lock key `NX PX`
+//!   to a random 128-bit owner id and, only if that worked, draws the key's
+//!   fencing token, returning it; when the key is held it returns the
+//!   holder's remaining ttl, so a waiter knows when to look again even if
+//!   the holder expires without a word.
+//! - **Tokens survive data loss**: a token is `max(last token + 1, server
+//!   time in µs)`, so a fencing counter lost with the data (a restart
+//!   without persistence, a failover to a replica that missed writes)
+//!   restarts above every token issued before instead of at 1. The one
+//!   assumption left: the server's clock never moves backwards (and after a
+//!   failover, the new primary's clock is not behind the old one's by more
+//!   than the failover took).
+//! - **Release and renewal are owner-checked** compare-and-act scripts; a
+//!   release publishes on the key's channel.
+//! - **Waiting without polling**: one pub/sub connection per backend, one
+//!   subscription per waited-on key, confirmed before a waiter retries; a
+//!   waiter also wakes when the holder's ttl runs out.
+//!
+//! ## Keyspace
+//!
+//! For a lock key `K`, with `T` = `K` with `%`, `{` and `}` percent-encoded:
+//!
+//! | name | type | holds |
+//! | --- | --- | --- |
+//! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits) |
+//! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
+//! | `dlock:{T}:released` | pub/sub channel | one message per release |
+//!
+//! `{T}` is a Redis Cluster hash tag, so both keys live in one slot and the
+//! scripts are valid on a cluster. Fence keys are small and kept forever;
+//! deleting one is safe (the next token restarts from the clock).
+//!
+//! ## URLs
+//!
+//! `redis://[[user]:password@]host[:port][/db]`, and `rediss://…` for TLS
+//! (rustls with the system's root certificates; `#insecure` at the end skips
+//! certificate checks, for tests only). A password alone is
+//! `redis://:password@host`; an ACL user is `redis://user:password@host`.
+//! Passwords are never shown: `Debug` output, errors and logs carry the URL
+//! with the password replaced by `***`.
+//!
+//! A cluster is detected on its own (`cluster_enabled:1` in `INFO cluster`);
+//! give more seed nodes with [`RedisBuilder::node`] so the backend can start
+//! (and keep its pub/sub connection) while a seed is down.
+
+mod keyspace;
+mod redact;
+mod scripts;
+mod subscriber;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation};
+use async_trait::async_trait;
+use tokio::time::{sleep, timeout};
+
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::error::{BoxError, LockError, Operation};
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+use keyspace::Keyspace;
+use redact::{redact_url, scrub, secrets_of};
+use subscriber::Subscriber;
+
+const KIND: &str = "redis";
+
+/// How long connecting may take by default, including the handshake
+/// (AUTH, SELECT) and the cluster check.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one command may wait for its reply by default.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How soon a waiter looks again when the pub/sub connection cannot be
+/// opened (the commands may still work): polling, as a last resort.
+const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
+
+/// Locks in Redis or a Redis Cluster.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{redis::RedisBackend, registry, LockOptions};
+///
+/// let url = std::env::var("DLOCK_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
+/// registry().register("doc-redis", RedisBackend::connect(&url).await?);
+/// let lease = LockOptions::new(Duration::from_secs(30))
+///     .backend("doc-redis")
+///     .wait(Duration::from_secs(5))
+///     .acquire("doc:nightly-report")
+///     .await?;
+/// println!("token {}", lease.token()); // send it with every write
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: Commands,
+    subscriber: Subscriber,
+    /// The URLs with passwords hidden, for `Debug` and errors.
+    shown: Vec<String>,
+    /// Passwords to scrub from any error text.
+    secrets: Vec<String>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+/// The command connection: reconnects by itself in either form.
+#[derive(Clone)]
+enum Commands {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Commands {
+    async fn invoke<T: FromRedisValue>(&self, script: &ScriptInvocation<'_>) -> RedisResult<T> {
+        match self {
+            Commands::Standalone(conn) => script.invoke_async(&mut conn.clone()).await,
+            Commands::Cluster(conn) => script.invoke_async(&mut conn.clone()).await,
+        }
+    }
+}
+
+/// Whether the topology is detected or given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    Detect,
+    Standalone,
+    Cluster,
+}
+
+/// Connection settings for a [`RedisBackend`]; from
+/// [`RedisBackend::builder`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::redis::RedisBackend;
+///
+/// let url = std::env::var("DLOCK_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
+/// let backend = RedisBackend::builder(&url)
+///     .connect_timeout(Duration::from_secs(2))
+///     .response_timeout(Duration::from_secs(1))
+///     .connect()
+///     .await?;
+/// assert!(!format!("{backend:?}").contains("password"));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RedisBuilder {
+    urls: Vec<String>,
+    topology: Topology,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl fmt::Debug for RedisBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
+        f.debug_struct("RedisBuilder")
+            .field("urls", &shown)
+            .field("topology", &self.topology)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
+    }
+}
+
+impl RedisBuilder {
+    /// Adds another node of the same deployment: a cluster seed, or a
+    /// fallback for the pub/sub connection. Uses the same credentials form
+    /// as the first URL.
+    pub fn node(mut self, url: &str) -> Self {
+        self.urls.push(url.to_owned());
+        self
+    }
+
+    /// Treats the server as a Redis Cluster (`true`) or a single server
+    /// (`false`) instead of asking it (`INFO cluster`), for users whose ACL
+    /// does not allow `INFO`.
+    pub fn cluster(mut self, cluster: bool) -> Self {
+        self.topology = if cluster {
+            Topology::Cluster
+        } else {
+            Topology::Standalone
+        };
+        self
+    }
+
+    /// How long connecting may take, handshake included (default 5 s). An
+    /// unreachable server is an error after this long, never a hang.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one command may wait for its reply (default 3 s), so a
+    /// paused server cannot hold up a renewal or an acquisition forever.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects, detecting a cluster unless told.
+    pub async fn connect(self) -> Result<RedisBackend, LockError> {
+        let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
+        let secrets: Vec<String> = self.urls.iter().flat_map(|url| secrets_of(url)).collect();
+        let fail = |what: String, err: Option<&RedisError>| {
+            let text = match err {
+                Some(err) => format!("{what}: {err}"),
+                None => what,
+            };
+            LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets))
+        };
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(LockError::InvalidOption {
+                option: "timeout",
+                reason: "the connect and response timeouts must be greater than zero".into(),
+            });
+        }
+        let mut clients = Vec::with_capacity(self.urls.len());
+        for (url, shown) in self.urls.iter().zip(&shown) {
+            let client = Client::open(url.as_str())
+                .map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
+            clients.push(client);
+        }
+        let Some(first) = clients.first() else {
+            return Err(fail("no Redis URL given".into(), None));
+        };
+        if self.urls.iter().any(|url| url.starts_with("rediss")) {
+            // rustls needs one process-wide crypto provider; keep any the
+            // application installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+
+        let connecting = async {
+            let mut topology = self.topology;
+            let mut standalone = None;
+            if topology != Topology::Cluster {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.connect_timeout))
+                    .set_response_timeout(Some(self.response_timeout))
+                    .set_number_of_retries(2)
+                    .set_max_delay(Duration::from_secs(1));
+                let mut manager = first
+                    .get_connection_manager_with_config(config)
+                    .await
+                    .map_err(|err| fail(format!("cannot connect to {}", shown[0]), Some(&err)))?;
+                if topology == Topology::Detect {
+                    topology = detect(&mut manager)
+                        .await
+                        .map_err(|err| fail(format!("cannot query {}", shown[0]), Some(&err)))?;
+                }
+                standalone = Some(manager);
+            }
+            let commands = match (topology, standalone) {
+                (Topology::Cluster, _) => {
+                    let cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
+                        .connection_timeout(self.connect_timeout)
+                        .response_timeout(self.response_timeout)
+                        .retries(2)
+                        .build()
+                        .map_err(|err| {
+                            fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
+                        })?;
+                    let conn = cluster.get_async_connection().await.map_err(|err| {
+                        fail(
+                            format!("cannot connect to the cluster at {shown:?}"),
+                            Some(&err),
+                        )
+                    })?;
+                    Commands::Cluster(conn)
+                }
+                (_, Some(manager)) => Commands::Standalone(manager),
+                (_, None) => return Err(fail("no connection was opened".into(), None)),
+            };
+            Ok::<_, LockError>(commands)
+        };
+        let commands = timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| {
+                fail(
+                    format!(
+                        "connecting to {} timed out after {:?}",
+                        shown.join(", "),
+                        self.connect_timeout
+                    ),
+                    None,
+                )
+            })??;
+        let topology = match &commands {
+            Commands::Standalone(_) => "standalone",
+            Commands::Cluster(_) => "cluster",
+        };
+        tracing::debug!(urls = ?shown, topology, "redis backend connected");
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands,
+                subscriber: Subscriber::new(clients, self.connect_timeout, self.response_timeout),
+                shown,
+                secrets,
+                connect_timeout: self.connect_timeout,
+                response_timeout: self.response_timeout,
+            }),
+        })
+    }
+}
+
+/// Asks a server whether it is part of a cluster. A server that refuses
+/// `INFO` (a restrictive ACL) is taken as a single server.
+async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
+    let info: RedisResult<String> = ::redis::cmd("INFO").arg("cluster").query_async(conn).await;
+    match info {
+        Ok(info) if info.lines().any(|line| line.trim() == "cluster_enabled:1") => {
+            Ok(Topology::Cluster)
+        }
+        Ok(_) => Ok(Topology::Standalone),
+        Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoPerm) => {
+            Ok(Topology::Standalone)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+impl RedisBackend {
+    /// Connects to the Redis at `url` (see the [module docs](self) for the
+    /// URL forms), with the default timeouts. A cluster is detected.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        Self::builder(url).connect().await
+    }
+
+    /// Settings for connecting to `url`, to adjust before
+    /// [`RedisBuilder::connect`].
+    pub fn builder(url: &str) -> RedisBuilder {
+        RedisBuilder {
+            urls: vec![url.to_owned()],
+            topology: Topology::Detect,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.inner.commands, Commands::Cluster(_))
+    }
+
+    /// How many release channels the pub/sub connection follows right now
+    /// (one per key with waiters in this process), for tests of its upkeep.
+    pub fn subscribed_channels(&self) -> usize {
+        self.inner.subscriber.channel_count()
+    }
+
+    /// Runs a script, retrying once on a broken connection (the reconnecting
+    /// connection has started over by then), all within the connect plus the
+    /// response timeout.
+    async fn run<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        key: &LockKey,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<T, LockError> {
+        let commands = &self.inner.commands;
+        let attempt = async {
+            match commands.invoke(script).await {
+                Err(err) if is_connection_error(&err) => commands.invoke(script).await,
+                outcome => outcome,
+            }
+        };
+        let limit = self.inner.connect_timeout + self.inner.response_timeout;
+        match timeout(limit, attempt).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.error(operation, key, err.to_string())),
+            Err(_) => Err(self.error(
+                operation,
+                key,
+                format!(
+                    "no reply from {} within {limit:?}",
+                    self.inner.shown.join(", ")
+                ),
+            )),
+        }
+    }
+
+    fn error(&self, operation: Operation, key: &LockKey, text: String) -> LockError {
+        let source: BoxError = scrub(&text, &self.inner.secrets).into();
+        LockError::backend(KIND, operation, key.as_str(), source)
+    }
+}
+
+/// Errors after which the command may not have reached the server and the
+/// connection is being rebuilt.
+fn is_connection_error(err: &RedisError) -> bool {
+    err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal()
+}
+
+/// A ttl in whole milliseconds, at least 1 (Redis refuses `PX 0`).
+fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis())
+        .unwrap_or(u64::MAX / 2)
+        .clamp(1, u64::MAX / 2)
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("urls", &self.inner.shown)
+            .field("cluster", &self.is_cluster())
+            .field("connect_timeout", &self.inner.connect_timeout)
+            .field("response_timeout", &self.inner.response_timeout)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let names = Keyspace::of(key);
+        let mut script = scripts::ACQUIRE.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.fence)
+            .arg(owner.to_string())
+            .arg(ttl_millis(ttl));
+        let reply: Vec<i64> = self.run(Operation::Acquire, key, &script).await?;
+        match reply.as_slice() {
+            &[1, token] if token > 0 => Ok(Attempt::Acquired(Grant::new(FencingToken::new(
+                token.unsigned_abs(),
+            )))),
+            &[0, remaining] => Ok(Attempt::Held {
+                expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
+            }),
+            other => Err(self.error(
+                Operation::Acquire,
+                key,
+                format!(
+                    "unexpected reply {other:?} from the acquire script (is `{}` a fencing counter?)",
+                    names.fence
+                ),
+            )),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let names = Keyspace::of(key);
+        let mut script = scripts::EXTEND.prepare_invoke();
+        script
+            .key(&names.lock)
+            .arg(owner.to_string())
+            .arg(ttl_millis(ttl));
+        let extended: i64 = self.run(Operation::Extend, key, &script).await?;
+        Ok(extended == 1)
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+        let names = Keyspace::of(key);
+        let mut script = scripts::RELEASE.prepare_invoke();
+        script
+            .key(&names.lock)
+            .arg(owner.to_string())
+            .arg(&names.released);
+        let released: i64 = self.run(Operation::Release, key, &script).await?;
+        Ok(released == 1)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let names = Keyspace::of(key);
+        match self.inner.subscriber.subscribe(&names.released).await {
+            Ok(notice) => Ok(notice),
+            Err(err) => {
+                // The commands may still work: wait by looking again soon
+                // rather than failing the acquisition.
+                tracing::warn!(
+                    key = %key,
+                    error = %scrub(&err.to_string(), &self.inner.secrets),
+                    "redis pub/sub unavailable; the waiter polls until it is back"
+                );
+                Ok(Box::pin(sleep(DEGRADED_RECHECK)))
+            }
+        }
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        let names = Keyspace::of(key);
+        let mut script = scripts::FORCE_RELEASE.prepare_invoke();
+        script.key(&names.lock).arg(&names.released);
+        let deleted: i64 = self.run(Operation::Release, key, &script).await?;
+        Ok(deleted == 1)
+    }
+}

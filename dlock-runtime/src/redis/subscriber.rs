@@ -1,0 +1,350 @@
+//! One pub/sub connection per backend, shared by every waiter of every key.
+//!
+//! Each release channel is subscribed once, however many waiters wait on it
+//! (counted per channel), and unsubscribed when its last waiter goes.
+//! `subscribe` returns only after the server confirmed the subscription, so
+//! a release published after it returns is always heard. When the
+//! connection breaks, every waiter is woken (to retry at once) and the next
+//! subscription opens a new connection.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use ::redis::aio::{PubSubSink, PubSubStream};
+use ::redis::{Client, RedisError, RedisResult};
+use futures_util::StreamExt as _;
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::timeout;
+
+use crate::backend::ReleaseNotice;
+
+/// The shared subscriber of one backend.
+pub(crate) struct Subscriber {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// Servers to open the pub/sub connection to, tried in order. On a
+    /// cluster any node will do: `PUBLISH` reaches every node.
+    nodes: Vec<Client>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    channels: Mutex<Channels>,
+    /// The live connection. Locked across every (un)subscribe, so those
+    /// reach the server in the order they were decided in.
+    link: tokio::sync::Mutex<Option<Link>>,
+}
+
+#[derive(Default)]
+struct Channels {
+    by_name: HashMap<String, Channel>,
+    /// Bumped for every new connection.
+    generation: u64,
+}
+
+struct Channel {
+    /// Waiters holding a notice for this channel.
+    waiters: usize,
+    /// The connection generation the server confirmed the subscription on.
+    confirmed_in: Option<u64>,
+    /// Bumped on every message (and when the connection breaks).
+    wake: watch::Sender<u64>,
+}
+
+impl Channel {
+    fn new() -> Self {
+        Self {
+            waiters: 0,
+            confirmed_in: None,
+            wake: watch::channel(0).0,
+        }
+    }
+
+    fn wake(&self) {
+        self.wake.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// One pub/sub connection: the sink (un)subscribes, a reader task owns the
+/// message stream.
+struct Link {
+    sink: PubSubSink,
+    generation: u64,
+    broken: Arc<AtomicBool>,
+    reader: AbortHandle,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        // Dropping the stream (with the reader) closes the connection.
+        self.reader.abort();
+    }
+}
+
+/// A waiter's registered interest in one channel.
+struct Interest {
+    shared: Arc<Shared>,
+    channel: String,
+}
+
+impl Drop for Interest {
+    fn drop(&mut self) {
+        let idle = {
+            let mut channels = self.shared.channels();
+            match channels.by_name.get_mut(&self.channel) {
+                Some(channel) => {
+                    channel.waiters = channel.waiters.saturating_sub(1);
+                    channel.waiters == 0
+                }
+                None => false,
+            }
+        };
+        // Without a runtime the subscription just stays: it costs a few
+        // messages, never a missed wake-up.
+        if idle && let Ok(runtime) = Handle::try_current() {
+            let shared = Arc::clone(&self.shared);
+            let channel = std::mem::take(&mut self.channel);
+            runtime.spawn(async move { shared.unsubscribe_if_idle(&channel).await });
+        }
+    }
+}
+
+fn timed_out(what: &str, after: Duration) -> RedisError {
+    RedisError::from(io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("{what} timed out after {after:?}"),
+    ))
+}
+
+impl Subscriber {
+    /// A subscriber that connects (lazily) to the first reachable of `nodes`.
+    pub(crate) fn new(
+        nodes: Vec<Client>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                nodes,
+                connect_timeout,
+                response_timeout,
+                channels: Mutex::default(),
+                link: tokio::sync::Mutex::new(None),
+            }),
+        }
+    }
+
+    /// A notice that resolves on the next message on `channel` after this
+    /// returns (or when the connection breaks). Returns once the server has
+    /// confirmed the subscription.
+    pub(crate) async fn subscribe(&self, channel: &str) -> RedisResult<ReleaseNotice> {
+        let mut wake = {
+            let mut channels = self.shared.channels();
+            let entry = channels
+                .by_name
+                .entry(channel.to_owned())
+                .or_insert_with(Channel::new);
+            entry.waiters += 1;
+            entry.wake.subscribe()
+        };
+        // From here on, dropping `interest` (on an error, or with the
+        // notice) gives the registration back.
+        let interest = Interest {
+            shared: Arc::clone(&self.shared),
+            channel: channel.to_owned(),
+        };
+        self.shared.confirm(channel).await?;
+        Ok(Box::pin(async move {
+            let _interest = interest;
+            // A closed channel (the subscriber is gone) also ends the wait.
+            let _ = wake.changed().await;
+        }))
+    }
+
+    /// How many channels are subscribed or waited on (for tests).
+    pub(crate) fn channel_count(&self) -> usize {
+        self.shared.channels().by_name.len()
+    }
+}
+
+impl Shared {
+    fn channels(&self) -> MutexGuard<'_, Channels> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes sure the server has confirmed `channel` on the live connection.
+    async fn confirm(self: &Arc<Self>, channel: &str) -> RedisResult<()> {
+        let mut slot = self.link.lock().await;
+        if slot
+            .as_ref()
+            .is_none_or(|link| link.broken.load(Ordering::SeqCst))
+        {
+            if let Some(old) = slot.take() {
+                self.retire(old);
+            }
+            *slot = Some(self.connect().await?);
+        }
+        let Some(link) = slot.as_mut() else {
+            return Err(timed_out(
+                "opening the pub/sub connection",
+                self.connect_timeout,
+            ));
+        };
+        let generation = link.generation;
+        let confirmed = self
+            .channels()
+            .by_name
+            .get(channel)
+            .is_some_and(|c| c.confirmed_in == Some(generation));
+        if confirmed {
+            return Ok(());
+        }
+        let outcome = match timeout(self.response_timeout, link.sink.subscribe(channel)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(timed_out("SUBSCRIBE", self.response_timeout)),
+        };
+        match outcome {
+            Ok(()) => {
+                if let Some(entry) = self.channels().by_name.get_mut(channel) {
+                    entry.confirmed_in = Some(generation);
+                }
+                Ok(())
+            }
+            Err(err) => {
+                // The connection's state is unknown now: start afresh.
+                if let Some(old) = slot.take() {
+                    self.retire(old);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Opens a pub/sub connection to the first node that answers.
+    async fn connect(self: &Arc<Self>) -> RedisResult<Link> {
+        let mut last_error = None;
+        for node in &self.nodes {
+            let pubsub = match timeout(self.connect_timeout, node.get_async_pubsub()).await {
+                Ok(Ok(pubsub)) => pubsub,
+                Ok(Err(err)) => {
+                    last_error = Some(err);
+                    continue;
+                }
+                Err(_) => {
+                    last_error = Some(timed_out(
+                        "opening the pub/sub connection",
+                        self.connect_timeout,
+                    ));
+                    continue;
+                }
+            };
+            let (sink, stream) = pubsub.split();
+            let generation = {
+                let mut channels = self.channels();
+                channels.generation += 1;
+                channels.generation
+            };
+            let broken = Arc::new(AtomicBool::new(false));
+            let reader = tokio::spawn(read(
+                Arc::downgrade(self),
+                stream,
+                generation,
+                Arc::clone(&broken),
+            ))
+            .abort_handle();
+            tracing::debug!(generation, "redis pub/sub connection opened");
+            return Ok(Link {
+                sink,
+                generation,
+                broken,
+                reader,
+            });
+        }
+        Err(last_error.unwrap_or_else(|| {
+            RedisError::from(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no Redis node to open a pub/sub connection to",
+            ))
+        }))
+    }
+
+    /// Closes `link` and wakes every waiter, whose subscriptions went with it.
+    fn retire(&self, link: Link) {
+        link.broken.store(true, Ordering::SeqCst);
+        let generation = link.generation;
+        drop(link);
+        self.wake_all(generation);
+    }
+
+    /// Wakes every waiter; subscriptions confirmed on connection
+    /// `generation` are gone with it.
+    fn wake_all(&self, generation: u64) {
+        let mut channels = self.channels();
+        for channel in channels.by_name.values_mut() {
+            if channel.confirmed_in == Some(generation) {
+                channel.confirmed_in = None;
+            }
+            channel.wake();
+        }
+    }
+
+    /// Unsubscribes `channel` if nobody waits on it any more.
+    async fn unsubscribe_if_idle(&self, channel: &str) {
+        let mut slot = self.link.lock().await;
+        // Decided under the link lock: a waiter that registers after this
+        // sends its SUBSCRIBE after our UNSUBSCRIBE.
+        let confirmed_in = {
+            let mut channels = self.channels();
+            match channels.by_name.get(channel) {
+                Some(entry) if entry.waiters == 0 => {
+                    let confirmed_in = entry.confirmed_in;
+                    channels.by_name.remove(channel);
+                    confirmed_in
+                }
+                _ => return,
+            }
+        };
+        let Some(link) = slot.as_mut() else { return };
+        if link.broken.load(Ordering::SeqCst) || confirmed_in != Some(link.generation) {
+            return;
+        }
+        let outcome = timeout(self.response_timeout, link.sink.unsubscribe(channel)).await;
+        if !matches!(outcome, Ok(Ok(())))
+            && let Some(old) = slot.take()
+        {
+            self.retire(old);
+        }
+    }
+}
+
+/// The reader task of one connection: wakes the waiters of each channel a
+/// message arrives on, and all waiters when the connection ends.
+async fn read(
+    shared: Weak<Shared>,
+    mut stream: PubSubStream,
+    generation: u64,
+    broken: Arc<AtomicBool>,
+) {
+    while let Some(message) = stream.next().await {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let channels = shared.channels();
+        if let Some(channel) = channels.by_name.get(message.get_channel_name()) {
+            channel.wake();
+        }
+    }
+    broken.store(true, Ordering::SeqCst);
+    if let Some(shared) = shared.upgrade() {
+        tracing::warn!(
+            generation,
+            "redis pub/sub connection lost; waking every waiter to retry"
+        );
+        shared.wake_all(generation);
+    }
+}

@@ -41,6 +41,12 @@
 //! Passwords are never shown: `Debug` output, errors and logs carry the URL
 //! with the password replaced by `***`.
 //!
+//! An ACL user needs only dlock's keys and channels and a handful of
+//! commands: `~dlock:* &dlock:* +evalsha +eval +script|load +set +get +incr
+//! +pexpire +pttl +del +publish +time +subscribe +unsubscribe` (and `+info`
+//! for cluster detection; without it, a cluster is named with
+//! [`RedisBuilder::cluster`]).
+//!
 //! A cluster is detected on its own (`cluster_enabled:1` in `INFO cluster`);
 //! give more seed nodes with [`RedisBuilder::node`] so the backend can start
 //! (and keep its pub/sub connection) while a seed is down.

@@ -178,49 +178,61 @@ impl Shared {
     }
 
     /// Makes sure the server has confirmed `channel` on the live connection.
+    /// A connection found broken on use is replaced once.
     async fn confirm(self: &Arc<Self>, channel: &str) -> RedisResult<()> {
         let mut slot = self.link.lock().await;
-        if slot
-            .as_ref()
-            .is_none_or(|link| link.broken.load(Ordering::SeqCst))
-        {
-            if let Some(old) = slot.take() {
-                self.retire(old);
+        loop {
+            let mut fresh = false;
+            let link = match slot.take() {
+                Some(link) if !link.broken.load(Ordering::SeqCst) => slot.insert(link),
+                stale => {
+                    if let Some(old) = stale {
+                        self.retire(old);
+                    }
+                    fresh = true;
+                    slot.insert(self.connect().await?)
+                }
+            };
+            let generation = link.generation;
+            let confirmed = self
+                .channels()
+                .by_name
+                .get(channel)
+                .is_some_and(|c| c.confirmed_in == Some(generation));
+            if confirmed {
+                return Ok(());
             }
-            *slot = Some(self.connect().await?);
-        }
-        let Some(link) = slot.as_mut() else {
-            return Err(timed_out(
-                "opening the pub/sub connection",
-                self.connect_timeout,
-            ));
-        };
-        let generation = link.generation;
-        let confirmed = self
-            .channels()
-            .by_name
-            .get(channel)
-            .is_some_and(|c| c.confirmed_in == Some(generation));
-        if confirmed {
-            return Ok(());
-        }
-        let outcome = match timeout(self.response_timeout, link.sink.subscribe(channel)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(timed_out("SUBSCRIBE", self.response_timeout)),
-        };
-        match outcome {
-            Ok(()) => {
-                if let Some(entry) = self.channels().by_name.get_mut(channel) {
+            let outcome = match timeout(self.response_timeout, link.sink.subscribe(channel)).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(timed_out("SUBSCRIBE", self.response_timeout)),
+            };
+            let outcome = outcome.and_then(|()| {
+                // Checked under the channels lock, which the reader takes
+                // after marking the link broken: either the reader sees this
+                // confirmation and wakes the waiter, or this sees the break.
+                let mut channels = self.channels();
+                if link.broken.load(Ordering::SeqCst) {
+                    return Err(RedisError::from(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "the pub/sub connection broke while subscribing",
+                    )));
+                }
+                if let Some(entry) = channels.by_name.get_mut(channel) {
                     entry.confirmed_in = Some(generation);
                 }
                 Ok(())
-            }
-            Err(err) => {
-                // The connection's state is unknown now: start afresh.
-                if let Some(old) = slot.take() {
-                    self.retire(old);
+            });
+            match outcome {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    // The connection's state is unknown now: start afresh.
+                    if let Some(old) = slot.take() {
+                        self.retire(old);
+                    }
+                    if fresh {
+                        return Err(err);
+                    }
                 }
-                Err(err)
             }
         }
     }
@@ -273,7 +285,7 @@ impl Shared {
         }))
     }
 
-    /// Closes `link` and wakes every waiter, whose subscriptions went with it.
+    /// Closes `link` and wakes the waiters whose subscriptions went with it.
     fn retire(&self, link: Link) {
         link.broken.store(true, Ordering::SeqCst);
         let generation = link.generation;
@@ -281,15 +293,16 @@ impl Shared {
         self.wake_all(generation);
     }
 
-    /// Wakes every waiter; subscriptions confirmed on connection
-    /// `generation` are gone with it.
+    /// Wakes every waiter whose subscription was confirmed on connection
+    /// `generation`, which is gone: they retry (and subscribe again).
+    /// Waiters still subscribing confirm on the next connection instead.
     fn wake_all(&self, generation: u64) {
         let mut channels = self.channels();
         for channel in channels.by_name.values_mut() {
             if channel.confirmed_in == Some(generation) {
                 channel.confirmed_in = None;
+                channel.wake();
             }
-            channel.wake();
         }
     }
 

@@ -1,0 +1,340 @@
+//! What the Redis backend promises when its server restarts, dies, or wants
+//! a password: each test starts its own `redis-server` on a free loopback
+//! port (no persistence) and kills it at the end.
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
+use dlock::redis::RedisBackend;
+use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use redis_support::RedisServer;
+use tokio::time::{sleep, timeout};
+
+fn fresh_key(label: &str) -> LockKey {
+    let id = OwnerId::random().expect("random");
+    LockKey::new(format!("dlock-test:{label}:{id}")).expect("key")
+}
+
+/// Fails the test if `fut` has not finished within `secs` (a hang guard).
+async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
+    match timeout(Duration::from_secs(secs), fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not finish within {secs}s"),
+    }
+}
+
+async fn connect(url: &str) -> Arc<dyn Backend> {
+    Arc::new(
+        RedisBackend::builder(url)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect to the test's own server"),
+    )
+}
+
+async fn take_token(backend: &Arc<dyn Backend>, key: &LockKey) -> u64 {
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), key)
+        .await
+        .expect("free key");
+    let token = lease.token().get();
+    lease.release().await.expect("release");
+    token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_rising_across_a_server_restart_that_lost_the_data() {
+    let mut server = RedisServer::start(&[]);
+    let backend = connect(&server.url()).await;
+    let key = fresh_key("restart");
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        tokens.push(take_token(&backend, &key).await);
+    }
+    let fence = format!("dlock:{{{key}}}:fence");
+    assert_eq!(server.cli(&["EXISTS", &fence]), "1");
+
+    server.restart();
+    assert_eq!(
+        server.cli(&["EXISTS", &fence]),
+        "0",
+        "the restart must have lost the fencing counter"
+    );
+    // The same backend, not rebuilt: it reconnects by itself.
+    let after = within(
+        20,
+        "acquiring after the restart",
+        take_token(&backend, &key),
+    )
+    .await;
+    let before = tokens.iter().copied().max().unwrap_or_default();
+    assert!(
+        after > before,
+        "the token after the restart ({after}) must exceed every token before it ({tokens:?})"
+    );
+    tokens.push(after);
+    tokens.push(take_token(&backend, &key).await);
+    assert!(tokens.windows(2).all(|w| w[1] > w[0]), "{tokens:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lease_is_lost_when_the_server_dies_and_locking_works_again_after_it_returns() {
+    let mut server = RedisServer::start(&[]);
+    let backend = connect(&server.url()).await;
+    let key = fresh_key("connection-loss");
+    let lease = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let token = lease.token();
+
+    server.kill();
+    let lost = within(15, "the lost signal", lease.lost()).await;
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::Unreachable(_) | LostReason::Expired,
+                ..
+            }
+        ),
+        "unexpected: {lost}"
+    );
+    assert!(lease.check().is_err());
+
+    server.restart();
+    // The first attempt after the server is back succeeds on the same
+    // backend: a broken connection is rebuilt and the command retried.
+    let again = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("acquisition works again once the server is back");
+    assert!(again.token() > token);
+    again.release().await.expect("release");
+    drop(lease);
+}
+
+/// Counts acquisition attempts, to tell a waiter woken by a release from one
+/// that polls.
+struct Counting {
+    inner: Arc<dyn Backend>,
+    attempts: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for Counting {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke() {
+    let mut server = RedisServer::start(&[]);
+    let redis = RedisBackend::builder(&server.url())
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(redis.clone());
+    let key = fresh_key("pubsub-break");
+
+    // A waiter opens the pub/sub connection...
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(2))
+                .acquire_on(backend, key)
+                .await
+        }
+    });
+    sleep(Duration::from_millis(300)).await;
+    holder.release().await.expect("release");
+    within(10, "the first waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired")
+        .release()
+        .await
+        .expect("release");
+
+    // ...which the restart breaks.
+    server.restart();
+    let holder = within(20, "acquiring after the restart", async {
+        LockOptions::new(Duration::from_secs(30))
+            .acquire_on(backend.clone(), &key)
+            .await
+    })
+    .await
+    .expect("free after the restart");
+    let counting = Arc::new(Counting {
+        inner: backend.clone(),
+        attempts: AtomicUsize::new(0),
+    });
+    let waiter = tokio::spawn({
+        let (counting, key) = (counting.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
+                .acquire_on(counting, key)
+                .await
+        }
+    });
+    // Long enough for a polling waiter to try many more times.
+    sleep(Duration::from_millis(2500)).await;
+    holder.release().await.expect("release");
+    let lease = within(15, "the second waiter", waiter)
+        .await
+        .expect("task")
+        .expect("woken by the release");
+    let attempts = counting.attempts.load(Ordering::SeqCst);
+    assert!(
+        attempts <= 3,
+        "the waiter tried {attempts} times: it polled instead of being woken by pub/sub"
+    );
+    lease.release().await.expect("release");
+    // Once nobody waits, the channel is unsubscribed again.
+    within(10, "unsubscribing", async {
+        while redis.subscribed_channels() > 0 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
+    let server = RedisServer::start(&["--requirepass", "right-secret-1"]);
+    let url = format!("redis://:wrong-secret-2@127.0.0.1:{}", server.port);
+    let err = within(
+        20,
+        "connecting with a wrong password",
+        RedisBackend::connect(&url),
+    )
+    .await
+    .expect_err("a wrong password must be refused");
+    let text = format!("{err} / {err:?}");
+    assert!(matches!(err, LockError::Backend { .. }), "{text}");
+    assert!(
+        !text.contains("wrong-secret-2"),
+        "the password leaked: {text}"
+    );
+    assert!(
+        text.to_lowercase().contains("auth") || text.contains("WRONGPASS"),
+        "the error should say authentication failed: {text}"
+    );
+
+    let url = format!("redis://:right-secret-1@127.0.0.1:{}", server.port);
+    let backend = RedisBackend::connect(&url)
+        .await
+        .expect("the right password");
+    let shown = format!("{backend:?}");
+    assert!(!shown.contains("right-secret-1"), "{shown}");
+    assert!(shown.contains(":***@127.0.0.1"), "{shown}");
+    let backend: Arc<dyn Backend> = Arc::new(backend);
+    take_token(&backend, &fresh_key("password")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
+    let server = RedisServer::start(&[]);
+    // Only dlock's keys and channels, only the commands it needs (the list
+    // the module docs give).
+    let created = server.cli(&[
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">locker-pass-3",
+        "~dlock:*",
+        "&dlock:*",
+        // The scripts and what they call.
+        "+evalsha",
+        "+eval",
+        "+script|load",
+        "+set",
+        "+get",
+        "+incr",
+        "+pexpire",
+        "+pttl",
+        "+del",
+        "+publish",
+        "+time",
+        // Waiting.
+        "+subscribe",
+        "+unsubscribe",
+        // No INFO: the backend then takes the server as a single server.
+    ]);
+    assert_eq!(created, "OK");
+    let url = format!("redis://locker:locker-pass-3@127.0.0.1:{}", server.port);
+    let redis = RedisBackend::connect(&url)
+        .await
+        .expect("the ACL user connects");
+    assert!(!format!("{redis:?}").contains("locker-pass-3"));
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    let key = fresh_key("acl");
+    let first = take_token(&backend, &key).await;
+    // Waiting uses pub/sub, which the user may do on dlock's channels.
+    let holder = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert!(holder.token().get() > first);
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(10))
+                .acquire_on(backend, key)
+                .await
+        }
+    });
+    sleep(Duration::from_millis(200)).await;
+    holder.release().await.expect("release");
+    within(15, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired")
+        .release()
+        .await
+        .expect("release");
+}

@@ -1,0 +1,176 @@
+//! Redis servers a test starts for itself: on a free loopback port, with no
+//! persistence, in a temporary directory, and always killed again (on drop,
+//! and by the kernel if the test process dies first).
+
+#![allow(dead_code)]
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock::backend::OwnerId;
+
+/// A `redis-server` child process. Killed (SIGKILL) and its directory
+/// removed when dropped.
+pub struct RedisServer {
+    child: Option<Child>,
+    pub port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+}
+
+/// A loopback port nothing listens on now (and, with `bus`, whose cluster
+/// bus port, +10000, is free too).
+pub fn free_port(bus: bool) -> u16 {
+    for _ in 0..100 {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+        let port = listener.local_addr().expect("local addr").port();
+        if !bus {
+            return port;
+        }
+        if port <= 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port found");
+}
+
+fn fresh_dir(label: &str) -> PathBuf {
+    let id = OwnerId::random().expect("random");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-{label}-{id}"));
+    std::fs::create_dir_all(&dir).expect("server directory");
+    dir
+}
+
+impl RedisServer {
+    /// Starts a server on a free port with `args` added to the defaults.
+    pub fn start(args: &[&str]) -> Self {
+        let bus = args.contains(&"--cluster-enabled");
+        let mut server = Self {
+            child: None,
+            port: free_port(bus),
+            dir: fresh_dir("redis"),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `host:port` for `redis-cli --cluster`.
+    pub fn address(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn launch(&mut self) {
+        let mut command = Command::new("redis-server");
+        command
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(["--logfile", "server.log"])
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; it asks the kernel to kill the
+        // server when the thread that started it ends, so a test process
+        // that dies without running destructors leaves no server behind.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .expect("redis-server must be installed (scripts/test installs it)");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    /// Waits until the server answers on its port.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+                panic!("redis-server exited with {status}:\n{log}");
+            }
+            if ping(self.port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not come up", self.port);
+    }
+
+    /// Kills the server at once (SIGKILL): everything in memory is lost.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, with no data.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.launch();
+    }
+
+    /// Runs `redis-cli` against this server.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(&["-p", &self.port.to_string()], args)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `redis-cli` with connection options `target` and command `args`;
+/// returns its trimmed output.
+pub fn cli(target: &[&str], args: &[&str]) -> String {
+    let Output { stdout, stderr, .. } = Command::new("redis-cli")
+        .args(target)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("redis-cli must be installed");
+    let mut text = String::from_utf8_lossy(&stdout).trim().to_owned();
+    if text.is_empty() {
+        text = String::from_utf8_lossy(&stderr).trim().to_owned();
+    }
+    text
+}
+
+/// True if something answers a RESP `PING` on the port (any reply, even an
+/// authentication error, means the server is up).
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).is_ok() && !line.is_empty()
+}

@@ -43,13 +43,15 @@
 #![warn(missing_docs)]
 
 pub use dlock_macros::distributed_lock;
+#[cfg(feature = "pg")]
+pub use dlock_runtime::pg;
+#[cfg(feature = "redis")]
+pub use dlock_runtime::redis;
 pub use dlock_runtime::{
     Backend, FencingToken, FencingTokens, IntoLockKey, KeyBuilder, Lease, LeaseSet, LockError,
     LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
 };
 pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options, token};
-#[cfg(feature = "redis")]
-pub use dlock_runtime::redis;
 
 #[doc(hidden)]
 pub mod __private;

@@ -23,6 +23,8 @@ pub mod key;
 pub mod lease;
 pub mod memory;
 pub mod options;
+#[cfg(feature = "pg")]
+pub mod pg;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;

@@ -1,0 +1,1073 @@
+//! `PgBackend`: locks held as PostgreSQL session advisory locks, for
+//! services that already run PostgreSQL and want no new infrastructure.
+//!
+//! # Sessions
+//!
+//! A session advisory lock belongs to the connection that took it: it is
+//! dropped when that connection says so, or the moment the connection ends.
+//! So the backend opens and owns the connections that hold locks (a small
+//! set, [`PgOptions::sessions`]) and never borrows one from an application
+//! pool — returning a pooled connection would otherwise keep the lock on a
+//! connection someone else gets next, or drop it behind the holder's back.
+//! Several leases share a session. Advisory locks are re-entrant per
+//! session (a second `pg_try_advisory_lock` on the same session says yes),
+//! so the backend keeps its own per-key exclusion: a second task of the same
+//! process never asks the server for a key this process holds or is taking.
+//!
+//! # Key mapping
+//!
+//! A lock key (a string) maps to the 64-bit advisory key
+//! `hashtextextended(key, seed)`, computed on the server, with the seed
+//! of [`PgOptions::key_seed`] (0 by default). It is the hash PostgreSQL
+//! uses for hash partitioning, so it is stable across releases, and any
+//! client in any language locks the same key with
+//! `SELECT pg_try_advisory_lock(hashtextextended('my-key', 0))`. Two
+//! different keys with the same hash are one lock: a collision means false
+//! contention (one waits for the other), never lost exclusion — including
+//! within one process, where a colliding grant on a session that already
+//! holds the hash is given back at once. The full key is kept in process for
+//! errors and inspection ([`PgBackend::advisory_key`],
+//! [`PgBackend::holder_pids`]). The single-`bigint` advisory key space is
+//! shared with any other use of advisory locks in the database: choose a
+//! seed to keep dlock's keys apart if that matters.
+//!
+//! # Fencing tokens
+//!
+//! One statement takes the lock and, only if it was taken, draws the next
+//! value of the sequence `<schema>.dlock_token_seq`, so the token comes in
+//! the same round trip. A sequence never goes back (it is not
+//! transactional), issues tokens above every earlier one for every key, and
+//! needs no row per key. A new or recreated sequence is moved up to the
+//! server clock in microseconds, so tokens keep rising even after the
+//! sequence is dropped or restored from an old backup. The backend creates
+//! what it needs with `CREATE ... IF NOT EXISTS` when it is missing; a DBA
+//! can pre-create it instead:
+//!
+//! ```sql
+//! CREATE SCHEMA IF NOT EXISTS dlock;
+//! CREATE SEQUENCE IF NOT EXISTS dlock.dlock_token_seq AS bigint;
+//! GRANT USAGE ON SCHEMA dlock TO app_role;
+//! GRANT USAGE, UPDATE ON SEQUENCE dlock.dlock_token_seq TO app_role;
+//! ```
+//!
+//! # Time to live
+//!
+//! A session lock does not expire while its connection lives, so the
+//! backend enforces each lease's ttl itself: it unlocks a lease that was not
+//! extended in time. A holder process that dies closes its connections and
+//! PostgreSQL frees its locks at once — no ttl wait. A holder that freezes
+//! or is cut off is ended by the server after
+//! [`PgOptions::server_idle_timeout`] (PostgreSQL 14+), because its
+//! sessions stop sending their liveness checks.
+//!
+//! # Waiting
+//!
+//! A key held in this process wakes its waiters in process. A key held
+//! elsewhere is waited for on the server, not polled: see the `wait` module
+//! docs — a shared-lock probe that PostgreSQL grants the instant the holder
+//! lets go, however it lets go.
+//!
+//! # Loss detection
+//!
+//! When a lock session's connection ends (server restart,
+//! `pg_terminate_backend`, network cut, a liveness check that got no answer
+//! within [`PgOptions::liveness_interval`]), every lease on it is told at
+//! once with [`LostReason::SessionEnded`](crate::LostReason::SessionEnded),
+//! and the session is replaced for later acquisitions.
+//!
+//! # PgBouncer
+//!
+//! Session locks need a real server session: point `PgBackend` at
+//! PostgreSQL directly or through a PgBouncer pool in *session* mode.
+//! Behind *transaction* pooling use [`TransactionLock`], which locks inside
+//! the caller's own transaction.
+
+mod session;
+mod sql;
+mod tls;
+mod wait;
+mod xact;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex as AsyncMutex, oneshot, watch};
+use tokio::time::{Instant, sleep_until};
+use tokio_postgres::Config;
+use tokio_postgres::error::SqlState;
+
+use self::session::{Connector, Failure, LockSession};
+use self::wait::Waits;
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+
+pub use self::tls::TlsVerification;
+pub use self::xact::TransactionLock;
+/// The PostgreSQL client this backend is built on, for
+/// [`TransactionLock::acquire`] and anything else that needs its types.
+pub use tokio_postgres;
+
+const KIND: &str = "pg";
+const DEFAULT_SCHEMA: &str = "dlock";
+/// How long `force_release` waits for a holding session to be gone.
+const TERMINATE_WAIT_MS: i64 = 5_000;
+/// What a waiter is told to wait, at most, for a key held elsewhere while a
+/// server-side probe watches it: the probe wakes it on any release, so this
+/// is only a safety net.
+const WATCHED_RECHECK: Duration = Duration::from_secs(10);
+
+/// Settings of a [`PgBackend`] beyond the connection string.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_runtime::pg::PgOptions;
+///
+/// let options = PgOptions::new()
+///     .sessions(4)
+///     .schema("locks")
+///     .liveness_interval(Duration::from_secs(1));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    sessions: usize,
+    wait_sessions: usize,
+    schema: String,
+    key_seed: i64,
+    connect_timeout: Duration,
+    liveness_interval: Duration,
+    server_idle_timeout: Option<Duration>,
+    tls: TlsVerification,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgOptions {
+    /// Two lock sessions, up to four wait sessions, schema `dlock`, key
+    /// seed 0, a 5 s connect timeout, a liveness check every 2 s, a 15 s
+    /// server idle timeout, and libpq's TLS behaviour.
+    pub fn new() -> Self {
+        Self {
+            sessions: 2,
+            wait_sessions: 4,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            key_seed: 0,
+            connect_timeout: Duration::from_secs(5),
+            liveness_interval: Duration::from_secs(2),
+            server_idle_timeout: Some(Duration::from_secs(15)),
+            tls: TlsVerification::default(),
+        }
+    }
+
+    /// How many connections hold locks (1 to 64). Leases spread over them;
+    /// more sessions mean fewer leases lost together when one dies.
+    pub fn sessions(mut self, sessions: usize) -> Self {
+        self.sessions = sessions;
+        self
+    }
+
+    /// At most how many connections wait on the server for keys held by
+    /// other processes (one per waited key; 0 to 64). When all are busy,
+    /// further waiters recheck once a second instead.
+    pub fn wait_sessions(mut self, wait_sessions: usize) -> Self {
+        self.wait_sessions = wait_sessions;
+        self
+    }
+
+    /// The schema of the token sequence: lowercase letters, digits and
+    /// `_`, not starting with a digit, at most 63 bytes.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The seed of `hashtextextended(key, seed)`: every client that must
+    /// see the same locks uses the same seed.
+    pub fn key_seed(mut self, seed: i64) -> Self {
+        self.key_seed = seed;
+        self
+    }
+
+    /// How long opening a connection may take in all (TCP, TLS,
+    /// authentication), unless the connection string sets
+    /// `connect_timeout`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How often each lock session is pinged; a ping without an answer
+    /// within the same time ends the session (its leases are told). At
+    /// least 100 ms.
+    pub fn liveness_interval(mut self, interval: Duration) -> Self {
+        self.liveness_interval = interval;
+        self
+    }
+
+    /// PostgreSQL 14+ ends a lock session that has sent nothing for this
+    /// long (`idle_session_timeout`), which frees the locks of a holder
+    /// that froze or was cut off. Must be more than twice the liveness
+    /// interval; `None` leaves the server's setting alone.
+    pub fn server_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.server_idle_timeout = timeout;
+        self
+    }
+
+    /// How the server certificate is checked when TLS is used.
+    pub fn tls(mut self, verification: TlsVerification) -> Self {
+        self.tls = verification;
+        self
+    }
+
+    fn validate(&self) -> Result<String, LockError> {
+        let bad = |option, reason: String| Err(LockError::InvalidOption { option, reason });
+        if !(1..=64).contains(&self.sessions) {
+            return bad(
+                "sessions",
+                format!("{} is not between 1 and 64", self.sessions),
+            );
+        }
+        if self.wait_sessions > 64 {
+            return bad(
+                "wait_sessions",
+                format!("{} is more than 64", self.wait_sessions),
+            );
+        }
+        if self.liveness_interval < Duration::from_millis(100) {
+            return bad(
+                "liveness_interval",
+                format!("{:?} is below 100ms", self.liveness_interval),
+            );
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout", "must be greater than zero".into());
+        }
+        if let Some(idle) = self.server_idle_timeout
+            && idle <= self.liveness_interval * 2
+        {
+            return bad(
+                "server_idle_timeout",
+                format!(
+                    "{idle:?} is not more than twice the liveness interval {:?}: healthy sessions would be ended",
+                    self.liveness_interval
+                ),
+            );
+        }
+        quote_schema(&self.schema)
+    }
+}
+
+/// Checks a schema name and returns it quoted for SQL text.
+fn quote_schema(schema: &str) -> Result<String, LockError> {
+    let mut chars = schema.chars();
+    let valid = schema.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(format!("\"{schema}\""))
+    } else {
+        Err(LockError::InvalidOption {
+            option: "schema",
+            reason: format!(
+                "{schema:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
+            ),
+        })
+    }
+}
+
+/// Locks held as PostgreSQL session advisory locks on connections this
+/// backend owns. See the [module docs](self) for how it maps keys, issues
+/// tokens, waits and notices a lost session.
+///
+/// Cloning is cheap and shares the sessions. `Debug` shows where it
+/// connects, never the password.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{pg::PgBackend, registry, LockOptions};
+///
+/// let conn = std::env::var("DLOCK_PG_URL")
+///     .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into());
+/// registry().register("doc-pg", PgBackend::connect(&conn).await?);
+/// let lease = LockOptions::new(Duration::from_secs(30))
+///     .backend("doc-pg")
+///     .acquire("nightly-report")
+///     .await?;
+/// println!("token {}", lease.token());
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PgBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connector: Connector,
+    options: PgOptions,
+    quoted_schema: String,
+    try_lock_sql: String,
+    unlock_key_sql: String,
+    terminate_sql: String,
+    slots: Vec<AsyncMutex<Option<Arc<LockSession>>>>,
+    next_slot: AtomicUsize,
+    next_session_id: AtomicU64,
+    objects_ready: AtomicBool,
+    keys: Mutex<HashMap<LockKey, Entry>>,
+    waits: Waits,
+}
+
+/// What this process knows of one key it holds or is taking.
+struct Entry {
+    owner: OwnerId,
+    /// Dropped with the entry, which wakes this process's waiters.
+    gone: watch::Sender<()>,
+    state: State,
+}
+
+enum State {
+    /// An attempt is on its way to the server.
+    Acquiring,
+    /// Held on `session`.
+    Held(Holding),
+    /// An unlock is on its way to the server.
+    Releasing,
+}
+
+struct Holding {
+    session: Arc<LockSession>,
+    advisory_key: i64,
+    /// When the backend unlocks the key unless it is extended; dropping
+    /// the sender stops the expiry task.
+    deadline: watch::Sender<Instant>,
+}
+
+impl Entry {
+    fn new(owner: OwnerId) -> Self {
+        Self {
+            owner,
+            gone: watch::channel(()).0,
+            state: State::Acquiring,
+        }
+    }
+
+    fn holding(&self) -> Option<&Holding> {
+        match &self.state {
+            State::Held(holding) => Some(holding),
+            State::Acquiring | State::Releasing => None,
+        }
+    }
+}
+
+impl PgBackend {
+    /// Connects with default [`PgOptions`]. `conn` is a tokio-postgres
+    /// connection string, key-value (`host=127.0.0.1 user=app dbname=app
+    /// sslmode=require`) or URL (`postgresql://app:secret@db:5432/app`).
+    ///
+    /// Opens the first lock session (so a wrong password or an unreachable
+    /// host is an error here, within the connect timeout) and creates the
+    /// schema objects if they are missing.
+    pub async fn connect(conn: &str) -> Result<Self, LockError> {
+        Self::connect_with(conn, PgOptions::new()).await
+    }
+
+    /// Connects with the given options; see [`PgBackend::connect`].
+    pub async fn connect_with(conn: &str, options: PgOptions) -> Result<Self, LockError> {
+        let quoted_schema = options.validate()?;
+        let connect_error =
+            |what: String| LockError::backend(KIND, Operation::Connect, "", Failure::msg(what));
+        // The parser's messages name the offending option, never its value,
+        // so the password cannot leak through them.
+        let mut config = Config::from_str(conn)
+            .map_err(|e| connect_error(format!("invalid PostgreSQL connection string: {e}")))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(options.connect_timeout);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("dlock");
+        }
+        let connect_timeout = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(options.connect_timeout);
+        let tls = tls::connector(&options.tls).map_err(connect_error)?;
+        let connector = Connector::new(config, tls, connect_timeout);
+        let waits = Waits::new(
+            connector.clone(),
+            &quoted_schema,
+            options.key_seed,
+            options.wait_sessions,
+        );
+        let inner = Arc::new(Inner {
+            try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
+            unlock_key_sql: "SELECT pg_advisory_unlock(hashtextextended($1::text, $2::bigint))"
+                .to_owned(),
+            terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
+            slots: (0..options.sessions)
+                .map(|_| AsyncMutex::new(None))
+                .collect(),
+            next_slot: AtomicUsize::new(0),
+            next_session_id: AtomicU64::new(0),
+            objects_ready: AtomicBool::new(false),
+            keys: Mutex::default(),
+            waits,
+            connector,
+            options,
+            quoted_schema,
+        });
+        inner.session().await?;
+        Ok(Self { inner })
+    }
+
+    /// The advisory key `key` maps to (`hashtextextended(key, seed)`,
+    /// asked of the server), to find the lock in `pg_locks`: a `bigint`
+    /// advisory key shows there as `classid` (high 32 bits), `objid` (low
+    /// 32 bits) and `objsubid = 1`.
+    pub async fn advisory_key(&self, key: &LockKey) -> Result<i64, LockError> {
+        let session = self.inner.session().await?;
+        let row = session
+            .client
+            .query_one(
+                sql::ADVISORY_KEY,
+                &[&key.as_str(), &self.inner.options.key_seed],
+            )
+            .await
+            .map_err(|e| {
+                self.inner
+                    .failed(Operation::Acquire, key, "cannot hash the key", e)
+            })?;
+        row.try_get(0).map_err(|e| {
+            self.inner
+                .failed(Operation::Acquire, key, "unexpected answer", e)
+        })
+    }
+
+    /// The server process ids of the sessions (of any client, this backend
+    /// included unless the question runs on the holding session itself)
+    /// that hold `key`, for inspection: `pg_stat_activity` tells more.
+    pub async fn holder_pids(&self, key: &LockKey) -> Result<Vec<i32>, LockError> {
+        let session = self.inner.session().await?;
+        let rows = session
+            .client
+            .query(sql::HOLDERS, &[&key.as_str(), &self.inner.options.key_seed])
+            .await
+            .map_err(|e| {
+                self.inner
+                    .failed(Operation::Acquire, key, "cannot list holders", e)
+            })?;
+        rows.iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(|e| {
+                self.inner
+                    .failed(Operation::Acquire, key, "unexpected answer", e)
+            })
+    }
+
+    /// The server process ids of this backend's open lock sessions.
+    pub async fn session_pids(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for slot in &self.inner.slots {
+            if let Some(session) = slot.lock().await.as_ref()
+                && !session.is_ended()
+            {
+                pids.push(session.pid);
+            }
+        }
+        pids
+    }
+}
+
+impl std::fmt::Debug for PgBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgBackend")
+            .field("target", &self.inner.connector.target())
+            .field("schema", &self.inner.quoted_schema)
+            .field("sessions", &self.inner.options.sessions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inner {
+    fn keys(&self) -> MutexGuard<'_, HashMap<LockKey, Entry>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn failed(
+        &self,
+        operation: Operation,
+        key: &LockKey,
+        what: &str,
+        err: tokio_postgres::Error,
+    ) -> LockError {
+        LockError::backend(KIND, operation, key.as_str(), Failure::new(what, err))
+    }
+
+    /// A live lock session, opening one in its slot if needed. Slots are
+    /// used in turn; a dead session is replaced here.
+    async fn session(self: &Arc<Self>) -> Result<Arc<LockSession>, LockError> {
+        let turn = self.next_slot.fetch_add(1, Ordering::Relaxed);
+        let Some(slot) = self.slots.get(turn % self.slots.len().max(1)) else {
+            return Err(LockError::backend(
+                KIND,
+                Operation::Connect,
+                "",
+                Failure::msg("no lock session slot"),
+            ));
+        };
+        let mut slot = slot.lock().await;
+        if let Some(session) = slot.as_ref()
+            && !session.is_ended()
+        {
+            return Ok(Arc::clone(session));
+        }
+        let session = self
+            .open_session()
+            .await
+            .map_err(|e| LockError::backend(KIND, Operation::Connect, "", e))?;
+        *slot = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    async fn open_session(self: &Arc<Self>) -> Result<Arc<LockSession>, Failure> {
+        let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
+        let (ended_tx, ended) = watch::channel(None);
+        let (kill, killed) = oneshot::channel();
+        let weak = Arc::downgrade(self);
+        let mut client = self
+            .connector
+            .open(killed, move |why| {
+                ended_tx.send_replace(Some(why.clone()));
+                if let Some(inner) = weak.upgrade() {
+                    inner.session_ended(id, &why);
+                }
+            })
+            .await?;
+        if !self.objects_ready.load(Ordering::Acquire) {
+            self.ensure_objects(&mut client).await?;
+            self.objects_ready.store(true, Ordering::Release);
+        }
+        let setup = async {
+            let pid: i32 = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await?
+                .try_get(0)?;
+            if let Some(idle) = self.options.server_idle_timeout {
+                let idle_ms = idle.as_millis().to_string();
+                client
+                    .query_one(sql::SET_IDLE_SESSION_TIMEOUT, &[&idle_ms])
+                    .await?;
+            }
+            let try_lock = client.prepare(&self.try_lock_sql).await?;
+            let unlock = client.prepare(sql::UNLOCK).await?;
+            Ok::<_, tokio_postgres::Error>((pid, try_lock, unlock))
+        };
+        let (pid, try_lock, unlock) = setup
+            .await
+            .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
+        let session = Arc::new(LockSession::new(
+            id,
+            pid,
+            client,
+            (try_lock, unlock),
+            ended,
+            kill,
+        ));
+        tokio::spawn(session::check_liveness(
+            Arc::downgrade(&session),
+            self.options.liveness_interval,
+        ));
+        tracing::debug!(
+            pid,
+            target = self.connector.target(),
+            "PostgreSQL lock session opened"
+        );
+        Ok(session)
+    }
+
+    /// Creates the schema and the token sequence when missing, checks the
+    /// privileges on them, and moves the sequence up to the clock.
+    async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
+        let schema = self.options.schema.as_str();
+        let sequence = format!("{schema}.dlock_token_seq");
+        let inspect = |row: tokio_postgres::Row| -> Result<Inspection, tokio_postgres::Error> {
+            Ok(Inspection {
+                schema_exists: row.try_get(0)?,
+                sequence_exists: row.try_get(1)?,
+                schema_usable: row.try_get::<_, Option<bool>>(2)?.unwrap_or(false),
+                sequence_usable: row.try_get::<_, Option<bool>>(3)?.unwrap_or(false),
+                role: row.try_get(4)?,
+            })
+        };
+        let inspect_sql = sql::INSPECT_OBJECTS;
+        let row = client
+            .query_one(inspect_sql, &[&schema, &sequence])
+            .await
+            .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+        let mut found =
+            inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+        if !found.schema_exists || !found.sequence_exists {
+            let created = async {
+                let tx = client.transaction().await?;
+                tx.query_one(sql::SETUP_LOCK, &[]).await?;
+                // Look again under the lock: another backend may just have
+                // created them, and CREATE checks privileges before IF NOT EXISTS.
+                let again = inspect(tx.query_one(inspect_sql, &[&schema, &sequence]).await?)?;
+                if !again.schema_exists {
+                    tx.batch_execute(&sql::render(sql::CREATE_SCHEMA, &self.quoted_schema))
+                        .await?;
+                }
+                if !again.sequence_exists {
+                    tx.batch_execute(&sql::render(sql::CREATE_SEQUENCE, &self.quoted_schema))
+                        .await?;
+                }
+                tx.commit().await
+            };
+            if let Err(err) = created.await {
+                let what = if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                    format!(
+                        "role {} may not create the objects dlock needs in schema {}; \
+                         have a DBA run: {} (or choose a usable schema with PgOptions::schema)",
+                        found.role,
+                        self.quoted_schema,
+                        sql::ddl_for_dba(&self.quoted_schema, &found.role)
+                    )
+                } else {
+                    format!("cannot create the schema objects in {}", self.quoted_schema)
+                };
+                return Err(Failure::new(what, err));
+            }
+            let row = client
+                .query_one(inspect_sql, &[&schema, &sequence])
+                .await
+                .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+            found =
+                inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+        }
+        if !found.schema_usable || !found.sequence_usable {
+            return Err(Failure::msg(format!(
+                "role {} lacks privileges on the objects dlock needs (USAGE on schema {s}, \
+                 USAGE on sequence {s}.dlock_token_seq); have a DBA run: {}",
+                found.role,
+                sql::ddl_for_dba(&self.quoted_schema, &found.role),
+                s = self.quoted_schema,
+            )));
+        }
+        // Best effort: needs UPDATE on the sequence, which a DBA may withhold.
+        let seeded = client
+            .query_opt(&sql::render(sql::SEED_SEQUENCE, &self.quoted_schema), &[])
+            .await;
+        if let Err(err) = seeded {
+            tracing::debug!(error = %err, "could not move the token sequence up to the clock");
+        }
+        Ok(())
+    }
+
+    /// A lock session ended: its locks are gone on the server, so this
+    /// process forgets them (which wakes its waiters); its leases learn it
+    /// from their loss notice.
+    fn session_ended(&self, id: u64, why: &str) {
+        let mut keys = self.keys();
+        let before = keys.len();
+        keys.retain(|_, entry| entry.holding().is_none_or(|h| h.session.id != id));
+        let lost = before - keys.len();
+        drop(keys);
+        if lost > 0 {
+            tracing::warn!(
+                leases = lost,
+                reason = why,
+                "PostgreSQL lock session ended; its leases are lost"
+            );
+        } else {
+            tracing::debug!(reason = why, "PostgreSQL lock session ended");
+        }
+    }
+
+    /// Removes `key`'s entry if it still belongs to `owner`.
+    fn forget(&self, key: &LockKey, owner: OwnerId) {
+        let mut keys = self.keys();
+        if keys.get(key).is_some_and(|entry| entry.owner == owner) {
+            keys.remove(key);
+        }
+    }
+
+    fn held_elsewhere(&self, key: &LockKey) -> Attempt {
+        Attempt::Held {
+            expires_in: self.waits.is_watched(key).then_some(WATCHED_RECHECK),
+        }
+    }
+
+    /// Sends the lock statement: the advisory key and the token (None:
+    /// held). A session found dead is replaced once.
+    async fn try_lock(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<(Arc<LockSession>, i64, Option<i64>), LockError> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        let mut retried = false;
+        loop {
+            let session = self.session().await?;
+            let err = match session.client.query_one(&session.try_lock, &params).await {
+                Ok(row) => {
+                    let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
+                    return match parsed {
+                        Ok((advisory_key, token)) => Ok((session, advisory_key, token)),
+                        Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
+                    };
+                }
+                Err(err) => err,
+            };
+            if (err.is_closed() || session.is_ended()) && !retried {
+                retried = true;
+                continue;
+            }
+            // The lock may have been taken before `nextval` failed, and a
+            // session lock outlives its failed statement: drop it again, or
+            // end the session if even that fails.
+            if !err.is_closed()
+                && session
+                    .client
+                    .query_one(&self.unlock_key_sql, &params)
+                    .await
+                    .is_err()
+            {
+                session.end(format!("could not undo a failed lock of `{key}`"));
+            }
+            return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
+        }
+    }
+
+    async fn acquire_on_server(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let (session, advisory_key, token) = match self.try_lock(key).await {
+            Ok(answer) => answer,
+            Err(err) => {
+                self.forget(key, owner);
+                return Err(err);
+            }
+        };
+        let Some(token) = token else {
+            self.forget(key, owner);
+            return Ok(self.held_elsewhere(key));
+        };
+        let token = match xact::to_token(token, key.as_str()) {
+            Ok(token) => token,
+            Err(err) => {
+                self.forget(key, owner);
+                self.give_back(&session, advisory_key).await;
+                return Err(err);
+            }
+        };
+        let deadline = {
+            let mut keys = self.keys();
+            // A different key with the same advisory key, held on the same
+            // session: the server said yes only because advisory locks are
+            // re-entrant. That is contention, not a grant.
+            let collides = keys.iter().any(|(other, entry)| {
+                other != key
+                    && entry.holding().is_some_and(|h| {
+                        h.advisory_key == advisory_key && h.session.id == session.id
+                    })
+            });
+            match keys.get_mut(key) {
+                Some(entry)
+                    if !collides
+                        && entry.owner == owner
+                        && matches!(entry.state, State::Acquiring) =>
+                {
+                    let (deadline, watcher) = watch::channel(Instant::now() + ttl);
+                    entry.state = State::Held(Holding {
+                        session: Arc::clone(&session),
+                        advisory_key,
+                        deadline,
+                    });
+                    Some(watcher)
+                }
+                _ => None,
+            }
+        };
+        let Some(deadline) = deadline else {
+            self.forget(key, owner);
+            self.give_back(&session, advisory_key).await;
+            return Ok(Attempt::Held { expires_in: None });
+        };
+        tokio::spawn(expire_when_due(
+            Arc::downgrade(self),
+            key.clone(),
+            owner,
+            deadline,
+        ));
+        Ok(Attempt::Acquired(Grant {
+            token,
+            loss: Some(session.loss_notice()),
+        }))
+    }
+
+    /// Drops one hold of `advisory_key` on `session` that no lease owns.
+    async fn give_back(&self, session: &LockSession, advisory_key: i64) {
+        if session
+            .client
+            .query_one(&session.unlock, &[&advisory_key])
+            .await
+            .is_err()
+        {
+            session.end("could not give back an unowned lock".to_owned());
+        }
+    }
+
+    /// Unlocks `key` on its session. `owner: None` is the administrator's
+    /// force; `expiring` only unlocks a lease whose deadline has passed.
+    /// `Ok(true)` when a live lease of `owner` was released.
+    async fn unlock(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: Option<OwnerId>,
+        expiring: bool,
+    ) -> Result<bool, LockError> {
+        let (session, advisory_key, live, entry_owner) = {
+            let mut keys = self.keys();
+            let Some(entry) = keys.get_mut(key) else {
+                return Ok(false);
+            };
+            if owner.is_some_and(|owner| owner != entry.owner) {
+                return Ok(false);
+            }
+            let Some(holding) = entry.holding() else {
+                return Ok(false);
+            };
+            let live = *holding.deadline.borrow() > Instant::now();
+            if expiring && live {
+                return Ok(false);
+            }
+            let State::Held(holding) = std::mem::replace(&mut entry.state, State::Releasing) else {
+                return Ok(false);
+            };
+            (holding.session, holding.advisory_key, live, entry.owner)
+        };
+        // In a task of its own, so a caller that gives up half-way cannot
+        // leave the key marked as releasing for ever.
+        let inner = Arc::clone(self);
+        let key = key.clone();
+        let unlocking = tokio::spawn(async move {
+            let outcome = session
+                .client
+                .query_one(&session.unlock, &[&advisory_key])
+                .await;
+            inner.forget(&key, entry_owner);
+            match outcome {
+                Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
+                // The session is gone, and every lock it held with it.
+                Err(err) if err.is_closed() || session.is_ended() => Ok(false),
+                Err(err) => {
+                    // Ending the session is the one sure way to drop the lock.
+                    session.end(format!("could not release `{key}`"));
+                    Err(inner.failed(Operation::Release, &key, "unlock failed", err))
+                }
+            }
+        });
+        match unlocking.await {
+            Ok(Ok(unlocked)) => Ok(live && unlocked),
+            Ok(Err(err)) => Err(err),
+            Err(join) => Err(LockError::backend(
+                KIND,
+                Operation::Release,
+                "",
+                Failure::msg(format!("the unlock task did not finish: {join}")),
+            )),
+        }
+    }
+}
+
+struct Inspection {
+    schema_exists: bool,
+    sequence_exists: bool,
+    schema_usable: bool,
+    sequence_usable: bool,
+    role: String,
+}
+
+/// Unlocks a lease whose deadline passed without an extend: the ttl, which
+/// a session lock does not have by itself. Ends when the entry goes.
+async fn expire_when_due(
+    inner: std::sync::Weak<Inner>,
+    key: LockKey,
+    owner: OwnerId,
+    mut deadline: watch::Receiver<Instant>,
+) {
+    loop {
+        let due = *deadline.borrow_and_update();
+        tokio::select! {
+            _ = sleep_until(due) => {
+                if *deadline.borrow() > Instant::now() {
+                    continue;
+                }
+                let Some(inner) = inner.upgrade() else { return };
+                match inner.unlock(&key, Some(owner), true).await {
+                    Ok(_) => tracing::debug!(key = %key, "lease expired; unlocked"),
+                    Err(err) => tracing::warn!(key = %key, error = %err, "unlocking an expired lease failed"),
+                }
+                return;
+            }
+            changed = deadline.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        {
+            // In-process exclusion first: never ask the server for a key
+            // this process holds or is taking (re-entrancy would say yes).
+            let mut keys = self.inner.keys();
+            if let Some(entry) = keys.get(key) {
+                let now = Instant::now();
+                return Ok(Attempt::Held {
+                    expires_in: entry
+                        .holding()
+                        .map(|h| h.deadline.borrow().saturating_duration_since(now)),
+                });
+            }
+            keys.insert(key.clone(), Entry::new(*owner));
+        }
+        // In a task of its own: if the caller is cancelled after the server
+        // granted the lock, the task gives it back instead of leaking it.
+        let (answer, answered) = oneshot::channel();
+        let inner = Arc::clone(&self.inner);
+        let (key, owner) = (key.clone(), *owner);
+        tokio::spawn(async move {
+            let outcome = inner.acquire_on_server(&key, owner, ttl).await;
+            if let Err(Ok(Attempt::Acquired(_))) = answer.send(outcome) {
+                let _ = inner.unlock(&key, Some(owner), false).await;
+            }
+        });
+        match answered.await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(LockError::backend(
+                KIND,
+                Operation::Acquire,
+                "",
+                Failure::msg("the acquisition task did not finish"),
+            )),
+        }
+    }
+
+    async fn extend(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let live_session = |keys: &HashMap<LockKey, Entry>| {
+            keys.get(key)
+                .filter(|entry| entry.owner == *owner)
+                .and_then(Entry::holding)
+                .filter(|h| *h.deadline.borrow() > Instant::now())
+                .map(|h| Arc::clone(&h.session))
+        };
+        let Some(session) = live_session(&self.inner.keys()) else {
+            return Ok(false);
+        };
+        // The lock lives exactly as long as its session: one round trip on
+        // it proves both.
+        session.client.check_connection().await.map_err(|e| {
+            self.inner
+                .failed(Operation::Extend, key, "lock session check failed", e)
+        })?;
+        let mut keys = self.inner.keys();
+        match live_session(&keys) {
+            Some(now_on) if now_on.id == session.id => {
+                if let Some(holding) = keys.get_mut(key).and_then(|e| match &e.state {
+                    State::Held(h) => Some(h),
+                    _ => None,
+                }) {
+                    holding.deadline.send_replace(Instant::now() + ttl);
+                }
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+        self.inner.unlock(key, Some(*owner), false).await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        if let Some(entry) = self.inner.keys().get(key) {
+            // Held (or being taken) here: its entry going away is the signal.
+            let mut gone = entry.gone.subscribe();
+            return Ok(Box::pin(async move {
+                let _ = gone.changed().await;
+            }));
+        }
+        Ok(self
+            .inner
+            .waits
+            .watch(key)
+            .unwrap_or_else(|| Box::pin(std::future::pending())))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        // Held here: unlock it on our own session, so our other leases live on.
+        if self.inner.unlock(key, None, false).await? {
+            return Ok(true);
+        }
+        // Held elsewhere: only the holding session can drop an advisory
+        // lock, so end that session.
+        let session = self.inner.session().await?;
+        let rows = session
+            .client
+            .query(
+                &self.inner.terminate_sql,
+                &[&key.as_str(), &self.inner.options.key_seed, &TERMINATE_WAIT_MS],
+            )
+            .await
+            .map_err(|e| {
+                self.inner.failed(
+                    Operation::Release,
+                    key,
+                    "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
+                    e,
+                )
+            })?;
+        for row in &rows {
+            let pid: Option<i32> = row.try_get(0).ok();
+            let gone: bool = row.try_get(1).unwrap_or(false);
+            tracing::warn!(key = %key, pid, gone, "force release: ended the PostgreSQL session holding the key");
+        }
+        Ok(!rows.is_empty())
+    }
+}

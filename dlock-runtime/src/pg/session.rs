@@ -1,0 +1,249 @@
+//! Connections the backend opens and owns: the lock sessions that hold
+//! session advisory locks, and the plumbing every connection shares
+//! (connect with a timeout, a driver task that reports how it ended).
+
+use std::fmt;
+use std::future::Future;
+use std::sync::{Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::{sleep, timeout};
+use tokio_postgres::config::Host;
+use tokio_postgres::{Client, Config, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use crate::backend::LossNotice;
+use crate::error::LostReason;
+
+/// A failure talking to PostgreSQL, with what was being done. Its text never
+/// holds the password: connection errors name `user@host:port/db` only.
+#[derive(Debug)]
+pub(super) struct Failure {
+    what: String,
+    source: Option<tokio_postgres::Error>,
+}
+
+impl Failure {
+    pub(super) fn new(what: impl Into<String>, source: tokio_postgres::Error) -> Self {
+        Self {
+            what: what.into(),
+            source: Some(source),
+        }
+    }
+
+    pub(super) fn msg(what: impl Into<String>) -> Self {
+        Self {
+            what: what.into(),
+            source: None,
+        }
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Some(source) => match source.as_db_error() {
+                // The server's own words read better than "db error: ERROR: …".
+                Some(db) => write!(f, "{}: {}", self.what, db),
+                None => write!(f, "{}: {source}", self.what),
+            },
+            None => f.write_str(&self.what),
+        }
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// What it takes to open one more connection.
+#[derive(Clone)]
+pub(super) struct Connector {
+    config: Config,
+    tls: MakeRustlsConnect,
+    timeout: Duration,
+    target: String,
+}
+
+impl Connector {
+    pub(super) fn new(config: Config, tls: MakeRustlsConnect, timeout: Duration) -> Self {
+        let target = describe(&config);
+        Self {
+            config,
+            tls,
+            timeout,
+            target,
+        }
+    }
+
+    /// `user@host:port/dbname`, for messages: never the password.
+    pub(super) fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// Opens a connection and drives it in a task of its own. `on_end` gets
+    /// why it ended; a message on `kill` (or dropping its sender) closes it.
+    /// The whole connect, handshake and authentication included, is bounded
+    /// by the connect timeout (tokio-postgres bounds only the TCP connect).
+    pub(super) async fn open(
+        &self,
+        kill: oneshot::Receiver<String>,
+        on_end: impl FnOnce(String) + Send + 'static,
+    ) -> Result<Client, Failure> {
+        let connecting = self.config.connect(self.tls.clone());
+        let (client, connection) = match timeout(self.timeout, connecting).await {
+            Ok(Ok(pair)) => pair,
+            Ok(Err(err)) => {
+                return Err(Failure::new(
+                    format!("cannot connect to {}", self.target),
+                    err,
+                ));
+            }
+            Err(_) => {
+                return Err(Failure::msg(format!(
+                    "cannot connect to {}: no answer within the connect timeout of {:?}",
+                    self.target, self.timeout
+                )));
+            }
+        };
+        tokio::spawn(drive(connection, kill, on_end));
+        Ok(client)
+    }
+}
+
+/// Runs a connection until the server or the network ends it, or until it
+/// is told to stop; dropping the connection closes the socket, and the
+/// server then drops every lock the session held.
+async fn drive<C>(connection: C, kill: oneshot::Receiver<String>, on_end: impl FnOnce(String))
+where
+    C: Future<Output = Result<(), tokio_postgres::Error>>,
+{
+    let reason = tokio::select! {
+        ended = connection => match ended {
+            Ok(()) => "the server closed the connection".to_owned(),
+            Err(err) => match err.as_db_error() {
+                Some(db) => db.to_string(),
+                None => err.to_string(),
+            },
+        },
+        why = kill => why.unwrap_or_else(|_| "the backend closed the session".to_owned()),
+    };
+    on_end(reason);
+}
+
+fn describe(config: &Config) -> String {
+    let user = config.get_user().unwrap_or("(default user)");
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => match config.get_hostaddrs().first() {
+            Some(addr) => addr.to_string(),
+            None => "localhost".to_owned(),
+        },
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or(user);
+    format!("{user}@{host}:{port}/{db}")
+}
+
+/// One connection that holds session advisory locks for any number of
+/// leases. The backend opened it and nothing else ever runs on it, so a
+/// lock taken here is only ever dropped by this backend (or by the session
+/// ending).
+pub(super) struct LockSession {
+    pub(super) id: u64,
+    pub(super) pid: i32,
+    pub(super) client: Client,
+    pub(super) try_lock: Statement,
+    pub(super) unlock: Statement,
+    /// `Some(why)` once the connection has ended.
+    ended: watch::Receiver<Option<String>>,
+    kill: Mutex<Option<oneshot::Sender<String>>>,
+}
+
+impl LockSession {
+    pub(super) fn new(
+        id: u64,
+        pid: i32,
+        client: Client,
+        statements: (Statement, Statement),
+        ended: watch::Receiver<Option<String>>,
+        kill: oneshot::Sender<String>,
+    ) -> Self {
+        Self {
+            id,
+            pid,
+            client,
+            try_lock: statements.0,
+            unlock: statements.1,
+            ended,
+            kill: Mutex::new(Some(kill)),
+        }
+    }
+
+    /// True once the connection is gone (or going).
+    pub(super) fn is_ended(&self) -> bool {
+        self.ended.borrow().is_some() || self.client.is_closed()
+    }
+
+    /// Closes the connection: the server drops every lock it held, and
+    /// every lease on it is told its session ended.
+    pub(super) fn end(&self, why: String) {
+        let kill = self
+            .kill
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(kill) = kill {
+            let _ = kill.send(why);
+        }
+    }
+
+    /// Resolves with [`LostReason::SessionEnded`] when the connection ends.
+    pub(super) fn loss_notice(&self) -> LossNotice {
+        let mut ended = self.ended.clone();
+        let pid = self.pid;
+        Box::pin(async move {
+            let why = match ended.wait_for(Option::is_some).await {
+                Ok(why) => why.clone().unwrap_or_default(),
+                Err(_) => "the backend closed the session".to_owned(),
+            };
+            LostReason::SessionEnded(format!("PostgreSQL lock session pid {pid}: {why}"))
+        })
+    }
+}
+
+/// Pings a lock session every `interval` (a protocol Sync: the cheapest
+/// round trip there is) and ends it when a ping fails or gets no answer
+/// within `interval`: that catches half-open connections the kernel would
+/// only notice much later. Holds the session weakly, so a dropped backend
+/// still closes its connections.
+pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duration) {
+    loop {
+        sleep(interval).await;
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        if session.is_ended() {
+            return;
+        }
+        match timeout(interval, session.client.check_connection()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                session.end(format!("liveness check failed: {err}"));
+                return;
+            }
+            Err(_) => {
+                session.end(format!(
+                    "no answer to a liveness check within {interval:?} (half-open connection?)"
+                ));
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Transaction-scoped locks: `pg_advisory_xact_lock` inside the caller's
+//! own transaction, for applications that reach PostgreSQL through
+//! PgBouncer in *transaction* pooling, where a session lock would stay on a
+//! server connection that the next transaction of some other client gets.
+
+use std::time::Duration;
+
+use tokio_postgres::Transaction;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::session::Failure;
+use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
+use crate::error::{LockError, Operation};
+use crate::options::{IntoLockKey, MAX_DURATION};
+use crate::token::FencingToken;
+
+/// Takes a lock for the rest of the caller's transaction: released by its
+/// COMMIT or ROLLBACK, never before, never by dlock. Works through PgBouncer
+/// in transaction pooling, because everything happens inside one
+/// transaction on one server connection; uses unnamed statements only.
+///
+/// There is no lease, no renewal and no lost signal: the lock lives exactly
+/// as long as the transaction, so keep the transaction short and do the
+/// protected work inside it. The key maps to the same advisory key as
+/// [`PgBackend`](super::PgBackend) locks (same schema and key seed), so
+/// both kinds exclude each other, and the fencing token comes from the same
+/// sequence, so tokens rise across both. A token is drawn from a sequence,
+/// which is not transactional: a token handed out is never handed out again,
+/// even if the transaction rolls back.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use dlock_runtime::pg::{PgBackend, TransactionLock, tokio_postgres};
+///
+/// let conn = std::env::var("DLOCK_PG_URL")
+///     .unwrap_or_else(|_| "host=127.0.0.1 user=postgres dbname=test".into());
+/// // Creates the schema objects once (or a DBA pre-creates them).
+/// let _backend = PgBackend::connect(&conn).await?;
+///
+/// let (mut client, connection) = tokio_postgres::connect(&conn, tokio_postgres::NoTls).await?;
+/// tokio::spawn(connection);
+/// let mut tx = client.transaction().await?;
+/// let token = TransactionLock::new()
+///     .wait(Duration::from_secs(5))
+///     .acquire(&mut tx, "invoice:42")
+///     .await?;
+/// // ... writes that carry `token`, in the same transaction ...
+/// tx.commit().await?; // releases the lock
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct TransactionLock {
+    schema: String,
+    key_seed: i64,
+    wait: Duration,
+}
+
+impl Default for TransactionLock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TransactionLock {
+    /// No waiting, schema `dlock`, key seed 0 (the [`PgBackend`](super::PgBackend)
+    /// defaults).
+    pub fn new() -> Self {
+        Self {
+            schema: DEFAULT_SCHEMA.to_owned(),
+            key_seed: 0,
+            wait: Duration::ZERO,
+        }
+    }
+
+    /// The schema holding `dlock_token_seq` (as [`PgOptions::schema`](super::PgOptions::schema)).
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The seed of the key hash (as [`PgOptions::key_seed`](super::PgOptions::key_seed)).
+    pub fn key_seed(mut self, seed: i64) -> Self {
+        self.key_seed = seed;
+        self
+    }
+
+    /// How long to wait for a held key (server-side, under `lock_timeout`)
+    /// before failing with [`LockError::Timeout`]. Zero (the default)
+    /// fails at once with [`LockError::Held`].
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Locks `key` until `tx` ends and returns the fencing token.
+    ///
+    /// Waiting runs in a savepoint: should the lock be granted in the very
+    /// instant `lock_timeout` fires, the failed statement's savepoint is
+    /// rolled back, which drops that lock, and the caller's transaction
+    /// stays usable either way. `lock_timeout` is put back afterwards.
+    pub async fn acquire(
+        &self,
+        tx: &mut Transaction<'_>,
+        key: impl IntoLockKey,
+    ) -> Result<FencingToken, LockError> {
+        let key = key.into_lock_key()?;
+        let quoted = quote_schema(&self.schema)?;
+        if self.wait > MAX_DURATION {
+            return Err(LockError::InvalidOption {
+                option: "wait",
+                reason: format!("{:?} is above the 30-day maximum", self.wait),
+            });
+        }
+        let fail = |what: &str, e: tokio_postgres::Error| {
+            LockError::backend(
+                KIND,
+                Operation::Acquire,
+                key.as_str(),
+                Failure::new(what, e),
+            )
+        };
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&key.as_str(), Type::TEXT), (&self.key_seed, Type::INT8)];
+        if self.wait.is_zero() {
+            let row = tx
+                .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
+                .await
+                .map_err(|e| fail("transaction lock failed", e))?;
+            let token: Option<i64> = row
+                .try_get(0)
+                .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
+            return match token {
+                Some(token) => to_token(token, key.as_str()),
+                None => Err(LockError::Held {
+                    key: key.to_string(),
+                }),
+            };
+        }
+        let started = tokio::time::Instant::now();
+        let savepoint = tx
+            .savepoint("dlock_wait")
+            .await
+            .map_err(|e| fail("cannot open a savepoint to wait in", e))?;
+        let timeout_ms = self.wait.as_millis().max(1).to_string();
+        let swapped = savepoint
+            .query_typed_one(sql::XACT_SWAP_LOCK_TIMEOUT, &[(&timeout_ms, Type::TEXT)])
+            .await
+            .map_err(|e| fail("cannot set lock_timeout", e))?;
+        let previous: String = swapped
+            .try_get(0)
+            .map_err(|e| fail("unexpected answer to setting lock_timeout", e))?;
+        let locked = savepoint
+            .query_typed_one(&sql::render(sql::XACT_LOCK, &quoted), &params)
+            .await;
+        match locked {
+            Ok(row) => {
+                let token: i64 = row
+                    .try_get(0)
+                    .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
+                savepoint
+                    .query_typed_one(sql::XACT_RESTORE_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
+                    .await
+                    .map_err(|e| fail("cannot restore lock_timeout", e))?;
+                savepoint
+                    .commit()
+                    .await
+                    .map_err(|e| fail("cannot release the savepoint", e))?;
+                to_token(token, key.as_str())
+            }
+            Err(err) => {
+                let timed_out = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
+                savepoint
+                    .rollback()
+                    .await
+                    .map_err(|e| fail("cannot roll back the savepoint", e))?;
+                if timed_out {
+                    Err(LockError::Timeout {
+                        key: key.to_string(),
+                        waited: started.elapsed(),
+                    })
+                } else {
+                    Err(fail("transaction lock failed", err))
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn to_token(token: i64, key: &str) -> Result<FencingToken, LockError> {
+    u64::try_from(token).map(FencingToken::new).map_err(|_| {
+        LockError::backend(
+            KIND,
+            Operation::Acquire,
+            key,
+            Failure::msg(format!(
+                "the token sequence returned {token}, not a positive number"
+            )),
+        )
+    })
+}

@@ -1,12 +1,22 @@
 //! The conformance suite on `RedisBackend` against the Redis at
-//! `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`).
+//! `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`), plus what the
+//! Redis backend promises across OS processes, against interference from
+//! outside, and for bad input.
 
 mod conformance;
+mod redis_support;
 
-use std::sync::Arc;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
 
-use dlock::Backend;
+use dlock::backend::OwnerId;
 use dlock::redis::RedisBackend;
+use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use tokio::time::timeout;
 
 fn redis_url() -> String {
     std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -21,3 +31,411 @@ async fn backend() -> Arc<dyn Backend> {
 }
 
 conformance::suite!(backend);
+
+/// Fails the test if `fut` has not finished within `secs` (a hang guard).
+async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
+    match timeout(Duration::from_secs(secs), fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not finish within {secs}s"),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Across OS processes: this test binary re-run as children.
+
+/// The environment variable that turns this test binary into a child
+/// process playing one role (see `child_process_entry`).
+const CHILD_ROLE: &str = "DLOCK_REDIS_TEST_CHILD";
+
+/// Re-runs this test binary as a child process in `role`.
+fn spawn_child(role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    Command::new(exe)
+        .args([
+            "child_process_entry",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child")
+}
+
+/// Sends every line the children print that starts with `prefix` (prefix
+/// cut) to one channel.
+fn collect_lines(children: &mut [Child], prefix: &'static str) -> mpsc::Receiver<String> {
+    let (sender, receiver) = mpsc::channel();
+    for child in children {
+        let stdout = child.stdout.take().expect("piped stdout");
+        let sender = sender.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix(prefix) {
+                    let _ = sender.send(rest.to_owned());
+                }
+            }
+        });
+    }
+    receiver
+}
+
+/// The child side. Ignored in normal runs; the tests below start it as
+/// `<test binary> child_process_entry --exact --ignored` with a role.
+#[test]
+#[ignore = "runs only as a child process of the cross-process tests"]
+fn child_process_entry() {
+    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+        return;
+    };
+    let parts: Vec<String> = spec.split('\u{1f}').map(str::to_owned).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let backend = backend().await;
+        let key = parts[1].clone();
+        match parts[0].as_str() {
+            // `tasks` tasks try the key once, together; whoever wins holds
+            // it until the parent has heard from every contender.
+            "race" => {
+                let tasks: usize = parts[2].parse().expect("tasks");
+                let barrier = Arc::new(tokio::sync::Barrier::new(tasks));
+                let attempts: Vec<_> = (0..tasks)
+                    .map(|_| {
+                        let (backend, key, barrier) =
+                            (backend.clone(), key.clone(), barrier.clone());
+                        tokio::spawn(async move {
+                            barrier.wait().await;
+                            LockOptions::new(Duration::from_secs(30))
+                                .acquire_on(backend, key)
+                                .await
+                        })
+                    })
+                    .collect();
+                let mut held = Vec::new();
+                for attempt in attempts {
+                    match attempt.await.expect("task") {
+                        Ok(lease) => {
+                            println!("result won {}", lease.token());
+                            held.push(lease);
+                        }
+                        Err(LockError::Held { .. }) => println!("result held"),
+                        Err(other) => println!("result error {other}"),
+                    }
+                }
+                // Hold until the parent says every contender has tried.
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+                for lease in held {
+                    lease.release().await.expect("release");
+                }
+            }
+            // Increment a plain, unlocked counter file under the lock: any
+            // overlap between holders loses an increment.
+            "counter" => {
+                let counter = Path::new(&parts[2]);
+                let rounds: usize = parts[3].parse().expect("rounds");
+                for _ in 0..rounds {
+                    let lease = LockOptions::new(Duration::from_secs(10))
+                        .wait(Duration::from_secs(60))
+                        .acquire_on(backend.clone(), &key)
+                        .await
+                        .expect("acquire");
+                    let value: u64 = std::fs::read_to_string(counter)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
+                    println!("held {} {}", lease.token(), value);
+                    lease.release().await.expect("release");
+                }
+            }
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+#[test]
+fn twenty_acquirers_across_three_processes_exactly_one_wins() {
+    let key = conformance::fresh_key("race-processes").to_string();
+    let mut children: Vec<Child> = [7, 7, 6]
+        .iter()
+        .map(|tasks: &usize| spawn_child("race", &[&key, &tasks.to_string()]))
+        .collect();
+    let results = collect_lines(&mut children, "result ");
+    let mut outcomes = Vec::new();
+    for _ in 0..20 {
+        let outcome = results
+            .recv_timeout(Duration::from_secs(60))
+            .expect("every contender reports (hang guard)");
+        outcomes.push(outcome);
+    }
+    for child in &mut children {
+        // Let the winner release, and every child exit.
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        let _ = stdin.write_all(b"done\n");
+    }
+    for child in &mut children {
+        assert!(child.wait().expect("child exits").success());
+    }
+    let winners = outcomes.iter().filter(|o| o.starts_with("won")).count();
+    let losers = outcomes.iter().filter(|o| *o == "held").count();
+    assert_eq!(
+        (winners, losers),
+        (1, 19),
+        "exactly one of 20 acquirers in 3 processes must win: {outcomes:?}"
+    );
+}
+
+#[test]
+fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
+    let key = conformance::fresh_key("counter-processes").to_string();
+    let id = OwnerId::random().expect("random");
+    let counter = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-redis-{id}.txt"));
+    let counter_s = counter.to_str().expect("utf-8 path");
+    const ROUNDS: usize = 30;
+    let mut children: Vec<Child> = (0..3)
+        .map(|_| spawn_child("counter", &[&key, counter_s, &ROUNDS.to_string()]))
+        .collect();
+    let lines = collect_lines(&mut children, "held ");
+    for child in &mut children {
+        drop(child.stdin.take());
+        assert!(child.wait().expect("child exits").success());
+    }
+    let mut holds: Vec<(u64, u64)> = lines
+        .try_iter()
+        .map(|line| {
+            let mut fields = line.split(' ').map(|f| f.parse::<u64>().expect("number"));
+            (fields.next().expect("token"), fields.next().expect("value"))
+        })
+        .collect();
+    let final_value: u64 = std::fs::read_to_string(&counter)
+        .expect("counter")
+        .trim()
+        .parse()
+        .expect("number");
+    let _ = std::fs::remove_file(&counter);
+    assert_eq!(holds.len(), 3 * ROUNDS);
+    assert_eq!(
+        final_value,
+        (3 * ROUNDS) as u64,
+        "an increment was lost: two processes held the lock at once"
+    );
+    // In the order the holders ran (the counter value each read), the
+    // tokens strictly increase.
+    holds.sort_by_key(|&(_, value)| value);
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].0 > pair[0].0,
+            "token {} ran after token {}",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Interference from outside, and bad input.
+
+/// The Redis name of `key`'s lock (see the keyspace in the module docs).
+fn lock_name(key: &LockKey) -> String {
+    format!("dlock:{{{key}}}:lock")
+}
+
+fn cli(args: &[&str]) -> String {
+    redis_support::cli(&["-u", &redis_url()], args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {
+    let backend = backend().await;
+    let key = conformance::fresh_key("deleted");
+    let lease = LockOptions::new(Duration::from_millis(900))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert_eq!(cli(&["DEL", &lock_name(&key)]), "1");
+    let lost = within(10, "the lost signal", lease.lost()).await;
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::NotOwner,
+                ..
+            }
+        ),
+        "unexpected: {lost}"
+    );
+    assert!(matches!(
+        lease.release().await,
+        Err(LockError::LeaseLost { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_leaves_it_alone() {
+    let backend = backend().await;
+    let key = conformance::fresh_key("overwritten");
+    let lease = LockOptions::new(Duration::from_millis(900))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let name = lock_name(&key);
+    assert_eq!(cli(&["SET", &name, "someone-else", "PX", "60000"]), "OK");
+    let lost = within(10, "the lost signal", lease.lost()).await;
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::NotOwner,
+                ..
+            }
+        ),
+        "unexpected: {lost}"
+    );
+    assert!(lease.release().await.is_err());
+    assert_eq!(
+        cli(&["GET", &name]),
+        "someone-else",
+        "the release must not touch it"
+    );
+    // A value of another type is "not the owner" too, not a script error.
+    let other = conformance::fresh_key("overwritten-hash");
+    let lease = LockOptions::new(Duration::from_millis(900))
+        .acquire_on(backend.clone(), &other)
+        .await
+        .expect("free");
+    let name = lock_name(&other);
+    cli(&["DEL", &name]);
+    assert_eq!(cli(&["HSET", &name, "field", "value"]), "1");
+    let lost = within(10, "the lost signal", lease.lost()).await;
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::NotOwner,
+                ..
+            }
+        ),
+        "unexpected: {lost}"
+    );
+    cli(&["DEL", &name]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_braces_and_percent_signs_are_distinct_exclusive_locks() {
+    let backend = backend().await;
+    let id = OwnerId::random().expect("random");
+    let texts = ["}", "}{", "{}", "a}b", "a%7Db", "a%b", "{tag}", "%7B%7D"];
+    let mut leases = Vec::new();
+    for text in texts {
+        // Each is free although the others are held: no two collide.
+        let key = LockKey::new(format!("{text}:{id}")).expect("valid key");
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let again = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await;
+        assert!(
+            matches!(again, Err(LockError::Held { .. })),
+            "{text:?} must lock exclusively"
+        );
+        leases.push(lease);
+    }
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_oversized_and_odd_keys_are_errors_or_data_never_code() {
+    let backend = backend().await;
+    let invalid =
+        |r: &Result<dlock::Lease, LockError>| matches!(r, Err(LockError::InvalidKey { .. }));
+    let options = LockOptions::new(Duration::from_secs(10));
+    assert!(invalid(&options.acquire_on(backend.clone(), "").await));
+    let huge = "k".repeat(1024 * 1024);
+    assert!(invalid(&options.acquire_on(backend.clone(), huge).await));
+    let id = OwnerId::random().expect("random");
+    let odd = [
+        "\" ' ` quotes",
+        "new\nline\r\n",
+        "redis.call('FLUSHALL') --",
+        "KEYS[1] ARGV[1] ]]",
+        "* ? [^a] \\",
+        "ünïcödé 🔒",
+    ];
+    for text in odd {
+        let key = format!("{text}:{id}");
+        let lease = options
+            .acquire_on(backend.clone(), key.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let name = format!("dlock:{{{key}}}:lock");
+        assert_eq!(
+            cli(&["EXISTS", &name]),
+            "1",
+            "{text:?} is stored under its own name"
+        );
+        lease.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_url_is_an_error_within_the_connect_timeout_never_a_hang() {
+    // Nothing listens on this port.
+    let closed = redis_support::free_port(false);
+    let url = format!("redis://127.0.0.1:{closed}");
+    let connecting = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_secs(1))
+        .connect();
+    let err = within(15, "connecting to a closed port", connecting)
+        .await
+        .expect_err("nothing listens there");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+
+    // Something accepts connections there but never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!(
+        "redis://127.0.0.1:{}",
+        silent.local_addr().expect("addr").port()
+    );
+    let connecting = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_secs(1))
+        .connect();
+    let err = within(15, "connecting to a silent server", connecting)
+        .await
+        .expect_err("a server that never answers");
+    assert!(err.to_string().contains("timed out"), "{err}");
+    drop(silent);
+}
+
+#[tokio::test]
+async fn an_invalid_url_is_an_error_that_hides_its_password() {
+    for url in [
+        "redis://user:hunter2-secret@[::1",
+        "http://user:hunter2-secret@127.0.0.1:6379",
+        "hunter2-secret",
+    ] {
+        let err = RedisBackend::connect(url)
+            .await
+            .expect_err("not a Redis URL");
+        let text = format!("{err} / {err:?}");
+        assert!(
+            !text.contains("hunter2-secret"),
+            "the password leaked: {text}"
+        );
+    }
+    let builder = RedisBackend::builder("redis://app:hunter2-secret@127.0.0.1:1");
+    assert!(!format!("{builder:?}").contains("hunter2-secret"));
+}

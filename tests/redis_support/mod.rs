@@ -132,6 +132,16 @@ impl RedisServer {
         self.launch();
     }
 
+    /// The server's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// The server's working directory.
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
     /// Runs `redis-cli` against this server.
     pub fn cli(&self, args: &[&str]) -> String {
         cli(&["-p", &self.port.to_string()], args)

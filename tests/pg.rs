@@ -1,12 +1,26 @@
 //! The conformance suite on `PgBackend` against a real PostgreSQL
-//! (127.0.0.1:5432, or `DLOCK_PG_URL`).
+//! (127.0.0.1:5432, or `DLOCK_PG_URL`), plus what only advisory locks on
+//! owned sessions can show: across OS processes, a holder killed with
+//! SIGKILL, a terminated lock session, a half-open connection, an
+//! application pool beside the lock sessions, transaction-scoped locks.
 
 mod conformance;
 
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use dlock::Backend;
-use dlock::pg::PgBackend;
+use conformance::fresh_key;
+use dlock::backend::OwnerId;
+use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::pg::{PgBackend, PgOptions, TransactionLock};
+use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, timeout};
 
 fn conn() -> String {
     std::env::var("DLOCK_PG_URL")
@@ -14,7 +28,575 @@ fn conn() -> String {
 }
 
 async fn backend() -> Arc<dyn Backend> {
-    Arc::new(PgBackend::connect(&conn()).await.expect("PostgreSQL at DLOCK_PG_URL"))
+    Arc::new(pg().await)
+}
+
+async fn pg() -> PgBackend {
+    PgBackend::connect(&conn())
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
 }
 
 conformance::suite!(backend);
+
+/// A plain client, as an application or an administrator would use.
+async fn raw_client() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&conn(), NoTls)
+        .await
+        .expect("plain connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// Fails the test if `fut` has not finished within `secs` (a hang guard).
+async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
+    match timeout(Duration::from_secs(secs), fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not finish within {secs}s"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn twenty_acquirers_in_one_process_over_four_shared_sessions_exactly_one_wins() {
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), PgOptions::new().sessions(4))
+            .await
+            .expect("connect"),
+    );
+    for _ in 0..5 {
+        let key = fresh_key("race-4-sessions");
+        let barrier = Arc::new(tokio::sync::Barrier::new(20));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let (backend, key, barrier) = (backend.clone(), key.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let result = LockOptions::new(Duration::from_secs(10))
+                        .acquire_on(backend, key)
+                        .await;
+                    barrier.wait().await;
+                    result
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            match task.await.expect("task") {
+                Ok(lease) => winners.push(lease),
+                Err(LockError::Held { .. }) => {}
+                Err(other) => panic!("unexpected error: {other}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "exactly one of 20 must win");
+        for lease in winners {
+            lease.release().await.expect("release");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_the_lock_session_marks_the_lease_lost_at_once_and_the_next_holder_gets_a_higher_token()
+ {
+    let holder = pg().await;
+    let other = pg().await;
+    let key = fresh_key("terminated");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(holder.clone()), &key)
+        .await
+        .expect("free");
+    let pids = other.holder_pids(&key).await.expect("holders");
+    assert_eq!(pids.len(), 1, "one session holds the key: {pids:?}");
+    assert!(holder.session_pids().await.contains(&pids[0]));
+
+    let admin = raw_client().await;
+    let terminated_at = Instant::now();
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pids[0]])
+        .await
+        .expect("terminate");
+    let lost = within(5, "the lost signal", lease.lost()).await;
+    let took = terminated_at.elapsed();
+    eprintln!("lost signal {took:?} after pg_terminate_backend");
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::SessionEnded(_),
+                ..
+            }
+        ),
+        "{lost}"
+    );
+    let next = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(other), &key)
+        .await
+        .expect("the terminated session's lock is free");
+    assert!(next.token() > lease.token());
+    next.release().await.expect("release");
+    // The holder's backend replaced its session and locks again.
+    let again = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(5))
+        .acquire_on(Arc::new(holder), &key)
+        .await
+        .expect("a new session takes over");
+    again.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_unlocked_on_the_server_and_wakes_another_process() {
+    // Two backends stand for two processes: the second only learns of the
+    // first's expiry through the server.
+    let first: Arc<dyn Backend> = backend().await;
+    let second: Arc<dyn Backend> = backend().await;
+    let key = fresh_key("expiry-elsewhere");
+    let expiring = LockOptions::new(Duration::from_millis(300))
+        .renew(false)
+        .acquire_on(first, &key)
+        .await
+        .expect("free");
+    let next = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(8))
+        .acquire_on(second, &key)
+        .await
+        .expect("free once the first lease's ttl ran out");
+    assert!(next.token() > expiring.token());
+    assert!(expiring.is_lost());
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_application_pool_connections_never_releases_the_lock() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    let backend = pg().await;
+    let key = fresh_key("beside-a-pool");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(backend.clone()), &key)
+        .await
+        .expect("free");
+    // `Clean` recycling runs `pg_advisory_unlock_all()` on every returned
+    // connection: exactly what would drop a lock taken on a pooled one.
+    let config: tokio_postgres::Config = conn().parse().expect("config");
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Clean,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(4).build().expect("pool");
+    let advisory_key = backend.advisory_key(&key).await.expect("advisory key");
+    for round in 0..20 {
+        let client = pool.get().await.expect("pooled connection");
+        let one: i32 = client
+            .query_one("SELECT $1::int", &[&round])
+            .await
+            .expect("ordinary query")
+            .get(0);
+        assert_eq!(one, round);
+        // Not even an explicit unlock on an application connection touches it.
+        let unlocked: bool = client
+            .query_one("SELECT pg_advisory_unlock($1)", &[&advisory_key])
+            .await
+            .expect("unlock attempt")
+            .get(0);
+        assert!(
+            !unlocked,
+            "an application connection does not hold the lock"
+        );
+        drop(client); // back to the pool, recycled with pg_advisory_unlock_all()
+    }
+    assert!(lease.check().is_ok(), "the lease is still held");
+    let contender = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend_arc().await, &key)
+        .await;
+    assert!(matches!(contender, Err(LockError::Held { .. })));
+    let holders = backend.holder_pids(&key).await.expect("holders");
+    let sessions = backend.session_pids().await;
+    assert!(
+        holders.iter().all(|pid| sessions.contains(pid)),
+        "only the backend's own session holds the lock: {holders:?} vs {sessions:?}"
+    );
+    lease.release().await.expect("release");
+}
+
+async fn backend_arc() -> Arc<dyn Backend> {
+    backend().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_lock_session_is_caught_by_the_liveness_check() {
+    // A loopback proxy that can stop forwarding while keeping both sockets
+    // open: to the client it looks like a network cut nobody reported.
+    let frozen = Arc::new(AtomicBool::new(false));
+    let proxy = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let proxy_port = proxy.local_addr().expect("addr").port();
+    let upstream = pg_addr();
+    tokio::spawn({
+        let frozen = frozen.clone();
+        async move {
+            while let Ok((client, _)) = proxy.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pipe(cr, sw, frozen.clone()));
+                tokio::spawn(pipe(sr, cw, frozen.clone()));
+            }
+        }
+    });
+    let via_proxy = format!("{} host=127.0.0.1 port={proxy_port}", conn_without_host());
+    let backend = PgBackend::connect_with(
+        &via_proxy,
+        PgOptions::new()
+            .sessions(1)
+            .liveness_interval(Duration::from_millis(300))
+            .server_idle_timeout(Some(Duration::from_secs(2))),
+    )
+    .await
+    .expect("connect through the proxy");
+    let key = fresh_key("half-open");
+    let lease = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::new(backend), &key)
+        .await
+        .expect("free");
+    let frozen_at = Instant::now();
+    frozen.store(true, Ordering::SeqCst);
+    let lost = within(10, "the lost signal", lease.lost()).await;
+    eprintln!("half-open session noticed after {:?}", frozen_at.elapsed());
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::SessionEnded(ref why),
+                ..
+            } if why.contains("liveness")
+        ),
+        "{lost}"
+    );
+    // The server ends the silent session too (idle_session_timeout), so the
+    // key is free for others well before the 60s ttl.
+    let next = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(20))
+        .acquire_on(backend_arc().await, &key)
+        .await
+        .expect("the server ends the cut-off session and frees the key");
+    next.release().await.expect("release");
+}
+
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    frozen: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if frozen.load(Ordering::SeqCst) {
+            // Swallow everything from now on, keeping the sockets open.
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `host:port` of the server under test.
+fn pg_addr() -> String {
+    let config: tokio_postgres::Config = conn().parse().expect("config");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!("{host}:{port}")
+}
+
+/// The connection string's user and database, as key-value pairs.
+fn conn_without_host() -> String {
+    let config: tokio_postgres::Config = conn().parse().expect("config");
+    let mut parts = Vec::new();
+    if let Some(user) = config.get_user() {
+        parts.push(format!("user={user}"));
+    }
+    if let Some(db) = config.get_dbname() {
+        parts.push(format!("dbname={db}"));
+    }
+    if let Some(password) = config.get_password() {
+        parts.push(format!(
+            "password={}",
+            String::from_utf8_lossy(password)
+                .replace('\\', "\\\\")
+                .replace('\'', "\\'")
+        ));
+    }
+    parts.join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_scoped_locks_exclude_session_locks_until_commit_and_share_their_tokens() {
+    let backend = pg().await;
+    let shared: Arc<dyn Backend> = Arc::new(backend.clone());
+    let key = fresh_key("xact");
+    let session_lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(shared.clone(), &key)
+        .await
+        .expect("free");
+    let first_token = session_lease.token();
+
+    let mut client = raw_client().await;
+    {
+        let mut tx = client.transaction().await.expect("begin");
+        let held = TransactionLock::new().acquire(&mut tx, &key).await;
+        assert!(matches!(held, Err(LockError::Held { .. })), "{held:?}");
+        let waited = TransactionLock::new()
+            .wait(Duration::from_millis(200))
+            .acquire(&mut tx, &key)
+            .await;
+        assert!(
+            matches!(waited, Err(LockError::Timeout { .. })),
+            "{waited:?}"
+        );
+        // The failed waits left the transaction usable and lock_timeout as it was.
+        let row = tx
+            .query_one("SELECT current_setting('lock_timeout')", &[])
+            .await
+            .expect("transaction still usable");
+        assert_eq!(row.get::<_, String>(0), "0");
+        tx.rollback().await.expect("rollback");
+    }
+    session_lease.release().await.expect("release");
+
+    let mut tx = client.transaction().await.expect("begin");
+    let xact_token = TransactionLock::new()
+        .wait(Duration::from_secs(5))
+        .acquire(&mut tx, &key)
+        .await
+        .expect("free now");
+    assert!(xact_token > first_token);
+    let during = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(shared.clone(), &key)
+        .await;
+    assert!(
+        matches!(during, Err(LockError::Held { .. })),
+        "a transaction lock excludes session locks"
+    );
+    // A session waiter is woken by the commit (server-side wait, no polling).
+    let waiter = tokio::spawn({
+        let (shared, key) = (shared.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(10))
+                .acquire_on(shared, key)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tx.commit().await.expect("commit releases the lock");
+    let after = within(10, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("free after commit");
+    assert!(after.token() > xact_token);
+    after.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_map_to_the_documented_server_hash_and_long_keys_lock() {
+    let backend = pg().await;
+    let client = raw_client().await;
+    let id = OwnerId::random().expect("random");
+    let long = LockKey::new(format!("{id}:{}", "ü".repeat(490))).expect("1024 bytes at most");
+    assert!(long.as_str().len() > 1000);
+    for key in [fresh_key("mapping"), long] {
+        let ours = backend.advisory_key(&key).await.expect("advisory key");
+        let theirs: i64 = client
+            .query_one("SELECT hashtextextended($1, 0)", &[&key.as_str()])
+            .await
+            .expect("hash")
+            .get(0);
+        assert_eq!(ours, theirs, "any client computes the same advisory key");
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(Arc::new(backend.clone()), &key)
+            .await
+            .expect("free");
+        // A client in any language sees the lock as taken.
+        let taken_elsewhere: bool = client
+            .query_one("SELECT pg_try_advisory_lock($1)", &[&theirs])
+            .await
+            .expect("try")
+            .get(0);
+        assert!(!taken_elsewhere);
+        lease.release().await.expect("release");
+    }
+}
+
+/// The environment variable that turns this test binary into a child
+/// process playing one role (see `child_process_entry`).
+const CHILD_ROLE: &str = "DLOCK_PG_TEST_CHILD";
+
+fn spawn_child(role: &str, args: &[&str]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    Command::new(exe)
+        .args([
+            "child_process_entry",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--quiet",
+        ])
+        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child")
+}
+
+/// The child side. Ignored in normal runs; the tests below start it as
+/// `<test binary> child_process_entry --exact --ignored` with a role.
+#[test]
+#[ignore = "runs only as a child process of the cross-process tests"]
+fn child_process_entry() {
+    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+        return;
+    };
+    let parts: Vec<String> = spec.split('\u{1f}').map(str::to_owned).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let backend: Arc<dyn Backend> = backend().await;
+        let key = LockKey::new(parts[1].as_str()).expect("key");
+        match parts[0].as_str() {
+            // Increment a plain, unlocked counter file under the lock: any
+            // overlap between holders loses an increment.
+            "counter" => {
+                let counter = Path::new(&parts[2]);
+                let rounds: usize = parts[3].parse().expect("rounds");
+                for _ in 0..rounds {
+                    let lease = LockOptions::new(Duration::from_secs(10))
+                        .wait(Duration::from_secs(60))
+                        .acquire_on(backend.clone(), &key)
+                        .await
+                        .expect("acquire");
+                    let value: u64 = std::fs::read_to_string(counter)
+                        .ok()
+                        .and_then(|s| s.trim().parse().ok())
+                        .unwrap_or(0);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
+                    println!("held {} {}", lease.token(), value);
+                    lease.release().await.expect("release");
+                }
+            }
+            // Take the lock with a long ttl and hang on to it.
+            "hold" => {
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .acquire_on(backend.clone(), &key)
+                    .await
+                    .expect("acquire");
+                println!("held {}", lease.token());
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(lease);
+            }
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+fn scratch_dir() -> PathBuf {
+    let id = OwnerId::random().expect("random");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-pg-{id}"));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+#[test]
+fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
+    let dir = scratch_dir();
+    let counter = dir.join("counter.txt");
+    let counter_s = counter.to_str().expect("utf-8 path");
+    let key = fresh_key("three-processes");
+    const ROUNDS: usize = 30;
+    let mut children: Vec<Child> = (0..3)
+        .map(|_| spawn_child("counter", &[key.as_str(), counter_s, &ROUNDS.to_string()]))
+        .collect();
+    let mut holds: Vec<(u64, u64)> = Vec::new();
+    for child in &mut children {
+        let stdout = child.stdout.take().expect("piped stdout");
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("held ") {
+                let mut fields = rest.split(' ').map(|f| f.parse::<u64>().expect("number"));
+                holds.push((fields.next().expect("token"), fields.next().expect("value")));
+            }
+        }
+        assert!(child.wait().expect("child exits").success());
+    }
+    let final_value: u64 = std::fs::read_to_string(&counter)
+        .expect("counter")
+        .trim()
+        .parse()
+        .expect("number");
+    assert_eq!(holds.len(), 3 * ROUNDS);
+    assert_eq!(
+        final_value,
+        (3 * ROUNDS) as u64,
+        "an increment was lost: two processes held the lock at once"
+    );
+    holds.sort_by_key(|&(_, value)| value);
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].0 > pair[0].0,
+            "token {} ran after token {}",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_holder_process_frees_the_key_without_waiting_for_its_ttl() {
+    let key = fresh_key("killed-holder");
+    let mut child = spawn_child("hold", &[key.as_str()]);
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let child_token: u64 = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("held ").and_then(|t| t.parse().ok()))
+        .expect("the child reports its token");
+    std::thread::spawn(move || lines.for_each(drop));
+
+    // The child's ttl is 120s and the waiter gives up after 20s: only the
+    // holder's death can let it in.
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend().await, key)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let killed_at = Instant::now();
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap");
+    let lease = waiter
+        .await
+        .expect("task")
+        .expect("the dead holder's lock must be free long before its ttl");
+    eprintln!(
+        "waiter acquired {:?} after SIGKILL of the holder",
+        killed_at.elapsed()
+    );
+    assert!(lease.token().get() > child_token);
+    lease.release().await.expect("release");
+}

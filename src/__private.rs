@@ -42,18 +42,10 @@ where
     F: Future<Output = R>,
 {
     let out = match on_lost {
-        OnLost::Abort => match lease.run(body).await {
-            Ok(out) => out,
-            Err(lost) => return R::from_lock_error(lost),
-        },
-        OnLost::Finish => body.await,
+        OnLost::Abort => lease.run(body).await,
+        OnLost::Finish => Ok(body.await),
     };
-    if let Err(err) = lease.release().await {
-        // The body's work is done and its writes carried the token; its
-        // result is returned so it is not lost, and the failure is logged.
-        tracing_warn(&err);
-    }
-    out
+    conclude(out, lease.release().await)
 }
 
 /// [`run`] for a lease on several keys.
@@ -63,16 +55,27 @@ where
     F: Future<Output = R>,
 {
     let out = match on_lost {
-        OnLost::Abort => match leases.run(body).await {
-            Ok(out) => out,
-            Err(lost) => return R::from_lock_error(lost),
-        },
-        OnLost::Finish => body.await,
+        OnLost::Abort => leases.run(body).await,
+        OnLost::Finish => Ok(body.await),
     };
-    if let Err(err) = leases.release().await {
-        tracing_warn(&err);
+    conclude(out, leases.release().await)
+}
+
+/// The function's result once the lease is released (also after a loss:
+/// release is owner-checked, so it cannot touch whoever holds the key now).
+fn conclude<R: LockResult>(out: Result<R, LockError>, released: Result<(), LockError>) -> R {
+    match out {
+        Ok(out) => {
+            if let Err(err) = released {
+                // The body's work is done and its writes carried the token;
+                // its result is returned so it is not lost, and the failure
+                // is logged.
+                tracing_warn(&err);
+            }
+            out
+        }
+        Err(lost) => R::from_lock_error(lost),
     }
-    out
 }
 
 fn tracing_warn(err: &LockError) {

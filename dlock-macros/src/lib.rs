@@ -1,8 +1,76 @@
-//! The `#[distributed_lock]` attribute of dlock.
+//! The `#[distributed_lock]` attribute of [dlock](https://docs.rs/dlock).
+//!
+//! Use it through the `dlock` crate (`dlock::distributed_lock`); this crate
+//! only parses (`args.rs`), checks (`valid.rs`) and generates code
+//! (`expand.rs`). Everything that runs lives in `dlock-runtime`, reached
+//! through `dlock::__private`.
+
 use proc_macro::TokenStream;
 
-/// Placeholder until the macro lands.
+mod args;
+mod expand;
+mod valid;
+
+/// Runs an `async fn` under a distributed lock: at most one caller at a time,
+/// across every process sharing the backend, runs the body for a given key.
+///
+/// ```ignore
+/// use dlock::{distributed_lock, FencingToken};
+///
+/// #[distributed_lock(key = "export:{tenant}", ttl = "30s", backend = "pg")]
+/// async fn export(tenant: u64, token: FencingToken) -> Result<Report, AppError> {
+///     // runs on at most one replica at a time for this tenant;
+///     // `token` goes with every write to the protected resource
+/// }
+///
+/// // callers do not pass the token:
+/// let report = export(42).await?;
+/// ```
+///
+/// (The example is not compiled here, in the macro crate; the `dlock` crate's
+/// documentation has the same example as a running doctest.)
+///
+/// # Options
+///
+/// | option | default | meaning |
+/// |---|---|---|
+/// | `key = "..."` | required (or `keys`) | The lock key template: literal text and `{param}` placeholders (see below). |
+/// | `keys = ["...", ...]` | — | Several keys locked together, in one global order (no deadlock between callers naming them in different orders). Instead of `key`. |
+/// | `ttl = "30s"` | required | How long a lease lives unless renewed (humantime syntax, checked at compile time; 10ms to 30 days). |
+/// | `wait = "5s"` | no wait | How long to wait for a held key. Without it the call fails at once with `LockError::Held`; after waiting, with `LockError::Timeout`. |
+/// | `renew = true` | `true` | Whether the lease is renewed in the background while the body runs (every third of the ttl). Off, the lease is lost when the ttl runs out. |
+/// | `min_hold = "10s"` | none | Keep the key held at least this long after acquisition, even if the body ends sooner (ShedLock's `lockAtLeastFor`). At most the ttl. |
+/// | `backend = "pg"` | `"default"` | The name the backend was registered under in `dlock::registry()`. |
+/// | `on_lost = "abort"` | `"abort"` | What happens when the lease is lost while the body runs: `"abort"` cancels the body and returns `LockError::LeaseLost`; `"finish"` lets it finish and returns its result. |
+/// | `crate = "path"` | `::dlock` | Where generated code finds dlock, for crates that re-export it. |
+///
+/// # Key templates
+///
+/// Every `{...}` names a parameter of the function (or `self` in a method),
+/// optionally followed by field or tuple-index accesses: `{tenant}`,
+/// `{req.user.id}`, `{pair.0}`, `{self.id}`. Values are formatted with
+/// `Display` and escaped, so `a:{x}:{y}` cannot give the same key for
+/// different `(x, y)`. Two placeholders need a separator such as `:` between
+/// them. Literal text is ASCII letters, digits and punctuation other than
+/// `{ } " ' \ %` and backtick. A placeholder may only name a parameter bound
+/// to a plain identifier (`name: Type`).
+///
+/// # The function
+///
+/// - It must be an `async fn` returning `Result<T, E>` (or an alias of it)
+///   with `E: From<dlock::LockError>`: a lock that cannot be had is an `Err`.
+/// - A parameter of type `FencingToken` is removed from the signature and
+///   bound to the lease's token inside the body; with `keys`, take
+///   `FencingTokens` instead (one token per key, in the order written). A
+///   `LostSignal` parameter (single key) is bound to the lease's lost signal.
+///   Callers pass neither.
+/// - Attributes, visibility, generics, where-clauses and receivers are kept
+///   as written; only the body is replaced. Free functions, inherent and
+///   trait-impl methods, generics, `impl Trait` arguments and pattern
+///   arguments all work.
+/// - The key is built before the body runs; the lock is released when the
+///   body ends, also on early return, `?`, panic or cancellation.
 #[proc_macro_attribute]
-pub fn distributed_lock(_args: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    expand::distributed_lock(args.into(), item.into()).into()
 }

@@ -1,0 +1,225 @@
+//! Code generation: the function as written, with its body wrapped in
+//! acquire / run / release and the lock-provided parameters bound inside.
+
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote, quote_spanned};
+use syn::spanned::Spanned as _;
+use syn::{AttrStyle, Attribute, Ident, ItemFn};
+
+use crate::valid::{self, Binding, Lock, OnLost, Part, Special, Template};
+
+/// The attribute's whole job: the expanded function, or, on any error, the
+/// function unchanged plus the errors (so one mistake gives one message and
+/// the IDE still sees the function).
+pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
+    let func = match valid::function(item.clone()) {
+        Ok(func) => func,
+        Err(err) => return with_error(item, err),
+    };
+    let args = syn::parse2(args);
+    match valid::check(args, &func) {
+        Ok(lock) => expand(func, &lock),
+        Err(err) => with_error(item, err),
+    }
+}
+
+fn with_error(item: TokenStream, err: syn::Error) -> TokenStream {
+    let err = err.into_compile_error();
+    quote!(#item #err)
+}
+
+/// Names the expansion introduces; mixed-site hygiene keeps them invisible
+/// to the body.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
+    let ItemFn {
+        attrs,
+        vis,
+        mut sig,
+        block,
+    } = func;
+    let (inner_attrs, outer_attrs): (Vec<Attribute>, Vec<Attribute>) = attrs
+        .into_iter()
+        .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
+
+    // Callers do not pass what the lock provides.
+    sig.inputs = sig
+        .inputs
+        .into_iter()
+        .enumerate()
+        .filter(|(index, _)| !lock.bindings.iter().any(|b| b.index == *index))
+        .map(|(_, input)| input)
+        .collect();
+    let krate = &lock.krate;
+    let private = quote!(#krate::__private);
+    let key = local("__dlock_key");
+    let options = local("__dlock_options");
+    let lease = local("__dlock_lease");
+    let held = local("__dlock_held");
+    let err = local("__dlock_err");
+
+    let keys: Vec<TokenStream> = lock.keys.iter().map(|k| key_expr(&private, k)).collect();
+    let (key_value, acquire, run) = if lock.many {
+        (quote!([#(#keys),*]), quote!(acquire_many), quote!(run_many))
+    } else {
+        let key = keys.into_iter().next().unwrap_or_default();
+        (key, quote!(acquire), quote!(run))
+    };
+
+    let options_expr = options_expr(&private, lock);
+    let ret = &lock.ret;
+    let ret_span = ret.span();
+    let mentions_impl = mentions_impl(ret.to_token_stream());
+    // On the return type's (first token's) span: if it cannot carry a
+    // `LockError`, `LockResult`'s `on_unimplemented` message points there.
+    // `Self` is inferred from the return position (a type mentioning `impl`
+    // could not be named here), and `run` below requires the same bound at
+    // the same span, which rustc then reports once.
+    let lock_failed = call(
+        quote!(#private::LockResult::from_lock_error),
+        err.to_token_stream(),
+        ret_span,
+    );
+    let bindings = lock.bindings.iter().map(|binding| {
+        // The parameter's own attributes (e.g. `#[allow(unused)]`) go on its `let`.
+        let Binding {
+            attrs,
+            kind,
+            pat,
+            ty,
+            ..
+        } = binding;
+        let value = match kind {
+            Special::Token => quote!(#lease.token()),
+            Special::Tokens => quote!(#lease.tokens()),
+            Special::LostSignal => quote!(#lease.lost_signal()),
+        };
+        quote!(#(#attrs)* let #pat: #ty = #value;)
+    });
+    let on_lost = match lock.on_lost {
+        OnLost::Abort => quote!(#private::OnLost::Abort),
+        OnLost::Finish => quote!(#private::OnLost::Finish),
+    };
+    // Pins the async block's output to the declared return type so that `?`
+    // and `return` in the body infer as in the function itself (async-trait's
+    // trick). A type mentioning `impl` cannot be named in an expression.
+    let pin_output = if mentions_impl {
+        TokenStream::new()
+    } else {
+        let ret_value = local("__dlock_ret");
+        quote! {
+            if let ::core::option::Option::Some(#ret_value) = ::core::option::Option::None::<#ret> {
+                #[allow(unreachable_code)]
+                return #ret_value;
+            }
+        }
+    };
+    let stmts = &block.stmts;
+    // Also on the return type: `run` requires the same trait, and rustc
+    // reports a failed bound once per span, so a bad return type gives one
+    // error, not a second one pointing at the attribute.
+    let run_call = call(
+        quote!(#private::#run),
+        quote! {
+            #lease, #on_lost, async move {
+                #pin_output
+                #(#stmts)*
+            }
+        },
+        ret_span,
+    );
+    let run_call = quote_spanned!(ret_span=> #run_call.await);
+
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            // Built before the body takes the parameters.
+            let #key = #key_value;
+            let #options = #options_expr;
+            let #lease = match #options.#acquire(#key).await {
+                ::core::result::Result::Ok(#held) => #held,
+                ::core::result::Result::Err(#err) => return #lock_failed,
+            };
+            #(#bindings)*
+            #run_call
+        }
+    }
+}
+
+/// `KeyBuilder::new().lit("export:").value(&tenant).finish()`.
+fn key_expr(private: &TokenStream, template: &Template) -> TokenStream {
+    let parts = template.parts.iter().map(|part| match part {
+        Part::Lit(text) => quote!(.lit(#text)),
+        Part::Value(value) => quote!(.value(#value)),
+    });
+    quote!(#private::KeyBuilder::new() #(#parts)* .finish())
+}
+
+/// `LockOptions::new(ttl)` and a setter for each option given.
+fn options_expr(private: &TokenStream, lock: &Lock) -> TokenStream {
+    let ttl = duration(private, lock.ttl);
+    let mut setters = Vec::new();
+    if let Some(backend) = &lock.backend {
+        setters.push(quote!(.backend(#backend)));
+    }
+    if let Some(wait) = lock.wait {
+        let wait = duration(private, wait);
+        setters.push(quote!(.wait(#wait)));
+    }
+    if let Some(renew) = lock.renew {
+        setters.push(quote!(.renew(#renew)));
+    }
+    if let Some(min_hold) = lock.min_hold {
+        let min_hold = duration(private, min_hold);
+        setters.push(quote!(.min_hold(#min_hold)));
+    }
+    quote!(#private::LockOptions::new(#ttl) #(#setters)*)
+}
+
+fn duration(private: &TokenStream, duration: Duration) -> TokenStream {
+    let secs = duration.as_secs();
+    let nanos = duration.subsec_nanos();
+    quote!(#private::Duration::new(#secs, #nanos))
+}
+
+/// Whether a type mentions `impl Trait` anywhere.
+fn mentions_impl(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|token| match token {
+        TokenTree::Ident(ident) => ident == "impl",
+        TokenTree::Group(group) => mentions_impl(group.stream()),
+        _ => false,
+    })
+}
+
+/// `path(args)`, the call (not the arguments) spanned on `span`.
+fn call(path: TokenStream, args: TokenStream, span: Span) -> TokenStream {
+    let mut args = proc_macro2::Group::new(proc_macro2::Delimiter::Parenthesis, args);
+    args.set_span(span);
+    let mut call = respan(path, span);
+    call.extend([TokenTree::Group(args)]);
+    call
+}
+
+/// `tokens` with every span set to `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut token| {
+            if let TokenTree::Group(group) = &token {
+                let mut inner =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                inner.set_span(span);
+                token = TokenTree::Group(inner);
+            } else {
+                token.set_span(span);
+            }
+            token
+        })
+        .collect()
+}

@@ -1,0 +1,379 @@
+//! What `#[distributed_lock]` does at run time, on the in-memory backend:
+//! every test registers its own backend under its own name, so tests can
+//! run in parallel in one process.
+//!
+//! Durations below are timeouts that bound a test that would otherwise hang,
+//! or ttls that make renewal notice a loss quickly; no test asserts how long
+//! something took.
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dlock::{
+    FencingToken, FencingTokens, LockError, LockKey, LockOptions, LostSignal, distributed_lock,
+    memory::MemoryBackend, registry,
+};
+use tokio::sync::oneshot;
+use tokio::time::timeout;
+
+/// Bounds every wait that should end; long enough never to fire on a slow
+/// machine.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn register(name: &str) {
+    registry().register(name, MemoryBackend::new());
+}
+
+/// A body that says it is running, then runs until told to leave.
+async fn stay(entered: oneshot::Sender<()>, leave: oneshot::Receiver<()>) {
+    let _ = entered.send(());
+    let _ = leave.await;
+}
+
+/// Whether `key` can be had on `backend` right now (and gives it back).
+async fn is_free(backend: &'static str, key: &str) -> bool {
+    match LockOptions::new(Duration::from_secs(30))
+        .backend(backend)
+        .acquire(key)
+        .await
+    {
+        Ok(lease) => {
+            lease.release().await.expect("release");
+            true
+        }
+        Err(LockError::Held { .. }) => false,
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+static HELD_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[distributed_lock(key = "report:{day}", ttl = "30s", backend = "macro-held")]
+async fn held_report(
+    day: u32,
+    entered: oneshot::Sender<()>,
+    leave: oneshot::Receiver<()>,
+) -> Result<u32, LockError> {
+    HELD_RUNS.fetch_add(1, Ordering::SeqCst);
+    stay(entered, leave).await;
+    Ok(day)
+}
+
+#[tokio::test]
+async fn held_key_fails_the_second_call_with_held_without_running_its_body() {
+    register("macro-held");
+    let (entered, first_in) = oneshot::channel();
+    let (first_leave, leave) = oneshot::channel();
+    let first = tokio::spawn(held_report(7, entered, leave));
+    first_in.await.expect("the first call runs");
+
+    let (entered, _second_in) = oneshot::channel();
+    let (_second_leave, leave) = oneshot::channel();
+    let second = held_report(7, entered, leave).await;
+    assert!(
+        matches!(&second, Err(LockError::Held { key }) if key == "report:7"),
+        "{second:?}"
+    );
+    assert_eq!(HELD_RUNS.load(Ordering::SeqCst), 1, "the second body ran");
+
+    first_leave.send(()).expect("the first call waits");
+    let first = timeout(PATIENCE, first).await.expect("finishes");
+    assert_eq!(first.expect("no panic").expect("held the key"), 7);
+}
+
+#[distributed_lock(key = "sequence", ttl = "30s", backend = "macro-tokens")]
+async fn token_of_this_call(token: FencingToken) -> Result<FencingToken, LockError> {
+    Ok(token)
+}
+
+#[tokio::test]
+async fn tokens_passed_to_the_body_increase_strictly_across_calls() {
+    register("macro-tokens");
+    let mut tokens = Vec::new();
+    for _ in 0..5 {
+        tokens.push(token_of_this_call().await.expect("free key"));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{tokens:?}"
+    );
+}
+
+static WAIT_EVENTS: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+
+fn wait_event(event: &'static str) {
+    WAIT_EVENTS.lock().expect("not poisoned").push(event);
+}
+
+#[distributed_lock(key = "nightly", ttl = "30s", wait = "30s", backend = "macro-wait")]
+async fn waiting_job(
+    name: &'static str,
+    entered: oneshot::Sender<()>,
+    leave: oneshot::Receiver<()>,
+) -> Result<&'static str, LockError> {
+    wait_event(name);
+    stay(entered, leave).await;
+    Ok(name)
+}
+
+#[tokio::test]
+async fn wait_waits_for_the_holder_and_then_runs() {
+    register("macro-wait");
+    let (entered, first_in) = oneshot::channel();
+    let (first_leave, leave) = oneshot::channel();
+    let first = tokio::spawn(waiting_job("first", entered, leave));
+    first_in.await.expect("the first call runs");
+
+    let (entered, second_in) = oneshot::channel();
+    let (second_leave, leave) = oneshot::channel();
+    let second = tokio::spawn(waiting_job("second", entered, leave));
+    // Whenever it got there, the second call cannot be done: it is waiting
+    // (without `wait` it would have failed with `Held` at once).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!second.is_finished(), "the second call gave up");
+
+    first_leave.send(()).expect("the first call waits");
+    timeout(PATIENCE, first)
+        .await
+        .expect("finishes")
+        .expect("no panic")
+        .expect("held the key");
+    timeout(PATIENCE, second_in)
+        .await
+        .expect("the second call got the key once the first released it")
+        .expect("the second call runs");
+    second_leave.send(()).expect("the second call waits");
+    let second = timeout(PATIENCE, second).await.expect("finishes");
+    assert_eq!(second.expect("no panic").expect("got the key"), "second");
+    assert_eq!(
+        *WAIT_EVENTS.lock().expect("not poisoned"),
+        ["first", "second"]
+    );
+}
+
+#[distributed_lock(key = "fragile", ttl = "30s", backend = "macro-panic")]
+async fn panicking_job() -> Result<(), LockError> {
+    panic!("the body failed");
+}
+
+#[tokio::test]
+async fn panicking_body_still_releases_the_key() {
+    register("macro-panic");
+    let joined = tokio::spawn(panicking_job()).await;
+    assert!(joined.expect_err("the body panics").is_panic());
+    // The ttl is 30s: only a release lets this waiting acquisition through.
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .backend("macro-panic")
+        .wait(PATIENCE)
+        .acquire("fragile")
+        .await
+        .expect("the panicking call released the key");
+    lease.release().await.expect("release");
+}
+
+static ABORTED_BODY_FINISHED: AtomicUsize = AtomicUsize::new(0);
+
+#[distributed_lock(key = "abortable", ttl = "300ms", backend = "macro-abort")]
+async fn abortable_job(entered: oneshot::Sender<()>) -> Result<(), LockError> {
+    let _ = entered.send(());
+    tokio::time::sleep(PATIENCE * 2).await;
+    ABORTED_BODY_FINISHED.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+async fn force_release(backend: &str, key: &str) {
+    let backend = registry().get(backend).expect("registered");
+    let key = LockKey::new(key).expect("valid key");
+    assert!(backend.force_release(&key).await.expect("force release"));
+}
+
+#[tokio::test]
+async fn on_lost_abort_cancels_the_body_and_returns_lease_lost() {
+    register("macro-abort");
+    let (entered, running) = oneshot::channel();
+    let call = tokio::spawn(abortable_job(entered));
+    running.await.expect("the body runs");
+    force_release("macro-abort", "abortable").await;
+
+    let result = timeout(PATIENCE, call)
+        .await
+        .expect("renewal notices the loss and the body is cancelled")
+        .expect("no panic");
+    assert!(
+        matches!(&result, Err(LockError::LeaseLost { key, .. }) if key == "abortable"),
+        "{result:?}"
+    );
+    assert_eq!(ABORTED_BODY_FINISHED.load(Ordering::SeqCst), 0);
+}
+
+#[distributed_lock(
+    key = "finishing",
+    ttl = "300ms",
+    backend = "macro-finish",
+    on_lost = "finish"
+)]
+async fn finishing_job(
+    entered: oneshot::Sender<()>,
+    lost: LostSignal,
+) -> Result<&'static str, LockError> {
+    let _ = entered.send(());
+    // Keeps working past the loss, as `on_lost = "finish"` allows.
+    let _why = lost.lost().await;
+    Ok("finished")
+}
+
+#[tokio::test]
+async fn on_lost_finish_returns_the_body_result() {
+    register("macro-finish");
+    let (entered, running) = oneshot::channel();
+    let call = tokio::spawn(finishing_job(entered));
+    running.await.expect("the body runs");
+    force_release("macro-finish", "finishing").await;
+
+    let result = timeout(PATIENCE, call)
+        .await
+        .expect("the body sees the loss and finishes")
+        .expect("no panic");
+    assert_eq!(result.expect("the body's result"), "finished");
+}
+
+#[distributed_lock(
+    key = "once-a-minute",
+    ttl = "1m",
+    min_hold = "50s",
+    backend = "macro-min-hold"
+)]
+async fn quick_job() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn min_hold_keeps_the_key_held_after_return() {
+    register("macro-min-hold");
+    quick_job().await.expect("free key");
+    assert!(!is_free("macro-min-hold", "once-a-minute").await);
+    let again = quick_job().await;
+    assert!(matches!(again, Err(LockError::Held { .. })), "{again:?}");
+}
+
+#[distributed_lock(key = "pair:{a}:{b}", ttl = "30s", backend = "macro-escape")]
+async fn pair_job(
+    a: &'static str,
+    b: &'static str,
+    entered: oneshot::Sender<()>,
+    leave: oneshot::Receiver<()>,
+) -> Result<(), LockError> {
+    stay(entered, leave).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn key_template_escapes_values_so_different_values_never_share_a_key() {
+    register("macro-escape");
+    let (entered, first_in) = oneshot::channel();
+    let (first_leave, leave) = oneshot::channel();
+    let first = tokio::spawn(pair_job("1:2", "3", entered, leave));
+    first_in.await.expect("the first call runs");
+
+    let (entered, second_in) = oneshot::channel();
+    let (second_leave, leave) = oneshot::channel();
+    let second = tokio::spawn(pair_job("1", "2:3", entered, leave));
+    // Both hold their lock at the same time: the keys differ.
+    second_in
+        .await
+        .expect("(\"1\", \"2:3\") is not locked by (\"1:2\", \"3\")");
+
+    first_leave.send(()).expect("waits");
+    second_leave.send(()).expect("waits");
+    for call in [first, second] {
+        let done = timeout(PATIENCE, call).await.expect("finishes");
+        done.expect("no panic").expect("held its key");
+    }
+    assert!(is_free("macro-escape", "pair:1%3A2:3").await);
+    assert!(is_free("macro-escape", "pair:1:2%3A3").await);
+}
+
+#[distributed_lock(keys = ["account:{from}", "account:{to}"], ttl = "30s", backend = "macro-keys")]
+async fn transfer(
+    from: u32,
+    to: u32,
+    tokens: FencingTokens,
+    entered: oneshot::Sender<FencingTokens>,
+    leave: oneshot::Receiver<()>,
+) -> Result<(), LockError> {
+    let _ = entered.send(tokens);
+    let _ = leave.await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn keys_lock_every_key_and_pass_one_token_per_key() {
+    register("macro-keys");
+    let (entered, inside) = oneshot::channel();
+    let (done, leave) = oneshot::channel();
+    let call = tokio::spawn(transfer(1, 2, entered, leave));
+    let tokens = inside.await.expect("the body runs");
+    assert_eq!(tokens.len(), 2);
+
+    assert!(!is_free("macro-keys", "account:1").await);
+    assert!(!is_free("macro-keys", "account:2").await);
+    done.send(()).expect("waits");
+    timeout(PATIENCE, call)
+        .await
+        .expect("finishes")
+        .expect("no panic")
+        .expect("held both keys");
+    assert!(is_free("macro-keys", "account:1").await);
+    assert!(is_free("macro-keys", "account:2").await);
+}
+
+#[distributed_lock(key = "slow", ttl = "600ms", backend = "macro-renew")]
+async fn slow_job() -> Result<&'static str, LockError> {
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    Ok("done")
+}
+
+#[tokio::test]
+async fn renewal_keeps_a_body_running_longer_than_the_ttl() {
+    register("macro-renew");
+    let result = timeout(PATIENCE, slow_job()).await.expect("finishes");
+    assert_eq!(result.expect("renewed, never lost"), "done");
+}
+
+#[distributed_lock(
+    key = "unrenewed",
+    ttl = "300ms",
+    renew = false,
+    backend = "macro-no-renew"
+)]
+async fn unrenewed_job() -> Result<(), LockError> {
+    tokio::time::sleep(PATIENCE * 2).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn without_renewal_the_lease_is_lost_when_the_ttl_runs_out() {
+    register("macro-no-renew");
+    let result = timeout(PATIENCE, unrenewed_job())
+        .await
+        .expect("cancelled once the ttl ran out");
+    assert!(
+        matches!(result, Err(LockError::LeaseLost { .. })),
+        "{result:?}"
+    );
+}
+
+#[distributed_lock(key = "orphan", ttl = "30s", backend = "macro-never-registered")]
+async fn orphan_job() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unregistered_backend_is_an_error_not_a_silent_skip() {
+    let result = orphan_job().await;
+    assert!(
+        matches!(&result, Err(LockError::UnknownBackend { name, .. }) if name == "macro-never-registered"),
+        "{result:?}"
+    );
+}

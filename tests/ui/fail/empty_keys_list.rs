@@ -1,0 +1,9 @@
+use dlock::{LockError, distributed_lock};
+
+#[distributed_lock(keys = [], ttl = "30s")]
+pub async fn transfer(from: u64, to: u64) -> Result<(), LockError> {
+    let _ = (from, to);
+    Ok(())
+}
+
+fn main() {}

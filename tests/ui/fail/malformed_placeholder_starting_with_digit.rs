@@ -1,0 +1,8 @@
+use dlock::{LockError, distributed_lock};
+
+#[distributed_lock(key = "export:{1tenant}", ttl = "30s")]
+pub async fn export(tenant: u64) -> Result<u64, LockError> {
+    Ok(tenant)
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use dlock::{LockError, distributed_lock};
+
+#[distributed_lock(key = "nightly report:{day}", ttl = "30s")]
+pub async fn report(day: u32) -> Result<u32, LockError> {
+    Ok(day)
+}
+
+fn main() {}

@@ -1,0 +1,25 @@
+#![deny(warnings)]
+
+mod infra {
+    pub mod locking {
+        pub use dlock;
+    }
+}
+
+use infra::locking::dlock::{FencingToken, LockError, distributed_lock};
+
+#[distributed_lock(key = "reexport:{id}", ttl = "30s", crate = "infra::locking::dlock")]
+async fn through_reexport(id: u32, token: FencingToken) -> Result<u64, LockError> {
+    Ok(token.get() + u64::from(id))
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        infra::locking::dlock::registry().register("default", dlock::memory::MemoryBackend::new());
+        assert!(through_reexport(1).await.expect("free key") > 1);
+    });
+}

@@ -1,0 +1,29 @@
+#![deny(warnings)]
+
+use std::fmt::{Debug, Display};
+
+use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+
+#[distributed_lock(key = "item:{id}", ttl = "30s")]
+async fn describe<'a, T, const N: usize>(
+    id: &'a T,
+    extra: [u8; N],
+    token: FencingToken,
+) -> Result<String, LockError>
+where
+    T: Display + Debug + Sync + ?Sized,
+{
+    Ok(format!("{id:?}/{}/{}", extra.len(), token.get() > 0))
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        registry().register("default", MemoryBackend::new());
+        let text = describe("a:b", [1, 2]).await.expect("free key");
+        assert_eq!(text, "\"a:b\"/2/true");
+    });
+}

@@ -1,0 +1,28 @@
+#![deny(warnings)]
+
+use std::fmt::Display;
+
+use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+
+#[distributed_lock(key = "opaque:{id}", ttl = "30s")]
+async fn opaque(id: u32) -> Result<impl Display, LockError> {
+    if id == 0 {
+        return Err(LockError::InvalidOption {
+            option: "id",
+            reason: "zero".into(),
+        });
+    }
+    Ok(id * 2)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        registry().register("default", MemoryBackend::new());
+        assert_eq!(opaque(2).await.expect("free key").to_string(), "4");
+        assert!(opaque(0).await.is_err());
+    });
+}

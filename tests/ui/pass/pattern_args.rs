@@ -1,0 +1,29 @@
+#![deny(warnings)]
+
+use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+
+struct Point {
+    x: i32,
+    y: i32,
+}
+
+#[distributed_lock(key = "grid:{id}", ttl = "30s")]
+async fn place(id: u32, (a, b): (u32, u32), Point { x, y }: Point) -> Result<i64, LockError> {
+    Ok(i64::from(id + a + b) + i64::from(x + y))
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        registry().register("default", MemoryBackend::new());
+        assert_eq!(
+            place(1, (2, 3), Point { x: 4, y: 5 })
+                .await
+                .expect("free key"),
+            15
+        );
+    });
+}

@@ -603,19 +603,18 @@ impl Inner {
     /// privileges on them, and moves the sequence up to the clock.
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
-        let sequence = format!("{schema}.dlock_token_seq");
         let inspect = |row: tokio_postgres::Row| -> Result<Inspection, tokio_postgres::Error> {
             Ok(Inspection {
                 schema_exists: row.try_get(0)?,
                 sequence_exists: row.try_get(1)?,
-                schema_usable: row.try_get::<_, Option<bool>>(2)?.unwrap_or(false),
-                sequence_usable: row.try_get::<_, Option<bool>>(3)?.unwrap_or(false),
+                schema_usable: row.try_get(2)?,
+                sequence_usable: row.try_get(3)?,
                 role: row.try_get(4)?,
             })
         };
         let inspect_sql = sql::INSPECT_OBJECTS;
         let row = client
-            .query_one(inspect_sql, &[&schema, &sequence])
+            .query_one(inspect_sql, &[&schema])
             .await
             .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
         let mut found =
@@ -626,7 +625,7 @@ impl Inner {
                 tx.query_one(sql::SETUP_LOCK, &[]).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.
-                let again = inspect(tx.query_one(inspect_sql, &[&schema, &sequence]).await?)?;
+                let again = inspect(tx.query_one(inspect_sql, &[&schema]).await?)?;
                 if !again.schema_exists {
                     tx.batch_execute(&sql::render(sql::CREATE_SCHEMA, &self.quoted_schema))
                         .await?;
@@ -652,7 +651,7 @@ impl Inner {
                 return Err(Failure::new(what, err));
             }
             let row = client
-                .query_one(inspect_sql, &[&schema, &sequence])
+                .query_one(inspect_sql, &[&schema])
                 .await
                 .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
             found =

@@ -46,7 +46,17 @@ impl fmt::Display for Failure {
             Some(source) => match source.as_db_error() {
                 // The server's own words read better than "db error: ERROR: …".
                 Some(db) => write!(f, "{}: {}", self.what, db),
-                None => write!(f, "{}: {source}", self.what),
+                None => {
+                    // tokio-postgres keeps the telling part ("invalid peer
+                    // certificate: UnknownIssuer") in its source chain.
+                    write!(f, "{}: {source}", self.what)?;
+                    let mut cause = std::error::Error::source(source);
+                    while let Some(inner) = cause {
+                        write!(f, ": {inner}")?;
+                        cause = inner.source();
+                    }
+                    Ok(())
+                }
             },
             None => f.write_str(&self.what),
         }

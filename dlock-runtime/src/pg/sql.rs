@@ -83,15 +83,18 @@ FROM (SELECT l.pid
         AND l.pid <> pg_backend_pid()) AS h";
 
 /// Which of the backend's objects exist and are usable (the schema, the
-/// token sequence, the privileges on them), and the role asking.
+/// token sequence, the privileges on them), and the role asking. Reads the
+/// catalogs by name, so it works even without USAGE on the schema.
 pub(super) const INSPECT_OBJECTS: &str = "\
-SELECT to_regnamespace($1::text) IS NOT NULL,
-       to_regclass($2::text) IS NOT NULL,
-       CASE WHEN to_regnamespace($1::text) IS NOT NULL
-            THEN has_schema_privilege($1::text, 'USAGE') END,
-       CASE WHEN to_regclass($2::text) IS NOT NULL
-            THEN has_sequence_privilege($2::text, 'USAGE') END,
-       quote_ident(current_user)";
+SELECT n.oid IS NOT NULL,
+       s.oid IS NOT NULL,
+       COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
+       COALESCE(has_sequence_privilege(s.oid, 'USAGE'), false),
+       quote_ident(current_user)
+FROM (SELECT 1) AS one
+LEFT JOIN pg_namespace AS n ON n.nspname = $1::text
+LEFT JOIN pg_class AS s
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'";
 
 /// Serialises object creation between backends connecting at the same
 /// moment (two concurrent `CREATE ... IF NOT EXISTS` can still collide on

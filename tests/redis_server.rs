@@ -338,3 +338,145 @@ async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
         .await
         .expect("release");
 }
+
+/// A private CA and a server certificate for 127.0.0.1, made with the
+/// `openssl` command; the directory is removed on drop.
+struct Certificates {
+    dir: std::path::PathBuf,
+}
+
+impl Certificates {
+    fn make() -> Self {
+        let dir = redis_support::fresh_dir("tls");
+        let run = |args: &[&str]| {
+            let status = std::process::Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .expect("openssl must be installed");
+            assert!(status.success(), "openssl {args:?} failed");
+        };
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write");
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=dlock test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ]);
+        Self { dir }
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_locks_with_a_trusted_private_ca_and_refuses_an_untrusted_certificate() {
+    let certs = Certificates::make();
+    let server = RedisServer::start(&[
+        "--port",
+        "0",
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &certs.path("server.crt"),
+        "--tls-key-file",
+        &certs.path("server.key"),
+        "--tls-ca-cert-file",
+        &certs.path("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        "tls-pass-4",
+    ]);
+    let url = format!("rediss://:tls-pass-4@127.0.0.1:{}", server.port);
+
+    // The system's roots do not include the private CA.
+    let refused = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_secs(2))
+        .connect();
+    let err = within(15, "connecting to an untrusted server", refused)
+        .await
+        .expect_err("an untrusted certificate must be refused");
+    assert!(!err.to_string().contains("tls-pass-4"), "{err}");
+
+    let ca = std::fs::read(certs.path("ca.crt")).expect("ca.crt");
+    let redis = RedisBackend::builder(&url)
+        .tls_root_certificate(ca)
+        .connect()
+        .await
+        .expect("TLS with the private CA");
+    assert!(format!("{redis:?}").contains("rediss://:***@127.0.0.1"));
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    let key = fresh_key("tls");
+    let holder = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    // Waiting works over TLS too (pub/sub on its own TLS connection).
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(10))
+                .acquire_on(backend, key)
+                .await
+        }
+    });
+    sleep(Duration::from_millis(200)).await;
+    let token = holder.token();
+    holder.release().await.expect("release");
+    let next = within(15, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired");
+    assert!(next.token() > token);
+    next.release().await.expect("release");
+}

@@ -38,7 +38,11 @@ pub fn free_port(bus: bool) -> u16 {
     panic!("no free loopback port found");
 }
 
-fn fresh_dir(label: &str) -> PathBuf {
+/// Ports that speak TLS only (a plain `PING` gets no answer there).
+static TLS_PORTS: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+
+/// A directory of its own under the test target directory.
+pub fn fresh_dir(label: &str) -> PathBuf {
     let id = OwnerId::random().expect("random");
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-{label}-{id}"));
     std::fs::create_dir_all(&dir).expect("server directory");
@@ -46,14 +50,24 @@ fn fresh_dir(label: &str) -> PathBuf {
 }
 
 impl RedisServer {
-    /// Starts a server on a free port with `args` added to the defaults.
+    /// Starts a server on a free port with `args` added to the defaults
+    /// (`{port}` in an argument stands for the chosen port).
     pub fn start(args: &[&str]) -> Self {
         let bus = args.contains(&"--cluster-enabled");
+        let port = free_port(bus);
+        if args.contains(&"--tls-port")
+            && let Ok(mut ports) = TLS_PORTS.lock()
+        {
+            ports.push(port);
+        }
         let mut server = Self {
             child: None,
-            port: free_port(bus),
+            port,
             dir: fresh_dir("redis"),
-            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            args: args
+                .iter()
+                .map(|a| a.replace("{port}", &port.to_string()))
+                .collect(),
         };
         server.launch();
         server
@@ -171,12 +185,15 @@ pub fn cli(target: &[&str], args: &[&str]) -> String {
     text
 }
 
-/// True if something answers a RESP `PING` on the port (any reply, even an
-/// authentication error, means the server is up).
+/// True if the server answers a RESP `PING` on the port (any reply, even an
+/// authentication error, means it is up), or, for a TLS port, accepts.
 fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
+    if TLS_PORTS.lock().is_ok_and(|ports| ports.contains(&port)) {
+        return true;
+    }
     let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
     if stream.write_all(b"PING\r\n").is_err() {
         return false;

@@ -35,8 +35,8 @@
 //! ## URLs
 //!
 //! `redis://[[user]:password@]host[:port][/db]`, and `rediss://…` for TLS
-//! (rustls with the system's root certificates; `#insecure` at the end skips
-//! certificate checks, for tests only). A password alone is
+//! (rustls, trusting the system's root certificates, or the ones given to
+//! [`RedisBuilder::tls_root_certificate`] for a private CA). A password alone is
 //! `redis://:password@host`; an ACL user is `redis://user:password@host`.
 //! Passwords are never shown: `Debug` output, errors and logs carry the URL
 //! with the password replaced by `***`.
@@ -63,7 +63,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation};
+use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation, TlsCertificates};
 use async_trait::async_trait;
 use tokio::time::{sleep, timeout};
 
@@ -172,6 +172,9 @@ pub struct RedisBuilder {
     topology: Topology,
     connect_timeout: Duration,
     response_timeout: Duration,
+    /// PEM root certificate(s) to trust for `rediss://` instead of the
+    /// system's.
+    tls_root: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -182,6 +185,7 @@ impl fmt::Debug for RedisBuilder {
             .field("topology", &self.topology)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
+            .field("tls_root_certificate", &self.tls_root.is_some())
             .finish()
     }
 }
@@ -221,6 +225,14 @@ impl RedisBuilder {
         self
     }
 
+    /// Trusts the PEM certificate(s) in `pem` for `rediss://` connections
+    /// instead of the system's root certificates: for a server whose
+    /// certificate comes from a private CA.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
+        self
+    }
+
     /// Connects, detecting a cluster unless told.
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
         let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
@@ -240,8 +252,12 @@ impl RedisBuilder {
         }
         let mut clients = Vec::with_capacity(self.urls.len());
         for (url, shown) in self.urls.iter().zip(&shown) {
-            let client = Client::open(url.as_str())
-                .map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
+            let client = match &self.tls_root {
+                Some(pem) => Client::build_with_tls(url.as_str(), tls_certificates(pem)),
+                None => Client::open(url.as_str()),
+            };
+            let client =
+                client.map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
             clients.push(client);
         }
         let Some(first) = clients.first() else {
@@ -275,14 +291,16 @@ impl RedisBuilder {
             }
             let commands = match (topology, standalone) {
                 (Topology::Cluster, _) => {
-                    let cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
+                    let mut cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
                         .connection_timeout(self.connect_timeout)
                         .response_timeout(self.response_timeout)
-                        .retries(2)
-                        .build()
-                        .map_err(|err| {
-                            fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
-                        })?;
+                        .retries(2);
+                    if let Some(pem) = &self.tls_root {
+                        cluster = cluster.certs(tls_certificates(pem));
+                    }
+                    let cluster = cluster.build().map_err(|err| {
+                        fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
+                    })?;
                     let conn = cluster.get_async_connection().await.map_err(|err| {
                         fail(
                             format!("cannot connect to the cluster at {shown:?}"),
@@ -326,6 +344,13 @@ impl RedisBuilder {
     }
 }
 
+fn tls_certificates(pem: &[u8]) -> TlsCertificates {
+    TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
+    }
+}
+
 /// Asks a server whether it is part of a cluster. A server that refuses
 /// `INFO` (a restrictive ACL) is taken as a single server.
 async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
@@ -357,6 +382,7 @@ impl RedisBackend {
             topology: Topology::Detect,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            tls_root: None,
         }
     }
 

@@ -260,7 +260,7 @@ impl RedisBuilder {
                 client.map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
             clients.push(client);
         }
-        let Some(first) = clients.first() else {
+        let (Some(first), Some(first_shown)) = (clients.first(), shown.first()) else {
             return Err(fail("no Redis URL given".into(), None));
         };
         if self.urls.iter().any(|url| url.starts_with("rediss")) {
@@ -281,11 +281,11 @@ impl RedisBuilder {
                 let mut manager = first
                     .get_connection_manager_with_config(config)
                     .await
-                    .map_err(|err| fail(format!("cannot connect to {}", shown[0]), Some(&err)))?;
+                    .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
                 if topology == Topology::Detect {
                     topology = detect(&mut manager)
                         .await
-                        .map_err(|err| fail(format!("cannot query {}", shown[0]), Some(&err)))?;
+                        .map_err(|err| fail(format!("cannot query {first_shown}"), Some(&err)))?;
                 }
                 standalone = Some(manager);
             }

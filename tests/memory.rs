@@ -66,3 +66,98 @@ fn block_on_without_runtime<F: std::future::Future>(fut: F) -> F::Output {
         std::thread::yield_now();
     }
 }
+
+/// A memory backend whose first `failures` acquire attempts fail, as a
+/// restarting server's would.
+struct FlakyBackend {
+    inner: MemoryBackend,
+    failures: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Backend for FlakyBackend {
+    fn kind(&self) -> &'static str {
+        "flaky-memory"
+    }
+    async fn try_acquire(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<dlock::backend::Attempt, LockError> {
+        use std::sync::atomic::Ordering;
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(LockError::backend(
+                "flaky-memory",
+                dlock::error::Operation::Acquire,
+                key.as_str(),
+                "connection refused",
+            ));
+        }
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+    ) -> Result<bool, LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn subscribe(
+        &self,
+        key: &dlock::LockKey,
+    ) -> Result<dlock::backend::ReleaseNotice, LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &dlock::LockKey) -> Result<bool, LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+fn flaky(failures: usize) -> Arc<dyn Backend> {
+    Arc::new(FlakyBackend {
+        inner: MemoryBackend::new(),
+        failures: failures.into(),
+    })
+}
+
+#[tokio::test]
+async fn a_waiting_caller_rides_out_brief_backend_failures() {
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(10))
+        .acquire_on(flaky(3), "flaky")
+        .await
+        .expect("three failures fit in the wait");
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_caller_that_may_not_wait_sees_the_backend_failure_at_once() {
+    let err = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(flaky(1), "flaky")
+        .await
+        .expect_err("no wait, no retry");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_wait_that_ends_in_failures_reports_the_failure_not_a_timeout() {
+    let err = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_millis(300))
+        .acquire_on(flaky(usize::MAX), "flaky")
+        .await
+        .expect_err("the backend never recovers");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+}

@@ -29,6 +29,10 @@ const MAX_NAP: Duration = Duration::from_secs(10);
 /// Added to a holder's remaining lifetime before retrying, so the retry lands
 /// after the expiry rather than just before it.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// The first and the longest pause before a waiter retries after a backend
+/// failure.
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest pause between renewal retries after a failed renewal.
 const MAX_RENEW_RETRY: Duration = Duration::from_secs(1);
 
@@ -344,6 +348,11 @@ pub(crate) async fn acquire(
 
 /// The attempt loop. Returns the grant and the instant its request was sent,
 /// from which the lease's lifetime is counted (never later than the server's).
+///
+/// A caller that may wait also rides out backend failures (a restarting
+/// server, a dropped connection) until its deadline, retrying with backoff;
+/// if the deadline passes first, the last failure is returned rather than a
+/// timeout, so the cause is not hidden.
 async fn take(
     backend: &dyn Backend,
     key: &LockKey,
@@ -364,24 +373,50 @@ async fn take(
             }
         }
     };
+    let may_retry =
+        |err: &LockError| !options.wait.is_zero() && matches!(err, LockError::Backend { .. });
+    let mut failure: Option<LockError> = None;
+    let mut backoff = MIN_BACKOFF;
     let sent = Instant::now();
-    if let Attempt::Acquired(grant) = backend.try_acquire(key, owner, options.ttl).await? {
-        return Ok((grant, sent));
+    match backend.try_acquire(key, owner, options.ttl).await {
+        Ok(Attempt::Acquired(grant)) => return Ok((grant, sent)),
+        Ok(Attempt::Held { .. }) => {}
+        Err(err) if may_retry(&err) => failure = Some(err),
+        Err(err) => return Err(err),
     }
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Err(contended(now));
+            return Err(failure.unwrap_or_else(|| contended(now)));
+        }
+        if let Some(err) = &failure {
+            tracing::warn!(key = %key, error = %err, "lock backend failed while waiting; retrying");
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
         }
         // Subscribe first, then try again: a release that lands between the
         // failed attempt and the subscription is seen by this retry, and one
         // that lands after it wakes the notice. No wake-up is lost.
-        let notice = backend.subscribe(key).await?;
-        let sent = Instant::now();
-        let expires_in = match backend.try_acquire(key, owner, options.ttl).await? {
-            Attempt::Acquired(grant) => return Ok((grant, sent)),
-            Attempt::Held { expires_in } => expires_in,
+        let notice = match backend.subscribe(key).await {
+            Ok(notice) => notice,
+            Err(err) if may_retry(&err) => {
+                failure = Some(err);
+                continue;
+            }
+            Err(err) => return Err(err),
         };
+        let sent = Instant::now();
+        let expires_in = match backend.try_acquire(key, owner, options.ttl).await {
+            Ok(Attempt::Acquired(grant)) => return Ok((grant, sent)),
+            Ok(Attempt::Held { expires_in }) => expires_in,
+            Err(err) if may_retry(&err) => {
+                failure = Some(err);
+                continue;
+            }
+            Err(err) => return Err(err),
+        };
+        failure = None;
+        backoff = MIN_BACKOFF;
         let now = Instant::now();
         if now >= deadline {
             return Err(contended(now));

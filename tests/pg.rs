@@ -127,7 +127,10 @@ async fn terminating_the_lock_session_marks_the_lease_lost_at_once_and_the_next_
         ),
         "{lost}"
     );
+    // The client sees the connection end a moment before the exiting server
+    // process has dropped its locks (the safe order), hence a short wait.
     let next = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(5))
         .acquire_on(Arc::new(other), &key)
         .await
         .expect("the terminated session's lock is free");

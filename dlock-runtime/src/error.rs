@@ -54,7 +54,10 @@ pub enum LockError {
     },
 
     /// The backend's server or storage failed; the source is kept.
-    #[error("lock backend `{backend}` failed to {operation} `{key}`: {source}")]
+    #[error(
+        "lock backend `{backend}` failed to {operation}{}: {source}",
+        for_key(key)
+    )]
     Backend {
         /// The kind of backend (`memory`, `file`, `redis`, `pg`).
         backend: &'static str,
@@ -143,6 +146,15 @@ impl LockError {
     }
 }
 
+/// " `key`" for a message, or nothing when the operation had no key.
+fn for_key(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!(" `{key}`")
+    }
+}
+
 /// What a backend was doing when it failed.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 #[non_exhaustive]
@@ -164,7 +176,7 @@ pub enum Operation {
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Operation::Connect => "connect for",
+            Operation::Connect => "connect",
             Operation::Acquire => "acquire",
             Operation::Extend => "extend",
             Operation::Release => "release",

@@ -4,6 +4,44 @@
 //! pause longer than the ttl, a partition). Only the protected resource can
 //! tell such a stale holder from the current one: it remembers the highest
 //! fencing token it has accepted and refuses writes that carry a lower one.
+//!
+//! ```text
+//!  A: acquire (token 7) ── read ── ▒▒▒ paused past the ttl ▒▒▒ ── write(7) ✗ StaleToken
+//!  B:                      ttl runs out ── acquire (token 8) ── read ── write(8) ✓
+//! ```
+//!
+//! Three resources ship the check, all with the same rule (accept a token
+//! `>=` the highest accepted, and remember it; otherwise
+//! [`LockError::StaleToken`] naming the resource, the offered and the highest
+//! token):
+//!
+//! - [`FencedCell`]: a value in memory, for tests and examples.
+//! - [`pg::PgFence`] (feature `pg`): a check inside the caller's own
+//!   PostgreSQL transaction, backed by a table of resource → highest token.
+//! - [`redis::RedisFence`] (feature `redis`): a Lua script that sets a Redis
+//!   value only under a token at least as high as the stored one.
+//!
+//! A token is a plain number, so the token of any backend fences any
+//! resource: a Redis lock can guard a PostgreSQL table and vice versa. What
+//! matters is that one resource is always written under one lock key, whose
+//! tokens only rise.
+//!
+//! ## Reads count too
+//!
+//! A read-modify-write must show its token when it reads, not only when it
+//! writes. Otherwise: A (token 7) reads 5 and pauses; B (token 8) reads 5;
+//! A resumes and writes 6 under 7 (accepted: nothing above 7 was seen yet);
+//! B writes 6 under 8 (accepted) — an increment is lost although no write
+//! was stale. Once B's *read* has raised the highest token to 8, A's write
+//! is refused. [`redis::RedisFence::read`] records the reader's token; with
+//! [`pg::PgFence`], call `accept` in the transaction that reads as well as in
+//! the one that writes (or do both in one transaction). [`FencedCell::write`]
+//! reads and writes in one step, so it needs nothing more.
+
+#[cfg(feature = "pg")]
+pub mod pg;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use std::sync::{Mutex, PoisonError};
 
@@ -79,4 +117,29 @@ impl<T: Clone> FencedCell<T> {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+}
+
+/// The longest resource name the PostgreSQL and Redis fences accept (the
+/// same bound as a lock key).
+pub const MAX_RESOURCE_LEN: usize = crate::key::MAX_KEY_LEN;
+
+/// Checks a resource name before it is sent to a server.
+#[cfg(any(feature = "pg", feature = "redis"))]
+fn check_resource(resource: &str) -> Result<(), LockError> {
+    let reason = if resource.is_empty() {
+        "a fenced resource needs a non-empty name".to_owned()
+    } else if resource.len() > MAX_RESOURCE_LEN {
+        format!(
+            "a fenced resource name is at most {MAX_RESOURCE_LEN} bytes, this one has {}",
+            resource.len()
+        )
+    } else if resource.contains('\0') {
+        "a fenced resource name must not contain NUL".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(LockError::InvalidOption {
+        option: "resource",
+        reason,
+    })
 }

@@ -88,6 +88,14 @@ mod tls;
 mod wait;
 mod xact;
 
+/// The statements the backend sends, word for word, for tools that must
+/// speak the same protocol (the benchmark's raw tokio-postgres floor issues
+/// exactly these; `{schema}` stands for the quoted schema). Not a stable API.
+#[doc(hidden)]
+pub mod protocol {
+    pub use super::sql::{TRY_LOCK, UNLOCK};
+}
+
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

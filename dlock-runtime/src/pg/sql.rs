@@ -18,7 +18,7 @@ pub(super) const ADVISORY_KEY: &str = "SELECT hashtextextended($1::text, $2::big
 /// returned true. The sequence is not transactional, so a token once drawn
 /// is never handed out again, whatever happens to the transaction. Returns
 /// the advisory key and the token (NULL: held by someone else).
-pub(super) const TRY_LOCK: &str = "\
+pub const TRY_LOCK: &str = "\
 SELECT k.h, CASE WHEN pg_try_advisory_lock(k.h) THEN nextval('{schema}.dlock_token_seq') END
 FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k";
 
@@ -26,7 +26,7 @@ FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k";
 /// took a lock can drop it, and the backend checks the lease's owner in
 /// process before sending this on the session that holds it, so owner check
 /// and release cannot interleave with another owner's acquisition.
-pub(super) const UNLOCK: &str = "SELECT pg_advisory_unlock($1::bigint)";
+pub const UNLOCK: &str = "SELECT pg_advisory_unlock($1::bigint)";
 
 /// Drops every advisory lock of a session. Sent only on wait sessions, which
 /// hold nothing else: it clears a shared lock granted in the very instant

@@ -56,6 +56,14 @@ mod redact;
 mod scripts;
 mod subscriber;
 
+/// The Lua the backend sends, word for word, for tools that must speak the
+/// same protocol (the benchmark's raw redis-rs floor issues exactly these).
+/// Not a stable API.
+#[doc(hidden)]
+pub mod protocol {
+    pub use super::scripts::{ACQUIRE_LUA, EXTEND_LUA, RELEASE_LUA};
+}
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

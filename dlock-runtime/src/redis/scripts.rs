@@ -33,7 +33,7 @@ use ::redis::Script;
 /// If the key is already held by this very owner id (a retry of an attempt
 /// whose reply was lost on a broken connection), the attempt counts as
 /// acquired with the token already drawn: owner ids are random per attempt.
-pub(super) const ACQUIRE_LUA: &str = r"
+pub const ACQUIRE_LUA: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local now = redis.call('TIME')
@@ -58,7 +58,7 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// Why one atomic step: checked apart, the lease could expire and be taken
 /// by a new owner between the check and the `PEXPIRE`, which would then
 /// stretch the new owner's lease on the old owner's say-so.
-pub(super) const EXTEND_LUA: &str = r"
+pub const EXTEND_LUA: &str = r"
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
@@ -73,7 +73,7 @@ return 0
 /// lock the next owner holds now (the reference article's `releaseScript`).
 /// Publishing in the same step means every waiter subscribed before the
 /// release hears about it.
-pub(super) const RELEASE_LUA: &str = r"
+pub const RELEASE_LUA: &str = r"
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')

@@ -1,0 +1,379 @@
+//! Scenario 1: the uncontended cycle (acquire + release of a key no one
+//! else wants), for dlock and for what a user would write instead.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::pg::tokio_postgres::{self, NoTls, Statement};
+use dlock::{Backend, LockKey, LockOptions};
+use redis::Script;
+use tokio::time::Instant;
+
+use crate::stats::Measured;
+use crate::{BoxError, Config, Res};
+
+/// The ttl every cycle asks for.
+pub const TTL: Duration = Duration::from_secs(30);
+
+type Round = Pin<Box<dyn Future<Output = Res<Vec<Duration>>> + Send>>;
+
+/// One way of locking, run at a given concurrency for a given time.
+pub struct Row {
+    /// What the row measures.
+    pub name: String,
+    /// Runs `tasks` tasks until the deadline; every cycle's latency.
+    run: Box<dyn Fn(usize, Instant) -> Round + Send + Sync>,
+}
+
+impl Row {
+    fn new<F, Fut>(name: impl Into<String>, make: F) -> Self
+    where
+        F: Fn(usize, Instant) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Res<Vec<Duration>>> + Send + 'static,
+    {
+        Self {
+            name: name.into(),
+            run: Box::new(move |tasks, deadline| Box::pin(make(tasks, deadline))),
+        }
+    }
+}
+
+/// Runs `tasks` copies of `task` and gathers their samples.
+pub async fn spawn_all<F, Fut>(tasks: usize, task: F) -> Res<Vec<Duration>>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Res<Vec<Duration>>> + Send + 'static,
+{
+    let handles: Vec<_> = (0..tasks).map(|i| tokio::spawn(task(i))).collect();
+    let mut all = Vec::new();
+    for handle in handles {
+        all.extend(handle.await??);
+    }
+    Ok(all)
+}
+
+/// Times `body` in a loop until `deadline`.
+macro_rules! timed {
+    ($deadline:expr, $body:block) => {{
+        let mut samples = Vec::with_capacity(4096);
+        while Instant::now() < $deadline {
+            let started = Instant::now();
+            $body
+            samples.push(started.elapsed());
+        }
+        Ok::<_, BoxError>(samples)
+    }};
+}
+
+/// Runs every row at every concurrency: `rounds` interleaved rounds of
+/// `round` each, after a short warm-up. Returns, per row and concurrency,
+/// the measurement.
+pub async fn measure(
+    rows: &[Row],
+    concurrency: &[usize],
+    rounds: usize,
+    round: Duration,
+) -> Res<Vec<Vec<Measured>>> {
+    let mut results = vec![vec![Measured::default(); concurrency.len()]; rows.len()];
+    for row in rows {
+        for &tasks in concurrency {
+            (row.run)(tasks, Instant::now() + round / 4).await?;
+        }
+    }
+    for _ in 0..rounds {
+        for (r, row) in rows.iter().enumerate() {
+            for (c, &tasks) in concurrency.iter().enumerate() {
+                let started = Instant::now();
+                let samples = (row.run)(tasks, started + round).await?;
+                let elapsed = started.elapsed();
+                let ops = samples.len() as u64;
+                results[r][c].add_round(samples, ops, elapsed);
+            }
+        }
+    }
+    Ok(results)
+}
+
+/// A 32-hex-digit owner id, as dlock writes them, made without a syscall.
+fn owner_hex(task: usize, n: u64) -> String {
+    format!("{:016x}{n:016x}", task as u64)
+}
+
+/// The Redis rows: the floor (dlock's own two scripts sent by hand over one
+/// multiplexed connection), dlock, rslock, and a bare SET NX PX + DEL.
+pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
+    let client = redis::Client::open(cfg.redis_url.as_str())?;
+    let conn = client.get_multiplexed_async_connection().await?;
+    let acquire = Arc::new(Script::new(dlock::redis::protocol::ACQUIRE_LUA));
+    let release = Arc::new(Script::new(dlock::redis::protocol::RELEASE_LUA));
+    let run = cfg.run.clone();
+
+    let floor = {
+        let (conn, run) = (conn.clone(), run.clone());
+        Row::new(
+            "floor: dlock's acquire + release scripts by hand (EVALSHA ×2, raw redis-rs)",
+            move |tasks, deadline| {
+                let (conn, run, acquire, release) =
+                    (conn.clone(), run.clone(), acquire.clone(), release.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let (mut conn, acquire, release) =
+                            (conn.clone(), acquire.clone(), release.clone());
+                        let tag = format!("bench:{run}:floor:{i}");
+                        let (lock, fence, channel) = (
+                            format!("dlock:{{{tag}}}:lock"),
+                            format!("dlock:{{{tag}}}:fence"),
+                            format!("dlock:{{{tag}}}:released"),
+                        );
+                        async move {
+                            let mut n = 0u64;
+                            timed!(deadline, {
+                                n += 1;
+                                let owner = owner_hex(i, n);
+                                let got: Vec<i64> = acquire
+                                    .key(&lock)
+                                    .key(&fence)
+                                    .arg(&owner)
+                                    .arg(TTL.as_millis() as u64)
+                                    .invoke_async(&mut conn)
+                                    .await?;
+                                if got.first() != Some(&1) {
+                                    return Err(format!("floor: {lock} was held: {got:?}").into());
+                                }
+                                let released: i64 = release
+                                    .key(&lock)
+                                    .arg(&owner)
+                                    .arg(&channel)
+                                    .invoke_async(&mut conn)
+                                    .await?;
+                                if released != 1 {
+                                    return Err(format!("floor: {lock} was not ours").into());
+                                }
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+
+    let backend: Arc<dyn Backend> =
+        Arc::new(dlock::redis::RedisBackend::connect(&cfg.redis_url).await?);
+    let dlock_row = {
+        let run = run.clone();
+        Row::new(
+            "dlock RedisBackend: LockOptions::acquire_on + Lease::release",
+            move |tasks, deadline| {
+                let (backend, run) = (backend.clone(), run.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let backend = backend.clone();
+                        let key = LockKey::new(format!("bench:{run}:dlock:{i}"));
+                        async move {
+                            let key = key?;
+                            let options = LockOptions::new(TTL);
+                            timed!(deadline, {
+                                let lease = options.acquire_on(backend.clone(), &key).await?;
+                                lease.release().await?;
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+
+    let manager = rslock::LockManager::new(vec![cfg.redis_url.clone()]);
+    let rslock_row = {
+        let run = run.clone();
+        Row::new(
+            "rslock 0.10: lock + unlock (SET NX PX, EVAL unlock script; no token)",
+            move |tasks, deadline| {
+                let (manager, run) = (manager.clone(), run.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let manager = manager.clone();
+                        let key = format!("bench:{run}:rslock:{i}");
+                        async move {
+                            timed!(deadline, {
+                                let lock = manager
+                                    .lock(key.as_bytes(), TTL)
+                                    .await
+                                    .map_err(|e| format!("rslock: {e}"))?;
+                                manager.unlock(&lock).await;
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+
+    let bare = {
+        let (conn, run) = (conn.clone(), run.clone());
+        Row::new(
+            "bare SET NX PX + DEL (no owner check, no token; context)",
+            move |tasks, deadline| {
+                let (conn, run) = (conn.clone(), run.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let mut conn = conn.clone();
+                        let key = format!("bench:{run}:bare:{i}");
+                        async move {
+                            let mut n = 0u64;
+                            timed!(deadline, {
+                                n += 1;
+                                let set: Option<String> = redis::cmd("SET")
+                                    .arg(&key)
+                                    .arg(owner_hex(i, n))
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(TTL.as_millis() as u64)
+                                    .query_async(&mut conn)
+                                    .await?;
+                                if set.is_none() {
+                                    return Err(format!("bare: {key} was held").into());
+                                }
+                                let _: i64 =
+                                    redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+    Ok(vec![floor, dlock_row, rslock_row, bare])
+}
+
+/// A plain client connection driven in its own task.
+pub async fn pg_client(conn: &str) -> Res<tokio_postgres::Client> {
+    let (client, connection) = tokio_postgres::connect(conn, NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// The PostgreSQL rows: the floor (dlock's own two statements sent by hand
+/// on as many connections as dlock has lock sessions), dlock, and a
+/// hand-written `pg_try_advisory_lock`/`pg_advisory_unlock` pair.
+pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
+    let backend = dlock::pg::PgBackend::connect(&cfg.pg_conn).await?;
+    let sessions = 2; // PgOptions' default, which `connect` uses.
+    let mut clients = Vec::new();
+    for _ in 0..sessions {
+        let client = pg_client(&cfg.pg_conn).await?;
+        let try_lock = client
+            .prepare(&dlock::pg::protocol::TRY_LOCK.replace("{schema}", "\"dlock\""))
+            .await?;
+        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        let pair_lock = client
+            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
+            .await?;
+        let pair_unlock = client
+            .prepare("SELECT pg_advisory_unlock($1::bigint)")
+            .await?;
+        clients.push(Arc::new((client, try_lock, unlock, pair_lock, pair_unlock)));
+    }
+    let clients: Arc<
+        Vec<
+            Arc<(
+                tokio_postgres::Client,
+                Statement,
+                Statement,
+                Statement,
+                Statement,
+            )>,
+        >,
+    > = Arc::new(clients);
+    let run = cfg.run.clone();
+
+    let floor = {
+        let (clients, run) = (clients.clone(), run.clone());
+        Row::new(
+            format!(
+                "floor: dlock's lock + unlock statements by hand (prepared, {sessions} connections, raw tokio-postgres)"
+            ),
+            move |tasks, deadline| {
+                let (clients, run) = (clients.clone(), run.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let session = clients[i % clients.len()].clone();
+                        let key = format!("bench:{run}:pgfloor:{i}");
+                        async move {
+                            let (client, try_lock, unlock, _, _) = &*session;
+                            timed!(deadline, {
+                                let row =
+                                    client.query_one(try_lock, &[&key.as_str(), &0i64]).await?;
+                                let (advisory, token): (i64, Option<i64>) =
+                                    (row.try_get(0)?, row.try_get(1)?);
+                                if token.is_none() {
+                                    return Err(format!("pg floor: {key} was held").into());
+                                }
+                                client.query_one(unlock, &[&advisory]).await?;
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+
+    let backend: Arc<dyn Backend> = Arc::new(backend);
+    let dlock_row = {
+        let run = run.clone();
+        Row::new(
+            "dlock PgBackend: LockOptions::acquire_on + Lease::release",
+            move |tasks, deadline| {
+                let (backend, run) = (backend.clone(), run.clone());
+                async move {
+                    spawn_all(tasks, |i| {
+                        let backend = backend.clone();
+                        let key = LockKey::new(format!("bench:{run}:pgdlock:{i}"));
+                        async move {
+                            let key = key?;
+                            let options = LockOptions::new(TTL);
+                            timed!(deadline, {
+                                let lease = options.acquire_on(backend.clone(), &key).await?;
+                                lease.release().await?;
+                            })
+                        }
+                    })
+                    .await
+                }
+            },
+        )
+    };
+
+    let seed = cfg.run_seed;
+    let pair = Row::new(
+        "hand-written pg_try_advisory_lock + pg_advisory_unlock (no token, no ttl)",
+        move |tasks, deadline| {
+            let clients = clients.clone();
+            async move {
+                spawn_all(tasks, |i| {
+                    let session = clients[i % clients.len()].clone();
+                    let advisory = seed.wrapping_add(i as i64);
+                    async move {
+                        let (client, _, _, lock, unlock) = &*session;
+                        timed!(deadline, {
+                            let row = client.query_one(lock, &[&advisory]).await?;
+                            if !row.try_get::<_, bool>(0)? {
+                                return Err("pg pair: held".into());
+                            }
+                            client.query_one(unlock, &[&advisory]).await?;
+                        })
+                    }
+                })
+                .await
+            }
+        },
+    );
+    Ok(vec![floor, dlock_row, pair])
+}

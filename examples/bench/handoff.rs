@@ -1,0 +1,202 @@
+//! Scenario 2: contended handoff. 16 tasks loop on one key: acquire (with
+//! wait), no work, release.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use dlock::{Backend, LockKey, LockOptions};
+use tokio::time::Instant;
+
+use crate::cycle::TTL;
+use crate::stats::{Measured, quantile};
+use crate::{Config, Res};
+
+/// How many tasks contend.
+pub const TASKS: usize = 16;
+/// How often the SET NX polling loop looks again.
+pub const POLL_EVERY: Duration = Duration::from_millis(1);
+
+/// The bookkeeping every contender updates while it holds the key.
+#[derive(Default)]
+struct Book {
+    last_holder: Option<usize>,
+    released_at: Option<Instant>,
+    /// Release (start) to the next acquisition, whoever acquires.
+    turns: Vec<Duration>,
+    /// The same, only when the next holder is another task.
+    handoffs: Vec<Duration>,
+    holders: [u64; TASKS],
+}
+
+/// What one implementation did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Acquisitions per second, by anyone.
+    pub turns_per_s: f64,
+    /// Acquisitions per second by a task other than the previous holder.
+    pub handoffs_per_s: f64,
+    /// Release to next acquisition, any holder.
+    pub turn: Measured,
+    /// Release to next acquisition by another task.
+    pub handoff: Measured,
+    /// How many of the tasks ever held the key.
+    pub tasks_served: usize,
+}
+
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Book>>);
+
+impl Shared {
+    fn acquired(&self, task: usize) {
+        let got = Instant::now();
+        let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = book.released_at.take() {
+            book.turns.push(got - at);
+            if book.last_holder != Some(task) {
+                book.handoffs.push(got - at);
+            }
+        }
+        book.last_holder = Some(task);
+        book.holders[task] += 1;
+    }
+
+    fn releasing(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .released_at = Some(Instant::now());
+    }
+}
+
+/// Runs `TASKS` contenders built by `task` for `time`.
+async fn contend<F, Fut>(time: Duration, task: F) -> Res<Outcome>
+where
+    F: Fn(usize, Instant, Shared) -> Fut,
+    Fut: Future<Output = Res<()>> + Send + 'static,
+{
+    let shared = Shared::default();
+    let started = Instant::now();
+    let deadline = started + time;
+    let handles: Vec<_> = (0..TASKS)
+        .map(|i| tokio::spawn(task(i, deadline, shared.clone())))
+        .collect();
+    for handle in handles {
+        handle.await??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let book = std::mem::take(&mut *shared.0.lock().unwrap_or_else(PoisonError::into_inner));
+    let mut outcome = Outcome {
+        turns_per_s: book.turns.len() as f64 / elapsed,
+        handoffs_per_s: book.handoffs.len() as f64 / elapsed,
+        tasks_served: book.holders.iter().filter(|&&n| n > 0).count(),
+        ..Outcome::default()
+    };
+    outcome.turn.samples = book.turns;
+    outcome.handoff.samples = book.handoffs;
+    Ok(outcome)
+}
+
+/// dlock on a shared backend: waiting on pub/sub (Redis) or the server-side
+/// probe and in-process wake-ups (PostgreSQL).
+pub async fn dlock(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Res<Outcome> {
+    let key = LockKey::new(key)?;
+    contend(time, |i, deadline, book| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let options = LockOptions::new(TTL).wait(Duration::from_secs(60));
+            while Instant::now() < deadline {
+                let lease = options.acquire_on(backend.clone(), &key).await?;
+                book.acquired(i);
+                book.releasing();
+                lease.release().await?;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// rslock with its default retry settings (3 tries, up to 200 ms apart),
+/// through `acquire_no_guard`, which loops until it holds the key.
+pub async fn rslock(cfg: &Config, key: &str, time: Duration) -> Res<Outcome> {
+    let manager = rslock::LockManager::new(vec![cfg.redis_url.clone()]);
+    let key = key.to_owned();
+    contend(time, |i, deadline, book| {
+        let (manager, key) = (manager.clone(), key.clone());
+        async move {
+            while Instant::now() < deadline {
+                let lock = manager
+                    .acquire_no_guard(key.as_bytes(), TTL)
+                    .await
+                    .map_err(|e| format!("rslock: {e}"))?;
+                book.acquired(i);
+                book.releasing();
+                manager.unlock(&lock).await;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// A raw `SET NX PX` polling loop (every [`POLL_EVERY`]) and `DEL`.
+pub async fn set_nx_poll(cfg: &Config, key: &str, time: Duration) -> Res<Outcome> {
+    let conn = redis::Client::open(cfg.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let key = key.to_owned();
+    contend(time, |i, deadline, book| {
+        let (mut conn, key) = (conn.clone(), key.clone());
+        async move {
+            while Instant::now() < deadline {
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(i)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(&mut conn)
+                        .await?;
+                    if set.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(POLL_EVERY).await;
+                }
+                book.acquired(i);
+                book.releasing();
+                let _: i64 = redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+            }
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The median of `n` PINGs on a multiplexed connection: one round trip.
+pub async fn redis_round_trip(cfg: &Config, n: usize) -> Res<Duration> {
+    let mut conn = redis::Client::open(cfg.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        samples.push(started.elapsed());
+    }
+    Ok(quantile(&samples, 0.5))
+}
+
+/// The median of `n` prepared `SELECT 1`s: one PostgreSQL round trip.
+pub async fn pg_round_trip(cfg: &Config, n: usize) -> Res<Duration> {
+    let client = crate::cycle::pg_client(&cfg.pg_conn).await?;
+    let statement = client.prepare("SELECT 1").await?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        client.query_one(&statement, &[]).await?;
+        samples.push(started.elapsed());
+    }
+    Ok(quantile(&samples, 0.5))
+}

@@ -1,0 +1,75 @@
+//! Scenario 3: what the attribute costs over the programmatic API, on the
+//! memory backend (no I/O: the pure CPU path of the core).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use dlock::{LockError, LockKey, LockOptions, distributed_lock};
+use tokio::time::Instant;
+
+use crate::Res;
+use crate::stats::{Measured, median_f64};
+
+/// The registry name the memory backend is registered under.
+pub const BACKEND: &str = "bench-memory";
+
+/// The locked function, written with the attribute.
+#[distributed_lock(key = "bench:macro:{n}", ttl = "30s", backend = "bench-memory")]
+async fn annotated(n: u32) -> Result<u32, LockError> {
+    Ok(black_box(n))
+}
+
+/// The same lock through the programmatic API, as a user would write it.
+async fn programmatic(n: u32) -> Result<u32, LockError> {
+    let key = LockKey::builder().lit("bench:macro:").value(&n).finish()?;
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .backend(BACKEND)
+        .acquire(key)
+        .await?;
+    let out = black_box(n);
+    lease.release().await?;
+    Ok(out)
+}
+
+/// Both measured: alternating blocks of `calls` calls, `blocks` times each.
+/// Returns (annotated, programmatic, ratio of the median per-call times of
+/// the blocks).
+pub async fn measure(blocks: usize, calls: u32) -> Res<(Measured, Measured, f64)> {
+    dlock::registry().register(BACKEND, dlock::memory::MemoryBackend::new());
+    let (mut macro_side, mut api_side) = (Measured::default(), Measured::default());
+    let (mut macro_blocks, mut api_blocks) = (Vec::new(), Vec::new());
+    for n in 0..calls {
+        annotated(n % 1024).await?;
+        programmatic(n % 1024).await?;
+    }
+    for block in 0..blocks {
+        // Which goes first alternates, so neither always runs on a warmer cache.
+        for side in [block % 2, 1 - block % 2] {
+            let mut samples = Vec::with_capacity(calls as usize);
+            let started = Instant::now();
+            for n in 0..calls {
+                let call = Instant::now();
+                if side == 0 {
+                    annotated(n % 1024).await?;
+                } else {
+                    programmatic(n % 1024).await?;
+                }
+                samples.push(call.elapsed());
+            }
+            let per_call = started.elapsed().as_secs_f64() / f64::from(calls);
+            let target = if side == 0 {
+                &mut macro_side
+            } else {
+                &mut api_side
+            };
+            target.add_round(samples, u64::from(calls), started.elapsed());
+            if side == 0 {
+                macro_blocks.push(per_call);
+            } else {
+                api_blocks.push(per_call);
+            }
+        }
+    }
+    let ratio = median_f64(&macro_blocks) / median_f64(&api_blocks);
+    Ok((macro_side, api_side, ratio))
+}

@@ -1,0 +1,429 @@
+//! Runs the scenarios in order and writes the report.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use dlock::Backend;
+
+use crate::stats::{show, show_rate};
+use crate::{Config, Res, cross, cycle, handoff, held, overhead};
+
+/// Concurrency levels of the uncontended cycle.
+const CONCURRENCY: [usize; 2] = [1, 64];
+
+fn first_line_of(cmd: &str, args: &[&str]) -> String {
+    std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The version of `name` in Cargo.lock.
+fn locked(name: &str) -> String {
+    let lock = include_str!("../../Cargo.lock");
+    let marker = format!("name = \"{name}\"\nversion = \"");
+    lock.split(&marker)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("?")
+        .to_owned()
+}
+
+fn machine() -> String {
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown CPU".into(), |m| m.trim().to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem = read("/proc/meminfo")
+        .lines()
+        .next()
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|k| k.parse::<u64>().ok())
+        })
+        .map_or("?".into(), |kb| {
+            format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0)
+        });
+    format!(
+        "{model}, {cores} cores available to the process, {mem} RAM, Linux {}",
+        read("/proc/sys/kernel/osrelease").trim()
+    )
+}
+
+fn load() -> String {
+    read("/proc/loadavg")
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn server_versions(cfg: &Config) -> (String, String) {
+    let redis = async {
+        let mut conn = redis::Client::open(cfg.redis_url.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn)
+            .await?;
+        Ok::<_, crate::BoxError>(
+            info.lines()
+                .find_map(|l| l.strip_prefix("redis_version:"))
+                .unwrap_or("?")
+                .trim()
+                .to_owned(),
+        )
+    };
+    let pg = async {
+        let client = cycle::pg_client(&cfg.pg_conn).await?;
+        let row = client.query_one("SHOW server_version", &[]).await?;
+        Ok::<_, crate::BoxError>(row.try_get::<_, String>(0)?)
+    };
+    (
+        redis.await.unwrap_or_else(|e| format!("? ({e})")),
+        pg.await.unwrap_or_else(|e| format!("? ({e})")),
+    )
+}
+
+fn yes(met: bool) -> &'static str {
+    if met { "**met**" } else { "**missed**" }
+}
+
+/// Deletes the keys this run left in Redis (fence keys are kept forever
+/// by design, so a benchmark must clean up after itself).
+async fn clean_redis(cfg: &Config) -> Res<()> {
+    let mut conn = redis::Client::open(cfg.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let pattern = format!("*bench:{}:*", cfg.run);
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+        }
+        if next == 0 {
+            return Ok(());
+        }
+        cursor = next;
+    }
+}
+
+/// Runs every scenario the config asks for and returns the Markdown.
+pub async fn run_all(cfg: &Config) -> Res<String> {
+    let load_before = load();
+    let (redis_version, pg_version) = server_versions(cfg).await;
+    let redis_rtt = handoff::redis_round_trip(cfg, 2000).await?;
+    let pg_rtt = handoff::pg_round_trip(cfg, 2000).await?;
+    let mut body = String::new();
+    let mut targets: Vec<(String, String, &'static str)> = Vec::new();
+
+    if cfg.wants("cycle") {
+        eprintln!("scenario 1: uncontended cycle");
+        let _ = writeln!(
+            body,
+            "## 1. Uncontended cycle\n\nEach task acquires and releases a key of its own (ttl 30 s) in a loop: {} interleaved rounds of {:?} per row and concurrency, after a warm-up. Throughput is the median of the rounds; latency is one acquire + release.\n",
+            cfg.rounds, cfg.round
+        );
+        let _ = writeln!(
+            body,
+            "| backend | implementation | tasks | cycles/s | median | p99 | throughput vs floor |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for (backend, rows) in [
+            ("Redis", cycle::redis_rows(cfg).await?),
+            ("PostgreSQL", cycle::pg_rows(cfg).await?),
+        ] {
+            let results = cycle::measure(&rows, &CONCURRENCY, cfg.rounds, cfg.round).await?;
+            for (row, per_tasks) in rows.iter().zip(&results) {
+                for (c, m) in per_tasks.iter().enumerate() {
+                    let floor = results[0][c].rate();
+                    let _ = writeln!(
+                        body,
+                        "| {backend} | {} | {} | {} | {} | {} | {:.2} |",
+                        row.name,
+                        CONCURRENCY[c],
+                        show_rate(m.rate()),
+                        show(m.median()),
+                        show(m.p99()),
+                        m.rate() / floor
+                    );
+                }
+            }
+            let ratio = results[1][1].rate() / results[0][1].rate();
+            targets.push((
+                format!("{backend} uncontended cycle, 64 tasks: dlock >= 0.9 x floor"),
+                format!("{ratio:.2} x"),
+                yes(ratio >= 0.9),
+            ));
+        }
+        let _ = writeln!(body);
+        clean_redis(cfg).await?;
+    }
+
+    if cfg.wants("handoff") {
+        eprintln!("scenario 2: contended handoff");
+        let key = |what: &str| format!("bench:{}:handoff:{what}", cfg.run);
+        let redis: Arc<dyn Backend> =
+            Arc::new(dlock::redis::RedisBackend::connect(&cfg.redis_url).await?);
+        let pg: Arc<dyn Backend> = Arc::new(dlock::pg::PgBackend::connect(&cfg.pg_conn).await?);
+        let rows = [
+            (
+                "dlock RedisBackend (pub/sub wake-up)",
+                handoff::dlock(redis, &key("dlock"), cfg.handoff_time).await?,
+            ),
+            (
+                "rslock 0.10, default retry (3 tries, 0-200 ms apart)",
+                handoff::rslock(cfg, &key("rslock"), cfg.handoff_time).await?,
+            ),
+            (
+                "raw SET NX PX polling every 1 ms + DEL",
+                handoff::set_nx_poll(cfg, &key("poll"), cfg.handoff_time).await?,
+            ),
+            (
+                "dlock PgBackend (context; in-process wake-up)",
+                handoff::dlock(pg, &key("pg"), cfg.handoff_time).await?,
+            ),
+        ];
+        let rtt_after = handoff::redis_round_trip(cfg, 2000).await?;
+        let _ = writeln!(
+            body,
+            "## 2. Contended handoff\n\n{} tasks of one process loop on ONE key: acquire (waiting), no work, release; {:?} per row. A *turn* is any acquisition; a *handoff* is one by a different task than the previous holder. Latency runs from the moment the holder starts its release to the moment the next holder's acquire returns. Redis round trip (PING, median): {} before, {} after.\n",
+            handoff::TASKS,
+            cfg.handoff_time,
+            show(redis_rtt),
+            show(rtt_after)
+        );
+        let _ = writeln!(
+            body,
+            "| implementation | turns/s | handoffs/s | tasks served | handoff median | handoff p99 | turn median | turn p99 |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for (name, o) in &rows {
+            let _ = writeln!(
+                body,
+                "| {name} | {} | {} | {}/{} | {} | {} | {} | {} |",
+                show_rate(o.turns_per_s),
+                show_rate(o.handoffs_per_s),
+                o.tasks_served,
+                handoff::TASKS,
+                show(o.handoff.median()),
+                show(o.handoff.p99()),
+                show(o.turn.median()),
+                show(o.turn.p99())
+            );
+        }
+        let _ = writeln!(body);
+        let rtt = redis_rtt.max(rtt_after);
+        let (dl, rs) = (&rows[0].1, &rows[1].1);
+        let per_rtt = dl.handoff.median().as_secs_f64() / rtt.as_secs_f64();
+        targets.push((
+            "Redis contended handoff: median <= 3 x round trip".into(),
+            format!(
+                "{} = {per_rtt:.1} x {}",
+                show(dl.handoff.median()),
+                show(rtt)
+            ),
+            yes(per_rtt <= 3.0),
+        ));
+        let vs = dl.handoffs_per_s / rs.handoffs_per_s.max(1e-9);
+        targets.push((
+            "Redis contended handoff: handoffs/s >= 10 x rslock".into(),
+            format!(
+                "{} vs {} = {vs:.0} x",
+                show_rate(dl.handoffs_per_s),
+                show_rate(rs.handoffs_per_s)
+            ),
+            yes(vs >= 10.0),
+        ));
+        clean_redis(cfg).await?;
+    }
+
+    if cfg.wants("macro") {
+        eprintln!("scenario 3: macro overhead");
+        let (annotated, programmatic, ratio) =
+            overhead::measure(cfg.macro_blocks, cfg.macro_calls).await?;
+        let _ = writeln!(
+            body,
+            "## 3. Macro overhead\n\nOne task calls a `#[distributed_lock(key = \"bench:macro:{{n}}\", ttl = \"30s\", backend = ...)]` fn, and the same lock written with `LockKey::builder()` + `LockOptions::acquire` + `Lease::release`, on the memory backend (no I/O). {} alternating blocks of {} calls each; the ratio is of the blocks' median time per call.\n",
+            cfg.macro_blocks, cfg.macro_calls
+        );
+        let _ = writeln!(
+            body,
+            "| variant | calls/s | median | p99 |\n| --- | ---: | ---: | ---: |"
+        );
+        for (name, m) in [
+            ("annotated fn", &annotated),
+            ("programmatic API", &programmatic),
+        ] {
+            let _ = writeln!(
+                body,
+                "| {name} | {} | {} | {} |",
+                show_rate(m.rate()),
+                show(m.median()),
+                show(m.p99())
+            );
+        }
+        let _ = writeln!(
+            body,
+            "\nannotated / programmatic time per call: **{ratio:.3}**\n"
+        );
+        targets.push((
+            "Macro overhead: annotated / programmatic <= 1.05".into(),
+            format!("{ratio:.3}"),
+            yes(ratio <= 1.05),
+        ));
+    }
+
+    if cfg.wants("held") {
+        eprintln!(
+            "scenario 4: {} held leases for {:?}",
+            cfg.held_leases, cfg.held_window
+        );
+        let _ = writeln!(
+            body,
+            "## 4. Many held leases\n\n{} leases (ttl {:?}, so each is renewed every {:?}) held at once for {:?} on one backend instance. Round trips are renewal requests the core sent to the backend, counted by a wrapper around it (for PostgreSQL every request is one round trip on a lock session). CPU is the process's user + system time (getrusage) over the window's wall time; memory is the peak RSS growth over the run's start, divided by the leases.\n",
+            cfg.held_leases,
+            held::TTL,
+            held::TTL / 3,
+            cfg.held_window
+        );
+        let _ = writeln!(
+            body,
+            "| backend | leases | renewal round trips/s | lease renewals/s | CPU (% of one core) | memory per lease | lost | time to take them |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for name in ["redis", "pg"] {
+            let backend = cross::connect(cfg, name, std::path::Path::new("/")).await?;
+            let h = held::hold(
+                backend,
+                &format!("bench:{}:held:{name}", cfg.run),
+                cfg.held_leases,
+                cfg.held_window,
+            )
+            .await?;
+            let _ = writeln!(
+                body,
+                "| {name} | {} | {:.1} | {:.0} | {:.2} % | {:.0} B | {} | {:.1} s |",
+                h.leases,
+                h.round_trips_per_s,
+                h.renewals_per_s,
+                h.cpu_share * 100.0,
+                h.bytes_per_lease,
+                h.lost,
+                h.acquire_time.as_secs_f64()
+            );
+            targets.push((
+                format!(
+                    "{name}: {} held leases, renewal < 10% of one core",
+                    h.leases
+                ),
+                format!("{:.2} %", h.cpu_share * 100.0),
+                yes(h.cpu_share < 0.10),
+            ));
+            targets.push((
+                format!(
+                    "{name}: {} held leases, < 2 KiB client memory per lease",
+                    h.leases
+                ),
+                format!("{:.0} B", h.bytes_per_lease),
+                yes(h.bytes_per_lease < 2048.0),
+            ));
+        }
+        let _ = writeln!(body);
+        clean_redis(cfg).await?;
+    }
+
+    if cfg.wants("cross") {
+        eprintln!("scenario 5: cross-process");
+        let _ = writeln!(
+            body,
+            "## 5. Cross-process\n\n{} processes (this program started again with `--child`, each with a backend of its own) loop acquire (waiting) / release on ONE key for {:?}. Times are taken on the host's wall clock, shared by the processes. A handoff is an acquisition by another process than the previous holder; overlaps count intervals that began before the previous one's release started (mutual exclusion broken).\n",
+            cross::PROCESSES,
+            cfg.cross_time
+        );
+        let _ = writeln!(
+            body,
+            "| backend | acquisitions/s | cross-process handoffs/s | handoff median | handoff p99 | acquisitions per process | overlaps |\n| --- | ---: | ---: | ---: | ---: | --- | ---: |"
+        );
+        for name in ["file", "redis", "pg"] {
+            let o = cross::run(cfg, name, cfg.cross_time).await?;
+            let per: Vec<String> = o.per_process.iter().map(usize::to_string).collect();
+            let _ = writeln!(
+                body,
+                "| {name} | {} | {} | {} | {} | {} | {} |",
+                show_rate(o.turns_per_s),
+                show_rate(o.handoffs_per_s),
+                show(o.handoff.median()),
+                show(o.handoff.p99()),
+                per.join(" / "),
+                o.overlaps
+            );
+        }
+        let _ = writeln!(body);
+        clean_redis(cfg).await?;
+    }
+
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Benchmarks\n\nGenerated by `{}` on {} — regenerate with that command (see the README). Numbers from one run, side by side, against the same local servers; the benchmark measures and never asserts a time.\n",
+        if cfg.smoke {
+            "cargo run --example bench -- --smoke"
+        } else {
+            "cargo run --release --example bench"
+        },
+        first_line_of("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+    );
+    let _ = writeln!(
+        out,
+        "## Machine and versions\n\n- Machine: {}\n- Load average (1/5/15 min): {load_before} at the start, {} at the end. **The machine was shared**: other builds ran alongside, so absolute figures are noisy; rows were interleaved to keep the ratios fair.\n- Servers on loopback: Redis {redis_version}, PostgreSQL {pg_version}; one round trip (median): Redis PING {}, PostgreSQL prepared `SELECT 1` {}.\n- {}; dlock {}, redis-rs {}, rslock {}, tokio-postgres {}, tokio {}; profile: {}.\n",
+        machine(),
+        load(),
+        show(redis_rtt),
+        show(pg_rtt),
+        first_line_of("rustc", &["--version"]),
+        env!("CARGO_PKG_VERSION"),
+        locked("redis"),
+        locked("rslock"),
+        locked("tokio-postgres"),
+        locked("tokio"),
+        if cfg!(debug_assertions) {
+            "debug (smoke)"
+        } else {
+            "release"
+        }
+    );
+    if !targets.is_empty() {
+        let _ = writeln!(
+            out,
+            "## Targets\n\n| target | measured | |\n| --- | --- | --- |"
+        );
+        for (target, measured, met) in &targets {
+            let _ = writeln!(out, "| {target} | {measured} | {met} |");
+        }
+        let _ = writeln!(out);
+    }
+    out.push_str(&body);
+    out.push_str(crate::report::NOTES);
+    Ok(out)
+}
+
+/// What each row does, and what limits the figures.
+pub const NOTES: &str = include_str!("notes.md");

@@ -1,0 +1,775 @@
+//! One fault run: start the lock server (if the backend has one), the
+//! proxies and the worker processes; drive the seeded fault schedule; stop;
+//! read the register; check; clean everything up (drop guards kill every
+//! process the run started and remove its directories).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::{BufRead as _, BufReader};
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use dlock::backend::OwnerId;
+use dlock::fence::pg::PgFence;
+use dlock::fence::redis::RedisFence;
+use dlock::file::FileBackend;
+use dlock::pg::PgBackend;
+use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::{Backend, LockKey};
+use tokio::runtime::Runtime;
+
+use super::check::{self, Event, History, Verdict};
+use super::proxy::Proxy;
+use super::rng::Rng;
+use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV};
+use super::{now_us, pg_conn, redis_url};
+use crate::redis_support::RedisServer;
+
+/// Where the locks live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lock {
+    /// `FileBackend` in a directory of the run's own (memory locks cannot
+    /// span processes; the file backend is their multi-process twin).
+    File,
+    /// `RedisBackend` on a redis-server of the run's own.
+    Redis,
+    /// `PgBackend` on the shared PostgreSQL server.
+    Pg,
+}
+
+/// Where the fenced register lives (always on a server the faults leave
+/// alone, so that only the fence decides what lands).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Register {
+    /// A row in the shared PostgreSQL, fenced by `PgFence`.
+    Pg,
+    /// A hash in the shared Redis, fenced by `RedisFence`.
+    Redis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// SIGSTOP a holder for longer than the ttl, then SIGCONT.
+    Pause,
+    /// SIGKILL a holder, then start it again.
+    Kill,
+    /// Redis: restart the run's server (its data is lost). PostgreSQL:
+    /// `pg_terminate_backend` of the holder's lock session. File: the
+    /// administrator's `force_release` of the held key.
+    Server,
+    /// Freeze a holder's link (Redis, PostgreSQL: to the lock server; file,
+    /// which has no server: to the register) past the ttl, then cut it or
+    /// let the held bytes through late.
+    Partition,
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Fault::Pause => "pause",
+            Fault::Kill => "kill",
+            Fault::Server => "server",
+            Fault::Partition => "partition",
+        })
+    }
+}
+
+pub const ALL_FAULTS: [Fault; 4] = [Fault::Pause, Fault::Kill, Fault::Server, Fault::Partition];
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub lock: Lock,
+    pub register: Register,
+    pub seed: u64,
+    pub duration: Duration,
+    pub workers: usize,
+    /// Off: workers read and write the register plainly (the negative run).
+    pub fenced: bool,
+    pub faults: Vec<Fault>,
+}
+
+impl Settings {
+    /// The settings of a run on `lock`, overridable through the environment
+    /// (`DLOCK_FAULT_SEED`, `DLOCK_FAULT_SECS`).
+    pub fn from_env(lock: Lock, default_secs: u64) -> Self {
+        let seed = std::env::var("DLOCK_FAULT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(super::rng::random_seed);
+        let secs = std::env::var("DLOCK_FAULT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(default_secs);
+        Self {
+            lock,
+            register: match lock {
+                Lock::File | Lock::Redis => Register::Pg,
+                Lock::Pg => Register::Redis,
+            },
+            seed,
+            duration: Duration::from_secs(secs),
+            workers: 5,
+            fenced: true,
+            faults: ALL_FAULTS.to_vec(),
+        }
+    }
+}
+
+/// One planned fault: the seed fixes all of it; which process holds the
+/// lock at that moment (the target) is the run's.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub at: Duration,
+    pub kind: Fault,
+    pub length: Duration,
+    /// Target when no process holds the lock within a few seconds.
+    pub fallback_slot: usize,
+    /// Partition: cut the connections at the end (else let them through).
+    pub cut: bool,
+}
+
+/// The schedule for `settings`: every fault kind once first (in a seeded
+/// order), then seeded kinds at seeded moments until the end.
+pub fn plan(settings: &Settings) -> Vec<Planned> {
+    let mut rng = Rng::new(settings.seed);
+    let mut first = settings.faults.clone();
+    rng.shuffle(&mut first);
+    // PostgreSQL frees a silent holder's lock only when the server ends its
+    // session (idle_session_timeout 1.5 s in the workers), so pauses and
+    // partitions there last longer.
+    let (low, high) = match settings.lock {
+        Lock::Pg => (2_500, 4_000),
+        Lock::File | Lock::Redis => (1_500, 3_000),
+    };
+    let mut at = Duration::from_millis(rng.range(2_000, 3_000));
+    let end = settings.duration.saturating_sub(Duration::from_secs(4));
+    let mut planned = Vec::new();
+    let mut index = 0;
+    while at < end || index < first.len() {
+        let kind = if index < first.len() {
+            first[index]
+        } else {
+            settings.faults[rng.range(0, settings.faults.len() as u64 - 1) as usize]
+        };
+        let length = match kind {
+            Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
+            Fault::Kill => Duration::from_millis(rng.range(200, 800)),
+            Fault::Server => Duration::from_millis(rng.range(100, 500)),
+        };
+        planned.push(Planned {
+            at,
+            kind,
+            length,
+            fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
+            cut: rng.chance(50),
+        });
+        at += length + Duration::from_millis(rng.range(1_000, 3_000));
+        index += 1;
+    }
+    planned
+}
+
+/// A fault that happened.
+#[derive(Clone, Debug)]
+pub struct Injected {
+    pub kind: Fault,
+    pub slot: usize,
+    /// The target held the lock (for the server fault: a holder's lock was
+    /// broken).
+    pub on_holder: bool,
+    pub length: Duration,
+}
+
+pub struct Report {
+    pub settings: Settings,
+    pub injected: Vec<Injected>,
+    pub verdict: Verdict,
+    pub elapsed: Duration,
+}
+
+impl Report {
+    /// How many faults of `kind` hit a holder (pauses: for longer than the
+    /// ttl).
+    pub fn effective(&self, kind: Fault) -> usize {
+        self.injected
+            .iter()
+            .filter(|f| f.kind == kind && f.on_holder)
+            .filter(|f| kind != Fault::Pause || f.length > TTL)
+            .count()
+    }
+
+    pub fn by_kind(&self) -> BTreeMap<Fault, usize> {
+        let mut counts = BTreeMap::new();
+        for fault in &self.injected {
+            *counts.entry(fault.kind).or_default() += 1;
+        }
+        counts
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let faults: Vec<String> = self
+            .by_kind()
+            .iter()
+            .map(|(kind, n)| format!("{kind} {n} ({} on a holder)", self.effective(*kind)))
+            .collect();
+        write!(
+            f,
+            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}\n  {}",
+            self.settings.lock,
+            self.settings.register,
+            if self.settings.fenced { "on" } else { "OFF" },
+            self.settings.seed,
+            self.elapsed,
+            self.settings.workers,
+            faults.join(", "),
+            self.verdict,
+        )
+    }
+}
+
+// ------------------------------------------------------------ processes --
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Holding,
+    Working,
+}
+
+#[derive(Default)]
+struct Shared {
+    events: Vec<Event>,
+    /// Per slot: the live process and what it is doing.
+    phase: HashMap<usize, (usize, Phase)>,
+}
+
+/// The worker processes; every one is SIGKILLed and reaped on drop.
+struct Workers {
+    slots: Vec<Option<Child>>,
+    process_of: Vec<usize>,
+    next_process: usize,
+    configs: Vec<worker::Config>,
+    shared: Arc<Mutex<Shared>>,
+    readers: Vec<JoinHandle<()>>,
+    killed_at: HashMap<usize, u64>,
+}
+
+impl Workers {
+    fn spawn(&mut self, slot: usize) {
+        let exe = std::env::current_exe().expect("test binary path");
+        let mut command = Command::new(exe);
+        command
+            .args([
+                "fault_worker_entry",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--quiet",
+            ])
+            .env(WORKER_ENV, self.configs[slot].encode())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        // SAFETY: prctl is async-signal-safe; the kernel kills the worker if
+        // the thread that started it (the test's) ends without cleaning up.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().expect("spawn a worker");
+        let process = self.next_process;
+        self.next_process += 1;
+        self.process_of[slot] = process;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let shared = self.shared.clone();
+        self.readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let Some(event) = Event::parse(process, &line) else {
+                    continue;
+                };
+                let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let phase = match event.what.as_str() {
+                    "BEGIN" => Some(Phase::Holding),
+                    "READ" => Some(Phase::Working),
+                    "SEND" | "RSTALE" | "RERR" => Some(Phase::Holding),
+                    "LOST" | "END" => Some(Phase::Idle),
+                    _ => None,
+                };
+                if let Some(phase) = phase
+                    && shared.phase.get(&slot).is_none_or(|(p, _)| *p <= process)
+                {
+                    shared.phase.insert(slot, (process, phase));
+                }
+                shared.events.push(event);
+            }
+        }));
+        self.slots[slot] = Some(child);
+    }
+
+    fn pid(&self, slot: usize) -> Option<i32> {
+        self.slots[slot].as_ref().map(|c| c.id() as i32)
+    }
+
+    fn signal(&self, slot: usize, signal: libc::c_int) -> bool {
+        // SAFETY: kill(2) on the id of our own live (unreaped) child.
+        self.pid(slot)
+            .is_some_and(|pid| unsafe { libc::kill(pid, signal) } == 0)
+    }
+
+    fn kill(&mut self, slot: usize) {
+        if let Some(mut child) = self.slots[slot].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+            self.killed_at.insert(self.process_of[slot], now_us());
+            self.shared
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .phase
+                .insert(slot, (self.process_of[slot], Phase::Idle));
+        }
+    }
+
+    /// A slot whose process holds the lock, preferring one between its read
+    /// and its write; waits up to `patience` for one.
+    fn holder(&self, patience: Duration) -> Option<usize> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let best = {
+                let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                let pick = |want: Phase| {
+                    shared
+                        .phase
+                        .iter()
+                        .find(|(slot, (process, phase))| {
+                            *phase == want && self.process_of[**slot] == *process
+                        })
+                        .map(|(slot, _)| *slot)
+                };
+                pick(Phase::Working).or_else(|| pick(Phase::Holding))
+            };
+            match best {
+                Some(slot) if self.slots[slot].is_some() => return Some(slot),
+                _ if Instant::now() >= deadline => return None,
+                _ => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    /// Waits for every worker to finish on its own (they stop at the
+    /// deadline), then kills whatever is left.
+    fn stop(&mut self, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        for slot in 0..self.slots.len() {
+            if let Some(child) = self.slots[slot].as_mut() {
+                while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+            self.kill(slot);
+        }
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for slot in 0..self.slots.len() {
+            // SIGKILL ends stopped (paused) processes too.
+            self.kill(slot);
+        }
+    }
+}
+
+/// A directory of the run's own, removed on drop.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ------------------------------------------------------------------ run --
+
+/// `host:port` of the shared PostgreSQL server, and its connection string
+/// without host and port.
+fn pg_parts() -> (String, String) {
+    let config: tokio_postgres::Config = pg_conn().parse().expect("PostgreSQL connection string");
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let mut rest = Vec::new();
+    if let Some(user) = config.get_user() {
+        rest.push(format!("user={user}"));
+    }
+    if let Some(db) = config.get_dbname() {
+        rest.push(format!("dbname={db}"));
+    }
+    if let Some(password) = config.get_password() {
+        let password = String::from_utf8_lossy(password)
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        rest.push(format!("password='{password}'"));
+    }
+    (format!("{host}:{port}"), rest.join(" "))
+}
+
+/// `host:port` of the shared Redis server and the URL through `port`.
+fn redis_parts() -> (String, impl Fn(u16) -> String) {
+    let url = redis_url();
+    let rest = url
+        .split_once("://")
+        .map_or(url.as_str(), |(_, rest)| rest)
+        .to_owned();
+    let (auth, hostport) = match rest.rsplit_once('@') {
+        Some((auth, hostport)) => (format!("{auth}@"), hostport.to_owned()),
+        None => (String::new(), rest.clone()),
+    };
+    let (hostport, db) = match hostport.split_once('/') {
+        Some((hp, db)) => (hp.to_owned(), format!("/{db}")),
+        None => (hostport, String::new()),
+    };
+    let scheme = url.split_once("://").map_or("redis", |(s, _)| s).to_owned();
+    (hostport, move |port| {
+        format!("{scheme}://{auth}127.0.0.1:{port}{db}")
+    })
+}
+
+pub fn run(settings: Settings) -> Report {
+    let started = Instant::now();
+    let schedule = plan(&settings);
+    let shown: Vec<String> = schedule
+        .iter()
+        .map(|p| {
+            format!(
+                "{:.1}s {} {:.1}s",
+                p.at.as_secs_f64(),
+                p.kind,
+                p.length.as_secs_f64()
+            )
+        })
+        .collect();
+    println!(
+        "fault run: {:?} locks, {:?} register, fencing {}, {} workers, {:?}, seed {} \
+         (DLOCK_FAULT_SEED={} reproduces this schedule)\n  schedule: {}",
+        settings.lock,
+        settings.register,
+        if settings.fenced { "on" } else { "OFF" },
+        settings.workers,
+        settings.duration,
+        settings.seed,
+        settings.seed,
+        shown.join("; ")
+    );
+    let runtime = Runtime::new().expect("runtime");
+    let id = OwnerId::random().expect("random");
+    let run_id = format!("dlock-fault-{id}");
+    // The key the workers' `#[distributed_lock(key = "dlock-fault:{run}")]` builds.
+    let key = LockKey::builder()
+        .lit("dlock-fault:")
+        .value(&run_id)
+        .finish()
+        .expect("lock key");
+
+    // The lock store.
+    let mut redis_server: Option<RedisServer> = None;
+    let scratch =
+        ScratchDir(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-fault-{id}")));
+    std::fs::create_dir_all(&scratch.0).expect("scratch directory");
+    let (pg_addr, pg_rest) = pg_parts();
+    let (redis_addr, redis_through) = redis_parts();
+    let lock_upstream = match settings.lock {
+        Lock::File => None,
+        Lock::Redis => {
+            let server = RedisServer::start(&[]);
+            let address = server.address();
+            redis_server = Some(server);
+            Some(address)
+        }
+        Lock::Pg => Some(pg_addr.clone()),
+    };
+    let admin_file = FileBackend::open(scratch.0.join("locks")).expect("lock directory");
+    let admin_pg = match settings.lock {
+        Lock::Pg => Some(
+            runtime
+                .block_on(PgBackend::connect(&pg_conn()))
+                .expect("PostgreSQL"),
+        ),
+        _ => None,
+    };
+    let (pg_admin, pg_admin_conn) = runtime
+        .block_on(tokio_postgres::connect(&pg_conn(), NoTls))
+        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL");
+    runtime.spawn(pg_admin_conn);
+
+    // The register.
+    match settings.register {
+        Register::Pg => runtime.block_on(async {
+            PgFence::new().create_table(&pg_admin).await.expect("fence table");
+            pg_admin
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {PG_REGISTER_TABLE} (resource text PRIMARY KEY, value text NOT NULL)"
+                ))
+                .await
+                .expect("register table");
+            pg_admin
+                .execute(
+                    &format!("INSERT INTO {PG_REGISTER_TABLE} VALUES ($1, '0:0')"),
+                    &[&run_id],
+                )
+                .await
+                .expect("register row");
+        }),
+        Register::Redis => {}
+    }
+
+    // Proxies: one per worker and link.
+    let register_upstream = match settings.register {
+        Register::Pg => pg_addr.clone(),
+        Register::Redis => redis_addr.clone(),
+    };
+    let lock_proxies: Vec<Option<Proxy>> = (0..settings.workers)
+        .map(|_| {
+            lock_upstream
+                .clone()
+                .map(|up| Proxy::start(runtime.handle(), up))
+        })
+        .collect();
+    let register_proxies: Vec<Proxy> = (0..settings.workers)
+        .map(|_| Proxy::start(runtime.handle(), register_upstream.clone()))
+        .collect();
+
+    let deadline_us = now_us() + settings.duration.as_micros() as u64;
+    let configs = (0..settings.workers)
+        .map(|slot| worker::Config {
+            lock: match settings.lock {
+                Lock::File => "file",
+                Lock::Redis => "redis",
+                Lock::Pg => "pg",
+            }
+            .to_owned(),
+            lock_target: match (settings.lock, &lock_proxies[slot]) {
+                (Lock::File, _) | (_, None) => scratch.0.join("locks").display().to_string(),
+                (Lock::Redis, Some(proxy)) => format!("redis://127.0.0.1:{}", proxy.port),
+                (Lock::Pg, Some(proxy)) => format!(
+                    "host=127.0.0.1 port={} {pg_rest} application_name=dlock-fault",
+                    proxy.port
+                ),
+            },
+            register: match settings.register {
+                Register::Pg => "pg",
+                Register::Redis => "redis",
+            }
+            .to_owned(),
+            register_target: match settings.register {
+                Register::Pg => format!(
+                    "host=127.0.0.1 port={} {pg_rest} application_name=dlock-fault-register",
+                    register_proxies[slot].port
+                ),
+                Register::Redis => redis_through(register_proxies[slot].port),
+            },
+            run: run_id.clone(),
+            slot,
+            fenced: settings.fenced,
+            deadline_us,
+            seed: settings.seed,
+        })
+        .collect();
+    let mut workers = Workers {
+        slots: (0..settings.workers).map(|_| None).collect(),
+        process_of: vec![0; settings.workers],
+        next_process: 0,
+        configs,
+        shared: Arc::default(),
+        readers: Vec::new(),
+        killed_at: HashMap::new(),
+    };
+    for slot in 0..settings.workers {
+        workers.spawn(slot);
+    }
+
+    // The driver.
+    let begun = Instant::now();
+    let mut injected = Vec::new();
+    for planned in &schedule {
+        let wait = planned.at.saturating_sub(begun.elapsed());
+        std::thread::sleep(wait);
+        if begun.elapsed() + planned.length > settings.duration {
+            break;
+        }
+        let target = workers.holder(Duration::from_secs(3));
+        let slot = target.unwrap_or(planned.fallback_slot);
+        let on_holder = target.is_some();
+        match planned.kind {
+            Fault::Pause => {
+                if workers.signal(slot, libc::SIGSTOP) {
+                    std::thread::sleep(planned.length);
+                    workers.signal(slot, libc::SIGCONT);
+                    injected.push(Injected {
+                        kind: Fault::Pause,
+                        slot,
+                        on_holder,
+                        length: planned.length,
+                    });
+                }
+            }
+            Fault::Kill => {
+                workers.kill(slot);
+                std::thread::sleep(planned.length);
+                workers.spawn(slot);
+                injected.push(Injected {
+                    kind: Fault::Kill,
+                    slot,
+                    on_holder,
+                    length: planned.length,
+                });
+            }
+            Fault::Server => {
+                let broke = match settings.lock {
+                    Lock::Redis => {
+                        if let Some(server) = redis_server.as_mut() {
+                            server.kill();
+                            std::thread::sleep(planned.length);
+                            server.restart();
+                        }
+                        on_holder
+                    }
+                    Lock::Pg => runtime.block_on(async {
+                        let Some(admin) = admin_pg.as_ref() else {
+                            return false;
+                        };
+                        let pids = admin.holder_pids(&key).await.unwrap_or_default();
+                        for pid in &pids {
+                            let _ = pg_admin
+                                .execute("SELECT pg_terminate_backend($1)", &[pid])
+                                .await;
+                        }
+                        !pids.is_empty()
+                    }),
+                    Lock::File => runtime
+                        .block_on(admin_file.force_release(&key))
+                        .unwrap_or(false),
+                };
+                injected.push(Injected {
+                    kind: Fault::Server,
+                    slot,
+                    on_holder: broke,
+                    length: planned.length,
+                });
+            }
+            Fault::Partition => {
+                let proxy = match settings.lock {
+                    Lock::File => Some(&register_proxies[slot]),
+                    Lock::Redis | Lock::Pg => lock_proxies[slot].as_ref(),
+                };
+                if let Some(proxy) = proxy {
+                    proxy.freeze();
+                    std::thread::sleep(planned.length);
+                    if planned.cut {
+                        proxy.cut();
+                    } else {
+                        proxy.thaw();
+                    }
+                    injected.push(Injected {
+                        kind: Fault::Partition,
+                        slot,
+                        on_holder,
+                        length: planned.length,
+                    });
+                }
+            }
+        }
+    }
+    let left = Duration::from_micros(deadline_us.saturating_sub(now_us()));
+    std::thread::sleep(left);
+    workers.stop(Duration::from_secs(30));
+    let end_us = now_us();
+
+    // The register's final value, read directly (no proxy).
+    let final_value = runtime.block_on(async {
+        match settings.register {
+            Register::Pg => pg_admin
+                .query_one(
+                    &format!("SELECT value FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
+                    &[&run_id],
+                )
+                .await
+                .expect("register row")
+                .get::<_, String>(0),
+            Register::Redis => {
+                let mut conn = redis::Client::open(redis_url())
+                    .expect("Redis URL")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("Redis");
+                let key = RedisFence::new().key(&run_id);
+                let value: Option<String> = redis::cmd("HGET")
+                    .arg(&key)
+                    .arg("value")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("register");
+                let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
+                value.unwrap_or_else(|| "0:0".to_owned())
+            }
+        }
+    });
+    if settings.register == Register::Pg {
+        runtime.block_on(async {
+            let _ = pg_admin
+                .execute(
+                    &format!("DELETE FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
+                    &[&run_id],
+                )
+                .await;
+            let _ = pg_admin
+                .execute(
+                    "DELETE FROM dlock.dlock_fence WHERE resource = $1",
+                    &[&run_id],
+                )
+                .await;
+        });
+    }
+
+    let history = History {
+        events: std::mem::take(
+            &mut workers
+                .shared
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .events,
+        ),
+        killed_at: std::mem::take(&mut workers.killed_at),
+        end_us,
+        final_value,
+    };
+    let verdict = check::check(&history);
+    let report = Report {
+        settings,
+        injected,
+        verdict,
+        elapsed: started.elapsed(),
+    };
+    println!("{report}");
+    for violation in report.verdict.violations.iter().take(10) {
+        println!("  violation: {violation}");
+    }
+    drop(workers);
+    drop(lock_proxies);
+    drop(register_proxies);
+    drop(redis_server);
+    drop(scratch);
+    report
+}

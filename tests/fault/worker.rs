@@ -1,0 +1,460 @@
+//! One worker process: until its deadline, take the run's lock through
+//! `#[distributed_lock]` and read-modify-write the register under it,
+//! printing every step as `EV <µs> <WHAT> <token> [detail]` on stdout:
+//!
+//! | what | when |
+//! | --- | --- |
+//! | `BEGIN` | the body starts: this worker now believes it holds the lock |
+//! | `READ v` / `RSTALE h` / `RERR` | the read, refused as stale, or failed |
+//! | `SEND v` | the write of `v` is sent |
+//! | `OK` / `STALE h` / `WERR` | the write was accepted, refused, or its answer lost |
+//! | `LOST` | the lease's lost signal fired: belief ends |
+//! | `END` | the body is over: belief ends |
+//!
+//! `on_lost = "finish"`: a holder that was paused past its ttl carries on
+//! and writes, as a real one would; only the fence can stop it.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::fence::pg::PgFence;
+use dlock::fence::redis::RedisFence;
+use dlock::file::FileBackend;
+use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::pg::{PgBackend, PgOptions};
+use dlock::redis::RedisBackend;
+use dlock::{FencingToken, LockError, LostSignal, distributed_lock, registry};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::Mutex;
+use tokio::time::timeout;
+
+use super::now_us;
+use super::rng::Rng;
+
+/// The environment variable carrying a worker's configuration.
+pub const WORKER_ENV: &str = "DLOCK_FAULT_WORKER";
+/// The lock's ttl (the macro's `ttl`): the driver pauses past it.
+pub const TTL: Duration = Duration::from_secs(1);
+/// How long one register operation may take before its answer counts as
+/// lost (the write's outcome is then settled by the checker).
+const OP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The PostgreSQL table of the register (one row per run).
+pub const PG_REGISTER_TABLE: &str = "dlock_fault_register";
+
+/// A worker's configuration, passed through [`WORKER_ENV`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub lock: String,
+    pub lock_target: String,
+    pub register: String,
+    pub register_target: String,
+    pub run: String,
+    pub slot: usize,
+    pub fenced: bool,
+    pub deadline_us: u64,
+    pub seed: u64,
+}
+
+impl Config {
+    pub fn encode(&self) -> String {
+        [
+            self.lock.clone(),
+            self.lock_target.clone(),
+            self.register.clone(),
+            self.register_target.clone(),
+            self.run.clone(),
+            self.slot.to_string(),
+            u8::from(self.fenced).to_string(),
+            self.deadline_us.to_string(),
+            self.seed.to_string(),
+        ]
+        .join("\u{1f}")
+    }
+
+    pub fn decode(text: &str) -> Option<Self> {
+        let parts: Vec<&str> = text.split('\u{1f}').collect();
+        let [
+            lock,
+            lock_target,
+            register,
+            register_target,
+            run,
+            slot,
+            fenced,
+            deadline,
+            seed,
+        ] = parts.as_slice()
+        else {
+            return None;
+        };
+        Some(Self {
+            lock: lock.to_string(),
+            lock_target: lock_target.to_string(),
+            register: register.to_string(),
+            register_target: register_target.to_string(),
+            run: run.to_string(),
+            slot: slot.parse().ok()?,
+            fenced: *fenced == "1",
+            deadline_us: deadline.parse().ok()?,
+            seed: seed.parse().ok()?,
+        })
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "EV {} {line}", now_us());
+    let _ = out.flush();
+}
+
+/// The register as a worker sees it: fenced (the resource checks the
+/// token) or, for the negative run, plain reads and writes.
+#[allow(clippy::large_enum_variant)] // one per worker process
+pub enum Register {
+    Pg {
+        conn: String,
+        client: Mutex<Option<tokio_postgres::Client>>,
+        resource: String,
+        fence: PgFence,
+        fenced: bool,
+    },
+    Redis {
+        conn: ConnectionManager,
+        resource: String,
+        fence: RedisFence,
+        fenced: bool,
+    },
+}
+
+/// How a register operation ended.
+pub enum Answer<T> {
+    Done(T),
+    Stale(FencingToken),
+    Failed(String),
+}
+
+impl Register {
+    pub async fn connect(config: &Config) -> Result<Self, String> {
+        let resource = config.run.clone();
+        match config.register.as_str() {
+            "pg" => Ok(Register::Pg {
+                conn: config.register_target.clone(),
+                client: Mutex::new(None),
+                resource,
+                fence: PgFence::new(),
+                fenced: config.fenced,
+            }),
+            "redis" => {
+                let client = redis::Client::open(config.register_target.as_str())
+                    .map_err(|e| e.to_string())?;
+                let manager = ConnectionManager::new_with_config(
+                    client,
+                    ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(Duration::from_secs(1)))
+                        .set_response_timeout(Some(OP_TIMEOUT)),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                Ok(Register::Redis {
+                    conn: manager,
+                    resource,
+                    fence: RedisFence::new(),
+                    fenced: config.fenced,
+                })
+            }
+            other => Err(format!("unknown register {other}")),
+        }
+    }
+
+    /// Reads the register (recording the token, when fenced).
+    pub async fn read(&self, token: FencingToken) -> Answer<String> {
+        match self {
+            Register::Redis {
+                conn,
+                resource,
+                fence,
+                fenced,
+            } => {
+                let mut conn = conn.clone();
+                let read = if *fenced {
+                    fence.read(&mut conn, resource, token).await
+                } else {
+                    redis::cmd("HGET")
+                        .arg(fence.key(resource))
+                        .arg("value")
+                        .query_async::<Option<Vec<u8>>>(&mut conn)
+                        .await
+                        .map_err(|e| {
+                            LockError::backend("redis", dlock::error::Operation::Fence, "", e)
+                        })
+                };
+                match read {
+                    Ok(value) => Answer::Done(value.map_or_else(
+                        || "0:0".to_owned(),
+                        |v| String::from_utf8_lossy(&v).into_owned(),
+                    )),
+                    Err(LockError::StaleToken { highest, .. }) => Answer::Stale(highest),
+                    Err(err) => Answer::Failed(err.to_string()),
+                }
+            }
+            Register::Pg { .. } => {
+                self.pg_transaction(token, |tx, resource| {
+                    Box::pin(async move {
+                        let row = tx
+                            .query_one(
+                                &format!(
+                                    "SELECT value FROM {PG_REGISTER_TABLE} WHERE resource = $1"
+                                ),
+                                &[&resource],
+                            )
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        row.try_get::<_, String>(0).map_err(|e| e.to_string())
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    /// Writes `value` (fenced by the token, when fenced).
+    pub async fn write(&self, token: FencingToken, value: &str) -> Answer<()> {
+        match self {
+            Register::Redis {
+                conn,
+                resource,
+                fence,
+                fenced,
+            } => {
+                let mut conn = conn.clone();
+                let written = if *fenced {
+                    fence.write(&mut conn, resource, token, value).await
+                } else {
+                    redis::cmd("HSET")
+                        .arg(fence.key(resource))
+                        .arg("value")
+                        .arg(value)
+                        .query_async::<()>(&mut conn)
+                        .await
+                        .map_err(|e| {
+                            LockError::backend("redis", dlock::error::Operation::Fence, "", e)
+                        })
+                };
+                match written {
+                    Ok(()) => Answer::Done(()),
+                    Err(LockError::StaleToken { highest, .. }) => Answer::Stale(highest),
+                    Err(err) => Answer::Failed(err.to_string()),
+                }
+            }
+            Register::Pg { .. } => {
+                let value = value.to_owned();
+                self.pg_transaction(token, move |tx, resource| {
+                    Box::pin(async move {
+                        tx.execute(
+                            &format!(
+                                "UPDATE {PG_REGISTER_TABLE} SET value = $2 WHERE resource = $1"
+                            ),
+                            &[&resource, &value],
+                        )
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                    })
+                })
+                .await
+            }
+        }
+    }
+
+    /// One PostgreSQL transaction: the fence first (when fenced), then
+    /// `body`, then COMMIT; all of it bounded by [`OP_TIMEOUT`]. A failed or
+    /// timed-out transaction drops the connection (a new one is opened next
+    /// time), so nothing half-done lingers on it.
+    async fn pg_transaction<T>(
+        &self,
+        token: FencingToken,
+        body: impl for<'a> FnOnce(
+            &'a tokio_postgres::Transaction<'a>,
+            &'a str,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<T, String>> + Send + 'a>,
+        >,
+    ) -> Answer<T> {
+        let Register::Pg {
+            conn,
+            client,
+            resource,
+            fence,
+            fenced,
+        } = self
+        else {
+            return Answer::Failed("not a PostgreSQL register".into());
+        };
+        let mut slot = client.lock().await;
+        let attempt = timeout(OP_TIMEOUT, async {
+            if slot.as_ref().is_none_or(tokio_postgres::Client::is_closed) {
+                let (fresh, connection) = tokio_postgres::connect(conn, NoTls)
+                    .await
+                    .map_err(|e| Err(e.to_string()))?;
+                tokio::spawn(connection);
+                *slot = Some(fresh);
+            }
+            let Some(client) = slot.as_mut() else {
+                return Err(Err("no connection".to_owned()));
+            };
+            let tx = client.transaction().await.map_err(|e| Err(e.to_string()))?;
+            if *fenced {
+                match fence.accept(&tx, resource, token).await {
+                    Ok(()) => {}
+                    Err(LockError::StaleToken { highest, .. }) => return Err(Ok(highest)),
+                    Err(err) => return Err(Err(err.to_string())),
+                }
+            }
+            let out = body(&tx, resource).await.map_err(Err)?;
+            tx.commit().await.map_err(|e| Err(e.to_string()))?;
+            Ok(out)
+        })
+        .await;
+        match attempt {
+            Ok(Ok(out)) => Answer::Done(out),
+            // The transaction is dropped unfinished: rolled back.
+            Ok(Err(Ok(highest))) => Answer::Stale(highest),
+            Ok(Err(Err(err))) => {
+                *slot = None;
+                Answer::Failed(err)
+            }
+            Err(_) => {
+                *slot = None;
+                Answer::Failed("timed out".into())
+            }
+        }
+    }
+}
+
+/// One lease: read, work (the moment the driver likes to pause or cut),
+/// write `count + 1`.
+#[distributed_lock(
+    key = "dlock-fault:{run}",
+    ttl = "1s",
+    wait = "3s",
+    backend = "fault",
+    on_lost = "finish"
+)]
+async fn increment(
+    run: String,
+    register: Arc<Register>,
+    work: Duration,
+    token: FencingToken,
+    lost: LostSignal,
+) -> Result<(), LockError> {
+    say(&format!("BEGIN {token}"));
+    let watcher = tokio::spawn(async move {
+        lost.lost().await;
+        say(&format!("LOST {}", lost.token()));
+    });
+    lease_body(&register, work, token).await;
+    say(&format!("END {token}"));
+    watcher.abort();
+    Ok(())
+}
+
+async fn lease_body(register: &Register, work: Duration, token: FencingToken) {
+    let read = match register.read(token).await {
+        Answer::Done(value) => value,
+        Answer::Stale(highest) => return say(&format!("RSTALE {token} {highest}")),
+        Answer::Failed(err) => return say(&format!("RERR {token} {}", one_line(&err))),
+    };
+    say(&format!("READ {token} {read}"));
+    let count: u64 = read
+        .split(':')
+        .next()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    tokio::time::sleep(work).await;
+    let value = format!("{}:{token}", count + 1);
+    say(&format!("SEND {token} {value}"));
+    match register.write(token, &value).await {
+        Answer::Done(()) => say(&format!("OK {token}")),
+        Answer::Stale(highest) => say(&format!("STALE {token} {highest}")),
+        Answer::Failed(err) => say(&format!("WERR {token} {}", one_line(&err))),
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.replace(['\n', '\r'], " ")
+}
+
+/// The worker's main loop; returns when the deadline has passed.
+pub fn main(config: Config) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        // A restarted worker may come up while its server is down or its
+        // link frozen: it keeps trying until the deadline.
+        loop {
+            let registered = match config.lock.as_str() {
+                "file" => FileBackend::open(&config.lock_target).map(|b| {
+                    registry().register("fault", b);
+                }),
+                "redis" => RedisBackend::builder(&config.lock_target)
+                    .connect_timeout(Duration::from_secs(1))
+                    .response_timeout(Duration::from_millis(500))
+                    .connect()
+                    .await
+                    .map(|b| {
+                        registry().register("fault", b);
+                    }),
+                "pg" => PgBackend::connect_with(
+                    &config.lock_target,
+                    PgOptions::new()
+                        .sessions(1)
+                        .wait_sessions(1)
+                        .connect_timeout(Duration::from_secs(2))
+                        .liveness_interval(Duration::from_millis(500))
+                        .server_idle_timeout(Some(Duration::from_millis(1500))),
+                )
+                .await
+                .map(|b| {
+                    registry().register("fault", b);
+                }),
+                other => panic!("unknown lock backend {other}"),
+            };
+            match registered {
+                Ok(()) => break,
+                Err(_) if now_us() >= config.deadline_us => return,
+                Err(err) => {
+                    say(&format!("LERR 0 {}", one_line(&err.to_string())));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        let register = loop {
+            match Register::connect(&config).await {
+                Ok(register) => break Arc::new(register),
+                Err(err) if now_us() < config.deadline_us => {
+                    say(&format!("RERR 0 {}", one_line(&err)));
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(_) => return,
+            }
+        };
+        let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
+        while now_us() < config.deadline_us {
+            let work = Duration::from_millis(rng.range(30, 90));
+            match increment(config.run.clone(), register.clone(), work).await {
+                Ok(()) => {}
+                Err(err) if err.is_contention() => {}
+                Err(err) => {
+                    say(&format!("LERR 0 {}", one_line(&err.to_string())));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(rng.range(0, 20))).await;
+        }
+    });
+}

@@ -22,7 +22,7 @@
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \
-//!   cargo test --release --test fault_injection -- --ignored --nocapture long_run
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
 mod fault;

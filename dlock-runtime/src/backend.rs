@@ -116,6 +116,17 @@ impl Grant {
     }
 }
 
+/// One lease to renew in a [`Backend::extend_many`] batch.
+#[derive(Clone, Copy, Debug)]
+pub struct Renewal<'a> {
+    /// The leased key.
+    pub key: &'a LockKey,
+    /// The owner that holds it.
+    pub owner: &'a OwnerId,
+    /// The lifetime to set.
+    pub ttl: Duration,
+}
+
 /// A lock store. Implement these primitives and the core gives every lease
 /// renewal, the lost signal, waiting, release on drop and multi-key locking.
 ///
@@ -144,6 +155,20 @@ pub trait Backend: Send + Sync + 'static {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<bool, LockError>;
+
+    /// Renews several leases at once: one answer per lease, in order, each
+    /// meaning what [`Backend::extend`]'s answer means. The core's renewal
+    /// gathers the leases that are due together and sends them here, so a
+    /// backend that can answer many in one round trip (a Redis pipeline,
+    /// one check of a PostgreSQL session) should override this; the default
+    /// calls `extend` for each in turn.
+    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let mut answers = Vec::with_capacity(leases.len());
+        for lease in leases {
+            answers.push(self.extend(lease.key, lease.owner, lease.ttl).await);
+        }
+        answers
+    }
 
     /// Releases `key` if `owner` holds it. `Ok(false)` when it did not (the
     /// lease had run out or was taken over); nothing is changed then.

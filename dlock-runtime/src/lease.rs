@@ -10,10 +10,12 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
-use tokio::time::{Instant, sleep_until, timeout};
+use tokio::time::{Instant, timeout};
 use tracing::Instrument as _;
 
-use crate::backend::{Attempt, Backend, Grant, LossNotice, OwnerId};
+mod renewal;
+
+use crate::backend::{Attempt, Backend, Grant, OwnerId};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
 use crate::options::LockOptions;
@@ -33,8 +35,6 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(2);
 /// failure.
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// The longest pause between renewal retries after a failed renewal.
-const MAX_RENEW_RETRY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
@@ -114,7 +114,9 @@ impl Shared {
 #[must_use = "a lease is released as soon as it is dropped"]
 pub struct Lease {
     shared: Arc<Shared>,
-    monitor: AbortHandle,
+    renewal: renewal::Registration,
+    /// The task that waits for the backend's own loss notice, if it gave one.
+    loss_watch: Option<AbortHandle>,
     acquired_at: Instant,
     min_hold: Duration,
     finished: bool,
@@ -178,7 +180,7 @@ impl Lease {
     /// before: its holder must assume someone else acted meanwhile.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finished = true;
-        self.monitor.abort();
+        self.stop_watching();
         let prior = self.shared.state.send_replace(State::Released);
         let outcome = finish(&self.shared, self.keep_for()).await;
         if let State::Lost(reason) = prior {
@@ -195,10 +197,18 @@ impl Lease {
     /// multi-key acquisition fails half-way and did no work).
     async fn give_back(mut self) {
         self.finished = true;
-        self.monitor.abort();
+        self.stop_watching();
         self.shared.state.send_replace(State::Released);
         if let Err(err) = finish(&self.shared, Duration::ZERO).await {
             tracing::warn!(key = %self.shared.key, error = %err, "giving back a lock failed; its ttl will free it");
+        }
+    }
+
+    /// Ends renewal and the loss watch: the lease is ending.
+    fn stop_watching(&mut self) {
+        self.renewal.cancel();
+        if let Some(watch) = self.loss_watch.take() {
+            watch.abort();
         }
     }
 
@@ -249,7 +259,7 @@ impl Drop for Lease {
         if self.finished {
             return;
         }
-        self.monitor.abort();
+        self.stop_watching();
         self.shared.state.send_replace(State::Released);
         let keep_for = self.keep_for();
         let shared = Arc::clone(&self.shared);
@@ -447,76 +457,32 @@ fn start(
         backend,
         state,
     });
-    let monitor = runtime
-        .spawn(keep_alive(
-            Arc::clone(&shared),
-            sent + options.ttl,
-            options.ttl,
-            options.renew,
-            grant.loss,
-        ))
-        .abort_handle();
+    // Renewal, and the lost signal when the ttl runs out, come from the
+    // backend's renewal scheduler; only a backend that can tell of a loss by
+    // itself (a PostgreSQL session ending) costs a task of its own.
+    let renewal = renewal::register(
+        &runtime,
+        Arc::clone(&shared),
+        sent + options.ttl,
+        options.ttl,
+        options.renew,
+    );
+    let loss_watch = grant.loss.map(|loss| {
+        let shared = Arc::clone(&shared);
+        runtime
+            .spawn(async move {
+                let reason = loss.await;
+                shared.mark_lost(reason);
+            })
+            .abort_handle()
+    });
     Lease {
         shared,
-        monitor,
+        renewal,
+        loss_watch,
         acquired_at: sent,
         min_hold: options.min_hold,
         finished: false,
-    }
-}
-
-/// The renewal task: renews every third of the ttl, and marks the lease lost
-/// when the backend reports it gone, when a renewal is refused, or when the
-/// ttl runs out before a renewal went through.
-async fn keep_alive(
-    shared: Arc<Shared>,
-    mut valid_until: Instant,
-    ttl: Duration,
-    renew: bool,
-    loss: Option<LossNotice>,
-) {
-    let mut loss = loss.unwrap_or_else(|| Box::pin(std::future::pending()));
-    let interval = ttl / 3;
-    let mut next_renewal = valid_until - ttl + interval;
-    let mut last_error: Option<String> = None;
-    loop {
-        tokio::select! {
-            reason = &mut loss => {
-                shared.mark_lost(reason);
-                return;
-            }
-            _ = sleep_until(valid_until) => {
-                shared.mark_lost(match last_error.take() {
-                    Some(err) => LostReason::Unreachable(err),
-                    None => LostReason::Expired,
-                });
-                return;
-            }
-            _ = sleep_until(next_renewal), if renew => {
-                let sent = Instant::now();
-                let left = valid_until.saturating_duration_since(sent);
-                match timeout(left, shared.backend.extend(&shared.key, &shared.owner, ttl)).await {
-                    Ok(Ok(true)) => {
-                        valid_until = sent + ttl;
-                        next_renewal = sent + interval;
-                        last_error = None;
-                        tracing::trace!(key = %shared.key, token = %shared.token, "lease renewed");
-                    }
-                    Ok(Ok(false)) => {
-                        shared.mark_lost(LostReason::NotOwner);
-                        return;
-                    }
-                    Ok(Err(err)) => {
-                        tracing::warn!(key = %shared.key, token = %shared.token, error = %err, "lease renewal failed; retrying");
-                        last_error = Some(err.to_string());
-                        next_renewal = Instant::now() + (ttl / 10).min(MAX_RENEW_RETRY);
-                    }
-                    // The ttl ran out while the renewal was in flight: the
-                    // expiry branch fires on the next turn.
-                    Err(_) => {}
-                }
-            }
-        }
     }
 }
 

@@ -110,7 +110,7 @@ use tokio_postgres::error::SqlState;
 
 use self::session::{Connector, Failure, LockSession};
 use self::wait::Waits;
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, Renewal};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -912,6 +912,19 @@ struct Inspection {
     role: String,
 }
 
+/// The session `owner`'s live lease on `key` is held on, if there is one.
+fn live_session(
+    keys: &HashMap<LockKey, Entry>,
+    key: &LockKey,
+    owner: &OwnerId,
+) -> Option<Arc<LockSession>> {
+    keys.get(key)
+        .filter(|entry| entry.owner == *owner)
+        .and_then(Entry::holding)
+        .filter(|h| *h.deadline.borrow() > Instant::now())
+        .map(|h| Arc::clone(&h.session))
+}
+
 /// Unlocks a lease whose deadline passed without an extend: the ttl, which
 /// a session lock does not have by itself. Ends when the entry goes.
 async fn expire_when_due(
@@ -997,35 +1010,69 @@ impl Backend for PgBackend {
         owner: &OwnerId,
         ttl: Duration,
     ) -> Result<bool, LockError> {
-        let live_session = |keys: &HashMap<LockKey, Entry>| {
-            keys.get(key)
-                .filter(|entry| entry.owner == *owner)
-                .and_then(Entry::holding)
-                .filter(|h| *h.deadline.borrow() > Instant::now())
-                .map(|h| Arc::clone(&h.session))
+        let renewal = Renewal { key, owner, ttl };
+        self.extend_many(std::slice::from_ref(&renewal))
+            .await
+            .pop()
+            .unwrap_or(Ok(false))
+    }
+
+    /// A lock lives exactly as long as its session, so one round trip on a
+    /// session proves every lease on it: the batch costs one check per
+    /// session, however many leases it renews.
+    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let held_on: Vec<Option<Arc<LockSession>>> = {
+            let keys = self.inner.keys();
+            leases
+                .iter()
+                .map(|lease| live_session(&keys, lease.key, lease.owner))
+                .collect()
         };
-        let Some(session) = live_session(&self.inner.keys()) else {
-            return Ok(false);
-        };
-        // The lock lives exactly as long as its session: one round trip on
-        // it proves both.
-        session.client.check_connection().await.map_err(|e| {
-            self.inner
-                .failed(Operation::Extend, key, "lock session check failed", e)
-        })?;
-        let mut keys = self.inner.keys();
-        match live_session(&keys) {
-            Some(now_on) if now_on.id == session.id => {
-                if let Some(holding) = keys.get_mut(key).and_then(|e| match &e.state {
-                    State::Held(h) => Some(h),
-                    _ => None,
-                }) {
-                    holding.deadline.send_replace(Instant::now() + ttl);
-                }
-                Ok(true)
+        let mut checked: Vec<(u64, Result<(), String>)> = Vec::new();
+        for session in held_on.iter().flatten() {
+            if checked.iter().any(|(id, _)| *id == session.id) {
+                continue;
             }
-            _ => Ok(false),
+            let outcome = session.client.check_connection().await;
+            checked.push((
+                session.id,
+                outcome.map_err(|e| Failure::new("lock session check failed", e).to_string()),
+            ));
         }
+        let mut keys = self.inner.keys();
+        let now = Instant::now();
+        leases
+            .iter()
+            .zip(held_on)
+            .map(|(lease, session)| {
+                let Some(session) = session else {
+                    return Ok(false);
+                };
+                match checked.iter().find(|(id, _)| *id == session.id) {
+                    Some((_, Ok(()))) => {}
+                    Some((_, Err(text))) => {
+                        return Err(LockError::backend(
+                            KIND,
+                            Operation::Extend,
+                            lease.key.as_str(),
+                            Failure::msg(text.clone()),
+                        ));
+                    }
+                    None => return Ok(false),
+                }
+                match live_session(&keys, lease.key, lease.owner) {
+                    Some(now_on) if now_on.id == session.id => {
+                        if let Some(State::Held(holding)) =
+                            keys.get_mut(lease.key).map(|e| &e.state)
+                        {
+                            holding.deadline.send_replace(now + lease.ttl);
+                        }
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                }
+            })
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {

@@ -75,7 +75,7 @@ use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation,
 use async_trait::async_trait;
 use tokio::time::{sleep, timeout};
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, Renewal};
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -518,6 +518,84 @@ impl Backend for RedisBackend {
             .arg(ttl_millis(ttl));
         let extended: i64 = self.run(Operation::Extend, key, &script).await?;
         Ok(extended == 1)
+    }
+
+    /// One pipeline of owner-checked renewals: one round trip for the whole
+    /// batch on a single server. A cluster spreads the keys over nodes, so
+    /// there the renewals go out together on the multiplexed connection.
+    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let Commands::Standalone(conn) = &self.inner.commands else {
+            let each = leases
+                .iter()
+                .map(|lease| self.extend(lease.key, lease.owner, lease.ttl));
+            return futures_util::future::join_all(each).await;
+        };
+        if leases.is_empty() {
+            return Vec::new();
+        }
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        for lease in leases {
+            pipe.cmd("EVALSHA")
+                .arg(scripts::EXTEND.get_hash())
+                .arg(1)
+                .arg(Keyspace::of(lease.key).lock)
+                .arg(lease.owner.to_string())
+                .arg(ttl_millis(lease.ttl));
+        }
+        let attempt = async {
+            let mut conn = conn.clone();
+            let mut answers: Vec<RedisResult<i64>> = match pipe.query_async(&mut conn).await {
+                Err(err) if is_connection_error(&err) => pipe.query_async(&mut conn).await?,
+                outcome => outcome?,
+            };
+            // A server that lost its script cache (a restart, SCRIPT FLUSH):
+            // load the script and send the batch again (renewing twice is
+            // harmless).
+            let no_script = |answer: &RedisResult<i64>| {
+                answer.as_ref().is_err_and(|err| {
+                    err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)
+                })
+            };
+            if answers.iter().any(no_script) {
+                scripts::EXTEND
+                    .prepare_invoke()
+                    .load_async(&mut conn)
+                    .await?;
+                answers = pipe.query_async(&mut conn).await?;
+            }
+            Ok::<_, RedisError>(answers)
+        };
+        let limit = self.inner.connect_timeout + self.inner.response_timeout;
+        let answers = match timeout(limit, attempt).await {
+            Ok(Ok(answers)) => answers,
+            outcome => {
+                let text = match outcome {
+                    Ok(Err(err)) => err.to_string(),
+                    _ => format!(
+                        "no reply from {} within {limit:?}",
+                        self.inner.shown.join(", ")
+                    ),
+                };
+                return leases
+                    .iter()
+                    .map(|lease| Err(self.error(Operation::Extend, lease.key, text.clone())))
+                    .collect();
+            }
+        };
+        leases
+            .iter()
+            .enumerate()
+            .map(|(i, lease)| match answers.get(i) {
+                Some(Ok(extended)) => Ok(*extended == 1),
+                Some(Err(err)) => Err(self.error(Operation::Extend, lease.key, err.to_string())),
+                None => Err(self.error(
+                    Operation::Extend,
+                    lease.key,
+                    "no answer in the pipeline's reply".into(),
+                )),
+            })
+            .collect()
     }
 
     async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {

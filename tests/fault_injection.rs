@@ -57,6 +57,12 @@ fn assert_fenced_run_is_safe(report: &Report) {
             report.injected
         );
     }
+    // Pauses past the ttl made two workers believe they held the lock at
+    // once: the lock alone did not keep the register right, the fence did.
+    assert!(
+        report.verdict.double_belief > 0,
+        "a pause past the ttl should have let another worker in: {report}"
+    );
     assert!(
         report.verdict.writes_accepted > 0,
         "no write was accepted at all: {report}"

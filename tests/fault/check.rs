@@ -316,3 +316,94 @@ pub fn check(history: &History) -> Verdict {
     }
     verdict
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Event, History, check};
+
+    fn history(lines: &[(usize, &str)], final_value: &str) -> History {
+        History {
+            events: lines
+                .iter()
+                .filter_map(|(process, line)| Event::parse(*process, line))
+                .collect(),
+            final_value: final_value.to_owned(),
+            end_us: 1_000,
+            ..History::default()
+        }
+    }
+
+    #[test]
+    fn checker_passes_a_clean_chain_and_counts_the_overlap_of_a_paused_holder() {
+        // 0 (token 7) reads and pauses; 1 (token 8) takes over and writes;
+        // 0 resumes and is refused.
+        let h = history(
+            &[
+                (0, "EV 10 BEGIN 7"),
+                (0, "EV 11 READ 7 0:0"),
+                (1, "EV 20 BEGIN 8"),
+                (1, "EV 21 READ 8 0:0"),
+                (1, "EV 22 SEND 8 1:8"),
+                (1, "EV 23 OK 8"),
+                (1, "EV 24 END 8"),
+                (0, "EV 30 SEND 7 1:7"),
+                (0, "EV 31 STALE 7 8"),
+                (0, "EV 32 LOST 7"),
+            ],
+            "1:8",
+        );
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        assert_eq!(verdict.writes_accepted, 1);
+        assert_eq!(verdict.stale_writes_rejected, 1);
+        assert_eq!(verdict.double_belief, 1);
+    }
+
+    #[test]
+    fn checker_catches_a_stale_write_and_the_lost_increment_it_causes() {
+        let h = history(
+            &[
+                (0, "EV 10 BEGIN 7"),
+                (0, "EV 11 READ 7 0:0"),
+                (1, "EV 20 BEGIN 8"),
+                (1, "EV 21 READ 8 0:0"),
+                (1, "EV 22 SEND 8 1:8"),
+                (1, "EV 23 OK 8"),
+                (0, "EV 30 SEND 7 1:7"),
+                (0, "EV 31 OK 7"),
+            ],
+            "1:7",
+        );
+        let verdict = check(&h);
+        assert!(!verdict.is_safe());
+        assert_eq!(verdict.stale_writes_accepted, 1);
+        assert_eq!(verdict.lost_increments, 1);
+    }
+
+    #[test]
+    fn checker_settles_an_unanswered_write_by_whether_anyone_saw_it() {
+        // Token 7's answer was lost, but token 8 read its value: accepted.
+        // Token 9's answer was lost and nobody saw its value: refused.
+        let h = history(
+            &[
+                (0, "EV 10 BEGIN 7"),
+                (0, "EV 11 READ 7 0:0"),
+                (0, "EV 12 SEND 7 1:7"),
+                (0, "EV 13 WERR 7 timed out"),
+                (1, "EV 20 BEGIN 8"),
+                (1, "EV 21 READ 8 1:7"),
+                (1, "EV 22 SEND 8 2:8"),
+                (1, "EV 23 OK 8"),
+                (2, "EV 30 BEGIN 9"),
+                (2, "EV 31 READ 9 2:8"),
+                (2, "EV 32 SEND 9 3:9"),
+                (2, "EV 33 WERR 9 timed out"),
+            ],
+            "2:8",
+        );
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        assert_eq!((verdict.settled_accepted, verdict.settled_refused), (1, 1));
+        assert_eq!(verdict.writes_accepted, 2);
+    }
+}

@@ -223,18 +223,44 @@ fn quote_schema(schema: &str) -> Result<String, LockError> {
     }
 }
 
-/// A client error, with a hint when the table is missing.
+/// A client error, with a hint when the table is missing; the client's
+/// error stays the source.
 fn pg_error(resource: &str, what: &str, err: tokio_postgres::Error) -> LockError {
-    let text = if err.code() == Some(&SqlState::UNDEFINED_TABLE) {
+    let what = if err.code() == Some(&SqlState::UNDEFINED_TABLE) {
         format!(
             "{what}: the fence table does not exist; call PgFence::create_table once \
-             (or have a DBA create it): {err}"
+             (or have a DBA create it)"
         )
     } else {
-        match err.as_db_error() {
-            Some(db) => format!("{what}: {}", db.message()),
-            None => format!("{what}: {err}"),
-        }
+        what.to_owned()
     };
-    LockError::backend(KIND, Operation::Fence, resource, text)
+    LockError::backend(
+        KIND,
+        Operation::Fence,
+        resource,
+        Failure { what, source: err },
+    )
+}
+
+/// What failed, and the client's error as the source.
+#[derive(Debug)]
+struct Failure {
+    what: String,
+    source: tokio_postgres::Error,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The server's own message says more than the client's summary.
+        match self.source.as_db_error() {
+            Some(db) => write!(f, "{}: {}", self.what, db.message()),
+            None => write!(f, "{}: {}", self.what, self.source),
+        }
+    }
+}
+
+impl std::error::Error for Failure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
 }

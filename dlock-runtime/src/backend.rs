@@ -22,6 +22,14 @@ pub type ReleaseNotice = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// itself learns the lease is gone (for example its session died).
 pub type LossNotice = Pin<Box<dyn Future<Output = LostReason> + Send + 'static>>;
 
+/// Random bytes fetched from the OS at once for [`OwnerId::random`].
+const RANDOM_POOL: usize = 512;
+
+struct RandomPool {
+    bytes: [u8; RANDOM_POOL],
+    used: usize,
+}
+
 /// The random identity of one acquisition. Release and extend succeed only
 /// for the owner that acquired, so a holder whose lease ran out can never
 /// release or extend the lease of whoever holds the key now.
@@ -30,11 +38,44 @@ pub struct OwnerId([u8; 16]);
 
 impl OwnerId {
     /// 128 fresh random bits from the operating system.
+    ///
+    /// The bits are drawn from the OS a few hundred at a time into a
+    /// per-thread buffer, each handed out once, so that an acquisition does
+    /// not pay a system call of its own.
     pub fn random() -> Result<Self, LockError> {
-        let mut bytes = [0u8; 16];
-        getrandom::fill(&mut bytes)
-            .map_err(|e| LockError::backend("system", Operation::Acquire, "", e.to_string()))?;
-        Ok(Self(bytes))
+        thread_local! {
+            static POOL: std::cell::RefCell<RandomPool> = const {
+                std::cell::RefCell::new(RandomPool { bytes: [0; RANDOM_POOL], used: RANDOM_POOL })
+            };
+        }
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            if pool.used + 16 > RANDOM_POOL {
+                getrandom::fill(&mut pool.bytes).map_err(|e| {
+                    LockError::backend("system", Operation::Acquire, "", e.to_string())
+                })?;
+                pool.used = 0;
+            }
+            let start = pool.used;
+            let mut bytes = [0u8; 16];
+            bytes.copy_from_slice(&pool.bytes[start..start + 16]);
+            // Wiped as handed out: no id can be handed out twice.
+            pool.bytes[start..start + 16].fill(0);
+            pool.used += 16;
+            Ok(Self(bytes))
+        })
+    }
+
+    /// The 32-hex-digit form written by `Display`, without formatting
+    /// machinery: what backends store and send.
+    pub fn to_hex(&self) -> [u8; 32] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, byte) in self.0.iter().enumerate() {
+            out[2 * i] = DIGITS[usize::from(byte >> 4)];
+            out[2 * i + 1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        out
     }
 
     /// Rebuilds an owner id from its bytes (as stored by a backend).
@@ -62,10 +103,9 @@ impl OwnerId {
 
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for byte in self.0 {
-            write!(f, "{byte:02x}")?;
-        }
-        Ok(())
+        let hex = self.to_hex();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&hex).unwrap_or_default())
     }
 }
 
@@ -184,4 +224,22 @@ pub trait Backend: Send + Sync + 'static {
     /// at its next renewal and sees its lease lost. `Ok(false)` if the key
     /// was not held.
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OwnerId;
+    use std::collections::HashSet;
+
+    #[test]
+    fn owner_ids_are_distinct_and_round_trip_through_hex() {
+        let mut seen = HashSet::new();
+        for _ in 0..2000 {
+            let id = OwnerId::random().unwrap_or_else(|e| panic!("{e}"));
+            assert!(seen.insert(id), "an owner id came out twice");
+            let text = id.to_string();
+            assert_eq!(text.as_bytes(), id.to_hex());
+            assert_eq!(OwnerId::parse_hex(&text), Some(id));
+        }
+    }
 }

@@ -83,7 +83,12 @@ pub async fn run(cfg: &Config, backend: &str, time: Duration) -> Res<Outcome> {
     std::fs::create_dir_all(&dir)?;
     let key = format!("bench:{}:cross:{backend}", cfg.run);
     // Time for the children to start and connect before the common start.
-    let start_ns = now_ns() + 1_500_000_000;
+    let lead = if cfg.smoke {
+        500_000_000
+    } else {
+        1_500_000_000
+    };
+    let start_ns = now_ns() + lead;
     let end_ns = start_ns + time.as_nanos();
     let mut children = Vec::new();
     for _ in 0..PROCESSES {

@@ -252,6 +252,16 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
     Ok(vec![floor, dlock_row, rslock_row, bare])
 }
 
+/// A raw connection with the statements the PostgreSQL rows send: dlock's
+/// lock and unlock, and the hand-written pair.
+type PgSession = (
+    tokio_postgres::Client,
+    Statement,
+    Statement,
+    Statement,
+    Statement,
+);
+
 /// A plain client connection driven in its own task.
 pub async fn pg_client(conn: &str) -> Res<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(conn, NoTls).await?;
@@ -280,17 +290,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
             .await?;
         clients.push(Arc::new((client, try_lock, unlock, pair_lock, pair_unlock)));
     }
-    let clients: Arc<
-        Vec<
-            Arc<(
-                tokio_postgres::Client,
-                Statement,
-                Statement,
-                Statement,
-                Statement,
-            )>,
-        >,
-    > = Arc::new(clients);
+    let clients: Arc<Vec<Arc<PgSession>>> = Arc::new(clients);
     let run = cfg.run.clone();
 
     let floor = {

@@ -118,12 +118,12 @@ impl Config {
             macro_calls: if smoke { 2_000 } else { 20_000 },
             held_leases: if smoke { 1_000 } else { 10_000 },
             held_window: if smoke {
-                Duration::from_secs(1)
+                Duration::from_millis(500)
             } else {
                 Duration::from_secs(60)
             },
             cross_time: if smoke {
-                Duration::from_millis(500)
+                Duration::from_millis(300)
             } else {
                 Duration::from_secs(5)
             },

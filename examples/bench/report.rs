@@ -132,8 +132,9 @@ async fn clean_redis(cfg: &Config) -> Res<()> {
 pub async fn run_all(cfg: &Config) -> Res<String> {
     let load_before = load();
     let (redis_version, pg_version) = server_versions(cfg).await;
-    let redis_rtt = handoff::redis_round_trip(cfg, 2000).await?;
-    let pg_rtt = handoff::pg_round_trip(cfg, 2000).await?;
+    let pings = if cfg.smoke { 200 } else { 2000 };
+    let redis_rtt = handoff::redis_round_trip(cfg, pings).await?;
+    let pg_rtt = handoff::pg_round_trip(cfg, pings).await?;
     let mut body = String::new();
     let mut targets: Vec<(String, String, &'static str)> = Vec::new();
 
@@ -203,7 +204,7 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
                 handoff::dlock(pg, &key("pg"), cfg.handoff_time).await?,
             ),
         ];
-        let rtt_after = handoff::redis_round_trip(cfg, 2000).await?;
+        let rtt_after = handoff::redis_round_trip(cfg, pings).await?;
         let _ = writeln!(
             body,
             "## 2. Contended handoff\n\n{} tasks of one process loop on ONE key: acquire (waiting), no work, release; {:?} per row. A *turn* is any acquisition; a *handoff* is one by a different task than the previous holder. Latency runs from the moment the holder starts its release to the moment the next holder's acquire returns. Redis round trip (PING, median): {} before, {} after.\n",

@@ -14,6 +14,7 @@
 //! and a key starting with `}` would leave an empty tag and split the two
 //! keys across slots); encoding `%` too keeps the mapping one-to-one.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use crate::key::LockKey;
@@ -34,16 +35,30 @@ impl Keyspace {
     pub(crate) fn of(key: &LockKey) -> Self {
         let tag = hash_tag(key.as_str());
         Self {
-            lock: format!("dlock:{{{tag}}}:lock"),
-            fence: format!("dlock:{{{tag}}}:fence"),
-            released: format!("dlock:{{{tag}}}:released"),
+            lock: name(&tag, "lock"),
+            fence: name(&tag, "fence"),
+            released: name(&tag, "released"),
         }
     }
 }
 
+/// `dlock:{tag}:suffix`, built without formatting machinery: this runs on
+/// every acquire, renewal and release.
+fn name(tag: &str, suffix: &str) -> String {
+    let mut name = String::with_capacity(tag.len() + suffix.len() + 9);
+    name.push_str("dlock:{");
+    name.push_str(tag);
+    name.push_str("}:");
+    name.push_str(suffix);
+    name
+}
+
 /// `key` with `%`, `{` and `}` percent-encoded, so it can sit between the
 /// braces of a hash tag.
-fn hash_tag(key: &str) -> String {
+fn hash_tag(key: &str) -> Cow<'_, str> {
+    if !key.contains(['%', '{', '}']) {
+        return Cow::Borrowed(key);
+    }
     let mut tag = String::with_capacity(key.len());
     for c in key.chars() {
         match c {
@@ -54,7 +69,7 @@ fn hash_tag(key: &str) -> String {
             other => tag.push(other),
         }
     }
-    tag
+    Cow::Owned(tag)
 }
 
 /// The slot-relevant part of a Redis key: what Redis Cluster hashes.

@@ -483,7 +483,7 @@ impl Backend for RedisBackend {
         script
             .key(&names.lock)
             .key(&names.fence)
-            .arg(owner.to_string())
+            .arg(&owner.to_hex()[..])
             .arg(ttl_millis(ttl));
         let reply: Vec<i64> = self.run(Operation::Acquire, key, &script).await?;
         match reply.as_slice() {
@@ -514,7 +514,7 @@ impl Backend for RedisBackend {
         let mut script = scripts::EXTEND.prepare_invoke();
         script
             .key(&names.lock)
-            .arg(owner.to_string())
+            .arg(&owner.to_hex()[..])
             .arg(ttl_millis(ttl));
         let extended: i64 = self.run(Operation::Extend, key, &script).await?;
         Ok(extended == 1)
@@ -540,7 +540,7 @@ impl Backend for RedisBackend {
                 .arg(scripts::EXTEND.get_hash())
                 .arg(1)
                 .arg(Keyspace::of(lease.key).lock)
-                .arg(lease.owner.to_string())
+                .arg(&lease.owner.to_hex()[..])
                 .arg(ttl_millis(lease.ttl));
         }
         let attempt = async {
@@ -603,7 +603,7 @@ impl Backend for RedisBackend {
         let mut script = scripts::RELEASE.prepare_invoke();
         script
             .key(&names.lock)
-            .arg(owner.to_string())
+            .arg(&owner.to_hex()[..])
             .arg(&names.released);
         let released: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(released == 1)

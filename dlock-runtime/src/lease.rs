@@ -168,11 +168,29 @@ impl Lease {
     /// Runs `work` while the lease is held: if the lease is lost first,
     /// `work` is dropped (cancelled) and the lost error returned.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
-        tokio::select! {
-            biased;
-            err = self.lost() => Err(err),
-            out = work => Ok(out),
-        }
+        self.check()?;
+        // The lost signal is only listened to once `work` has to wait: work
+        // that finishes in its first poll costs no subscription.
+        let lost = self.lost();
+        let mut lost = std::pin::pin!(lost);
+        let mut work = std::pin::pin!(work);
+        let mut waited = false;
+        poll_fn(|cx| {
+            if waited && let Poll::Ready(err) = lost.as_mut().poll(cx) {
+                return Poll::Ready(Err(err));
+            }
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(Ok(out));
+            }
+            if !waited {
+                waited = true;
+                if let Poll::Ready(err) = lost.as_mut().poll(cx) {
+                    return Poll::Ready(Err(err));
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 
     /// Releases the lock (keeping it until the minimum hold, if one was

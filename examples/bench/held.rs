@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
+use dlock::backend::{Attempt, OwnerId, ReleaseNotice, Renewal};
 use dlock::{Backend, Lease, LockError, LockKey, LockOptions};
 use tokio::time::Instant;
 
@@ -18,7 +18,9 @@ pub const TTL: Duration = Duration::from_secs(30);
 /// Forwards to a backend and counts the round trips renewal makes.
 pub struct Counting {
     inner: Arc<dyn Backend>,
-    /// Renewal requests sent to the backend (one round trip each).
+    /// Renewal requests sent to the backend: `extend` and `extend_many`
+    /// calls, one round trip each (a batch is one pipeline on Redis, one
+    /// check per lock session on PostgreSQL).
     pub renewal_calls: AtomicU64,
     /// Leases those requests renewed.
     pub leases_renewed: AtomicU64,
@@ -57,6 +59,12 @@ impl Backend for Counting {
         self.renewal_calls.fetch_add(1, Ordering::Relaxed);
         self.leases_renewed.fetch_add(1, Ordering::Relaxed);
         self.inner.extend(key, owner, ttl).await
+    }
+    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        self.renewal_calls.fetch_add(1, Ordering::Relaxed);
+        self.leases_renewed
+            .fetch_add(leases.len() as u64, Ordering::Relaxed);
+        self.inner.extend_many(leases).await
     }
     async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
         self.inner.release(key, owner).await

@@ -1028,18 +1028,23 @@ impl Backend for PgBackend {
                 .map(|lease| live_session(&keys, lease.key, lease.owner))
                 .collect()
         };
-        let mut checked: Vec<(u64, Result<(), String>)> = Vec::new();
+        // Per session: the check's failure, if any, as text, and as the
+        // error itself for the first lease it fails (the others get its text).
+        let mut checked: Vec<(u64, Option<(String, Option<Failure>)>)> = Vec::new();
         for session in held_on.iter().flatten() {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
-            let outcome = session.client.check_connection().await;
-            checked.push((
-                session.id,
-                outcome.map_err(|e| Failure::new("lock session check failed", e).to_string()),
-            ));
+            let failure = match session.client.check_connection().await {
+                Ok(()) => None,
+                Err(err) => {
+                    let failure = Failure::new("lock session check failed", err);
+                    Some((failure.to_string(), Some(failure)))
+                }
+            };
+            checked.push((session.id, failure));
         }
-        let mut keys = self.inner.keys();
+        let keys = self.inner.keys();
         let now = Instant::now();
         leases
             .iter()
@@ -1048,22 +1053,22 @@ impl Backend for PgBackend {
                 let Some(session) = session else {
                     return Ok(false);
                 };
-                match checked.iter().find(|(id, _)| *id == session.id) {
-                    Some((_, Ok(()))) => {}
-                    Some((_, Err(text))) => {
+                match checked.iter_mut().find(|(id, _)| *id == session.id) {
+                    Some((_, None)) => {}
+                    Some((_, Some((text, failure)))) => {
+                        let failure = failure.take().unwrap_or_else(|| Failure::msg(text.clone()));
                         return Err(LockError::backend(
                             KIND,
                             Operation::Extend,
                             lease.key.as_str(),
-                            Failure::msg(text.clone()),
+                            failure,
                         ));
                     }
                     None => return Ok(false),
                 }
                 match live_session(&keys, lease.key, lease.owner) {
                     Some(now_on) if now_on.id == session.id => {
-                        if let Some(State::Held(holding)) =
-                            keys.get_mut(lease.key).map(|e| &e.state)
+                        if let Some(State::Held(holding)) = keys.get(lease.key).map(|e| &e.state)
                         {
                             holding.deadline.send_replace(now + lease.ttl);
                         }

@@ -3,11 +3,14 @@
 //! Each release channel is subscribed once, however many waiters wait on it
 //! (counted per channel), and unsubscribed when its last waiter goes.
 //! `subscribe` returns only after the server confirmed the subscription, so
-//! a release published after it returns is always heard. When the
-//! connection breaks, every waiter is woken (to retry at once) and the next
-//! subscription opens a new connection.
+//! a release published after it returns is always heard. A release wakes
+//! ONE waiter of this process (the longest waiting): only one can take the
+//! key, and waking them all would send one doomed attempt per waiter. A
+//! woken waiter that goes away without trying passes the wake-up on. When
+//! the connection breaks, every waiter is woken (to retry at once) and the
+//! next subscription opens a new connection.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -17,7 +20,7 @@ use ::redis::aio::{PubSubSink, PubSubStream};
 use ::redis::{Client, RedisError, RedisResult};
 use futures_util::StreamExt as _;
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::timeout;
 
@@ -52,8 +55,20 @@ struct Channel {
     waiters: usize,
     /// The connection generation the server confirmed the subscription on.
     confirmed_in: Option<u64>,
-    /// Bumped on every message (and when the connection breaks).
+    /// Bumped when the connection breaks: wakes every waiter.
     wake: watch::Sender<u64>,
+    /// The waiters in the order they subscribed; a message wakes the first.
+    queue: VecDeque<Arc<Ticket>>,
+}
+
+/// One waiter's place in its channel's queue.
+#[derive(Default)]
+struct Ticket {
+    notify: Notify,
+    /// Taken off the queue by a message.
+    woken: AtomicBool,
+    /// The waiter's notice resolved (it goes on to try the key).
+    heard: AtomicBool,
 }
 
 impl Channel {
@@ -62,6 +77,15 @@ impl Channel {
             waiters: 0,
             confirmed_in: None,
             wake: watch::channel(0).0,
+            queue: VecDeque::new(),
+        }
+    }
+
+    /// Wakes the longest-waiting waiter, if any.
+    fn wake_one(&mut self) {
+        if let Some(ticket) = self.queue.pop_front() {
+            ticket.woken.store(true, Ordering::SeqCst);
+            ticket.notify.notify_one();
         }
     }
 
@@ -90,6 +114,7 @@ impl Drop for Link {
 struct Interest {
     shared: Arc<Shared>,
     channel: String,
+    ticket: Arc<Ticket>,
 }
 
 impl Drop for Interest {
@@ -98,6 +123,15 @@ impl Drop for Interest {
             let mut channels = self.shared.channels();
             match channels.by_name.get_mut(&self.channel) {
                 Some(channel) => {
+                    let before = channel.queue.len();
+                    channel.queue.retain(|t| !Arc::ptr_eq(t, &self.ticket));
+                    // Woken but gone without trying: the wake-up is not lost.
+                    if channel.queue.len() == before
+                        && self.ticket.woken.load(Ordering::SeqCst)
+                        && !self.ticket.heard.load(Ordering::SeqCst)
+                    {
+                        channel.wake_one();
+                    }
                     channel.waiters = channel.waiters.saturating_sub(1);
                     channel.waiters == 0
                 }
@@ -143,6 +177,7 @@ impl Subscriber {
     /// returns (or when the connection breaks). Returns once the server has
     /// confirmed the subscription.
     pub(crate) async fn subscribe(&self, channel: &str) -> RedisResult<ReleaseNotice> {
+        let ticket = Arc::new(Ticket::default());
         let mut wake = {
             let mut channels = self.shared.channels();
             let entry = channels
@@ -150,6 +185,7 @@ impl Subscriber {
                 .entry(channel.to_owned())
                 .or_insert_with(Channel::new);
             entry.waiters += 1;
+            entry.queue.push_back(Arc::clone(&ticket));
             entry.wake.subscribe()
         };
         // From here on, dropping `interest` (on an error, or with the
@@ -157,12 +193,17 @@ impl Subscriber {
         let interest = Interest {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
+            ticket: Arc::clone(&ticket),
         };
         self.shared.confirm(channel).await?;
         Ok(Box::pin(async move {
             let _interest = interest;
             // A closed channel (the subscriber is gone) also ends the wait.
-            let _ = wake.changed().await;
+            tokio::select! {
+                _ = wake.changed() => {}
+                () = ticket.notify.notified() => {}
+            }
+            ticket.heard.store(true, Ordering::SeqCst);
         }))
     }
 
@@ -347,9 +388,9 @@ async fn read(
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let channels = shared.channels();
-        if let Some(channel) = channels.by_name.get(message.get_channel_name()) {
-            channel.wake();
+        let mut channels = shared.channels();
+        if let Some(channel) = channels.by_name.get_mut(message.get_channel_name()) {
+            channel.wake_one();
         }
     }
     broken.store(true, Ordering::SeqCst);

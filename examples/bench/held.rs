@@ -88,8 +88,12 @@ pub struct Held {
     pub renewals_per_s: f64,
     /// Process CPU time in the window over its wall time (1.0 = one core).
     pub cpu_share: f64,
-    /// Resident memory added by the leases, per lease.
+    /// Resident memory added by the leases, per lease (peak RSS growth:
+    /// allocator arenas and transient buffers included).
     pub bytes_per_lease: f64,
+    /// Live heap bytes held at the end of the window, per lease (the
+    /// allocator's count; the `Vec` holding the leases included).
+    pub heap_per_lease: f64,
     /// Leases found lost at the end (should be 0).
     pub lost: usize,
     /// How long taking them all took.
@@ -134,6 +138,7 @@ pub async fn hold(
     let counting = Arc::new(Counting::new(backend));
     let dynamic: Arc<dyn Backend> = counting.clone();
     let before = rss();
+    crate::heap::start();
     let started = Instant::now();
     let acquirers = 64.min(count.max(1));
     let mut handles = Vec::new();
@@ -172,6 +177,8 @@ pub async fn hold(
         peak = peak.max(rss());
     }
     let (cpu1, wall) = (cpu_time(), wall0.elapsed());
+    let heap = crate::heap::live();
+    crate::heap::stop();
     let (calls1, renewed1) = (
         counting.renewal_calls.load(Ordering::Relaxed),
         counting.leases_renewed.load(Ordering::Relaxed),
@@ -183,6 +190,7 @@ pub async fn hold(
         renewals_per_s: (renewed1 - renewed0) as f64 / wall.as_secs_f64(),
         cpu_share: (cpu1 - cpu0).as_secs_f64() / wall.as_secs_f64(),
         bytes_per_lease: peak.saturating_sub(before) as f64 / leases.len().max(1) as f64,
+        heap_per_lease: heap as f64 / leases.len().max(1) as f64,
         lost,
         acquire_time,
     };

@@ -15,6 +15,7 @@
 mod cross;
 mod cycle;
 mod handoff;
+mod heap;
 mod held;
 mod overhead;
 mod report;
@@ -24,6 +25,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use dlock::backend::OwnerId;
+
+#[global_allocator]
+static ALLOCATOR: heap::Counting = heap::Counting;
 
 /// Errors of the benchmark.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

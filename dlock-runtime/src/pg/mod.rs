@@ -104,6 +104,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex as AsyncMutex, oneshot, watch};
+use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep_until};
 use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
@@ -342,8 +343,9 @@ struct Inner {
 /// What this process knows of one key it holds or is taking.
 struct Entry {
     owner: OwnerId,
-    /// Dropped with the entry, which wakes this process's waiters.
-    gone: watch::Sender<()>,
+    /// Dropped with the entry, which wakes this process's waiters; made
+    /// only once a waiter of this process asks (most keys never have one).
+    gone: Option<watch::Sender<()>>,
     state: State,
 }
 
@@ -359,16 +361,23 @@ enum State {
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
-    /// When the backend unlocks the key unless it is extended; dropping
-    /// the sender stops the expiry task.
-    deadline: watch::Sender<Instant>,
+    /// When the backend unlocks the key unless it is extended.
+    deadline: Instant,
+    /// The task that enforces the deadline: stopped when the hold ends.
+    expiry: AbortHandle,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        self.expiry.abort();
+    }
 }
 
 impl Entry {
     fn new(owner: OwnerId) -> Self {
         Self {
             owner,
-            gone: watch::channel(()).0,
+            gone: None,
             state: State::Acquiring,
         }
     }
@@ -784,7 +793,17 @@ impl Inner {
                 return Err(err);
             }
         };
-        let deadline = {
+        let deadline = Instant::now() + ttl;
+        // Started before the entry records it, so the entry can own its
+        // handle; it only looks at the entry once the deadline passed.
+        let expiry = tokio::spawn(expire_when_due(
+            Arc::downgrade(self),
+            key.clone(),
+            owner,
+            deadline,
+        ))
+        .abort_handle();
+        let held = {
             let mut keys = self.keys();
             // A different key with the same advisory key, held on the same
             // session: the server said yes only because advisory locks are
@@ -801,28 +820,23 @@ impl Inner {
                         && entry.owner == owner
                         && matches!(entry.state, State::Acquiring) =>
                 {
-                    let (deadline, watcher) = watch::channel(Instant::now() + ttl);
                     entry.state = State::Held(Holding {
                         session: Arc::clone(&session),
                         advisory_key,
                         deadline,
+                        expiry: expiry.clone(),
                     });
-                    Some(watcher)
+                    true
                 }
-                _ => None,
+                _ => false,
             }
         };
-        let Some(deadline) = deadline else {
+        if !held {
+            expiry.abort();
             self.forget(key, owner);
             self.give_back(&session, advisory_key).await;
             return Ok(Attempt::Held { expires_in: None });
-        };
-        tokio::spawn(expire_when_due(
-            Arc::downgrade(self),
-            key.clone(),
-            owner,
-            deadline,
-        ));
+        }
         Ok(Attempt::Acquired(Grant {
             token,
             loss: Some(session.loss_notice()),
@@ -861,14 +875,19 @@ impl Inner {
             let Some(holding) = entry.holding() else {
                 return Ok(false);
             };
-            let live = *holding.deadline.borrow() > Instant::now();
+            let live = holding.deadline > Instant::now();
             if expiring && live {
                 return Ok(false);
             }
             let State::Held(holding) = std::mem::replace(&mut entry.state, State::Releasing) else {
                 return Ok(false);
             };
-            (holding.session, holding.advisory_key, live, entry.owner)
+            (
+                Arc::clone(&holding.session),
+                holding.advisory_key,
+                live,
+                entry.owner,
+            )
         };
         // In a task of its own, so a caller that gives up half-way cannot
         // leave the key marked as releasing for ever.
@@ -921,36 +940,40 @@ fn live_session(
     keys.get(key)
         .filter(|entry| entry.owner == *owner)
         .and_then(Entry::holding)
-        .filter(|h| *h.deadline.borrow() > Instant::now())
+        .filter(|h| h.deadline > Instant::now())
         .map(|h| Arc::clone(&h.session))
 }
 
 /// Unlocks a lease whose deadline passed without an extend: the ttl, which
-/// a session lock does not have by itself. Ends when the entry goes.
+/// a session lock does not have by itself. Extensions only move the
+/// deadline later, so the task sleeps until the deadline it knows and looks
+/// again; it is aborted when the hold ends.
 async fn expire_when_due(
     inner: std::sync::Weak<Inner>,
     key: LockKey,
     owner: OwnerId,
-    mut deadline: watch::Receiver<Instant>,
+    mut due: Instant,
 ) {
     loop {
-        let due = *deadline.borrow_and_update();
-        tokio::select! {
-            _ = sleep_until(due) => {
-                if *deadline.borrow() > Instant::now() {
-                    continue;
-                }
-                let Some(inner) = inner.upgrade() else { return };
+        sleep_until(due).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let deadline = inner
+            .keys()
+            .get(&key)
+            .filter(|entry| entry.owner == owner)
+            .and_then(Entry::holding)
+            .map(|h| h.deadline);
+        match deadline {
+            None => return,
+            Some(later) if later > Instant::now() => due = later,
+            Some(_) => {
                 match inner.unlock(&key, Some(owner), true).await {
                     Ok(_) => tracing::debug!(key = %key, "lease expired; unlocked"),
-                    Err(err) => tracing::warn!(key = %key, error = %err, "unlocking an expired lease failed"),
+                    Err(err) => {
+                        tracing::warn!(key = %key, error = %err, "unlocking an expired lease failed")
+                    }
                 }
                 return;
-            }
-            changed = deadline.changed() => {
-                if changed.is_err() {
-                    return;
-                }
             }
         }
     }
@@ -977,7 +1000,7 @@ impl Backend for PgBackend {
                 return Ok(Attempt::Held {
                     expires_in: entry
                         .holding()
-                        .map(|h| h.deadline.borrow().saturating_duration_since(now)),
+                        .map(|h| h.deadline.saturating_duration_since(now)),
                 });
             }
             keys.insert(key.clone(), Entry::new(*owner));
@@ -1044,7 +1067,7 @@ impl Backend for PgBackend {
             };
             checked.push((session.id, failure));
         }
-        let keys = self.inner.keys();
+        let mut keys = self.inner.keys();
         let now = Instant::now();
         leases
             .iter()
@@ -1068,9 +1091,10 @@ impl Backend for PgBackend {
                 }
                 match live_session(&keys, lease.key, lease.owner) {
                     Some(now_on) if now_on.id == session.id => {
-                        if let Some(State::Held(holding)) = keys.get(lease.key).map(|e| &e.state)
+                        if let Some(State::Held(holding)) =
+                            keys.get_mut(lease.key).map(|e| &mut e.state)
                         {
-                            holding.deadline.send_replace(now + lease.ttl);
+                            holding.deadline = now + lease.ttl;
                         }
                         Ok(true)
                     }
@@ -1085,9 +1109,12 @@ impl Backend for PgBackend {
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-        if let Some(entry) = self.inner.keys().get(key) {
+        if let Some(entry) = self.inner.keys().get_mut(key) {
             // Held (or being taken) here: its entry going away is the signal.
-            let mut gone = entry.gone.subscribe();
+            let mut gone = entry
+                .gone
+                .get_or_insert_with(|| watch::channel(()).0)
+                .subscribe();
             return Ok(Box::pin(async move {
                 let _ = gone.changed().await;
             }));

@@ -28,6 +28,9 @@ const RANDOM_POOL: usize = 512;
 struct RandomPool {
     bytes: [u8; RANDOM_POOL],
     used: usize,
+    /// The process that filled the pool: a forked child must not hand out
+    /// the ids its parent will hand out too.
+    pid: u32,
 }
 
 /// The random identity of one acquisition. Release and extend succeed only
@@ -45,16 +48,18 @@ impl OwnerId {
     pub fn random() -> Result<Self, LockError> {
         thread_local! {
             static POOL: std::cell::RefCell<RandomPool> = const {
-                std::cell::RefCell::new(RandomPool { bytes: [0; RANDOM_POOL], used: RANDOM_POOL })
+                std::cell::RefCell::new(RandomPool { bytes: [0; RANDOM_POOL], used: RANDOM_POOL, pid: 0 })
             };
         }
         POOL.with(|pool| {
             let mut pool = pool.borrow_mut();
-            if pool.used + 16 > RANDOM_POOL {
+            let pid = std::process::id();
+            if pool.used + 16 > RANDOM_POOL || pool.pid != pid {
                 getrandom::fill(&mut pool.bytes).map_err(|e| {
                     LockError::backend("system", Operation::Acquire, "", e.to_string())
                 })?;
                 pool.used = 0;
+                pool.pid = pid;
             }
             let start = pool.used;
             let mut bytes = [0u8; 16];

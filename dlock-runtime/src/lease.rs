@@ -69,6 +69,19 @@ impl Shared {
         }
     }
 
+    /// Marks the lease released and returns the state it had. Waiters are
+    /// only notified when there are any: waking a watch channel's (empty)
+    /// wait lists costs more than the rest of a memory-backend release. A
+    /// receiver that subscribes later reads the new value first thing.
+    fn mark_released(&self) -> State {
+        let mut prior = State::Released;
+        self.state.send_if_modified(|state| {
+            prior = std::mem::replace(state, State::Released);
+            self.state.receiver_count() > 0
+        });
+        prior
+    }
+
     /// Marks the lease lost unless it already ended; true if this call did.
     fn mark_lost(&self, reason: LostReason) -> bool {
         let marked = self.state.send_if_modified(|state| {
@@ -199,7 +212,7 @@ impl Lease {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finished = true;
         self.stop_watching();
-        let prior = self.shared.state.send_replace(State::Released);
+        let prior = self.shared.mark_released();
         let outcome = finish(&self.shared, self.keep_for()).await;
         if let State::Lost(reason) = prior {
             return Err(self.shared.lost_error(reason));
@@ -216,7 +229,7 @@ impl Lease {
     async fn give_back(mut self) {
         self.finished = true;
         self.stop_watching();
-        self.shared.state.send_replace(State::Released);
+        self.shared.mark_released();
         if let Err(err) = finish(&self.shared, Duration::ZERO).await {
             tracing::warn!(key = %self.shared.key, error = %err, "giving back a lock failed; its ttl will free it");
         }
@@ -278,7 +291,7 @@ impl Drop for Lease {
             return;
         }
         self.stop_watching();
-        self.shared.state.send_replace(State::Released);
+        self.shared.mark_released();
         let keep_for = self.keep_for();
         let shared = Arc::clone(&self.shared);
         // Early return, `?`, panic or cancellation: release in the background

@@ -118,8 +118,8 @@ impl Config {
             } else {
                 Duration::from_secs(5)
             },
-            macro_blocks: if smoke { 2 } else { 20 },
-            macro_calls: if smoke { 2_000 } else { 20_000 },
+            macro_blocks: if smoke { 2 } else { 60 },
+            macro_calls: if smoke { 2_000 } else { 10_000 },
             held_leases: if smoke { 1_000 } else { 10_000 },
             held_window: if smoke {
                 Duration::from_millis(500)

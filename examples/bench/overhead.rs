@@ -31,19 +31,20 @@ async fn programmatic(n: u32) -> Result<u32, LockError> {
     Ok(out)
 }
 
-/// Both measured: alternating blocks of `calls` calls, `blocks` times each.
-/// Returns (annotated, programmatic, ratio of the median per-call times of
-/// the blocks).
+/// Both measured: `blocks` pairs of back-to-back blocks of `calls` calls.
+/// Returns (annotated, programmatic, the median over the pairs of the
+/// annotated / programmatic time per call).
 pub async fn measure(blocks: usize, calls: u32) -> Res<(Measured, Measured, f64)> {
     dlock::registry().register(BACKEND, dlock::memory::MemoryBackend::new());
     let (mut macro_side, mut api_side) = (Measured::default(), Measured::default());
-    let (mut macro_blocks, mut api_blocks) = (Vec::new(), Vec::new());
+    let mut ratios = Vec::new();
     for n in 0..calls {
         annotated(n % 1024).await?;
         programmatic(n % 1024).await?;
     }
     for block in 0..blocks {
         // Which goes first alternates, so neither always runs on a warmer cache.
+        let mut per_call = [0.0f64; 2];
         for side in [block % 2, 1 - block % 2] {
             let mut samples = Vec::with_capacity(calls as usize);
             let started = Instant::now();
@@ -56,20 +57,16 @@ pub async fn measure(blocks: usize, calls: u32) -> Res<(Measured, Measured, f64)
                 }
                 samples.push(call.elapsed());
             }
-            let per_call = started.elapsed().as_secs_f64() / f64::from(calls);
+            per_call[side] = started.elapsed().as_secs_f64() / f64::from(calls);
             let target = if side == 0 {
                 &mut macro_side
             } else {
                 &mut api_side
             };
             target.add_round(samples, u64::from(calls), started.elapsed());
-            if side == 0 {
-                macro_blocks.push(per_call);
-            } else {
-                api_blocks.push(per_call);
-            }
         }
+        ratios.push(per_call[0] / per_call[1]);
     }
-    let ratio = median_f64(&macro_blocks) / median_f64(&api_blocks);
+    let ratio = median_f64(&ratios);
     Ok((macro_side, api_side, ratio))
 }

@@ -263,7 +263,7 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             overhead::measure(cfg.macro_blocks, cfg.macro_calls).await?;
         let _ = writeln!(
             body,
-            "## 3. Macro overhead\n\nOne task calls a `#[distributed_lock(key = \"bench:macro:{{n}}\", ttl = \"30s\", backend = ...)]` fn, and the same lock written with `LockKey::builder()` + `LockOptions::acquire` + `Lease::release`, on the memory backend (no I/O). {} alternating blocks of {} calls each; the ratio is of the blocks' median time per call.\n",
+            "## 3. Macro overhead\n\nOne task calls a `#[distributed_lock(key = \"bench:macro:{{n}}\", ttl = \"30s\", backend = ...)]` fn, and the same lock written with `LockKey::builder()` + `LockOptions::acquire` + `Lease::release`, on the memory backend (no I/O). {} pairs of back-to-back blocks of {} calls each (which side goes first alternates); the ratio is the median over the pairs of annotated / programmatic time per call, so drift in the machine's load cancels within a pair.\n",
             cfg.macro_blocks, cfg.macro_calls
         );
         let _ = writeln!(

@@ -273,7 +273,7 @@ fn expire(schedule: &mut Schedule, now: Instant) {
 
 /// Takes out every renewal that is due, or, once one is due, may go early.
 fn collect_due(schedule: &mut Schedule, now: Instant, batch: &mut Batch) {
-    if !schedule.renewals.first().is_some_and(|&(at, _)| at <= now) {
+    if schedule.renewals.first().is_none_or(|&(at, _)| at > now) {
         return;
     }
     let horizon = now + MAX_EARLY;

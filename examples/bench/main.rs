@@ -107,11 +107,11 @@ impl Config {
                 }
             }),
             only,
-            rounds: if smoke { 1 } else { 3 },
+            rounds: if smoke { 1 } else { 5 },
             round: if smoke {
                 Duration::from_millis(150)
             } else {
-                Duration::from_secs(2)
+                Duration::from_millis(1500)
             },
             handoff_time: if smoke {
                 Duration::from_millis(400)

@@ -358,6 +358,9 @@ enum State {
     Releasing,
 }
 
+/// Made only once `session` granted a [`LockSession::claim`] of
+/// `advisory_key`, which its drop gives back: so a session's claims are
+/// exactly the advisory keys of the `Held` entries on it.
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
@@ -370,6 +373,7 @@ struct Holding {
 impl Drop for Holding {
     fn drop(&mut self) {
         self.expiry.abort();
+        self.session.unclaim(self.advisory_key);
     }
 }
 
@@ -805,20 +809,17 @@ impl Inner {
         .abort_handle();
         let held = {
             let mut keys = self.keys();
-            // A different key with the same advisory key, held on the same
-            // session: the server said yes only because advisory locks are
-            // re-entrant. That is contention, not a grant.
-            let collides = keys.iter().any(|(other, entry)| {
-                other != key
-                    && entry.holding().is_some_and(|h| {
-                        h.advisory_key == advisory_key && h.session.id == session.id
-                    })
-            });
             match keys.get_mut(key) {
+                // The claim fails when a different key with the same
+                // advisory key is held on the same session (this key's own
+                // entry is still `Acquiring`, so it has no claim): the server
+                // said yes only because advisory locks are re-entrant. That
+                // is contention, not a grant. Claimed under the key map's
+                // lock, so the check and the hold are one step.
                 Some(entry)
-                    if !collides
-                        && entry.owner == owner
-                        && matches!(entry.state, State::Acquiring) =>
+                    if entry.owner == owner
+                        && matches!(entry.state, State::Acquiring)
+                        && session.claim(advisory_key) =>
                 {
                     entry.state = State::Held(Holding {
                         session: Arc::clone(&session),

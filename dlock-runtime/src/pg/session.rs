@@ -2,6 +2,7 @@
 //! session advisory locks, and the plumbing every connection shares
 //! (connect with a timeout, a driver task that reports how it ended).
 
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::sync::{Mutex, PoisonError, Weak};
@@ -174,6 +175,10 @@ pub(super) struct LockSession {
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
+    /// The advisory keys some lease of this process holds on this session:
+    /// the index behind the backend's collision check, so it costs one
+    /// lookup instead of a scan of every key held.
+    claimed: Mutex<HashSet<i64>>,
 }
 
 impl LockSession {
@@ -193,7 +198,26 @@ impl LockSession {
             unlock: statements.1,
             ended,
             kill: Mutex::new(Some(kill)),
+            claimed: Mutex::default(),
         }
+    }
+
+    /// Records that a lease now holds `advisory_key` on this session; false
+    /// (and nothing recorded) when another lease already does — the server
+    /// granted it again only because advisory locks are re-entrant.
+    pub(super) fn claim(&self, advisory_key: i64) -> bool {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(advisory_key)
+    }
+
+    /// Undoes a [`claim`](Self::claim) when the hold ends.
+    pub(super) fn unclaim(&self, advisory_key: i64) {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&advisory_key);
     }
 
     /// True once the connection is gone (or going).

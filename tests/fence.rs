@@ -5,8 +5,11 @@
 //! transactions lose no update, and a token from any backend fences any
 //! resource — the article's timeline with real leases.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
+use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::fence::FencedCell;
@@ -17,7 +20,6 @@ use dlock::pg::PgBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::redis::RedisBackend;
 use dlock::{Backend, FencingToken, LockError, LockOptions};
-use tokio::time::timeout;
 
 fn pg_conn() -> String {
     std::env::var("DLOCK_PG_URL")
@@ -54,14 +56,6 @@ async fn redis_conn() -> redis::aio::MultiplexedConnection {
 
 fn token(value: u64) -> FencingToken {
     FencingToken::new(value)
-}
-
-/// Fails the test if `fut` has not finished within `secs` (a hang guard).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
 }
 
 fn assert_stale(

@@ -2,10 +2,11 @@
 //! real OS processes on one host.
 
 mod conformance;
+mod support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,16 +31,7 @@ const CHILD_ROLE: &str = "DLOCK_FILE_TEST_CHILD";
 
 /// Re-runs this test binary as a child process in `role`.
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    Command::new(exe)
-        .args([
-            "child_process_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-        ])
-        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+    support::child_command(CHILD_ROLE, role, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

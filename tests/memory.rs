@@ -1,6 +1,7 @@
 //! The conformance suite on `MemoryBackend`, plus what only it can show.
 
 mod conformance;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,13 +5,15 @@
 //! application pool beside the lock sessions, transaction-scoped locks.
 
 mod conformance;
+mod support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use support::within;
 
 use conformance::fresh_key;
 use dlock::backend::OwnerId;
@@ -20,7 +22,7 @@ use dlock::pg::{PgBackend, PgOptions, TransactionLock};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 fn conn() -> String {
     std::env::var("DLOCK_PG_URL")
@@ -46,14 +48,6 @@ async fn raw_client() -> tokio_postgres::Client {
         .expect("plain connection");
     tokio::spawn(connection);
     client
-}
-
-/// Fails the test if `fut` has not finished within `secs` (a hang guard).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -443,16 +437,7 @@ async fn keys_map_to_the_documented_server_hash_and_long_keys_lock() {
 const CHILD_ROLE: &str = "DLOCK_PG_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    Command::new(exe)
-        .args([
-            "child_process_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-        ])
-        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+    support::child_command(CHILD_ROLE, role, args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -8,16 +8,19 @@
 //! root (PostgreSQL refuses root), on a free loopback port, removed again by
 //! a drop guard.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::Duration;
+use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TlsVerification};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
-use tokio::time::{Instant, timeout};
+use tokio::time::Instant;
 
 const PASSWORD: &str = "s3cret pass'word";
 /// The password as it appears in a URL.
@@ -32,14 +35,6 @@ fn shared_conn() -> String {
 fn fresh_key(label: &str) -> LockKey {
     let id = OwnerId::random().expect("random bytes");
     LockKey::new(format!("dlock-test:{label}:{id}")).expect("valid key")
-}
-
-/// Fails the test if `fut` has not finished within `secs` (a hang guard).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
 }
 
 /// A PostgreSQL instance of the test's own, with password authentication

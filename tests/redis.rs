@@ -5,18 +5,19 @@
 
 mod conformance;
 mod redis_support;
+mod support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
+use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
-use tokio::time::timeout;
 
 fn redis_url() -> String {
     std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
@@ -32,14 +33,6 @@ async fn backend() -> Arc<dyn Backend> {
 
 conformance::suite!(backend);
 
-/// Fails the test if `fut` has not finished within `secs` (a hang guard).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Across OS processes: this test binary re-run as children.
 
@@ -49,16 +42,7 @@ const CHILD_ROLE: &str = "DLOCK_REDIS_TEST_CHILD";
 
 /// Re-runs this test binary as a child process in `role`.
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    Command::new(exe)
-        .args([
-            "child_process_entry",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--quiet",
-        ])
-        .env(CHILD_ROLE, format!("{role}\u{1f}{}", args.join("\u{1f}")))
+    support::child_command(CHILD_ROLE, role, args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -6,6 +6,7 @@
 
 mod conformance;
 mod redis_support;
+mod support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -3,29 +3,23 @@
 //! port (no persistence) and kills it at the end.
 
 mod redis_support;
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use support::within;
 
 use async_trait::async_trait;
 use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use redis_support::RedisServer;
-use tokio::time::{sleep, timeout};
+use tokio::time::sleep;
 
 fn fresh_key(label: &str) -> LockKey {
     let id = OwnerId::random().expect("random");
     LockKey::new(format!("dlock-test:{label}:{id}")).expect("key")
-}
-
-/// Fails the test if `fut` has not finished within `secs` (a hang guard).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
 }
 
 async fn connect(url: &str) -> Arc<dyn Backend> {

@@ -5,6 +5,7 @@
 //!
 //! ```ignore
 //! mod conformance;
+//! mod support; // shared test helpers the suite uses
 //! conformance::suite!(backend);
 //! ```
 //!
@@ -22,6 +23,8 @@ use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
+
+use crate::support::within;
 
 /// Instantiates one `#[tokio::test]` per property for the backend made by
 /// `$make` (an async fn returning `Arc<dyn Backend>`).
@@ -67,15 +70,6 @@ pub fn fresh_key(label: &str) -> LockKey {
 
 fn options(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms))
-}
-
-/// Fails the test if `fut` has not finished within `secs` (a hang guard,
-/// not a timing assertion).
-async fn within<F: std::future::Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
 }
 
 pub async fn twenty_concurrent_acquirers_exactly_one_wins(backend: Arc<dyn Backend>) {

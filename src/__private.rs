@@ -4,6 +4,7 @@
 use std::future::Future;
 
 pub use core::time::Duration;
+pub use dlock_runtime::registry::{BackendSlot, DEFAULT_BACKEND};
 pub use dlock_runtime::{
     FencingToken, FencingTokens, KeyBuilder, Lease, LeaseSet, LockError, LockOptions, LostSignal,
 };

@@ -377,3 +377,50 @@ async fn an_unregistered_backend_is_an_error_not_a_silent_skip() {
         "{result:?}"
     );
 }
+
+#[distributed_lock(key = "swap", ttl = "30s", backend = "macro-swap")]
+async fn swap_job() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_annotated_fn_follows_the_registry_when_its_backend_is_replaced_or_removed() {
+    // `swap` is held on backend A for the whole test.
+    let a: std::sync::Arc<dyn dlock::Backend> = std::sync::Arc::new(MemoryBackend::new());
+    let held = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(std::sync::Arc::clone(&a), "swap")
+        .await
+        .expect("free on a fresh backend");
+    registry().register_shared("macro-swap", std::sync::Arc::clone(&a));
+    let on_a = swap_job().await;
+    assert!(matches!(on_a, Err(LockError::Held { .. })), "{on_a:?}");
+
+    // Replaced by B, where the key is free: the very next call uses B.
+    registry().register("macro-swap", MemoryBackend::new());
+    swap_job().await.expect("runs on the replacement backend");
+
+    // A again: held again.
+    let b = registry()
+        .register_shared("macro-swap", std::sync::Arc::clone(&a))
+        .expect("B was registered");
+    let on_a = swap_job().await;
+    assert!(matches!(on_a, Err(LockError::Held { .. })), "{on_a:?}");
+    held.release().await.expect("release");
+
+    // Removed: the next call fails instead of using what it used before.
+    registry().unregister("macro-swap").expect("was registered");
+    let result = swap_job().await;
+    assert!(
+        matches!(&result, Err(LockError::UnknownBackend { name, .. }) if name == "macro-swap"),
+        "{result:?}"
+    );
+
+    // The call site does not keep a backend it used alive once it is gone
+    // from the registry.
+    let weak_b = std::sync::Arc::downgrade(&b);
+    drop(b);
+    assert!(
+        weak_b.upgrade().is_none(),
+        "a replaced backend is still referenced"
+    );
+}

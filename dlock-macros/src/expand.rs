@@ -63,15 +63,6 @@ fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
     let held = local("__dlock_held");
     let err = local("__dlock_err");
 
-    let keys: Vec<TokenStream> = lock.keys.iter().map(|k| key_expr(&private, k)).collect();
-    let (key_value, acquire, run) = if lock.many {
-        (quote!([#(#keys),*]), quote!(acquire_many), quote!(run_many))
-    } else {
-        let key = keys.into_iter().next().unwrap_or_default();
-        (key, quote!(acquire), quote!(run))
-    };
-
-    let options_expr = options_expr(&private, lock);
     let ret = &lock.ret;
     let ret_span = ret.span();
     let mentions_impl = mentions_impl(ret.to_token_stream());
@@ -85,6 +76,41 @@ fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
         err.to_token_stream(),
         ret_span,
     );
+    // Each key is checked here, so the acquisition gets plain `LockKey`s:
+    // a `Result` carried into `acquire` would make its future larger.
+    let keys: Vec<TokenStream> = lock
+        .keys
+        .iter()
+        .map(|k| {
+            let built = key_expr(&private, k);
+            quote! {
+                match #built {
+                    ::core::result::Result::Ok(#key) => #key,
+                    ::core::result::Result::Err(#err) => return #lock_failed,
+                }
+            }
+        })
+        .collect();
+    let (key_value, acquire, run) = if lock.many {
+        (
+            quote!([#(#keys),*]),
+            quote!(acquire_many_on),
+            quote!(run_many),
+        )
+    } else {
+        let key = keys.into_iter().next().unwrap_or_default();
+        (key, quote!(acquire_on), quote!(run))
+    };
+    // The name is known here, so each call site remembers its backend and
+    // looks the name up again only after the registry changed.
+    let backend = local("__dlock_backend");
+    let slot = local("__DLOCK_BACKEND");
+    let backend_name = match &lock.backend {
+        Some(name) => quote!(#name),
+        None => quote!(#private::DEFAULT_BACKEND),
+    };
+
+    let options_expr = options_expr(&private, lock);
     let bindings = lock.bindings.iter().map(|binding| {
         // The parameter's own attributes (e.g. `#[allow(unused)]`) go on its `let`.
         let Binding {
@@ -142,7 +168,14 @@ fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
             // Built before the body takes the parameters.
             let #key = #key_value;
             let #options = #options_expr;
-            let #lease = match #options.#acquire(#key).await {
+            let #backend = {
+                static #slot: #private::BackendSlot = #private::BackendSlot::new(#backend_name);
+                match #slot.get() {
+                    ::core::result::Result::Ok(#held) => #held,
+                    ::core::result::Result::Err(#err) => return #lock_failed,
+                }
+            };
+            let #lease = match #options.#acquire(#backend, #key).await {
                 ::core::result::Result::Ok(#held) => #held,
                 ::core::result::Result::Err(#err) => return #lock_failed,
             };

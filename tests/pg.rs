@@ -588,3 +588,57 @@ async fn sigkill_of_a_holder_process_frees_the_key_without_waiting_for_its_ttl()
     assert!(lease.token().get() > child_token);
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_leases_cost_no_task_per_lease_and_session_loss_still_reaches_each() {
+    let pg = pg().await;
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let options = LockOptions::new(Duration::from_secs(30));
+    // One lease first, so the backend's own tasks (connection drivers,
+    // liveness checks, expiry queue, renewal scheduler) are running.
+    let first = options
+        .acquire_on(Arc::clone(&backend), fresh_key("tasks-first"))
+        .await
+        .expect("first lease");
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let mut leases = Vec::new();
+    for i in 0..200 {
+        let key = fresh_key(&format!("tasks-{i}"));
+        leases.push(
+            options
+                .acquire_on(Arc::clone(&backend), key)
+                .await
+                .expect("free key"),
+        );
+    }
+    let during = metrics.num_alive_tasks();
+    assert!(
+        during < before + 20,
+        "200 held leases run {} more tasks",
+        during.saturating_sub(before)
+    );
+
+    // Every one of them still learns at once that its session ended.
+    let pids = pg.session_pids().await;
+    let admin = raw_client().await;
+    for pid in pids {
+        admin
+            .execute("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .expect("terminate");
+    }
+    for lease in leases.iter().chain([&first]) {
+        let lost = within(20, "told of the session's end", lease.lost()).await;
+        assert!(
+            matches!(
+                &lost,
+                LockError::LeaseLost {
+                    reason: LostReason::SessionEnded(_),
+                    ..
+                }
+            ),
+            "{lost}"
+        );
+    }
+}

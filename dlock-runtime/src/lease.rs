@@ -3,19 +3,19 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::watch;
-use tokio::task::AbortHandle;
 use tokio::time::{Instant, timeout};
 use tracing::Instrument as _;
 
 mod renewal;
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId};
+use crate::backend::{Attempt, Backend, Grant, LossGroup, LossSink, OwnerId};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
 use crate::options::LockOptions;
@@ -50,6 +50,15 @@ struct Shared {
     owner: OwnerId,
     backend: Arc<dyn Backend>,
     state: watch::Sender<State>,
+    /// Set (before the state changes) once the lease is no longer held: the
+    /// checks on the hot path read this instead of locking the channel.
+    ended: AtomicBool,
+}
+
+impl LossSink for Shared {
+    fn lost(&self, reason: LostReason) {
+        self.mark_lost(reason);
+    }
 }
 
 impl Shared {
@@ -58,6 +67,22 @@ impl Shared {
             key: self.key.to_string(),
             token: self.token,
             reason,
+        }
+    }
+
+    /// True once the lease is lost or released.
+    fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// `Ok(())` while the lease is held, the error that ended it otherwise.
+    fn check(&self) -> Result<(), LockError> {
+        if !self.is_ended() {
+            return Ok(());
+        }
+        match self.error_for(&self.state.borrow()) {
+            None => Ok(()),
+            Some(err) => Err(err),
         }
     }
 
@@ -75,6 +100,7 @@ impl Shared {
     /// receiver that subscribes later reads the new value first thing.
     fn mark_released(&self) -> State {
         let mut prior = State::Released;
+        self.ended.store(true, Ordering::Release);
         self.state.send_if_modified(|state| {
             prior = std::mem::replace(state, State::Released);
             self.state.receiver_count() > 0
@@ -86,6 +112,7 @@ impl Shared {
     fn mark_lost(&self, reason: LostReason) -> bool {
         let marked = self.state.send_if_modified(|state| {
             if *state == State::Held {
+                self.ended.store(true, Ordering::Release);
                 *state = State::Lost(reason.clone());
                 true
             } else {
@@ -128,8 +155,9 @@ impl Shared {
 pub struct Lease {
     shared: Arc<Shared>,
     renewal: renewal::Registration,
-    /// The task that waits for the backend's own loss notice, if it gave one.
-    loss_watch: Option<AbortHandle>,
+    /// The backend's loss group this lease is attached to, if it gave one,
+    /// and the lease's place in it.
+    loss_group: Option<(Arc<LossGroup>, u64)>,
     acquired_at: Instant,
     min_hold: Duration,
     finished: bool,
@@ -153,16 +181,13 @@ impl Lease {
 
     /// True once the lease is lost: stop acting on the protected resource.
     pub fn is_lost(&self) -> bool {
-        *self.shared.state.borrow() != State::Held
+        self.shared.is_ended()
     }
 
     /// `Ok(())` while the lease is held, the [`LockError::LeaseLost`] that
     /// ended it otherwise. Cheap: call it between steps of long work.
     pub fn check(&self) -> Result<(), LockError> {
-        match self.shared.error_for(&self.shared.state.borrow()) {
-            None => Ok(()),
-            Some(err) => Err(err),
-        }
+        self.shared.check()
     }
 
     /// Resolves, with the [`LockError::LeaseLost`] that says why, when the
@@ -182,22 +207,24 @@ impl Lease {
     /// `work` is dropped (cancelled) and the lost error returned.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
         self.check()?;
-        // The lost signal is only listened to once `work` has to wait: work
-        // that finishes in its first poll costs no subscription.
-        let lost = self.lost();
-        let mut lost = std::pin::pin!(lost);
+        // The lost signal is only made and listened to once `work` has to
+        // wait: work that finishes in its first poll costs no subscription.
+        let mut lost = std::pin::pin!(false.then(|| self.lost()));
         let mut work = std::pin::pin!(work);
-        let mut waited = false;
         poll_fn(|cx| {
-            if waited && let Poll::Ready(err) = lost.as_mut().poll(cx) {
+            if let Some(lost) = lost.as_mut().as_pin_mut()
+                && let Poll::Ready(err) = lost.poll(cx)
+            {
                 return Poll::Ready(Err(err));
             }
             if let Poll::Ready(out) = work.as_mut().poll(cx) {
                 return Poll::Ready(Ok(out));
             }
-            if !waited {
-                waited = true;
-                if let Poll::Ready(err) = lost.as_mut().poll(cx) {
+            if lost.is_none() {
+                lost.set(Some(self.lost()));
+                if let Some(lost) = lost.as_mut().as_pin_mut()
+                    && let Poll::Ready(err) = lost.poll(cx)
+                {
                     return Poll::Ready(Err(err));
                 }
             }
@@ -238,8 +265,8 @@ impl Lease {
     /// Ends renewal and the loss watch: the lease is ending.
     fn stop_watching(&mut self) {
         self.renewal.cancel();
-        if let Some(watch) = self.loss_watch.take() {
-            watch.abort();
+        if let Some((group, id)) = self.loss_group.take() {
+            group.detach(id);
         }
     }
 
@@ -328,15 +355,12 @@ pub struct LostSignal {
 impl LostSignal {
     /// True once the lease is lost or released.
     pub fn is_lost(&self) -> bool {
-        *self.shared.state.borrow() != State::Held
+        self.shared.is_ended()
     }
 
     /// `Ok(())` while the lease is held.
     pub fn check(&self) -> Result<(), LockError> {
-        match self.shared.error_for(&self.shared.state.borrow()) {
-            None => Ok(()),
-            Some(err) => Err(err),
-        }
+        self.shared.check()
     }
 
     /// Resolves when the lease is lost or released.
@@ -487,10 +511,12 @@ fn start(
         owner,
         backend,
         state,
+        ended: AtomicBool::new(false),
     });
     // Renewal, and the lost signal when the ttl runs out, come from the
-    // backend's renewal scheduler; only a backend that can tell of a loss by
-    // itself (a PostgreSQL session ending) costs a task of its own.
+    // backend's renewal scheduler; a backend that can tell of a loss by
+    // itself (a PostgreSQL session ending) does so through its loss group.
+    // Neither costs a task or a timer per lease.
     let renewal = renewal::register(
         &runtime,
         Arc::clone(&shared),
@@ -498,19 +524,20 @@ fn start(
         options.ttl,
         options.renew,
     );
-    let loss_watch = grant.loss.map(|loss| {
-        let shared = Arc::clone(&shared);
-        runtime
-            .spawn(async move {
-                let reason = loss.await;
+    let loss_group = grant.loss.and_then(|group| {
+        let sink = Arc::downgrade(&shared) as Weak<dyn LossSink>;
+        match group.attach(sink) {
+            Ok(id) => Some((group, id)),
+            Err(reason) => {
                 shared.mark_lost(reason);
-            })
-            .abort_handle()
+                None
+            }
+        }
     });
     Lease {
         shared,
         renewal,
-        loss_watch,
+        loss_group,
         acquired_at: sent,
         min_hold: options.min_hold,
         finished: false,

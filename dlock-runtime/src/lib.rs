@@ -30,7 +30,7 @@ pub mod redis;
 pub mod registry;
 pub mod token;
 
-pub use backend::{Attempt, Backend, Grant, LossNotice, OwnerId, ReleaseNotice, Renewal};
+pub use backend::{Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, Renewal};
 pub use error::{BoxError, LockError, LostReason, Operation};
 pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseSet, LostSignal};

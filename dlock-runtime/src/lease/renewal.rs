@@ -17,7 +17,7 @@ use tokio::runtime::{Handle, Id as RuntimeId};
 use tokio::sync::Notify;
 use tokio::time::{Instant, sleep_until, timeout};
 
-use super::{Shared, State};
+use super::Shared;
 use crate::backend::Renewal;
 use crate::error::LostReason;
 
@@ -291,7 +291,7 @@ fn collect_due(schedule: &mut Schedule, now: Instant, batch: &mut Batch) {
         if at.checked_sub(early).is_some_and(|from| from > now) {
             continue;
         }
-        if *entry.shared.state.borrow() != State::Held {
+        if entry.shared.is_ended() {
             // Lost through its backend's loss notice: nothing to renew.
             schedule.remove(id);
             continue;

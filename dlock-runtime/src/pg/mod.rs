@@ -82,6 +82,7 @@
 //! Behind *transaction* pooling use [`TransactionLock`], which locks inside
 //! the caller's own transaction.
 
+mod expiry;
 mod session;
 mod sql;
 mod tls;
@@ -98,20 +99,20 @@ pub mod protocol {
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex as AsyncMutex, oneshot, watch};
-use tokio::task::AbortHandle;
-use tokio::time::{Instant, sleep_until};
+use tokio::time::Instant;
 use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
 
-use self::session::{Connector, Failure, LockSession};
+use self::expiry::{Expiries, Slot};
+use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, Renewal};
+use crate::backend::{Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, Renewal};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -337,6 +338,7 @@ struct Inner {
     next_session_id: AtomicU64,
     objects_ready: AtomicBool,
     keys: Mutex<HashMap<LockKey, Entry>>,
+    expiries: Arc<Expiries>,
     waits: Waits,
 }
 
@@ -364,15 +366,22 @@ enum State {
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
-    /// When the backend unlocks the key unless it is extended.
-    deadline: Instant,
-    /// The task that enforces the deadline: stopped when the hold ends.
-    expiry: AbortHandle,
+    /// When the backend unlocks the key unless it is extended (the
+    /// deadline), and the hold's place in the backend's expiry queue, which
+    /// it leaves when the hold ends.
+    expiry: Slot,
+    expiries: Arc<Expiries>,
+}
+
+impl Holding {
+    fn deadline(&self) -> Instant {
+        self.expiry.0
+    }
 }
 
 impl Drop for Holding {
     fn drop(&mut self) {
-        self.expiry.abort();
+        self.expiries.remove(self.expiry);
         self.session.unclaim(self.advisory_key);
     }
 }
@@ -445,6 +454,7 @@ impl PgBackend {
             next_session_id: AtomicU64::new(0),
             objects_ready: AtomicBool::new(false),
             keys: Mutex::default(),
+            expiries: Arc::default(),
             waits,
             connector,
             options,
@@ -569,10 +579,14 @@ impl Inner {
         let (ended_tx, ended) = watch::channel(None);
         let (kill, killed) = oneshot::channel();
         let weak = Arc::downgrade(self);
+        let loss = LossGroup::new();
+        let pid_known = Arc::new(AtomicI32::new(0));
+        let ending = SessionEnding::new(Arc::clone(&loss), Arc::clone(&pid_known));
         let mut client = self
             .connector
             .open(killed, move |why| {
                 ended_tx.send_replace(Some(why.clone()));
+                ending.end(&why);
                 if let Some(inner) = weak.upgrade() {
                     inner.session_ended(id, &why);
                 }
@@ -600,6 +614,7 @@ impl Inner {
         let (pid, try_lock, unlock) = setup
             .await
             .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
+        pid_known.store(pid, Ordering::Release);
         let session = Arc::new(LockSession::new(
             id,
             pid,
@@ -607,6 +622,7 @@ impl Inner {
             (try_lock, unlock),
             ended,
             kill,
+            loss,
         ));
         tokio::spawn(session::check_liveness(
             Arc::downgrade(&session),
@@ -798,15 +814,6 @@ impl Inner {
             }
         };
         let deadline = Instant::now() + ttl;
-        // Started before the entry records it, so the entry can own its
-        // handle; it only looks at the entry once the deadline passed.
-        let expiry = tokio::spawn(expire_when_due(
-            Arc::downgrade(self),
-            key.clone(),
-            owner,
-            deadline,
-        ))
-        .abort_handle();
         let held = {
             let mut keys = self.keys();
             match keys.get_mut(key) {
@@ -821,11 +828,16 @@ impl Inner {
                         && matches!(entry.state, State::Acquiring)
                         && session.claim(advisory_key) =>
                 {
+                    // Queued under the key map's lock, so the hold and its
+                    // deadline are one step.
+                    let expiry = self
+                        .expiries
+                        .add(Arc::downgrade(self), key, owner, deadline);
                     entry.state = State::Held(Holding {
                         session: Arc::clone(&session),
                         advisory_key,
-                        deadline,
-                        expiry: expiry.clone(),
+                        expiry,
+                        expiries: Arc::clone(&self.expiries),
                     });
                     true
                 }
@@ -833,14 +845,13 @@ impl Inner {
             }
         };
         if !held {
-            expiry.abort();
             self.forget(key, owner);
             self.give_back(&session, advisory_key).await;
             return Ok(Attempt::Held { expires_in: None });
         }
         Ok(Attempt::Acquired(Grant {
             token,
-            loss: Some(session.loss_notice()),
+            loss: Some(session.loss_group()),
         }))
     }
 
@@ -876,7 +887,7 @@ impl Inner {
             let Some(holding) = entry.holding() else {
                 return Ok(false);
             };
-            let live = holding.deadline > Instant::now();
+            let live = holding.deadline() > Instant::now();
             if expiring && live {
                 return Ok(false);
             }
@@ -941,43 +952,8 @@ fn live_session(
     keys.get(key)
         .filter(|entry| entry.owner == *owner)
         .and_then(Entry::holding)
-        .filter(|h| h.deadline > Instant::now())
+        .filter(|h| h.deadline() > Instant::now())
         .map(|h| Arc::clone(&h.session))
-}
-
-/// Unlocks a lease whose deadline passed without an extend: the ttl, which
-/// a session lock does not have by itself. Extensions only move the
-/// deadline later, so the task sleeps until the deadline it knows and looks
-/// again; it is aborted when the hold ends.
-async fn expire_when_due(
-    inner: std::sync::Weak<Inner>,
-    key: LockKey,
-    owner: OwnerId,
-    mut due: Instant,
-) {
-    loop {
-        sleep_until(due).await;
-        let Some(inner) = inner.upgrade() else { return };
-        let deadline = inner
-            .keys()
-            .get(&key)
-            .filter(|entry| entry.owner == owner)
-            .and_then(Entry::holding)
-            .map(|h| h.deadline);
-        match deadline {
-            None => return,
-            Some(later) if later > Instant::now() => due = later,
-            Some(_) => {
-                match inner.unlock(&key, Some(owner), true).await {
-                    Ok(_) => tracing::debug!(key = %key, "lease expired; unlocked"),
-                    Err(err) => {
-                        tracing::warn!(key = %key, error = %err, "unlocking an expired lease failed")
-                    }
-                }
-                return;
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -1001,7 +977,7 @@ impl Backend for PgBackend {
                 return Ok(Attempt::Held {
                     expires_in: entry
                         .holding()
-                        .map(|h| h.deadline.saturating_duration_since(now)),
+                        .map(|h| h.deadline().saturating_duration_since(now)),
                 });
             }
             keys.insert(key.clone(), Entry::new(*owner));
@@ -1095,7 +1071,12 @@ impl Backend for PgBackend {
                         if let Some(State::Held(holding)) =
                             keys.get_mut(lease.key).map(|e| &mut e.state)
                         {
-                            holding.deadline = now + lease.ttl;
+                            holding.expiry = self.inner.expiries.moved(
+                                holding.expiry,
+                                lease.key,
+                                *lease.owner,
+                                now + lease.ttl,
+                            );
                         }
                         Ok(true)
                     }

@@ -5,7 +5,8 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
@@ -14,7 +15,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::backend::LossNotice;
+use crate::backend::LossGroup;
 use crate::error::LostReason;
 
 /// A failure talking to PostgreSQL, with what was being done. Its text never
@@ -179,6 +180,38 @@ pub(super) struct LockSession {
     /// the index behind the backend's collision check, so it costs one
     /// lookup instead of a scan of every key held.
     claimed: Mutex<HashSet<i64>>,
+    /// Every lease on this session, lost together when it ends.
+    loss: Arc<LossGroup>,
+}
+
+/// Ends a session's [`LossGroup`] with the reason the connection gave, or,
+/// if it is dropped unused (the driver task went away with its runtime),
+/// with a reason of its own: either way no lease on a gone session is left
+/// believing it holds its lock.
+pub(super) struct SessionEnding {
+    loss: Arc<LossGroup>,
+    /// The session's server process id, known once the session is set up.
+    pid: Arc<AtomicI32>,
+}
+
+impl SessionEnding {
+    pub(super) fn new(loss: Arc<LossGroup>, pid: Arc<AtomicI32>) -> Self {
+        Self { loss, pid }
+    }
+
+    /// Tells every lease on the session that it ended, and why.
+    pub(super) fn end(&self, why: &str) {
+        let pid = self.pid.load(Ordering::Acquire);
+        self.loss.end(LostReason::SessionEnded(format!(
+            "PostgreSQL lock session pid {pid}: {why}"
+        )));
+    }
+}
+
+impl Drop for SessionEnding {
+    fn drop(&mut self) {
+        self.end("the backend closed the session");
+    }
 }
 
 impl LockSession {
@@ -189,6 +222,7 @@ impl LockSession {
         statements: (Statement, Statement),
         ended: watch::Receiver<Option<String>>,
         kill: oneshot::Sender<String>,
+        loss: Arc<LossGroup>,
     ) -> Self {
         Self {
             id,
@@ -199,6 +233,7 @@ impl LockSession {
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
+            loss,
         }
     }
 
@@ -238,17 +273,10 @@ impl LockSession {
         }
     }
 
-    /// Resolves with [`LostReason::SessionEnded`] when the connection ends.
-    pub(super) fn loss_notice(&self) -> LossNotice {
-        let mut ended = self.ended.clone();
-        let pid = self.pid;
-        Box::pin(async move {
-            let why = match ended.wait_for(Option::is_some).await {
-                Ok(why) => why.clone().unwrap_or_default(),
-                Err(_) => "the backend closed the session".to_owned(),
-            };
-            LostReason::SessionEnded(format!("PostgreSQL lock session pid {pid}: {why}"))
-        })
+    /// The group of the leases on this session: ended with
+    /// [`LostReason::SessionEnded`] when the connection ends.
+    pub(super) fn loss_group(&self) -> Arc<LossGroup> {
+        Arc::clone(&self.loss)
     }
 }
 

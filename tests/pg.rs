@@ -642,3 +642,35 @@ async fn held_leases_cost_no_task_per_lease_and_session_loss_still_reaches_each(
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_and_releases_cancelled_at_any_point_leak_no_lock() {
+    let backend: Arc<dyn Backend> = Arc::new(pg().await);
+    let other: Arc<dyn Backend> = Arc::new(pg().await);
+    let options = LockOptions::new(Duration::from_secs(30));
+    let mut keys = Vec::new();
+    // Give up after 0, 50, 100, ... µs: some attempts are dropped before
+    // the statement is sent, some while the server answers, some after.
+    for i in 0..120u64 {
+        let key = fresh_key(&format!("cancel-{i}"));
+        let patience = Duration::from_micros((i % 12) * 50);
+        let attempt = options.acquire_on(Arc::clone(&backend), &key);
+        if let Ok(Ok(lease)) = tokio::time::timeout(patience, attempt).await {
+            // Taken in time: cancel its release instead.
+            let _ = tokio::time::timeout(patience, lease.release()).await;
+        }
+        keys.push(key);
+    }
+    // Every key is free again, for this process and for another one.
+    let patient = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(10));
+    for key in &keys {
+        for side in [&backend, &other] {
+            let lease = within(20, "a cancelled key is free again", async {
+                patient.acquire_on(Arc::clone(side), key).await
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+            lease.release().await.expect("release");
+        }
+    }
+}

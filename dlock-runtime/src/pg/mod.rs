@@ -82,6 +82,7 @@
 //! Behind *transaction* pooling use [`TransactionLock`], which locks inside
 //! the caller's own transaction.
 
+mod detach;
 mod expiry;
 mod session;
 mod sql;
@@ -109,6 +110,7 @@ use tokio::time::Instant;
 use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
 
+use self::detach::{AbandonedWith, Detachable, Ignore};
 use self::expiry::{Expiries, Slot};
 use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
@@ -333,13 +335,36 @@ struct Inner {
     try_lock_sql: String,
     unlock_key_sql: String,
     terminate_sql: String,
-    slots: Vec<AsyncMutex<Option<Arc<LockSession>>>>,
+    slots: Vec<SessionSlot>,
     next_slot: AtomicUsize,
     next_session_id: AtomicU64,
     objects_ready: AtomicBool,
     keys: Mutex<HashMap<LockKey, Entry>>,
     expiries: Arc<Expiries>,
     waits: Waits,
+}
+
+/// One lock session's place. Taking the live session is a plain mutex and
+/// a clone, with no await: every acquisition does it. Only opening a
+/// session (the first, or after one died) waits, one opener at a time.
+#[derive(Default)]
+struct SessionSlot {
+    current: Mutex<Option<Arc<LockSession>>>,
+    opening: AsyncMutex<()>,
+}
+
+impl SessionSlot {
+    fn current(&self) -> MutexGuard<'_, Option<Arc<LockSession>>> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The slot's session, if it is open and alive.
+    fn live(&self) -> Option<Arc<LockSession>> {
+        self.current()
+            .as_ref()
+            .filter(|session| !session.is_ended())
+            .map(Arc::clone)
+    }
 }
 
 /// What this process knows of one key it holds or is taking.
@@ -448,7 +473,7 @@ impl PgBackend {
                 .to_owned(),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             slots: (0..options.sessions)
-                .map(|_| AsyncMutex::new(None))
+                .map(|_| SessionSlot::default())
                 .collect(),
             next_slot: AtomicUsize::new(0),
             next_session_id: AtomicU64::new(0),
@@ -513,9 +538,7 @@ impl PgBackend {
     pub async fn session_pids(&self) -> Vec<i32> {
         let mut pids = Vec::new();
         for slot in &self.inner.slots {
-            if let Some(session) = slot.lock().await.as_ref()
-                && !session.is_ended()
-            {
+            if let Some(session) = slot.live() {
                 pids.push(session.pid);
             }
         }
@@ -560,17 +583,19 @@ impl Inner {
                 Failure::msg("no lock session slot"),
             ));
         };
-        let mut slot = slot.lock().await;
-        if let Some(session) = slot.as_ref()
-            && !session.is_ended()
-        {
-            return Ok(Arc::clone(session));
+        if let Some(session) = slot.live() {
+            return Ok(session);
+        }
+        // One opener per slot; whoever waited for it uses what it opened.
+        let _opening = slot.opening.lock().await;
+        if let Some(session) = slot.live() {
+            return Ok(session);
         }
         let session = self
             .open_session()
             .await
             .map_err(|e| LockError::backend(KIND, Operation::Connect, "", e))?;
-        *slot = Some(Arc::clone(&session));
+        *slot.current() = Some(Arc::clone(&session));
         Ok(session)
     }
 
@@ -901,36 +926,45 @@ impl Inner {
                 entry.owner,
             )
         };
-        // In a task of its own, so a caller that gives up half-way cannot
-        // leave the key marked as releasing for ever.
+        // Finished even if the caller gives up half-way, so the key cannot
+        // stay marked as releasing for ever.
         let inner = Arc::clone(self);
         let key = key.clone();
-        let unlocking = tokio::spawn(async move {
-            let outcome = session
-                .client
-                .query_one(&session.unlock, &[&advisory_key])
-                .await;
-            inner.forget(&key, entry_owner);
-            match outcome {
-                Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
-                // The session is gone, and every lock it held with it.
-                Err(err) if err.is_closed() || session.is_ended() => Ok(false),
-                Err(err) => {
-                    // Ending the session is the one sure way to drop the lock.
-                    session.end(format!("could not release `{key}`"));
-                    Err(inner.failed(Operation::Release, &key, "unlock failed", err))
+        let unlocking = Detachable::new(
+            async move {
+                let outcome = session
+                    .client
+                    .query_one(&session.unlock, &[&advisory_key])
+                    .await;
+                inner.forget(&key, entry_owner);
+                match outcome {
+                    Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
+                    // The session is gone, and every lock it held with it.
+                    Err(err) if err.is_closed() || session.is_ended() => Ok(false),
+                    Err(err) => {
+                        // Ending the session is the one sure way to drop the lock.
+                        session.end(format!("could not release `{key}`"));
+                        Err(inner.failed(Operation::Release, &key, "unlock failed", err))
+                    }
                 }
-            }
-        });
-        match unlocking.await {
-            Ok(Ok(unlocked)) => Ok(live && unlocked),
-            Ok(Err(err)) => Err(err),
-            Err(join) => Err(LockError::backend(
-                KIND,
-                Operation::Release,
-                "",
-                Failure::msg(format!("the unlock task did not finish: {join}")),
-            )),
+            },
+            Ignore,
+        );
+        Ok(live && unlocking.await?)
+    }
+}
+
+/// Gives back a lock the server granted to a caller that stopped waiting.
+struct GiveBack {
+    inner: Arc<Inner>,
+    key: LockKey,
+    owner: OwnerId,
+}
+
+impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
+    async fn handle(self, outcome: Result<Attempt, LockError>) {
+        if let Ok(Attempt::Acquired(_)) = outcome {
+            let _ = self.inner.unlock(&self.key, Some(self.owner), false).await;
         }
     }
 }
@@ -982,26 +1016,20 @@ impl Backend for PgBackend {
             }
             keys.insert(key.clone(), Entry::new(*owner));
         }
-        // In a task of its own: if the caller is cancelled after the server
-        // granted the lock, the task gives it back instead of leaking it.
-        let (answer, answered) = oneshot::channel();
-        let inner = Arc::clone(&self.inner);
-        let (key, owner) = (key.clone(), *owner);
-        tokio::spawn(async move {
-            let outcome = inner.acquire_on_server(&key, owner, ttl).await;
-            if let Err(Ok(Attempt::Acquired(_))) = answer.send(outcome) {
-                let _ = inner.unlock(&key, Some(owner), false).await;
-            }
-        });
-        match answered.await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(LockError::backend(
-                KIND,
-                Operation::Acquire,
-                "",
-                Failure::msg("the acquisition task did not finish"),
-            )),
-        }
+        // If the caller is cancelled after the server granted the lock, the
+        // rest runs on in a task of its own, which gives the lock back
+        // instead of leaking it.
+        let give_back = GiveBack {
+            inner: Arc::clone(&self.inner),
+            key: key.clone(),
+            owner: *owner,
+        };
+        let (inner, key, owner) = (Arc::clone(&self.inner), key.clone(), *owner);
+        Detachable::new(
+            async move { inner.acquire_on_server(&key, owner, ttl).await },
+            give_back,
+        )
+        .await
     }
 
     async fn extend(

@@ -6,6 +6,7 @@
 //! `a:{x}:{y}` gives different keys for `("1:2", "3")` and `("1", "2:3")`.
 
 use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 use crate::error::LockError;
 
@@ -21,8 +22,11 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// assert!(LockKey::new("").is_err());
 /// # Ok::<(), dlock_runtime::LockError>(())
 /// ```
+///
+/// Cloning is cheap (a shared string): the core and the backends keep
+/// copies of a held key in several places.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LockKey(String);
+pub struct LockKey(Arc<str>);
 
 impl LockKey {
     /// Validates `key` as it is (no escaping: it is one whole key).
@@ -44,7 +48,7 @@ impl LockKey {
                 "a lock key must not contain NUL",
             ));
         }
-        Ok(Self(key))
+        Ok(Self(Arc::from(key)))
     }
 
     /// Starts a templated key; see [`KeyBuilder`].
@@ -200,7 +204,7 @@ mod tests {
             .lit(":")
             .value(&y)
             .finish()
-            .map(|k| k.0)
+            .map(|k| k.as_str().to_owned())
             .unwrap_or_default()
     }
 

@@ -3,13 +3,13 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 use tracing::Instrument as _;
 
@@ -49,10 +49,15 @@ struct Shared {
     token: FencingToken,
     owner: OwnerId,
     backend: Arc<dyn Backend>,
-    state: watch::Sender<State>,
-    /// Set (before the state changes) once the lease is no longer held: the
-    /// checks on the hot path read this instead of locking the channel.
+    state: Mutex<State>,
+    /// Set once the lease is no longer held (after `state` changed): the
+    /// checks on the hot path read this instead of taking the lock.
     ended: AtomicBool,
+    /// How many tasks wait in [`Shared::lost`]: a lease that ends with
+    /// nobody waiting (the usual release) skips the wake-up.
+    waiting: AtomicUsize,
+    /// Wakes the tasks waiting in [`Shared::lost`].
+    wake: Notify,
 }
 
 impl LossSink for Shared {
@@ -62,6 +67,23 @@ impl LossSink for Shared {
 }
 
 impl Shared {
+    fn new(key: LockKey, token: FencingToken, owner: OwnerId, backend: Arc<dyn Backend>) -> Self {
+        Self {
+            key,
+            token,
+            owner,
+            backend,
+            state: Mutex::new(State::Held),
+            ended: AtomicBool::new(false),
+            waiting: AtomicUsize::new(0),
+            wake: Notify::new(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn lost_error(&self, reason: LostReason) -> LockError {
         LockError::LeaseLost {
             key: self.key.to_string(),
@@ -72,7 +94,7 @@ impl Shared {
 
     /// True once the lease is lost or released.
     fn is_ended(&self) -> bool {
-        self.ended.load(Ordering::Acquire)
+        self.ended.load(Ordering::SeqCst)
     }
 
     /// `Ok(())` while the lease is held, the error that ended it otherwise.
@@ -80,7 +102,7 @@ impl Shared {
         if !self.is_ended() {
             return Ok(());
         }
-        match self.error_for(&self.state.borrow()) {
+        match self.error_for(&self.state()) {
             None => Ok(()),
             Some(err) => Err(err),
         }
@@ -94,32 +116,35 @@ impl Shared {
         }
     }
 
-    /// Marks the lease released and returns the state it had. Waiters are
-    /// only notified when there are any: waking a watch channel's (empty)
-    /// wait lists costs more than the rest of a memory-backend release. A
-    /// receiver that subscribes later reads the new value first thing.
+    /// Sets `ended` (the state has changed) and wakes whoever waits.
+    fn end(&self) {
+        self.ended.store(true, Ordering::SeqCst);
+        // A waiter counts itself before it looks at `ended` (both SeqCst):
+        // either it sees `ended`, or this sees it waiting and wakes it.
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.wake.notify_waiters();
+        }
+    }
+
+    /// Marks the lease released and returns the state it had.
     fn mark_released(&self) -> State {
-        let mut prior = State::Released;
-        self.ended.store(true, Ordering::Release);
-        self.state.send_if_modified(|state| {
-            prior = std::mem::replace(state, State::Released);
-            self.state.receiver_count() > 0
-        });
+        let prior = std::mem::replace(&mut *self.state(), State::Released);
+        self.end();
         prior
     }
 
     /// Marks the lease lost unless it already ended; true if this call did.
     fn mark_lost(&self, reason: LostReason) -> bool {
-        let marked = self.state.send_if_modified(|state| {
-            if *state == State::Held {
-                self.ended.store(true, Ordering::Release);
+        let marked = {
+            let mut state = self.state();
+            let held = *state == State::Held;
+            if held {
                 *state = State::Lost(reason.clone());
-                true
-            } else {
-                false
             }
-        });
+            held
+        };
         if marked {
+            self.end();
             tracing::warn!(
                 key = %self.key,
                 backend = self.backend.kind(),
@@ -131,17 +156,28 @@ impl Shared {
         marked
     }
 
+    /// Resolves, with the error that says why, once the lease has ended.
     async fn lost(&self) -> LockError {
-        let mut rx = self.state.subscribe();
-        let ended = rx
-            .wait_for(|state| *state != State::Held)
-            .await
-            .ok()
-            .and_then(|state| self.error_for(&state));
-        match ended {
-            Some(err) => err,
-            // The sender lives in `self`, so the channel cannot close.
-            None => std::future::pending().await,
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        loop {
+            // Made (and enabled) before `ended` is read: a wake-up between
+            // the two is not missed.
+            let notified = self.wake.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_ended()
+                && let Some(err) = self.error_for(&self.state())
+            {
+                return err;
+            }
+            notified.await;
         }
     }
 }
@@ -504,15 +540,7 @@ fn start(
     sent: Instant,
     options: &LockOptions,
 ) -> Lease {
-    let (state, _) = watch::channel(State::Held);
-    let shared = Arc::new(Shared {
-        key,
-        token: grant.token,
-        owner,
-        backend,
-        state,
-        ended: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared::new(key, grant.token, owner, backend));
     // Renewal, and the lost signal when the ttl runs out, come from the
     // backend's renewal scheduler; a backend that can tell of a loss by
     // itself (a PostgreSQL session ending) does so through its loss group.

@@ -292,7 +292,7 @@ fn collect_due(schedule: &mut Schedule, now: Instant, batch: &mut Batch) {
             continue;
         }
         if entry.shared.is_ended() {
-            // Lost through its backend's loss notice: nothing to renew.
+            // Lost through its backend's loss group: nothing to renew.
             schedule.remove(id);
             continue;
         }

@@ -583,9 +583,16 @@ impl Inner {
                 Failure::msg("no lock session slot"),
             ));
         };
-        if let Some(session) = slot.live() {
-            return Ok(session);
+        match slot.live() {
+            Some(session) => Ok(session),
+            // Boxed: opening a session is rare and its future is large;
+            // every acquisition's future would otherwise carry its size.
+            None => Box::pin(self.open_in(slot)).await,
         }
+    }
+
+    /// Opens a session in `slot`, unless another caller just did.
+    async fn open_in(self: &Arc<Self>, slot: &SessionSlot) -> Result<Arc<LockSession>, LockError> {
         // One opener per slot; whoever waited for it uses what it opened.
         let _opening = slot.opening.lock().await;
         if let Some(session) = slot.live() {
@@ -740,7 +747,7 @@ impl Inner {
 
     /// A lock session ended: its locks are gone on the server, so this
     /// process forgets them (which wakes its waiters); its leases learn it
-    /// from their loss notice.
+    /// through the session's loss group.
     fn session_ended(&self, id: u64, why: &str) {
         let mut keys = self.keys();
         let before = keys.len();
@@ -801,9 +808,7 @@ impl Inner {
             // session lock outlives its failed statement: drop it again, or
             // end the session if even that fails.
             if !err.is_closed()
-                && session
-                    .client
-                    .query_one(&self.unlock_key_sql, &params)
+                && Box::pin(session.client.query_one(&self.unlock_key_sql, &params))
                     .await
                     .is_err()
             {
@@ -834,7 +839,7 @@ impl Inner {
             Ok(token) => token,
             Err(err) => {
                 self.forget(key, owner);
-                self.give_back(&session, advisory_key).await;
+                Box::pin(self.give_back(&session, advisory_key)).await;
                 return Err(err);
             }
         };
@@ -871,7 +876,7 @@ impl Inner {
         };
         if !held {
             self.forget(key, owner);
-            self.give_back(&session, advisory_key).await;
+            Box::pin(self.give_back(&session, advisory_key)).await;
             return Ok(Attempt::Held { expires_in: None });
         }
         Ok(Attempt::Acquired(Grant {

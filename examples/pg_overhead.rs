@@ -1,0 +1,148 @@
+//! What `PgBackend` costs the client over the bare protocol: 64 tasks run
+//! the uncontended acquire + release cycle in alternating rounds, through
+//! dlock and through dlock's own two statements sent by hand on two raw
+//! tokio-postgres connections (the benchmark's floor), and the program
+//! prints the process's CPU time per cycle for each, and the median ratio
+//! of their throughputs over the pairs of rounds.
+//!
+//! ```sh
+//! cargo run --release --example pg_overhead             # 127.0.0.1:5432
+//! DLOCK_PG_URL=postgresql://... cargo run --release --example pg_overhead
+//! ```
+//!
+//! CPU time is read from `/proc/self/stat` (Linux). It measures and prints;
+//! it asserts nothing about time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::pg::PgBackend;
+use dlock::pg::tokio_postgres::{self, NoTls, Statement};
+use dlock::{Backend, LockKey, LockOptions};
+use tokio::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const TASKS: usize = 64;
+const ROUND: Duration = Duration::from_millis(700);
+const PAIRS: usize = 12;
+
+/// A raw connection with dlock's lock and unlock statements prepared.
+struct Raw {
+    client: tokio_postgres::Client,
+    lock: Statement,
+    unlock: Statement,
+}
+
+#[tokio::main(flavor = "multi_thread")]
+async fn main() -> Res<()> {
+    let conn = std::env::var("DLOCK_PG_URL").unwrap_or_else(|_| {
+        "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable".to_owned()
+    });
+    let backend: Arc<dyn Backend> = Arc::new(PgBackend::connect(&conn).await?);
+    // As many raw connections as dlock has lock sessions by default.
+    let mut raw = Vec::new();
+    for _ in 0..2 {
+        let (client, connection) = tokio_postgres::connect(&conn, NoTls).await?;
+        tokio::spawn(connection);
+        let lock = client
+            .prepare(&dlock::pg::protocol::TRY_LOCK.replace("{schema}", "\"dlock\""))
+            .await?;
+        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        raw.push(Arc::new(Raw {
+            client,
+            lock,
+            unlock,
+        }));
+    }
+    let prefix = format!("pg-overhead:{}", std::process::id());
+    round(false, &backend, &raw, &prefix).await?; // warm-up
+    let (mut cpu, mut cycles) = ([0.0f64; 2], [0u64; 2]);
+    let mut ratios = Vec::new();
+    for pair in 0..PAIRS {
+        let mut rates = [0.0f64; 2];
+        // Which goes first alternates, so neither always follows the other.
+        for floor in [pair % 2 == 0, pair % 2 == 1] {
+            let side = usize::from(floor);
+            let before = cpu_seconds()?;
+            let done = round(floor, &backend, &raw, &prefix).await?;
+            cpu[side] += cpu_seconds()? - before;
+            cycles[side] += done;
+            rates[side] = done as f64 / ROUND.as_secs_f64();
+        }
+        ratios.push(rates[0] / rates[1]);
+    }
+    ratios.sort_by(f64::total_cmp);
+    let per_cycle = |side: usize| cpu[side] / cycles[side] as f64 * 1e6;
+    println!(
+        "{TASKS} tasks, {PAIRS} pairs of {ROUND:?} rounds\n\
+         client CPU per cycle: dlock {:.1} µs, floor {:.1} µs (+{:.1} µs)\n\
+         dlock / floor throughput: median {:.3} (min {:.3}, max {:.3})",
+        per_cycle(0),
+        per_cycle(1),
+        per_cycle(0) - per_cycle(1),
+        ratios[ratios.len() / 2],
+        ratios[0],
+        ratios[ratios.len() - 1],
+    );
+    Ok(())
+}
+
+/// One round of `TASKS` tasks cycling on keys of their own; the cycles done.
+async fn round(
+    floor: bool,
+    backend: &Arc<dyn Backend>,
+    raw: &[Arc<Raw>],
+    prefix: &str,
+) -> Res<u64> {
+    let end = Instant::now() + ROUND;
+    let mut tasks = Vec::new();
+    for i in 0..TASKS {
+        let backend = Arc::clone(backend);
+        let raw = Arc::clone(&raw[i % raw.len()]);
+        let key = LockKey::new(format!("{prefix}:{i}"))?;
+        tasks.push(tokio::spawn(async move {
+            let options = LockOptions::new(Duration::from_secs(30));
+            let mut done = 0u64;
+            while Instant::now() < end {
+                if floor {
+                    let row = raw
+                        .client
+                        .query_one(&raw.lock, &[&key.as_str(), &0i64])
+                        .await?;
+                    let (advisory, token): (i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
+                    if token.is_none() {
+                        return Err(format!("{key} was held").into());
+                    }
+                    raw.client.query_one(&raw.unlock, &[&advisory]).await?;
+                } else {
+                    let lease = options.acquire_on(Arc::clone(&backend), &key).await?;
+                    lease.release().await?;
+                }
+                done += 1;
+            }
+            Res::Ok(done)
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total)
+}
+
+/// The process's user + system CPU time so far, in seconds.
+fn cpu_seconds() -> Res<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat")?;
+    // Fields after the command name (which is in parentheses): state is
+    // field 3, utime and stime are fields 14 and 15, in clock ticks.
+    let rest = stat
+        .rsplit_once(") ")
+        .map(|(_, rest)| rest)
+        .ok_or("odd /proc/self/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11).ok_or("no utime")?.parse::<u64>()?
+        + fields.get(12).ok_or("no stime")?.parse::<u64>()?;
+    // Linux reports these in USER_HZ, which is 100 on every mainstream build.
+    Ok(ticks as f64 / 100.0)
+}

@@ -5,7 +5,7 @@ mod conformance;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,16 +38,6 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
         .expect("spawn child")
 }
 
-/// Lines the child printed that start with `prefix`, with the prefix cut.
-fn child_lines(child: &mut Child, prefix: &str) -> Vec<String> {
-    let stdout = child.stdout.take().expect("piped stdout");
-    BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
-        .collect()
-}
-
 /// The child side. Ignored in normal runs; the tests below start it as
 /// `<test binary> child_process_entry --exact --ignored` with a role.
 #[test]
@@ -68,25 +58,7 @@ fn child_process_entry() {
         match parts[0] {
             // Increment a plain, unlocked counter file under the lock: any
             // overlap between holders loses an increment.
-            "counter" => {
-                let counter = Path::new(parts[3]);
-                let rounds: usize = parts[4].parse().expect("rounds");
-                for _ in 0..rounds {
-                    let lease = LockOptions::new(Duration::from_secs(10))
-                        .wait(Duration::from_secs(60))
-                        .acquire_on(backend.clone(), key)
-                        .await
-                        .expect("acquire");
-                    let value: u64 = std::fs::read_to_string(counter)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(0);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
-                    println!("held {} {}", lease.token(), value);
-                    lease.release().await.expect("release");
-                }
-            }
+            "counter" => support::counter_rounds(backend.clone(), key, &parts[3..]).await,
             // Take the lock with a long ttl and hang on to it.
             "hold" => {
                 let lease = LockOptions::new(Duration::from_secs(120))
@@ -127,36 +99,12 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
             )
         })
         .collect();
-    let mut holds: Vec<(u64, u64)> = Vec::new();
+    let mut lines = Vec::new();
     for child in &mut children {
-        for line in child_lines(child, "held ") {
-            let mut fields = line.split(' ').map(|f| f.parse::<u64>().expect("number"));
-            holds.push((fields.next().expect("token"), fields.next().expect("value")));
-        }
+        lines.extend(support::child_lines(child, "held "));
         assert!(child.wait().expect("child exits").success());
     }
-    let final_value: u64 = std::fs::read_to_string(&counter)
-        .expect("counter")
-        .trim()
-        .parse()
-        .expect("number");
-    assert_eq!(holds.len(), 3 * ROUNDS);
-    assert_eq!(
-        final_value,
-        (3 * ROUNDS) as u64,
-        "an increment was lost: two processes held the lock at once"
-    );
-    // In the order the holders ran (the counter value each one read), the
-    // tokens strictly increase.
-    holds.sort_by_key(|&(_, value)| value);
-    for pair in holds.windows(2) {
-        assert!(
-            pair[1].0 > pair[0].0,
-            "token {} ran after token {}",
-            pair[1].0,
-            pair[0].0
-        );
-    }
+    support::check_counter_holds(lines, &counter, 3 * ROUNDS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +151,7 @@ async fn tokens_keep_rising_across_process_restarts() {
     let mut tokens = Vec::new();
     for _ in 0..2 {
         let mut child = spawn_child("once", &[dir_s, "restarts"]);
-        let lines = child_lines(&mut child, "held ");
+        let lines = support::child_lines(&mut child, "held ");
         assert!(child.wait().expect("exit").success());
         tokens.push(lines[0].parse::<u64>().expect("token"));
     }

@@ -8,7 +8,7 @@ mod conformance;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -464,25 +464,7 @@ fn child_process_entry() {
         match parts[0].as_str() {
             // Increment a plain, unlocked counter file under the lock: any
             // overlap between holders loses an increment.
-            "counter" => {
-                let counter = Path::new(&parts[2]);
-                let rounds: usize = parts[3].parse().expect("rounds");
-                for _ in 0..rounds {
-                    let lease = LockOptions::new(Duration::from_secs(10))
-                        .wait(Duration::from_secs(60))
-                        .acquire_on(backend.clone(), &key)
-                        .await
-                        .expect("acquire");
-                    let value: u64 = std::fs::read_to_string(counter)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(0);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
-                    println!("held {} {}", lease.token(), value);
-                    lease.release().await.expect("release");
-                }
-            }
+            "counter" => support::counter_rounds(backend.clone(), key.as_str(), &parts[2..]).await,
             // Take the lock with a long ttl and hang on to it.
             "hold" => {
                 let lease = LockOptions::new(Duration::from_secs(120))
@@ -515,37 +497,12 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
     let mut children: Vec<Child> = (0..3)
         .map(|_| spawn_child("counter", &[key.as_str(), counter_s, &ROUNDS.to_string()]))
         .collect();
-    let mut holds: Vec<(u64, u64)> = Vec::new();
+    let mut lines = Vec::new();
     for child in &mut children {
-        let stdout = child.stdout.take().expect("piped stdout");
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("held ") {
-                let mut fields = rest.split(' ').map(|f| f.parse::<u64>().expect("number"));
-                holds.push((fields.next().expect("token"), fields.next().expect("value")));
-            }
-        }
+        lines.extend(support::child_lines(child, "held "));
         assert!(child.wait().expect("child exits").success());
     }
-    let final_value: u64 = std::fs::read_to_string(&counter)
-        .expect("counter")
-        .trim()
-        .parse()
-        .expect("number");
-    assert_eq!(holds.len(), 3 * ROUNDS);
-    assert_eq!(
-        final_value,
-        (3 * ROUNDS) as u64,
-        "an increment was lost: two processes held the lock at once"
-    );
-    holds.sort_by_key(|&(_, value)| value);
-    for pair in holds.windows(2) {
-        assert!(
-            pair[1].0 > pair[0].0,
-            "token {} ran after token {}",
-            pair[1].0,
-            pair[0].0
-        );
-    }
+    support::check_counter_holds(lines, &counter, 3 * ROUNDS);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

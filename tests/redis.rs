@@ -9,7 +9,7 @@ mod support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -123,25 +123,7 @@ fn child_process_entry() {
             }
             // Increment a plain, unlocked counter file under the lock: any
             // overlap between holders loses an increment.
-            "counter" => {
-                let counter = Path::new(&parts[2]);
-                let rounds: usize = parts[3].parse().expect("rounds");
-                for _ in 0..rounds {
-                    let lease = LockOptions::new(Duration::from_secs(10))
-                        .wait(Duration::from_secs(60))
-                        .acquire_on(backend.clone(), &key)
-                        .await
-                        .expect("acquire");
-                    let value: u64 = std::fs::read_to_string(counter)
-                        .ok()
-                        .and_then(|s| s.trim().parse().ok())
-                        .unwrap_or(0);
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    std::fs::write(counter, (value + 1).to_string()).expect("write counter");
-                    println!("held {} {}", lease.token(), value);
-                    lease.release().await.expect("release");
-                }
-            }
+            "counter" => support::counter_rounds(backend.clone(), key.as_str(), &parts[2..]).await,
             other => panic!("unknown child role {other}"),
         }
     });
@@ -194,36 +176,8 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
         drop(child.stdin.take());
         assert!(child.wait().expect("child exits").success());
     }
-    let mut holds: Vec<(u64, u64)> = lines
-        .try_iter()
-        .map(|line| {
-            let mut fields = line.split(' ').map(|f| f.parse::<u64>().expect("number"));
-            (fields.next().expect("token"), fields.next().expect("value"))
-        })
-        .collect();
-    let final_value: u64 = std::fs::read_to_string(&counter)
-        .expect("counter")
-        .trim()
-        .parse()
-        .expect("number");
+    support::check_counter_holds(lines.try_iter(), &counter, 3 * ROUNDS);
     let _ = std::fs::remove_file(&counter);
-    assert_eq!(holds.len(), 3 * ROUNDS);
-    assert_eq!(
-        final_value,
-        (3 * ROUNDS) as u64,
-        "an increment was lost: two processes held the lock at once"
-    );
-    // In the order the holders ran (the counter value each read), the
-    // tokens strictly increase.
-    holds.sort_by_key(|&(_, value)| value);
-    for pair in holds.windows(2) {
-        assert!(
-            pair[1].0 > pair[0].0,
-            "token {} ran after token {}",
-            pair[1].0,
-            pair[0].0
-        );
-    }
 }
 
 // ---------------------------------------------------------------------------

@@ -34,3 +34,84 @@ pub fn child_command(env_var: &str, role: &str, args: &[&str]) -> Command {
         .env(env_var, format!("{role}\u{1f}{}", args.join("\u{1f}")));
     command
 }
+
+/// The child side of the cross-process counter tests: `rounds` times, take
+/// `key` (waiting), read the plain, unlocked counter file, pause, write it
+/// back plus one, print `held <token> <value read>`, release. Any overlap
+/// between two holders loses an increment.
+/// `args` are the counter file's path and the number of rounds.
+pub async fn counter_rounds<A: AsRef<str>>(
+    backend: std::sync::Arc<dyn dlock::Backend>,
+    key: &str,
+    args: &[A],
+) {
+    let [counter, rounds] = args else {
+        panic!("counter role: expected COUNTER_PATH ROUNDS");
+    };
+    let counter = std::path::Path::new(counter.as_ref());
+    let rounds: usize = rounds.as_ref().parse().expect("rounds");
+    for _ in 0..rounds {
+        let lease = dlock::LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(60))
+            .acquire_on(backend.clone(), key)
+            .await
+            .expect("acquire");
+        let value: u64 = std::fs::read_to_string(counter)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        std::fs::write(counter, (value + 1).to_string()).expect("write counter");
+        println!("held {} {}", lease.token(), value);
+        lease.release().await.expect("release");
+    }
+}
+
+/// The parent side: from the children's `held <token> <value>` lines
+/// (prefix stripped), checks that all `expected` holds happened, that no
+/// increment was lost, and that in the order the holders ran (the value
+/// each one read) the tokens strictly increase.
+pub fn check_counter_holds(
+    lines: impl IntoIterator<Item = String>,
+    counter: &std::path::Path,
+    expected: usize,
+) {
+    let mut holds: Vec<(u64, u64)> = lines
+        .into_iter()
+        .map(|line| {
+            let mut fields = line.split(' ').map(|f| f.parse::<u64>().expect("number"));
+            (fields.next().expect("token"), fields.next().expect("value"))
+        })
+        .collect();
+    let final_value: u64 = std::fs::read_to_string(counter)
+        .expect("counter")
+        .trim()
+        .parse()
+        .expect("number");
+    assert_eq!(holds.len(), expected);
+    assert_eq!(
+        final_value, expected as u64,
+        "an increment was lost: two processes held the lock at once"
+    );
+    holds.sort_by_key(|&(_, value)| value);
+    for pair in holds.windows(2) {
+        assert!(
+            pair[1].0 > pair[0].0,
+            "token {} ran after token {}",
+            pair[1].0,
+            pair[0].0
+        );
+    }
+}
+
+/// The lines of `child`'s stdout that start with `prefix`, prefix removed
+/// (read until the child closes its stdout).
+pub fn child_lines(child: &mut std::process::Child, prefix: &str) -> Vec<String> {
+    use std::io::BufRead as _;
+    let stdout = child.stdout.take().expect("piped stdout");
+    std::io::BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
+        .collect()
+}

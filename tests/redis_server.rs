@@ -6,12 +6,10 @@ mod redis_support;
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::within;
 
-use async_trait::async_trait;
-use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
+use dlock::backend::OwnerId;
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use redis_support::RedisServer;
@@ -115,46 +113,6 @@ async fn a_held_lease_is_lost_when_the_server_dies_and_locking_works_again_after
     drop(lease);
 }
 
-/// Counts acquisition attempts, to tell a waiter woken by a release from one
-/// that polls.
-struct Counting {
-    inner: Arc<dyn Backend>,
-    attempts: AtomicUsize,
-}
-
-#[async_trait]
-impl Backend for Counting {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire(key, owner, ttl).await
-    }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
-        self.inner.release(key, owner).await
-    }
-    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke() {
     let mut server = RedisServer::start(&[]);
@@ -200,10 +158,7 @@ async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke()
     })
     .await
     .expect("free after the restart");
-    let counting = Arc::new(Counting {
-        inner: backend.clone(),
-        attempts: AtomicUsize::new(0),
-    });
+    let counting = crate::support::CountingBackend::new(backend.clone());
     let waiter = tokio::spawn({
         let (counting, key) = (counting.clone(), key.clone());
         async move {
@@ -220,7 +175,7 @@ async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke()
         .await
         .expect("task")
         .expect("woken by the release");
-    let attempts = counting.attempts.load(Ordering::SeqCst);
+    let attempts = counting.attempts();
     assert!(
         attempts <= 3,
         "the waiter tried {attempts} times: it polled instead of being woken by pub/sub"

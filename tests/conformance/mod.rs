@@ -15,11 +15,9 @@
 #![allow(dead_code)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use dlock::backend::{Attempt, OwnerId, ReleaseNotice};
+use dlock::backend::OwnerId;
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
@@ -298,55 +296,13 @@ pub async fn lost_signal_fires_when_the_ttl_runs_out_without_renewal(backend: Ar
     assert!(lease.check().is_err());
 }
 
-/// Counts attempts so a test can tell waking on a release from polling.
-struct CountingBackend {
-    inner: Arc<dyn Backend>,
-    attempts: AtomicUsize,
-}
-
-#[async_trait]
-impl Backend for CountingBackend {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire(key, owner, ttl).await
-    }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
-        self.inner.release(key, owner).await
-    }
-    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
 pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
     let key = fresh_key("wake");
     let holder = options(30_000)
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let counting = Arc::new(CountingBackend {
-        inner: backend.clone(),
-        attempts: AtomicUsize::new(0),
-    });
+    let counting = crate::support::CountingBackend::new(backend.clone());
     let waiter = {
         let (counting, key) = (counting.clone(), key.clone());
         tokio::spawn(async move {
@@ -366,7 +322,7 @@ pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
         .expect("task")
         .expect("woken waiter acquires");
     eprintln!("handoff took {:?}", released_at.elapsed());
-    let attempts = counting.attempts.load(Ordering::SeqCst);
+    let attempts = counting.attempts();
     // First try, the retry after subscribing, the retry after the wake-up.
     assert!(
         attempts <= 3,

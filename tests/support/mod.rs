@@ -115,3 +115,65 @@ pub fn child_lines(child: &mut std::process::Child, prefix: &str) -> Vec<String>
         .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
         .collect()
 }
+
+/// A backend that counts acquisition attempts and passes everything to
+/// `inner`: a test tells a waiter woken by a release from one that polls.
+pub struct CountingBackend {
+    inner: std::sync::Arc<dyn dlock::Backend>,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingBackend {
+    pub fn new(inner: std::sync::Arc<dyn dlock::Backend>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            inner,
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    /// How many acquisition attempts went through so far.
+    pub fn attempts(&self) -> usize {
+        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait::async_trait]
+impl dlock::Backend for CountingBackend {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn try_acquire(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<dlock::backend::Attempt, dlock::LockError> {
+        self.attempts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, dlock::LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+    ) -> Result<bool, dlock::LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn subscribe(
+        &self,
+        key: &dlock::LockKey,
+    ) -> Result<dlock::backend::ReleaseNotice, dlock::LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &dlock::LockKey) -> Result<bool, dlock::LockError> {
+        self.inner.force_release(key).await
+    }
+}

@@ -70,68 +70,8 @@ fn block_on_without_runtime<F: std::future::Future>(fut: F) -> F::Output {
 
 /// A memory backend whose first `failures` acquire attempts fail, as a
 /// restarting server's would.
-struct FlakyBackend {
-    inner: MemoryBackend,
-    failures: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Backend for FlakyBackend {
-    fn kind(&self) -> &'static str {
-        "flaky-memory"
-    }
-    async fn try_acquire(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-        ttl: Duration,
-    ) -> Result<dlock::backend::Attempt, LockError> {
-        use std::sync::atomic::Ordering;
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(LockError::backend(
-                "flaky-memory",
-                dlock::error::Operation::Acquire,
-                key.as_str(),
-                "connection refused",
-            ));
-        }
-        self.inner.try_acquire(key, owner, ttl).await
-    }
-    async fn extend(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-    ) -> Result<bool, LockError> {
-        self.inner.release(key, owner).await
-    }
-    async fn subscribe(
-        &self,
-        key: &dlock::LockKey,
-    ) -> Result<dlock::backend::ReleaseNotice, LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &dlock::LockKey) -> Result<bool, LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
 fn flaky(failures: usize) -> Arc<dyn Backend> {
-    Arc::new(FlakyBackend {
-        inner: MemoryBackend::new(),
-        failures: failures.into(),
-    })
+    support::CountingBackend::failing_first(Arc::new(MemoryBackend::new()), failures)
 }
 
 #[tokio::test]

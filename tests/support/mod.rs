@@ -118,16 +118,28 @@ pub fn child_lines(child: &mut std::process::Child, prefix: &str) -> Vec<String>
 
 /// A backend that counts acquisition attempts and passes everything to
 /// `inner`: a test tells a waiter woken by a release from one that polls.
+/// It can also fail its first attempts, as a restarting server would.
 pub struct CountingBackend {
     inner: std::sync::Arc<dyn dlock::Backend>,
     attempts: std::sync::atomic::AtomicUsize,
+    failures: std::sync::atomic::AtomicUsize,
 }
 
 impl CountingBackend {
     pub fn new(inner: std::sync::Arc<dyn dlock::Backend>) -> std::sync::Arc<Self> {
+        Self::failing_first(inner, 0)
+    }
+
+    /// Its first `failures` acquisition attempts fail with a backend error
+    /// ("connection refused") without reaching `inner`.
+    pub fn failing_first(
+        inner: std::sync::Arc<dyn dlock::Backend>,
+        failures: usize,
+    ) -> std::sync::Arc<Self> {
         std::sync::Arc::new(Self {
             inner,
             attempts: std::sync::atomic::AtomicUsize::new(0),
+            failures: std::sync::atomic::AtomicUsize::new(failures),
         })
     }
 
@@ -148,8 +160,20 @@ impl dlock::Backend for CountingBackend {
         owner: &dlock::backend::OwnerId,
         ttl: Duration,
     ) -> Result<dlock::backend::Attempt, dlock::LockError> {
-        self.attempts
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        use std::sync::atomic::Ordering;
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(dlock::LockError::backend(
+                self.inner.kind(),
+                dlock::error::Operation::Acquire,
+                key.as_str(),
+                "connection refused",
+            ));
+        }
         self.inner.try_acquire(key, owner, ttl).await
     }
     async fn extend(

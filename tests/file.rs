@@ -6,7 +6,7 @@ mod support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,13 +29,8 @@ conformance::suite!(backend);
 /// process playing one role (see `child_process_entry`).
 const CHILD_ROLE: &str = "DLOCK_FILE_TEST_CHILD";
 
-/// Re-runs this test binary as a child process in `role`.
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::child_command(CHILD_ROLE, role, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child")
+    support::spawn_child(CHILD_ROLE, role, args)
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
@@ -43,19 +38,13 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
-    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+    let Some((runtime, parts)) = support::child_role(CHILD_ROLE) else {
         return;
     };
-    let parts: Vec<&str> = spec.split('\u{1f}').collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     runtime.block_on(async move {
-        let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(parts[1]).expect("dir"));
-        let key = parts[2];
-        match parts[0] {
+        let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&parts[1]).expect("dir"));
+        let key = parts[2].as_str();
+        match parts[0].as_str() {
             // Increment a plain, unlocked counter file under the lock: any
             // overlap between holders loses an increment.
             "counter" => support::counter_rounds(backend.clone(), key, &parts[3..]).await,

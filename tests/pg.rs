@@ -9,7 +9,7 @@ mod support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -437,11 +437,7 @@ async fn keys_map_to_the_documented_server_hash_and_long_keys_lock() {
 const CHILD_ROLE: &str = "DLOCK_PG_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::child_command(CHILD_ROLE, role, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child")
+    support::spawn_child(CHILD_ROLE, role, args)
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
@@ -449,15 +445,9 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
-    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+    let Some((runtime, parts)) = support::child_role(CHILD_ROLE) else {
         return;
     };
-    let parts: Vec<String> = spec.split('\u{1f}').map(str::to_owned).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     runtime.block_on(async move {
         let backend: Arc<dyn Backend> = backend().await;
         let key = LockKey::new(parts[1].as_str()).expect("key");

@@ -10,7 +10,7 @@ mod support;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 use support::within;
@@ -40,14 +40,8 @@ conformance::suite!(backend);
 /// process playing one role (see `child_process_entry`).
 const CHILD_ROLE: &str = "DLOCK_REDIS_TEST_CHILD";
 
-/// Re-runs this test binary as a child process in `role`.
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::child_command(CHILD_ROLE, role, args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child")
+    support::spawn_child(CHILD_ROLE, role, args)
 }
 
 /// Sends every line the children print that starts with `prefix` (prefix
@@ -73,15 +67,9 @@ fn collect_lines(children: &mut [Child], prefix: &'static str) -> mpsc::Receiver
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
-    let Ok(spec) = std::env::var(CHILD_ROLE) else {
+    let Some((runtime, parts)) = support::child_role(CHILD_ROLE) else {
         return;
     };
-    let parts: Vec<String> = spec.split('\u{1f}').map(str::to_owned).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
     runtime.block_on(async move {
         let backend = backend().await;
         let key = parts[1].clone();

@@ -17,6 +17,31 @@ pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
     }
 }
 
+/// Re-runs this test binary as a child process playing `role` (see
+/// [`child_command`]), with its stdin and stdout piped to the caller.
+pub fn spawn_child(env_var: &str, role: &str, args: &[&str]) -> std::process::Child {
+    use std::process::Stdio;
+    child_command(env_var, role, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child")
+}
+
+/// In a child started by [`spawn_child`]: its role and arguments, read from
+/// `env_var`, and a runtime to play it on. `None` in a normal test run.
+pub fn child_role(env_var: &str) -> Option<(tokio::runtime::Runtime, Vec<String>)> {
+    let spec = std::env::var(env_var).ok()?;
+    let parts = spec.split('\u{1f}').map(str::to_owned).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    Some((runtime, parts))
+}
+
 /// A command that re-runs this test binary as a child process playing
 /// `role`: it runs only the `#[ignore]`d `child_process_entry` test, which
 /// reads the role and its arguments from `env_var`. The caller sets stdio.

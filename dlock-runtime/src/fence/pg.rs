@@ -15,6 +15,8 @@ use tokio_postgres::{Client, Transaction};
 
 use super::check_resource;
 use crate::error::{LockError, Operation};
+use crate::pg::quote_schema;
+use crate::pg::sql::render;
 use crate::token::FencingToken;
 
 const KIND: &str = "pg";
@@ -195,31 +197,6 @@ impl PgFence {
             .transpose()
             .map(|token| token.map(|t| FencingToken::new(u64::try_from(t).unwrap_or(0))))
             .map_err(|e| pg_error(resource, "unexpected answer", e))
-    }
-}
-
-fn render(statement: &str, quoted_schema: &str) -> String {
-    statement.replace("{schema}", quoted_schema)
-}
-
-/// Checks a schema name and quotes it for SQL text (it is an identifier, so
-/// it cannot be a bound parameter).
-fn quote_schema(schema: &str) -> Result<String, LockError> {
-    let mut chars = schema.chars();
-    let valid = schema.len() <= 63
-        && chars
-            .next()
-            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
-        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-    if valid {
-        Ok(format!("\"{schema}\""))
-    } else {
-        Err(LockError::InvalidOption {
-            option: "schema",
-            reason: format!(
-                "{schema:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
-            ),
-        })
     }
 }
 

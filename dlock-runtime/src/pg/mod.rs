@@ -85,7 +85,7 @@
 mod detach;
 mod expiry;
 mod session;
-mod sql;
+pub(crate) mod sql;
 mod tls;
 mod wait;
 mod xact;
@@ -278,8 +278,9 @@ impl PgOptions {
     }
 }
 
-/// Checks a schema name and returns it quoted for SQL text.
-fn quote_schema(schema: &str) -> Result<String, LockError> {
+/// Checks a schema name and returns it quoted for SQL text (an identifier
+/// cannot be a bound parameter). Also used by the PostgreSQL fence.
+pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
     let mut chars = schema.chars();
     let valid = schema.len() <= 63
         && chars

@@ -150,7 +150,7 @@ pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
     "SELECT set_config('lock_timeout', $1::text, true)";
 
 /// Fills `{schema}` in a statement.
-pub(super) fn render(statement: &str, quoted_schema: &str) -> String {
+pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement.replace("{schema}", quoted_schema)
 }
 

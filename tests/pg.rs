@@ -383,15 +383,7 @@ async fn transaction_scoped_locks_exclude_session_locks_until_commit_and_share_t
         "a transaction lock excludes session locks"
     );
     // A session waiter is woken by the commit (server-side wait, no polling).
-    let waiter = tokio::spawn({
-        let (shared, key) = (shared.clone(), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(10))
-                .wait(Duration::from_secs(10))
-                .acquire_on(shared, key)
-                .await
-        }
-    });
+    let waiter = support::spawn_waiter(shared.clone(), &key, 10, 10);
     tokio::time::sleep(Duration::from_millis(200)).await;
     tx.commit().await.expect("commit releases the lock");
     let after = within(10, "the waiter", waiter)

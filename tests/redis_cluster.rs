@@ -127,15 +127,7 @@ async fn keys_on_every_master_lock_and_wake_waiters_through_one_seed() {
             .acquire_on(backend.clone(), &key)
             .await
             .expect("free");
-        let waiter = tokio::spawn({
-            let (backend, key) = (backend.clone(), key.clone());
-            async move {
-                LockOptions::new(Duration::from_secs(10))
-                    .wait(Duration::from_secs(20))
-                    .acquire_on(backend, key)
-                    .await
-            }
-        });
+        let waiter = support::spawn_waiter(backend.clone(), &key, 10, 20);
         tokio::task::yield_now().await;
         let token = lease.token();
         lease.release().await.expect("release");

@@ -130,15 +130,7 @@ async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke()
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let waiter = tokio::spawn({
-        let (backend, key) = (backend.clone(), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(30))
-                .wait(Duration::from_secs(2))
-                .acquire_on(backend, key)
-                .await
-        }
-    });
+    let waiter = support::spawn_waiter(backend.clone(), &key, 30, 2);
     sleep(Duration::from_millis(300)).await;
     holder.release().await.expect("release");
     within(10, "the first waiter", waiter)
@@ -159,15 +151,7 @@ async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke()
     .await
     .expect("free after the restart");
     let counting = crate::support::CountingBackend::new(backend.clone());
-    let waiter = tokio::spawn({
-        let (counting, key) = (counting.clone(), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(30))
-                .wait(Duration::from_secs(20))
-                .acquire_on(counting, key)
-                .await
-        }
-    });
+    let waiter = support::spawn_waiter(counting.clone(), &key, 30, 20);
     // Long enough for a polling waiter to try many more times.
     sleep(Duration::from_millis(2500)).await;
     holder.release().await.expect("release");
@@ -268,15 +252,7 @@ async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
         .await
         .expect("free");
     assert!(holder.token().get() > first);
-    let waiter = tokio::spawn({
-        let (backend, key) = (backend.clone(), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(10))
-                .wait(Duration::from_secs(10))
-                .acquire_on(backend, key)
-                .await
-        }
-    });
+    let waiter = support::spawn_waiter(backend.clone(), &key, 10, 10);
     sleep(Duration::from_millis(200)).await;
     holder.release().await.expect("release");
     within(15, "the waiter", waiter)
@@ -410,15 +386,7 @@ async fn rediss_locks_with_a_trusted_private_ca_and_refuses_an_untrusted_certifi
         .await
         .expect("free");
     // Waiting works over TLS too (pub/sub on its own TLS connection).
-    let waiter = tokio::spawn({
-        let (backend, key) = (backend.clone(), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(10))
-                .wait(Duration::from_secs(10))
-                .acquire_on(backend, key)
-                .await
-        }
-    });
+    let waiter = support::spawn_waiter(backend.clone(), &key, 10, 10);
     sleep(Duration::from_millis(200)).await;
     let token = holder.token();
     holder.release().await.expect("release");

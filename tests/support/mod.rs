@@ -226,3 +226,20 @@ impl dlock::Backend for CountingBackend {
         self.inner.force_release(key).await
     }
 }
+
+/// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting
+/// up to `wait_secs` for it.
+pub fn spawn_waiter(
+    backend: std::sync::Arc<dyn dlock::Backend>,
+    key: &dlock::LockKey,
+    ttl_secs: u64,
+    wait_secs: u64,
+) -> tokio::task::JoinHandle<Result<dlock::Lease, dlock::LockError>> {
+    let key = key.clone();
+    tokio::spawn(async move {
+        dlock::LockOptions::new(Duration::from_secs(ttl_secs))
+            .wait(Duration::from_secs(wait_secs))
+            .acquire_on(backend, key)
+            .await
+    })
+}

@@ -62,7 +62,7 @@ impl OwnServer {
         std::fs::write(&pwfile, PASSWORD).expect("pwfile");
         let cert = server.dir.join("server.crt");
         let key = server.dir.join("server.key");
-        make_certificates(&server.dir);
+        support::make_test_certificates(&server.dir);
         if is_root() {
             run(Command::new("chown").args(["-R", "postgres:postgres", path(&server.dir)]));
         }
@@ -147,58 +147,6 @@ impl Drop for OwnServer {
         let _ = self.pg_ctl_stop("immediate");
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// A test CA (`ca.crt`) and a server certificate it signed for
-/// 127.0.0.1 and localhost (`server.crt`, `server.key`).
-fn make_certificates(dir: &Path) {
-    let at = |name: &str| dir.join(name);
-    let openssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=dlock-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=localhost",
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-    ]);
-    std::fs::write(at("ext.cnf"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n").expect("ext");
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-extfile",
-        "ext.cnf",
-        "-out",
-        "server.crt",
-    ]);
 }
 
 fn is_root() -> bool {

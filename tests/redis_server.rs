@@ -273,61 +273,7 @@ struct Certificates {
 impl Certificates {
     fn make() -> Self {
         let dir = redis_support::fresh_dir("tls");
-        let run = |args: &[&str]| {
-            let status = std::process::Command::new("openssl")
-                .args(args)
-                .current_dir(&dir)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .expect("openssl must be installed");
-            assert!(status.success(), "openssl {args:?} failed");
-        };
-        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write");
-        run(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=dlock test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ]);
-        run(&[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ]);
-        run(&[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            "san.ext",
-            "-out",
-            "server.crt",
-        ]);
+        support::make_test_certificates(&dir);
         Self { dir }
     }
 

@@ -243,3 +243,35 @@ pub fn spawn_waiter(
             .await
     })
 }
+
+/// Writes a test CA (`ca.crt`, `ca.key`) and a server certificate it
+/// signed for 127.0.0.1 and localhost (`server.crt`, `server.key`) into
+/// `dir`, with the `openssl` command (which `scripts/test` installs).
+pub fn make_test_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("openssl must be installed");
+        assert!(
+            out.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    #[rustfmt::skip]
+    openssl(&["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=dlock-test-ca", "-keyout", "ca.key", "-out", "ca.crt"]);
+    #[rustfmt::skip]
+    openssl(&["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+        "-keyout", "server.key", "-out", "server.csr"]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write ext.cnf");
+    #[rustfmt::skip]
+    openssl(&["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "1", "-extfile", "ext.cnf", "-out", "server.crt"]);
+}

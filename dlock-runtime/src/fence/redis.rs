@@ -19,15 +19,13 @@ use crate::token::FencingToken;
 const KIND: &str = "redis";
 const DEFAULT_PREFIX: &str = "dlock:fenced:";
 
-/// Sets the value under a token. `KEYS[1]` the resource hash; `ARGV[1]` the
-/// token (decimal, no leading zeros), `ARGV[2]` the value. Returns
-/// `{1, token}` when the value was set, `{0, highest}` when a higher token
-/// was accepted before (nothing is changed then).
-///
-/// Why one atomic step: compared and set apart, a newer holder's write could
-/// land between a stale holder's check and its set, which would then
-/// overwrite the newer value — the very write fencing exists to refuse.
-const WRITE_LUA: &str = r"
+/// The start both scripts share: returns `{0, highest}` when `ARGV[1]` (a
+/// decimal token without leading zeros, compared as a number by length,
+/// then digits) is below the highest token the resource hash `KEYS[1]` has
+/// accepted; otherwise falls through.
+macro_rules! token_check_lua {
+    () => {
+        r"
 local function at_least(a, b)
   if #a ~= #b then return #a > #b end
   return a >= b
@@ -36,9 +34,24 @@ local highest = redis.call('HGET', KEYS[1], 'token')
 if highest and not at_least(ARGV[1], highest) then
   return {0, highest}
 end
-redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
+"
+    };
+}
+
+/// Sets the value under a token. `KEYS[1]` the resource hash; `ARGV[1]` the
+/// token (decimal, no leading zeros), `ARGV[2]` the value. Returns
+/// `{1, token}` when the value was set, `{0, highest}` when a higher token
+/// was accepted before (nothing is changed then).
+///
+/// Why one atomic step: compared and set apart, a newer holder's write could
+/// land between a stale holder's check and its set, which would then
+/// overwrite the newer value — the very write fencing exists to refuse.
+const WRITE_LUA: &str = concat!(
+    token_check_lua!(),
+    r"redis.call('HSET', KEYS[1], 'token', ARGV[1], 'value', ARGV[2])
 return {1, ARGV[1]}
-";
+"
+);
 
 /// Reads the value under a token, recording the token as the highest seen.
 /// `KEYS[1]` the resource hash; `ARGV[1]` the token. Returns `{1, value}`
@@ -51,18 +64,12 @@ return {1, ARGV[1]}
 /// highest token with the read refuses the older holder's write; checked
 /// and raised apart, a newer reader's token could be overwritten by an
 /// older one.
-const READ_LUA: &str = r"
-local function at_least(a, b)
-  if #a ~= #b then return #a > #b end
-  return a >= b
-end
-local highest = redis.call('HGET', KEYS[1], 'token')
-if highest and not at_least(ARGV[1], highest) then
-  return {0, highest}
-end
-redis.call('HSET', KEYS[1], 'token', ARGV[1])
+const READ_LUA: &str = concat!(
+    token_check_lua!(),
+    r"redis.call('HSET', KEYS[1], 'token', ARGV[1])
 return {1, redis.call('HGET', KEYS[1], 'value')}
-";
+"
+);
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_LUA));
 static READ: LazyLock<Script> = LazyLock::new(|| Script::new(READ_LUA));

@@ -67,6 +67,33 @@ macro_rules! timed {
     }};
 }
 
+/// The dlock row of a backend: `LockOptions::acquire_on` + `Lease::release`
+/// of keys `bench:<run>:<tag>:<task>`.
+fn dlock_row(kind: &str, backend: Arc<dyn Backend>, run: &str, tag: &'static str) -> Row {
+    let run = run.to_owned();
+    Row::new(
+        format!("dlock {kind}: LockOptions::acquire_on + Lease::release"),
+        move |tasks, deadline| {
+            let (backend, run) = (backend.clone(), run.clone());
+            async move {
+                spawn_all(tasks, |i| {
+                    let backend = backend.clone();
+                    let key = LockKey::new(format!("bench:{run}:{tag}:{i}"));
+                    async move {
+                        let key = key?;
+                        let options = LockOptions::new(TTL);
+                        timed!(deadline, {
+                            let lease = options.acquire_on(backend.clone(), &key).await?;
+                            lease.release().await?;
+                        })
+                    }
+                })
+                .await
+            }
+        },
+    )
+}
+
 /// Runs every row at every concurrency: `rounds` interleaved rounds of
 /// `round` each, after a short warm-up. Returns, per row and concurrency,
 /// the measurement.
@@ -162,30 +189,7 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
 
     let backend: Arc<dyn Backend> =
         Arc::new(dlock::redis::RedisBackend::connect(&cfg.redis_url).await?);
-    let dlock_row = {
-        let run = run.clone();
-        Row::new(
-            "dlock RedisBackend: LockOptions::acquire_on + Lease::release",
-            move |tasks, deadline| {
-                let (backend, run) = (backend.clone(), run.clone());
-                async move {
-                    spawn_all(tasks, |i| {
-                        let backend = backend.clone();
-                        let key = LockKey::new(format!("bench:{run}:dlock:{i}"));
-                        async move {
-                            let key = key?;
-                            let options = LockOptions::new(TTL);
-                            timed!(deadline, {
-                                let lease = options.acquire_on(backend.clone(), &key).await?;
-                                lease.release().await?;
-                            })
-                        }
-                    })
-                    .await
-                }
-            },
-        )
-    };
+    let dlock_row = dlock_row("RedisBackend", backend, &run, "dlock");
 
     let manager = rslock::LockManager::new(vec![cfg.redis_url.clone()]);
     let rslock_row = {
@@ -326,30 +330,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
     };
 
     let backend: Arc<dyn Backend> = Arc::new(backend);
-    let dlock_row = {
-        let run = run.clone();
-        Row::new(
-            "dlock PgBackend: LockOptions::acquire_on + Lease::release",
-            move |tasks, deadline| {
-                let (backend, run) = (backend.clone(), run.clone());
-                async move {
-                    spawn_all(tasks, |i| {
-                        let backend = backend.clone();
-                        let key = LockKey::new(format!("bench:{run}:pgdlock:{i}"));
-                        async move {
-                            let key = key?;
-                            let options = LockOptions::new(TTL);
-                            timed!(deadline, {
-                                let lease = options.acquire_on(backend.clone(), &key).await?;
-                                lease.release().await?;
-                            })
-                        }
-                    })
-                    .await
-                }
-            },
-        )
-    };
+    let dlock_row = dlock_row("PgBackend", backend, &run, "pgdlock");
 
     let seed = cfg.run_seed;
     let pair = Row::new(

@@ -16,9 +16,119 @@ use crate::error::{LockError, LostReason, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
-/// A future that resolves when a key *may* have been released (a hint to try
-/// again, never a promise that the key is free).
-pub type ReleaseNotice = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// A future that resolves when a key *may* have been released: a hint to
+/// try again, never a promise that the key is free.
+///
+/// A backend that wakes only some of its waiters on a release (one, say, as
+/// only one can take the key) makes the notice with
+/// [`ReleaseNotice::passing_on`]: should the woken waiter give up before its
+/// next attempt is answered (its deadline passes, it is cancelled, the
+/// attempt fails), dropping the notice passes the wake-up on, so a release
+/// is never swallowed. The core calls [`ReleaseNotice::answered`] once the
+/// attempt that followed the wake-up got an answer.
+#[must_use = "a notice only tells of a release while it is awaited"]
+pub struct ReleaseNotice {
+    wait: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
+    woken: bool,
+    pass_on: Option<Box<dyn FnOnce() + Send + 'static>>,
+}
+
+impl ReleaseNotice {
+    /// A notice that resolves when `wait` does; for backends that wake
+    /// every waiter on a release.
+    pub fn new(wait: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self {
+            wait: Box::pin(wait),
+            woken: false,
+            pass_on: None,
+        }
+    }
+
+    /// A notice that resolves when `wait` does and, if it is dropped after
+    /// it resolved but before [`ReleaseNotice::answered`], calls `pass_on`
+    /// to wake another waiter in its place.
+    pub fn passing_on(
+        wait: impl Future<Output = ()> + Send + 'static,
+        pass_on: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        Self {
+            wait: Box::pin(wait),
+            woken: false,
+            pass_on: Some(Box::new(pass_on)),
+        }
+    }
+
+    /// True once the notice has resolved.
+    pub fn is_woken(&self) -> bool {
+        self.woken
+    }
+
+    /// The waiter it woke has made its next attempt and got an answer
+    /// (acquired, or held by someone else): the wake-up served its purpose
+    /// and is not passed on.
+    pub fn answered(mut self) {
+        self.pass_on = None;
+    }
+}
+
+impl Future for ReleaseNotice {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        if self.woken {
+            return std::task::Poll::Ready(());
+        }
+        std::task::ready!(self.wait.as_mut().poll(cx));
+        self.woken = true;
+        std::task::Poll::Ready(())
+    }
+}
+
+impl Drop for ReleaseNotice {
+    fn drop(&mut self) {
+        if self.woken
+            && let Some(pass_on) = self.pass_on.take()
+        {
+            pass_on();
+        }
+    }
+}
+
+impl fmt::Debug for ReleaseNotice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReleaseNotice")
+            .field("woken", &self.woken)
+            .field("passes_on", &self.pass_on.is_some())
+            .finish()
+    }
+}
+
+/// The answer to one [`Backend::release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The caller held the key, and now nobody does.
+    Released,
+    /// The caller did not hold the key (its lease had run out, or was
+    /// broken or taken over); nothing was changed.
+    NotOwner,
+    /// The reply to a first request was lost (a broken connection) and a
+    /// retry found the key not held by the caller: either the lost request
+    /// released it, or the lease had ended before. The core decides with
+    /// the lease's own deadline: a retry answered while the lease was still
+    /// valid by the holder's clock means the first request released it.
+    Unconfirmed,
+}
+
+impl ReleaseOutcome {
+    /// `Released` for `true`, `NotOwner` for `false`.
+    pub fn from_released(released: bool) -> Self {
+        if released {
+            Self::Released
+        } else {
+            Self::NotOwner
+        }
+    }
+}
 
 /// Leases a backend can lose all at once by itself, before any renewal
 /// would tell: for example every lease held on one PostgreSQL session, lost
@@ -292,6 +402,16 @@ pub struct Renewal<'a> {
 /// All operations must be atomic on the store: `try_acquire` sets the owner
 /// and draws the fencing token in one step, and `extend`/`release` compare
 /// the owner and act in one step.
+///
+/// Callers that give up: the core never drops a `try_acquire` or a
+/// `release` future half-way while a runtime runs. If its own caller gives
+/// up (a timeout, a `select!`, an aborted request), the rest of the call
+/// runs on in a task of its own, and a grant that arrives after the caller
+/// left, or an attempt that failed and may have reached the store anyway
+/// (a lost reply), is given back with an owner-checked `release`. A
+/// `try_acquire` that answers `Ok(Attempt::Acquired)` for an `owner` that
+/// already holds the key (a retry after a lost reply) is what lets the core
+/// retry safely.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// The kind of store, for errors and traces (`"memory"`, `"file"`, …).
@@ -329,9 +449,9 @@ pub trait Backend: Send + Sync + 'static {
         answers
     }
 
-    /// Releases `key` if `owner` holds it. `Ok(false)` when it did not (the
-    /// lease had run out or was taken over); nothing is changed then.
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError>;
+    /// Releases `key` if `owner` holds it; see [`ReleaseOutcome`] for the
+    /// answers. Nothing is changed when `owner` does not hold it.
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError>;
 
     /// Registers interest in the release of `key`. The notice must resolve
     /// after any release (or expiry the backend can see) that happens after

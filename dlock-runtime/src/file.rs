@@ -35,7 +35,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -73,10 +73,18 @@ pub struct FileBackend {
 struct Inner {
     dir: PathBuf,
     /// The alive files this process holds locked, one per lease it holds.
-    alive: Mutex<HashMap<(String, OwnerId), File>>,
+    alive: Mutex<HashMap<(String, OwnerId), Alive>>,
     /// One watcher thread per (alive file) being waited on, shared by every
     /// waiter of this process.
     watchers: Mutex<HashMap<PathBuf, watch::Receiver<bool>>>,
+}
+
+/// One alive file this process holds locked, and when its lease runs out
+/// (wall clock, µs), after which it is closed at the next acquisition even
+/// if no release ever comes: a descriptor never outlives its lease for long.
+struct Alive {
+    file: File,
+    expires_at_us: u64,
 }
 
 /// What `NAME.state` holds.
@@ -207,12 +215,7 @@ impl Inner {
     /// Whether `owner`'s process still holds its alive file. A file that can
     /// be locked belongs to a dead holder: it is removed.
     fn holder_alive(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
-        if self
-            .alive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains_key(&(name.to_owned(), *owner))
-        {
+        if self.holds_alive(name, owner) {
             return Ok(true);
         }
         let path = self.alive_path(name, owner);
@@ -233,14 +236,36 @@ impl Inner {
 
     /// Drops this process's alive file for a lease, waking its waiters.
     fn drop_alive(&self, name: &str, owner: &OwnerId) {
-        let file = self
+        let alive = self
             .alive
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&(name.to_owned(), *owner));
-        if let Some(file) = file {
+        if let Some(alive) = alive {
             let _ = fs::remove_file(self.alive_path(name, owner));
-            drop(file);
+            drop(alive.file);
+        }
+    }
+
+    /// Closes the alive files of leases that ran out without a release
+    /// (a holder that vanished without a runtime to release on drop):
+    /// their keys are free by expiry already, and their descriptors must
+    /// not stay open for the life of the process.
+    fn close_expired(&self, now: u64) {
+        let expired: Vec<(String, OwnerId)> = {
+            let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+            let expired = alive
+                .iter()
+                .filter(|(_, a)| a.expires_at_us <= now)
+                .map(|(id, _)| id.clone())
+                .collect::<Vec<_>>();
+            for id in &expired {
+                alive.remove(id);
+            }
+            expired
+        };
+        for (name, owner) in expired {
+            let _ = fs::remove_file(self.alive_path(&name, &owner));
         }
     }
 
@@ -260,6 +285,20 @@ impl Inner {
             ..
         }) = &state
         {
+            // A retry by the owner that holds it (its first answer was
+            // lost): it has the key, with the token already drawn.
+            if *holder == owner
+                && *expires_at_us > now
+                && self.holds_alive(name, &owner)
+                && let Some(mut state) = state.clone()
+            {
+                state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+                self.write_state(name, &state, false)?;
+                self.set_alive_expiry(name, &owner, state.expires_at_us);
+                return Ok(Attempt::Acquired(Grant::new(FencingToken::new(
+                    state.counter,
+                ))));
+            }
             // For an expired holder this only tidies up a dead one's file.
             let alive = self.holder_alive(name, holder)?;
             if alive && *expires_at_us > now {
@@ -277,12 +316,13 @@ impl Inner {
         let alive_path = self.alive_path(name, &owner);
         let alive = File::create(&alive_path)?;
         alive.lock()?;
+        let expires_at_us = now.saturating_add(ttl.as_micros() as u64);
         let written = self.write_state(
             name,
             &State {
                 counter: token,
                 owner: Some(owner),
-                expires_at_us: now.saturating_add(ttl.as_micros() as u64),
+                expires_at_us,
                 key: key.to_owned(),
             },
             true,
@@ -291,10 +331,17 @@ impl Inner {
             let _ = fs::remove_file(&alive_path);
             return Err(err);
         }
+        self.close_expired(now);
         self.alive
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert((name.to_owned(), owner), alive);
+            .insert(
+                (name.to_owned(), owner),
+                Alive {
+                    file: alive,
+                    expires_at_us,
+                },
+            );
         Ok(Attempt::Acquired(Grant::new(FencingToken::new(token))))
     }
 
@@ -310,7 +357,28 @@ impl Inner {
         };
         state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
         self.write_state(name, &state, false)?;
+        self.set_alive_expiry(name, &owner, state.expires_at_us);
         Ok(true)
+    }
+
+    /// True if this process holds `owner`'s alive file for `name`.
+    fn holds_alive(&self, name: &str, owner: &OwnerId) -> bool {
+        self.alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&(name.to_owned(), *owner))
+    }
+
+    /// Records a renewed lease's new end with its alive file.
+    fn set_alive_expiry(&self, name: &str, owner: &OwnerId, expires_at_us: u64) {
+        if let Some(alive) = self
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&(name.to_owned(), *owner))
+        {
+            alive.expires_at_us = expires_at_us;
+        }
     }
 
     fn release(&self, name: &str, owner: OwnerId) -> io::Result<bool> {
@@ -420,12 +488,13 @@ impl Backend for FileBackend {
         .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
         let (name, owner) = (file_name(key), *owner);
         self.blocking(Operation::Release, key, move |inner| {
             inner.release(&name, owner)
         })
         .await
+        .map(ReleaseOutcome::from_released)
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
@@ -440,11 +509,12 @@ impl Backend for FileBackend {
             })
             .await?;
         Ok(match receiver {
-            Some(mut rx) => Box::pin(async move {
+            // Every waiter of the file hears its release.
+            Some(mut rx) => ReleaseNotice::new(async move {
                 let _ = rx.wait_for(|released| *released).await;
             }),
             // Nobody holds it: the caller's retry will tell.
-            None => Box::pin(std::future::ready(())),
+            None => ReleaseNotice::new(std::future::ready(())),
         })
     }
 

@@ -15,7 +15,10 @@ use tracing::Instrument as _;
 
 mod renewal;
 
-use crate::backend::{Attempt, Backend, Grant, LossGroup, LossSink, OwnerId};
+use crate::backend::{
+    Attempt, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseNotice, ReleaseOutcome,
+};
+use crate::detach::{AbandonedWith, Detachable, Ignore};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
 use crate::options::LockOptions;
@@ -272,17 +275,31 @@ impl Lease {
     /// Releases the lock (keeping it until the minimum hold, if one was
     /// set). Fails with [`LockError::LeaseLost`] if the lease had been lost
     /// before: its holder must assume someone else acted meanwhile.
+    ///
+    /// A caller that gives up half-way (a timeout around this call) does
+    /// not leave the key held: the release goes on in the background.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finished = true;
-        self.stop_watching();
+        let valid_until = self.stop_watching();
         let prior = self.shared.mark_released();
-        let outcome = finish(&self.shared, self.keep_for()).await;
+        let outcome = finish_detached(&self.shared, self.keep_for()).await;
         if let State::Lost(reason) = prior {
             return Err(self.shared.lost_error(reason));
         }
         match outcome {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(self.shared.lost_error(LostReason::NotOwner)),
+            Ok(ReleaseOutcome::Released) => Ok(()),
+            // The first request's reply was lost and the retry found the key
+            // gone. Before `valid_until` (counted from when the last renewal
+            // was sent, so never later than the store's own expiry) only that
+            // request, or an outside hand, can have removed it: it released.
+            Ok(ReleaseOutcome::Unconfirmed)
+                if valid_until.is_some_and(|until| Instant::now() < until) =>
+            {
+                Ok(())
+            }
+            Ok(ReleaseOutcome::NotOwner | ReleaseOutcome::Unconfirmed) => {
+                Err(self.shared.lost_error(LostReason::NotOwner))
+            }
             Err(err) => Err(err),
         }
     }
@@ -293,17 +310,19 @@ impl Lease {
         self.finished = true;
         self.stop_watching();
         self.shared.mark_released();
-        if let Err(err) = finish(&self.shared, Duration::ZERO).await {
+        if let Err(err) = finish_detached(&self.shared, Duration::ZERO).await {
             tracing::warn!(key = %self.shared.key, error = %err, "giving back a lock failed; its ttl will free it");
         }
     }
 
-    /// Ends renewal and the loss watch: the lease is ending.
-    fn stop_watching(&mut self) {
-        self.renewal.cancel();
+    /// Ends renewal and the loss watch: the lease is ending. Returns until
+    /// when the lease was known valid, if renewal still tracked it.
+    fn stop_watching(&mut self) -> Option<Instant> {
+        let valid_until = self.renewal.cancel();
         if let Some((group, id)) = self.loss_group.take() {
             group.detach(id);
         }
+        valid_until
     }
 
     /// How much longer the minimum hold keeps the key.
@@ -315,9 +334,8 @@ impl Lease {
 /// Ends the lease on the backend: releases it, or, while a minimum hold is
 /// still running, shortens it to `keep_for` and releases it when that is
 /// over (which lets backends whose locks do not expire by themselves, and
-/// those that keep per-lease resources, let go). `Ok(false)`: it was not
-/// ours any more.
-async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<bool, LockError> {
+/// those that keep per-lease resources, let go).
+async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutcome, LockError> {
     let outcome = if keep_for.is_zero() {
         shared.backend.release(&shared.key, &shared.owner).await
     } else {
@@ -335,17 +353,27 @@ async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<bool, LockEr
                 let _ = shared.backend.release(&shared.key, &shared.owner).await;
             });
         }
-        kept
+        kept.map(ReleaseOutcome::from_released)
     };
     tracing::debug!(
         key = %shared.key,
         backend = shared.backend.kind(),
         token = %shared.token,
         kept_for_ms = keep_for.as_millis() as u64,
-        released = matches!(outcome, Ok(true)),
+        outcome = ?outcome.as_ref().ok(),
         "lease released"
     );
     outcome
+}
+
+/// [`finish`], carried on in the background if the caller stops waiting:
+/// a release abandoned half-way must not leave the key held for its ttl.
+fn finish_detached(
+    shared: &Arc<Shared>,
+    keep_for: Duration,
+) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send + 'static {
+    let shared = Arc::clone(shared);
+    Detachable::new(async move { finish(&shared, keep_for).await }, Ignore)
 }
 
 impl Drop for Lease {
@@ -435,7 +463,7 @@ pub(crate) async fn acquire(
     async move {
         let started = Instant::now();
         let owner = OwnerId::random()?;
-        let (grant, sent) = take(&*backend, &key, &owner, &options, deadline, started).await?;
+        let (grant, sent) = take(&backend, &key, &owner, &options, deadline, started).await?;
         tracing::debug!(
             token = %grant.token,
             waited_ms = started.elapsed().as_millis() as u64,
@@ -454,8 +482,15 @@ pub(crate) async fn acquire(
 /// server, a dropped connection) until its deadline, retrying with backoff;
 /// if the deadline passes first, the last failure is returned rather than a
 /// timeout, so the cause is not hidden.
+///
+/// Nothing is left held when the caller gives up: an attempt abandoned
+/// half-way is finished in the background and its grant given back (see
+/// [`attempt`]), and an attempt that failed may have reached the store all
+/// the same (a lost reply), so a failed acquisition gives its owner's key
+/// back too. The wake-up that ended a nap is kept until the attempt after
+/// it is answered: a waiter that gives up in between passes it on.
 async fn take(
-    backend: &dyn Backend,
+    backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: &OwnerId,
     options: &LockOptions,
@@ -477,57 +512,150 @@ async fn take(
     let may_retry =
         |err: &LockError| !options.wait.is_zero() && matches!(err, LockError::Backend { .. });
     let mut failure: Option<LockError> = None;
-    let mut backoff = MIN_BACKOFF;
-    let sent = Instant::now();
-    match backend.try_acquire(key, owner, options.ttl).await {
-        Ok(Attempt::Acquired(grant)) => return Ok((grant, sent)),
-        Ok(Attempt::Held { .. }) => {}
-        Err(err) if may_retry(&err) => failure = Some(err),
-        Err(err) => return Err(err),
-    }
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(failure.unwrap_or_else(|| contended(now)));
-        }
-        if let Some(err) = &failure {
-            tracing::warn!(key = %key, error = %err, "lock backend failed while waiting; retrying");
-            tokio::time::sleep(backoff.min(deadline - now)).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
-        }
-        // Subscribe first, then try again: a release that lands between the
-        // failed attempt and the subscription is seen by this retry, and one
-        // that lands after it wakes the notice. No wake-up is lost.
-        let notice = match backend.subscribe(key).await {
-            Ok(notice) => notice,
-            Err(err) if may_retry(&err) => {
-                failure = Some(err);
-                continue;
-            }
-            Err(err) => return Err(err),
-        };
+    // Whether an attempt failed in a way that may have taken the key anyway.
+    let mut unsure = false;
+    let outcome = 'attempts: {
         let sent = Instant::now();
-        let expires_in = match backend.try_acquire(key, owner, options.ttl).await {
-            Ok(Attempt::Acquired(grant)) => return Ok((grant, sent)),
-            Ok(Attempt::Held { expires_in }) => expires_in,
-            Err(err) if may_retry(&err) => {
+        match attempt(backend, key, *owner, options.ttl).await {
+            Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
+            Ok(Attempt::Held { .. }) => {}
+            Err(err) => {
+                unsure = true;
+                if !may_retry(&err) {
+                    break 'attempts Err(err);
+                }
                 failure = Some(err);
-                continue;
             }
-            Err(err) => return Err(err),
-        };
-        failure = None;
-        backoff = MIN_BACKOFF;
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(contended(now));
         }
-        let nap = match expires_in {
-            Some(expires_in) => (expires_in + EXPIRY_SLACK).min(MAX_NAP),
-            None => FALLBACK_RECHECK,
+        let mut backoff = MIN_BACKOFF;
+        let mut woken_by: Option<ReleaseNotice> = None;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                break 'attempts Err(failure.unwrap_or_else(|| contended(now)));
+            }
+            if let Some(err) = &failure {
+                tracing::warn!(key = %key, error = %err, "lock backend failed while waiting; retrying");
+                tokio::time::sleep(backoff.min(deadline - now)).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            // Subscribe first, then try again: a release that lands between
+            // the failed attempt and the subscription is seen by this retry,
+            // and one that lands after it wakes the notice. No wake-up is lost.
+            let mut notice = match backend.subscribe(key).await {
+                Ok(notice) => notice,
+                Err(err) if may_retry(&err) => {
+                    failure = Some(err);
+                    continue;
+                }
+                Err(err) => break 'attempts Err(err),
+            };
+            let sent = Instant::now();
+            let answer = attempt(backend, key, *owner, options.ttl).await;
+            if answer.is_ok()
+                && let Some(woken) = woken_by.take()
+            {
+                woken.answered();
+            }
+            let expires_in = match answer {
+                Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
+                Ok(Attempt::Held { expires_in }) => expires_in,
+                Err(err) => {
+                    unsure = true;
+                    // Dropped unanswered: the wake-up goes to another waiter.
+                    woken_by = None;
+                    if !may_retry(&err) {
+                        break 'attempts Err(err);
+                    }
+                    failure = Some(err);
+                    continue;
+                }
+            };
+            failure = None;
+            backoff = MIN_BACKOFF;
+            let now = Instant::now();
+            if now >= deadline {
+                break 'attempts Err(contended(now));
+            }
+            let nap = match expires_in {
+                Some(expires_in) => (expires_in + EXPIRY_SLACK).min(MAX_NAP),
+                None => FALLBACK_RECHECK,
+            };
+            let nap = nap.min(deadline - now);
+            let _ = timeout(nap, &mut notice).await;
+            woken_by = notice.is_woken().then_some(notice);
+        }
+    };
+    if outcome.is_err() && unsure {
+        spawn_give_back(backend, key, *owner);
+    }
+    outcome
+}
+
+/// One `try_acquire`, carried on in the background if the caller stops
+/// waiting half-way; whatever it was granted then is given back.
+fn attempt(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: OwnerId,
+    ttl: Duration,
+) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
+    let work = {
+        let (backend, key) = (Arc::clone(backend), key.clone());
+        async move { backend.try_acquire(&key, &owner, ttl).await }
+    };
+    let give_back = GiveBack {
+        backend: Arc::clone(backend),
+        key: key.clone(),
+        owner,
+    };
+    Detachable::new(work, give_back)
+}
+
+/// Gives back what an abandoned attempt was granted, or may have been: a
+/// failed attempt's request may have reached the store before its reply
+/// was lost. The release is owner-checked, so it never touches a lock
+/// someone else holds.
+struct GiveBack {
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    owner: OwnerId,
+}
+
+impl GiveBack {
+    async fn release(self) {
+        match self.backend.release(&self.key, &self.owner).await {
+            Ok(ReleaseOutcome::Released) => tracing::debug!(
+                key = %self.key,
+                "gave back a lock granted after its caller gave up"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(
+                key = %self.key,
+                error = %err,
+                "giving back an abandoned acquisition failed; the ttl will free the key"
+            ),
+        }
+    }
+}
+
+impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
+    async fn handle(self, outcome: Result<Attempt, LockError>) {
+        if !matches!(outcome, Ok(Attempt::Held { .. })) {
+            self.release().await;
+        }
+    }
+}
+
+/// Gives `owner`'s possible hold of `key` back in the background.
+fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
+    if let Ok(runtime) = Handle::try_current() {
+        let give_back = GiveBack {
+            backend: Arc::clone(backend),
+            key: key.clone(),
+            owner,
         };
-        let nap = nap.min(deadline - now);
-        let _woken = timeout(nap, notice).await;
+        runtime.spawn(give_back.release());
     }
 }
 

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+mod detach;
 pub mod error;
 pub mod fence;
 pub mod file;
@@ -30,7 +31,9 @@ pub mod redis;
 pub mod registry;
 pub mod token;
 
-pub use backend::{Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, Renewal};
+pub use backend::{
+    Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
+};
 pub use error::{BoxError, LockError, LostReason, Operation};
 pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseSet, LostSignal};

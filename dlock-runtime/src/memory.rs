@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice};
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -69,6 +69,7 @@ struct Entry {
 
 struct Holder {
     owner: OwnerId,
+    token: FencingToken,
     expires_at: Instant,
 }
 
@@ -178,6 +179,11 @@ impl Backend for MemoryBackend {
         let mut entries = self.lock();
         let entry = entries.entry(key);
         if let Some(holder) = entry.live_holder(now) {
+            // A retry by the owner that holds it (its first answer was
+            // lost): it has the key, with the token already drawn.
+            if holder.owner == *owner {
+                return Ok(Attempt::Acquired(Grant::new(holder.token)));
+            }
             return Ok(Attempt::Held {
                 expires_in: Some(holder.expires_at - now),
             });
@@ -187,6 +193,7 @@ impl Backend for MemoryBackend {
         let token = self.next_token();
         entry.holder = Some(Holder {
             owner: *owner,
+            token,
             expires_at: now + ttl,
         });
         Ok(Attempt::Acquired(Grant::new(token)))
@@ -210,11 +217,11 @@ impl Backend for MemoryBackend {
         Ok(true)
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
         let now = Instant::now();
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {
-            return Ok(false);
+            return Ok(ReleaseOutcome::NotOwner);
         };
         let ours = entry
             .live_holder(now)
@@ -224,12 +231,13 @@ impl Backend for MemoryBackend {
             entry.announce_release();
             entries.forget_if_idle(key);
         }
-        Ok(ours)
+        Ok(ReleaseOutcome::from_released(ours))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
         let mut receiver = self.lock().entry(key).released.subscribe();
-        Ok(Box::pin(async move {
+        // Every waiter hears every release: nothing to pass on.
+        Ok(ReleaseNotice::new(async move {
             // A closed channel (backend dropped) also ends the wait.
             let _ = receiver.changed().await;
         }))

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock::backend::{Attempt, OwnerId, ReleaseNotice, Renewal};
+use dlock::backend::{Attempt, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal};
 use dlock::{Backend, Lease, LockError, LockKey, LockOptions};
 use tokio::time::Instant;
 
@@ -66,7 +66,7 @@ impl Backend for Counting {
             .fetch_add(leases.len() as u64, Ordering::Relaxed);
         self.inner.extend_many(leases).await
     }
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
         self.inner.release(key, owner).await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {

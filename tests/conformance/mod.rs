@@ -45,6 +45,10 @@ macro_rules! suite {
             multi_key_failure_gives_back_taken_keys,
             dropping_an_unreleased_lease_frees_the_key,
             cancelled_waiter_leaves_the_key_free,
+            acquisitions_abandoned_mid_attempt_leave_their_keys_free,
+            a_release_abandoned_half_way_still_frees_the_key,
+            a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
+            a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
             odd_keys_are_data_and_lock_exclusively,
             bad_keys_and_durations_are_errors,
         );
@@ -163,7 +167,11 @@ pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Bac
         .release(&key, &stranger)
         .await
         .expect("backend answers");
-    assert!(!released, "a non-owner's release must be refused");
+    assert_eq!(
+        released,
+        dlock::backend::ReleaseOutcome::NotOwner,
+        "a non-owner's release must be refused"
+    );
     let contender = options(10_000).acquire_on(backend.clone(), &key).await;
     assert!(
         matches!(contender, Err(LockError::Held { .. })),
@@ -558,5 +566,110 @@ pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
+    lease.release().await.expect("release");
+}
+
+pub async fn acquisitions_abandoned_mid_attempt_leave_their_keys_free(backend: Arc<dyn Backend>) {
+    let keys: Vec<LockKey> = (0..20).map(|_| fresh_key("abandoned")).collect();
+    for key in &keys {
+        // A caller that gives up at once, as a zero timeout, a `select!` or
+        // an aborted request does: the attempt may well reach the store.
+        let abandoned = timeout(
+            Duration::ZERO,
+            options(60_000).acquire_on(backend.clone(), key),
+        )
+        .await;
+        // A backend that answers in the first poll hands out a lease,
+        // which is dropped here like any unreleased lease.
+        drop(abandoned);
+    }
+    for key in &keys {
+        let next = options(60_000)
+            .wait(Duration::from_secs(10))
+            .acquire_on(backend.clone(), key)
+            .await
+            .expect("an abandoned acquisition must not keep its key for the 60s ttl");
+        next.release().await.expect("release");
+    }
+}
+
+pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn Backend>) {
+    let key = fresh_key("abandoned-release");
+    let lease = options(60_000)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let _ = timeout(Duration::ZERO, lease.release()).await;
+    let next = options(60_000)
+        .wait(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a release given up half-way must still free the key before its 60s ttl");
+    next.release().await.expect("release");
+}
+
+pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Arc<dyn Backend>) {
+    let key = fresh_key("pass-on");
+    let holder = options(60_000)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = backend.subscribe(&key).await.expect("subscribe");
+    let mut second = backend.subscribe(&key).await.expect("subscribe");
+    holder.release().await.expect("release");
+    let mut first = first;
+    within(10, "the first notice", &mut first).await;
+    // Its waiter gives up before trying the key: the release must reach
+    // the other waiter all the same.
+    drop(first);
+    within(
+        10,
+        "the second notice after the first woken waiter gave up",
+        &mut second,
+    )
+    .await;
+    second.answered();
+}
+
+pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release(
+    backend: Arc<dyn Backend>,
+) {
+    let key = fresh_key("swallowed");
+    let holder = options(60_000)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    // The first waiter: woken first, then stuck in its attempt and cancelled.
+    let stuck = crate::support::CountingBackend::new(backend.clone());
+    let first = crate::support::spawn_waiter(stuck.clone(), &key, 60, 30);
+    within(10, "the first waiter to start waiting", async {
+        while stuck.attempts() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // The second waiter waits 8s: less than a nap without a wake-up (the
+    // holder's ttl is 60s), so only the release can give it the key.
+    let patient = crate::support::CountingBackend::new(backend.clone());
+    let second = crate::support::spawn_waiter(patient.clone(), &key, 60, 8);
+    within(10, "the second waiter to start waiting", async {
+        while patient.attempts() < 2 {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    stuck.hang_next_attempt();
+    holder.release().await.expect("release");
+    within(10, "the first waiter to be woken", async {
+        while stuck.attempts() < 3 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    first.abort();
+    let lease = within(15, "the second waiter", second)
+        .await
+        .expect("task")
+        .expect("the release must reach the second waiter when the first gives up");
     lease.release().await.expect("release");
 }

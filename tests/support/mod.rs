@@ -143,11 +143,13 @@ pub fn child_lines(child: &mut std::process::Child, prefix: &str) -> Vec<String>
 
 /// A backend that counts acquisition attempts and passes everything to
 /// `inner`: a test tells a waiter woken by a release from one that polls.
-/// It can also fail its first attempts, as a restarting server would.
+/// It can also fail its first attempts, as a restarting server would, or
+/// leave its next attempt unanswered for ever, as a stalled one would.
 pub struct CountingBackend {
     inner: std::sync::Arc<dyn dlock::Backend>,
     attempts: std::sync::atomic::AtomicUsize,
     failures: std::sync::atomic::AtomicUsize,
+    hang_next: std::sync::atomic::AtomicBool,
 }
 
 impl CountingBackend {
@@ -165,7 +167,14 @@ impl CountingBackend {
             inner,
             attempts: std::sync::atomic::AtomicUsize::new(0),
             failures: std::sync::atomic::AtomicUsize::new(failures),
+            hang_next: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The next acquisition attempt never gets an answer.
+    pub fn hang_next_attempt(&self) {
+        self.hang_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// How many acquisition attempts went through so far.
@@ -187,6 +196,9 @@ impl dlock::Backend for CountingBackend {
     ) -> Result<dlock::backend::Attempt, dlock::LockError> {
         use std::sync::atomic::Ordering;
         self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.hang_next.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         if self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -213,7 +225,7 @@ impl dlock::Backend for CountingBackend {
         &self,
         key: &dlock::LockKey,
         owner: &dlock::backend::OwnerId,
-    ) -> Result<bool, dlock::LockError> {
+    ) -> Result<dlock::backend::ReleaseOutcome, dlock::LockError> {
         self.inner.release(key, owner).await
     }
     async fn subscribe(

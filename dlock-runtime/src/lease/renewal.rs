@@ -118,8 +118,13 @@ pub(super) struct Registration {
 
 impl Registration {
     /// Stops renewing and watching the lease (released or dropped).
-    pub(super) fn cancel(&self) {
-        self.renewer.schedule().remove(self.id);
+    /// Returns until when the lease was known valid (counted from when its
+    /// last renewal was sent), unless it had already left the schedule.
+    pub(super) fn cancel(&self) -> Option<Instant> {
+        self.renewer
+            .schedule()
+            .remove(self.id)
+            .map(|entry| entry.valid_until)
     }
 }
 

@@ -82,7 +82,6 @@
 //! Behind *transaction* pooling use [`TransactionLock`], which locks inside
 //! the caller's own transaction.
 
-mod detach;
 mod expiry;
 mod session;
 pub(crate) mod sql;
@@ -110,11 +109,13 @@ use tokio::time::Instant;
 use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
 
-use self::detach::{AbandonedWith, Detachable, Ignore};
 use self::expiry::{Expiries, Slot};
 use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
-use crate::backend::{Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, Renewal};
+use crate::backend::{
+    Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
+};
+use crate::detach::{AbandonedWith, Detachable, Ignore};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -1120,8 +1121,9 @@ impl Backend for PgBackend {
             .collect()
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
-        self.inner.unlock(key, Some(*owner), false).await
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
+        let released = self.inner.unlock(key, Some(*owner), false).await?;
+        Ok(ReleaseOutcome::from_released(released))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
@@ -1131,7 +1133,7 @@ impl Backend for PgBackend {
                 .gone
                 .get_or_insert_with(|| watch::channel(()).0)
                 .subscribe();
-            return Ok(Box::pin(async move {
+            return Ok(ReleaseNotice::new(async move {
                 let _ = gone.changed().await;
             }));
         }
@@ -1139,7 +1141,7 @@ impl Backend for PgBackend {
             .inner
             .waits
             .watch(key)
-            .unwrap_or_else(|| Box::pin(std::future::pending())))
+            .unwrap_or_else(|| ReleaseNotice::new(std::future::pending())))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {

@@ -129,7 +129,7 @@ impl Waits {
 
 fn notice(mut receiver: watch::Receiver<()>) -> ReleaseNotice {
     // Nothing is ever sent: the sender is dropped to wake every receiver.
-    Box::pin(async move {
+    ReleaseNotice::new(async move {
         let _ = receiver.changed().await;
     })
 }

@@ -75,7 +75,7 @@ use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation,
 use async_trait::async_trait;
 use tokio::time::{sleep, timeout};
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, Renewal};
+use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal};
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -414,16 +414,31 @@ impl RedisBackend {
         key: &LockKey,
         script: &ScriptInvocation<'_>,
     ) -> Result<T, LockError> {
+        self.run_noting_retry(operation, key, script)
+            .await
+            .map(|(value, _)| value)
+    }
+
+    /// [`RedisBackend::run`], also telling whether the answer is a retry's:
+    /// the first request may then have run on the server, its reply lost.
+    async fn run_noting_retry<T: FromRedisValue>(
+        &self,
+        operation: Operation,
+        key: &LockKey,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<(T, bool), LockError> {
         let commands = &self.inner.commands;
         let attempt = async {
             match commands.invoke(script).await {
-                Err(err) if is_connection_error(&err) => commands.invoke(script).await,
-                outcome => outcome,
+                Err(err) if is_connection_error(&err) => {
+                    commands.invoke(script).await.map(|value| (value, true))
+                }
+                outcome => outcome.map(|value| (value, false)),
             }
         };
         let limit = self.inner.connect_timeout + self.inner.response_timeout;
         match timeout(limit, attempt).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(answer)) => Ok(answer),
             Ok(Err(err)) => Err(self.error(operation, key, err.to_string())),
             Err(_) => Err(self.error(
                 operation,
@@ -598,15 +613,24 @@ impl Backend for RedisBackend {
             .collect()
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<bool, LockError> {
+    /// A "not the owner" answer to a retry after a broken connection is
+    /// [`ReleaseOutcome::Unconfirmed`]: the first request may have released
+    /// the key before its reply was lost.
+    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
         let names = Keyspace::of(key);
         let mut script = scripts::RELEASE.prepare_invoke();
         script
             .key(&names.lock)
             .arg(&owner.to_hex()[..])
             .arg(&names.released);
-        let released: i64 = self.run(Operation::Release, key, &script).await?;
-        Ok(released == 1)
+        let (released, retried): (i64, bool) = self
+            .run_noting_retry(Operation::Release, key, &script)
+            .await?;
+        Ok(match (released == 1, retried) {
+            (true, _) => ReleaseOutcome::Released,
+            (false, true) => ReleaseOutcome::Unconfirmed,
+            (false, false) => ReleaseOutcome::NotOwner,
+        })
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
@@ -621,7 +645,7 @@ impl Backend for RedisBackend {
                     error = %scrub(&err.to_string(), &self.inner.secrets),
                     "redis pub/sub unavailable; the waiter polls until it is back"
                 );
-                Ok(Box::pin(sleep(DEGRADED_RECHECK)))
+                Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)))
             }
         }
     }

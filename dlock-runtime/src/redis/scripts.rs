@@ -33,11 +33,22 @@ use ::redis::Script;
 /// If the key is already held by this very owner id (a retry of an attempt
 /// whose reply was lost on a broken connection), the attempt counts as
 /// acquired with the token already drawn: owner ids are random per attempt.
+///
+/// Lua numbers are doubles, exact only up to 2^53: a counter above that (a
+/// migration may seed one) would round, and two acquisitions would get the
+/// same token. `INCR` itself is exact (Redis counts in 64 bits), so above
+/// 2^53 the token is read back as the counter's text, never as a Lua
+/// number; the clock (about 2^51 µs today) cannot win there. A counter at
+/// 2^63 - 1 makes `INCR` fail with an overflow error: refused, never
+/// wrapped.
 pub const ACQUIRE_LUA: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local now = redis.call('TIME')
   local token = redis.call('INCR', KEYS[2])
+  if token >= 9007199254740992 then
+    return {1, redis.call('GET', KEYS[2])}
+  end
+  local now = redis.call('TIME')
   local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
   if token < clock then
     token = clock
@@ -47,7 +58,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('GET', KEYS[2]))}
+  return {1, redis.call('GET', KEYS[2])}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ";

@@ -196,7 +196,7 @@ impl Subscriber {
             ticket: Arc::clone(&ticket),
         };
         self.shared.confirm(channel).await?;
-        Ok(Box::pin(async move {
+        let wait = async move {
             let _interest = interest;
             // A closed channel (the subscriber is gone) also ends the wait.
             tokio::select! {
@@ -204,6 +204,17 @@ impl Subscriber {
                 () = ticket.notify.notified() => {}
             }
             ticket.heard.store(true, Ordering::SeqCst);
+        };
+        // Heard, but given up before the attempt it led to was answered:
+        // the next waiter of this process gets the wake-up instead.
+        let shared = Arc::downgrade(&self.shared);
+        let channel = channel.to_owned();
+        Ok(ReleaseNotice::passing_on(wait, move || {
+            if let Some(shared) = shared.upgrade()
+                && let Some(entry) = shared.channels().by_name.get_mut(&channel)
+            {
+                entry.wake_one();
+            }
         }))
     }
 

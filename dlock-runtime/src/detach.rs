@@ -13,7 +13,7 @@ use tokio::runtime::Handle;
 /// goes to `abandoned`. Unlike spawning the work up front, the common case
 /// (nobody gives up) costs no task, no wake-up of another worker and no
 /// channel.
-pub(super) struct Detachable<F, A>
+pub(crate) struct Detachable<F, A>
 where
     F: Future + Send + 'static,
     F::Output: Send,
@@ -24,7 +24,7 @@ where
 }
 
 /// What to do with the output of work whose caller gave up.
-pub(super) trait AbandonedWith<T>: Send + Unpin + 'static {
+pub(crate) trait AbandonedWith<T>: Send + Unpin + 'static {
     /// Handles the output; runs in the task that finished the work.
     fn handle(self, output: T) -> impl Future<Output = ()> + Send;
 }
@@ -35,7 +35,7 @@ where
     F::Output: Send,
     A: AbandonedWith<F::Output>,
 {
-    pub(super) fn new(work: F, abandoned: A) -> Self {
+    pub(crate) fn new(work: F, abandoned: A) -> Self {
         Self {
             work: Some(Box::pin(work)),
             abandoned: Some(abandoned),
@@ -84,7 +84,7 @@ where
 }
 
 /// Nothing more to do: the work cleans up after itself.
-pub(super) struct Ignore;
+pub(crate) struct Ignore;
 
 impl<T: Send + 'static> AbandonedWith<T> for Ignore {
     #[allow(clippy::manual_async_fn)]

@@ -27,6 +27,7 @@
 
 mod fault;
 mod redis_support;
+mod support;
 
 use fault::run::{ALL_FAULTS, Fault, Lock, Report, Settings, run};
 

@@ -67,6 +67,48 @@ fn child_process_entry() {
                 println!("held {}", lease.token());
                 lease.release().await.expect("release");
             }
+            // Give up on 20 acquisitions at once; print how many of their
+            // keys are still held and the open descriptors before and after.
+            "abandon" => {
+                let open_fds = || std::fs::read_dir("/proc/self/fd").expect("/proc").count();
+                let warm = LockOptions::new(Duration::from_secs(10))
+                    .acquire_on(backend.clone(), format!("{key}:warm"))
+                    .await
+                    .expect("acquire");
+                warm.release().await.expect("release");
+                let before = open_fds();
+                let keys: Vec<String> = (0..20).map(|i| format!("{key}:{i}")).collect();
+                for key in &keys {
+                    let abandoned = tokio::time::timeout(
+                        Duration::ZERO,
+                        LockOptions::new(Duration::from_secs(120)).acquire_on(backend.clone(), key),
+                    )
+                    .await;
+                    drop(abandoned);
+                }
+                // The give-backs run in the background: wait for them, up
+                // to far less than the 120 s ttl.
+                let other: Arc<dyn Backend> = Arc::new(FileBackend::open(&parts[1]).expect("dir"));
+                let mut held = keys.len();
+                for _ in 0..200 {
+                    held = 0;
+                    for key in &keys {
+                        match LockOptions::new(Duration::from_secs(10))
+                            .acquire_on(other.clone(), key)
+                            .await
+                        {
+                            Ok(lease) => lease.release().await.expect("release"),
+                            Err(_) => held += 1,
+                        }
+                    }
+                    if held == 0 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                println!("held {held}");
+                println!("fds {before} {}", open_fds());
+            }
             other => panic!("unknown child role {other}"),
         }
     });
@@ -219,4 +261,42 @@ async fn finished_leases_leave_no_alive_files_behind() {
     next.release().await.expect("release");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(alive_files(), 0, "alive files must not pile up");
+}
+
+#[test]
+fn twenty_abandoned_acquisitions_hold_no_key_and_leak_no_descriptor() {
+    // In a process of its own, so no other test's files blur the count.
+    let dir = fresh_dir();
+    let child = support::child_command(CHILD_ROLE, "abandon", &[path(&dir), "abandoned"])
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .expect("run the child");
+    assert!(
+        child.status.success(),
+        "the child failed: {:?}",
+        child.status
+    );
+    let out = String::from_utf8_lossy(&child.stdout);
+    let field = |prefix: &str| -> Vec<usize> {
+        out.lines()
+            .find_map(|line| line.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line in the child's output:\n{out}"))
+            .split(' ')
+            .map(|n| n.parse().expect("a number"))
+            .collect()
+    };
+    assert_eq!(
+        field("held "),
+        [0],
+        "abandoned acquisitions must not keep their keys"
+    );
+    let fds = field("fds ");
+    assert_eq!(
+        fds[1], fds[0],
+        "abandoned acquisitions must not keep descriptors open"
+    );
+}
+
+fn path(dir: &std::path::Path) -> &str {
+    dir.to_str().expect("a UTF-8 path")
 }

@@ -365,3 +365,91 @@ async fn an_invalid_url_is_an_error_that_hides_its_password() {
     let builder = RedisBackend::builder("redis://app:hunter2-secret@127.0.0.1:1");
     assert!(!format!("{builder:?}").contains("hunter2-secret"));
 }
+
+// ---------------------------------------------------------------------------
+// Tokens past 2^53, and replies lost on the way back.
+
+/// The Redis name of `key`'s fencing counter.
+fn fence_name(key: &LockKey) -> String {
+    format!("dlock:{{{key}}}:fence")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stay_exact_and_strictly_rising_above_two_to_the_53() {
+    let backend = backend().await;
+    let key = conformance::fresh_key("past-2-53");
+    // Seeded past the largest integer a Lua number (a double) holds exactly,
+    // as a migration from another lock store might.
+    let seed: u64 = (1 << 53) + 1;
+    assert_eq!(cli(&["SET", &fence_name(&key), &seed.to_string()]), "OK");
+    let mut tokens = Vec::new();
+    for _ in 0..6 {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect("free");
+        tokens.push(lease.token().get());
+        lease.release().await.expect("release");
+    }
+    let expected: Vec<u64> = (1..=6).map(|i| seed + i).collect();
+    assert_eq!(
+        tokens, expected,
+        "every acquisition must get the next counter value, exactly"
+    );
+    assert_eq!(cli(&["GET", &fence_name(&key)]), (seed + 6).to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fencing_counter_that_cannot_rise_is_refused_and_leaves_the_key_free() {
+    let backend = backend().await;
+    let key = conformance::fresh_key("counter-at-max");
+    for stuck in [i64::MAX.to_string(), "not-a-number".to_owned()] {
+        assert_eq!(cli(&["SET", &fence_name(&key), &stuck]), "OK");
+        let refused = LockOptions::new(Duration::from_secs(60))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect_err("a counter that cannot rise must refuse the acquisition");
+        let text = format!("{refused} {:?}", std::error::Error::source(&refused));
+        assert!(
+            matches!(refused, LockError::Backend { .. }) && text.contains("cannot rise"),
+            "unexpected: {text}"
+        );
+        assert_eq!(
+            cli(&["EXISTS", &lock_name(&key)]),
+            "0",
+            "the refused acquisition must not leave the key held"
+        );
+        assert_eq!(cli(&["GET", &fence_name(&key)]), stuck, "never wrapped");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_is_not_reported_as_a_lost_lease() {
+    let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
+            .await
+            .expect("connect through the proxy"),
+    );
+    let key = conformance::fresh_key("lost-reply");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    // The release reaches the server; its reply does not come back, and
+    // the connection then breaks: the backend sends it again.
+    proxy.mute_replies();
+    let releasing = tokio::spawn(lease.release());
+    within(10, "the release to reach the server", async {
+        while cli(&["EXISTS", &lock_name(&key)]) != "0" {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    proxy.cut();
+    let released = within(15, "the release", releasing).await.expect("task");
+    assert!(
+        released.is_ok(),
+        "the release succeeded on the server; its retry must not report a lost lease: {released:?}"
+    );
+}

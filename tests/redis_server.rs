@@ -343,3 +343,67 @@ async fn rediss_locks_with_a_trusted_private_ca_and_refuses_an_untrusted_certifi
     assert!(next.token() > token);
     next.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_abandoned_while_the_server_stalls_leaves_the_key_free() {
+    let server = RedisServer::start(&["--enable-debug-command", "yes"]);
+    let backend = connect(&server.url()).await;
+    let key = fresh_key("stalled");
+    // Once, so the server knows the acquire script: the attempt below then
+    // is one EVALSHA that runs as soon as the server wakes.
+    take_token(&backend, &fresh_key("warm-up")).await;
+    // Stall the whole server for 2 s from a connection of its own, and see
+    // that it is stalled: a PING on a fresh connection gets no answer.
+    let port = server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let stall = std::thread::spawn(move || {
+        redis_support::cli(&["-p", &port], &["DEBUG", "SLEEP", "2"]);
+    });
+    let address = server.address();
+    within(10, "the server to stall", async {
+        loop {
+            if !answers_ping(&address).await {
+                break;
+            }
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // The caller gives up while its attempt waits in the stalled server,
+    // which runs it once it wakes up.
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(200),
+        LockOptions::new(Duration::from_secs(60)).acquire_on(backend.clone(), &key),
+    )
+    .await;
+    assert!(
+        abandoned.is_err(),
+        "the stalled server cannot have answered"
+    );
+    stall.join().expect("DEBUG SLEEP");
+    let next = LockOptions::new(Duration::from_secs(60))
+        .wait(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("an abandoned acquisition must not keep the key for its 60s ttl");
+    next.release().await.expect("release");
+}
+
+/// True if a fresh connection to `address` answers PING within 100 ms.
+async fn answers_ping(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let attempt = async {
+        let mut conn = tokio::net::TcpStream::connect(address).await.ok()?;
+        conn.write_all(b"PING\r\n").await.ok()?;
+        let mut buf = [0u8; 16];
+        conn.read(&mut buf).await.ok()
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_millis(100), attempt).await,
+        Ok(Some(n)) if n > 0
+    )
+}

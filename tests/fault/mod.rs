@@ -4,8 +4,8 @@
 //! from a seed; afterwards a checker reads the history.
 //!
 //! - [`rng`]: the seeded generator; the seed fixes the fault schedule.
-//! - [`proxy`]: a loopback TCP proxy per worker and link that the driver can
-//!   freeze (stop forwarding, sockets kept open) and cut.
+//! - `support::proxy`: a loopback TCP proxy per worker and link that the
+//!   driver can freeze (stop forwarding, sockets kept open) and cut.
 //! - [`worker`]: what one worker process does and prints.
 //! - [`check`]: the checker over the printed history and the final register.
 //! - [`run`]: servers, processes, the driver, the report.
@@ -20,7 +20,6 @@
 #![allow(dead_code)]
 
 pub mod check;
-pub mod proxy;
 pub mod rng;
 pub mod run;
 pub mod worker;

@@ -23,11 +23,11 @@ use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
 use super::check::{self, Event, History, Verdict};
-use super::proxy::Proxy;
 use super::rng::Rng;
 use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
+use crate::support::proxy::Proxy;
 
 /// Where the locks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::future::Future;
 use std::process::Command;
 use std::time::Duration;

@@ -38,13 +38,18 @@ use ::redis::Script;
 /// migration may seed one) would round, and two acquisitions would get the
 /// same token. `INCR` itself is exact (Redis counts in 64 bits), so above
 /// 2^53 the token is read back as the counter's text, never as a Lua
-/// number; the clock (about 2^51 µs today) cannot win there. A counter at
-/// 2^63 - 1 makes `INCR` fail with an overflow error: refused, never
-/// wrapped.
+/// number; the clock (about 2^51 µs today) cannot win there. A counter that
+/// cannot rise (at 2^63 - 1, or not an integer) makes `INCR` fail: the lock
+/// just set is taken back (a script's earlier writes survive its error) and
+/// the error returned. Refused, never wrapped, and nothing left held.
 pub const ACQUIRE_LUA: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local token = redis.call('INCR', KEYS[2])
+  local token = redis.pcall('INCR', KEYS[2])
+  if type(token) == 'table' then
+    redis.call('DEL', KEYS[1])
+    return redis.error_reply('dlock: the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. token.err)
+  end
   if token >= 9007199254740992 then
     return {1, redis.call('GET', KEYS[2])}
   end

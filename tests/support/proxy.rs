@@ -1,0 +1,137 @@
+//! A loopback TCP proxy between a client and one server, controlled by the
+//! test: open (forwards), frozen (reads and holds the bytes, forwards
+//! nothing, keeps every socket open: to both ends it looks like a network
+//! that went silent), replies muted (requests reach the server, its replies
+//! are dropped: a reply lost on the way back), and cut (closes every
+//! connection it carries). Thawing delivers what was held — late, as a
+//! congested network would.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+
+pub struct Proxy {
+    pub port: u16,
+    open: watch::Sender<bool>,
+    replies: watch::Sender<bool>,
+    pipes: Arc<Mutex<Vec<AbortHandle>>>,
+    accept: AbortHandle,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port and forwards to `upstream`
+    /// (`127.0.0.1:PORT`), on `runtime` (from outside any runtime).
+    pub fn start(runtime: &Handle, upstream: String) -> Self {
+        let _entered = runtime.enter();
+        runtime.block_on(Self::bind(upstream))
+    }
+
+    /// [`Proxy::start`] from inside a runtime.
+    pub async fn bind(upstream: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (open, _) = watch::channel(true);
+        let (replies, _) = watch::channel(true);
+        let pipes: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let accept = tokio::spawn({
+            let open = open.clone();
+            let replies = replies.clone();
+            let pipes = pipes.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    let Ok(server) = TcpStream::connect(&upstream).await else {
+                        continue; // the server is down: the client sees a close
+                    };
+                    let _ = client.set_nodelay(true);
+                    let _ = server.set_nodelay(true);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    let up = tokio::spawn(pipe(cr, sw, open.subscribe(), None));
+                    let down =
+                        tokio::spawn(pipe(sr, cw, open.subscribe(), Some(replies.subscribe())));
+                    let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
+                    pipes.retain(|p| !p.is_finished());
+                    pipes.push(up.abort_handle());
+                    pipes.push(down.abort_handle());
+                }
+            }
+        })
+        .abort_handle();
+        Self {
+            port,
+            open,
+            replies,
+            pipes,
+            accept,
+        }
+    }
+
+    /// Requests still reach the server; its replies are dropped.
+    pub fn mute_replies(&self) {
+        self.replies.send_replace(false);
+    }
+
+    /// Stops forwarding; connections stay open.
+    pub fn freeze(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Forwards again, delivering what was held.
+    pub fn thaw(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Closes every connection (dropping what was held) and forwards new
+    /// ones again.
+    pub fn cut(&self) {
+        for pipe in self
+            .pipes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            pipe.abort();
+        }
+        self.open.send_replace(true);
+        self.replies.send_replace(true);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}
+
+/// Forwards `from` to `to` while `open`; drops what it reads while
+/// `deliver` (if given) is false.
+async fn pipe(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut open: watch::Receiver<bool>,
+    deliver: Option<watch::Receiver<bool>>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if open.wait_for(|open| *open).await.is_err() {
+            return;
+        }
+        if deliver.as_ref().is_some_and(|deliver| !*deliver.borrow()) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

@@ -11,8 +11,8 @@ use syn::{AttrStyle, Attribute, Ident, ItemFn};
 use crate::valid::{self, Binding, Lock, OnLost, Part, Special, Template};
 
 /// The attribute's whole job: the expanded function, or, on any error, the
-/// function unchanged plus the errors (so one mistake gives one message and
-/// the IDE still sees the function).
+/// function as callers will see it plus the errors (so one mistake gives one
+/// message and the IDE still sees the function).
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let func = match valid::function(item.clone()) {
         Ok(func) => func,
@@ -27,7 +27,40 @@ pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
 
 fn with_error(item: TokenStream, err: syn::Error) -> TokenStream {
     let err = err.into_compile_error();
+    let item = without_lock_provided(item);
     quote!(#item #err)
+}
+
+/// The item as written, except that the parameters the lock would provide
+/// are gone from its signature, as in a successful expansion: call sites
+/// that leave them out (as they should) then get no second error about the
+/// number of arguments. In the body they are bound to a value from a
+/// function that never returns; it never runs, as the crate does not
+/// compile. (A diverging expression in the body itself would make the rest
+/// of it unreachable, and its parameters "unused".)
+fn without_lock_provided(item: TokenStream) -> TokenStream {
+    let Ok(mut func) = syn::parse2::<ItemFn>(item.clone()) else {
+        return item;
+    };
+    let provided = valid::take_lock_provided(&mut func.sig);
+    if provided.is_empty() {
+        return item;
+    }
+    let never = local("__dlock_never");
+    let bindings = provided.into_iter().map(|typed| {
+        let syn::PatType { attrs, pat, ty, .. } = typed;
+        syn::parse_quote! {
+            #(#attrs)*
+            let #pat: #ty = {
+                fn #never<T>() -> T {
+                    ::core::unreachable!()
+                }
+                #never()
+            };
+        }
+    });
+    func.block.stmts.splice(0..0, bindings);
+    func.into_token_stream()
 }
 
 /// Names the expansion introduces; mixed-site hygiene keeps them invisible

@@ -8,7 +8,7 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::{
-    Error, FnArg, Ident, Index, Item, ItemFn, LitStr, Member, Pat, ReturnType, Signature,
+    Error, FnArg, Ident, Index, Item, ItemFn, LitStr, Member, Pat, PatType, ReturnType, Signature,
     TraitItemFn, Type,
 };
 
@@ -118,6 +118,23 @@ impl Special {
             Special::LostSignal => "LostSignal",
         }
     }
+}
+
+/// Removes the parameters the lock provides (by their type, as a successful
+/// expansion would) from `sig`, and returns them.
+pub fn take_lock_provided(sig: &mut Signature) -> Vec<PatType> {
+    let mut provided = Vec::new();
+    sig.inputs = std::mem::take(&mut sig.inputs)
+        .into_iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(typed) if Special::of(&typed.ty).is_some() => {
+                provided.push(typed);
+                None
+            }
+            other => Some(other),
+        })
+        .collect();
+    provided
 }
 
 /// A key template split into literal text and values to interpolate.

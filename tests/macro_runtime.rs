@@ -424,3 +424,142 @@ async fn an_annotated_fn_follows_the_registry_when_its_backend_is_replaced_or_re
         "a replaced backend is still referenced"
     );
 }
+
+/// A lease's token on `backend`, taken and given back at once: the key's
+/// token sequence as it stands.
+async fn token_now(backend: &'static str, key: &str) -> FencingToken {
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .backend(backend)
+        .acquire(key)
+        .await
+        .expect("free key");
+    let token = lease.token();
+    lease.release().await.expect("release");
+    token
+}
+
+// `#[async_trait]` on the impl expands the method before
+// `#[distributed_lock]` sees it.
+#[async_trait::async_trait]
+trait Export: Send + Sync {
+    async fn export(
+        &self,
+        tenant: u32,
+        entered: oneshot::Sender<()>,
+        leave: oneshot::Receiver<()>,
+    ) -> Result<FencingToken, LockError>;
+}
+
+struct RegionExport {
+    region: &'static str,
+}
+
+static ASYNC_TRAIT_RUNS: AtomicUsize = AtomicUsize::new(0);
+
+#[async_trait::async_trait]
+impl Export for RegionExport {
+    #[distributed_lock(
+        key = "export:{self.region}:{tenant}",
+        ttl = "30s",
+        backend = "macro-async-trait"
+    )]
+    async fn export(
+        &self,
+        tenant: u32,
+        entered: oneshot::Sender<()>,
+        leave: oneshot::Receiver<()>,
+        token: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        ASYNC_TRAIT_RUNS.fetch_add(1, Ordering::SeqCst);
+        stay(entered, leave).await;
+        Ok(token)
+    }
+}
+
+#[tokio::test]
+async fn an_async_trait_method_called_through_dyn_holds_the_key_and_gets_its_token() {
+    register("macro-async-trait");
+    let key = "export:eu:7";
+    let before = token_now("macro-async-trait", key).await;
+    let exporter: std::sync::Arc<dyn Export> = std::sync::Arc::new(RegionExport { region: "eu" });
+
+    let (entered, first_in) = oneshot::channel();
+    let (first_leave, leave) = oneshot::channel();
+    let first = tokio::spawn({
+        let exporter = std::sync::Arc::clone(&exporter);
+        async move { exporter.export(7, entered, leave).await }
+    });
+    first_in.await.expect("the first call runs");
+    assert!(
+        !is_free("macro-async-trait", key).await,
+        "the key is not held"
+    );
+
+    let (entered, _second_in) = oneshot::channel();
+    let (_second_leave, leave) = oneshot::channel();
+    let second = exporter.export(7, entered, leave).await;
+    assert!(
+        matches!(&second, Err(LockError::Held { key: held }) if held == key),
+        "{second:?}"
+    );
+    assert_eq!(
+        ASYNC_TRAIT_RUNS.load(Ordering::SeqCst),
+        1,
+        "the second body ran"
+    );
+
+    first_leave.send(()).expect("the first call waits");
+    let first = timeout(PATIENCE, first).await.expect("finishes");
+    let token = first.expect("no panic").expect("held the key");
+    // The body got the token of the lease it ran under: issued for this key
+    // after the one before the call, and before the one after it.
+    let after = token_now("macro-async-trait", key).await;
+    assert!(
+        before < token && token < after,
+        "{before} < {token} < {after}"
+    );
+}
+
+// `#[async_trait]` on the trait expands the default method before
+// `#[distributed_lock]` sees it; implementors inherit the locked body.
+#[async_trait::async_trait]
+trait Audit: Sync {
+    #[distributed_lock(
+        key = "audit:{tenant}",
+        ttl = "30s",
+        backend = "macro-async-trait-default"
+    )]
+    async fn audit(&self, tenant: u32, token: FencingToken) -> Result<FencingToken, LockError> {
+        Ok(token)
+    }
+}
+
+struct Auditor;
+
+#[async_trait::async_trait]
+impl Audit for Auditor {}
+
+#[tokio::test]
+async fn a_locked_default_method_of_an_async_trait_holds_the_key_and_gets_its_token() {
+    register("macro-async-trait-default");
+    let auditor: &dyn Audit = &Auditor;
+    let held = LockOptions::new(Duration::from_secs(30))
+        .backend("macro-async-trait-default")
+        .acquire("audit:3")
+        .await
+        .expect("free key");
+    let refused = auditor.audit(3).await;
+    assert!(
+        matches!(&refused, Err(LockError::Held { key }) if key == "audit:3"),
+        "{refused:?}"
+    );
+    let held_token = held.token();
+    held.release().await.expect("release");
+
+    let token = auditor.audit(3).await.expect("free key");
+    let after = token_now("macro-async-trait-default", "audit:3").await;
+    assert!(
+        held_token < token && token < after,
+        "{held_token} < {token} < {after}"
+    );
+}

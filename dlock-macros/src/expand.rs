@@ -6,13 +6,14 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{AttrStyle, Attribute, Ident, ItemFn};
+use syn::{AttrStyle, Attribute, ExprAsync, Ident, ImplItem, ItemFn, ItemImpl};
 
-use crate::valid::{self, Binding, Lock, OnLost, Part, Special, Template};
+use crate::async_trait::{self, Boxed};
+use crate::valid::{self, Binding, Function, Lock, OnLost, Part, Special, Template};
 
 /// The attribute's whole job: the expanded function, or, on any error, the
-/// function unchanged plus the errors (so one mistake gives one message and
-/// the IDE still sees the function).
+/// function as callers will see it plus the errors (so one mistake gives one
+/// message and the IDE still sees the function).
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     let func = match valid::function(item.clone()) {
         Ok(func) => func,
@@ -27,7 +28,66 @@ pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
 
 fn with_error(item: TokenStream, err: syn::Error) -> TokenStream {
     let err = err.into_compile_error();
+    let item = without_lock_provided(item);
     quote!(#item #err)
+}
+
+/// The item as written, except that the parameters the lock would provide
+/// are gone from its signature, as in a successful expansion: call sites
+/// that leave them out (as they should) then get no second error about the
+/// number of arguments.
+fn without_lock_provided(item: TokenStream) -> TokenStream {
+    if let Ok(mut func) = syn::parse2::<ItemFn>(item.clone()) {
+        if unlock(&mut func.sig, &mut func.block) {
+            return func.into_token_stream();
+        }
+        return item;
+    }
+    // Misplaced on an impl block, the attribute was meant for its methods:
+    // the ones it could lock lose those parameters too, or each would get a
+    // second error for not matching the trait.
+    if let Ok(mut block) = syn::parse2::<ItemImpl>(item.clone()) {
+        let mut changed = false;
+        for member in &mut block.items {
+            if let ImplItem::Fn(method) = member
+                && (method.sig.asyncness.is_some()
+                    || async_trait::is_boxed_future(&method.sig.output))
+            {
+                changed |= unlock(&mut method.sig, &mut method.block);
+            }
+        }
+        if changed {
+            return block.into_token_stream();
+        }
+    }
+    item
+}
+
+/// Removes the lock-provided parameters from `sig` and binds them at the
+/// top of `block` to a value from a function that never returns (it never
+/// runs: the crate does not compile). A diverging expression in the body
+/// itself would make the rest of it unreachable, and its parameters
+/// "unused". Returns whether there were any.
+fn unlock(sig: &mut syn::Signature, block: &mut syn::Block) -> bool {
+    let provided = valid::take_lock_provided(sig);
+    if provided.is_empty() {
+        return false;
+    }
+    let never = local("__dlock_never");
+    let bindings = provided.into_iter().map(|typed| {
+        let syn::PatType { attrs, pat, ty, .. } = typed;
+        syn::parse_quote! {
+            #(#attrs)*
+            let #pat: #ty = {
+                fn #never<T>() -> T {
+                    ::core::unreachable!()
+                }
+                #never()
+            };
+        }
+    });
+    block.stmts.splice(0..0, bindings);
+    true
 }
 
 /// Names the expansion introduces; mixed-site hygiene keeps them invisible
@@ -36,13 +96,25 @@ fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
-    let ItemFn {
-        attrs,
-        vis,
-        mut sig,
-        block,
+fn expand(func: Function, lock: &Lock) -> TokenStream {
+    let Function {
+        item:
+            ItemFn {
+                attrs,
+                vis,
+                mut sig,
+                block,
+            },
+        mut boxed,
     } = func;
+    if let Some(boxed) = &mut boxed {
+        let read_by_key: Vec<&str> = lock
+            .keys
+            .iter()
+            .flat_map(|key| key.params.iter().map(String::as_str))
+            .collect();
+        async_trait::allow_unused_rebindings(&mut boxed.future, &read_by_key);
+    }
     let (inner_attrs, outer_attrs): (Vec<Attribute>, Vec<Attribute>) = attrs
         .into_iter()
         .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
@@ -145,7 +217,13 @@ fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
             }
         }
     };
-    let stmts = &block.stmts;
+    // The body to run under the lock: the function's, or, for a method
+    // async-trait rewrote, that of the future it boxes (the lock is then
+    // taken when the future is first polled, as for an `async fn`).
+    let (before, stmts) = match &boxed {
+        None => (&[][..], &block.stmts),
+        Some(boxed) => (&block.stmts[..], &boxed.future.block.stmts),
+    };
     // Also on the return type: `run` requires the same trait, and rustc
     // reports a failed bound once per span, so a bad return type gives one
     // error, not a second one pointing at the attribute.
@@ -161,26 +239,56 @@ fn expand(func: ItemFn, lock: &Lock) -> TokenStream {
     );
     let run_call = quote_spanned!(ret_span=> #run_call.await);
 
+    // A boxed future's output is otherwise inferred; pinned to the declared
+    // type, a return type that cannot carry a `LockError` is reported once,
+    // on that type, as for an `async fn`.
+    let outer_output = match boxed {
+        None => TokenStream::new(),
+        Some(_) => pin_output.clone(),
+    };
+    let locked = quote! {
+        #outer_output
+        // Built before the body takes the parameters.
+        let #key = #key_value;
+        let #options = #options_expr;
+        let #backend = {
+            static #slot: #private::BackendSlot = #private::BackendSlot::new(#backend_name);
+            match #slot.get() {
+                ::core::result::Result::Ok(#held) => #held,
+                ::core::result::Result::Err(#err) => return #lock_failed,
+            }
+        };
+        let #lease = match #options.#acquire(#backend, #key).await {
+            ::core::result::Result::Ok(#held) => #held,
+            ::core::result::Result::Err(#err) => return #lock_failed,
+        };
+        #(#bindings)*
+        #run_call
+    };
+    let body = match boxed {
+        None => locked,
+        Some(Boxed {
+            pin, paren, future, ..
+        }) => {
+            let ExprAsync {
+                attrs,
+                async_token,
+                capture,
+                ..
+            } = future;
+            let mut call = pin.into_token_stream();
+            paren.surround(&mut call, |args| {
+                args.extend(quote!(#(#attrs)* #async_token #capture { #locked }));
+            });
+            call
+        }
+    };
     quote! {
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            // Built before the body takes the parameters.
-            let #key = #key_value;
-            let #options = #options_expr;
-            let #backend = {
-                static #slot: #private::BackendSlot = #private::BackendSlot::new(#backend_name);
-                match #slot.get() {
-                    ::core::result::Result::Ok(#held) => #held,
-                    ::core::result::Result::Err(#err) => return #lock_failed,
-                }
-            };
-            let #lease = match #options.#acquire(#backend, #key).await {
-                ::core::result::Result::Ok(#held) => #held,
-                ::core::result::Result::Err(#err) => return #lock_failed,
-            };
-            #(#bindings)*
-            #run_call
+            #(#before)*
+            #body
         }
     }
 }

@@ -8,6 +8,7 @@
 use proc_macro::TokenStream;
 
 mod args;
+mod async_trait;
 mod expand;
 mod valid;
 
@@ -68,6 +69,10 @@ mod valid;
 ///   as written; only the body is replaced. Free functions, inherent and
 ///   trait-impl methods, generics, `impl Trait` arguments and pattern
 ///   arguments all work.
+/// - With `#[async_trait]`, put it on the method, inside the `#[async_trait]`
+///   impl (or on a default method inside the `#[async_trait]` trait), not on
+///   the block: async-trait expands the block first, and the lock is then
+///   taken inside the future it boxes, exactly as for an `async fn`.
 /// - The key is built before the body runs; the lock is released when the
 ///   body ends, also on early return, `?`, panic or cancellation.
 #[proc_macro_attribute]

@@ -8,11 +8,12 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::{
-    Error, FnArg, Ident, Index, Item, ItemFn, LitStr, Member, Pat, ReturnType, Signature,
+    Error, FnArg, Ident, Index, Item, ItemFn, LitStr, Member, Pat, PatType, ReturnType, Signature,
     TraitItemFn, Type,
 };
 
 use crate::args::{Args, Opt};
+use crate::async_trait::{self, Boxed};
 
 /// The shortest ttl: below it renewal could not keep a lease alive.
 const MIN_TTL: Duration = Duration::from_millis(10);
@@ -120,9 +121,28 @@ impl Special {
     }
 }
 
+/// Removes the parameters the lock provides (by their type, as a successful
+/// expansion would) from `sig`, and returns them.
+pub fn take_lock_provided(sig: &mut Signature) -> Vec<PatType> {
+    let mut provided = Vec::new();
+    sig.inputs = std::mem::take(&mut sig.inputs)
+        .into_iter()
+        .filter_map(|input| match input {
+            FnArg::Typed(typed) if Special::of(&typed.ty).is_some() => {
+                provided.push(typed);
+                None
+            }
+            other => Some(other),
+        })
+        .collect();
+    provided
+}
+
 /// A key template split into literal text and values to interpolate.
 pub struct Template {
     pub parts: Vec<Part>,
+    /// The parameters (other than `self`) its placeholders read.
+    pub params: Vec<String>,
 }
 
 pub enum Part {
@@ -131,18 +151,33 @@ pub enum Part {
     Value(TokenStream),
 }
 
+/// The annotated function.
+pub struct Function {
+    pub item: ItemFn,
+    /// Set when async-trait has already turned the `async fn` into a `fn`
+    /// returning a boxed future: the lock is taken inside that future.
+    pub boxed: Option<Boxed>,
+}
+
 /// Parses the annotated item, which must be a function with a body.
-pub fn function(item: TokenStream) -> syn::Result<ItemFn> {
+pub fn function(item: TokenStream) -> syn::Result<Function> {
     let fn_error = match syn::parse2::<ItemFn>(item.clone()) {
-        Ok(func) => return Ok(func),
+        Ok(func) => {
+            let (item, boxed) = async_trait::split(func);
+            return Ok(Function { item, boxed });
+        }
         Err(err) => err,
     };
     if let Ok(decl) = syn::parse2::<TraitItemFn>(item.clone()) {
         if decl.default.is_none() {
-            return Err(Error::new_spanned(
-                &decl.sig,
-                "`#[distributed_lock]` needs a function body: put it on the `async fn` in the `impl` block, not on the trait's declaration",
-            ));
+            let msg = "`#[distributed_lock]` needs a function body: put it on the `async fn` in the `impl` block, not on the trait's declaration";
+            // async-trait's return type carries the span of `#[async_trait]`,
+            // so the span stops before it, at what the user wrote.
+            return Err(if async_trait::is_boxed_future(&decl.sig.output) {
+                Error::new_spanned(sig_head(&decl.sig), msg)
+            } else {
+                Error::new_spanned(&decl.sig, msg)
+            });
         }
         return Err(fn_error);
     }
@@ -160,10 +195,27 @@ fn not_a_function(item: &Item) -> Error {
         Item::Struct(i) => ("a struct", head(&i.struct_token, &i.ident)),
         Item::Enum(i) => ("an enum", head(&i.enum_token, &i.ident)),
         Item::Union(i) => ("a union", head(&i.union_token, &i.ident)),
-        Item::Trait(i) => ("a trait", head(&i.trait_token, &i.ident)),
+        Item::Trait(i) => {
+            return Error::new_spanned(
+                head(&i.trait_token, &i.ident),
+                "`#[distributed_lock]` goes on an `async fn`, not on a trait: put it on each method to lock, a default method in the trait or the method in each impl (also under `#[async_trait]`)",
+            );
+        }
+        Item::Impl(i) => {
+            let (generics, _, _) = i.generics.split_for_impl();
+            let (bang, path, for_token) = match &i.trait_ {
+                Some((bang, path, for_token)) => (bang, Some(path), Some(for_token)),
+                None => (&None, None, None),
+            };
+            let (impl_token, self_ty) = (&i.impl_token, &i.self_ty);
+            // Spanned on the head (`impl Job for Nightly`), as for other items.
+            return Error::new_spanned(
+                quote!(#impl_token #generics #bang #path #for_token #self_ty),
+                "`#[distributed_lock]` goes on an `async fn`, not on an impl block: put it on each method to lock, inside the block (also under `#[async_trait]`)",
+            );
+        }
         Item::Type(i) => ("a type alias", head(&i.type_token, &i.ident)),
         Item::Mod(i) => ("a module", head(&i.mod_token, &i.ident)),
-        Item::Impl(i) => ("an impl block", i.impl_token.to_token_stream()),
         Item::Use(i) => ("a use declaration", i.use_token.to_token_stream()),
         other => ("this item", other.to_token_stream()),
     };
@@ -181,21 +233,23 @@ fn head(keyword: &impl ToTokens, name: &Ident) -> TokenStream {
 
 /// Checks the arguments against the function; `args` is `Err` when they did
 /// not even parse, in which case the function's shape is still checked.
-pub fn check(args: syn::Result<Args>, func: &ItemFn) -> syn::Result<Lock> {
+pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
     let mut errors = Errors::default();
     let args = args.map_err(|err| errors.push(err)).ok();
     let many = args.as_ref().map(|args| args.keys.is_some());
 
-    let sig = &func.sig;
-    if sig.asyncness.is_none() {
+    let sig = &func.item.sig;
+    if sig.asyncness.is_none() && func.boxed.is_none() {
         errors.push(Error::new_spanned(
             sig.fn_token,
             "`#[distributed_lock]` requires an `async fn`: add `async` (taking the lock awaits the backend)",
         ));
     }
-    let ret = match &sig.output {
-        ReturnType::Type(_, ty) => Some(ty.clone()),
-        ReturnType::Default => {
+    let ret = match (&func.boxed, &sig.output) {
+        // What the `async fn` returned before async-trait boxed it.
+        (Some(boxed), _) => Some(boxed.output.clone()),
+        (None, ReturnType::Type(_, ty)) => Some(ty.clone()),
+        (None, ReturnType::Default) => {
             errors.push(Error::new_spanned(
                 sig_head(sig),
                 "a `#[distributed_lock]` function must return `Result<T, E>` with `E: From<dlock::LockError>`: a lock that cannot be had is returned as an `Err`",
@@ -203,7 +257,12 @@ pub fn check(args: syn::Result<Args>, func: &ItemFn) -> syn::Result<Lock> {
             None
         }
     };
-    let params = Params::new(sig, many, &mut errors);
+    let moved = func
+        .boxed
+        .as_ref()
+        .map(|boxed| async_trait::moved_patterns(&boxed.future))
+        .unwrap_or_default();
+    let params = Params::new(sig, &moved, many, &mut errors);
 
     let Some(args) = args else {
         return Err(errors.into_error());
@@ -314,7 +373,14 @@ struct Params {
 }
 
 impl Params {
-    fn new(sig: &Signature, many: Option<bool>, errors: &mut Errors) -> Self {
+    /// `moved`: the patterns async-trait moved out of the signature, by the
+    /// name it gave their parameters instead.
+    fn new(
+        sig: &Signature,
+        moved: &[(Ident, Pat)],
+        many: Option<bool>,
+        errors: &mut Errors,
+    ) -> Self {
         let mut params = Params {
             fn_name: sig.ident.clone(),
             receiver: false,
@@ -341,7 +407,14 @@ impl Params {
                 });
                 continue;
             }
-            match &*typed.pat {
+            let pat = match &*typed.pat {
+                Pat::Ident(ident) => moved
+                    .iter()
+                    .find(|(name, _)| *name == ident.ident)
+                    .map_or(&*typed.pat, |(_, pat)| pat),
+                pat => pat,
+            };
+            match pat {
                 Pat::Ident(ident) if ident.subpat.is_none() => {
                     params.named.push(ident.ident.clone());
                 }
@@ -483,17 +556,26 @@ fn template(literal: &LitStr, params: &Params) -> syn::Result<Template> {
     let raw = split_template(&literal.value()).map_err(|msg| Error::new(span, msg))?;
     let mut errors = Errors::default();
     let mut parts = Vec::with_capacity(raw.len());
+    let mut read = Vec::new();
     for part in raw {
         match part {
             Raw::Lit(text) => parts.push(Part::Lit(text)),
             Raw::Placeholder(placeholder) => match resolve(&placeholder, params, span) {
-                Ok(value) => parts.push(Part::Value(value)),
+                Ok(value) => {
+                    parts.push(Part::Value(value));
+                    if placeholder.root != "self" {
+                        read.push(placeholder.root);
+                    }
+                }
                 Err(msg) => errors.push(Error::new(span, msg)),
             },
         }
     }
     errors.finish()?;
-    Ok(Template { parts })
+    Ok(Template {
+        parts,
+        params: read,
+    })
 }
 
 /// Whether `c` may appear in a key template's literal text.

@@ -11,7 +11,7 @@ mod support;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockOptions};
@@ -45,18 +45,7 @@ fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
-            let servers: Vec<RedisServer> = (0..3)
-                .map(|_| {
-                    RedisServer::start(&[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
-                    ])
-                })
-                .collect();
+            let servers = redis_support::start_cluster();
             if let Ok(mut started) = STARTED.lock() {
                 started.extend(
                     servers
@@ -67,29 +56,6 @@ fn cluster() -> &'static Cluster {
             // SAFETY: registering a plain extern "C" fn with atexit(3).
             unsafe {
                 libc::atexit(kill_cluster_at_exit);
-            }
-            let mut create = vec!["--cluster", "create"];
-            let addresses: Vec<String> = servers.iter().map(RedisServer::address).collect();
-            create.extend(addresses.iter().map(String::as_str));
-            create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-            let output = redis_support::cli(&[], &create);
-            assert!(
-                output.contains("All 16384 slots covered"),
-                "redis-cli --cluster create failed:\n{output}"
-            );
-            let deadline = Instant::now() + Duration::from_secs(30);
-            for server in &servers {
-                loop {
-                    let info = server.cli(&["CLUSTER", "INFO"]);
-                    if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "the cluster never became ok:\n{info}"
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                }
             }
             let _ = sender.send(servers.iter().map(RedisServer::url).collect::<Vec<_>>());
             // Keep the servers (and this thread, their parent) alive.

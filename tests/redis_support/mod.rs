@@ -51,7 +51,8 @@ pub fn fresh_dir(label: &str) -> PathBuf {
 
 impl RedisServer {
     /// Starts a server on a free port with `args` added to the defaults
-    /// (`{port}` in an argument stands for the chosen port).
+    /// (`{port}` in an argument stands for the chosen port, `{dir}` for the
+    /// server's directory).
     pub fn start(args: &[&str]) -> Self {
         let bus = args.contains(&"--cluster-enabled");
         let port = free_port(bus);
@@ -60,14 +61,18 @@ impl RedisServer {
         {
             ports.push(port);
         }
+        let dir = fresh_dir("redis");
         let mut server = Self {
             child: None,
             port,
-            dir: fresh_dir("redis"),
             args: args
                 .iter()
-                .map(|a| a.replace("{port}", &port.to_string()))
+                .map(|a| {
+                    a.replace("{port}", &port.to_string())
+                        .replace("{dir}", &dir.to_string_lossy())
+                })
                 .collect(),
+            dir,
         };
         server.launch();
         server
@@ -200,4 +205,48 @@ fn ping(port: u16) -> bool {
     }
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).is_ok() && !line.is_empty()
+}
+
+/// Starts a Redis Cluster of three masters (no replicas) on free loopback
+/// ports and waits until every node reports it ok.
+///
+/// The servers die with the thread that started them (parent-death
+/// signal): call this on a thread that outlives their use.
+pub fn start_cluster() -> Vec<RedisServer> {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            RedisServer::start(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ])
+        })
+        .collect();
+    let mut create = vec!["--cluster", "create"];
+    let addresses: Vec<String> = servers.iter().map(RedisServer::address).collect();
+    create.extend(addresses.iter().map(String::as_str));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+    let output = cli(&[], &create);
+    assert!(
+        output.contains("All 16384 slots covered"),
+        "redis-cli --cluster create failed:\n{output}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for server in &servers {
+        loop {
+            let info = server.cli(&["CLUSTER", "INFO"]);
+            if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never became ok:\n{info}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    servers
 }

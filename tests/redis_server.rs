@@ -5,7 +5,7 @@
 mod redis_support;
 mod support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use support::within;
 
@@ -342,4 +342,165 @@ async fn rediss_locks_with_a_trusted_private_ca_and_refuses_an_untrusted_certifi
         .expect("acquired");
     assert!(next.token() > token);
     next.release().await.expect("release");
+}
+
+/// A man in the middle on loopback that speaks plain text where the client
+/// expects TLS: it relays every connection, unencrypted, to `upstream` (a
+/// real Redis), and records the first byte each client sent.
+struct PlainTextRelay {
+    port: u16,
+    first_bytes: Arc<Mutex<Vec<u8>>>,
+    accept: tokio::task::AbortHandle,
+}
+
+impl PlainTextRelay {
+    async fn start(upstream: u16) -> Self {
+        use tokio::io::AsyncReadExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let first_bytes: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let accept = tokio::spawn({
+            let first_bytes = first_bytes.clone();
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let first_bytes = first_bytes.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        let n = match client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        first_bytes
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(buf[0]);
+                        let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        else {
+                            return;
+                        };
+                        if server.write_all(&buf[..n]).await.is_ok() {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+        })
+        .abort_handle();
+        Self {
+            port,
+            first_bytes,
+            accept,
+        }
+    }
+
+    fn first_bytes(&self) -> Vec<u8> {
+        self.first_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for PlainTextRelay {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// A TLS record of type handshake: how a TLS client's first bytes begin.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cannot_be_downgraded_to_plain_text_by_a_relay() {
+    let server = RedisServer::start(&["--requirepass", "relay-pass-5"]);
+    let relay = PlainTextRelay::start(server.port).await;
+    let url = format!("rediss://:relay-pass-5@127.0.0.1:{}", relay.port);
+    let err = within(
+        15,
+        "connecting through the plain-text relay",
+        RedisBackend::builder(&url)
+            .connect_timeout(Duration::from_secs(2))
+            .connect(),
+    )
+    .await
+    .expect_err("a server that does not speak TLS must be refused");
+    eprintln!("{err}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(!err.to_string().contains("relay-pass-5"), "{err}");
+    let first = relay.first_bytes();
+    assert!(!first.is_empty(), "the client must have tried the relay");
+    assert!(
+        first.iter().all(|&b| b == TLS_HANDSHAKE),
+        "every connection must open with a TLS handshake, never a plain command: {first:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_insecure_is_refused_before_connecting() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    for url in [
+        format!("rediss://:insecure-pass-6@127.0.0.1:{port}#insecure"),
+        format!("rediss://127.0.0.1:{port}/0#insecure"),
+    ] {
+        let err = RedisBackend::builder(&url)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("#insecure must be refused");
+        eprintln!("{err}");
+        assert!(
+            matches!(err, LockError::InvalidOption { option: "url", .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("#insecure") && text.contains("tls_root_certificate"),
+            "the error must name the fragment and the safe alternative: {text}"
+        );
+        assert!(!text.contains("insecure-pass-6"), "{text}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "nothing may be sent to the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_plain_text_urls_are_not_mixed_in_one_backend() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    for (first, second) in [
+        (
+            format!("rediss://127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{port}"),
+        ),
+        (
+            format!("redis://127.0.0.1:{port}"),
+            format!("rediss://127.0.0.1:{port}"),
+        ),
+    ] {
+        let err = RedisBackend::builder(&first)
+            .node(&second)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("TLS and plain text mixed");
+        eprintln!("{err}");
+        assert!(
+            matches!(err, LockError::InvalidOption { option: "url", .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("plain text"), "{err}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "nothing may be sent to either node"
+    );
 }

@@ -208,45 +208,31 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
+async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release() {
     let server = RedisServer::start(&[]);
-    // Only dlock's keys and channels, only the commands it needs (the list
-    // the module docs give).
-    let created = server.cli(&[
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">locker-pass-3",
-        "~dlock:*",
-        "&dlock:*",
-        // The scripts and what they call.
-        "+evalsha",
-        "+eval",
-        "+script|load",
-        "+set",
-        "+get",
-        "+incr",
-        "+pexpire",
-        "+pttl",
-        "+del",
-        "+publish",
-        "+time",
-        // Waiting.
-        "+subscribe",
-        "+unsubscribe",
-        // No INFO: the backend then takes the server as a single server.
-    ]);
-    assert_eq!(created, "OK");
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    // Only dlock's keys and channels, only the commands it needs: the
+    // very rules the docs give, the same as on a cluster.
+    redis_support::create_least_privilege_user(&target, "locker", "locker-pass-3");
+    redis_support::reset_acl_log(&target);
+    let refused = || {
+        redis_support::refused_commands(&target)
+            .into_iter()
+            .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
+            .collect::<Vec<_>>()
+    };
     let url = format!("redis://locker:locker-pass-3@127.0.0.1:{}", server.port);
     let redis = RedisBackend::connect(&url)
         .await
-        .expect("the ACL user connects");
-    assert!(!format!("{redis:?}").contains("locker-pass-3"));
+        .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
+    assert!(!redis.is_cluster(), "a single server must be detected");
+    if let Err(err) = redis_support::every_operation(&redis, 3).await {
+        panic!("{err}; refused: {:?}", refused());
+    }
     let backend: Arc<dyn Backend> = Arc::new(redis);
     let key = fresh_key("acl");
     let first = take_token(&backend, &key).await;
-    // Waiting uses pub/sub, which the user may do on dlock's channels.
     let holder = LockOptions::new(Duration::from_secs(10))
         .acquire_on(backend.clone(), &key)
         .await
@@ -262,6 +248,19 @@ async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
         .release()
         .await
         .expect("release");
+    assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
+
+    // The docs' note: a database other than 0 takes `+select` too.
+    let created = redis_support::cli(&target, &["ACL", "SETUSER", "locker", "+select"]);
+    assert_eq!(created, "OK");
+    let url = format!("redis://locker:locker-pass-3@127.0.0.1:{}/3", server.port);
+    let redis = RedisBackend::connect(&url)
+        .await
+        .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
+    if let Err(err) = redis_support::every_operation(&redis, 1).await {
+        panic!("{err}; refused: {:?}", refused());
+    }
+    assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
 }
 
 /// A private CA and a server certificate for 127.0.0.1, made with the
@@ -503,4 +502,23 @@ async fn tls_and_plain_text_urls_are_not_mixed_in_one_backend() {
         listener.accept().is_err(),
         "nothing may be sent to either node"
     );
+}
+
+#[test]
+fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
+    for (doc, text) in [
+        ("README.md", include_str!("../README.md")),
+        (
+            "dlock-runtime/src/redis/mod.rs",
+            include_str!("../dlock-runtime/src/redis/mod.rs"),
+        ),
+    ] {
+        assert!(
+            text.lines()
+                .any(|line| line.trim_start_matches("//!").trim()
+                    == redis_support::LEAST_PRIVILEGE_ACL),
+            "{doc} must give, on a line of its own, the ACL rules the tests use:\n{}",
+            redis_support::LEAST_PRIVILEGE_ACL
+        );
+    }
 }

@@ -12,6 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock::backend::OwnerId;
+use dlock::redis::RedisBackend;
 
 /// A `redis-server` child process. Killed (SIGKILL) and its directory
 /// removed when dropped.
@@ -249,4 +250,110 @@ pub fn start_cluster() -> Vec<RedisServer> {
         }
     }
     servers
+}
+
+/// The least-privilege ACL rules for a dlock user, exactly as the module
+/// docs of `dlock::redis` and the README give them (a test checks both
+/// texts), used by the ACL tests on a single server and on a cluster.
+pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping";
+
+/// Creates (or resets) ACL user `user` with `password` and exactly the
+/// rules of [`LEAST_PRIVILEGE_ACL`] on the server `target` (redis-cli
+/// connection options) names.
+pub fn create_least_privilege_user(target: &[&str], user: &str, password: &str) {
+    let password = format!(">{password}");
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &password];
+    args.extend(LEAST_PRIVILEGE_ACL.split_whitespace());
+    let out = cli(target, &args);
+    assert_eq!(out, "OK", "ACL SETUSER {user} {LEAST_PRIVILEGE_ACL}");
+}
+
+/// The commands the server `target` names has refused since its ACL log
+/// was last reset (the `object` of each `ACL LOG` entry).
+pub fn refused_commands(target: &[&str]) -> Vec<String> {
+    let log = cli(target, &["ACL", "LOG"]);
+    let mut lines = log.lines().map(str::trim);
+    let mut refused = Vec::new();
+    while let Some(line) = lines.next() {
+        if line == "object"
+            && let Some(object) = lines.next()
+        {
+            refused.push(object.to_owned());
+        }
+    }
+    refused
+}
+
+/// Empties the ACL log of the server `target` names.
+pub fn reset_acl_log(target: &[&str]) {
+    assert_eq!(cli(target, &["ACL", "LOG", "RESET"]), "OK");
+}
+
+/// Commands a client may send and be refused without harm: redis-rs names
+/// its connections with `CLIENT SETINFO` (Redis 7.2+) and ignores the
+/// answer, as the command's documentation advises.
+pub const HARMLESS_REFUSALS: [&str; 1] = ["client|setinfo"];
+
+/// Does everything the backend does on a server, under the rights of the
+/// user `redis` connected as, on `keys` keys (enough to reach every master
+/// of a cluster): take a key, renew it, wait for it through pub/sub (a
+/// waiter that falls back to polling counts as refused), release it, take
+/// it again and force-release it. The first failure, if any.
+pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), String> {
+    use dlock::backend::{Attempt, Backend as _};
+    let ttl = Duration::from_secs(10);
+    for i in 0..keys {
+        let id = OwnerId::random().map_err(|e| e.to_string())?;
+        let key =
+            dlock::LockKey::new(format!("dlock-test:acl-{i}:{id}")).map_err(|e| e.to_string())?;
+        let owner = OwnerId::random().map_err(|e| e.to_string())?;
+        let failed = |what: &str, err: dlock::LockError| format!("{what} `{key}`: {err}");
+        match redis.try_acquire(&key, &owner, ttl).await {
+            Ok(Attempt::Acquired(_)) => {}
+            Ok(_) => return Err(format!("`{key}` was not free")),
+            Err(err) => return Err(failed("acquire", err)),
+        }
+        if !redis
+            .extend(&key, &owner, ttl)
+            .await
+            .map_err(|e| failed("renew", e))?
+        {
+            return Err(format!("renewing `{key}` said it was not held"));
+        }
+        let notice = redis
+            .subscribe(&key)
+            .await
+            .map_err(|e| failed("wait for", e))?;
+        if redis.subscribed_channels() == 0 {
+            return Err(format!(
+                "waiting for `{key}` fell back to polling: SUBSCRIBE refused"
+            ));
+        }
+        if !redis
+            .release(&key, &owner)
+            .await
+            .map_err(|e| failed("release", e))?
+        {
+            return Err(format!("releasing `{key}` said it was not held"));
+        }
+        if tokio::time::timeout(Duration::from_secs(10), notice)
+            .await
+            .is_err()
+        {
+            return Err(format!("the release of `{key}` was never heard"));
+        }
+        let other = OwnerId::random().map_err(|e| e.to_string())?;
+        redis
+            .try_acquire(&key, &other, ttl)
+            .await
+            .map_err(|e| failed("acquire", e))?;
+        if !redis
+            .force_release(&key)
+            .await
+            .map_err(|e| failed("force-release", e))?
+        {
+            return Err(format!("force-releasing `{key}` found nothing to release"));
+        }
+    }
+    Ok(())
 }

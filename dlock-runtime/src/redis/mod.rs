@@ -37,19 +37,43 @@
 //! `redis://[[user]:password@]host[:port][/db]`, and `rediss://…` for TLS
 //! (rustls, trusting the system's root certificates, or the ones given to
 //! [`RedisBuilder::tls_root_certificate`] for a private CA). A password alone is
-//! `redis://:password@host`; an ACL user is `redis://user:password@host`.
-//! Passwords are never shown: `Debug` output, errors and logs carry the URL
-//! with the password replaced by `***`.
+//! `redis://:password@host`; an ACL user is `redis://user:password@host`; a
+//! unix socket is `redis+unix:///path/redis.sock?user=app&pass=password&db=0`
+//! (or `unix://…`). Passwords are never shown, wherever the URL carries
+//! them: `Debug` output, errors and logs show it with the password replaced
+//! by `***` (`redis://app:***@host`, `unix:///p?pass=***`), and a URL that
+//! cannot be read is not shown at all.
 //!
-//! An ACL user needs only dlock's keys and channels and a handful of
-//! commands: `~dlock:* &dlock:* +evalsha +eval +script|load +set +get +incr
-//! +pexpire +pttl +del +publish +time +subscribe +unsubscribe` (and `+info`
-//! for cluster detection; without it, a cluster is named with
-//! [`RedisBuilder::cluster`]).
+//! TLS is never weakened behind your back: `rediss://…#insecure` (redis-rs's
+//! switch that turns the certificate check off) is refused with
+//! [`LockError::InvalidOption`] — without the check, a man in the middle
+//! could hand one lock to two holders — and so is a mix of `rediss://` and
+//! plain URLs in one backend. A server that does not speak TLS is an error,
+//! never a plain-text fallback.
 //!
-//! A cluster is detected on its own (`cluster_enabled:1` in `INFO cluster`);
-//! give more seed nodes with [`RedisBuilder::node`] so the backend can start
-//! (and keep its pub/sub connection) while a seed is down.
+//! ## Least-privilege ACL
+//!
+//! An ACL user needs only dlock's keys and channels and these commands, the
+//! same on a single server and on a cluster (where ACL users are per node:
+//! create it on every node):
+//!
+//! ```text
+//! ~dlock:* &dlock:* +evalsha +script|load +set +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
+//! ```
+//!
+//! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
+//! lacks them) and call `SET`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
+//! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
+//! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
+//! its slots, and the cluster client checks its node connections with
+//! `PING`. Add `+select` when the URL names a database other than 0.
+//! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
+//! and ignores a refusal.)
+//!
+//! A cluster is detected on its own (it answers `CLUSTER SLOTS`; or name it
+//! with [`RedisBuilder::cluster`]); give more seed nodes with
+//! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
+//! connection) while a seed is down.
 
 mod keyspace;
 mod redact;
@@ -208,8 +232,7 @@ impl RedisBuilder {
     }
 
     /// Treats the server as a Redis Cluster (`true`) or a single server
-    /// (`false`) instead of asking it (`INFO cluster`), for users whose ACL
-    /// does not allow `INFO`.
+    /// (`false`) instead of asking it (`CLUSTER SLOTS`).
     pub fn cluster(mut self, cluster: bool) -> Self {
         self.topology = if cluster {
             Topology::Cluster
@@ -408,16 +431,24 @@ fn tls_certificates(pem: &[u8]) -> TlsCertificates {
     }
 }
 
-/// Asks a server whether it is part of a cluster. A server that refuses
-/// `INFO` (a restrictive ACL) is taken as a single server.
+/// Asks a server whether it is part of a cluster, with the command the
+/// cluster client itself needs (`CLUSTER SLOTS`), so a least-privilege ACL
+/// user needs no further right (such as `INFO`) to be told apart. A server
+/// that answers with an error is a single server: cluster support disabled,
+/// a server or proxy without the command, or an ACL that refuses it (the
+/// cluster client could not work under that ACL either).
 async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
-    let info: RedisResult<String> = ::redis::cmd("INFO").arg("cluster").query_async(conn).await;
-    match info {
-        Ok(info) if info.lines().any(|line| line.trim() == "cluster_enabled:1") => {
-            Ok(Topology::Cluster)
-        }
-        Ok(_) => Ok(Topology::Standalone),
-        Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoPerm) => {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    let slots: RedisResult<::redis::Value> =
+        ::redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
+    match slots {
+        Ok(_) => Ok(Topology::Cluster),
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
+            ) =>
+        {
             Ok(Topology::Standalone)
         }
         Err(err) => Err(err),

@@ -184,18 +184,17 @@ fn add_redis_user(port: u16, admin: &str, user: &str, password: &str) {
     assert_eq!(out, "OK", "ACL SETUSER {user}");
 }
 
-/// A Redis server with users of their own for each case: `admin` (for
-/// the test) and, on the default user, one password per default-user case.
-fn redis_server_with_users(extra: &[&str], default_passwords: &[&str]) -> RedisServer {
-    let mut args = vec![
+/// A Redis server on TCP and a unix socket (`redis.sock` in its
+/// directory), with an `admin` user for the test and `default_passwords`
+/// on the default user (one per case that logs in as it).
+fn redis_server_with_users(default_passwords: &[&str]) -> RedisServer {
+    let server = RedisServer::start(&[
         "--unixsocket",
         "{dir}/redis.sock",
         "--unixsocketperm",
         "700",
-    ];
-    args.extend_from_slice(extra);
-    let server = RedisServer::start(&args);
-    let mut setup = vec![
+    ]);
+    let admin = [
         "ACL",
         "SETUSER",
         "admin",
@@ -205,20 +204,19 @@ fn redis_server_with_users(extra: &[&str], default_passwords: &[&str]) -> RedisS
         "&*",
         "+@all",
     ];
-    let out = redis_support::cli(&["-p", &server.port.to_string()], &setup);
+    let out = redis_support::cli(&["-p", &server.port.to_string()], &admin);
     assert_eq!(out, "OK", "admin user");
-    setup = vec!["ACL", "SETUSER", "default", "resetpass"];
-    let with: Vec<String> = default_passwords.iter().map(|p| format!(">{p}")).collect();
-    setup.extend(with.iter().map(String::as_str));
-    assert_eq!(redis_admin(server.port, "redis-admin-pass", &setup), "OK");
+    let passwords: Vec<String> = default_passwords.iter().map(|p| format!(">{p}")).collect();
+    let mut default = vec!["ACL", "SETUSER", "default", "resetpass"];
+    default.extend(passwords.iter().map(String::as_str));
+    assert_eq!(redis_admin(server.port, "redis-admin-pass", &default), "OK");
     server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_redis_url_form_shows_or_traces_its_password() {
     capture_traces();
-    let server =
-        redis_server_with_users(&[], &["redis-default-pw-Kf3", "redis-unix-default-pw-Hx9"]);
+    let server = redis_server_with_users(&["redis-default-pw-Kf3", "redis-unix-default-pw-Hx9"]);
     let (port, admin) = (server.port, "redis-admin-pass");
     add_redis_user(port, admin, "app", "redis-acl-pw-Vn8");
     add_redis_user(port, admin, "app2", "redis/enc@pw:-Qz5");

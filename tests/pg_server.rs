@@ -3,16 +3,16 @@
 //! unreachable host, missing privileges.
 //!
 //! Tests that need a server configured differently from the shared one
-//! (password authentication, TLS, a restart) run their own: `initdb` and
-//! `pg_ctl` from the PostgreSQL installation, as user `postgres` when run as
-//! root (PostgreSQL refuses root), on a free loopback port, removed again by
-//! a drop guard.
+//! (password authentication, TLS, a restart) run their own
+//! (`pg_support::OwnServer`).
 
+mod pg_support;
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 use support::within;
 
@@ -20,174 +20,13 @@ use dlock::backend::OwnerId;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TlsVerification};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use pg_support::{OwnServer, PASSWORD, PASSWORD_IN_URL, free_port, shared_conn};
 use tokio::time::Instant;
-
-const PASSWORD: &str = "s3cret pass'word";
-/// The password as it appears in a URL.
-const PASSWORD_IN_URL: &str = "s3cret%20pass%27word";
-
-fn shared_conn() -> String {
-    std::env::var("DLOCK_PG_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
-}
 
 /// A fresh key no other test (or earlier run) uses.
 fn fresh_key(label: &str) -> LockKey {
     let id = OwnerId::random().expect("random bytes");
     LockKey::new(format!("dlock-test:{label}:{id}")).expect("valid key")
-}
-
-/// A PostgreSQL instance of the test's own, with password authentication
-/// and TLS (self-signed certificate for 127.0.0.1), stopped and removed on
-/// drop.
-struct OwnServer {
-    dir: PathBuf,
-    port: u16,
-    bin: PathBuf,
-}
-
-impl OwnServer {
-    fn start() -> Self {
-        let bin = pg_bin_dir();
-        let id = OwnerId::random().expect("random");
-        // Under /tmp: the `postgres` user must be able to reach it.
-        let dir = std::env::temp_dir().join(format!("dlock-pg-{id}"));
-        std::fs::create_dir_all(&dir).expect("server dir");
-        let server = Self {
-            dir,
-            port: free_port(),
-            bin,
-        };
-        let pwfile = server.dir.join("pw");
-        std::fs::write(&pwfile, PASSWORD).expect("pwfile");
-        let cert = server.dir.join("server.crt");
-        let key = server.dir.join("server.key");
-        support::make_test_certificates(&server.dir);
-        if is_root() {
-            run(Command::new("chown").args(["-R", "postgres:postgres", path(&server.dir)]));
-        }
-        run(server.as_postgres("initdb").args([
-            "-D",
-            path(&server.data()),
-            "-U",
-            "postgres",
-            "--pwfile",
-            path(&pwfile),
-            "--auth=scram-sha-256",
-            "-E",
-            "UTF8",
-            "--no-sync",
-        ]));
-        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .expect("key mode");
-        let settings = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
-             fsync = off\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nmax_connections = 40\n",
-            server.port,
-            server.dir.display(),
-            cert.display(),
-            key.display(),
-        );
-        let conf = server.data().join("postgresql.conf");
-        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
-        text.push_str(&settings);
-        std::fs::write(&conf, text).expect("write postgresql.conf");
-        server.pg_ctl_start();
-        server
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn as_postgres(&self, program: &str) -> Command {
-        let program = self.bin.join(program);
-        if is_root() {
-            let mut command = Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(program);
-            command
-        } else {
-            Command::new(program)
-        }
-    }
-
-    fn pg_ctl_start(&self) {
-        let log = self.dir.join("log");
-        run(self.as_postgres("pg_ctl").args([
-            "-D",
-            path(&self.data()),
-            "-l",
-            path(&log),
-            "-w",
-            "-t",
-            "30",
-            "start",
-        ]));
-    }
-
-    fn pg_ctl_stop(&self, mode: &str) -> Output {
-        self.as_postgres("pg_ctl")
-            .args(["-D", path(&self.data()), "-m", mode, "-w", "stop"])
-            .output()
-            .expect("pg_ctl stop")
-    }
-
-    /// A key-value connection string for this server.
-    fn conn(&self, password: &str, extra: &str) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres password='{}' {extra}",
-            self.port,
-            password.replace('\\', "\\\\").replace('\'', "\\'")
-        )
-    }
-}
-
-impl Drop for OwnServer {
-    fn drop(&mut self) {
-        let _ = self.pg_ctl_stop("immediate");
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn path(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
-
-fn run(command: &mut Command) {
-    let out = command.output().expect("run helper program");
-    assert!(
-        out.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The newest `/usr/lib/postgresql/<version>/bin`, or the `PATH`.
-fn pg_bin_dir() -> PathBuf {
-    let newest = std::fs::read_dir("/usr/lib/postgresql")
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|e| {
-            let version: u32 = e.file_name().to_str()?.parse().ok()?;
-            Some((version, e.path().join("bin")))
-        })
-        .filter(|(_, bin)| bin.join("initdb").exists())
-        .max_by_key(|(version, _)| *version);
-    newest.map(|(_, bin)| bin).unwrap_or_default()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 fn assert_no_password(text: &str) {
@@ -525,4 +364,233 @@ async fn bad_options_and_connection_strings_are_errors_that_do_not_echo_secrets(
             "{err}"
         );
     }
+}
+
+/// The PostgreSQL SSLRequest: length 8, code 80877103.
+const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
+
+/// A man in the middle on loopback that strips TLS, as anyone on the
+/// network path can: it answers the client's SSLRequest with `N` ("this
+/// server does not do TLS") and relays whatever the client sends next, in
+/// plain text, to the real server. It counts what it saw.
+struct TlsStripper {
+    port: u16,
+    /// Connections accepted from clients.
+    accepted: Arc<AtomicUsize>,
+    /// Connections whose handling has ended.
+    finished: Arc<AtomicUsize>,
+    /// Plain-text sessions relayed to the real server.
+    relayed: Arc<AtomicUsize>,
+    accept: tokio::task::AbortHandle,
+}
+
+impl TlsStripper {
+    /// Listens on a free loopback port, relaying to the shared server.
+    async fn start() -> Self {
+        let config: tokio_postgres::Config = shared_conn().parse().expect("shared config");
+        let upstream = (
+            "127.0.0.1",
+            config.get_ports().first().copied().unwrap_or(5432),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let finished = Arc::new(AtomicUsize::new(0));
+        let relayed = Arc::new(AtomicUsize::new(0));
+        let accept = tokio::spawn({
+            let (accepted, finished, relayed) =
+                (accepted.clone(), finished.clone(), relayed.clone());
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    accepted.fetch_add(1, SeqCst);
+                    let (finished, relayed) = (finished.clone(), relayed.clone());
+                    tokio::spawn(async move {
+                        strip_tls(client, upstream, &relayed).await;
+                        finished.fetch_add(1, SeqCst);
+                    });
+                }
+            }
+        })
+        .abort_handle();
+        Self {
+            port,
+            accepted,
+            finished,
+            relayed,
+            accept,
+        }
+    }
+
+    /// A key-value connection string to the shared server through the proxy.
+    fn conn(&self, extra: &str) -> String {
+        let config: tokio_postgres::Config = shared_conn().parse().expect("shared config");
+        format!(
+            "host=127.0.0.1 port={} user={} dbname={} {extra}",
+            self.port,
+            config.get_user().unwrap_or("postgres"),
+            config.get_dbname().unwrap_or("test"),
+        )
+    }
+
+    /// How many plain-text sessions reached the real server, once every
+    /// accepted connection has been dealt with.
+    async fn relayed_once_settled(&self) -> usize {
+        within(10, "the proxy finishing its connections", async {
+            while self.finished.load(SeqCst) < self.accepted.load(SeqCst) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        self.relayed.load(SeqCst)
+    }
+}
+
+impl Drop for TlsStripper {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+async fn strip_tls(
+    mut client: tokio::net::TcpStream,
+    upstream: (&str, u16),
+    relayed: &AtomicUsize,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut first = [0u8; 8];
+    if client.read_exact(&mut first).await.is_err() {
+        return;
+    }
+    let mut pending = Vec::new();
+    if first == SSL_REQUEST {
+        if client.write_all(b"N").await.is_err() {
+            return;
+        }
+    } else {
+        pending.extend_from_slice(&first);
+    }
+    if pending.is_empty() {
+        // What a downgraded client sends next: its startup message, in the clear.
+        let mut buf = vec![0u8; 4096];
+        match client.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&buf[..n]),
+        }
+    }
+    let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+        return;
+    };
+    relayed.fetch_add(1, SeqCst);
+    if server.write_all(&pending).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_check_requires_tls_so_a_tls_stripping_proxy_gets_no_session() {
+    let certs = support_dir("strip");
+    support::make_test_certificates(&certs);
+    for (verification, sslmode) in [
+        (TlsVerification::PublicRoots, ""),
+        (TlsVerification::PublicRoots, "sslmode=prefer"),
+        (TlsVerification::RootCertificate(certs.join("ca.crt")), ""),
+        (
+            TlsVerification::RootCertificate(certs.join("ca.crt")),
+            "sslmode=require",
+        ),
+    ] {
+        let proxy = TlsStripper::start().await;
+        let asked = format!("{verification:?} {sslmode}");
+        let err = within(
+            15,
+            "connecting through the TLS-stripping proxy",
+            PgBackend::connect_with(&proxy.conn(sslmode), PgOptions::new().tls(verification)),
+        )
+        .await
+        .expect_err("a server that declines TLS must be refused when a certificate check is asked");
+        eprintln!("{asked}: {err}");
+        assert!(matches!(err, LockError::Backend { .. }), "{asked}: {err:?}");
+        assert!(
+            err.to_string().contains("does not support TLS"),
+            "{asked}: the error must say the server declined TLS: {err}"
+        );
+        assert_eq!(
+            proxy.relayed_once_settled().await,
+            0,
+            "{asked}: no plain-text session may be opened"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&certs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_check_beside_sslmode_disable_is_refused_before_connecting() {
+    let proxy = TlsStripper::start().await;
+    let err = PgBackend::connect_with(
+        &proxy.conn("sslmode=disable"),
+        PgOptions::new().tls(TlsVerification::PublicRoots),
+    )
+    .await
+    .expect_err("sslmode=disable contradicts a certificate check");
+    eprintln!("{err}");
+    assert!(
+        matches!(err, LockError::InvalidOption { option: "tls", .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("sslmode=disable"), "{err}");
+    assert_eq!(proxy.accepted.load(SeqCst), 0, "nothing may be sent");
+}
+
+/// libpq's documented behaviour, which dlock keeps for `EncryptOnly`: under
+/// `sslmode=prefer` a man in the middle that declines TLS gets the session
+/// in plain text. (Under `require` declining fails, but a man in the middle
+/// can present a certificate of its own instead: only a check stops it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encrypt_only_under_sslmode_prefer_is_downgraded_to_plain_text_by_a_tls_stripping_proxy() {
+    let proxy = TlsStripper::start().await;
+    let backend = within(
+        15,
+        "connecting through the TLS-stripping proxy",
+        PgBackend::connect(&proxy.conn("")),
+    )
+    .await
+    .expect("EncryptOnly + prefer accepts a server that declines TLS");
+    assert_eq!(
+        proxy.relayed.load(SeqCst),
+        1,
+        "the session went through in plain text"
+    );
+    let pids = backend.session_pids().await;
+    let (client, connection) = tokio_postgres::connect(&shared_conn(), NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    let encrypted: Option<bool> = client
+        .query_one(
+            "SELECT bool_or(ssl) FROM pg_stat_ssl WHERE pid = ANY($1)",
+            &[&pids],
+        )
+        .await
+        .expect("pg_stat_ssl")
+        .get(0);
+    assert_eq!(encrypted, Some(false), "the lock session is in plain text");
+
+    let refused = PgBackend::connect(&proxy.conn("sslmode=require"))
+        .await
+        .expect_err("require refuses a server that declines TLS");
+    assert!(
+        refused.to_string().contains("does not support TLS"),
+        "{refused}"
+    );
+}
+
+/// A fresh directory under the system's temporary directory.
+fn support_dir(label: &str) -> PathBuf {
+    let id = OwnerId::random().expect("random");
+    let dir = std::env::temp_dir().join(format!("dlock-{label}-{id}"));
+    std::fs::create_dir_all(&dir).expect("directory");
+    dir
 }

@@ -11,15 +11,16 @@ mod support;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::{Mutex, OnceLock, mpsc};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockOptions};
 use redis_support::RedisServer;
 
-/// The running cluster: its node URLs.
+/// The running cluster: its nodes' URLs and `host:port` addresses.
 struct Cluster {
     urls: Vec<String>,
+    addresses: Vec<String>,
 }
 
 /// What the exit hook cleans up: server pids and their directories.
@@ -45,18 +46,7 @@ fn cluster() -> &'static Cluster {
     CLUSTER.get_or_init(|| {
         let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
-            let servers: Vec<RedisServer> = (0..3)
-                .map(|_| {
-                    RedisServer::start(&[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "5000",
-                    ])
-                })
-                .collect();
+            let servers = redis_support::start_cluster();
             if let Ok(mut started) = STARTED.lock() {
                 started.extend(
                     servers
@@ -68,39 +58,18 @@ fn cluster() -> &'static Cluster {
             unsafe {
                 libc::atexit(kill_cluster_at_exit);
             }
-            let mut create = vec!["--cluster", "create"];
-            let addresses: Vec<String> = servers.iter().map(RedisServer::address).collect();
-            create.extend(addresses.iter().map(String::as_str));
-            create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-            let output = redis_support::cli(&[], &create);
-            assert!(
-                output.contains("All 16384 slots covered"),
-                "redis-cli --cluster create failed:\n{output}"
-            );
-            let deadline = Instant::now() + Duration::from_secs(30);
-            for server in &servers {
-                loop {
-                    let info = server.cli(&["CLUSTER", "INFO"]);
-                    if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "the cluster never became ok:\n{info}"
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-            let _ = sender.send(servers.iter().map(RedisServer::url).collect::<Vec<_>>());
+            let _ = sender.send(Cluster {
+                urls: servers.iter().map(RedisServer::url).collect(),
+                addresses: servers.iter().map(RedisServer::address).collect(),
+            });
             // Keep the servers (and this thread, their parent) alive.
             loop {
                 std::thread::park();
             }
         });
-        let urls = receiver
+        receiver
             .recv_timeout(Duration::from_secs(120))
-            .expect("the test cluster starts");
-        Cluster { urls }
+            .expect("the test cluster starts")
     })
 }
 
@@ -135,4 +104,73 @@ async fn keys_on_every_master_lock_and_wake_waiters_through_one_seed() {
         assert!(next.token() > token);
         next.release().await.expect("release");
     }
+}
+
+/// `redis-cli` options that reach the node at `address` (`host:port`).
+fn node_target(address: &str) -> [&str; 4] {
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    ["-h", host, "-p", port]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release_on_the_cluster() {
+    let cluster = tokio::task::spawn_blocking(cluster)
+        .await
+        .expect("cluster start");
+    // ACL users are per node: the user exists on every one.
+    for address in &cluster.addresses {
+        redis_support::create_least_privilege_user(
+            &node_target(address),
+            "cluster-locker",
+            "cluster-locker-pass-7",
+        );
+        redis_support::reset_acl_log(&node_target(address));
+    }
+    let refused = || {
+        cluster
+            .addresses
+            .iter()
+            .flat_map(|address| redis_support::refused_commands(&node_target(address)))
+            .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
+            .collect::<Vec<_>>()
+    };
+    let urls: Vec<String> = cluster
+        .addresses
+        .iter()
+        .map(|address| format!("redis://cluster-locker:cluster-locker-pass-7@{address}"))
+        .collect();
+    // Seeds as a user gives them; the cluster is detected, not named.
+    let redis = urls[1..]
+        .iter()
+        .fold(RedisBackend::builder(&urls[0]), |builder, url| {
+            builder.node(url)
+        })
+        .connect()
+        .await
+        .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
+    assert!(redis.is_cluster(), "the cluster must be detected");
+    // Enough keys that every master holds some.
+    if let Err(err) = redis_support::every_operation(&redis, 12).await {
+        panic!("{err}; refused: {:?}", refused());
+    }
+    // And through the front door: a waiter woken by a release.
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    let key = conformance::fresh_key("acl-wait");
+    let holder = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = support::spawn_waiter(backend.clone(), &key, 10, 10);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let token = holder.token();
+    holder.release().await.expect("release");
+    let next = support::within(15, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired");
+    assert!(next.token() > token);
+    next.release().await.expect("release");
+    // Nothing the client sent was refused: the rights are not just enough
+    // to get by, they are what redis-rs and dlock use.
+    assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
 }

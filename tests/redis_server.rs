@@ -5,7 +5,7 @@
 mod redis_support;
 mod support;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use support::within;
 
@@ -208,45 +208,31 @@ async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
+async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release() {
     let server = RedisServer::start(&[]);
-    // Only dlock's keys and channels, only the commands it needs (the list
-    // the module docs give).
-    let created = server.cli(&[
-        "ACL",
-        "SETUSER",
-        "locker",
-        "on",
-        ">locker-pass-3",
-        "~dlock:*",
-        "&dlock:*",
-        // The scripts and what they call.
-        "+evalsha",
-        "+eval",
-        "+script|load",
-        "+set",
-        "+get",
-        "+incr",
-        "+pexpire",
-        "+pttl",
-        "+del",
-        "+publish",
-        "+time",
-        // Waiting.
-        "+subscribe",
-        "+unsubscribe",
-        // No INFO: the backend then takes the server as a single server.
-    ]);
-    assert_eq!(created, "OK");
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    // Only dlock's keys and channels, only the commands it needs: the
+    // very rules the docs give, the same as on a cluster.
+    redis_support::create_least_privilege_user(&target, "locker", "locker-pass-3");
+    redis_support::reset_acl_log(&target);
+    let refused = || {
+        redis_support::refused_commands(&target)
+            .into_iter()
+            .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
+            .collect::<Vec<_>>()
+    };
     let url = format!("redis://locker:locker-pass-3@127.0.0.1:{}", server.port);
     let redis = RedisBackend::connect(&url)
         .await
-        .expect("the ACL user connects");
-    assert!(!format!("{redis:?}").contains("locker-pass-3"));
+        .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
+    assert!(!redis.is_cluster(), "a single server must be detected");
+    if let Err(err) = redis_support::every_operation(&redis, 3).await {
+        panic!("{err}; refused: {:?}", refused());
+    }
     let backend: Arc<dyn Backend> = Arc::new(redis);
     let key = fresh_key("acl");
     let first = take_token(&backend, &key).await;
-    // Waiting uses pub/sub, which the user may do on dlock's channels.
     let holder = LockOptions::new(Duration::from_secs(10))
         .acquire_on(backend.clone(), &key)
         .await
@@ -262,6 +248,19 @@ async fn an_acl_user_limited_to_the_dlock_keyspace_can_lock() {
         .release()
         .await
         .expect("release");
+    assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
+
+    // The docs' note: a database other than 0 takes `+select` too.
+    let created = redis_support::cli(&target, &["ACL", "SETUSER", "locker", "+select"]);
+    assert_eq!(created, "OK");
+    let url = format!("redis://locker:locker-pass-3@127.0.0.1:{}/3", server.port);
+    let redis = RedisBackend::connect(&url)
+        .await
+        .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
+    if let Err(err) = redis_support::every_operation(&redis, 1).await {
+        panic!("{err}; refused: {:?}", refused());
+    }
+    assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
 }
 
 /// A private CA and a server certificate for 127.0.0.1, made with the
@@ -406,4 +405,184 @@ async fn answers_ping(address: &str) -> bool {
         tokio::time::timeout(Duration::from_millis(100), attempt).await,
         Ok(Some(n)) if n > 0
     )
+}
+
+/// A man in the middle on loopback that speaks plain text where the client
+/// expects TLS: it relays every connection, unencrypted, to `upstream` (a
+/// real Redis), and records the first byte each client sent.
+struct PlainTextRelay {
+    port: u16,
+    first_bytes: Arc<Mutex<Vec<u8>>>,
+    accept: tokio::task::AbortHandle,
+}
+
+impl PlainTextRelay {
+    async fn start(upstream: u16) -> Self {
+        use tokio::io::AsyncReadExt as _;
+        use tokio::io::AsyncWriteExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let first_bytes: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let accept = tokio::spawn({
+            let first_bytes = first_bytes.clone();
+            async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    let first_bytes = first_bytes.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 4096];
+                        let n = match client.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        first_bytes
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(buf[0]);
+                        let Ok(mut server) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        else {
+                            return;
+                        };
+                        if server.write_all(&buf[..n]).await.is_ok() {
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        }
+                    });
+                }
+            }
+        })
+        .abort_handle();
+        Self {
+            port,
+            first_bytes,
+            accept,
+        }
+    }
+
+    fn first_bytes(&self) -> Vec<u8> {
+        self.first_bytes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for PlainTextRelay {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// A TLS record of type handshake: how a TLS client's first bytes begin.
+const TLS_HANDSHAKE: u8 = 0x16;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cannot_be_downgraded_to_plain_text_by_a_relay() {
+    let server = RedisServer::start(&["--requirepass", "relay-pass-5"]);
+    let relay = PlainTextRelay::start(server.port).await;
+    let url = format!("rediss://:relay-pass-5@127.0.0.1:{}", relay.port);
+    let err = within(
+        15,
+        "connecting through the plain-text relay",
+        RedisBackend::builder(&url)
+            .connect_timeout(Duration::from_secs(2))
+            .connect(),
+    )
+    .await
+    .expect_err("a server that does not speak TLS must be refused");
+    eprintln!("{err}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(!err.to_string().contains("relay-pass-5"), "{err}");
+    let first = relay.first_bytes();
+    assert!(!first.is_empty(), "the client must have tried the relay");
+    assert!(
+        first.iter().all(|&b| b == TLS_HANDSHAKE),
+        "every connection must open with a TLS handshake, never a plain command: {first:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_insecure_is_refused_before_connecting() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    for url in [
+        format!("rediss://:insecure-pass-6@127.0.0.1:{port}#insecure"),
+        format!("rediss://127.0.0.1:{port}/0#insecure"),
+    ] {
+        let err = RedisBackend::builder(&url)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("#insecure must be refused");
+        eprintln!("{err}");
+        assert!(
+            matches!(err, LockError::InvalidOption { option: "url", .. }),
+            "{err:?}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("#insecure") && text.contains("tls_root_certificate"),
+            "the error must name the fragment and the safe alternative: {text}"
+        );
+        assert!(!text.contains("insecure-pass-6"), "{text}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "nothing may be sent to the server"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_plain_text_urls_are_not_mixed_in_one_backend() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let port = listener.local_addr().expect("addr").port();
+    for (first, second) in [
+        (
+            format!("rediss://127.0.0.1:{port}"),
+            format!("redis://127.0.0.1:{port}"),
+        ),
+        (
+            format!("redis://127.0.0.1:{port}"),
+            format!("rediss://127.0.0.1:{port}"),
+        ),
+    ] {
+        let err = RedisBackend::builder(&first)
+            .node(&second)
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .expect_err("TLS and plain text mixed");
+        eprintln!("{err}");
+        assert!(
+            matches!(err, LockError::InvalidOption { option: "url", .. }),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("plain text"), "{err}");
+    }
+    assert!(
+        listener.accept().is_err(),
+        "nothing may be sent to either node"
+    );
+}
+
+#[test]
+fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
+    for (doc, text) in [
+        ("README.md", include_str!("../README.md")),
+        (
+            "dlock-runtime/src/redis/mod.rs",
+            include_str!("../dlock-runtime/src/redis/mod.rs"),
+        ),
+    ] {
+        assert!(
+            text.lines()
+                .any(|line| line.trim_start_matches("//!").trim()
+                    == redis_support::LEAST_PRIVILEGE_ACL),
+            "{doc} must give, on a line of its own, the ACL rules the tests use:\n{}",
+            redis_support::LEAST_PRIVILEGE_ACL
+        );
+    }
 }

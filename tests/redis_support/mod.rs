@@ -12,6 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use dlock::backend::OwnerId;
+use dlock::redis::RedisBackend;
 
 /// A `redis-server` child process. Killed (SIGKILL) and its directory
 /// removed when dropped.
@@ -51,7 +52,8 @@ pub fn fresh_dir(label: &str) -> PathBuf {
 
 impl RedisServer {
     /// Starts a server on a free port with `args` added to the defaults
-    /// (`{port}` in an argument stands for the chosen port).
+    /// (`{port}` in an argument stands for the chosen port, `{dir}` for the
+    /// server's directory).
     pub fn start(args: &[&str]) -> Self {
         let bus = args.contains(&"--cluster-enabled");
         let port = free_port(bus);
@@ -60,14 +62,18 @@ impl RedisServer {
         {
             ports.push(port);
         }
+        let dir = fresh_dir("redis");
         let mut server = Self {
             child: None,
             port,
-            dir: fresh_dir("redis"),
             args: args
                 .iter()
-                .map(|a| a.replace("{port}", &port.to_string()))
+                .map(|a| {
+                    a.replace("{port}", &port.to_string())
+                        .replace("{dir}", &dir.to_string_lossy())
+                })
                 .collect(),
+            dir,
         };
         server.launch();
         server
@@ -200,4 +206,155 @@ fn ping(port: u16) -> bool {
     }
     let mut line = String::new();
     BufReader::new(stream).read_line(&mut line).is_ok() && !line.is_empty()
+}
+
+/// Starts a Redis Cluster of three masters (no replicas) on free loopback
+/// ports and waits until every node reports it ok.
+///
+/// The servers die with the thread that started them (parent-death
+/// signal): call this on a thread that outlives their use.
+pub fn start_cluster() -> Vec<RedisServer> {
+    let servers: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            RedisServer::start(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ])
+        })
+        .collect();
+    let mut create = vec!["--cluster", "create"];
+    let addresses: Vec<String> = servers.iter().map(RedisServer::address).collect();
+    create.extend(addresses.iter().map(String::as_str));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+    let output = cli(&[], &create);
+    assert!(
+        output.contains("All 16384 slots covered"),
+        "redis-cli --cluster create failed:\n{output}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for server in &servers {
+        loop {
+            let info = server.cli(&["CLUSTER", "INFO"]);
+            if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster never became ok:\n{info}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    servers
+}
+
+/// The least-privilege ACL rules for a dlock user, exactly as the module
+/// docs of `dlock::redis` and the README give them (a test checks both
+/// texts), used by the ACL tests on a single server and on a cluster.
+pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping";
+
+/// Creates (or resets) ACL user `user` with `password` and exactly the
+/// rules of [`LEAST_PRIVILEGE_ACL`] on the server `target` (redis-cli
+/// connection options) names.
+pub fn create_least_privilege_user(target: &[&str], user: &str, password: &str) {
+    let password = format!(">{password}");
+    let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &password];
+    args.extend(LEAST_PRIVILEGE_ACL.split_whitespace());
+    let out = cli(target, &args);
+    assert_eq!(out, "OK", "ACL SETUSER {user} {LEAST_PRIVILEGE_ACL}");
+}
+
+/// The commands the server `target` names has refused since its ACL log
+/// was last reset (the `object` of each `ACL LOG` entry).
+pub fn refused_commands(target: &[&str]) -> Vec<String> {
+    let log = cli(target, &["ACL", "LOG"]);
+    let mut lines = log.lines().map(str::trim);
+    let mut refused = Vec::new();
+    while let Some(line) = lines.next() {
+        if line == "object"
+            && let Some(object) = lines.next()
+        {
+            refused.push(object.to_owned());
+        }
+    }
+    refused
+}
+
+/// Empties the ACL log of the server `target` names.
+pub fn reset_acl_log(target: &[&str]) {
+    assert_eq!(cli(target, &["ACL", "LOG", "RESET"]), "OK");
+}
+
+/// Commands a client may send and be refused without harm: redis-rs names
+/// its connections with `CLIENT SETINFO` (Redis 7.2+) and ignores the
+/// answer, as the command's documentation advises.
+pub const HARMLESS_REFUSALS: [&str; 1] = ["client|setinfo"];
+
+/// Does everything the backend does on a server, under the rights of the
+/// user `redis` connected as, on `keys` keys (enough to reach every master
+/// of a cluster): take a key, renew it, wait for it through pub/sub (a
+/// waiter that falls back to polling counts as refused), release it, take
+/// it again and force-release it. The first failure, if any.
+pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), String> {
+    use dlock::backend::{Attempt, Backend as _};
+    let ttl = Duration::from_secs(10);
+    for i in 0..keys {
+        let id = OwnerId::random().map_err(|e| e.to_string())?;
+        let key =
+            dlock::LockKey::new(format!("dlock-test:acl-{i}:{id}")).map_err(|e| e.to_string())?;
+        let owner = OwnerId::random().map_err(|e| e.to_string())?;
+        let failed = |what: &str, err: dlock::LockError| format!("{what} `{key}`: {err}");
+        match redis.try_acquire(&key, &owner, ttl).await {
+            Ok(Attempt::Acquired(_)) => {}
+            Ok(_) => return Err(format!("`{key}` was not free")),
+            Err(err) => return Err(failed("acquire", err)),
+        }
+        if !redis
+            .extend(&key, &owner, ttl)
+            .await
+            .map_err(|e| failed("renew", e))?
+        {
+            return Err(format!("renewing `{key}` said it was not held"));
+        }
+        let notice = redis
+            .subscribe(&key)
+            .await
+            .map_err(|e| failed("wait for", e))?;
+        if redis.subscribed_channels() == 0 {
+            return Err(format!(
+                "waiting for `{key}` fell back to polling: SUBSCRIBE refused"
+            ));
+        }
+        if redis
+            .release(&key, &owner)
+            .await
+            .map_err(|e| failed("release", e))?
+            != dlock::backend::ReleaseOutcome::Released
+        {
+            return Err(format!("releasing `{key}` said it was not held"));
+        }
+        if tokio::time::timeout(Duration::from_secs(10), notice)
+            .await
+            .is_err()
+        {
+            return Err(format!("the release of `{key}` was never heard"));
+        }
+        let other = OwnerId::random().map_err(|e| e.to_string())?;
+        redis
+            .try_acquire(&key, &other, ttl)
+            .await
+            .map_err(|e| failed("acquire", e))?;
+        if !redis
+            .force_release(&key)
+            .await
+            .map_err(|e| failed("force-release", e))?
+        {
+            return Err(format!("force-releasing `{key}` found nothing to release"));
+        }
+    }
+    Ok(())
 }

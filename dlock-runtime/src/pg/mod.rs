@@ -235,7 +235,10 @@ impl PgOptions {
         self
     }
 
-    /// How the server certificate is checked when TLS is used.
+    /// How the server certificate is checked. A check
+    /// ([`TlsVerification::PublicRoots`], [`TlsVerification::RootCertificate`])
+    /// makes TLS required; the default, [`TlsVerification::EncryptOnly`],
+    /// does not stop a man in the middle.
     pub fn tls(mut self, verification: TlsVerification) -> Self {
         self.tls = verification;
         self
@@ -451,6 +454,12 @@ impl PgBackend {
         // so the password cannot leak through them.
         let mut config = Config::from_str(conn)
             .map_err(|e| connect_error(format!("invalid PostgreSQL connection string: {e}")))?;
+        tls::require_when_verifying(&mut config, &options.tls).map_err(|reason| {
+            LockError::InvalidOption {
+                option: "tls",
+                reason,
+            }
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(options.connect_timeout);
         }

@@ -9,29 +9,93 @@ use rustls::crypto::WebPkiSupportedAlgorithms;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio_postgres::Config;
+use tokio_postgres::config::SslMode;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-/// How the server's certificate is checked when the connection string asks
-/// for TLS (`sslmode=require`, or `prefer` against a server that offers it).
+/// How the server's certificate is checked.
 ///
-/// tokio-postgres understands `sslmode` `disable`, `prefer` and `require`;
-/// the checks libpq adds with `verify-ca`/`verify-full` and `sslrootcert`
-/// are chosen here instead.
+/// tokio-postgres understands `sslmode` `disable`, `prefer` (its default)
+/// and `require`; the checks libpq adds with `verify-ca`/`verify-full` and
+/// `sslrootcert` are chosen here instead.
+///
+/// Asking for a check means asking for TLS: with [`PublicRoots`] or
+/// [`RootCertificate`], `sslmode=prefer` (or no `sslmode`) acts as
+/// `require`, so a man in the middle that answers the TLS request with "no"
+/// gets no session at all instead of a plain-text one. An explicit
+/// `sslmode=disable` beside a check is a contradiction and refused at
+/// connect ([`LockError::InvalidOption`](crate::LockError::InvalidOption)).
+///
+/// [`PublicRoots`]: TlsVerification::PublicRoots
+/// [`RootCertificate`]: TlsVerification::RootCertificate
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TlsVerification {
-    /// Encrypt, but accept any certificate: what libpq does for `require`
-    /// and `prefer` when no root certificate is configured. Protects
-    /// against eavesdropping, not against an active man in the middle.
+    /// Encrypt when TLS is used, but accept any certificate: what libpq does
+    /// for `sslmode=prefer` and `require`. This protects against
+    /// eavesdropping only, **not against a man in the middle**: with
+    /// `prefer` (the default) one can decline TLS and read the session in
+    /// plain text, and with `require` one can present a certificate of its
+    /// own. Choose [`PublicRoots`](TlsVerification::PublicRoots) or
+    /// [`RootCertificate`](TlsVerification::RootCertificate) to stop that.
     #[default]
     EncryptOnly,
-    /// Check the chain against the Mozilla root store and the host name
-    /// against the certificate (libpq's `verify-full` with public CAs).
+    /// Require TLS; check the chain against the Mozilla root store and the
+    /// host name against the certificate (libpq's `verify-full` with public
+    /// CAs).
     PublicRoots,
-    /// Check the chain against the CA certificates in this PEM file and the
-    /// host name against the certificate (libpq's `verify-full` with
-    /// `sslrootcert`).
+    /// Require TLS; check the chain against the CA certificates in this PEM
+    /// file and the host name against the certificate (libpq's
+    /// `verify-full` with `sslrootcert`).
     RootCertificate(PathBuf),
+}
+
+impl TlsVerification {
+    /// True when the server's certificate is checked.
+    fn verifies(&self) -> bool {
+        match self {
+            TlsVerification::EncryptOnly => false,
+            TlsVerification::PublicRoots | TlsVerification::RootCertificate(_) => true,
+        }
+    }
+
+    /// The variant's name, for messages.
+    fn name(&self) -> &'static str {
+        match self {
+            TlsVerification::EncryptOnly => "EncryptOnly",
+            TlsVerification::PublicRoots => "PublicRoots",
+            TlsVerification::RootCertificate(_) => "RootCertificate",
+        }
+    }
+}
+
+/// Makes `config` require TLS when `verification` checks the certificate:
+/// under `sslmode=prefer` a server (or a man in the middle) that declines
+/// TLS would otherwise get a plain-text session, and the certificate the
+/// caller asked to check would never be looked at. Returns why when the
+/// connection string rules TLS out (`sslmode=disable`).
+pub(super) fn require_when_verifying(
+    config: &mut Config,
+    verification: &TlsVerification,
+) -> Result<(), String> {
+    if !verification.verifies() {
+        return Ok(());
+    }
+    match config.get_ssl_mode() {
+        SslMode::Require => Ok(()),
+        SslMode::Disable => Err(format!(
+            "TlsVerification::{} asks to verify the server's certificate, but the connection \
+             string says sslmode=disable (no TLS, so no certificate to verify); remove \
+             sslmode=disable or use sslmode=require",
+            verification.name()
+        )),
+        // `prefer`, and any mode tokio-postgres may add: nothing weaker
+        // than `require` may stand beside a check.
+        _ => {
+            config.ssl_mode(SslMode::Require);
+            Ok(())
+        }
+    }
 }
 
 /// Builds the connector for `verification`.

@@ -37,19 +37,43 @@
 //! `redis://[[user]:password@]host[:port][/db]`, and `rediss://…` for TLS
 //! (rustls, trusting the system's root certificates, or the ones given to
 //! [`RedisBuilder::tls_root_certificate`] for a private CA). A password alone is
-//! `redis://:password@host`; an ACL user is `redis://user:password@host`.
-//! Passwords are never shown: `Debug` output, errors and logs carry the URL
-//! with the password replaced by `***`.
+//! `redis://:password@host`; an ACL user is `redis://user:password@host`; a
+//! unix socket is `redis+unix:///path/redis.sock?user=app&pass=password&db=0`
+//! (or `unix://…`). Passwords are never shown, wherever the URL carries
+//! them: `Debug` output, errors and logs show it with the password replaced
+//! by `***` (`redis://app:***@host`, `unix:///p?pass=***`), and a URL that
+//! cannot be read is not shown at all.
 //!
-//! An ACL user needs only dlock's keys and channels and a handful of
-//! commands: `~dlock:* &dlock:* +evalsha +eval +script|load +set +get +incr
-//! +pexpire +pttl +del +publish +time +subscribe +unsubscribe` (and `+info`
-//! for cluster detection; without it, a cluster is named with
-//! [`RedisBuilder::cluster`]).
+//! TLS is never weakened behind your back: `rediss://…#insecure` (redis-rs's
+//! switch that turns the certificate check off) is refused with
+//! [`LockError::InvalidOption`] — without the check, a man in the middle
+//! could hand one lock to two holders — and so is a mix of `rediss://` and
+//! plain URLs in one backend. A server that does not speak TLS is an error,
+//! never a plain-text fallback.
 //!
-//! A cluster is detected on its own (`cluster_enabled:1` in `INFO cluster`);
-//! give more seed nodes with [`RedisBuilder::node`] so the backend can start
-//! (and keep its pub/sub connection) while a seed is down.
+//! ## Least-privilege ACL
+//!
+//! An ACL user needs only dlock's keys and channels and these commands, the
+//! same on a single server and on a cluster (where ACL users are per node:
+//! create it on every node):
+//!
+//! ```text
+//! ~dlock:* &dlock:* +evalsha +script|load +set +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
+//! ```
+//!
+//! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
+//! lacks them) and call `SET`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
+//! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
+//! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
+//! its slots, and the cluster client checks its node connections with
+//! `PING`. Add `+select` when the URL names a database other than 0.
+//! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
+//! and ignores a refusal.)
+//!
+//! A cluster is detected on its own (it answers `CLUSTER SLOTS`; or name it
+//! with [`RedisBuilder::cluster`]); give more seed nodes with
+//! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
+//! connection) while a seed is down.
 
 mod keyspace;
 mod redact;
@@ -208,8 +232,7 @@ impl RedisBuilder {
     }
 
     /// Treats the server as a Redis Cluster (`true`) or a single server
-    /// (`false`) instead of asking it (`INFO cluster`), for users whose ACL
-    /// does not allow `INFO`.
+    /// (`false`) instead of asking it (`CLUSTER SLOTS`).
     pub fn cluster(mut self, cluster: bool) -> Self {
         self.topology = if cluster {
             Topology::Cluster
@@ -271,7 +294,7 @@ impl RedisBuilder {
         let (Some(first), Some(first_shown)) = (clients.first(), shown.first()) else {
             return Err(fail("no Redis URL given".into(), None));
         };
-        if self.urls.iter().any(|url| url.starts_with("rediss")) {
+        if check_tls(&clients, &shown)? {
             // rustls needs one process-wide crypto provider; keep any the
             // application installed already.
             let _ = rustls::crypto::ring::default_provider().install_default();
@@ -352,6 +375,55 @@ impl RedisBuilder {
     }
 }
 
+/// Refuses every way a connection could end up without the TLS the
+/// caller asked for, or with TLS that does not check whom it talks to;
+/// returns whether TLS is used.
+///
+/// - `rediss://…#insecure` turns redis-rs's certificate check off. A lock
+///   is only as safe as its server is genuine: a man in the middle could
+///   grant one key to two holders. It is refused rather than warned about
+///   (a warning in a log is read after the fact, if ever), and whether
+///   redis-rs would honour it depends on a cargo feature any crate in the
+///   build can switch on. A private CA goes to
+///   [`RedisBuilder::tls_root_certificate`] instead.
+/// - TLS and plain-text URLs mixed: the pub/sub connection (which may use
+///   any node) or a cluster seed could talk in the clear.
+fn check_tls(clients: &[Client], shown: &[String]) -> Result<bool, LockError> {
+    use ::redis::ConnectionAddr;
+    let refuse = |option, reason| Err(LockError::InvalidOption { option, reason });
+    let mut with_tls = Vec::new();
+    let mut plain = Vec::new();
+    for (client, shown) in clients.iter().zip(shown) {
+        match client.get_connection_info().addr() {
+            ConnectionAddr::TcpTls { insecure: true, .. } => {
+                return refuse(
+                    "url",
+                    format!(
+                        "{shown}: `#insecure` turns off the check of the server's certificate, \
+                         which lets a man in the middle hand out locks; dlock refuses it. For a \
+                         certificate from a private CA, give the CA to \
+                         RedisBuilder::tls_root_certificate"
+                    ),
+                );
+            }
+            ConnectionAddr::TcpTls { .. } => with_tls.push(shown.as_str()),
+            _ => plain.push(shown.as_str()),
+        }
+    }
+    if !with_tls.is_empty() && !plain.is_empty() {
+        return refuse(
+            "url",
+            format!(
+                "{} use TLS but {} would connect in plain text: every node of one backend \
+                 must use rediss://, or none",
+                with_tls.join(", "),
+                plain.join(", ")
+            ),
+        );
+    }
+    Ok(!with_tls.is_empty())
+}
+
 fn tls_certificates(pem: &[u8]) -> TlsCertificates {
     TlsCertificates {
         client_tls: None,
@@ -359,16 +431,24 @@ fn tls_certificates(pem: &[u8]) -> TlsCertificates {
     }
 }
 
-/// Asks a server whether it is part of a cluster. A server that refuses
-/// `INFO` (a restrictive ACL) is taken as a single server.
+/// Asks a server whether it is part of a cluster, with the command the
+/// cluster client itself needs (`CLUSTER SLOTS`), so a least-privilege ACL
+/// user needs no further right (such as `INFO`) to be told apart. A server
+/// that answers with an error is a single server: cluster support disabled,
+/// a server or proxy without the command, or an ACL that refuses it (the
+/// cluster client could not work under that ACL either).
 async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
-    let info: RedisResult<String> = ::redis::cmd("INFO").arg("cluster").query_async(conn).await;
-    match info {
-        Ok(info) if info.lines().any(|line| line.trim() == "cluster_enabled:1") => {
-            Ok(Topology::Cluster)
-        }
-        Ok(_) => Ok(Topology::Standalone),
-        Err(err) if err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoPerm) => {
+    use ::redis::{ErrorKind, ServerErrorKind};
+    let slots: RedisResult<::redis::Value> =
+        ::redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
+    match slots {
+        Ok(_) => Ok(Topology::Cluster),
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
+            ) =>
+        {
             Ok(Topology::Standalone)
         }
         Err(err) => Err(err),

@@ -1,69 +1,147 @@
 //! Keeping credentials out of everything the backend prints.
+//!
+//! A Redis URL carries its password in the user info
+//! (`redis://user:password@host`) or, for a unix socket, in the query
+//! (`redis+unix:///path?pass=password&user=user`). Both are read with the
+//! parser redis-rs itself uses, so what is hidden is what the client sends;
+//! a URL redis-rs cannot read is never shown at all, since a password in it
+//! may sit anywhere.
 
-/// `url` with the password of its user-info replaced by `***`:
-/// `redis://app:secret@host:6379/0` becomes `redis://app:***@host:6379/0`.
-/// User info without a `:` is hidden whole, since some clients read a bare
-/// `redis://secret@host` as a password. Works on text that is not a valid
-/// URL too, so even a URL that fails to parse can be shown.
+use std::cmp::Reverse;
+
+use ::redis::IntoConnectionInfo as _;
+
+/// Query parameters that hold a password: `pass` is the one redis-rs reads
+/// (unix sockets); `password` is hidden too, wherever it is written.
+const PASSWORD_PARAMS: [&str; 2] = ["pass", "password"];
+/// What stands for a hidden password.
+const HIDDEN: &str = "***";
+/// What stands for a URL that cannot be shown safely.
+const UNREADABLE: &str = "<unreadable URL, not shown>";
+
+/// `url` with its password replaced by `***`, wherever it is written:
+/// `redis://app:secret@host:6379/0` becomes `redis://app:***@host:6379/0`,
+/// `unix:///run/redis.sock?pass=secret` becomes `unix:///run/redis.sock?pass=***`.
+/// User info without a password is hidden whole, since some clients read a
+/// bare `redis://secret@host` as a password.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        // Not URL-shaped: it may be anything, including a bare password.
-        return "<unparsable URL>".to_owned();
+    // Shown only if redis-rs reads it too: a password typed where neither
+    // parser expects one (an unencoded `/` or `#` in it, say) must not end
+    // up shown as a host or a path.
+    let Some(mut parsed) = url
+        .into_connection_info()
+        .ok()
+        .and_then(|_| ::redis::parse_redis_url(url))
+    else {
+        return UNREADABLE.to_owned();
     };
-    let rest_start = scheme_end + 3;
-    let rest = &url[rest_start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
+    let hidden = if parsed.password().is_some() {
+        parsed.set_password(Some(HIDDEN))
+    } else if !parsed.username().is_empty() {
+        parsed.set_username(HIDDEN)
+    } else {
+        Ok(())
     };
-    let user = match authority[..at].split_once(':') {
-        Some((user, _password)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    format!(
-        "{}{user}@{}{}",
-        &url[..rest_start],
-        &authority[at + 1..],
-        &rest[authority_end..]
-    )
+    if hidden.is_err() {
+        return UNREADABLE.to_owned();
+    }
+    if parsed
+        .query_pairs()
+        .any(|(name, _)| PASSWORD_PARAMS.contains(&name.as_ref()))
+    {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if PASSWORD_PARAMS.contains(&name.as_ref()) {
+                    HIDDEN.to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.into()
 }
 
-/// The secrets in `url` (the password, or bare user info) that must never
-/// appear in output, each at least 1 byte long.
+/// Every form of the secrets in `url` that could show up in a message:
+/// the password (or bare user info) and any password query parameter, each
+/// as written, as the URL parser encodes it and decoded (what the client
+/// sends and a server could echo). Empty strings are left out.
 pub(crate) fn secrets_of(url: &str) -> Vec<String> {
-    let Some(scheme_end) = url.find("://") else {
-        return vec![url.to_owned()];
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let Some(at) = authority.rfind('@') else {
-        return Vec::new();
-    };
-    let secret = match authority[..at].split_once(':') {
-        Some((_, password)) => password,
-        None => &authority[..at],
-    };
     let mut secrets = Vec::new();
-    if !secret.is_empty() {
-        secrets.push(secret.to_owned());
-        // The percent-decoded form is what the client sends and could echo.
-        let decoded = percent_decode(secret);
-        if decoded != secret {
-            secrets.push(decoded);
+    if let Ok(info) = url.into_connection_info() {
+        secrets.extend(info.redis_settings().password().map(str::to_owned));
+    }
+    if let Some(parsed) = ::redis::parse_redis_url(url) {
+        let user_info = match parsed.password() {
+            Some(password) => password,
+            None => parsed.username(),
+        };
+        secrets.push(user_info.to_owned());
+        secrets.push(percent_decode(user_info));
+        for (name, value) in parsed.query_pairs() {
+            if PASSWORD_PARAMS.contains(&name.as_ref()) {
+                secrets.push(value.into_owned());
+            }
+        }
+        secrets.extend(password_params(parsed.query().unwrap_or_default()));
+    }
+    // As typed, which the parser may have encoded differently, and found
+    // even in text that is not a URL.
+    secrets.extend(typed_user_info(url));
+    if let Some((_, query)) = url.split_once('?') {
+        let query = query.split_once('#').map_or(query, |(query, _)| query);
+        secrets.extend(password_params(query));
+    }
+    secrets.retain(|secret| !secret.is_empty());
+    secrets.sort_unstable();
+    secrets.dedup();
+    secrets
+}
+
+/// The password query parameters' values in `query`, raw and decoded.
+fn password_params(query: &str) -> Vec<String> {
+    let mut values = Vec::new();
+    for pair in query.split('&') {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if PASSWORD_PARAMS.contains(&form_decode(name).as_str()) {
+            values.push(value.to_owned());
+            values.push(form_decode(value));
         }
     }
-    secrets
+    values
 }
 
-/// `text` with every secret replaced by `***`.
+/// The password of the user info as typed (or the whole user info when it
+/// has no `:`), found by text alone.
+fn typed_user_info(url: &str) -> Option<String> {
+    let (_, rest) = url.split_once("://")?;
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let (user_info, _host) = authority.rsplit_once('@')?;
+    let secret = user_info.split_once(':').map_or(user_info, |(_, p)| p);
+    Some(secret.to_owned())
+}
+
+/// `text` with every secret replaced by `***`, the longest first, so a
+/// secret that contains another is hidden whole.
 pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
-    secrets
+    let mut longest_first: Vec<&str> = secrets
         .iter()
+        .map(String::as_str)
         .filter(|secret| !secret.is_empty())
-        .fold(text.to_owned(), |text, secret| {
-            text.replace(secret.as_str(), "***")
-        })
+        .collect();
+    longest_first.sort_unstable_by_key(|secret| Reverse(secret.len()));
+    longest_first
+        .into_iter()
+        .fold(text.to_owned(), |text, secret| text.replace(secret, HIDDEN))
+}
+
+/// `application/x-www-form-urlencoded` decoding, as query parameters are
+/// read: `+` is a space.
+fn form_decode(text: &str) -> String {
+    percent_decode(&text.replace('+', " "))
 }
 
 fn percent_decode(text: &str) -> String {
@@ -103,15 +181,49 @@ mod tests {
         assert_eq!(redact_url("redis://bare@host"), "redis://***@host");
         assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
         assert_eq!(redact_url("redis://a:p@ss@host"), "redis://a:***@host");
-        assert_eq!(redact_url("hunter2"), "<unparsable URL>");
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?pass=s3cret&user=app&db=1"),
+            "redis+unix:///run/redis.sock?pass=***&user=app&db=1"
+        );
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?user=app&pass=p%26w"),
+            "unix:///run/redis.sock?user=app&pass=***"
+        );
     }
 
     #[test]
-    fn secrets_are_found_and_scrubbed() {
+    fn a_url_redis_rs_cannot_read_is_not_shown() {
+        for unreadable in [
+            "hunter2",
+            "redis://:pa/ss@host",
+            "redis://:pa#ss@host",
+            "redis://:123/x@host",
+            "http://user:pw@host",
+        ] {
+            assert_eq!(redact_url(unreadable), UNREADABLE, "{unreadable}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_found_in_every_form_and_scrubbed() {
         let secrets = secrets_of("redis://app:p%40ss@host");
-        assert_eq!(secrets, ["p%40ss", "p@ss"]);
+        assert!(secrets.contains(&"p%40ss".to_owned()), "{secrets:?}");
+        assert!(secrets.contains(&"p@ss".to_owned()), "{secrets:?}");
         assert_eq!(scrub("auth p@ss failed", &secrets), "auth *** failed");
+
+        let secrets = secrets_of("unix:///run/redis.sock?pass=a%2Bb+c&user=app");
+        for form in ["a%2Bb+c", "a+b c"] {
+            assert!(secrets.contains(&form.to_owned()), "{form}: {secrets:?}");
+        }
+        assert!(!secrets.contains(&"app".to_owned()), "{secrets:?}");
+
         assert!(secrets_of("redis://host").is_empty());
         assert!(secrets_of("redis://:@host").is_empty());
+    }
+
+    #[test]
+    fn a_secret_containing_another_is_hidden_whole() {
+        let secrets = ["pw".to_owned(), "pw%40x".to_owned()];
+        assert_eq!(scrub("got pw%40x", &secrets), "got ***");
     }
 }

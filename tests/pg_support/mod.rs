@@ -1,0 +1,175 @@
+//! PostgreSQL instances a test starts for itself: password authentication
+//! (scram-sha-256) and TLS, on a free loopback port, run as user `postgres`
+//! when the tests run as root (PostgreSQL refuses root), stopped and removed
+//! again by a drop guard.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use dlock::backend::OwnerId;
+
+/// The password of the `postgres` user of every [`OwnServer`].
+pub const PASSWORD: &str = "s3cret pass'word";
+/// The password as it appears in a URL.
+pub const PASSWORD_IN_URL: &str = "s3cret%20pass%27word";
+
+/// The shared server (trust authentication), from `DLOCK_PG_URL`.
+pub fn shared_conn() -> String {
+    std::env::var("DLOCK_PG_URL")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
+}
+
+/// A PostgreSQL instance of the test's own, with password authentication
+/// and TLS (self-signed certificate for 127.0.0.1), stopped and removed on
+/// drop.
+pub struct OwnServer {
+    pub dir: PathBuf,
+    pub port: u16,
+    bin: PathBuf,
+}
+
+impl OwnServer {
+    pub fn start() -> Self {
+        let bin = pg_bin_dir();
+        let id = OwnerId::random().expect("random");
+        // Under /tmp: the `postgres` user must be able to reach it.
+        let dir = std::env::temp_dir().join(format!("dlock-pg-{id}"));
+        std::fs::create_dir_all(&dir).expect("server dir");
+        let server = Self {
+            dir,
+            port: free_port(),
+            bin,
+        };
+        let pwfile = server.dir.join("pw");
+        std::fs::write(&pwfile, PASSWORD).expect("pwfile");
+        let cert = server.dir.join("server.crt");
+        let key = server.dir.join("server.key");
+        crate::support::make_test_certificates(&server.dir);
+        if is_root() {
+            run(Command::new("chown").args(["-R", "postgres:postgres", path(&server.dir)]));
+        }
+        run(server.as_postgres("initdb").args([
+            "-D",
+            path(&server.data()),
+            "-U",
+            "postgres",
+            "--pwfile",
+            path(&pwfile),
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]));
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("key mode");
+        let settings = format!(
+            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+             fsync = off\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nmax_connections = 40\n",
+            server.port,
+            server.dir.display(),
+            cert.display(),
+            key.display(),
+        );
+        let conf = server.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str(&settings);
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+        server.pg_ctl_start();
+        server
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn as_postgres(&self, program: &str) -> Command {
+        let program = self.bin.join(program);
+        if is_root() {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    }
+
+    pub fn pg_ctl_start(&self) {
+        let log = self.dir.join("log");
+        run(self.as_postgres("pg_ctl").args([
+            "-D",
+            path(&self.data()),
+            "-l",
+            path(&log),
+            "-w",
+            "-t",
+            "30",
+            "start",
+        ]));
+    }
+
+    pub fn pg_ctl_stop(&self, mode: &str) -> Output {
+        self.as_postgres("pg_ctl")
+            .args(["-D", path(&self.data()), "-m", mode, "-w", "stop"])
+            .output()
+            .expect("pg_ctl stop")
+    }
+
+    /// A key-value connection string for this server.
+    pub fn conn(&self, password: &str, extra: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres password='{}' {extra}",
+            self.port,
+            password.replace('\\', "\\\\").replace('\'', "\\'")
+        )
+    }
+}
+
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl_stop("immediate");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+pub fn path(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+pub fn run(command: &mut Command) {
+    let out = command.output().expect("run helper program");
+    assert!(
+        out.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The newest `/usr/lib/postgresql/<version>/bin`, or the `PATH`.
+pub fn pg_bin_dir() -> PathBuf {
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let version: u32 = e.file_name().to_str()?.parse().ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| bin.join("initdb").exists())
+        .max_by_key(|(version, _)| *version);
+    newest.map(|(_, bin)| bin).unwrap_or_default()
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}

@@ -1,0 +1,692 @@
+//! No credential is ever printed. For every URL form of both backends, a
+//! password of its own must appear nowhere in what dlock shows: `Debug` of
+//! builders, options, backends and errors, `Display`, every error's whole
+//! `source()` chain, and everything traced in the process (dlock's events
+//! and its client libraries' `log` records), captured at TRACE.
+//!
+//! The servers are the tests' own (password authentication on): a Redis
+//! server on TCP, TLS and a unix socket, a Redis Cluster, a PostgreSQL
+//! instance. Users and roles are created with `redis-cli` and `psql`, child
+//! processes, so the test's own set-up never reaches the captured traces.
+
+mod pg_support;
+mod redis_support;
+mod support;
+
+use std::error::Error as StdError;
+use std::io;
+use std::process::Command;
+use std::sync::{Arc, Mutex, Once, PoisonError};
+use std::time::Duration;
+
+use dlock::backend::OwnerId;
+use dlock::pg::{PgBackend, PgOptions};
+use dlock::redis::RedisBackend;
+use dlock::{Backend, LockKey, LockOptions};
+use redis_support::RedisServer;
+use support::within;
+
+/// Everything traced in this process so far.
+static TRACED: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct TraceBuffer;
+
+impl io::Write for TraceBuffer {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        TRACED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Sends every tracing event and `log` record of the process, at every
+/// level, to [`TRACED`].
+fn capture_traces() {
+    static INSTALLED: Once = Once::new();
+    INSTALLED.call_once(|| {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
+            .with_ansi(false)
+            .with_writer(|| TraceBuffer)
+            .try_init()
+            .expect("the only subscriber and logger of this test binary");
+    });
+}
+
+fn traced() -> String {
+    String::from_utf8_lossy(&TRACED.lock().unwrap_or_else(PoisonError::into_inner)).into_owned()
+}
+
+/// Everything an error shows: its `Display` and `Debug`, and those of each
+/// error down its `source()` chain.
+fn shown_error(err: &(dyn StdError + 'static)) -> String {
+    let mut text = format!("{err}\n{err:?}\n");
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!("{cause}\n{cause:?}\n"));
+        source = cause.source();
+    }
+    text
+}
+
+/// Fails if any of `secrets` is in `shown` or in anything traced so far.
+fn assert_hidden(case: &str, secrets: &[&str], shown: &str) {
+    let traced = traced();
+    for secret in secrets {
+        assert!(
+            !shown.contains(secret),
+            "{case}: `{secret}` was shown:\n{shown}"
+        );
+        let lines: Vec<&str> = traced.lines().filter(|l| l.contains(secret)).collect();
+        assert!(
+            lines.is_empty(),
+            "{case}: `{secret}` was traced:\n{}",
+            lines.join("\n")
+        );
+    }
+}
+
+fn fresh_key(label: &str) -> LockKey {
+    let id = OwnerId::random().expect("random");
+    LockKey::new(format!("dlock-test:{label}:{id}")).expect("key")
+}
+
+/// Takes a key, has a second acquirer wait for it (so the backend opens
+/// whatever it waits with) and hands over: everything a backend prints in
+/// normal work gets a chance to be printed.
+async fn lock_and_hand_over(backend: Arc<dyn Backend>, label: &str) {
+    let key = fresh_key(label);
+    let holder = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = support::spawn_waiter(backend.clone(), &key, 10, 10);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    holder.release().await.expect("release");
+    within(15, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired")
+        .release()
+        .await
+        .expect("release");
+}
+
+/// A loopback port nothing listens on.
+fn closed_port() -> u16 {
+    redis_support::free_port(false)
+}
+
+// ---------------------------------------------------------------- Redis
+
+/// One Redis URL form: the URL and the texts that must never be shown
+/// (the password as written and as sent).
+struct RedisCase {
+    label: &'static str,
+    url: String,
+    secrets: Vec<&'static str>,
+}
+
+impl RedisCase {
+    fn new(label: &'static str, url: String, secrets: &[&'static str]) -> Self {
+        Self {
+            label,
+            url,
+            secrets: secrets.to_vec(),
+        }
+    }
+
+    fn builder(&self) -> dlock::redis::RedisBuilder {
+        RedisBackend::builder(&self.url)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+    }
+}
+
+/// Runs `redis-cli` with the admin password against `port`.
+fn redis_admin(port: u16, admin: &str, args: &[&str]) -> String {
+    redis_support::cli(
+        &[
+            "-p",
+            &port.to_string(),
+            "--user",
+            "admin",
+            "--pass",
+            admin,
+            "--no-auth-warning",
+        ],
+        args,
+    )
+}
+
+/// Creates ACL `user` with `password` and every right.
+fn add_redis_user(port: u16, admin: &str, user: &str, password: &str) {
+    let out = redis_admin(
+        port,
+        admin,
+        &[
+            "ACL",
+            "SETUSER",
+            user,
+            "on",
+            &format!(">{password}"),
+            "~*",
+            "&*",
+            "+@all",
+        ],
+    );
+    assert_eq!(out, "OK", "ACL SETUSER {user}");
+}
+
+/// A Redis server on TCP and a unix socket (`redis.sock` in its
+/// directory), with an `admin` user for the test and `default_passwords`
+/// on the default user (one per case that logs in as it).
+fn redis_server_with_users(default_passwords: &[&str]) -> RedisServer {
+    let server = RedisServer::start(&[
+        "--unixsocket",
+        "{dir}/redis.sock",
+        "--unixsocketperm",
+        "700",
+    ]);
+    let admin = [
+        "ACL",
+        "SETUSER",
+        "admin",
+        "on",
+        ">redis-admin-pass",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let out = redis_support::cli(&["-p", &server.port.to_string()], &admin);
+    assert_eq!(out, "OK", "admin user");
+    let passwords: Vec<String> = default_passwords.iter().map(|p| format!(">{p}")).collect();
+    let mut default = vec!["ACL", "SETUSER", "default", "resetpass"];
+    default.extend(passwords.iter().map(String::as_str));
+    assert_eq!(redis_admin(server.port, "redis-admin-pass", &default), "OK");
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_redis_url_form_shows_or_traces_its_password() {
+    capture_traces();
+    let server = redis_server_with_users(&["redis-default-pw-Kf3", "redis-unix-default-pw-Hx9"]);
+    let (port, admin) = (server.port, "redis-admin-pass");
+    add_redis_user(port, admin, "app", "redis-acl-pw-Vn8");
+    add_redis_user(port, admin, "app2", "redis/enc@pw:-Qz5");
+    add_redis_user(port, admin, "app3", "redis-unix-pw-Jw2");
+    add_redis_user(port, admin, "app4", "unix&enc=pw+-Lm4");
+    let socket = server.dir().join("redis.sock");
+    let socket = socket.display();
+
+    let working = [
+        RedisCase::new(
+            "redis://:password@",
+            format!("redis://:redis-default-pw-Kf3@127.0.0.1:{port}"),
+            &["redis-default-pw-Kf3"],
+        ),
+        RedisCase::new(
+            "redis://user:password@",
+            format!("redis://app:redis-acl-pw-Vn8@127.0.0.1:{port}/0"),
+            &["redis-acl-pw-Vn8"],
+        ),
+        RedisCase::new(
+            "a percent-encoded password",
+            format!("redis://app2:redis%2Fenc%40pw%3A-Qz5@127.0.0.1:{port}"),
+            &["redis%2Fenc%40pw%3A-Qz5", "redis/enc@pw:-Qz5"],
+        ),
+        RedisCase::new(
+            "redis+unix://…?pass=…&user=…",
+            format!("redis+unix://{socket}?pass=redis-unix-pw-Jw2&user=app3"),
+            &["redis-unix-pw-Jw2"],
+        ),
+        RedisCase::new(
+            "unix://…?pass=…",
+            format!("unix://{socket}?pass=redis-unix-default-pw-Hx9"),
+            &["redis-unix-default-pw-Hx9"],
+        ),
+        RedisCase::new(
+            "unix://…?user=…&pass=<percent-encoded>",
+            format!("unix://{socket}?user=app4&pass=unix%26enc%3Dpw%2B-Lm4"),
+            &["unix%26enc%3Dpw%2B-Lm4", "unix&enc=pw+-Lm4"],
+        ),
+    ];
+    let mut backends = Vec::new();
+    for case in &working {
+        let builder = case.builder();
+        let mut shown = format!("{builder:?}\n");
+        let backend = within(15, case.label, builder.connect())
+            .await
+            .unwrap_or_else(|err| panic!("{}: {}", case.label, shown_error(&err)));
+        shown.push_str(&format!("{backend:?}\n"));
+        let backend: Arc<dyn Backend> = Arc::new(backend);
+        lock_and_hand_over(backend.clone(), "redis-secrets").await;
+        assert_hidden(case.label, &case.secrets, &shown);
+        backends.push(backend);
+    }
+
+    let refused = [
+        RedisCase::new(
+            "redis://:wrong@",
+            format!("redis://:redis-wrong-pw-Tb1@127.0.0.1:{port}"),
+            &["redis-wrong-pw-Tb1"],
+        ),
+        RedisCase::new(
+            "redis://user:wrong@",
+            format!("redis://app:redis-wrong-acl-pw-Rc6@127.0.0.1:{port}"),
+            &["redis-wrong-acl-pw-Rc6"],
+        ),
+        RedisCase::new(
+            "redis+unix://…?pass=wrong",
+            format!("redis+unix://{socket}?pass=redis-wrong-unix-pw-Ye7&user=app3"),
+            &["redis-wrong-unix-pw-Ye7"],
+        ),
+        RedisCase::new(
+            "unix://…?pass=wrong",
+            format!("unix://{socket}?pass=redis-wrong-unix-pw2-Gp2"),
+            &["redis-wrong-unix-pw2-Gp2"],
+        ),
+        RedisCase::new(
+            "redis://:password@ an unreachable host",
+            format!(
+                "redis://:redis-unreachable-pw-Nd5@127.0.0.1:{}",
+                closed_port()
+            ),
+            &["redis-unreachable-pw-Nd5"],
+        ),
+        RedisCase::new(
+            "unix://…?pass=… a missing socket",
+            format!("unix://{socket}.missing?pass=redis-nosock-pw-Wq3"),
+            &["redis-nosock-pw-Wq3"],
+        ),
+        RedisCase::new(
+            "an invalid URL",
+            format!("redis://:redis-invalid-pw-Ja6@127.0.0.1:{port}/notadb"),
+            &["redis-invalid-pw-Ja6"],
+        ),
+    ];
+    for case in &refused {
+        let builder = case.builder();
+        let shown = format!("{builder:?}\n");
+        let err = within(15, case.label, builder.connect())
+            .await
+            .expect_err(case.label);
+        assert_hidden(case.label, &case.secrets, &(shown + &shown_error(&err)));
+    }
+
+    // What the backends print once their server is gone: a lease lost,
+    // an acquisition that fails.
+    let mut leases = Vec::new();
+    for backend in &backends {
+        leases.push(
+            LockOptions::new(Duration::from_millis(1500))
+                .acquire_on(backend.clone(), fresh_key("redis-secrets-lost"))
+                .await
+                .expect("free"),
+        );
+    }
+    drop(server);
+    for ((case, backend), lease) in working.iter().zip(&backends).zip(&leases) {
+        let lost = within(20, "the lost signal", lease.lost()).await;
+        let failed = within(
+            20,
+            "acquiring from a dead server",
+            LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend.clone(), fresh_key("dead")),
+        )
+        .await
+        .expect_err("the server is gone");
+        let shown = shown_error(&lost) + &shown_error(&failed);
+        assert_hidden(case.label, &case.secrets, &shown);
+    }
+    assert!(
+        traced().contains("redis backend connected"),
+        "the trace capture must see dlock's events"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_rediss_url_shows_or_traces_its_password() {
+    capture_traces();
+    let certs = redis_support::fresh_dir("secrets-tls");
+    support::make_test_certificates(&certs);
+    let cert = |name: &str| certs.join(name).to_string_lossy().into_owned();
+    let server = RedisServer::start(&[
+        "--port",
+        "0",
+        "--tls-port",
+        "{port}",
+        "--tls-cert-file",
+        &cert("server.crt"),
+        "--tls-key-file",
+        &cert("server.key"),
+        "--tls-ca-cert-file",
+        &cert("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+        "--requirepass",
+        "rediss-pw-Mb2",
+    ]);
+    let ca = std::fs::read(cert("ca.crt")).expect("ca.crt");
+    let url = format!("rediss://:rediss-pw-Mb2@127.0.0.1:{}", server.port);
+    let builder = RedisBackend::builder(&url).tls_root_certificate(ca.clone());
+    let mut shown = format!("{builder:?}\n");
+    let backend = builder.connect().await.expect("TLS with the private CA");
+    shown.push_str(&format!("{backend:?}\n"));
+    lock_and_hand_over(Arc::new(backend), "rediss-secrets").await;
+    assert_hidden("rediss://:password@", &["rediss-pw-Mb2"], &shown);
+
+    // An untrusted certificate, a wrong password.
+    let untrusted = RedisBackend::builder(&url)
+        .connect_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect_err("untrusted certificate");
+    assert_hidden(
+        "rediss:// untrusted",
+        &["rediss-pw-Mb2"],
+        &shown_error(&untrusted),
+    );
+    let wrong = format!("rediss://:rediss-wrong-pw-Px1@127.0.0.1:{}", server.port);
+    let err = RedisBackend::builder(&wrong)
+        .tls_root_certificate(ca)
+        .connect()
+        .await
+        .expect_err("wrong password");
+    assert_hidden(
+        "rediss:// wrong password",
+        &["rediss-wrong-pw-Px1"],
+        &shown_error(&err),
+    );
+    let _ = std::fs::remove_dir_all(&certs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_cluster_seed_url_shows_or_traces_its_password() {
+    capture_traces();
+    // On this thread: the nodes live as long as it does.
+    let nodes = redis_support::start_cluster();
+    for node in &nodes {
+        let out = node.cli(&[
+            "ACL",
+            "SETUSER",
+            "seeder",
+            "on",
+            ">cluster-seed-pw-Bx4",
+            "~*",
+            "&*",
+            "+@all",
+        ]);
+        assert_eq!(out, "OK");
+    }
+    let seeds = |password: &str| -> Vec<String> {
+        nodes
+            .iter()
+            .map(|node| format!("redis://seeder:{password}@{}", node.address()))
+            .collect()
+    };
+    let builder = |urls: &[String]| {
+        urls[1..].iter().fold(
+            RedisBackend::builder(&urls[0])
+                .connect_timeout(Duration::from_secs(2))
+                .response_timeout(Duration::from_secs(1)),
+            |builder, url| builder.node(url),
+        )
+    };
+
+    let working = builder(&seeds("cluster-seed-pw-Bx4"));
+    let mut shown = format!("{working:?}\n");
+    let backend = within(20, "connecting to the cluster", working.connect())
+        .await
+        .expect("the seeds connect");
+    assert!(backend.is_cluster());
+    shown.push_str(&format!("{backend:?}\n"));
+    lock_and_hand_over(Arc::new(backend), "cluster-secrets").await;
+    assert_hidden("cluster seeds", &["cluster-seed-pw-Bx4"], &shown);
+
+    for (label, named, password) in [
+        (
+            "cluster seeds, wrong password",
+            false,
+            "cluster-wrong-pw-Dq8",
+        ),
+        (
+            "cluster seeds, wrong password, cluster(true)",
+            true,
+            "cluster-wrong-pw-Sv3",
+        ),
+    ] {
+        let refused = builder(&seeds(password));
+        let refused = if named {
+            refused.cluster(true)
+        } else {
+            refused
+        };
+        let err = within(20, label, refused.connect()).await.expect_err(label);
+        assert_hidden(label, &[password], &shown_error(&err));
+    }
+    let unreachable: Vec<String> = (0..2)
+        .map(|_| {
+            format!(
+                "redis://seeder:cluster-gone-pw-Ur5@127.0.0.1:{}",
+                closed_port()
+            )
+        })
+        .collect();
+    let err = within(
+        20,
+        "unreachable seeds",
+        builder(&unreachable).cluster(true).connect(),
+    )
+    .await
+    .expect_err("nothing listens");
+    assert_hidden(
+        "unreachable cluster seeds",
+        &["cluster-gone-pw-Ur5"],
+        &shown_error(&err),
+    );
+}
+
+// ----------------------------------------------------------- PostgreSQL
+
+/// Runs `sql` on `server` as its superuser through `psql`, a child
+/// process, so the statement (which may carry a password) is never traced
+/// here.
+fn psql(server: &pg_support::OwnServer, sql: &str) {
+    let psql = pg_support::pg_bin_dir().join("psql");
+    let psql = if psql.exists() { psql } else { "psql".into() };
+    let out = Command::new(psql)
+        .env("PGPASSWORD", pg_support::PASSWORD)
+        .args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
+        .args(["-p", &server.port.to_string(), "-d", "postgres", "-c", sql])
+        .output()
+        .expect("psql");
+    assert!(
+        out.status.success(),
+        "psql failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// One PostgreSQL connection-string form, for role `role` of password
+/// `password` (as the form writes it: `{pw}` stands for it).
+struct PgCase {
+    label: &'static str,
+    /// `{port}`, `{user}` and `{pw}` are filled in.
+    template: &'static str,
+    /// The password as written in the string.
+    written: &'static str,
+    /// The password itself.
+    password: &'static str,
+}
+
+const PG_CASES: [PgCase; 6] = [
+    PgCase {
+        label: "postgresql://user:password@",
+        template: "postgresql://{user}:{pw}@127.0.0.1:{port}/postgres",
+        written: "pg-url-pw-Ha5",
+        password: "pg-url-pw-Ha5",
+    },
+    PgCase {
+        label: "postgres://user:password@",
+        template: "postgres://{user}:{pw}@127.0.0.1:{port}/postgres?sslmode=require",
+        written: "pg-short-url-pw-Wc2",
+        password: "pg-short-url-pw-Wc2",
+    },
+    PgCase {
+        label: "a percent-encoded password",
+        template: "postgresql://{user}:{pw}@127.0.0.1:{port}/postgres",
+        written: "pg%20enc%40pw-Ro9",
+        password: "pg enc@pw-Ro9",
+    },
+    PgCase {
+        label: "?password= in the URL query",
+        template: "postgresql://{user}@127.0.0.1:{port}/postgres?password={pw}",
+        written: "pg-query-pw-Tu6",
+        password: "pg-query-pw-Tu6",
+    },
+    PgCase {
+        label: "key-value password=",
+        template: "host=127.0.0.1 port={port} user={user} dbname=postgres password={pw}",
+        written: "pg-kv-pw-Ez4",
+        password: "pg-kv-pw-Ez4",
+    },
+    PgCase {
+        label: "key-value password='quoted with spaces'",
+        template: "host=127.0.0.1 port={port} user={user} dbname=postgres password='{pw}'",
+        written: "pg quoted pw-Yl1",
+        password: "pg quoted pw-Yl1",
+    },
+];
+
+impl PgCase {
+    fn conn(&self, port: u16, user: &str, written: &str) -> String {
+        self.template
+            .replace("{port}", &port.to_string())
+            .replace("{user}", user)
+            .replace("{pw}", written)
+    }
+
+    fn secrets(&self) -> Vec<&'static str> {
+        vec![self.written, self.password]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_postgres_connection_string_form_shows_or_traces_its_password() {
+    capture_traces();
+    let server = pg_support::OwnServer::start();
+    for (i, case) in PG_CASES.iter().enumerate() {
+        psql(
+            &server,
+            &format!(
+                "CREATE ROLE secrets_{i} LOGIN SUPERUSER PASSWORD '{}'",
+                case.password
+            ),
+        );
+    }
+    let options = PgOptions::new().connect_timeout(Duration::from_secs(3));
+
+    let mut backends = Vec::new();
+    for (i, case) in PG_CASES.iter().enumerate() {
+        let conn = case.conn(server.port, &format!("secrets_{i}"), case.written);
+        let mut shown = format!("{options:?}\n");
+        let backend = within(
+            15,
+            case.label,
+            PgBackend::connect_with(&conn, options.clone()),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{}: {}", case.label, shown_error(&err)));
+        shown.push_str(&format!("{backend:?}\n"));
+        let backend: Arc<dyn Backend> = Arc::new(backend);
+        lock_and_hand_over(backend.clone(), "pg-secrets").await;
+        assert_hidden(case.label, &case.secrets(), &shown);
+        backends.push(backend);
+    }
+
+    // A refused login (the right role, a wrong password) and an
+    // unreachable host, in every form.
+    for (i, case) in PG_CASES.iter().enumerate() {
+        let wrong_written = format!("{}-wrong", case.written);
+        let wrong = format!("{}-wrong", case.password);
+        let conn = case.conn(server.port, &format!("secrets_{i}"), &wrong_written);
+        let err = within(
+            15,
+            case.label,
+            PgBackend::connect_with(&conn, options.clone()),
+        )
+        .await
+        .expect_err("a wrong password");
+        assert!(
+            err.to_string().contains("password authentication failed"),
+            "{}: {err}",
+            case.label
+        );
+        let secrets = [wrong_written.as_str(), wrong.as_str()];
+        assert_hidden(case.label, &secrets, &shown_error(&err));
+
+        let gone_written = format!("{}-gone", case.written);
+        let gone = format!("{}-gone", case.password);
+        let conn = case.conn(closed_port(), &format!("secrets_{i}"), &gone_written);
+        let err = within(
+            15,
+            case.label,
+            PgBackend::connect_with(&conn, options.clone()),
+        )
+        .await
+        .expect_err("nothing listens");
+        let secrets = [gone_written.as_str(), gone.as_str()];
+        assert_hidden(case.label, &secrets, &shown_error(&err));
+    }
+
+    // What the backends print once their server is gone.
+    let mut leases = Vec::new();
+    for backend in &backends {
+        leases.push(
+            LockOptions::new(Duration::from_secs(30))
+                .acquire_on(backend.clone(), fresh_key("pg-secrets-lost"))
+                .await
+                .expect("free"),
+        );
+    }
+    let stopped = server.pg_ctl_stop("immediate");
+    assert!(stopped.status.success(), "{stopped:?}");
+    for ((case, backend), lease) in PG_CASES.iter().zip(&backends).zip(&leases) {
+        let lost = within(20, "the lost signal", lease.lost()).await;
+        let failed = within(
+            20,
+            "acquiring from a stopped server",
+            LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend.clone(), fresh_key("dead")),
+        )
+        .await
+        .expect_err("the server is gone");
+        let shown = shown_error(&lost) + &shown_error(&failed);
+        assert_hidden(case.label, &case.secrets(), &shown);
+    }
+    let traced = traced();
+    assert!(
+        traced.contains("PostgreSQL lock session opened"),
+        "the trace capture must see dlock's events"
+    );
+    assert!(
+        traced.contains("tokio_postgres"),
+        "the trace capture must see the client library's log records"
+    );
+}

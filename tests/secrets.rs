@@ -690,3 +690,33 @@ async fn no_postgres_connection_string_form_shows_or_traces_its_password() {
         "the trace capture must see the client library's log records"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unencoded_at_sign_in_a_postgres_url_password_is_refused_without_showing_it() {
+    capture_traces();
+    // The URL parser splits the user info at the first `@`, so the rest of
+    // the password would pass for the host name.
+    for conn in [
+        "postgresql://postgres:pg-at@tail-Qx7@127.0.0.1:5432/test",
+        "postgres://postgres:pg-at@tail-Qx7@db.invalid/test?sslmode=require",
+    ] {
+        let err = within(15, "connect", PgBackend::connect(conn))
+            .await
+            .expect_err("an unencoded `@` in the password must be refused");
+        let shown = format!("{}\n{err:?}", shown_error(&err));
+        assert!(
+            shown.contains("%40"),
+            "the error must say how to fix it: {shown}"
+        );
+        assert_hidden(
+            "an unencoded @ in the password",
+            &["pg-at@tail-Qx7", "tail-Qx7", "pg-at"],
+            &shown,
+        );
+    }
+    assert_hidden(
+        "an unencoded @ in the password",
+        &["tail-Qx7", "pg-at"],
+        &traced(),
+    );
+}

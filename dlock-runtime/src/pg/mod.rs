@@ -454,6 +454,18 @@ impl PgBackend {
         // so the password cannot leak through them.
         let mut config = Config::from_str(conn)
             .map_err(|e| connect_error(format!("invalid PostgreSQL connection string: {e}")))?;
+        // An `@` left unencoded in a URL's user or password makes the
+        // parser take the rest of it for the host name, which every error
+        // and `Debug` would then show.
+        if config.get_hosts().iter().any(
+            |host| matches!(host, tokio_postgres::config::Host::Tcp(name) if name.contains('@')),
+        ) {
+            return Err(connect_error(
+                "the connection URL has an unencoded `@` in its user name or password: \
+                 write it as %40 (the host is not shown: it would hold part of the password)"
+                    .to_owned(),
+            ));
+        }
         tls::require_when_verifying(&mut config, &options.tls).map_err(|reason| {
             LockError::InvalidOption {
                 option: "tls",

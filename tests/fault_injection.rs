@@ -11,7 +11,7 @@
 //! | --- | --- | --- | --- | --- |
 //! | file | `FileBackend`, own directory | PostgreSQL row (`PgFence`) | `force_release` of the held key | the holder's link to the register |
 //! | redis | `RedisBackend`, own redis-server | PostgreSQL row (`PgFence`) | server restart, data lost | the holder's link to redis |
-//! | pg | `PgBackend`, shared PostgreSQL | Redis hash (`RedisFence`) | `pg_terminate_backend` of the holder's session | the holder's link to PostgreSQL |
+//! | pg | `PgBackend`, shared PostgreSQL, schema `dlock_fault_<id>` of the run's own (dropped at the end) | Redis hash (`RedisFence`) | `pg_terminate_backend` of the holder's session | the holder's link to PostgreSQL |
 //!
 //! Memory locks cannot span processes, so the multi-process run of
 //! "memory/file" uses the file backend (`tests/fence.rs` plays the article's

@@ -17,8 +17,8 @@ use dlock::backend::OwnerId;
 use dlock::fence::pg::PgFence;
 use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
-use dlock::pg::PgBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
@@ -399,6 +399,43 @@ impl Drop for ScratchDir {
     }
 }
 
+/// The PostgreSQL schema of a run's own token sequence, so that rewinding
+/// it disturbs no other test on the shared server. Dropped (CASCADE) on
+/// drop however the run ends; declared before the workers, so that they are
+/// dead (and cannot create it again) by then.
+struct RunSchema(String);
+
+impl Drop for RunSchema {
+    fn drop(&mut self) {
+        // A runtime of its own: this may run while unwinding, after the
+        // run's runtime is gone.
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async {
+            let Ok(Ok((client, connection))) = tokio::time::timeout(
+                Duration::from_secs(10),
+                tokio_postgres::connect(&pg_conn(), NoTls),
+            )
+            .await
+            else {
+                return;
+            };
+            tokio::spawn(connection);
+            let drop_schema = format!(
+                "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {} CASCADE",
+                self.0
+            );
+            let _ =
+                tokio::time::timeout(Duration::from_secs(15), client.batch_execute(&drop_schema))
+                    .await;
+        });
+    }
+}
+
 // ------------------------------------------------------------------ run --
 
 /// `host:port` of the shared PostgreSQL server, and its connection string
@@ -482,6 +519,11 @@ pub fn run(settings: Settings) -> Report {
         .value(&run_id)
         .finish()
         .expect("lock key");
+    // PostgreSQL locks: the run's own token sequence, and a name on the
+    // workers' lock sessions that finds them all (and only them).
+    let pg_schema = format!("dlock_fault_{id}");
+    let pg_schema_guard = (settings.lock == Lock::Pg).then(|| RunSchema(pg_schema.clone()));
+    let pg_lock_sessions = format!("dlock-fault-lock-{id}");
 
     // The lock store.
     let mut redis_server: Option<RedisServer> = None;
@@ -504,7 +546,10 @@ pub fn run(settings: Settings) -> Report {
     let admin_pg = match settings.lock {
         Lock::Pg => Some(
             runtime
-                .block_on(PgBackend::connect(&pg_conn()))
+                .block_on(PgBackend::connect_with(
+                    &pg_conn(),
+                    PgOptions::new().schema(pg_schema.as_str()),
+                ))
                 .expect("PostgreSQL"),
         ),
         _ => None,
@@ -564,7 +609,7 @@ pub fn run(settings: Settings) -> Report {
                 (Lock::File, _) | (_, None) => scratch.0.join("locks").display().to_string(),
                 (Lock::Redis, Some(proxy)) => format!("redis://127.0.0.1:{}", proxy.port),
                 (Lock::Pg, Some(proxy)) => format!(
-                    "host=127.0.0.1 port={} {pg_rest} application_name=dlock-fault",
+                    "host=127.0.0.1 port={} {pg_rest} application_name={pg_lock_sessions}",
                     proxy.port
                 ),
             },
@@ -585,6 +630,7 @@ pub fn run(settings: Settings) -> Report {
             fenced: settings.fenced,
             deadline_us,
             seed: settings.seed,
+            pg_schema: pg_schema.clone(),
         })
         .collect();
     let mut workers = Workers {
@@ -767,6 +813,7 @@ pub fn run(settings: Settings) -> Report {
         println!("  violation: {violation}");
     }
     drop(workers);
+    drop(pg_schema_guard);
     drop(lock_proxies);
     drop(register_proxies);
     drop(redis_server);

@@ -55,6 +55,8 @@ pub struct Config {
     pub fenced: bool,
     pub deadline_us: u64,
     pub seed: u64,
+    /// PostgreSQL locks: the schema of the token sequence, the run's own.
+    pub pg_schema: String,
 }
 
 impl Config {
@@ -69,6 +71,7 @@ impl Config {
             u8::from(self.fenced).to_string(),
             self.deadline_us.to_string(),
             self.seed.to_string(),
+            self.pg_schema.clone(),
         ]
         .join("\u{1f}")
     }
@@ -85,6 +88,7 @@ impl Config {
             fenced,
             deadline,
             seed,
+            pg_schema,
         ] = parts.as_slice()
         else {
             return None;
@@ -99,6 +103,7 @@ impl Config {
             fenced: *fenced == "1",
             deadline_us: deadline.parse().ok()?,
             seed: seed.parse().ok()?,
+            pg_schema: pg_schema.to_string(),
         })
     }
 }
@@ -412,6 +417,7 @@ pub fn main(config: Config) {
                 "pg" => PgBackend::connect_with(
                     &config.lock_target,
                     PgOptions::new()
+                        .schema(config.pg_schema.as_str())
                         .sessions(1)
                         .wait_sessions(1)
                         .connect_timeout(Duration::from_secs(2))

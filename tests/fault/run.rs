@@ -13,18 +13,18 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use dlock::Backend;
 use dlock::backend::OwnerId;
 use dlock::fence::pg::PgFence;
 use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions};
-use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
 use super::check::{self, Event, History, Verdict};
 use super::rng::Rng;
-use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV};
+use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
 use crate::support::proxy::Proxy;
@@ -65,6 +65,9 @@ pub enum Fault {
     /// which has no server: to the register) past the ttl, then cut it or
     /// let the held bytes through late.
     Partition,
+    /// A worker makes its next few acquisitions and gives up on each at a
+    /// seeded moment of a few milliseconds, as callers with deadlines do.
+    Abandon,
 }
 
 impl fmt::Display for Fault {
@@ -74,11 +77,18 @@ impl fmt::Display for Fault {
             Fault::Kill => "kill",
             Fault::Server => "server",
             Fault::Partition => "partition",
+            Fault::Abandon => "abandon",
         })
     }
 }
 
-pub const ALL_FAULTS: [Fault; 4] = [Fault::Pause, Fault::Kill, Fault::Server, Fault::Partition];
+pub const ALL_FAULTS: [Fault; 5] = [
+    Fault::Pause,
+    Fault::Kill,
+    Fault::Server,
+    Fault::Partition,
+    Fault::Abandon,
+];
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -130,6 +140,8 @@ pub struct Planned {
     pub fallback_slot: usize,
     /// Partition: cut the connections at the end (else let them through).
     pub cut: bool,
+    /// Abandon: after how long the worker gives up on each acquisition.
+    pub give_up_after: Vec<Duration>,
 }
 
 /// The schedule for `settings`: every fault kind once first (in a seeded
@@ -159,6 +171,13 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
             Fault::Kill => Duration::from_millis(rng.range(200, 800)),
             Fault::Server => Duration::from_millis(rng.range(100, 500)),
+            Fault::Abandon => Duration::ZERO,
+        };
+        let give_up_after = match kind {
+            Fault::Abandon => (0..rng.range(3, 6))
+                .map(|_| Duration::from_micros(rng.range(0, 3_000)))
+                .collect(),
+            _ => Vec::new(),
         };
         planned.push(Planned {
             at,
@@ -166,6 +185,7 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             length,
             fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
             cut: rng.chance(50),
+            give_up_after,
         });
         at += length + Duration::from_millis(rng.range(1_000, 3_000));
         index += 1;
@@ -178,10 +198,12 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
 pub struct Injected {
     pub kind: Fault,
     pub slot: usize,
-    /// The target held the lock (for the server fault: a holder's lock was
-    /// broken).
-    pub on_holder: bool,
+    /// The fault hit: the target held the lock (server: a holder's lock was
+    /// broken; abandon: at least one acquisition was given up mid-flight).
+    pub hit: bool,
     pub length: Duration,
+    /// What happened, for the report (abandon: how many were given up).
+    pub note: String,
 }
 
 pub struct Report {
@@ -192,12 +214,12 @@ pub struct Report {
 }
 
 impl Report {
-    /// How many faults of `kind` hit a holder (pauses: for longer than the
+    /// How many faults of `kind` hit (pauses: a holder, for longer than the
     /// ttl).
-    pub fn effective(&self, kind: Fault) -> usize {
+    pub fn hits(&self, kind: Fault) -> usize {
         self.injected
             .iter()
-            .filter(|f| f.kind == kind && f.on_holder)
+            .filter(|f| f.kind == kind && f.hit)
             .filter(|f| kind != Fault::Pause || f.length > TTL)
             .count()
     }
@@ -216,11 +238,17 @@ impl fmt::Display for Report {
         let faults: Vec<String> = self
             .by_kind()
             .iter()
-            .map(|(kind, n)| format!("{kind} {n} ({} on a holder)", self.effective(*kind)))
+            .map(|(kind, n)| format!("{kind} {n} ({} hit)", self.hits(*kind)))
+            .collect();
+        let notes: Vec<String> = self
+            .injected
+            .iter()
+            .filter(|f| !f.note.is_empty())
+            .map(|f| format!("{} (slot {}): {}", f.kind, f.slot, f.note))
             .collect();
         write!(
             f,
-            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}\n  {}",
+            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}\n  notes: {}\n  {}",
             self.settings.lock,
             self.settings.register,
             if self.settings.fenced { "on" } else { "OFF" },
@@ -228,6 +256,7 @@ impl fmt::Display for Report {
             self.elapsed,
             self.settings.workers,
             faults.join(", "),
+            notes.join("; "),
             self.verdict,
         )
     }
@@ -297,7 +326,7 @@ impl Workers {
                 };
                 let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 let phase = match event.what.as_str() {
-                    "BEGIN" => Some(Phase::Holding),
+                    "BEGIN" | "TAKE" => Some(Phase::Holding),
                     "READ" => Some(Phase::Working),
                     "SEND" | "RSTALE" | "RERR" => Some(Phase::Holding),
                     "LOST" | "END" => Some(Phase::Idle),
@@ -361,6 +390,40 @@ impl Workers {
                 _ => std::thread::sleep(Duration::from_millis(2)),
             }
         }
+    }
+
+    /// The first event `what` printed by the process now in `slot` at or
+    /// after position `from` of the history, waiting up to `patience`.
+    fn await_event(
+        &self,
+        slot: usize,
+        what: &str,
+        from: usize,
+        patience: Duration,
+    ) -> Option<Event> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let found = {
+                let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                shared.events[from.min(shared.events.len())..]
+                    .iter()
+                    .find(|ev| ev.process == self.process_of[slot] && ev.what == what)
+                    .cloned()
+            };
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// How many events the workers have printed so far.
+    fn events_seen(&self) -> usize {
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .events
+            .len()
     }
 
     /// Waits for every worker to finish on its own (they stop at the
@@ -514,11 +577,7 @@ pub fn run(settings: Settings) -> Report {
     let id = OwnerId::random().expect("random");
     let run_id = format!("dlock-fault-{id}");
     // The key the workers' `#[distributed_lock(key = "dlock-fault:{run}")]` builds.
-    let key = LockKey::builder()
-        .lit("dlock-fault:")
-        .value(&run_id)
-        .finish()
-        .expect("lock key");
+    let key = worker::lock_key(&run_id);
     // PostgreSQL locks: the run's own token sequence, and a name on the
     // workers' lock sessions that finds them all (and only them).
     let pg_schema = format!("dlock_fault_{id}");
@@ -631,6 +690,7 @@ pub fn run(settings: Settings) -> Report {
             deadline_us,
             seed: settings.seed,
             pg_schema: pg_schema.clone(),
+            scratch: scratch.0.display().to_string(),
         })
         .collect();
     let mut workers = Workers {
@@ -655,88 +715,95 @@ pub fn run(settings: Settings) -> Report {
         if begun.elapsed() + planned.length > settings.duration {
             break;
         }
-        let target = workers.holder(Duration::from_secs(3));
+        // An abandon order goes to any worker (its acquisitions are the
+        // target, not its lease); every other fault waits for a holder.
+        let target = match planned.kind {
+            Fault::Abandon => None,
+            _ => workers.holder(Duration::from_secs(3)),
+        };
         let slot = target.unwrap_or(planned.fallback_slot);
         let on_holder = target.is_some();
-        match planned.kind {
+        let mut note = String::new();
+        let hit = match planned.kind {
             Fault::Pause => {
-                if workers.signal(slot, libc::SIGSTOP) {
-                    std::thread::sleep(planned.length);
-                    workers.signal(slot, libc::SIGCONT);
-                    injected.push(Injected {
-                        kind: Fault::Pause,
-                        slot,
-                        on_holder,
-                        length: planned.length,
-                    });
+                if !workers.signal(slot, libc::SIGSTOP) {
+                    continue;
                 }
+                std::thread::sleep(planned.length);
+                workers.signal(slot, libc::SIGCONT);
+                on_holder
             }
             Fault::Kill => {
                 workers.kill(slot);
                 std::thread::sleep(planned.length);
                 workers.spawn(slot);
-                injected.push(Injected {
-                    kind: Fault::Kill,
-                    slot,
-                    on_holder,
-                    length: planned.length,
-                });
+                on_holder
             }
-            Fault::Server => {
-                let broke = match settings.lock {
-                    Lock::Redis => {
-                        if let Some(server) = redis_server.as_mut() {
-                            server.kill();
-                            std::thread::sleep(planned.length);
-                            server.restart();
-                        }
-                        on_holder
+            Fault::Server => match settings.lock {
+                Lock::Redis => {
+                    if let Some(server) = redis_server.as_mut() {
+                        server.kill();
+                        std::thread::sleep(planned.length);
+                        server.restart();
                     }
-                    Lock::Pg => runtime.block_on(async {
-                        let Some(admin) = admin_pg.as_ref() else {
-                            return false;
-                        };
-                        let pids = admin.holder_pids(&key).await.unwrap_or_default();
-                        for pid in &pids {
-                            let _ = pg_admin
-                                .execute("SELECT pg_terminate_backend($1)", &[pid])
-                                .await;
-                        }
-                        !pids.is_empty()
-                    }),
-                    Lock::File => runtime
-                        .block_on(admin_file.force_release(&key))
-                        .unwrap_or(false),
-                };
-                injected.push(Injected {
-                    kind: Fault::Server,
-                    slot,
-                    on_holder: broke,
-                    length: planned.length,
-                });
-            }
+                    on_holder
+                }
+                Lock::Pg => runtime.block_on(async {
+                    let Some(admin) = admin_pg.as_ref() else {
+                        return false;
+                    };
+                    let pids = admin.holder_pids(&key).await.unwrap_or_default();
+                    for pid in &pids {
+                        let _ = pg_admin
+                            .execute("SELECT pg_terminate_backend($1)", &[pid])
+                            .await;
+                    }
+                    !pids.is_empty()
+                }),
+                Lock::File => runtime
+                    .block_on(admin_file.force_release(&key))
+                    .unwrap_or(false),
+            },
             Fault::Partition => {
                 let proxy = match settings.lock {
                     Lock::File => Some(&register_proxies[slot]),
                     Lock::Redis | Lock::Pg => lock_proxies[slot].as_ref(),
                 };
-                if let Some(proxy) = proxy {
-                    proxy.freeze();
-                    std::thread::sleep(planned.length);
-                    if planned.cut {
-                        proxy.cut();
-                    } else {
-                        proxy.thaw();
-                    }
-                    injected.push(Injected {
-                        kind: Fault::Partition,
-                        slot,
-                        on_holder,
-                        length: planned.length,
-                    });
+                let Some(proxy) = proxy else {
+                    continue;
+                };
+                proxy.freeze();
+                std::thread::sleep(planned.length);
+                if planned.cut {
+                    proxy.cut();
+                } else {
+                    proxy.thaw();
                 }
+                on_holder
             }
-        }
+            Fault::Abandon => {
+                let from = workers.events_seen();
+                order_abandon(&scratch.0, slot, &planned.give_up_after);
+                // The worker takes the order between two leases.
+                let report = workers.await_event(slot, "ABANDONED", from, Duration::from_secs(10));
+                let abandoned = report
+                    .as_ref()
+                    .and_then(|ev| ev.detail.split(' ').next()?.parse::<usize>().ok())
+                    .unwrap_or(0);
+                note = report.map_or_else(
+                    || "no report from the worker".to_owned(),
+                    |ev| format!("{} given up mid-flight", ev.detail),
+                );
+                abandoned >= 1
+            }
+        };
+        injected.push(Injected {
+            kind: planned.kind,
+            slot,
+            hit,
+            length: planned.length,
+            note,
+        });
     }
     let left = Duration::from_micros(deadline_us.saturating_sub(now_us()));
     std::thread::sleep(left);

@@ -13,13 +13,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use dlock::Backend;
 use dlock::backend::OwnerId;
 use dlock::fence::pg::PgFence;
 use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions};
+use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
 use super::check::{self, Event, History, Verdict};
@@ -68,6 +68,14 @@ pub enum Fault {
     /// A worker makes its next few acquisitions and gives up on each at a
     /// seeded moment of a few milliseconds, as callers with deadlines do.
     Abandon,
+    /// The lock store's token source goes back while a worker holds the
+    /// lock. Redis: the key's fence counter is set to 1 (a promoted replica
+    /// that missed writes). PostgreSQL, seeded: the token sequence is set
+    /// back to 1 and every session of the workers' lock backends is
+    /// terminated (a failover to a replica that missed WAL, a point-in-time
+    /// restore), or a DBA drops and recreates the sequence. Not on the file
+    /// backend: its counter is a durable file.
+    Rewind,
 }
 
 impl fmt::Display for Fault {
@@ -78,17 +86,25 @@ impl fmt::Display for Fault {
             Fault::Server => "server",
             Fault::Partition => "partition",
             Fault::Abandon => "abandon",
+            Fault::Rewind => "rewind",
         })
     }
 }
 
-pub const ALL_FAULTS: [Fault; 5] = [
-    Fault::Pause,
-    Fault::Kill,
-    Fault::Server,
-    Fault::Partition,
-    Fault::Abandon,
-];
+/// The faults a run on `lock` drives.
+pub fn faults_for(lock: Lock) -> Vec<Fault> {
+    let mut faults = vec![
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Server,
+        Fault::Partition,
+        Fault::Abandon,
+    ];
+    if lock != Lock::File {
+        faults.push(Fault::Rewind);
+    }
+    faults
+}
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -124,7 +140,7 @@ impl Settings {
             duration: Duration::from_secs(secs),
             workers: 5,
             fenced: true,
-            faults: ALL_FAULTS.to_vec(),
+            faults: faults_for(lock),
         }
     }
 }
@@ -142,6 +158,9 @@ pub struct Planned {
     pub cut: bool,
     /// Abandon: after how long the worker gives up on each acquisition.
     pub give_up_after: Vec<Duration>,
+    /// PostgreSQL rewind: drop and recreate the sequence (else set it back
+    /// and end the workers' sessions).
+    pub recreate: bool,
 }
 
 /// The schedule for `settings`: every fault kind once first (in a seeded
@@ -171,7 +190,7 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
             Fault::Kill => Duration::from_millis(rng.range(200, 800)),
             Fault::Server => Duration::from_millis(rng.range(100, 500)),
-            Fault::Abandon => Duration::ZERO,
+            Fault::Abandon | Fault::Rewind => Duration::ZERO,
         };
         let give_up_after = match kind {
             Fault::Abandon => (0..rng.range(3, 6))
@@ -186,6 +205,7 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
             cut: rng.chance(50),
             give_up_after,
+            recreate: rng.chance(50),
         });
         at += length + Duration::from_millis(rng.range(1_000, 3_000));
         index += 1;
@@ -199,7 +219,8 @@ pub struct Injected {
     pub kind: Fault,
     pub slot: usize,
     /// The fault hit: the target held the lock (server: a holder's lock was
-    /// broken; abandon: at least one acquisition was given up mid-flight).
+    /// broken; abandon: at least one acquisition was given up mid-flight;
+    /// rewind: the token source went back while a worker held the lock).
     pub hit: bool,
     pub length: Duration,
     /// What happened, for the report (abandon: how many were given up).
@@ -499,6 +520,20 @@ impl Drop for RunSchema {
     }
 }
 
+/// The Redis name of `key`'s fence counter (`dlock:{T}:fence`, `T` being
+/// the key with `%`, `{` and `}` percent-encoded: the keyspace in the
+/// module docs of `dlock_runtime::redis`).
+fn redis_fence_counter(key: &LockKey) -> String {
+    let mut tag = String::new();
+    for c in key.as_str().chars() {
+        match c {
+            '%' | '{' | '}' => tag.push_str(&format!("%{:02X}", c as u32)),
+            other => tag.push(other),
+        }
+    }
+    format!("dlock:{{{tag}}}:fence")
+}
+
 // ------------------------------------------------------------------ run --
 
 /// `host:port` of the shared PostgreSQL server, and its connection string
@@ -795,6 +830,55 @@ pub fn run(settings: Settings) -> Report {
                     |ev| format!("{} given up mid-flight", ev.detail),
                 );
                 abandoned >= 1
+            }
+            Fault::Rewind => {
+                let rewound = match settings.lock {
+                    Lock::Redis => redis_server.as_ref().is_some_and(|server| {
+                        let reply = server.cli(&["SET", &redis_fence_counter(&key), "1"]);
+                        note = format!("the key's fence counter set to 1: {reply}");
+                        reply == "OK"
+                    }),
+                    Lock::Pg => runtime.block_on(async {
+                        let sequence = format!("{pg_schema}.dlock_token_seq");
+                        if planned.recreate {
+                            // A DBA's drop and create, in one implicit
+                            // transaction: no acquisition sees it missing.
+                            let done = pg_admin
+                                .batch_execute(&format!(
+                                    "DROP SEQUENCE {sequence}; CREATE SEQUENCE {sequence} AS bigint"
+                                ))
+                                .await;
+                            note = match &done {
+                                Ok(()) => "sequence dropped and recreated".to_owned(),
+                                Err(err) => format!("dropping the sequence failed: {err}"),
+                            };
+                            done.is_ok()
+                        } else {
+                            let set = pg_admin
+                                .execute(&format!("SELECT setval('{sequence}', 1)"), &[])
+                                .await;
+                            // The failover: every session ends, and the
+                            // workers reconnect to the rewound server.
+                            let ended = pg_admin
+                                .query(
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                                     WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                                    &[&pg_lock_sessions],
+                                )
+                                .await
+                                .map_or(0, |rows| rows.len());
+                            note = match &set {
+                                Ok(_) => format!(
+                                    "sequence set back to 1, {ended} sessions of the workers ended"
+                                ),
+                                Err(err) => format!("setting the sequence back failed: {err}"),
+                            };
+                            set.is_ok()
+                        }
+                    }),
+                    Lock::File => false,
+                };
+                rewound && on_holder
             }
         };
         injected.push(Injected {

@@ -267,9 +267,14 @@ impl fmt::Display for Report {
             .filter(|f| !f.note.is_empty())
             .map(|f| format!("{} (slot {}): {}", f.kind, f.slot, f.note))
             .collect();
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!("\n  notes: {}", notes.join("; "))
+        };
         write!(
             f,
-            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}\n  notes: {}\n  {}",
+            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}{}\n  {}",
             self.settings.lock,
             self.settings.register,
             if self.settings.fenced { "on" } else { "OFF" },
@@ -277,7 +282,7 @@ impl fmt::Display for Report {
             self.elapsed,
             self.settings.workers,
             faults.join(", "),
-            notes.join("; "),
+            notes,
             self.verdict,
         )
     }

@@ -8,6 +8,15 @@
 //! reads once and writes once, so every accepted write carries its own
 //! token, and along the order in which writes were accepted (each accepted
 //! write read the value of the one before it) the tokens must rise.
+//!
+//! That order cannot see a token source that went back (a rewound counter,
+//! a restored sequence): the rewound holder's read is refused as stale, and
+//! the old holder's higher-token write is accepted — the very thing fencing
+//! is there to stop, and every accepted token still rises. So tokens are
+//! also checked per process: one worker process takes its leases one after
+//! another, so each lease's token must be above that process's previous
+//! lease's token. No clocks are compared, only the order of one process's
+//! own lines (a restarted worker is a new process).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -83,6 +92,9 @@ pub struct Verdict {
     pub stale_writes_accepted: usize,
     /// Accepted writes whose token is not above the one they overwrote.
     pub tokens_not_increasing: usize,
+    /// Leases whose token is not above the token of the previous lease of
+    /// the same process: the lock store handed out a token it had passed.
+    pub tokens_went_back: usize,
     /// Accepted increments overwritten by another write that read the same
     /// value.
     pub lost_increments: usize,
@@ -98,8 +110,9 @@ pub struct Verdict {
 }
 
 impl Verdict {
-    /// No stale write accepted, tokens rising, no increment lost, and the
-    /// register equal to the number of accepted writes.
+    /// No stale write accepted, tokens rising (along the accepted writes
+    /// and within each process), no increment lost, and the register equal
+    /// to the number of accepted writes.
     pub fn is_safe(&self) -> bool {
         self.violations.is_empty()
     }
@@ -111,7 +124,8 @@ impl fmt::Display for Verdict {
             f,
             "leases {}, writes sent {}, writes accepted {} ({} settled from the history, {} unseen ones refused), \
              stale writes rejected {}, stale reads rejected {}, double-belief moments {} (overlapping lease pairs), \
-             stale writes accepted {}, tokens not increasing {}, lost increments {}, phantom reads {}, register count {}",
+             stale writes accepted {}, tokens not increasing {}, tokens gone back within a process {}, lost increments {}, \
+             phantom reads {}, register count {}",
             self.leases,
             self.writes_sent,
             self.writes_accepted,
@@ -122,6 +136,7 @@ impl fmt::Display for Verdict {
             self.double_belief,
             self.stale_writes_accepted,
             self.tokens_not_increasing,
+            self.tokens_went_back,
             self.lost_increments,
             self.phantom_reads,
             self.final_count,
@@ -296,6 +311,25 @@ pub fn check(history: &History) -> Verdict {
         ));
     }
 
+    // 4. Within one process, leases follow one another (`BEGIN`: the
+    // macro's body starts; `TAKE`: an acquisition of an abandon round that
+    // completed in time), so their tokens must rise in the order printed.
+    let mut previous: HashMap<usize, u64> = HashMap::new();
+    for ev in &history.events {
+        if !matches!(ev.what.as_str(), "BEGIN" | "TAKE") {
+            continue;
+        }
+        if let Some(before) = previous.insert(ev.process, ev.token)
+            && ev.token <= before
+        {
+            verdict.tokens_went_back += 1;
+            verdict.violations.push(format!(
+                "tokens went back: process {} took a lease with token {} after its lease with token {before}",
+                ev.process, ev.token
+            ));
+        }
+    }
+
     // Double belief: belief intervals of different processes that overlap.
     let mut intervals: Vec<(u64, u64, usize)> = leases
         .values()
@@ -405,5 +439,82 @@ mod tests {
         assert!(verdict.is_safe(), "{:?}", verdict.violations);
         assert_eq!((verdict.settled_accepted, verdict.settled_refused), (1, 1));
         assert_eq!(verdict.writes_accepted, 2);
+    }
+
+    #[test]
+    fn checker_passes_tokens_that_rise_within_every_process() {
+        // Each process's tokens rise (across processes they interleave), and
+        // an abandon round's lease taken and released at once counts too.
+        let h = history(
+            &[
+                (0, "EV 10 BEGIN 7"),
+                (0, "EV 11 READ 7 0:0"),
+                (0, "EV 12 SEND 7 1:7"),
+                (0, "EV 13 OK 7"),
+                (0, "EV 14 END 7"),
+                (1, "EV 20 TAKE 8"),
+                (1, "EV 21 END 8"),
+                (1, "EV 22 ABANDONED 0 2 of 3"),
+                (1, "EV 30 BEGIN 9"),
+                (1, "EV 31 READ 9 1:7"),
+                (1, "EV 32 SEND 9 2:9"),
+                (1, "EV 33 OK 9"),
+                (1, "EV 34 END 9"),
+                (0, "EV 40 BEGIN 10"),
+                (0, "EV 41 READ 10 2:9"),
+                (0, "EV 42 SEND 10 3:10"),
+                (0, "EV 43 OK 10"),
+                (0, "EV 44 END 10"),
+            ],
+            "3:10",
+        );
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        assert_eq!(verdict.tokens_went_back, 0);
+        assert_eq!((verdict.leases, verdict.writes_accepted), (4, 3));
+    }
+
+    #[test]
+    fn checker_catches_a_rewound_token_that_the_write_order_hides() {
+        // Process 1 writes under token 90. Process 0 takes token 100, reads,
+        // and stalls. The store's counter is set back: process 1's next
+        // lease gets token 2, and its read is refused as stale; then process
+        // 0, whose lease the new one should have fenced off, writes and is
+        // accepted. Along the accepted writes the tokens still rise (90,
+        // 100), so only the per-process order shows the rewind.
+        let h = history(
+            &[
+                (1, "EV 10 BEGIN 90"),
+                (1, "EV 11 READ 90 0:0"),
+                (1, "EV 12 SEND 90 1:90"),
+                (1, "EV 13 OK 90"),
+                (1, "EV 14 END 90"),
+                (0, "EV 20 BEGIN 100"),
+                (0, "EV 21 READ 100 1:90"),
+                (0, "EV 22 LOST 100"),
+                (1, "EV 30 BEGIN 2"),
+                (1, "EV 31 RSTALE 2 100"),
+                (1, "EV 32 END 2"),
+                (0, "EV 40 SEND 100 2:100"),
+                (0, "EV 41 OK 100"),
+                (0, "EV 42 END 100"),
+            ],
+            "2:100",
+        );
+        let verdict = check(&h);
+        assert!(!verdict.is_safe());
+        assert_eq!(verdict.tokens_went_back, 1);
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(
+            verdict.violations[0]
+                .contains("process 1 took a lease with token 2 after its lease with token 90"),
+            "{:?}",
+            verdict.violations
+        );
+        // Everything the write order can see looks right.
+        assert_eq!(verdict.writes_accepted, 2);
+        assert_eq!(verdict.stale_writes_accepted, 0);
+        assert_eq!(verdict.lost_increments, 0);
+        assert_eq!(verdict.stale_reads_rejected, 1);
     }
 }

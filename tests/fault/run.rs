@@ -17,14 +17,14 @@ use dlock::backend::OwnerId;
 use dlock::fence::pg::PgFence;
 use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
-use dlock::pg::PgBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
 use super::check::{self, Event, History, Verdict};
 use super::rng::Rng;
-use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV};
+use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
 use crate::support::proxy::Proxy;
@@ -65,6 +65,17 @@ pub enum Fault {
     /// which has no server: to the register) past the ttl, then cut it or
     /// let the held bytes through late.
     Partition,
+    /// A worker makes its next few acquisitions and gives up on each at a
+    /// seeded moment of a few milliseconds, as callers with deadlines do.
+    Abandon,
+    /// The lock store's token source goes back while a worker holds the
+    /// lock. Redis: the key's fence counter is set to 1 (a promoted replica
+    /// that missed writes). PostgreSQL, seeded: the token sequence is set
+    /// back to 1 and every session of the workers' lock backends is
+    /// terminated (a failover to a replica that missed WAL, a point-in-time
+    /// restore), or a DBA drops and recreates the sequence. Not on the file
+    /// backend: its counter is a durable file.
+    Rewind,
 }
 
 impl fmt::Display for Fault {
@@ -74,11 +85,26 @@ impl fmt::Display for Fault {
             Fault::Kill => "kill",
             Fault::Server => "server",
             Fault::Partition => "partition",
+            Fault::Abandon => "abandon",
+            Fault::Rewind => "rewind",
         })
     }
 }
 
-pub const ALL_FAULTS: [Fault; 4] = [Fault::Pause, Fault::Kill, Fault::Server, Fault::Partition];
+/// The faults a run on `lock` drives.
+pub fn faults_for(lock: Lock) -> Vec<Fault> {
+    let mut faults = vec![
+        Fault::Pause,
+        Fault::Kill,
+        Fault::Server,
+        Fault::Partition,
+        Fault::Abandon,
+    ];
+    if lock != Lock::File {
+        faults.push(Fault::Rewind);
+    }
+    faults
+}
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -114,7 +140,7 @@ impl Settings {
             duration: Duration::from_secs(secs),
             workers: 5,
             fenced: true,
-            faults: ALL_FAULTS.to_vec(),
+            faults: faults_for(lock),
         }
     }
 }
@@ -130,6 +156,11 @@ pub struct Planned {
     pub fallback_slot: usize,
     /// Partition: cut the connections at the end (else let them through).
     pub cut: bool,
+    /// Abandon: after how long the worker gives up on each acquisition.
+    pub give_up_after: Vec<Duration>,
+    /// PostgreSQL rewind: drop and recreate the sequence (else set it back
+    /// and end the workers' sessions).
+    pub recreate: bool,
 }
 
 /// The schedule for `settings`: every fault kind once first (in a seeded
@@ -159,6 +190,13 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
             Fault::Kill => Duration::from_millis(rng.range(200, 800)),
             Fault::Server => Duration::from_millis(rng.range(100, 500)),
+            Fault::Abandon | Fault::Rewind => Duration::ZERO,
+        };
+        let give_up_after = match kind {
+            Fault::Abandon => (0..rng.range(3, 6))
+                .map(|_| Duration::from_micros(rng.range(0, 3_000)))
+                .collect(),
+            _ => Vec::new(),
         };
         planned.push(Planned {
             at,
@@ -166,6 +204,8 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             length,
             fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
             cut: rng.chance(50),
+            give_up_after,
+            recreate: rng.chance(50),
         });
         at += length + Duration::from_millis(rng.range(1_000, 3_000));
         index += 1;
@@ -178,10 +218,13 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
 pub struct Injected {
     pub kind: Fault,
     pub slot: usize,
-    /// The target held the lock (for the server fault: a holder's lock was
-    /// broken).
-    pub on_holder: bool,
+    /// The fault hit: the target held the lock (server: a holder's lock was
+    /// broken; abandon: at least one acquisition was given up mid-flight;
+    /// rewind: the token source went back while a worker held the lock).
+    pub hit: bool,
     pub length: Duration,
+    /// What happened, for the report (abandon: how many were given up).
+    pub note: String,
 }
 
 pub struct Report {
@@ -192,12 +235,12 @@ pub struct Report {
 }
 
 impl Report {
-    /// How many faults of `kind` hit a holder (pauses: for longer than the
+    /// How many faults of `kind` hit (pauses: a holder, for longer than the
     /// ttl).
-    pub fn effective(&self, kind: Fault) -> usize {
+    pub fn hits(&self, kind: Fault) -> usize {
         self.injected
             .iter()
-            .filter(|f| f.kind == kind && f.on_holder)
+            .filter(|f| f.kind == kind && f.hit)
             .filter(|f| kind != Fault::Pause || f.length > TTL)
             .count()
     }
@@ -216,11 +259,22 @@ impl fmt::Display for Report {
         let faults: Vec<String> = self
             .by_kind()
             .iter()
-            .map(|(kind, n)| format!("{kind} {n} ({} on a holder)", self.effective(*kind)))
+            .map(|(kind, n)| format!("{kind} {n} ({} hit)", self.hits(*kind)))
             .collect();
+        let notes: Vec<String> = self
+            .injected
+            .iter()
+            .filter(|f| !f.note.is_empty())
+            .map(|f| format!("{} (slot {}): {}", f.kind, f.slot, f.note))
+            .collect();
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!("\n  notes: {}", notes.join("; "))
+        };
         write!(
             f,
-            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}\n  {}",
+            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}{}\n  {}",
             self.settings.lock,
             self.settings.register,
             if self.settings.fenced { "on" } else { "OFF" },
@@ -228,6 +282,7 @@ impl fmt::Display for Report {
             self.elapsed,
             self.settings.workers,
             faults.join(", "),
+            notes,
             self.verdict,
         )
     }
@@ -297,7 +352,7 @@ impl Workers {
                 };
                 let mut shared = shared.lock().unwrap_or_else(PoisonError::into_inner);
                 let phase = match event.what.as_str() {
-                    "BEGIN" => Some(Phase::Holding),
+                    "BEGIN" | "TAKE" => Some(Phase::Holding),
                     "READ" => Some(Phase::Working),
                     "SEND" | "RSTALE" | "RERR" => Some(Phase::Holding),
                     "LOST" | "END" => Some(Phase::Idle),
@@ -363,6 +418,40 @@ impl Workers {
         }
     }
 
+    /// The first event `what` printed by the process now in `slot` at or
+    /// after position `from` of the history, waiting up to `patience`.
+    fn await_event(
+        &self,
+        slot: usize,
+        what: &str,
+        from: usize,
+        patience: Duration,
+    ) -> Option<Event> {
+        let deadline = Instant::now() + patience;
+        loop {
+            let found = {
+                let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+                shared.events[from.min(shared.events.len())..]
+                    .iter()
+                    .find(|ev| ev.process == self.process_of[slot] && ev.what == what)
+                    .cloned()
+            };
+            if found.is_some() || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// How many events the workers have printed so far.
+    fn events_seen(&self) -> usize {
+        self.shared
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .events
+            .len()
+    }
+
     /// Waits for every worker to finish on its own (they stop at the
     /// deadline), then kills whatever is left.
     fn stop(&mut self, patience: Duration) {
@@ -397,6 +486,57 @@ impl Drop for ScratchDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// The PostgreSQL schema of a run's own token sequence, so that rewinding
+/// it disturbs no other test on the shared server. Dropped (CASCADE) on
+/// drop however the run ends; declared before the workers, so that they are
+/// dead (and cannot create it again) by then.
+struct RunSchema(String);
+
+impl Drop for RunSchema {
+    fn drop(&mut self) {
+        // A runtime of its own: this may run while unwinding, after the
+        // run's runtime is gone.
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async {
+            let Ok(Ok((client, connection))) = tokio::time::timeout(
+                Duration::from_secs(10),
+                tokio_postgres::connect(&pg_conn(), NoTls),
+            )
+            .await
+            else {
+                return;
+            };
+            tokio::spawn(connection);
+            let drop_schema = format!(
+                "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {} CASCADE",
+                self.0
+            );
+            let _ =
+                tokio::time::timeout(Duration::from_secs(15), client.batch_execute(&drop_schema))
+                    .await;
+        });
+    }
+}
+
+/// The Redis name of `key`'s fence counter (`dlock:{T}:fence`, `T` being
+/// the key with `%`, `{` and `}` percent-encoded: the keyspace in the
+/// module docs of `dlock_runtime::redis`).
+fn redis_fence_counter(key: &LockKey) -> String {
+    let mut tag = String::new();
+    for c in key.as_str().chars() {
+        match c {
+            '%' | '{' | '}' => tag.push_str(&format!("%{:02X}", c as u32)),
+            other => tag.push(other),
+        }
+    }
+    format!("dlock:{{{tag}}}:fence")
 }
 
 // ------------------------------------------------------------------ run --
@@ -477,11 +617,12 @@ pub fn run(settings: Settings) -> Report {
     let id = OwnerId::random().expect("random");
     let run_id = format!("dlock-fault-{id}");
     // The key the workers' `#[distributed_lock(key = "dlock-fault:{run}")]` builds.
-    let key = LockKey::builder()
-        .lit("dlock-fault:")
-        .value(&run_id)
-        .finish()
-        .expect("lock key");
+    let key = worker::lock_key(&run_id);
+    // PostgreSQL locks: the run's own token sequence, and a name on the
+    // workers' lock sessions that finds them all (and only them).
+    let pg_schema = format!("dlock_fault_{id}");
+    let pg_schema_guard = (settings.lock == Lock::Pg).then(|| RunSchema(pg_schema.clone()));
+    let pg_lock_sessions = format!("dlock-fault-lock-{id}");
 
     // The lock store.
     let mut redis_server: Option<RedisServer> = None;
@@ -504,7 +645,10 @@ pub fn run(settings: Settings) -> Report {
     let admin_pg = match settings.lock {
         Lock::Pg => Some(
             runtime
-                .block_on(PgBackend::connect(&pg_conn()))
+                .block_on(PgBackend::connect_with(
+                    &pg_conn(),
+                    PgOptions::new().schema(pg_schema.as_str()),
+                ))
                 .expect("PostgreSQL"),
         ),
         _ => None,
@@ -564,7 +708,7 @@ pub fn run(settings: Settings) -> Report {
                 (Lock::File, _) | (_, None) => scratch.0.join("locks").display().to_string(),
                 (Lock::Redis, Some(proxy)) => format!("redis://127.0.0.1:{}", proxy.port),
                 (Lock::Pg, Some(proxy)) => format!(
-                    "host=127.0.0.1 port={} {pg_rest} application_name=dlock-fault",
+                    "host=127.0.0.1 port={} {pg_rest} application_name={pg_lock_sessions}",
                     proxy.port
                 ),
             },
@@ -585,6 +729,8 @@ pub fn run(settings: Settings) -> Report {
             fenced: settings.fenced,
             deadline_us,
             seed: settings.seed,
+            pg_schema: pg_schema.clone(),
+            scratch: scratch.0.display().to_string(),
         })
         .collect();
     let mut workers = Workers {
@@ -609,88 +755,144 @@ pub fn run(settings: Settings) -> Report {
         if begun.elapsed() + planned.length > settings.duration {
             break;
         }
-        let target = workers.holder(Duration::from_secs(3));
+        // An abandon order goes to any worker (its acquisitions are the
+        // target, not its lease); every other fault waits for a holder.
+        let target = match planned.kind {
+            Fault::Abandon => None,
+            _ => workers.holder(Duration::from_secs(3)),
+        };
         let slot = target.unwrap_or(planned.fallback_slot);
         let on_holder = target.is_some();
-        match planned.kind {
+        let mut note = String::new();
+        let hit = match planned.kind {
             Fault::Pause => {
-                if workers.signal(slot, libc::SIGSTOP) {
-                    std::thread::sleep(planned.length);
-                    workers.signal(slot, libc::SIGCONT);
-                    injected.push(Injected {
-                        kind: Fault::Pause,
-                        slot,
-                        on_holder,
-                        length: planned.length,
-                    });
+                if !workers.signal(slot, libc::SIGSTOP) {
+                    continue;
                 }
+                std::thread::sleep(planned.length);
+                workers.signal(slot, libc::SIGCONT);
+                on_holder
             }
             Fault::Kill => {
                 workers.kill(slot);
                 std::thread::sleep(planned.length);
                 workers.spawn(slot);
-                injected.push(Injected {
-                    kind: Fault::Kill,
-                    slot,
-                    on_holder,
-                    length: planned.length,
-                });
+                on_holder
             }
-            Fault::Server => {
-                let broke = match settings.lock {
-                    Lock::Redis => {
-                        if let Some(server) = redis_server.as_mut() {
-                            server.kill();
-                            std::thread::sleep(planned.length);
-                            server.restart();
-                        }
-                        on_holder
+            Fault::Server => match settings.lock {
+                Lock::Redis => {
+                    if let Some(server) = redis_server.as_mut() {
+                        server.kill();
+                        std::thread::sleep(planned.length);
+                        server.restart();
                     }
-                    Lock::Pg => runtime.block_on(async {
-                        let Some(admin) = admin_pg.as_ref() else {
-                            return false;
-                        };
-                        let pids = admin.holder_pids(&key).await.unwrap_or_default();
-                        for pid in &pids {
-                            let _ = pg_admin
-                                .execute("SELECT pg_terminate_backend($1)", &[pid])
-                                .await;
-                        }
-                        !pids.is_empty()
-                    }),
-                    Lock::File => runtime
-                        .block_on(admin_file.force_release(&key))
-                        .unwrap_or(false),
-                };
-                injected.push(Injected {
-                    kind: Fault::Server,
-                    slot,
-                    on_holder: broke,
-                    length: planned.length,
-                });
-            }
+                    on_holder
+                }
+                Lock::Pg => runtime.block_on(async {
+                    let Some(admin) = admin_pg.as_ref() else {
+                        return false;
+                    };
+                    let pids = admin.holder_pids(&key).await.unwrap_or_default();
+                    for pid in &pids {
+                        let _ = pg_admin
+                            .execute("SELECT pg_terminate_backend($1)", &[pid])
+                            .await;
+                    }
+                    !pids.is_empty()
+                }),
+                Lock::File => runtime
+                    .block_on(admin_file.force_release(&key))
+                    .unwrap_or(false),
+            },
             Fault::Partition => {
                 let proxy = match settings.lock {
                     Lock::File => Some(&register_proxies[slot]),
                     Lock::Redis | Lock::Pg => lock_proxies[slot].as_ref(),
                 };
-                if let Some(proxy) = proxy {
-                    proxy.freeze();
-                    std::thread::sleep(planned.length);
-                    if planned.cut {
-                        proxy.cut();
-                    } else {
-                        proxy.thaw();
-                    }
-                    injected.push(Injected {
-                        kind: Fault::Partition,
-                        slot,
-                        on_holder,
-                        length: planned.length,
-                    });
+                let Some(proxy) = proxy else {
+                    continue;
+                };
+                proxy.freeze();
+                std::thread::sleep(planned.length);
+                if planned.cut {
+                    proxy.cut();
+                } else {
+                    proxy.thaw();
                 }
+                on_holder
             }
-        }
+            Fault::Abandon => {
+                let from = workers.events_seen();
+                order_abandon(&scratch.0, slot, &planned.give_up_after);
+                // The worker takes the order between two leases.
+                let report = workers.await_event(slot, "ABANDONED", from, Duration::from_secs(10));
+                let abandoned = report
+                    .as_ref()
+                    .and_then(|ev| ev.detail.split(' ').next()?.parse::<usize>().ok())
+                    .unwrap_or(0);
+                note = report.map_or_else(
+                    || "no report from the worker".to_owned(),
+                    |ev| format!("{} given up mid-flight", ev.detail),
+                );
+                abandoned >= 1
+            }
+            Fault::Rewind => {
+                let rewound = match settings.lock {
+                    Lock::Redis => redis_server.as_ref().is_some_and(|server| {
+                        let reply = server.cli(&["SET", &redis_fence_counter(&key), "1"]);
+                        note = format!("the key's fence counter set to 1: {reply}");
+                        reply == "OK"
+                    }),
+                    Lock::Pg => runtime.block_on(async {
+                        let sequence = format!("{pg_schema}.dlock_token_seq");
+                        if planned.recreate {
+                            // A DBA's drop and create, in one implicit
+                            // transaction: no acquisition sees it missing.
+                            let done = pg_admin
+                                .batch_execute(&format!(
+                                    "DROP SEQUENCE {sequence}; CREATE SEQUENCE {sequence} AS bigint"
+                                ))
+                                .await;
+                            note = match &done {
+                                Ok(()) => "sequence dropped and recreated".to_owned(),
+                                Err(err) => format!("dropping the sequence failed: {err}"),
+                            };
+                            done.is_ok()
+                        } else {
+                            let set = pg_admin
+                                .execute(&format!("SELECT setval('{sequence}', 1)"), &[])
+                                .await;
+                            // The failover: every session ends, and the
+                            // workers reconnect to the rewound server.
+                            let ended = pg_admin
+                                .query(
+                                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                                     WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                                    &[&pg_lock_sessions],
+                                )
+                                .await
+                                .map_or(0, |rows| rows.len());
+                            note = match &set {
+                                Ok(_) => format!(
+                                    "sequence set back to 1, {ended} sessions of the workers ended"
+                                ),
+                                Err(err) => format!("setting the sequence back failed: {err}"),
+                            };
+                            set.is_ok()
+                        }
+                    }),
+                    Lock::File => false,
+                };
+                rewound && on_holder
+            }
+        };
+        injected.push(Injected {
+            kind: planned.kind,
+            slot,
+            hit,
+            length: planned.length,
+            note,
+        });
     }
     let left = Duration::from_micros(deadline_us.saturating_sub(now_us()));
     std::thread::sleep(left);
@@ -767,6 +969,7 @@ pub fn run(settings: Settings) -> Report {
         println!("  violation: {violation}");
     }
     drop(workers);
+    drop(pg_schema_guard);
     drop(lock_proxies);
     drop(register_proxies);
     drop(redis_server);

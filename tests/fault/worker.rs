@@ -9,10 +9,17 @@
 //! | `SEND v` | the write of `v` is sent |
 //! | `OK` / `STALE h` / `WERR` | the write was accepted, refused, or its answer lost |
 //! | `LOST` | the lease's lost signal fired: belief ends |
-//! | `END` | the body is over: belief ends |
+//! | `END` | the body is over (or a `TAKE` lease released): belief ends |
+//! | `TAKE` | an acquisition of an abandon round completed in time: held, released at once, the register untouched |
+//! | `ABANDONED 0 n of m` | an abandon round is over: `n` of its `m` acquisitions were given up mid-flight |
 //!
 //! `on_lost = "finish"`: a holder that was paused past its ttl carries on
 //! and writes, as a real one would; only the fence can stop it.
+//!
+//! Between leases a worker looks for an abandon order, a file the driver
+//! writes into the run's scratch directory (see [`abandon_order`]): it then
+//! makes one acquisition per listed moment and gives up on each at that
+//! moment, as a caller whose own deadline ran out would.
 
 use std::io::Write as _;
 use std::sync::Arc;
@@ -24,7 +31,9 @@ use dlock::file::FileBackend;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::redis::RedisBackend;
-use dlock::{FencingToken, LockError, LostSignal, distributed_lock, registry};
+use dlock::{
+    FencingToken, LockError, LockKey, LockOptions, LostSignal, distributed_lock, registry,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::Mutex;
 use tokio::time::timeout;
@@ -36,6 +45,8 @@ use super::rng::Rng;
 pub const WORKER_ENV: &str = "DLOCK_FAULT_WORKER";
 /// The lock's ttl (the macro's `ttl`): the driver pauses past it.
 pub const TTL: Duration = Duration::from_secs(1);
+/// How long an acquisition waits for the held lock (the macro's `wait`).
+const WAIT: Duration = Duration::from_secs(3);
 /// How long one register operation may take before its answer counts as
 /// lost (the write's outcome is then settled by the checker).
 const OP_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -55,6 +66,10 @@ pub struct Config {
     pub fenced: bool,
     pub deadline_us: u64,
     pub seed: u64,
+    /// PostgreSQL locks: the schema of the token sequence, the run's own.
+    pub pg_schema: String,
+    /// The run's scratch directory, where the driver leaves abandon orders.
+    pub scratch: String,
 }
 
 impl Config {
@@ -69,6 +84,8 @@ impl Config {
             u8::from(self.fenced).to_string(),
             self.deadline_us.to_string(),
             self.seed.to_string(),
+            self.pg_schema.clone(),
+            self.scratch.clone(),
         ]
         .join("\u{1f}")
     }
@@ -85,6 +102,8 @@ impl Config {
             fenced,
             deadline,
             seed,
+            pg_schema,
+            scratch,
         ] = parts.as_slice()
         else {
             return None;
@@ -99,8 +118,78 @@ impl Config {
             fenced: *fenced == "1",
             deadline_us: deadline.parse().ok()?,
             seed: seed.parse().ok()?,
+            pg_schema: pg_schema.to_string(),
+            scratch: scratch.to_string(),
         })
     }
+}
+
+/// The key `#[distributed_lock(key = "dlock-fault:{run}")]` builds, for
+/// the driver and for acquisitions made without the macro.
+pub fn lock_key(run: &str) -> LockKey {
+    LockKey::builder()
+        .lit("dlock-fault:")
+        .value(&run)
+        .finish()
+        .expect("lock key")
+}
+
+/// Where the driver leaves an abandon order for the worker of `slot`.
+pub fn abandon_order(scratch: &std::path::Path, slot: usize) -> std::path::PathBuf {
+    scratch.join(format!("abandon-{slot}"))
+}
+
+/// Writes an abandon order: one acquisition per moment, given up on after
+/// it. Written aside and renamed into place, so the worker never reads half
+/// of one.
+pub fn order_abandon(scratch: &std::path::Path, slot: usize, give_up_after: &[Duration]) {
+    let text: Vec<String> = give_up_after
+        .iter()
+        .map(|d| d.as_micros().to_string())
+        .collect();
+    let order = abandon_order(scratch, slot);
+    let aside = order.with_extension("new");
+    std::fs::write(&aside, text.join(" ")).expect("write an abandon order");
+    std::fs::rename(&aside, &order).expect("place an abandon order");
+}
+
+/// Takes this worker's abandon order, if the driver left one.
+fn take_abandon_order(config: &Config) -> Option<Vec<Duration>> {
+    let order = abandon_order(std::path::Path::new(&config.scratch), config.slot);
+    let text = std::fs::read_to_string(&order).ok()?;
+    let _ = std::fs::remove_file(&order);
+    Some(
+        text.split_whitespace()
+            .filter_map(|us| us.parse().ok())
+            .map(Duration::from_micros)
+            .collect(),
+    )
+}
+
+/// One abandon round: an acquisition of the run's lock per moment, each
+/// given up on (its future dropped) when its moment comes. One that
+/// completes first is released at once, without touching the register.
+async fn abandon_round(run: &str, give_up_after: &[Duration]) {
+    let options = LockOptions::new(TTL).wait(WAIT).backend("fault");
+    let key = lock_key(run);
+    let mut abandoned = 0;
+    for &moment in give_up_after {
+        match timeout(moment, options.acquire(&key)).await {
+            Err(_) => abandoned += 1,
+            Ok(Ok(lease)) => {
+                let token = lease.token();
+                say(&format!("TAKE {token}"));
+                let _ = lease.release().await;
+                say(&format!("END {token}"));
+            }
+            Ok(Err(err)) if err.is_contention() => {}
+            Ok(Err(err)) => say(&format!("LERR 0 {}", one_line(&err.to_string()))),
+        }
+    }
+    say(&format!(
+        "ABANDONED 0 {abandoned} of {}",
+        give_up_after.len()
+    ));
 }
 
 fn say(line: &str) {
@@ -412,6 +501,7 @@ pub fn main(config: Config) {
                 "pg" => PgBackend::connect_with(
                     &config.lock_target,
                     PgOptions::new()
+                        .schema(config.pg_schema.as_str())
                         .sessions(1)
                         .wait_sessions(1)
                         .connect_timeout(Duration::from_secs(2))
@@ -445,6 +535,9 @@ pub fn main(config: Config) {
         };
         let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
         while now_us() < config.deadline_us {
+            if let Some(give_up_after) = take_abandon_order(&config) {
+                abandon_round(&config.run, &give_up_after).await;
+            }
             let work = Duration::from_millis(rng.range(30, 90));
             match increment(config.run.clone(), register.clone(), work).await {
                 Ok(()) => {}

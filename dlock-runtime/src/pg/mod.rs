@@ -33,15 +33,27 @@
 //!
 //! # Fencing tokens
 //!
-//! One statement takes the lock and, only if it was taken, draws the next
-//! value of the sequence `<schema>.dlock_token_seq`, so the token comes in
-//! the same round trip. A sequence never goes back (it is not
-//! transactional), issues tokens above every earlier one for every key, and
-//! needs no row per key. A new or recreated sequence is moved up to the
-//! server clock in microseconds, so tokens keep rising even after the
-//! sequence is dropped or restored from an old backup. The backend creates
-//! what it needs with `CREATE ... IF NOT EXISTS` when it is missing; a DBA
-//! can pre-create it instead:
+//! One statement takes the lock and, only if it was taken, draws the token,
+//! so the token comes in the same round trip: the next value of the
+//! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
+//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule. A
+//! sequence is not transactional and needs no row per key; the clock floor
+//! keeps tokens above every token handed out before when the sequence goes
+//! back: a DBA drops and recreates it or `setval`s it, a failover to an
+//! asynchronous replica or a point-in-time restore brings back an older
+//! copy. The statement moves a sequence that trails the clock by more than
+//! a second up to it (if the role has UPDATE on it), so it still floors
+//! tokens should the clock step back.
+//!
+//! Tokens of one key rise strictly as long as the server clock does not go
+//! backwards (and, after a failover, the new primary's clock is not behind
+//! the old one's by more than the failover took). Tokens of different keys
+//! may be equal: a token orders the holders of one key. The reasoning,
+//! races between sessions over the sequence included, is written next to
+//! the lock statement (`pg/sql.rs`).
+//!
+//! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
+//! it is missing; a DBA can pre-create it instead:
 //!
 //! ```sql
 //! CREATE SCHEMA IF NOT EXISTS dlock;
@@ -669,8 +681,9 @@ impl Inner {
         Ok(session)
     }
 
-    /// Creates the schema and the token sequence when missing, checks the
-    /// privileges on them, and moves the sequence up to the clock.
+    /// Creates the schema and the token sequence when missing and checks the
+    /// privileges on them. (The lock statements floor tokens by the clock
+    /// and move the sequence up to it themselves.)
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
         let inspect = |row: tokio_postgres::Row| -> Result<Inspection, tokio_postgres::Error> {
@@ -735,13 +748,6 @@ impl Inner {
                 sql::ddl_for_dba(&self.quoted_schema, &found.role),
                 s = self.quoted_schema,
             )));
-        }
-        // Best effort: needs UPDATE on the sequence, which a DBA may withhold.
-        let seeded = client
-            .query_opt(&sql::render(sql::SEED_SEQUENCE, &self.quoted_schema), &[])
-            .await;
-        if let Err(err) = seeded {
-            tracing::debug!(error = %err, "could not move the token sequence up to the clock");
         }
         Ok(())
     }

@@ -24,10 +24,15 @@ use crate::token::FencingToken;
 /// as long as the transaction, so keep the transaction short and do the
 /// protected work inside it. The key maps to the same advisory key as
 /// [`PgBackend`](super::PgBackend) locks (same schema and key seed), so
-/// both kinds exclude each other, and the fencing token comes from the same
-/// sequence, so tokens rise across both. A token is drawn from a sequence,
-/// which is not transactional: a token handed out is never handed out again,
-/// even if the transaction rolls back.
+/// both kinds exclude each other, and the fencing token is drawn by the
+/// same rule from the same sequence — `greatest(nextval, server clock in
+/// µs)`, see the [module docs](super#fencing-tokens) — so the tokens of a
+/// key rise across both, and keep rising when the sequence is dropped and
+/// recreated or set back. The sequence is not transactional: a token handed
+/// out is never handed out again, even if the transaction rolls back.
+///
+/// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
+/// creates it (a DBA may pre-create it instead).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

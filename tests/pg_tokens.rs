@@ -1,0 +1,414 @@
+//! Fencing tokens of `PgBackend` and `TransactionLock` when the token
+//! sequence is tampered with while services run — dropped and recreated,
+//! set back, raced over. Each test works in a schema of its
+//! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
+//! again at the end, so the tests run in parallel and repeatedly.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+use support::within;
+
+use dlock::backend::OwnerId;
+use dlock::fence::pg::PgFence;
+use dlock::pg::tokio_postgres::{self, NoTls};
+use dlock::pg::{PgBackend, PgOptions, TransactionLock};
+use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
+
+fn conn() -> String {
+    std::env::var("DLOCK_PG_URL")
+        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
+}
+
+/// A plain client, as a DBA or an application would use.
+async fn client() -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&conn(), NoTls)
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL");
+    tokio::spawn(connection);
+    client
+}
+
+fn random_id() -> String {
+    OwnerId::random().expect("random bytes").to_string()[..12].to_owned()
+}
+
+fn fresh_key(label: &str) -> LockKey {
+    LockKey::new(format!("dlock-test:{label}:{}", random_id())).expect("valid key")
+}
+
+/// A schema of the test's own, dropped with everything in it when the
+/// test ends, even if it panicked.
+struct Scratch {
+    schema: String,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        Self {
+            schema: format!("dlock_tok_{}", random_id()),
+        }
+    }
+
+    /// The token sequence, as SQL names it.
+    fn seq(&self) -> String {
+        format!("{}.dlock_token_seq", self.schema)
+    }
+
+    fn options(&self) -> PgOptions {
+        PgOptions::new().schema(&self.schema)
+    }
+
+    fn xact(&self) -> TransactionLock {
+        TransactionLock::new().schema(&self.schema)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE;", self.schema);
+        // A runtime of its own on a thread of its own: this may run while
+        // the test's runtime is unwinding.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&conn(), NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&sql).await.ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// Takes `key` and gives it back at once: the token the holder had.
+async fn hold_once(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+        .acquire_on(Arc::clone(backend), key)
+        .await
+        .expect("the key is free");
+    let token = lease.token();
+    lease.release().await.expect("release");
+    token
+}
+
+/// Takes `key` in a transaction of its own (waiting or not), commits, and
+/// returns the token.
+async fn hold_in_transaction(
+    client: &mut tokio_postgres::Client,
+    lock: &TransactionLock,
+    key: &LockKey,
+    wait: bool,
+) -> Result<FencingToken, LockError> {
+    let lock = if wait {
+        lock.clone().wait(Duration::from_secs(5))
+    } else {
+        lock.clone()
+    };
+    let mut tx = client.transaction().await.expect("begin");
+    let token = lock.acquire(&mut tx, key).await;
+    tx.commit().await.expect("commit");
+    token
+}
+
+/// A write to `resource` fenced with `token`, committed if the fence
+/// accepts it, rolled back if not.
+async fn fenced_write(
+    client: &mut tokio_postgres::Client,
+    fence: &PgFence,
+    resource: &str,
+    token: FencingToken,
+) -> Result<(), LockError> {
+    let tx = client.transaction().await.expect("begin");
+    let accepted = fence.accept(&tx, resource, token).await;
+    if accepted.is_ok() {
+        tx.commit().await.expect("commit");
+    } else {
+        tx.rollback().await.expect("rollback");
+    }
+    accepted
+}
+
+/// Ends the backend's lock sessions, as `pg_terminate_backend` from a DBA
+/// or a failover would, and waits until they are gone.
+async fn terminate_lock_sessions(admin: &tokio_postgres::Client, backend: &PgBackend) -> Vec<i32> {
+    let pids = backend.session_pids().await;
+    assert!(!pids.is_empty(), "the backend has lock sessions");
+    admin
+        .query(
+            "SELECT pg_terminate_backend(pid, 5000) FROM unnest($1::int[]) AS pid",
+            &[&pids],
+        )
+        .await
+        .expect("terminate");
+    pids
+}
+
+/// The next holder of `key` once the backend has replaced its ended
+/// sessions (the first attempts may still meet a session ending).
+async fn hold_once_reconnected(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
+    within(20, "an acquisition after the sessions ended", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(5))
+                .acquire_on(Arc::clone(backend), key)
+                .await
+            {
+                Ok(lease) => {
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    return token;
+                }
+                Err(err) => {
+                    eprintln!("not yet: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_dropped_and_recreated_while_connected_still_gives_the_next_holder_a_higher_token()
+ {
+    let scratch = Scratch::new();
+    let mut admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(2))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg);
+    let key = fresh_key("recreated");
+    let fence = PgFence::new().schema(&scratch.schema);
+    fence.create_table(&admin).await.expect("fence table");
+    let resource = key.to_string();
+
+    // Holders on both lock sessions, so both have the lock statement
+    // prepared against the old sequence.
+    let mut highest = FencingToken::new(0);
+    for _ in 0..4 {
+        highest = highest.max(hold_once(&backend, &key).await);
+    }
+    // The last holder before the DBA's change writes under its token; it
+    // will come back later, paused past its lease.
+    let stale = hold_once(&backend, &key).await;
+    assert!(stale > highest);
+    fenced_write(&mut admin, &fence, &resource, stale)
+        .await
+        .expect("the holder's write");
+
+    admin
+        .batch_execute(&format!(
+            "DROP SEQUENCE {seq}; CREATE SEQUENCE {seq} AS bigint;",
+            seq = scratch.seq()
+        ))
+        .await
+        .expect("drop and recreate");
+
+    let mut previous = stale;
+    for round in 0..4 {
+        let token = hold_once(&backend, &key).await;
+        assert!(
+            token > previous,
+            "holder {round} after the sequence was recreated got {token}, not above {previous}"
+        );
+        previous = token;
+    }
+    // The current holder's write is accepted, the stale holder's refused.
+    fenced_write(&mut admin, &fence, &resource, previous)
+        .await
+        .expect("the current holder's write");
+    let refused = fenced_write(&mut admin, &fence, &resource, stale).await;
+    assert!(
+        matches!(refused, Err(LockError::StaleToken { .. })),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_back_while_the_lock_sessions_reconnect_still_gives_rising_tokens() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(2))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let key = fresh_key("set-back");
+    let mut highest = FencingToken::new(0);
+    for _ in 0..4 {
+        highest = highest.max(hold_once(&backend, &key).await);
+    }
+
+    // A failover to a replica that missed the latest WAL, or a restore:
+    // the sequence is back where it started, and the sessions reconnect.
+    admin
+        .query_one(&format!("SELECT setval('{}', 1)", scratch.seq()), &[])
+        .await
+        .expect("setval");
+    let ended = terminate_lock_sessions(&admin, &pg).await;
+
+    let mut previous = highest;
+    for round in 0..4 {
+        let token = hold_once_reconnected(&backend, &key).await;
+        assert!(
+            token > previous,
+            "holder {round} after the sequence went back got {token}, not above {previous}"
+        );
+        previous = token;
+    }
+    let now = pg.session_pids().await;
+    assert!(
+        now.iter().all(|pid| !ended.contains(pid)),
+        "the lock sessions were replaced: {ended:?} -> {now:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get_higher_tokens() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let _creates_the_sequence = PgBackend::connect_with(&conn(), scratch.options())
+        .await
+        .expect("connect");
+    let mut app = client().await;
+    let lock = scratch.xact();
+    let key = fresh_key("xact-recreated");
+    let mut highest = FencingToken::new(0);
+    for wait in [false, true, false, true] {
+        let token = hold_in_transaction(&mut app, &lock, &key, wait)
+            .await
+            .expect("free");
+        highest = highest.max(token);
+    }
+
+    admin
+        .batch_execute(&format!(
+            "DROP SEQUENCE {seq}; CREATE SEQUENCE {seq} AS bigint;",
+            seq = scratch.seq()
+        ))
+        .await
+        .expect("drop and recreate");
+
+    let mut previous = highest;
+    for wait in [false, true, false, true] {
+        let token = hold_in_transaction(&mut app, &lock, &key, wait)
+            .await
+            .expect("free");
+        assert!(
+            token > previous,
+            "a transaction lock (wait: {wait}) after the sequence was recreated got {token}, \
+             not above {previous}"
+        );
+        previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_after_the_sequence_is_set_back_still_get_higher_tokens() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let _creates_the_sequence = PgBackend::connect_with(&conn(), scratch.options())
+        .await
+        .expect("connect");
+    let mut app = client().await;
+    let lock = scratch.xact();
+    let key = fresh_key("xact-set-back");
+    let mut highest = FencingToken::new(0);
+    for wait in [false, true, false, true] {
+        let token = hold_in_transaction(&mut app, &lock, &key, wait)
+            .await
+            .expect("free");
+        highest = highest.max(token);
+    }
+
+    admin
+        .query_one(&format!("SELECT setval('{}', 1)", scratch.seq()), &[])
+        .await
+        .expect("setval");
+    // The application reconnects too (a failover ends every connection).
+    let mut app = client().await;
+
+    let mut previous = highest;
+    for wait in [false, true, false, true] {
+        let token = hold_in_transaction(&mut app, &lock, &key, wait)
+            .await
+            .expect("free");
+        assert!(
+            token > previous,
+            "a transaction lock (wait: {wait}) after the sequence went back got {token}, \
+             not above {previous}"
+        );
+        previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_of_each_key_rise_while_sessions_race_to_move_the_sequence_up() {
+    // Someone keeps setting the sequence back while session and
+    // transaction locks on many keys draw tokens: lock statements on
+    // different sessions move the sequence up at the same moments, each
+    // with its own clock reading, and unconditional `setval`s can move it
+    // down. Tokens of each key must still rise.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(4))
+            .await
+            .expect("connect"),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let setting_back = {
+        let (stop, seq) = (Arc::clone(&stop), scratch.seq());
+        tokio::spawn(async move {
+            let mut times = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                admin
+                    .query_one(&format!("SELECT setval('{seq}', 1)"), &[])
+                    .await
+                    .expect("setval");
+                times += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            times
+        })
+    };
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let key = fresh_key(&format!("race-{i}"));
+        let backend = Arc::clone(&backend);
+        let lock = scratch.xact();
+        tasks.push(tokio::spawn(async move {
+            let mut app = client().await;
+            let mut previous = FencingToken::new(0);
+            for round in 0..60 {
+                // Session and transaction locks take turns on the key.
+                let token = if (i + round) % 3 == 0 {
+                    hold_in_transaction(&mut app, &lock, &key, round % 2 == 0)
+                        .await
+                        .expect("free")
+                } else {
+                    hold_once(&backend, &key).await
+                };
+                assert!(
+                    token > previous,
+                    "key {i}, round {round}: {token} after {previous}"
+                );
+                previous = token;
+            }
+        }));
+    }
+    within(120, "the racing acquirers", async {
+        for task in tasks {
+            task.await.expect("tokens of the key rose");
+        }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let times = setting_back.await.expect("setter");
+    assert!(times > 0, "the sequence was set back while they ran");
+}

@@ -1,6 +1,6 @@
 //! Fencing tokens of `PgBackend` and `TransactionLock` when the token
 //! sequence is tampered with while services run — dropped and recreated,
-//! set back, raced over. Each test works in a schema of its
+//! set back, dropped for good, raced over. Each test works in a schema of its
 //! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
 //! again at the end, so the tests run in parallel and repeatedly.
 
@@ -38,16 +38,18 @@ fn fresh_key(label: &str) -> LockKey {
     LockKey::new(format!("dlock-test:{label}:{}", random_id())).expect("valid key")
 }
 
-/// A schema of the test's own, dropped with everything in it when the
-/// test ends, even if it panicked.
+/// A schema of the test's own (and, if asked for, a login role), dropped
+/// with everything in it when the test ends, even if it panicked.
 struct Scratch {
     schema: String,
+    role: Option<String>,
 }
 
 impl Scratch {
     fn new() -> Self {
         Self {
             schema: format!("dlock_tok_{}", random_id()),
+            role: None,
         }
     }
 
@@ -63,11 +65,37 @@ impl Scratch {
     fn xact(&self) -> TransactionLock {
         TransactionLock::new().schema(&self.schema)
     }
+
+    /// A role that may only use the schema and the sequence (USAGE on
+    /// both: no CREATE, no UPDATE), and a connection string for it.
+    async fn usage_only_role(&mut self, admin: &tokio_postgres::Client) -> String {
+        let role = format!("dlock_tok_role_{}", random_id());
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN; \
+                 CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
+                 GRANT USAGE ON SCHEMA {s} TO {role}; \
+                 GRANT USAGE ON SEQUENCE {s}.dlock_token_seq TO {role};",
+                s = self.schema
+            ))
+            .await
+            .expect("role and objects");
+        self.role = Some(role.clone());
+        let config: tokio_postgres::Config = conn().parse().expect("config");
+        format!(
+            "host=127.0.0.1 port={} user={role} dbname={}",
+            config.get_ports().first().copied().unwrap_or(5432),
+            config.get_dbname().unwrap_or("test"),
+        )
+    }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE;", self.schema);
+        let mut sql = format!("DROP SCHEMA IF EXISTS {} CASCADE;", self.schema);
+        if let Some(role) = &self.role {
+            sql.push_str(&format!(" DROP ROLE IF EXISTS {role};"));
+        }
         // A runtime of its own on a thread of its own: this may run while
         // the test's runtime is unwinding.
         let _ = std::thread::spawn(move || {
@@ -344,6 +372,183 @@ async fn transaction_locks_after_the_sequence_is_set_back_still_get_higher_token
              not above {previous}"
         );
         previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_dropped_for_good_is_recreated_by_the_backend_and_tokens_keep_rising() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(2))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let key = fresh_key("dropped");
+    let mut highest = FencingToken::new(0);
+    for _ in 0..4 {
+        highest = highest.max(hold_once(&backend, &key).await);
+    }
+
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop");
+
+    // Several acquirers meet the missing sequence at once.
+    let tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let backend = Arc::clone(&backend);
+            tokio::spawn(async move {
+                let other = fresh_key(&format!("dropped-{i}"));
+                within(20, "an acquisition meeting a dropped sequence", async {
+                    hold_once(&backend, &other).await
+                })
+                .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert!(task.await.expect("task") > highest);
+    }
+    let mut previous = highest;
+    for round in 0..4 {
+        let token = hold_once(&backend, &key).await;
+        assert!(
+            token > previous,
+            "holder {round} after the sequence was dropped got {token}, not above {previous}"
+        );
+        previous = token;
+    }
+    let exists: bool = admin
+        .query_one(
+            "SELECT to_regclass($1::text) IS NOT NULL",
+            &[&scratch.seq()],
+        )
+        .await
+        .expect("look")
+        .get(0);
+    assert!(exists, "the backend recreated the sequence");
+
+    // Dropped again, and the lock sessions end before any lock statement
+    // meets the gap: the sessions that replace them recreate it.
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop");
+    terminate_lock_sessions(&admin, &pg).await;
+    for round in 0..4 {
+        let token = hold_once_reconnected(&backend, &key).await;
+        assert!(
+            token > previous,
+            "holder {round} after the sequence was dropped and the sessions ended got {token}, \
+             not above {previous}"
+        );
+        previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_dropped_for_good_that_the_role_may_not_recreate_is_an_error_naming_it_and_the_fix()
+ {
+    let mut scratch = Scratch::new();
+    let admin = client().await;
+    let role_conn = scratch.usage_only_role(&admin).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&role_conn, scratch.options())
+            .await
+            .expect("a USAGE-only role connects"),
+    );
+    let key = fresh_key("dropped-no-create");
+    // USAGE alone draws tokens: without UPDATE the sequence is not moved
+    // up, and the clock floors them.
+    let first = hold_once(&backend, &key).await;
+    assert!(hold_once(&backend, &key).await > first);
+
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop");
+    let err = within(
+        20,
+        "an acquisition meeting a dropped sequence",
+        LockOptions::new(Duration::from_secs(30)).acquire_on(Arc::clone(&backend), &key),
+    )
+    .await
+    .expect_err("the sequence is gone and the role may not create it");
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(
+        text.contains(&format!(
+            "the token sequence \"{}\".dlock_token_seq is missing",
+            scratch.schema
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "CREATE SEQUENCE IF NOT EXISTS \"{}\".dlock_token_seq",
+            scratch.schema
+        )),
+        "{text}"
+    );
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the cause is kept"
+    );
+
+    // Once a DBA has run what the error named, locking works again.
+    admin
+        .batch_execute(&format!(
+            "CREATE SEQUENCE {seq} AS bigint; GRANT USAGE ON SEQUENCE {seq} TO {role};",
+            seq = scratch.seq(),
+            role = scratch.role.as_deref().unwrap_or_default()
+        ))
+        .await
+        .expect("recreate");
+    assert!(hold_once(&backend, &key).await > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_on_a_dropped_sequence_is_an_error_naming_it_and_the_fix() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let _creates_the_sequence = PgBackend::connect_with(&conn(), scratch.options())
+        .await
+        .expect("connect");
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop");
+    let mut app = client().await;
+    for wait in [false, true] {
+        let lock = if wait {
+            scratch.xact().wait(Duration::from_secs(5))
+        } else {
+            scratch.xact()
+        };
+        let mut tx = app.transaction().await.expect("begin");
+        let err = lock
+            .acquire(&mut tx, fresh_key("xact-dropped"))
+            .await
+            .expect_err("no sequence");
+        tx.rollback().await.expect("rollback");
+        let text = err.to_string();
+        eprintln!("{text}");
+        assert!(
+            text.contains(&format!(
+                "the token sequence \"{}\".dlock_token_seq is missing",
+                scratch.schema
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "CREATE SEQUENCE IF NOT EXISTS \"{}\".dlock_token_seq",
+                scratch.schema
+            )),
+            "{text}"
+        );
     }
 }
 

@@ -53,7 +53,8 @@
 //! the lock statement (`pg/sql.rs`).
 //!
 //! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
-//! it is missing; a DBA can pre-create it instead:
+//! it is missing — at connect, when a lock session opens, and when a lock
+//! statement finds the sequence dropped — and a DBA can pre-create it:
 //!
 //! ```sql
 //! CREATE SCHEMA IF NOT EXISTS dlock;
@@ -112,7 +113,7 @@ pub mod protocol {
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -351,7 +352,10 @@ struct Inner {
     slots: Vec<SessionSlot>,
     next_slot: AtomicUsize,
     next_session_id: AtomicU64,
-    objects_ready: AtomicBool,
+    /// One repair of the schema objects at a time (see `restore_objects`),
+    /// with why the last one failed, and how many were tried.
+    restoring: AsyncMutex<Option<String>>,
+    restorations: AtomicU64,
     keys: Mutex<HashMap<LockKey, Entry>>,
     expiries: Arc<Expiries>,
     waits: Waits,
@@ -490,7 +494,8 @@ impl PgBackend {
                 .collect(),
             next_slot: AtomicUsize::new(0),
             next_session_id: AtomicU64::new(0),
-            objects_ready: AtomicBool::new(false),
+            restoring: AsyncMutex::new(None),
+            restorations: AtomicU64::new(0),
             keys: Mutex::default(),
             expiries: Arc::default(),
             waits,
@@ -637,10 +642,9 @@ impl Inner {
                 }
             })
             .await?;
-        if !self.objects_ready.load(Ordering::Acquire) {
-            self.ensure_objects(&mut client).await?;
-            self.objects_ready.store(true, Ordering::Release);
-        }
+        // Every session, not only the first: a DBA may have dropped the
+        // token sequence since. One catalog query when all is well.
+        self.ensure_objects(&mut client).await?;
         let setup = async {
             let pid: i32 = client
                 .query_one("SELECT pg_backend_pid()", &[])
@@ -686,29 +690,20 @@ impl Inner {
     /// and move the sequence up to it themselves.)
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
-        let inspect = |row: tokio_postgres::Row| -> Result<Inspection, tokio_postgres::Error> {
-            Ok(Inspection {
-                schema_exists: row.try_get(0)?,
-                sequence_exists: row.try_get(1)?,
-                schema_usable: row.try_get(2)?,
-                sequence_usable: row.try_get(3)?,
-                role: row.try_get(4)?,
-            })
-        };
         let inspect_sql = sql::INSPECT_OBJECTS;
+        let inspect_failed = |e| Failure::new("cannot inspect the schema objects", e);
         let row = client
             .query_one(inspect_sql, &[&schema])
             .await
-            .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
-        let mut found =
-            inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+            .map_err(inspect_failed)?;
+        let mut found = Inspection::from_row(&row).map_err(inspect_failed)?;
         if !found.schema_exists || !found.sequence_exists {
             let created = async {
                 let tx = client.transaction().await?;
                 tx.query_one(sql::SETUP_LOCK, &[]).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.
-                let again = inspect(tx.query_one(inspect_sql, &[&schema]).await?)?;
+                let again = Inspection::from_row(&tx.query_one(inspect_sql, &[&schema]).await?)?;
                 if !again.schema_exists {
                     tx.batch_execute(&sql::render(sql::CREATE_SCHEMA, &self.quoted_schema))
                         .await?;
@@ -736,9 +731,8 @@ impl Inner {
             let row = client
                 .query_one(inspect_sql, &[&schema])
                 .await
-                .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
-            found =
-                inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+                .map_err(inspect_failed)?;
+            found = Inspection::from_row(&row).map_err(inspect_failed)?;
         }
         if !found.schema_usable || !found.sequence_usable {
             return Err(Failure::msg(format!(
@@ -750,6 +744,53 @@ impl Inner {
             )));
         }
         Ok(())
+    }
+
+    /// Recreates what a lock statement found missing — a DBA dropped the
+    /// token sequence, or its schema, while the service runs — so locking
+    /// goes on instead of failing until someone notices. Safe because every
+    /// token is floored by the clock: a fresh sequence cannot hand out a
+    /// token at or below an earlier one. A role that may not create it gets
+    /// the error naming the DDL for a DBA.
+    ///
+    /// On a connection of its own: creating needs a transaction, and a lock
+    /// session carries other leases' statements. Acquisitions that failed
+    /// together try once, and share the outcome.
+    async fn restore_objects(&self) -> Result<(), Failure> {
+        let seen = self.restorations.load(Ordering::Acquire);
+        let mut last_failure = self.restoring.lock().await;
+        if self.restorations.load(Ordering::Acquire) != seen {
+            // Tried while this caller waited: its outcome is this caller's.
+            return match &*last_failure {
+                None => Ok(()),
+                Some(why) => Err(Failure::msg(why.clone())),
+            };
+        }
+        let restored = async {
+            // Dropping `close` closes the connection.
+            let (close, closed) = oneshot::channel();
+            let mut client = self.connector.open(closed, |_| {}).await?;
+            let ensured = self.ensure_objects(&mut client).await;
+            drop(close);
+            ensured
+        }
+        .await
+        .map_err(|e| {
+            e.context(format!(
+                "the token sequence {}.dlock_token_seq is missing (dropped while the service runs?)",
+                self.quoted_schema
+            ))
+        });
+        *last_failure = restored.as_ref().err().map(ToString::to_string);
+        self.restorations.fetch_add(1, Ordering::AcqRel);
+        if restored.is_ok() {
+            tracing::warn!(
+                schema = self.quoted_schema,
+                "a lock statement found the token sequence missing; it exists again \
+                 (tokens stay above the clock)"
+            );
+        }
+        restored
     }
 
     /// A lock session ended: its locks are gone on the server, so this
@@ -795,6 +836,7 @@ impl Inner {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
         let mut retried = false;
+        let mut restored = false;
         loop {
             let session = self.session().await?;
             let err = match session.client.query_one(&session.try_lock, &params).await {
@@ -820,6 +862,15 @@ impl Inner {
                     .is_err()
             {
                 session.end(format!("could not undo a failed lock of `{key}`"));
+            }
+            // Found before anything ran (a prepared statement is re-planned
+            // when the sequence is dropped), so nothing was drawn yet.
+            if sql::sequence_missing(&err) && !restored {
+                restored = true;
+                Box::pin(self.restore_objects())
+                    .await
+                    .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+                continue;
             }
             return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
         }
@@ -987,6 +1038,19 @@ struct Inspection {
     schema_usable: bool,
     sequence_usable: bool,
     role: String,
+}
+
+impl Inspection {
+    /// Reads a row of [`sql::INSPECT_OBJECTS`].
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            schema_exists: row.try_get(0)?,
+            sequence_exists: row.try_get(1)?,
+            schema_usable: row.try_get(2)?,
+            sequence_usable: row.try_get(3)?,
+            role: row.try_get(4)?,
+        })
+    }
 }
 
 /// The session `owner`'s live lease on `key` is held on, if there is one.

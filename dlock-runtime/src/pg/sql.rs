@@ -216,6 +216,16 @@ FROM (SELECT current_setting('lock_timeout') AS prev OFFSET 0) AS s";
 pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
     "SELECT set_config('lock_timeout', $1::text, true)";
 
+/// True when a statement failed because the token sequence (or its schema)
+/// does not exist: a DBA dropped it after the backend connected. The lock
+/// statements name it, so a prepared one fails when it is re-planned.
+pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME
+    })
+}
+
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement.replace("{schema}", quoted_schema)

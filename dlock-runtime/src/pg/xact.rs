@@ -135,7 +135,7 @@ impl TransactionLock {
             let row = tx
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
-                .map_err(|e| fail("transaction lock failed", e))?;
+                .map_err(|e| fail(&lock_failed(&e, &quoted), e))?;
             let token: Option<i64> = row
                 .try_get(0)
                 .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
@@ -189,10 +189,26 @@ impl TransactionLock {
                         waited: started.elapsed(),
                     })
                 } else {
-                    Err(fail("transaction lock failed", err))
+                    Err(fail(&lock_failed(&err, &quoted), err))
                 }
             }
         }
+    }
+}
+
+/// What to say when a lock statement failed: with the fix when the token
+/// sequence is missing (which aborts the caller's transaction; it is not
+/// recreated there, where the caller's ROLLBACK would undo it).
+fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
+    if sql::sequence_missing(err) {
+        format!(
+            "transaction lock failed: the token sequence {s}.dlock_token_seq is missing; \
+             PgBackend::connect with this schema recreates it, or have a DBA run: \
+             CREATE SCHEMA IF NOT EXISTS {s}; CREATE SEQUENCE IF NOT EXISTS {s}.dlock_token_seq AS bigint",
+            s = quoted_schema
+        )
+    } else {
+        "transaction lock failed".to_owned()
     }
 }
 

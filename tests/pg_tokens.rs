@@ -1,6 +1,7 @@
 //! Fencing tokens of `PgBackend` and `TransactionLock` when the token
 //! sequence is tampered with while services run — dropped and recreated,
-//! set back, dropped for good, raced over. Each test works in a schema of its
+//! set back, dropped for good, raced over — and pre-created sequences whose
+//! settings cannot give rising tokens. Each test works in a schema of its
 //! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
 //! again at the end, so the tests run in parallel and repeatedly.
 
@@ -550,6 +551,165 @@ async fn a_transaction_lock_on_a_dropped_sequence_is_an_error_naming_it_and_the_
             "{text}"
         );
     }
+}
+
+/// Pre-creates the sequence with `options`, checks that connecting refuses
+/// it with a message naming each of `problems` and an `ALTER SEQUENCE`, runs
+/// that statement, and checks that the fixed sequence is accepted and
+/// hands out tokens.
+async fn refused_with_a_fix_that_works(options: &str, problems: &[&str]) {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {}; CREATE SEQUENCE {} {options};",
+            scratch.schema,
+            scratch.seq()
+        ))
+        .await
+        .expect("pre-create");
+    let err = PgBackend::connect_with(&conn(), scratch.options())
+        .await
+        .expect_err("a sequence that cannot give rising tokens is refused");
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(
+        matches!(
+            err,
+            LockError::Backend {
+                operation: dlock::error::Operation::Connect,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    for problem in problems {
+        assert!(text.contains(problem), "{problem:?} is not named: {text}");
+    }
+    let fix = text
+        .find("ALTER SEQUENCE")
+        .map(|at| &text[at..])
+        .unwrap_or_else(|| panic!("no ALTER SEQUENCE in: {text}"));
+    admin.batch_execute(fix).await.expect("the fix runs");
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options())
+            .await
+            .expect("the fixed sequence is accepted"),
+    );
+    let key = fresh_key("fixed");
+    let first = hold_once(&backend, &key).await;
+    assert!(hold_once(&backend, &key).await > first);
+}
+
+#[tokio::test]
+async fn a_pre_created_sequence_with_cache_20_is_refused_with_the_alter_that_fixes_it() {
+    refused_with_a_fix_that_works("AS bigint CACHE 20", &["CACHE 20"]).await;
+}
+
+#[tokio::test]
+async fn a_pre_created_cycling_sequence_is_refused_with_the_alter_that_fixes_it() {
+    refused_with_a_fix_that_works("AS bigint CYCLE", &["CYCLE"]).await;
+}
+
+#[tokio::test]
+async fn a_pre_created_falling_sequence_is_refused_with_the_alter_that_fixes_it() {
+    refused_with_a_fix_that_works("AS bigint INCREMENT BY -1", &["INCREMENT BY -1"]).await;
+}
+
+#[tokio::test]
+async fn a_pre_created_integer_sequence_is_refused_with_the_alter_that_fixes_it() {
+    refused_with_a_fix_that_works("AS integer", &["MAXVALUE 2147483647 (AS integer)"]).await;
+}
+
+#[tokio::test]
+async fn a_pre_created_sequence_without_a_century_of_room_above_the_clock_is_refused() {
+    // Above today's clock in microseconds (about 1.8e15), below it plus a
+    // century (about 3.2e15 more).
+    refused_with_a_fix_that_works(
+        "AS bigint MAXVALUE 4000000000000000",
+        &["MAXVALUE 4000000000000000", "less than a century"],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pre_created_sequence_with_every_fault_is_refused_with_one_alter_for_all() {
+    refused_with_a_fix_that_works(
+        "AS smallint INCREMENT BY -5 CACHE 3 CYCLE",
+        &["INCREMENT BY -5", "AS smallint", "CYCLE", "CACHE 3"],
+    )
+    .await;
+}
+
+/// Not a regression test (today's code accepts it too): guards against
+/// refusing a sequence a DBA set up well, with other settings than dlock's.
+#[tokio::test]
+async fn a_good_pre_created_sequence_is_accepted() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {}; \
+             CREATE SEQUENCE {} AS bigint INCREMENT BY 3 START WITH 1000 CACHE 1 NO CYCLE;",
+            scratch.schema,
+            scratch.seq()
+        ))
+        .await
+        .expect("pre-create");
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options())
+            .await
+            .expect("accepted"),
+    );
+    let key = fresh_key("good");
+    let first = hold_once(&backend, &key).await;
+    assert!(hold_once(&backend, &key).await > first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_altered_to_cache_20_while_running_is_refused_when_a_lock_session_reopens() {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let key = fresh_key("altered");
+    let first = hold_once(&backend, &key).await;
+
+    admin
+        .batch_execute(&format!("ALTER SEQUENCE {} CACHE 20", scratch.seq()))
+        .await
+        .expect("alter");
+    terminate_lock_sessions(&admin, &pg).await;
+    let err = within(20, "an acquisition on a reopened session", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(30))
+                .acquire_on(Arc::clone(&backend), &key)
+                .await
+            {
+                Err(err) if err.to_string().contains("cannot give rising") => break err,
+                Err(err) => eprintln!("not yet: {err}"),
+                Ok(lease) => {
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    panic!("a session opened on a CACHE 20 sequence (token {token})");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(text.contains("CACHE 20"), "{text}");
+    assert!(text.contains("CACHE 1;"), "{text}");
+
+    admin
+        .batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("fix");
+    assert!(hold_once(&backend, &key).await > first);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

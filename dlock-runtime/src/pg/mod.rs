@@ -63,6 +63,15 @@
 //! GRANT USAGE, UPDATE ON SEQUENCE dlock.dlock_token_seq TO app_role;
 //! ```
 //!
+//! A sequence that cannot give rising tokens — `CACHE` above 1 (each session
+//! hands out numbers from a block of its own), `CYCLE`, an increment below
+//! 1, or a maximum without a century of room above the clock in
+//! microseconds (`AS integer`) — is refused when a lock session opens, with
+//! the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
+//! whenever one ended, so an `ALTER` made while services run is caught
+//! there; reading the settings on every acquisition would cost a catalog
+//! lookup each time.
+//!
 //! # Time to live
 //!
 //! A session lock does not expire while its connection lives, so the
@@ -97,6 +106,7 @@
 
 mod detach;
 mod expiry;
+mod sequence;
 mod session;
 pub(crate) mod sql;
 mod tls;
@@ -451,8 +461,9 @@ impl PgBackend {
     /// sslmode=require`) or URL (`postgresql://app:secret@db:5432/app`).
     ///
     /// Opens the first lock session (so a wrong password or an unreachable
-    /// host is an error here, within the connect timeout) and creates the
-    /// schema objects if they are missing.
+    /// host is an error here, within the connect timeout), creates the
+    /// schema objects if they are missing, and refuses a token sequence
+    /// that cannot give rising tokens (see the [module docs](self#fencing-tokens)).
     pub async fn connect(conn: &str) -> Result<Self, LockError> {
         Self::connect_with(conn, PgOptions::new()).await
     }
@@ -642,8 +653,8 @@ impl Inner {
                 }
             })
             .await?;
-        // Every session, not only the first: a DBA may have dropped the
-        // token sequence since. One catalog query when all is well.
+        // Every session, not only the first: a DBA may have dropped or
+        // altered the token sequence since. One catalog query when all is well.
         self.ensure_objects(&mut client).await?;
         let setup = async {
             let pid: i32 = client
@@ -685,9 +696,9 @@ impl Inner {
         Ok(session)
     }
 
-    /// Creates the schema and the token sequence when missing and checks the
-    /// privileges on them. (The lock statements floor tokens by the clock
-    /// and move the sequence up to it themselves.)
+    /// Creates the schema and the token sequence when missing, checks the
+    /// privileges on them, and refuses a sequence whose settings cannot give
+    /// rising tokens.
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
         let inspect_sql = sql::INSPECT_OBJECTS;
@@ -742,6 +753,24 @@ impl Inner {
                 sql::ddl_for_dba(&self.quoted_schema, &found.role),
                 s = self.quoted_schema,
             )));
+        }
+        match &found.settings {
+            Some(settings) => settings.check(&self.quoted_schema)?,
+            // Dropped again between creating it and looking at it.
+            None => {
+                return Err(Failure::msg(format!(
+                    "the token sequence {}.dlock_token_seq vanished while it was being checked",
+                    self.quoted_schema
+                )));
+            }
+        }
+        if !found.sequence_updatable {
+            tracing::debug!(
+                role = found.role,
+                schema = self.quoted_schema,
+                "no UPDATE on the token sequence: tokens rest on the clock alone, \
+                 the sequence is not moved up to it"
+            );
         }
         Ok(())
     }
@@ -1038,17 +1067,33 @@ struct Inspection {
     schema_usable: bool,
     sequence_usable: bool,
     role: String,
+    sequence_updatable: bool,
+    settings: Option<sequence::Settings>,
 }
 
 impl Inspection {
     /// Reads a row of [`sql::INSPECT_OBJECTS`].
     fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        let increment: Option<i64> = row.try_get(6)?;
+        let settings = match increment {
+            Some(increment) => Some(sequence::Settings {
+                increment,
+                cache: row.try_get(7)?,
+                cycle: row.try_get(8)?,
+                max: row.try_get(9)?,
+                data_type: row.try_get(10)?,
+                clock_us: row.try_get(11)?,
+            }),
+            None => None,
+        };
         Ok(Self {
             schema_exists: row.try_get(0)?,
             sequence_exists: row.try_get(1)?,
             schema_usable: row.try_get(2)?,
             sequence_usable: row.try_get(3)?,
             role: row.try_get(4)?,
+            sequence_updatable: row.try_get(5)?,
+            settings,
         })
     }
 }

@@ -157,18 +157,25 @@ FROM (SELECT l.pid
         AND l.pid <> pg_backend_pid()) AS h";
 
 /// Which of the backend's objects exist and are usable (the schema, the
-/// token sequence, the privileges on them), and the role asking. Reads the
-/// catalogs by name, so it works even without USAGE on the schema.
+/// token sequence, the privileges on them), the role asking, and the
+/// sequence's settings with the server clock in microseconds to judge its
+/// maximum against. Reads the catalogs by name, so it works even without
+/// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
+/// sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
 SELECT n.oid IS NOT NULL,
        s.oid IS NOT NULL,
        COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
        COALESCE(has_sequence_privilege(s.oid, 'USAGE'), false),
-       quote_ident(current_user)
+       quote_ident(current_user),
+       COALESCE(has_sequence_privilege(s.oid, 'UPDATE'), false),
+       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax, format_type(q.seqtypid, NULL),
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
 FROM (SELECT 1) AS one
 LEFT JOIN pg_namespace AS n ON n.nspname = $1::text
 LEFT JOIN pg_class AS s
-       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'";
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'
+LEFT JOIN pg_sequence AS q ON q.seqrelid = s.oid";
 
 /// Serialises object creation between backends connecting at the same
 /// moment (two concurrent `CREATE ... IF NOT EXISTS` can still collide on

@@ -32,7 +32,7 @@ use crate::token::FencingToken;
 /// out is never handed out again, even if the transaction rolls back.
 ///
 /// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
-/// creates it (a DBA may pre-create it instead).
+/// creates it and checks its settings (a DBA may pre-create it instead).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

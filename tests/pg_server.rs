@@ -1,6 +1,6 @@
 //! `PgBackend` against bad input and its own PostgreSQL instances: wrong
-//! password, both connection-string forms, TLS, a server restart, an
-//! unreachable host, missing privileges.
+//! password, both connection-string forms, TLS, a server restart, a restore
+//! from an older copy, an unreachable host, missing privileges.
 //!
 //! Tests that need a server configured differently from the shared one
 //! (password authentication, TLS, a restart) run their own
@@ -170,25 +170,75 @@ async fn a_server_restart_marks_every_lease_lost_and_tokens_keep_rising() {
         );
     }
     server.pg_ctl_start();
+    let after = acquire_once_back(&backend, &fresh_key("restart")).await;
+    assert!(
+        after.token() > highest,
+        "tokens keep rising across a restart"
+    );
+    after.release().await.expect("release");
+}
+
+/// A lease on `key` once the backend has found its way back to a
+/// restarted server (its first attempts meet ended sessions or a server
+/// still starting).
+async fn acquire_once_back(backend: &Arc<dyn Backend>, key: &LockKey) -> dlock::Lease {
     let started = Instant::now();
-    let after = loop {
+    loop {
         match LockOptions::new(Duration::from_secs(10))
-            .acquire_on(backend.clone(), fresh_key("restart"))
+            .acquire_on(backend.clone(), key)
             .await
         {
-            Ok(lease) => break lease,
+            Ok(lease) => return lease,
             Err(err) if started.elapsed() < Duration::from_secs(10) => {
                 eprintln!("not yet: {err}");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(err) => panic!("the backend never recovered: {err}"),
         }
-    };
-    assert!(
-        after.token() > highest,
-        "tokens keep rising across a restart"
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_rising_after_the_database_is_restored_from_an_older_copy() {
+    // A point-in-time restore, or a failover to a replica that missed the
+    // latest WAL: the token sequence comes back as it was before the last
+    // holders drew theirs, and the backend's sessions reconnect to it.
+    let server = OwnServer::start();
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&server.conn(PASSWORD, ""), PgOptions::new().sessions(2))
+            .await
+            .expect("connect"),
     );
-    after.release().await.expect("release");
+    let key = fresh_key("restore");
+    let before = acquire_once_back(&backend, &key).await;
+    let mut highest = before.token();
+    before.release().await.expect("release");
+
+    let stopped = server.pg_ctl_stop("fast");
+    assert!(stopped.status.success(), "{stopped:?}");
+    let backup = server.back_up();
+    server.pg_ctl_start();
+    for _ in 0..4 {
+        let lease = acquire_once_back(&backend, &key).await;
+        assert!(lease.token() > highest);
+        highest = lease.token();
+        lease.release().await.expect("release");
+    }
+
+    let stopped = server.pg_ctl_stop("fast");
+    assert!(stopped.status.success(), "{stopped:?}");
+    server.restore(&backup);
+    server.pg_ctl_start();
+    for round in 0..4 {
+        let lease = acquire_once_back(&backend, &key).await;
+        assert!(
+            lease.token() > highest,
+            "holder {round} after the restore got {}, not above {highest}",
+            lease.token()
+        );
+        highest = lease.token();
+        lease.release().await.expect("release");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

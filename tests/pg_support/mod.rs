@@ -116,6 +116,20 @@ impl OwnServer {
             .expect("pg_ctl stop")
     }
 
+    /// Copies the data directory of the stopped server aside, as a backup.
+    pub fn back_up(&self) -> PathBuf {
+        let copy = self.dir.join("backup");
+        run(Command::new("cp").args(["-a", path(&self.data()), path(&copy)]));
+        copy
+    }
+
+    /// Puts a backup made by [`OwnServer::back_up`] back in place of the
+    /// stopped server's data directory.
+    pub fn restore(&self, backup: &Path) {
+        std::fs::remove_dir_all(self.data()).expect("remove the data directory");
+        run(Command::new("cp").args(["-a", path(backup), path(&self.data())]));
+    }
+
     /// A key-value connection string for this server.
     pub fn conn(&self, password: &str, extra: &str) -> String {
         format!(

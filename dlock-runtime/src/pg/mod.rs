@@ -33,15 +33,28 @@
 //!
 //! # Fencing tokens
 //!
-//! One statement takes the lock and, only if it was taken, draws the next
-//! value of the sequence `<schema>.dlock_token_seq`, so the token comes in
-//! the same round trip. A sequence never goes back (it is not
-//! transactional), issues tokens above every earlier one for every key, and
-//! needs no row per key. A new or recreated sequence is moved up to the
-//! server clock in microseconds, so tokens keep rising even after the
-//! sequence is dropped or restored from an old backup. The backend creates
-//! what it needs with `CREATE ... IF NOT EXISTS` when it is missing; a DBA
-//! can pre-create it instead:
+//! One statement takes the lock and, only if it was taken, draws the token,
+//! so the token comes in the same round trip: the next value of the
+//! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
+//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule. A
+//! sequence is not transactional and needs no row per key; the clock floor
+//! keeps tokens above every token handed out before when the sequence goes
+//! back: a DBA drops and recreates it or `setval`s it, a failover to an
+//! asynchronous replica or a point-in-time restore brings back an older
+//! copy. The statement moves a sequence that trails the clock by more than
+//! a second up to it (if the role has UPDATE on it), so it still floors
+//! tokens should the clock step back.
+//!
+//! Tokens of one key rise strictly as long as the server clock does not go
+//! backwards (and, after a failover, the new primary's clock is not behind
+//! the old one's by more than the failover took). Tokens of different keys
+//! may be equal: a token orders the holders of one key. The reasoning,
+//! races between sessions over the sequence included, is written next to
+//! the lock statement (`pg/sql.rs`).
+//!
+//! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
+//! it is missing — at connect, when a lock session opens, and when a lock
+//! statement finds the sequence dropped — and a DBA can pre-create it:
 //!
 //! ```sql
 //! CREATE SCHEMA IF NOT EXISTS dlock;
@@ -49,6 +62,15 @@
 //! GRANT USAGE ON SCHEMA dlock TO app_role;
 //! GRANT USAGE, UPDATE ON SEQUENCE dlock.dlock_token_seq TO app_role;
 //! ```
+//!
+//! A sequence that cannot give rising tokens — `CACHE` above 1 (each session
+//! hands out numbers from a block of its own), `CYCLE`, an increment below
+//! 1, or a maximum without a century of room above the clock in
+//! microseconds (`AS integer`) — is refused when a lock session opens, with
+//! the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
+//! whenever one ended, so an `ALTER` made while services run is caught
+//! there; reading the settings on every acquisition would cost a catalog
+//! lookup each time.
 //!
 //! # Time to live
 //!
@@ -83,6 +105,7 @@
 //! the caller's own transaction.
 
 mod expiry;
+mod sequence;
 mod session;
 pub(crate) mod sql;
 mod tls;
@@ -99,7 +122,7 @@ pub mod protocol {
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -343,7 +366,10 @@ struct Inner {
     slots: Vec<SessionSlot>,
     next_slot: AtomicUsize,
     next_session_id: AtomicU64,
-    objects_ready: AtomicBool,
+    /// One repair of the schema objects at a time (see `restore_objects`),
+    /// with why the last one failed, and how many were tried.
+    restoring: AsyncMutex<Option<String>>,
+    restorations: AtomicU64,
     keys: Mutex<HashMap<LockKey, Entry>>,
     expiries: Arc<Expiries>,
     waits: Waits,
@@ -439,8 +465,9 @@ impl PgBackend {
     /// sslmode=require`) or URL (`postgresql://app:secret@db:5432/app`).
     ///
     /// Opens the first lock session (so a wrong password or an unreachable
-    /// host is an error here, within the connect timeout) and creates the
-    /// schema objects if they are missing.
+    /// host is an error here, within the connect timeout), creates the
+    /// schema objects if they are missing, and refuses a token sequence
+    /// that cannot give rising tokens (see the [module docs](self#fencing-tokens)).
     pub async fn connect(conn: &str) -> Result<Self, LockError> {
         Self::connect_with(conn, PgOptions::new()).await
     }
@@ -500,7 +527,8 @@ impl PgBackend {
                 .collect(),
             next_slot: AtomicUsize::new(0),
             next_session_id: AtomicU64::new(0),
-            objects_ready: AtomicBool::new(false),
+            restoring: AsyncMutex::new(None),
+            restorations: AtomicU64::new(0),
             keys: Mutex::default(),
             expiries: Arc::default(),
             waits,
@@ -647,10 +675,9 @@ impl Inner {
                 }
             })
             .await?;
-        if !self.objects_ready.load(Ordering::Acquire) {
-            self.ensure_objects(&mut client).await?;
-            self.objects_ready.store(true, Ordering::Release);
-        }
+        // Every session, not only the first: a DBA may have dropped or
+        // altered the token sequence since. One catalog query when all is well.
+        self.ensure_objects(&mut client).await?;
         let setup = async {
             let pid: i32 = client
                 .query_one("SELECT pg_backend_pid()", &[])
@@ -692,32 +719,24 @@ impl Inner {
     }
 
     /// Creates the schema and the token sequence when missing, checks the
-    /// privileges on them, and moves the sequence up to the clock.
+    /// privileges on them, and refuses a sequence whose settings cannot give
+    /// rising tokens.
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
-        let inspect = |row: tokio_postgres::Row| -> Result<Inspection, tokio_postgres::Error> {
-            Ok(Inspection {
-                schema_exists: row.try_get(0)?,
-                sequence_exists: row.try_get(1)?,
-                schema_usable: row.try_get(2)?,
-                sequence_usable: row.try_get(3)?,
-                role: row.try_get(4)?,
-            })
-        };
         let inspect_sql = sql::INSPECT_OBJECTS;
+        let inspect_failed = |e| Failure::new("cannot inspect the schema objects", e);
         let row = client
             .query_one(inspect_sql, &[&schema])
             .await
-            .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
-        let mut found =
-            inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+            .map_err(inspect_failed)?;
+        let mut found = Inspection::from_row(&row).map_err(inspect_failed)?;
         if !found.schema_exists || !found.sequence_exists {
             let created = async {
                 let tx = client.transaction().await?;
                 tx.query_one(sql::SETUP_LOCK, &[]).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.
-                let again = inspect(tx.query_one(inspect_sql, &[&schema]).await?)?;
+                let again = Inspection::from_row(&tx.query_one(inspect_sql, &[&schema]).await?)?;
                 if !again.schema_exists {
                     tx.batch_execute(&sql::render(sql::CREATE_SCHEMA, &self.quoted_schema))
                         .await?;
@@ -745,9 +764,8 @@ impl Inner {
             let row = client
                 .query_one(inspect_sql, &[&schema])
                 .await
-                .map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
-            found =
-                inspect(row).map_err(|e| Failure::new("cannot inspect the schema objects", e))?;
+                .map_err(inspect_failed)?;
+            found = Inspection::from_row(&row).map_err(inspect_failed)?;
         }
         if !found.schema_usable || !found.sequence_usable {
             return Err(Failure::msg(format!(
@@ -758,14 +776,72 @@ impl Inner {
                 s = self.quoted_schema,
             )));
         }
-        // Best effort: needs UPDATE on the sequence, which a DBA may withhold.
-        let seeded = client
-            .query_opt(&sql::render(sql::SEED_SEQUENCE, &self.quoted_schema), &[])
-            .await;
-        if let Err(err) = seeded {
-            tracing::debug!(error = %err, "could not move the token sequence up to the clock");
+        match &found.settings {
+            Some(settings) => settings.check(&self.quoted_schema)?,
+            // Dropped again between creating it and looking at it.
+            None => {
+                return Err(Failure::msg(format!(
+                    "the token sequence {}.dlock_token_seq vanished while it was being checked",
+                    self.quoted_schema
+                )));
+            }
+        }
+        if !found.sequence_updatable {
+            tracing::debug!(
+                role = found.role,
+                schema = self.quoted_schema,
+                "no UPDATE on the token sequence: tokens rest on the clock alone, \
+                 the sequence is not moved up to it"
+            );
         }
         Ok(())
+    }
+
+    /// Recreates what a lock statement found missing — a DBA dropped the
+    /// token sequence, or its schema, while the service runs — so locking
+    /// goes on instead of failing until someone notices. Safe because every
+    /// token is floored by the clock: a fresh sequence cannot hand out a
+    /// token at or below an earlier one. A role that may not create it gets
+    /// the error naming the DDL for a DBA.
+    ///
+    /// On a connection of its own: creating needs a transaction, and a lock
+    /// session carries other leases' statements. Acquisitions that failed
+    /// together try once, and share the outcome.
+    async fn restore_objects(&self) -> Result<(), Failure> {
+        let seen = self.restorations.load(Ordering::Acquire);
+        let mut last_failure = self.restoring.lock().await;
+        if self.restorations.load(Ordering::Acquire) != seen {
+            // Tried while this caller waited: its outcome is this caller's.
+            return match &*last_failure {
+                None => Ok(()),
+                Some(why) => Err(Failure::msg(why.clone())),
+            };
+        }
+        let restored = async {
+            // Dropping `close` closes the connection.
+            let (close, closed) = oneshot::channel();
+            let mut client = self.connector.open(closed, |_| {}).await?;
+            let ensured = self.ensure_objects(&mut client).await;
+            drop(close);
+            ensured
+        }
+        .await
+        .map_err(|e| {
+            e.context(format!(
+                "the token sequence {}.dlock_token_seq is missing (dropped while the service runs?)",
+                self.quoted_schema
+            ))
+        });
+        *last_failure = restored.as_ref().err().map(ToString::to_string);
+        self.restorations.fetch_add(1, Ordering::AcqRel);
+        if restored.is_ok() {
+            tracing::warn!(
+                schema = self.quoted_schema,
+                "a lock statement found the token sequence missing; it exists again \
+                 (tokens stay above the clock)"
+            );
+        }
+        restored
     }
 
     /// A lock session ended: its locks are gone on the server, so this
@@ -811,6 +887,7 @@ impl Inner {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
         let mut retried = false;
+        let mut restored = false;
         loop {
             let session = self.session().await?;
             let err = match session.client.query_one(&session.try_lock, &params).await {
@@ -836,6 +913,15 @@ impl Inner {
                     .is_err()
             {
                 session.end(format!("could not undo a failed lock of `{key}`"));
+            }
+            // Found before anything ran (a prepared statement is re-planned
+            // when the sequence is dropped), so nothing was drawn yet.
+            if sql::sequence_missing(&err) && !restored {
+                restored = true;
+                Box::pin(self.restore_objects())
+                    .await
+                    .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+                continue;
             }
             return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
         }
@@ -1003,6 +1089,35 @@ struct Inspection {
     schema_usable: bool,
     sequence_usable: bool,
     role: String,
+    sequence_updatable: bool,
+    settings: Option<sequence::Settings>,
+}
+
+impl Inspection {
+    /// Reads a row of [`sql::INSPECT_OBJECTS`].
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        let increment: Option<i64> = row.try_get(6)?;
+        let settings = match increment {
+            Some(increment) => Some(sequence::Settings {
+                increment,
+                cache: row.try_get(7)?,
+                cycle: row.try_get(8)?,
+                max: row.try_get(9)?,
+                data_type: row.try_get(10)?,
+                clock_us: row.try_get(11)?,
+            }),
+            None => None,
+        };
+        Ok(Self {
+            schema_exists: row.try_get(0)?,
+            sequence_exists: row.try_get(1)?,
+            schema_usable: row.try_get(2)?,
+            sequence_usable: row.try_get(3)?,
+            role: row.try_get(4)?,
+            sequence_updatable: row.try_get(5)?,
+            settings,
+        })
+    }
 }
 
 /// The session `owner`'s live lease on `key` is held on, if there is one.

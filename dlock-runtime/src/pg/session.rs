@@ -40,6 +40,14 @@ impl Failure {
             source: None,
         }
     }
+
+    /// The same failure, with what led to it said first.
+    pub(super) fn context(self, before: impl std::fmt::Display) -> Self {
+        Self {
+            what: format!("{before}: {}", self.what),
+            source: self.source,
+        }
+    }
 }
 
 impl fmt::Display for Failure {

@@ -11,16 +11,90 @@
 /// Shown in the docs and used by the statements below.
 pub(super) const ADVISORY_KEY: &str = "SELECT hashtextextended($1::text, $2::bigint)";
 
+/// Draws a fencing token once the lock is taken, for the three lock
+/// statements below: `greatest(nextval, clock)`, the clock being the
+/// server's `clock_timestamp()` in microseconds since 1970 — the Redis
+/// backend's rule. `$after` is the row source the draw must come after.
+///
+/// The clock floor keeps tokens above every token handed out before when
+/// the sequence goes back: a DBA drops and recreates it or `setval`s it, or
+/// a failover to an asynchronous replica or a point-in-time restore brings
+/// back an older copy. A sequence that trails the clock by more than a
+/// second is moved up to it (`setval`, if the role has UPDATE on it; the
+/// second `WHEN` asks only then), so the sequence stays within a second of
+/// the highest token and still floors tokens should the clock step back.
+/// Not on every draw: `setval` always writes WAL and gives the
+/// statement a transaction id, so its commit waits for a WAL flush (and
+/// uses up transaction ids) — a lock then costs a disk flush instead of a
+/// plain round trip, where `nextval` logs once per 32 values. Every branch
+/// yields `greatest(seq, clock)`: `setval` returns the value it set.
+///
+/// `OFFSET 0` keeps each subquery from being merged into the next, so the
+/// order is fixed: the lock (the caller's `CASE`, or `$after`), then
+/// `nextval`, then the clock reading.
+macro_rules! draw_token {
+    ($after:literal) => {
+        concat!(
+            "SELECT CASE WHEN t.clock <= t.seq + 1000000 THEN greatest(t.seq, t.clock)
+            WHEN has_sequence_privilege('{schema}.dlock_token_seq', 'UPDATE')
+            THEN setval('{schema}.dlock_token_seq', t.clock)
+            ELSE t.clock END
+FROM (SELECT s.seq, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock
+      FROM (SELECT nextval('{schema}.dlock_token_seq') AS seq ",
+            $after,
+            " OFFSET 0) AS s OFFSET 0) AS t"
+        )
+    };
+}
+
 /// Takes the session advisory lock of a key and, only if it was taken, draws
-/// the fencing token. One statement, so the token comes back in the same
-/// round trip as the lock and no token is ever drawn for a lock that was not
-/// taken: `CASE` evaluates `nextval` only after `pg_try_advisory_lock`
-/// returned true. The sequence is not transactional, so a token once drawn
-/// is never handed out again, whatever happens to the transaction. Returns
-/// the advisory key and the token (NULL: held by someone else).
-pub const TRY_LOCK: &str = "\
-SELECT k.h, CASE WHEN pg_try_advisory_lock(k.h) THEN nextval('{schema}.dlock_token_seq') END
-FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k";
+/// the fencing token (see `draw_token!`). One statement, so the token comes
+/// back in the same round trip as the lock and no token is ever drawn for a
+/// lock that was not taken: `CASE` evaluates the draw only after
+/// `pg_try_advisory_lock` returned true. The sequence is not transactional,
+/// so a value once drawn is never drawn again, whatever happens to the
+/// transaction. Returns the advisory key and the token (NULL: held by
+/// someone else).
+///
+/// Why the tokens of one key rise strictly, although `setval` is not
+/// conditional and racing sessions can move the sequence *down* (A reads
+/// the clock at 5000 and pauses; B sets 5003; A then sets 5000):
+///
+/// 1. A token is the `greatest` of the two values its own statement read,
+///    never what the sequence holds afterwards: a race over the sequence
+///    cannot change a token already handed out.
+/// 2. Acquisitions of one key are serialised by its advisory lock, and the
+///    draw comes after the lock is taken. A holder lets go only by a later
+///    statement or by its session ending, so the next holder's `nextval`
+///    and clock reading come after the previous holder's statement ended.
+/// 3. The clock is `clock_timestamp()`, read then — not `now()`, the start
+///    of the transaction, which for a waiting `XACT_LOCK` lies before the
+///    previous holder let go. Between two holders' readings lie at least an
+///    unlock and a lock, round trips of their own, so if the clock does not
+///    go back the next holder reads a strictly later microsecond, and its
+///    token (at least that reading) is above every previous token that was
+///    a clock reading.
+/// 4. A previous token that came from the sequence (it was ahead of the
+///    clock) is beaten by the next holder's `nextval` unless a `setval`
+///    moved the sequence down in between, and by its clock reading once the
+///    clock has caught up. A sequence a DBA set ahead of the clock is never
+///    moved (no clock reading beats it), so it only rises. One moved up to
+///    the clock gets ahead of it only while tokens are drawn faster than
+///    one a microsecond, and by no more than that burst drew beyond the
+///    clock's pace — less than the time from one holder's lock to the next
+///    holder's (an unlock and a lock, each a round trip) unless lock
+///    traffic outruns a million tokens a second.
+///
+/// So what is left to trust is a server clock that does not go back (and,
+/// after a failover, a new primary whose clock is not behind the old one's
+/// by more than the failover took), and lock traffic below a million
+/// tokens a second.
+pub const TRY_LOCK: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_try_advisory_lock(k.h) THEN (",
+    draw_token!(""),
+    ") END
+FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k"
+);
 
 /// Drops one session advisory lock of this session. Only the session that
 /// took a lock can drop it, and the backend checks the lease's owner in
@@ -83,18 +157,25 @@ FROM (SELECT l.pid
         AND l.pid <> pg_backend_pid()) AS h";
 
 /// Which of the backend's objects exist and are usable (the schema, the
-/// token sequence, the privileges on them), and the role asking. Reads the
-/// catalogs by name, so it works even without USAGE on the schema.
+/// token sequence, the privileges on them), the role asking, and the
+/// sequence's settings with the server clock in microseconds to judge its
+/// maximum against. Reads the catalogs by name, so it works even without
+/// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
+/// sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
 SELECT n.oid IS NOT NULL,
        s.oid IS NOT NULL,
        COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
        COALESCE(has_sequence_privilege(s.oid, 'USAGE'), false),
-       quote_ident(current_user)
+       quote_ident(current_user),
+       COALESCE(has_sequence_privilege(s.oid, 'UPDATE'), false),
+       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax, format_type(q.seqtypid, NULL),
+       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
 FROM (SELECT 1) AS one
 LEFT JOIN pg_namespace AS n ON n.nspname = $1::text
 LEFT JOIN pg_class AS s
-       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'";
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'
+LEFT JOIN pg_sequence AS q ON q.seqrelid = s.oid";
 
 /// Serialises object creation between backends connecting at the same
 /// moment (two concurrent `CREATE ... IF NOT EXISTS` can still collide on
@@ -112,32 +193,25 @@ pub(super) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
 pub(super) const CREATE_SEQUENCE: &str =
     "CREATE SEQUENCE IF NOT EXISTS {schema}.dlock_token_seq AS bigint";
 
-/// Moves the token sequence up to the server clock in microseconds when it
-/// lags behind by more than a million: a fresh sequence (or one restored
-/// from an old backup, or recreated) then still issues tokens above every
-/// token issued before, as long as fewer than a million tokens a second were
-/// drawn on average. Never moves it down, and the margin keeps concurrent
-/// `nextval` calls (which only add one each) from being overtaken.
-pub(super) const SEED_SEQUENCE: &str = "\
-SELECT setval('{schema}.dlock_token_seq', c.now_us)
-FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS now_us) AS c
-WHERE c.now_us > (SELECT last_value FROM {schema}.dlock_token_seq) + 1000000";
-
 /// Transaction-scoped, no wait: takes the transaction advisory lock and, only
 /// if taken, draws the token — one statement, for the reasons of
-/// [`TRY_LOCK`]. Released by the caller's COMMIT or ROLLBACK.
-pub(super) const XACT_TRY_LOCK: &str = "\
-SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text, $2::bigint))
-            THEN nextval('{schema}.dlock_token_seq') END";
+/// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
+/// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
+pub(super) const XACT_TRY_LOCK: &str = concat!(
+    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) THEN (",
+    draw_token!(""),
+    ") END"
+);
 
 /// Transaction-scoped, waiting under `lock_timeout` (set just before, inside
-/// a savepoint): the subquery waits for the lock, and only then the outer
-/// query draws the token. Should the lock be granted in the instant the
-/// timeout fires, the statement still fails, and rolling back to the
-/// savepoint drops the lock it took.
-pub(super) const XACT_LOCK: &str = "\
-SELECT nextval('{schema}.dlock_token_seq')
-FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) OFFSET 0) AS locked";
+/// a savepoint): the innermost subquery waits for the lock, and only then
+/// the token is drawn, with the clock read after the wait (see
+/// [`TRY_LOCK`]). Should the lock be granted in the instant the timeout
+/// fires, the statement still fails, and rolling back to the savepoint
+/// drops the lock it took.
+pub(super) const XACT_LOCK: &str = draw_token!(
+    "FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) OFFSET 0) AS locked"
+);
 
 /// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
 /// value it had, to be put back once the lock is taken.
@@ -148,6 +222,16 @@ FROM (SELECT current_setting('lock_timeout') AS prev OFFSET 0) AS s";
 /// Puts `lock_timeout` back for the rest of the transaction.
 pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
     "SELECT set_config('lock_timeout', $1::text, true)";
+
+/// True when a statement failed because the token sequence (or its schema)
+/// does not exist: a DBA dropped it after the backend connected. The lock
+/// statements name it, so a prepared one fails when it is re-planned.
+pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME
+    })
+}
 
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {

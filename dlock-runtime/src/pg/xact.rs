@@ -24,10 +24,15 @@ use crate::token::FencingToken;
 /// as long as the transaction, so keep the transaction short and do the
 /// protected work inside it. The key maps to the same advisory key as
 /// [`PgBackend`](super::PgBackend) locks (same schema and key seed), so
-/// both kinds exclude each other, and the fencing token comes from the same
-/// sequence, so tokens rise across both. A token is drawn from a sequence,
-/// which is not transactional: a token handed out is never handed out again,
-/// even if the transaction rolls back.
+/// both kinds exclude each other, and the fencing token is drawn by the
+/// same rule from the same sequence — `greatest(nextval, server clock in
+/// µs)`, see the [module docs](super#fencing-tokens) — so the tokens of a
+/// key rise across both, and keep rising when the sequence is dropped and
+/// recreated or set back. The sequence is not transactional: a token handed
+/// out is never handed out again, even if the transaction rolls back.
+///
+/// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
+/// creates it and checks its settings (a DBA may pre-create it instead).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -130,7 +135,7 @@ impl TransactionLock {
             let row = tx
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
-                .map_err(|e| fail("transaction lock failed", e))?;
+                .map_err(|e| fail(&lock_failed(&e, &quoted), e))?;
             let token: Option<i64> = row
                 .try_get(0)
                 .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
@@ -184,10 +189,26 @@ impl TransactionLock {
                         waited: started.elapsed(),
                     })
                 } else {
-                    Err(fail("transaction lock failed", err))
+                    Err(fail(&lock_failed(&err, &quoted), err))
                 }
             }
         }
+    }
+}
+
+/// What to say when a lock statement failed: with the fix when the token
+/// sequence is missing (which aborts the caller's transaction; it is not
+/// recreated there, where the caller's ROLLBACK would undo it).
+fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
+    if sql::sequence_missing(err) {
+        format!(
+            "transaction lock failed: the token sequence {s}.dlock_token_seq is missing; \
+             PgBackend::connect with this schema recreates it, or have a DBA run: \
+             CREATE SCHEMA IF NOT EXISTS {s}; CREATE SEQUENCE IF NOT EXISTS {s}.dlock_token_seq AS bigint",
+            s = quoted_schema
+        )
+    } else {
+        "transaction lock failed".to_owned()
     }
 }
 

@@ -1,0 +1,179 @@
+//! The token sequence's settings, and which of them keep it from giving
+//! rising tokens. A DBA may pre-create the sequence (the README invites it)
+//! or `ALTER` it while services run, so the backend reads its settings from
+//! the catalogs whenever a lock session opens and refuses a sequence that
+//! could hand out a token at or below an earlier one, with the statement
+//! that fixes it.
+
+use super::session::Failure;
+
+/// Room a sequence's maximum must leave above the clock, as tokens are
+/// floored by the clock in microseconds: a century (36,525 days).
+const CENTURY_US: i64 = 36_525 * 86_400 * 1_000_000;
+
+/// The settings of `<schema>.dlock_token_seq`, as `pg_sequence` has them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Settings {
+    pub(super) increment: i64,
+    pub(super) cache: i64,
+    pub(super) cycle: bool,
+    pub(super) max: i64,
+    /// `bigint`, `integer` or `smallint`.
+    pub(super) data_type: String,
+    /// The server clock in microseconds, read with the settings.
+    pub(super) clock_us: i64,
+}
+
+impl Settings {
+    /// Refuses settings that cannot give rising tokens: the message names
+    /// each problem and the one `ALTER SEQUENCE` that fixes them all.
+    pub(super) fn check(&self, quoted_schema: &str) -> Result<(), Failure> {
+        let mut problems = Vec::new();
+        let mut fix = Vec::new();
+        let max_too_small = self.max < self.clock_us.saturating_add(CENTURY_US);
+        if max_too_small && self.data_type != "bigint" {
+            fix.push("AS bigint".to_owned());
+        }
+        if self.increment <= 0 {
+            problems.push(format!(
+                "INCREMENT BY {}: its numbers fall instead of rising",
+                self.increment
+            ));
+            fix.push("INCREMENT BY 1".to_owned());
+        }
+        if max_too_small {
+            let room = if self.max < self.clock_us {
+                ""
+            } else {
+                " for less than a century"
+            };
+            problems.push(format!(
+                "MAXVALUE {} (AS {}) cannot hold tokens, which are at least the server clock \
+                 in microseconds ({} now){room}",
+                self.max, self.data_type, self.clock_us
+            ));
+            fix.push("NO MAXVALUE".to_owned());
+        }
+        if self.cycle {
+            problems.push("CYCLE: past its maximum it starts again from its minimum".to_owned());
+            fix.push("NO CYCLE".to_owned());
+        }
+        if self.cache > 1 {
+            problems.push(format!(
+                "CACHE {}: each session hands out numbers from a block of {} of its own, \
+                 so tokens drawn on different sessions interleave instead of rising",
+                self.cache, self.cache
+            ));
+            fix.push("CACHE 1".to_owned());
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Failure::msg(format!(
+            "the token sequence {s}.dlock_token_seq cannot give rising fencing tokens: {}; \
+             have its owner fix it with: ALTER SEQUENCE {s}.dlock_token_seq {};",
+            problems.join("; "),
+            fix.join(" "),
+            s = quoted_schema,
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW_US: i64 = 1_800_000_000_000_000;
+
+    fn created_by_dlock() -> Settings {
+        Settings {
+            increment: 1,
+            cache: 1,
+            cycle: false,
+            max: i64::MAX,
+            data_type: "bigint".to_owned(),
+            clock_us: NOW_US,
+        }
+    }
+
+    fn refusal(settings: Settings) -> String {
+        settings
+            .check("\"dlock\"")
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn the_sequence_dlock_creates_passes() {
+        assert!(created_by_dlock().check("\"dlock\"").is_ok());
+        let larger_steps = Settings {
+            increment: 7,
+            ..created_by_dlock()
+        };
+        assert!(larger_steps.check("\"dlock\"").is_ok());
+    }
+
+    #[test]
+    fn each_unfit_setting_is_named_with_its_fix() {
+        let cached = refusal(Settings {
+            cache: 20,
+            ..created_by_dlock()
+        });
+        assert!(cached.contains("CACHE 20"), "{cached}");
+        assert!(
+            cached.ends_with("ALTER SEQUENCE \"dlock\".dlock_token_seq CACHE 1;"),
+            "{cached}"
+        );
+        let cycling = refusal(Settings {
+            cycle: true,
+            ..created_by_dlock()
+        });
+        assert!(cycling.ends_with("dlock_token_seq NO CYCLE;"), "{cycling}");
+        let falling = refusal(Settings {
+            increment: -1,
+            max: -1,
+            ..created_by_dlock()
+        });
+        assert!(
+            falling.ends_with("dlock_token_seq INCREMENT BY 1 NO MAXVALUE;"),
+            "{falling}"
+        );
+        let integer = refusal(Settings {
+            max: i64::from(i32::MAX),
+            data_type: "integer".to_owned(),
+            ..created_by_dlock()
+        });
+        assert!(
+            integer.contains("MAXVALUE 2147483647 (AS integer)"),
+            "{integer}"
+        );
+        assert!(
+            integer.ends_with("dlock_token_seq AS bigint NO MAXVALUE;"),
+            "{integer}"
+        );
+        let short = refusal(Settings {
+            max: NOW_US + 1_000_000,
+            ..created_by_dlock()
+        });
+        assert!(short.contains("less than a century"), "{short}");
+    }
+
+    #[test]
+    fn several_problems_get_one_statement_that_fixes_them_all() {
+        let text = refusal(Settings {
+            increment: -5,
+            cache: 3,
+            cycle: true,
+            max: -1,
+            data_type: "smallint".to_owned(),
+            clock_us: NOW_US,
+        });
+        assert!(
+            text.ends_with(
+                "ALTER SEQUENCE \"dlock\".dlock_token_seq \
+                 AS bigint INCREMENT BY 1 NO MAXVALUE NO CYCLE CACHE 1;"
+            ),
+            "{text}"
+        );
+    }
+}

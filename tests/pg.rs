@@ -613,3 +613,32 @@ async fn acquisitions_and_releases_cancelled_at_any_point_leak_no_lock() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_wait_above_the_lock_timeout_limit_is_refused_before_anything_is_sent() {
+    let mut client = raw_client().await;
+    let key = fresh_key("xact-long-wait");
+    let mut tx = client.transaction().await.expect("begin");
+    let refused = TransactionLock::new()
+        .wait(Duration::from_secs(25 * 24 * 60 * 60))
+        .acquire(&mut tx, &key)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::InvalidOption { option: "wait", .. })
+        ),
+        "{refused:?}"
+    );
+    // Nothing was sent: the transaction is as usable as before.
+    tx.query_one("SELECT 1", &[])
+        .await
+        .expect("transaction still usable");
+    // The limit itself is a wait PostgreSQL accepts.
+    TransactionLock::new()
+        .wait(dlock::pg::MAX_LOCK_TIMEOUT)
+        .acquire(&mut tx, &key)
+        .await
+        .expect("a free key, under the longest lock_timeout");
+    tx.rollback().await.expect("rollback");
+}

@@ -143,7 +143,7 @@ use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
 pub use self::tls::TlsVerification;
-pub use self::xact::TransactionLock;
+pub use self::xact::{MAX_LOCK_TIMEOUT, TransactionLock};
 /// The PostgreSQL client this backend is built on, for
 /// [`TransactionLock::acquire`] and anything else that needs its types.
 pub use tokio_postgres;

@@ -15,6 +15,10 @@ use crate::error::{LockError, Operation};
 use crate::options::{IntoLockKey, MAX_DURATION};
 use crate::token::FencingToken;
 
+/// The longest `lock_timeout` PostgreSQL accepts (`INT_MAX` milliseconds,
+/// about 24 days 20 hours), and so the longest [`TransactionLock::wait`].
+pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
 /// Takes a lock for the rest of the caller's transaction: released by its
 /// COMMIT or ROLLBACK, never before, never by dlock. Works through PgBouncer
 /// in transaction pooling, because everything happens inside one
@@ -96,7 +100,9 @@ impl TransactionLock {
 
     /// How long to wait for a held key (server-side, under `lock_timeout`)
     /// before failing with [`LockError::Timeout`]. Zero (the default)
-    /// fails at once with [`LockError::Held`].
+    /// fails at once with [`LockError::Held`]. At most
+    /// [`MAX_LOCK_TIMEOUT`], PostgreSQL's own limit for `lock_timeout`: a
+    /// longer wait is refused before anything is sent.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -119,6 +125,16 @@ impl TransactionLock {
             return Err(LockError::InvalidOption {
                 option: "wait",
                 reason: format!("{:?} is above the 30-day maximum", self.wait),
+            });
+        }
+        if self.wait > MAX_LOCK_TIMEOUT {
+            return Err(LockError::InvalidOption {
+                option: "wait",
+                reason: format!(
+                    "{:?} is above PostgreSQL's largest lock_timeout ({MAX_LOCK_TIMEOUT:?}), \
+                     under which a transaction lock waits",
+                    self.wait
+                ),
             });
         }
         let fail = |what: &str, e: tokio_postgres::Error| {

@@ -102,3 +102,81 @@ async fn a_wait_that_ends_in_failures_reports_the_failure_not_a_timeout() {
         .expect_err("the backend never recovers");
     assert!(matches!(err, LockError::Backend { .. }), "{err}");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn check_tells_a_holder_whose_ttl_ran_out_while_its_thread_was_blocked() {
+    // On a single-threaded runtime a body that blocks its thread keeps the
+    // renewal task from running at all: the check must not depend on it.
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let lease = LockOptions::new(Duration::from_millis(100))
+        .acquire_on(backend.clone(), "blocked-holder")
+        .await
+        .expect("free");
+    std::thread::sleep(Duration::from_millis(250));
+    let other = {
+        let backend = backend.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime")
+                .block_on(async {
+                    LockOptions::new(Duration::from_secs(10))
+                        .acquire_on(backend, "blocked-holder")
+                        .await
+                })
+        })
+        .join()
+        .expect("thread")
+    };
+    assert!(other.is_ok(), "the ttl ran out, so another holder gets in");
+    assert!(
+        matches!(
+            lease.check(),
+            Err(LockError::LeaseLost {
+                reason: dlock::LostReason::Expired,
+                ..
+            })
+        ),
+        "the blocked holder must be told its lease ran out: {:?}",
+        lease.check()
+    );
+    assert!(lease.is_lost());
+    assert!(lease.lost_signal().is_lost());
+}
+
+#[test]
+fn a_lease_whose_runtime_shut_down_is_told_at_once() {
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let short_lived = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let lease = short_lived
+        .block_on(
+            LockOptions::new(Duration::from_secs(60)).acquire_on(backend.clone(), "runtime-gone"),
+        )
+        .expect("free");
+    // The runtime whose task renewed the lease goes away: nobody renews it.
+    drop(short_lived);
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    other.block_on(async {
+        // Long before the 60 s ttl: only the runtime's end can explain it.
+        let lost = support::within(10, "the lost signal", lease.lost()).await;
+        assert!(
+            matches!(
+                lost,
+                LockError::LeaseLost {
+                    reason: dlock::LostReason::RuntimeGone,
+                    ..
+                }
+            ),
+            "{lost}"
+        );
+        assert!(lease.check().is_err());
+    });
+}

@@ -202,6 +202,9 @@ pub enum LostReason {
     SessionEnded(String),
     /// Its holder released it; nothing may be done under it any more.
     Released,
+    /// The runtime whose task renewed it shut down: nobody renews it any
+    /// more, so it is given up at once rather than trusted until its ttl.
+    RuntimeGone,
 }
 
 impl fmt::Display for LostReason {
@@ -217,6 +220,9 @@ impl fmt::Display for LostReason {
             }
             LostReason::SessionEnded(why) => write!(f, "the session holding it ended ({why})"),
             LostReason::Released => f.write_str("its holder released it"),
+            LostReason::RuntimeGone => {
+                f.write_str("the runtime that renewed it shut down, so it is no longer renewed")
+            }
         }
     }
 }

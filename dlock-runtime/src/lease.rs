@@ -3,8 +3,8 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -46,12 +46,28 @@ enum State {
     Released,
 }
 
+/// The instant lease deadlines are counted from, so that a deadline fits in
+/// an atomic.
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// `at` as nanoseconds since [`EPOCH`].
+fn since_epoch(at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// What a lease and its renewal task share.
 struct Shared {
     key: LockKey,
     token: FencingToken,
     owner: OwnerId,
     backend: Arc<dyn Backend>,
+    /// Until when the lease is known valid (nanoseconds since [`EPOCH`]):
+    /// counted from when the acquisition, or the last renewal the store
+    /// confirmed, was sent, so never later than the store's own expiry.
+    /// Checks compare the time with it themselves, so a holder is told even
+    /// when the renewal task cannot run (a body that blocks its thread, a
+    /// runtime that went away).
+    valid_until: AtomicU64,
     state: Mutex<State>,
     /// Set once the lease is no longer held (after `state` changed): the
     /// checks on the hot path read this instead of taking the lock.
@@ -70,12 +86,19 @@ impl LossSink for Shared {
 }
 
 impl Shared {
-    fn new(key: LockKey, token: FencingToken, owner: OwnerId, backend: Arc<dyn Backend>) -> Self {
+    fn new(
+        key: LockKey,
+        token: FencingToken,
+        owner: OwnerId,
+        backend: Arc<dyn Backend>,
+        valid_until: Instant,
+    ) -> Self {
         Self {
             key,
             token,
             owner,
             backend,
+            valid_until: AtomicU64::new(since_epoch(valid_until)),
             state: Mutex::new(State::Held),
             ended: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
@@ -100,9 +123,34 @@ impl Shared {
         self.ended.load(Ordering::SeqCst)
     }
 
+    /// Records a renewal the store confirmed.
+    pub(super) fn renewed_until(&self, valid_until: Instant) {
+        self.valid_until
+            .fetch_max(since_epoch(valid_until), Ordering::SeqCst);
+    }
+
+    /// True while the lease's known validity has not run out.
+    fn within_validity(&self, now: Instant) -> bool {
+        since_epoch(now) < self.valid_until.load(Ordering::SeqCst)
+    }
+
+    /// True once the lease is lost or released, or its validity ran out
+    /// (which marks it lost here and now, whether or not the renewal task
+    /// has run).
+    fn is_over(&self) -> bool {
+        if self.is_ended() {
+            return true;
+        }
+        if self.within_validity(Instant::now()) {
+            return false;
+        }
+        self.mark_lost(LostReason::Expired);
+        true
+    }
+
     /// `Ok(())` while the lease is held, the error that ended it otherwise.
     fn check(&self) -> Result<(), LockError> {
-        if !self.is_ended() {
+        if !self.is_over() {
             return Ok(());
         }
         match self.error_for(&self.state()) {
@@ -219,8 +267,10 @@ impl Lease {
     }
 
     /// True once the lease is lost: stop acting on the protected resource.
+    /// Compares the time with the lease's known validity itself, so it
+    /// tells the truth even when the renewal task could not run.
     pub fn is_lost(&self) -> bool {
-        self.shared.is_ended()
+        self.shared.is_over()
     }
 
     /// `Ok(())` while the lease is held, the [`LockError::LeaseLost`] that
@@ -280,7 +330,7 @@ impl Lease {
     /// not leave the key held: the release goes on in the background.
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finished = true;
-        let valid_until = self.stop_watching();
+        self.stop_watching();
         let prior = self.shared.mark_released();
         let outcome = finish_detached(&self.shared, self.keep_for()).await;
         if let State::Lost(reason) = prior {
@@ -292,9 +342,7 @@ impl Lease {
             // gone. Before `valid_until` (counted from when the last renewal
             // was sent, so never later than the store's own expiry) only that
             // request, or an outside hand, can have removed it: it released.
-            Ok(ReleaseOutcome::Unconfirmed)
-                if valid_until.is_some_and(|until| Instant::now() < until) =>
-            {
+            Ok(ReleaseOutcome::Unconfirmed) if self.shared.within_validity(Instant::now()) => {
                 Ok(())
             }
             Ok(ReleaseOutcome::NotOwner | ReleaseOutcome::Unconfirmed) => {
@@ -315,14 +363,12 @@ impl Lease {
         }
     }
 
-    /// Ends renewal and the loss watch: the lease is ending. Returns until
-    /// when the lease was known valid, if renewal still tracked it.
-    fn stop_watching(&mut self) -> Option<Instant> {
-        let valid_until = self.renewal.cancel();
+    /// Ends renewal and the loss watch: the lease is ending.
+    fn stop_watching(&mut self) {
+        self.renewal.cancel();
         if let Some((group, id)) = self.loss_group.take() {
             group.detach(id);
         }
-        valid_until
     }
 
     /// How much longer the minimum hold keeps the key.
@@ -419,7 +465,7 @@ pub struct LostSignal {
 impl LostSignal {
     /// True once the lease is lost or released.
     pub fn is_lost(&self) -> bool {
-        self.shared.is_ended()
+        self.shared.is_over()
     }
 
     /// `Ok(())` while the lease is held.
@@ -469,10 +515,66 @@ pub(crate) async fn acquire(
             waited_ms = started.elapsed().as_millis() as u64,
             "lock acquired"
         );
+        warn_if_ahead_of_clock(backend.kind(), &key, grant.token);
         Ok(start(runtime, backend, key, owner, grant, sent, &options))
     }
     .instrument(span)
     .await
+}
+
+/// How far ahead of the wall clock (in µs) a token may be before its
+/// counter counts as one the clock floor cannot protect.
+const AHEAD_OF_CLOCK: Duration = Duration::from_secs(24 * 60 * 60);
+/// How often, at most, that is said again for one key of one kind of
+/// backend, and how many keys are remembered for that.
+const AHEAD_OF_CLOCK_REPEAT: Duration = Duration::from_secs(60 * 60);
+const AHEAD_OF_CLOCK_KEYS: usize = 1024;
+
+/// Warns (at most hourly per key and kind of backend) when a token is far ahead of
+/// the clock in microseconds. Every backend floors its tokens at its clock
+/// so that a counter lost in a restart, failover or restore still hands out
+/// higher tokens; a counter seeded or pushed far ahead of the clock is past
+/// that protection, and should it ever be lost, tokens would go back.
+fn warn_if_ahead_of_clock(kind: &'static str, key: &LockKey, token: FencingToken) {
+    /// Tokens up to this bound need no look at the clock.
+    static BOUND: AtomicU64 = AtomicU64::new(0);
+    static WARNED: LazyLock<Mutex<std::collections::HashMap<(&'static str, LockKey), Instant>>> =
+        LazyLock::new(Mutex::default);
+    let token = token.get();
+    if token <= BOUND.load(Ordering::Relaxed) {
+        return;
+    }
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_micros() as u64);
+    let bound = now_us.saturating_add(AHEAD_OF_CLOCK.as_micros() as u64);
+    BOUND.fetch_max(bound, Ordering::Relaxed);
+    if token <= bound {
+        return;
+    }
+    {
+        let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+        if warned
+            .get(&(kind, key.clone()))
+            .is_some_and(|at| at.elapsed() < AHEAD_OF_CLOCK_REPEAT)
+        {
+            return;
+        }
+        if warned.len() >= AHEAD_OF_CLOCK_KEYS {
+            warned.clear();
+        }
+        warned.insert((kind, key.clone()), Instant::now());
+    }
+    tracing::warn!(
+        backend = kind,
+        key = %key,
+        token,
+        clock_us = now_us,
+        "fencing token is far ahead of the clock: its counter was seeded or pushed ahead, \
+         so the clock floor no longer protects it; should the counter be lost (a restart \
+         without persistence, a failover, a restore), new tokens would fall back to the \
+         clock and stop rising. Keep the counter durable"
+    );
 }
 
 /// The attempt loop. Returns the grant and the instant its request was sent,
@@ -668,7 +770,13 @@ fn start(
     sent: Instant,
     options: &LockOptions,
 ) -> Lease {
-    let shared = Arc::new(Shared::new(key, grant.token, owner, backend));
+    let shared = Arc::new(Shared::new(
+        key,
+        grant.token,
+        owner,
+        backend,
+        sent + options.ttl,
+    ));
     // Renewal, and the lost signal when the ttl runs out, come from the
     // backend's renewal scheduler; a backend that can tell of a loss by
     // itself (a PostgreSQL session ending) does so through its loss group.

@@ -178,10 +178,12 @@ impl Backend for MemoryBackend {
         let now = Instant::now();
         let mut entries = self.lock();
         let entry = entries.entry(key);
-        if let Some(holder) = entry.live_holder(now) {
+        if let Some(holder) = entry.holder.as_mut().filter(|h| h.expires_at > now) {
             // A retry by the owner that holds it (its first answer was
-            // lost): it has the key, with the token already drawn.
+            // lost): it has the key, with the token already drawn, for a
+            // ttl from now, as the caller counts it.
             if holder.owner == *owner {
+                holder.expires_at = now + ttl;
                 return Ok(Attempt::Acquired(Grant::new(holder.token)));
             }
             return Ok(Attempt::Held {

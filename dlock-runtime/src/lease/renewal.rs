@@ -118,13 +118,8 @@ pub(super) struct Registration {
 
 impl Registration {
     /// Stops renewing and watching the lease (released or dropped).
-    /// Returns until when the lease was known valid (counted from when its
-    /// last renewal was sent), unless it had already left the schedule.
-    pub(super) fn cancel(&self) -> Option<Instant> {
-        self.renewer
-            .schedule()
-            .remove(self.id)
-            .map(|entry| entry.valid_until)
+    pub(super) fn cancel(&self) {
+        self.renewer.schedule().remove(self.id);
     }
 }
 
@@ -150,7 +145,15 @@ pub(super) fn register(
                 wake: Notify::new(),
             });
             all.insert(key, Arc::clone(&renewer));
-            runtime.spawn(run(Arc::clone(&renewer), key));
+            // The guard goes in as an argument, so it is dropped with the
+            // task even if the runtime shuts down before the task ever ran.
+            runtime.spawn(run(
+                Arc::clone(&renewer),
+                Unlist {
+                    key,
+                    renewer: Arc::clone(&renewer),
+                },
+            ));
             renewer
         }
     };
@@ -197,13 +200,25 @@ struct Unlist {
 
 impl Drop for Unlist {
     fn drop(&mut self) {
-        let mut all = schedulers();
-        self.renewer.schedule().closed = true;
-        if all
-            .get(&self.key)
-            .is_some_and(|r| Arc::ptr_eq(r, &self.renewer))
-        {
-            all.remove(&self.key);
+        let orphans = {
+            let mut all = schedulers();
+            let mut schedule = self.renewer.schedule();
+            schedule.closed = true;
+            if all
+                .get(&self.key)
+                .is_some_and(|r| Arc::ptr_eq(r, &self.renewer))
+            {
+                all.remove(&self.key);
+            }
+            schedule.renewals.clear();
+            schedule.expiries.clear();
+            std::mem::take(&mut schedule.leases)
+        };
+        // The task ends with leases still in its care only when its runtime
+        // shuts down: nobody will renew them, so their holders are told now
+        // rather than left believing (outside the locks: telling wakes tasks).
+        for entry in orphans.into_values() {
+            entry.shared.mark_lost(LostReason::RuntimeGone);
         }
     }
 }
@@ -213,11 +228,8 @@ type Batch = Vec<(u64, Arc<Shared>, Duration, Instant)>;
 /// The scheduler task: marks expired leases lost, sends due renewals in
 /// batches, sleeps until the next event, and ends once it has had no lease
 /// for [`LINGER`].
-async fn run(renewer: Arc<Renewer>, key: SchedulerKey) {
-    let _unlist = Unlist {
-        key,
-        renewer: Arc::clone(&renewer),
-    };
+async fn run(renewer: Arc<Renewer>, unlist: Unlist) {
+    let _unlist = unlist;
     let mut idle_since: Option<Instant> = None;
     loop {
         let now = Instant::now();
@@ -352,6 +364,7 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
             // Renewed in time: valid for a ttl from when the request left.
             Some(Ok(true)) if entry.valid_until > now => {
                 let old = std::mem::replace(&mut entry.valid_until, sent + *ttl);
+                shared.renewed_until(sent + *ttl);
                 entry.last_error = None;
                 let next = sent + entry.interval();
                 schedule.expiries.remove(&(old, *id));

@@ -1,13 +1,18 @@
-//! What `#[distributed_lock]` expansions call. Not a public API: it may
-//! change in any release.
+//! What `#[distributed_lock]` expansions call: the support code of the
+//! macro, reached by generated code as `dlock::__private::…` (the `dlock`
+//! facade re-exports this module under that name, and `crate = "…"` points
+//! generated code at another path to the facade).
+//!
+//! Not a public API: it is `#[doc(hidden)]`, outside semver, and may change
+//! in any release together with the macro that calls it.
 
 use std::future::Future;
 
-pub use core::time::Duration;
-pub use dlock_runtime::registry::{BackendSlot, DEFAULT_BACKEND};
-pub use dlock_runtime::{
+pub use crate::registry::{BackendSlot, DEFAULT_BACKEND};
+pub use crate::{
     FencingToken, FencingTokens, KeyBuilder, Lease, LeaseSet, LockError, LockOptions, LostSignal,
 };
+pub use core::time::Duration;
 
 /// The return types a locked function may have: anything that can carry a
 /// [`LockError`], that is `Result<T, E>` with `E: From<LockError>`.
@@ -71,14 +76,10 @@ fn conclude<R: LockResult>(out: Result<R, LockError>, released: Result<(), LockE
                 // The body's work is done and its writes carried the token;
                 // its result is returned so it is not lost, and the failure
                 // is logged.
-                tracing_warn(&err);
+                tracing::warn!(error = %err, "releasing after the locked body failed; the body's result is returned");
             }
             out
         }
         Err(lost) => R::from_lock_error(lost),
     }
-}
-
-fn tracing_warn(err: &LockError) {
-    dlock_runtime::__log_release_failure(err);
 }

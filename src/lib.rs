@@ -53,8 +53,11 @@ pub use dlock_runtime::{
 };
 pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options, token};
 
+// What `#[distributed_lock]` expansions call (`::dlock::__private::…`, or
+// `<crate = "…">::__private::…`). It lives in the runtime and is not public
+// API: it may change in any release.
 #[doc(hidden)]
-pub mod __private;
+pub use dlock_runtime::__private;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -8,7 +8,7 @@ use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream};
 use syn::{Error, Expr, ExprArray, Ident, Lit, LitBool, LitStr, Token};
 
-use crate::valid::Errors;
+use crate::errors::Errors;
 
 mod kw {
     syn::custom_keyword!(key);

@@ -9,7 +9,9 @@ use syn::spanned::Spanned as _;
 use syn::{AttrStyle, Attribute, ExprAsync, Ident, ImplItem, ItemFn, ItemImpl};
 
 use crate::async_trait::{self, Boxed};
-use crate::valid::{self, Binding, Function, Lock, OnLost, Part, Special, Template};
+use crate::params::{self, Binding, Special};
+use crate::template::{Part, Template};
+use crate::valid::{self, Function, Lock, OnLost};
 
 /// The attribute's whole job: the expanded function, or, on any error, the
 /// function as callers will see it plus the errors (so one mistake gives one
@@ -69,7 +71,7 @@ fn without_lock_provided(item: TokenStream) -> TokenStream {
 /// itself would make the rest of it unreachable, and its parameters
 /// "unused". Returns whether there were any.
 fn unlock(sig: &mut syn::Signature, block: &mut syn::Block) -> bool {
-    let provided = valid::take_lock_provided(sig);
+    let provided = params::take_lock_provided(sig);
     if provided.is_empty() {
         return false;
     }

@@ -1,15 +1,28 @@
 //! The `#[distributed_lock]` attribute of [dlock](https://docs.rs/dlock).
 //!
 //! Use it through the `dlock` crate (`dlock::distributed_lock`); this crate
-//! only parses (`args.rs`), checks (`valid.rs`) and generates code
-//! (`expand.rs`). Everything that runs lives in `dlock-runtime`, reached
-//! through `dlock::__private`.
+//! only parses, checks and generates code. Everything that runs lives in
+//! `dlock-runtime`, reached through `dlock::__private`.
+//!
+//! One concern a file; each uses only those listed before it:
+//!
+//! - `errors.rs`: the collector that reports independent mistakes together.
+//! - `args.rs`: parses the attribute's `name = value` options (syntax only).
+//! - `async_trait.rs`: recognises a method `#[async_trait]` already rewrote.
+//! - `params.rs`: the function's parameters: the ones the lock provides and
+//!   the ones key placeholders may name.
+//! - `template.rs`: the key-template language, resolved against `params`.
+//! - `valid.rs`: checks the options against the function, into a `Lock`.
+//! - `expand.rs`: writes the locked function (or the item plus its errors).
 
 use proc_macro::TokenStream;
 
 mod args;
 mod async_trait;
+mod errors;
 mod expand;
+mod params;
+mod template;
 mod valid;
 
 /// Runs an `async fn` under a distributed lock: at most one caller at a time,

@@ -15,6 +15,10 @@
 
 #![warn(missing_docs)]
 
+// What `#[distributed_lock]` expansions call, re-exported by the facade as
+// `dlock::__private`. Not public API: it may change in any release.
+#[doc(hidden)]
+pub mod __private;
 pub mod backend;
 mod detach;
 pub mod error;

@@ -44,10 +44,3 @@ pub use lease::{Lease, LeaseSet, LostSignal};
 pub use options::{IntoLockKey, LockOptions, MAX_DURATION};
 pub use registry::{DEFAULT_BACKEND, Registry, registry};
 pub use token::{FencingToken, FencingTokens};
-
-/// Logs a release that failed after a locked body finished (used by the
-/// `dlock` facade, which has no tracing dependency of its own).
-#[doc(hidden)]
-pub fn __log_release_failure(err: &LockError) {
-    tracing::warn!(error = %err, "releasing after the locked body failed; the body's result is returned");
-}

@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use dlock::fence::FencedCell;
 use dlock::file::FileBackend;
+#[cfg(feature = "pg")]
 use dlock::pg::PgBackend;
+#[cfg(feature = "redis")]
 use dlock::redis::RedisBackend;
 use dlock::{FencingToken, LockError, distributed_lock, registry};
 use tokio::sync::oneshot;
@@ -37,7 +39,9 @@ const PAUSE_FOR: Duration = Duration::from_millis(2500);
 #[derive(Clone, Debug)]
 enum Store {
     File(PathBuf),
+    #[cfg(feature = "redis")]
     Redis(String),
+    #[cfg(feature = "pg")]
     Pg(String),
 }
 
@@ -46,7 +50,9 @@ impl Store {
     fn to_args(&self) -> [String; 2] {
         match self {
             Store::File(dir) => ["file".into(), dir.display().to_string()],
+            #[cfg(feature = "redis")]
             Store::Redis(url) => ["redis".into(), url.clone()],
+            #[cfg(feature = "pg")]
             Store::Pg(conn) => ["pg".into(), conn.clone()],
         }
     }
@@ -54,7 +60,9 @@ impl Store {
     fn from_args(kind: &str, arg: &str) -> Option<Store> {
         match kind {
             "file" => Some(Store::File(PathBuf::from(arg))),
+            #[cfg(feature = "redis")]
             "redis" => Some(Store::Redis(arg.to_owned())),
+            #[cfg(feature = "pg")]
             "pg" => Some(Store::Pg(arg.to_owned())),
             _ => None,
         }
@@ -63,7 +71,9 @@ impl Store {
     fn describe(&self) -> String {
         match self {
             Store::File(dir) => format!("file backend in {}", dir.display()),
+            #[cfg(feature = "redis")]
             Store::Redis(_) => "Redis backend".into(),
+            #[cfg(feature = "pg")]
             Store::Pg(_) => "PostgreSQL backend".into(),
         }
     }
@@ -83,8 +93,14 @@ fn main() -> ExitCode {
         }
         [] => Store::File(std::env::temp_dir().join(format!("dlock-demo-{}", std::process::id()))),
         ["--dir", dir] => Store::File(PathBuf::from(dir)),
+        #[cfg(feature = "redis")]
         ["--redis", url] => Store::Redis((*url).to_owned()),
+        #[cfg(feature = "pg")]
         ["--pg", conn] => Store::Pg((*conn).to_owned()),
+        #[cfg(not(feature = "redis"))]
+        ["--redis", _] => return without_feature("redis"),
+        #[cfg(not(feature = "pg"))]
+        ["--pg", _] => return without_feature("pg"),
         ["--help" | "-h"] => {
             println!("{USAGE}");
             return ExitCode::SUCCESS;
@@ -95,6 +111,16 @@ fn main() -> ExitCode {
         }
     };
     coordinator(store)
+}
+
+/// `--redis` or `--pg` asked of a demo built without that backend.
+#[cfg(not(all(feature = "redis", feature = "pg")))]
+fn without_feature(backend: &str) -> ExitCode {
+    eprintln!(
+        "demo: --{backend} needs dlock's `{backend}` feature (on by default): \
+         cargo run --example demo --features {backend} -- --{backend} ..."
+    );
+    ExitCode::FAILURE
 }
 
 // ---------------------------------------------------------------- replica --
@@ -178,9 +204,11 @@ fn replica(store: Store) -> ExitCode {
     let registered = runtime.block_on(async {
         match store {
             Store::File(dir) => FileBackend::open(dir).map(|b| registry().register("demo", b)),
+            #[cfg(feature = "redis")]
             Store::Redis(url) => RedisBackend::connect(&url)
                 .await
                 .map(|b| registry().register("demo", b)),
+            #[cfg(feature = "pg")]
             Store::Pg(conn) => PgBackend::connect(&conn)
                 .await
                 .map(|b| registry().register("demo", b)),
@@ -300,7 +328,10 @@ fn coordinator(store_kind: Store) -> ExitCode {
     // A PostgreSQL session lock lives as long as its connection: a paused
     // holder keeps it (nobody takes over, nobody else writes), which is safe
     // too, just different from a ttl store.
+    #[cfg(feature = "pg")]
     let expect_takeover = !matches!(store_kind, Store::Pg(_));
+    #[cfg(not(feature = "pg"))]
+    let expect_takeover = true;
     if !expect_takeover {
         println!(
             "(PostgreSQL: a paused holder keeps its session and so its lock; the ticks during \
@@ -451,6 +482,11 @@ fn coordinator(store_kind: Store) -> ExitCode {
     for replica in &mut replicas {
         let _ = replica.child.wait();
     }
+    // Without a server backend the file store is the only one.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "pg")),
+        allow(irrefutable_let_patterns)
+    )]
     if let Store::File(dir) = &store_kind {
         let _ = std::fs::remove_dir_all(dir);
     }

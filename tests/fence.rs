@@ -9,23 +9,31 @@ mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
+#[cfg(feature = "pg")]
 use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::fence::FencedCell;
+#[cfg(feature = "pg")]
 use dlock::fence::pg::PgFence;
+#[cfg(feature = "redis")]
 use dlock::fence::redis::RedisFence;
 use dlock::memory::MemoryBackend;
+#[cfg(all(feature = "redis", feature = "pg"))]
 use dlock::pg::PgBackend;
+#[cfg(feature = "pg")]
 use dlock::pg::tokio_postgres::{self, NoTls};
+#[cfg(all(feature = "redis", feature = "pg"))]
 use dlock::redis::RedisBackend;
 use dlock::{Backend, FencingToken, LockError, LockOptions};
 
+#[cfg(feature = "pg")]
 fn pg_conn() -> String {
     std::env::var("DLOCK_PG_URL")
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
 }
 
+#[cfg(feature = "redis")]
 fn redis_url() -> String {
     std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
 }
@@ -38,6 +46,7 @@ fn fresh(label: &str) -> String {
     )
 }
 
+#[cfg(feature = "pg")]
 async fn pg_client() -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(&pg_conn(), NoTls)
         .await
@@ -46,6 +55,7 @@ async fn pg_client() -> tokio_postgres::Client {
     client
 }
 
+#[cfg(feature = "redis")]
 async fn redis_conn() -> redis::aio::MultiplexedConnection {
     redis::Client::open(redis_url())
         .expect("Redis URL")
@@ -54,10 +64,12 @@ async fn redis_conn() -> redis::aio::MultiplexedConnection {
         .expect("Redis at 127.0.0.1:6379 or DLOCK_REDIS_URL")
 }
 
+#[cfg(any(feature = "redis", feature = "pg"))]
 fn token(value: u64) -> FencingToken {
     FencingToken::new(value)
 }
 
+#[cfg(any(feature = "redis", feature = "pg"))]
 fn assert_stale(
     result: Result<impl std::fmt::Debug, LockError>,
     resource: &str,
@@ -89,6 +101,7 @@ fn assert_stale(
 
 // ---------------------------------------------------------------- PostgreSQL
 
+#[cfg(feature = "pg")]
 async fn pg_fence(client: &tokio_postgres::Client) -> PgFence {
     let fence = PgFence::new();
     fence
@@ -98,6 +111,7 @@ async fn pg_fence(client: &tokio_postgres::Client) -> PgFence {
     fence
 }
 
+#[cfg(feature = "pg")]
 #[tokio::test]
 async fn pg_fence_refuses_a_lower_token_naming_resource_offered_and_highest() {
     let mut client = pg_client().await;
@@ -134,6 +148,7 @@ async fn pg_fence_refuses_a_lower_token_naming_resource_offered_and_highest() {
     );
 }
 
+#[cfg(feature = "pg")]
 #[tokio::test]
 async fn pg_fence_recorded_token_rolls_back_with_the_callers_transaction() {
     let mut client = pg_client().await;
@@ -151,6 +166,7 @@ async fn pg_fence_recorded_token_rolls_back_with_the_callers_transaction() {
     );
 }
 
+#[cfg(feature = "pg")]
 #[tokio::test]
 async fn pg_fence_rejects_bad_names_and_tokens_beyond_bigint_without_panicking() {
     let mut client = pg_client().await;
@@ -192,6 +208,7 @@ async fn pg_fence_rejects_bad_names_and_tokens_beyond_bigint_without_panicking()
     tx.rollback().await.expect("rollback");
 }
 
+#[cfg(feature = "pg")]
 #[tokio::test]
 async fn pg_fence_missing_table_is_a_clear_error() {
     let mut client = pg_client().await;
@@ -209,6 +226,7 @@ async fn pg_fence_missing_table_is_a_clear_error() {
 /// then read, then write). Each commits or is refused as stale; the counter
 /// must equal the number of commits, and the committed tokens, in commit
 /// order, must rise.
+#[cfg(feature = "pg")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_fence_concurrent_writers_with_different_tokens_lose_no_update_under_read_committed() {
     let setup = pg_client().await;
@@ -297,6 +315,7 @@ async fn pg_fence_concurrent_writers_with_different_tokens_lose_no_update_under_
 
 // --------------------------------------------------------------------- Redis
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_fence_refuses_a_lower_token_and_keeps_the_newer_value() {
     let mut conn = redis_conn().await;
@@ -334,6 +353,7 @@ async fn redis_fence_refuses_a_lower_token_and_keeps_the_newer_value() {
     );
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_fence_read_records_the_token_so_an_older_holder_cannot_write_after_it() {
     let mut conn = redis_conn().await;
@@ -360,6 +380,7 @@ async fn redis_fence_read_records_the_token_so_an_older_holder_cannot_write_afte
     );
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_fence_compares_tokens_above_two_to_the_53_exactly() {
     let mut conn = redis_conn().await;
@@ -404,6 +425,7 @@ async fn redis_fence_compares_tokens_above_two_to_the_53_exactly() {
     );
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_fence_foreign_data_under_its_key_is_an_error_not_a_reset() {
     let mut conn = redis_conn().await;
@@ -482,6 +504,7 @@ async fn timeline(
     drop(paused);
 }
 
+#[cfg(all(feature = "redis", feature = "pg"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_lock_fences_a_postgresql_table() {
     let backend: Arc<dyn Backend> =
@@ -502,6 +525,7 @@ async fn a_redis_lock_fences_a_postgresql_table() {
     .await;
 }
 
+#[cfg(all(feature = "redis", feature = "pg"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgresql_lock_fences_a_redis_value() {
     let backend: Arc<dyn Backend> = Arc::new(PgBackend::connect(&pg_conn()).await.expect("pg"));

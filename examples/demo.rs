@@ -84,6 +84,9 @@ const USAGE: &str = "usage: cargo run --example demo [-- --dir LOCK_DIR | --redi
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Only the directory the demo made for itself is removed at the end:
+    // one given with --dir is the user's.
+    let mut own_dir = None;
     let store = match words.as_slice() {
         ["--replica", kind, arg] => {
             return match Store::from_args(kind, arg) {
@@ -91,7 +94,11 @@ fn main() -> ExitCode {
                 None => ExitCode::FAILURE,
             };
         }
-        [] => Store::File(std::env::temp_dir().join(format!("dlock-demo-{}", std::process::id()))),
+        [] => {
+            let dir = std::env::temp_dir().join(format!("dlock-demo-{}", std::process::id()));
+            own_dir = Some(dir.clone());
+            Store::File(dir)
+        }
         ["--dir", dir] => Store::File(PathBuf::from(dir)),
         #[cfg(feature = "redis")]
         ["--redis", url] => Store::Redis((*url).to_owned()),
@@ -110,7 +117,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    coordinator(store)
+    let outcome = coordinator(store);
+    if let Some(dir) = &own_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    outcome
 }
 
 /// `--redis` or `--pg` asked of a demo built without that backend.
@@ -482,15 +493,6 @@ fn coordinator(store_kind: Store) -> ExitCode {
     for replica in &mut replicas {
         let _ = replica.child.wait();
     }
-    // Without a server backend the file store is the only one.
-    #[cfg_attr(
-        not(any(feature = "redis", feature = "pg")),
-        allow(irrefutable_let_patterns)
-    )]
-    if let Store::File(dir) = &store_kind {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-
     let (reports, highest) = store.read();
     println!();
     println!(

@@ -52,6 +52,8 @@ pub use dlock_runtime::{
     LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
 };
 pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options, token};
+#[cfg(feature = "conformance")]
+pub use dlock_runtime::{conformance, conformance_suite};
 
 // What `#[distributed_lock]` expansions call (`::dlock::__private::…`, or
 // `<crate = "…">::__private::…`). It lives in the runtime and is not public

@@ -1,7 +1,6 @@
 //! The conformance suite on `FileBackend`, plus what it promises across
 //! real OS processes on one host.
 
-mod conformance;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
@@ -23,7 +22,7 @@ async fn backend() -> Arc<dyn Backend> {
     Arc::new(FileBackend::open(fresh_dir()).expect("lock directory"))
 }
 
-conformance::suite!(backend);
+dlock_runtime::conformance_suite!(backend);
 
 /// The environment variable that turns this test binary into a child
 /// process playing one role (see `child_process_entry`).

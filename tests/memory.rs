@@ -1,6 +1,5 @@
 //! The conformance suite on `MemoryBackend`, plus what only it can show.
 
-mod conformance;
 mod support;
 
 use std::sync::Arc;
@@ -13,7 +12,7 @@ async fn backend() -> Arc<dyn Backend> {
     Arc::new(MemoryBackend::new())
 }
 
-conformance::suite!(backend);
+dlock_runtime::conformance_suite!(backend);
 
 #[tokio::test]
 async fn unknown_backend_name_is_an_error_listing_the_registered_ones() {

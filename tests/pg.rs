@@ -4,7 +4,6 @@
 //! SIGKILL, a terminated lock session, a half-open connection, an
 //! application pool beside the lock sessions, transaction-scoped locks.
 
-mod conformance;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
@@ -15,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::within;
 
-use conformance::fresh_key;
+use dlock_runtime::conformance::fresh_key;
 use dlock::backend::OwnerId;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
@@ -39,7 +38,7 @@ async fn pg() -> PgBackend {
         .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
 }
 
-conformance::suite!(backend);
+dlock_runtime::conformance_suite!(backend);
 
 /// A plain client, as an application or an administrator would use.
 async fn raw_client() -> tokio_postgres::Client {

@@ -3,7 +3,6 @@
 //! Redis backend promises across OS processes, against interference from
 //! outside, and for bad input.
 
-mod conformance;
 mod redis_support;
 mod support;
 
@@ -31,7 +30,7 @@ async fn backend() -> Arc<dyn Backend> {
     )
 }
 
-conformance::suite!(backend);
+dlock_runtime::conformance_suite!(backend);
 
 // ---------------------------------------------------------------------------
 // Across OS processes: this test binary re-run as children.
@@ -119,7 +118,7 @@ fn child_process_entry() {
 
 #[test]
 fn twenty_acquirers_across_three_processes_exactly_one_wins() {
-    let key = conformance::fresh_key("race-processes").to_string();
+    let key = dlock_runtime::conformance::fresh_key("race-processes").to_string();
     let mut children: Vec<Child> = [7, 7, 6]
         .iter()
         .map(|tasks: &usize| spawn_child("race", &[&key, &tasks.to_string()]))
@@ -151,7 +150,7 @@ fn twenty_acquirers_across_three_processes_exactly_one_wins() {
 
 #[test]
 fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
-    let key = conformance::fresh_key("counter-processes").to_string();
+    let key = dlock_runtime::conformance::fresh_key("counter-processes").to_string();
     let id = OwnerId::random().expect("random");
     let counter = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-redis-{id}.txt"));
     let counter_s = counter.to_str().expect("utf-8 path");
@@ -183,7 +182,7 @@ fn cli(args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {
     let backend = backend().await;
-    let key = conformance::fresh_key("deleted");
+    let key = dlock_runtime::conformance::fresh_key("deleted");
     let lease = LockOptions::new(Duration::from_millis(900))
         .acquire_on(backend.clone(), &key)
         .await
@@ -209,7 +208,7 @@ async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_leaves_it_alone() {
     let backend = backend().await;
-    let key = conformance::fresh_key("overwritten");
+    let key = dlock_runtime::conformance::fresh_key("overwritten");
     let lease = LockOptions::new(Duration::from_millis(900))
         .acquire_on(backend.clone(), &key)
         .await
@@ -234,7 +233,7 @@ async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_le
         "the release must not touch it"
     );
     // A value of another type is "not the owner" too, not a script error.
-    let other = conformance::fresh_key("overwritten-hash");
+    let other = dlock_runtime::conformance::fresh_key("overwritten-hash");
     let lease = LockOptions::new(Duration::from_millis(900))
         .acquire_on(backend.clone(), &other)
         .await
@@ -377,7 +376,7 @@ fn fence_name(key: &LockKey) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_stay_exact_and_strictly_rising_above_two_to_the_53() {
     let backend = backend().await;
-    let key = conformance::fresh_key("past-2-53");
+    let key = dlock_runtime::conformance::fresh_key("past-2-53");
     // Seeded past the largest integer a Lua number (a double) holds exactly,
     // as a migration from another lock store might.
     let seed: u64 = (1 << 53) + 1;
@@ -402,7 +401,7 @@ async fn tokens_stay_exact_and_strictly_rising_above_two_to_the_53() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fencing_counter_that_cannot_rise_is_refused_and_leaves_the_key_free() {
     let backend = backend().await;
-    let key = conformance::fresh_key("counter-at-max");
+    let key = dlock_runtime::conformance::fresh_key("counter-at-max");
     for stuck in [i64::MAX.to_string(), "not-a-number".to_owned()] {
         assert_eq!(cli(&["SET", &fence_name(&key), &stuck]), "OK");
         let refused = LockOptions::new(Duration::from_secs(60))
@@ -431,7 +430,7 @@ async fn a_release_whose_reply_is_lost_is_not_reported_as_a_lost_lease() {
             .await
             .expect("connect through the proxy"),
     );
-    let key = conformance::fresh_key("lost-reply");
+    let key = dlock_runtime::conformance::fresh_key("lost-reply");
     let lease = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
         .await
@@ -479,7 +478,7 @@ async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
     let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
 
     let backend = backend().await;
-    let key = conformance::fresh_key("ahead-of-clock");
+    let key = dlock_runtime::conformance::fresh_key("ahead-of-clock");
     assert_eq!(
         cli(&["SET", &fence_name(&key), &(1u64 << 60).to_string()]),
         "OK"

@@ -4,7 +4,6 @@
 //! `redis-cli --cluster create`, shared by every test of the binary and
 //! killed when it exits.
 
-mod conformance;
 mod redis_support;
 mod support;
 
@@ -84,14 +83,14 @@ async fn backend() -> Arc<dyn Backend> {
     Arc::new(redis)
 }
 
-conformance::suite!(backend);
+dlock_runtime::conformance_suite!(backend);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_on_every_master_lock_and_wake_waiters_through_one_seed() {
     let backend = backend().await;
     // Enough keys that all three masters hold some of them.
     for i in 0..30 {
-        let key = conformance::fresh_key(&format!("spread-{i}"));
+        let key = dlock_runtime::conformance::fresh_key(&format!("spread-{i}"));
         let lease = LockOptions::new(Duration::from_secs(10))
             .acquire_on(backend.clone(), &key)
             .await
@@ -155,7 +154,7 @@ async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release
     }
     // And through the front door: a waiter woken by a release.
     let backend: Arc<dyn Backend> = Arc::new(redis);
-    let key = conformance::fresh_key("acl-wait");
+    let key = dlock_runtime::conformance::fresh_key("acl-wait");
     let holder = LockOptions::new(Duration::from_secs(10))
         .acquire_on(backend.clone(), &key)
         .await

@@ -20,6 +20,8 @@
 #[doc(hidden)]
 pub mod __private;
 pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod detach;
 pub mod error;
 pub mod fence;

@@ -4,20 +4,14 @@
 
 pub mod proxy;
 
-use std::future::Future;
 use std::process::Command;
 use std::time::Duration;
 
-use tokio::time::timeout;
 
-/// Fails the test if `fut` has not finished within `secs` (a hang guard,
-/// not a timing assertion).
-pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
-}
+/// The hang guard, the attempt-counting backend and the waiting task the
+/// shipped conformance suite uses, for this crate's other tests too.
+#[allow(unused_imports)] // each test binary uses some of them
+pub use dlock_runtime::conformance::{CountingBackend, spawn_waiter, within};
 
 /// Re-runs this test binary as a child process playing `role` (see
 /// [`child_command`]), with its stdin and stdout piped to the caller.
@@ -141,121 +135,6 @@ pub fn child_lines(child: &mut std::process::Child, prefix: &str) -> Vec<String>
         .map_while(Result::ok)
         .filter_map(|line| line.strip_prefix(prefix).map(str::to_owned))
         .collect()
-}
-
-/// A backend that counts acquisition attempts and passes everything to
-/// `inner`: a test tells a waiter woken by a release from one that polls.
-/// It can also fail its first attempts, as a restarting server would, or
-/// leave its next attempt unanswered for ever, as a stalled one would.
-pub struct CountingBackend {
-    inner: std::sync::Arc<dyn dlock::Backend>,
-    attempts: std::sync::atomic::AtomicUsize,
-    failures: std::sync::atomic::AtomicUsize,
-    hang_next: std::sync::atomic::AtomicBool,
-}
-
-impl CountingBackend {
-    pub fn new(inner: std::sync::Arc<dyn dlock::Backend>) -> std::sync::Arc<Self> {
-        Self::failing_first(inner, 0)
-    }
-
-    /// Its first `failures` acquisition attempts fail with a backend error
-    /// ("connection refused") without reaching `inner`.
-    pub fn failing_first(
-        inner: std::sync::Arc<dyn dlock::Backend>,
-        failures: usize,
-    ) -> std::sync::Arc<Self> {
-        std::sync::Arc::new(Self {
-            inner,
-            attempts: std::sync::atomic::AtomicUsize::new(0),
-            failures: std::sync::atomic::AtomicUsize::new(failures),
-            hang_next: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// The next acquisition attempt never gets an answer.
-    pub fn hang_next_attempt(&self) {
-        self.hang_next
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// How many acquisition attempts went through so far.
-    pub fn attempts(&self) -> usize {
-        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-#[async_trait::async_trait]
-impl dlock::Backend for CountingBackend {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    async fn try_acquire(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-        ttl: Duration,
-    ) -> Result<dlock::backend::Attempt, dlock::LockError> {
-        use std::sync::atomic::Ordering;
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        if self.hang_next.swap(false, Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(dlock::LockError::backend(
-                self.inner.kind(),
-                dlock::error::Operation::Acquire,
-                key.as_str(),
-                "connection refused",
-            ));
-        }
-        self.inner.try_acquire(key, owner, ttl).await
-    }
-    async fn extend(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, dlock::LockError> {
-        self.inner.extend(key, owner, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &dlock::LockKey,
-        owner: &dlock::backend::OwnerId,
-    ) -> Result<dlock::backend::ReleaseOutcome, dlock::LockError> {
-        self.inner.release(key, owner).await
-    }
-    async fn subscribe(
-        &self,
-        key: &dlock::LockKey,
-    ) -> Result<dlock::backend::ReleaseNotice, dlock::LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &dlock::LockKey) -> Result<bool, dlock::LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
-/// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting
-/// up to `wait_secs` for it.
-pub fn spawn_waiter(
-    backend: std::sync::Arc<dyn dlock::Backend>,
-    key: &dlock::LockKey,
-    ttl_secs: u64,
-    wait_secs: u64,
-) -> tokio::task::JoinHandle<Result<dlock::Lease, dlock::LockError>> {
-    let key = key.clone();
-    tokio::spawn(async move {
-        dlock::LockOptions::new(Duration::from_secs(ttl_secs))
-            .wait(Duration::from_secs(wait_secs))
-            .acquire_on(backend, key)
-            .await
-    })
 }
 
 /// Writes a test CA (`ca.crt`, `ca.key`) and a server certificate it

@@ -1,34 +1,49 @@
-//! The conformance suite every backend runs unchanged.
-//!
-//! A backend's test file provides `async fn backend() -> Arc<dyn Backend>`
-//! (a real server or real storage, never a fake) and instantiates the suite:
+//! The conformance suite: the properties every [`Backend`] must keep, as
+//! one test each, run against a real store. Every in-tree backend runs it
+//! unchanged; a backend in another crate runs it the same way (enable this
+//! crate's `conformance` feature in its dev-dependencies):
 //!
 //! ```ignore
-//! mod conformance;
-//! mod support; // shared test helpers the suite uses
-//! conformance::suite!(backend);
+//! // tests/conformance.rs of the crate that implements the backend
+//! async fn backend() -> Arc<dyn dlock::Backend> {
+//!     std::sync::Arc::new(MyBackend::connect("…").await.expect("the test server"))
+//! }
+//! dlock::conformance_suite!(backend);
 //! ```
 //!
-//! Every test uses fresh random keys, so the suite can run in parallel and
-//! repeatedly against one server.
+//! [`conformance_suite!`](crate::conformance_suite) makes one `#[test]` per
+//! property, each on a multi-threaded runtime of its own, named after it (so
+//! `cargo test tokens_strictly_increase` runs one). [`check_all`] runs them
+//! all in one go, for a doctest or a quick check. Every property uses fresh
+//! random keys ([`fresh_key`]), so the suite runs in parallel and repeatedly
+//! against one server.
+//!
+//! The properties are written as plain async functions that panic on a
+//! broken promise: read one to see exactly what a backend is held to. The
+//! rules behind them are on the [`Backend`] trait itself.
+//!
+//! Not a stable API: properties are added as the contract grows.
 
-#![allow(dead_code)]
+#![allow(clippy::missing_panics_doc)]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::backend::OwnerId;
-use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use async_trait::async_trait;
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::support::within;
+use crate::backend::{Backend, OwnerId};
+use crate::{LockError, LockKey, LockOptions, LostReason};
 
-/// Instantiates one `#[tokio::test]` per property for the backend made by
-/// `$make` (an async fn returning `Arc<dyn Backend>`).
-macro_rules! suite {
+/// Makes one `#[test]` per conformance property for the backend that the
+/// async fn `$make` (returning `Arc<dyn Backend>`) connects. See the
+/// [module docs](crate::conformance).
+#[macro_export]
+macro_rules! conformance_suite {
     ($make:path) => {
-        $crate::conformance::suite!(@tests $make;
+        $crate::conformance_suite!(@tests $make;
             twenty_concurrent_acquirers_exactly_one_wins,
             tokens_strictly_increase,
             tokens_strictly_increase_across_keys_and_backend_instances,
@@ -45,24 +60,205 @@ macro_rules! suite {
             multi_key_failure_gives_back_taken_keys,
             dropping_an_unreleased_lease_frees_the_key,
             cancelled_waiter_leaves_the_key_free,
+            odd_keys_are_data_and_lock_exclusively,
+            bad_keys_and_durations_are_errors,
             acquisitions_abandoned_mid_attempt_leave_their_keys_free,
             a_release_abandoned_half_way_still_frees_the_key,
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
-            odd_keys_are_data_and_lock_exclusively,
-            bad_keys_and_durations_are_errors,
         );
     };
     (@tests $make:path; $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() {
-                $crate::conformance::$name($make().await).await;
+            #[test]
+            fn $name() {
+                $crate::conformance::block_on(async {
+                    $crate::conformance::$name($make().await).await;
+                });
             }
         )*
     };
 }
-pub(crate) use suite;
+
+/// Runs `future` to completion on a fresh multi-threaded runtime (four
+/// workers, timers and I/O on), as each property of the suite runs.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("a runtime for the conformance suite")
+        .block_on(future)
+}
+
+/// Runs every property of the suite, one after another, on backends made
+/// by `make`, panicking with the property's name at the first broken one.
+/// Takes minutes; a crate's own tests should use
+/// [`conformance_suite!`](crate::conformance_suite), which runs them in
+/// parallel as separate tests.
+pub async fn check_all<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Backend>>,
+{
+    macro_rules! each {
+        ($($name:ident),* $(,)?) => {
+            $(
+                eprintln!("conformance: {}", stringify!($name));
+                $name(make().await).await;
+            )*
+        };
+    }
+    each!(
+    twenty_concurrent_acquirers_exactly_one_wins,
+    tokens_strictly_increase,
+    tokens_strictly_increase_across_keys_and_backend_instances,
+    release_by_non_owner_fails_and_changes_nothing,
+    extend_by_non_owner_fails_and_changes_nothing,
+    expiry_frees_the_key,
+    renewal_keeps_a_lease_alive_past_several_ttls,
+    lost_signal_fires_when_the_lease_is_taken_away,
+    lost_signal_fires_when_the_ttl_runs_out_without_renewal,
+    waiter_wakes_on_release_not_by_polling,
+    waiter_times_out_with_timeout_error,
+    min_hold_keeps_the_key_after_early_release,
+    opposite_order_multi_key_acquirers_never_deadlock,
+    multi_key_failure_gives_back_taken_keys,
+    dropping_an_unreleased_lease_frees_the_key,
+    cancelled_waiter_leaves_the_key_free,
+    acquisitions_abandoned_mid_attempt_leave_their_keys_free,
+    a_release_abandoned_half_way_still_frees_the_key,
+    a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
+    a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
+    odd_keys_are_data_and_lock_exclusively,
+    bad_keys_and_durations_are_errors,
+    );
+}
+
+/// Fails with `what` if `fut` has not finished within `secs` (a hang guard,
+/// not a timing assertion).
+pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
+    match timeout(Duration::from_secs(secs), fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what} did not finish within {secs}s"),
+    }
+}
+
+/// A backend that counts acquisition attempts and passes everything to
+/// `inner`: a test tells a waiter woken by a release from one that polls.
+/// It can also fail its first attempts, as a restarting server would, or
+/// leave its next attempt unanswered for ever, as a stalled one would.
+pub struct CountingBackend {
+    inner: Arc<dyn crate::Backend>,
+    attempts: std::sync::atomic::AtomicUsize,
+    failures: std::sync::atomic::AtomicUsize,
+    hang_next: std::sync::atomic::AtomicBool,
+}
+
+impl CountingBackend {
+    /// Wraps `inner`, passing every call through.
+    pub fn new(inner: Arc<dyn crate::Backend>) -> Arc<Self> {
+        Self::failing_first(inner, 0)
+    }
+
+    /// Its first `failures` acquisition attempts fail with a backend error
+    /// ("connection refused") without reaching `inner`.
+    pub fn failing_first(
+        inner: Arc<dyn crate::Backend>,
+        failures: usize,
+    ) -> Arc<Self> {
+        std::sync::Arc::new(Self {
+            inner,
+            attempts: std::sync::atomic::AtomicUsize::new(0),
+            failures: std::sync::atomic::AtomicUsize::new(failures),
+            hang_next: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The next acquisition attempt never gets an answer.
+    pub fn hang_next_attempt(&self) {
+        self.hang_next
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many acquisition attempts went through so far.
+    pub fn attempts(&self) -> usize {
+        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl crate::Backend for CountingBackend {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn try_acquire(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<crate::backend::Attempt, crate::LockError> {
+        use std::sync::atomic::Ordering;
+        self.attempts.fetch_add(1, Ordering::SeqCst);
+        if self.hang_next.swap(false, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        if self
+            .failures
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(crate::LockError::backend(
+                self.inner.kind(),
+                crate::error::Operation::Acquire,
+                key.as_str(),
+                "connection refused",
+            ));
+        }
+        self.inner.try_acquire(key, owner, ttl).await
+    }
+    async fn extend(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::backend::OwnerId,
+        ttl: Duration,
+    ) -> Result<bool, crate::LockError> {
+        self.inner.extend(key, owner, ttl).await
+    }
+    async fn release(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::backend::OwnerId,
+    ) -> Result<crate::backend::ReleaseOutcome, crate::LockError> {
+        self.inner.release(key, owner).await
+    }
+    async fn subscribe(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<crate::backend::ReleaseNotice, crate::LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &crate::LockKey) -> Result<bool, crate::LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+/// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting
+/// up to `wait_secs` for it.
+pub fn spawn_waiter(
+    backend: Arc<dyn crate::Backend>,
+    key: &crate::LockKey,
+    ttl_secs: u64,
+    wait_secs: u64,
+) -> tokio::task::JoinHandle<Result<crate::Lease, crate::LockError>> {
+    let key = key.clone();
+    tokio::spawn(async move {
+        crate::LockOptions::new(Duration::from_secs(ttl_secs))
+            .wait(Duration::from_secs(wait_secs))
+            .acquire_on(backend, key)
+            .await
+    })
+}
 
 /// A fresh key no other test (or earlier run) uses.
 pub fn fresh_key(label: &str) -> LockKey {
@@ -74,6 +270,7 @@ fn options(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms))
 }
 
+/// Twenty acquirers race for one key: exactly one wins, the others are told `Held`.
 pub async fn twenty_concurrent_acquirers_exactly_one_wins(backend: Arc<dyn Backend>) {
     let key = fresh_key("race");
     let barrier = Arc::new(Barrier::new(20));
@@ -102,6 +299,7 @@ pub async fn twenty_concurrent_acquirers_exactly_one_wins(backend: Arc<dyn Backe
     }
 }
 
+/// Each acquisition of a key gets a token strictly greater than every token before it.
 pub async fn tokens_strictly_increase(backend: Arc<dyn Backend>) {
     let key = fresh_key("tokens");
     let mut last = None;
@@ -122,6 +320,7 @@ pub async fn tokens_strictly_increase(backend: Arc<dyn Backend>) {
     }
 }
 
+/// Tokens keep rising for a key taken by different backend instances (as different processes would), with other keys in between.
 pub async fn tokens_strictly_increase_across_keys_and_backend_instances(backend: Arc<dyn Backend>) {
     // Tokens of one key keep rising even when other keys are locked in
     // between and when a lease expires instead of being released.
@@ -156,6 +355,7 @@ pub async fn tokens_strictly_increase_across_keys_and_backend_instances(backend:
     drop(expiring);
 }
 
+/// A release by an owner that does not hold the key is refused (`NotOwner`) and leaves the holder's lease alone.
 pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Backend>) {
     let key = fresh_key("non-owner-release");
     let lease = options(10_000)
@@ -169,7 +369,7 @@ pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Bac
         .expect("backend answers");
     assert_eq!(
         released,
-        dlock::backend::ReleaseOutcome::NotOwner,
+        crate::backend::ReleaseOutcome::NotOwner,
         "a non-owner's release must be refused"
     );
     let contender = options(10_000).acquire_on(backend.clone(), &key).await;
@@ -184,6 +384,7 @@ pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Bac
         .expect("the owner's release still works");
 }
 
+/// An extension by an owner that does not hold the key is refused and leaves the holder's lease alone.
 pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Backend>) {
     let key = fresh_key("non-owner-extend");
     let lease = options(10_000)
@@ -204,6 +405,7 @@ pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Back
     assert!(again.is_ok(), "the key is free after the owner released it");
 }
 
+/// A lease that is not renewed expires: the key is free after its ttl, with a higher token for the next holder.
 pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
     let key = fresh_key("expiry");
     let holder = options(300)
@@ -232,6 +434,7 @@ pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
     next.release().await.expect("release");
 }
 
+/// A renewed lease outlives several ttls and stays exclusive.
 pub async fn renewal_keeps_a_lease_alive_past_several_ttls(backend: Arc<dyn Backend>) {
     let key = fresh_key("renewal");
     let lease = options(300)
@@ -245,6 +448,7 @@ pub async fn renewal_keeps_a_lease_alive_past_several_ttls(backend: Arc<dyn Back
     lease.release().await.expect("release");
 }
 
+/// The lost signal fires when an administrator breaks the lock (`force_release`).
 pub async fn lost_signal_fires_when_the_lease_is_taken_away(backend: Arc<dyn Backend>) {
     let key = fresh_key("taken-away");
     let lease = options(300)
@@ -282,6 +486,7 @@ pub async fn lost_signal_fires_when_the_lease_is_taken_away(backend: Arc<dyn Bac
     usurper.release().await.expect("release");
 }
 
+/// The lost signal fires when the ttl runs out without renewal.
 pub async fn lost_signal_fires_when_the_ttl_runs_out_without_renewal(backend: Arc<dyn Backend>) {
     let key = fresh_key("ttl-runs-out");
     let lease = options(200)
@@ -304,13 +509,14 @@ pub async fn lost_signal_fires_when_the_ttl_runs_out_without_renewal(backend: Ar
     assert!(lease.check().is_err());
 }
 
+/// A waiter is woken by the release (the backend's notice), not by polling.
 pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
     let key = fresh_key("wake");
     let holder = options(30_000)
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let counting = crate::support::CountingBackend::new(backend.clone());
+    let counting = CountingBackend::new(backend.clone());
     let waiter = {
         let (counting, key) = (counting.clone(), key.clone());
         tokio::spawn(async move {
@@ -339,6 +545,7 @@ pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
     lease.release().await.expect("release");
 }
 
+/// A waiter whose wait runs out gets `Timeout`.
 pub async fn waiter_times_out_with_timeout_error(backend: Arc<dyn Backend>) {
     let key = fresh_key("timeout");
     let holder = options(30_000)
@@ -356,6 +563,7 @@ pub async fn waiter_times_out_with_timeout_error(backend: Arc<dyn Backend>) {
     holder.release().await.expect("release");
 }
 
+/// A minimum hold keeps the key held after an early release, then frees it.
 pub async fn min_hold_keeps_the_key_after_early_release(backend: Arc<dyn Backend>) {
     let key = fresh_key("min-hold");
     let lease = options(10_000)
@@ -382,6 +590,7 @@ pub async fn min_hold_keeps_the_key_after_early_release(backend: Arc<dyn Backend
     later.release().await.expect("release");
 }
 
+/// Two callers locking the same keys in opposite orders never deadlock.
 pub async fn opposite_order_multi_key_acquirers_never_deadlock(backend: Arc<dyn Backend>) {
     let a = fresh_key("pair-a");
     let b = fresh_key("pair-b");
@@ -412,6 +621,7 @@ pub async fn opposite_order_multi_key_acquirers_never_deadlock(backend: Arc<dyn 
     .await;
 }
 
+/// A multi-key acquisition that cannot take every key gives back the ones it took.
 pub async fn multi_key_failure_gives_back_taken_keys(backend: Arc<dyn Backend>) {
     // Sorted order takes `…a…` before `…b…`; `b` is held, so `a` must be
     // given back when the set fails.
@@ -434,6 +644,7 @@ pub async fn multi_key_failure_gives_back_taken_keys(backend: Arc<dyn Backend>) 
     holder.release().await.expect("release");
 }
 
+/// A lease dropped unreleased (an early return, a panic) frees the key long before its ttl.
 pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend>) {
     let key = fresh_key("drop");
     {
@@ -469,6 +680,7 @@ pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend
     after_panic.release().await.expect("release");
 }
 
+/// A waiter cancelled mid-wait leaves nothing held.
 pub async fn cancelled_waiter_leaves_the_key_free(backend: Arc<dyn Backend>) {
     let key = fresh_key("cancelled");
     let holder = options(60_000)
@@ -484,6 +696,7 @@ pub async fn cancelled_waiter_leaves_the_key_free(backend: Arc<dyn Backend>) {
     assert!(next.is_ok(), "a cancelled waiter must not keep the key");
 }
 
+/// Keys with quotes, braces, separators and non-ASCII text are data: each locks exclusively, and different keys never collide.
 pub async fn odd_keys_are_data_and_lock_exclusively(backend: Arc<dyn Backend>) {
     let id = OwnerId::random().expect("random");
     let odd = [
@@ -522,9 +735,10 @@ pub async fn odd_keys_are_data_and_lock_exclusively(backend: Arc<dyn Backend>) {
     b.release().await.expect("release");
 }
 
+/// Bad keys and durations are clear errors, never a panic or a silent lock.
 pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
     let invalid_key =
-        |r: Result<dlock::Lease, LockError>| matches!(r, Err(LockError::InvalidKey { .. }));
+        |r: Result<crate::Lease, LockError>| matches!(r, Err(LockError::InvalidKey { .. }));
     assert!(invalid_key(
         options(1000).acquire_on(backend.clone(), "").await
     ));
@@ -535,7 +749,7 @@ pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
     assert!(invalid_key(
         options(1000).acquire_on(backend.clone(), "nul\0byte").await
     ));
-    let bad_option = |r: Result<dlock::Lease, LockError>, name: &str| matches!(r, Err(LockError::InvalidOption { option, .. }) if option == name);
+    let bad_option = |r: Result<crate::Lease, LockError>, name: &str| matches!(r, Err(LockError::InvalidOption { option, .. }) if option == name);
     let key = fresh_key("bad-options");
     assert!(bad_option(
         options(0).acquire_on(backend.clone(), &key).await,
@@ -569,6 +783,7 @@ pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
     lease.release().await.expect("release");
 }
 
+/// Acquisitions whose callers give up mid-attempt leave their keys free long before the ttl.
 pub async fn acquisitions_abandoned_mid_attempt_leave_their_keys_free(backend: Arc<dyn Backend>) {
     let keys: Vec<LockKey> = (0..20).map(|_| fresh_key("abandoned")).collect();
     for key in &keys {
@@ -593,6 +808,7 @@ pub async fn acquisitions_abandoned_mid_attempt_leave_their_keys_free(backend: A
     }
 }
 
+/// A release whose caller gives up half-way still frees the key.
 pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn Backend>) {
     let key = fresh_key("abandoned-release");
     let lease = options(60_000)
@@ -608,6 +824,7 @@ pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn B
     next.release().await.expect("release");
 }
 
+/// A release notice that woke one waiter and is dropped before that waiter's next attempt is answered passes the wake-up on to another waiter.
 pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Arc<dyn Backend>) {
     let key = fresh_key("pass-on");
     let holder = options(60_000)
@@ -631,6 +848,7 @@ pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Ar
     second.answered();
 }
 
+/// A waiter woken by a release and cancelled before its attempt does not swallow the release: another waiter gets the key.
 pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release(
     backend: Arc<dyn Backend>,
 ) {
@@ -640,8 +858,8 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
         .await
         .expect("free");
     // The first waiter: woken first, then stuck in its attempt and cancelled.
-    let stuck = crate::support::CountingBackend::new(backend.clone());
-    let first = crate::support::spawn_waiter(stuck.clone(), &key, 60, 30);
+    let stuck = CountingBackend::new(backend.clone());
+    let first = spawn_waiter(stuck.clone(), &key, 60, 30);
     within(10, "the first waiter to start waiting", async {
         while stuck.attempts() < 2 {
             sleep(Duration::from_millis(10)).await;
@@ -650,8 +868,8 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
     .await;
     // The second waiter waits 8s: less than a nap without a wake-up (the
     // holder's ttl is 60s), so only the release can give it the key.
-    let patient = crate::support::CountingBackend::new(backend.clone());
-    let second = crate::support::spawn_waiter(patient.clone(), &key, 60, 8);
+    let patient = CountingBackend::new(backend.clone());
+    let second = spawn_waiter(patient.clone(), &key, 60, 8);
     within(10, "the second waiter to start waiting", async {
         while patient.attempts() < 2 {
             sleep(Duration::from_millis(10)).await;

@@ -14,11 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::within;
 
-use dlock_runtime::conformance::fresh_key;
 use dlock::backend::OwnerId;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use dlock_runtime::conformance::fresh_key;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;

@@ -110,28 +110,28 @@ where
         };
     }
     each!(
-    twenty_concurrent_acquirers_exactly_one_wins,
-    tokens_strictly_increase,
-    tokens_strictly_increase_across_keys_and_backend_instances,
-    release_by_non_owner_fails_and_changes_nothing,
-    extend_by_non_owner_fails_and_changes_nothing,
-    expiry_frees_the_key,
-    renewal_keeps_a_lease_alive_past_several_ttls,
-    lost_signal_fires_when_the_lease_is_taken_away,
-    lost_signal_fires_when_the_ttl_runs_out_without_renewal,
-    waiter_wakes_on_release_not_by_polling,
-    waiter_times_out_with_timeout_error,
-    min_hold_keeps_the_key_after_early_release,
-    opposite_order_multi_key_acquirers_never_deadlock,
-    multi_key_failure_gives_back_taken_keys,
-    dropping_an_unreleased_lease_frees_the_key,
-    cancelled_waiter_leaves_the_key_free,
-    acquisitions_abandoned_mid_attempt_leave_their_keys_free,
-    a_release_abandoned_half_way_still_frees_the_key,
-    a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
-    a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
-    odd_keys_are_data_and_lock_exclusively,
-    bad_keys_and_durations_are_errors,
+        twenty_concurrent_acquirers_exactly_one_wins,
+        tokens_strictly_increase,
+        tokens_strictly_increase_across_keys_and_backend_instances,
+        release_by_non_owner_fails_and_changes_nothing,
+        extend_by_non_owner_fails_and_changes_nothing,
+        expiry_frees_the_key,
+        renewal_keeps_a_lease_alive_past_several_ttls,
+        lost_signal_fires_when_the_lease_is_taken_away,
+        lost_signal_fires_when_the_ttl_runs_out_without_renewal,
+        waiter_wakes_on_release_not_by_polling,
+        waiter_times_out_with_timeout_error,
+        min_hold_keeps_the_key_after_early_release,
+        opposite_order_multi_key_acquirers_never_deadlock,
+        multi_key_failure_gives_back_taken_keys,
+        dropping_an_unreleased_lease_frees_the_key,
+        cancelled_waiter_leaves_the_key_free,
+        acquisitions_abandoned_mid_attempt_leave_their_keys_free,
+        a_release_abandoned_half_way_still_frees_the_key,
+        a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
+        a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
+        odd_keys_are_data_and_lock_exclusively,
+        bad_keys_and_durations_are_errors,
     );
 }
 
@@ -163,10 +163,7 @@ impl CountingBackend {
 
     /// Its first `failures` acquisition attempts fail with a backend error
     /// ("connection refused") without reaching `inner`.
-    pub fn failing_first(
-        inner: Arc<dyn crate::Backend>,
-        failures: usize,
-    ) -> Arc<Self> {
+    pub fn failing_first(inner: Arc<dyn crate::Backend>, failures: usize) -> Arc<Self> {
         std::sync::Arc::new(Self {
             inner,
             attempts: std::sync::atomic::AtomicUsize::new(0),

@@ -7,7 +7,6 @@ pub mod proxy;
 use std::process::Command;
 use std::time::Duration;
 
-
 /// The hang guard, the attempt-counting backend and the waiting task the
 /// shipped conformance suite uses, for this crate's other tests too.
 #[allow(unused_imports)] // each test binary uses some of them

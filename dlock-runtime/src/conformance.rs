@@ -57,7 +57,7 @@ macro_rules! conformance_suite {
             waiter_times_out_with_timeout_error,
             min_hold_keeps_the_key_after_early_release,
             opposite_order_multi_key_acquirers_never_deadlock,
-            multi_key_failure_gives_back_taken_keys,
+            multi_key_failure_releases_taken_keys,
             dropping_an_unreleased_lease_frees_the_key,
             cancelled_waiter_leaves_the_key_free,
             odd_keys_are_data_and_lock_exclusively,
@@ -123,7 +123,7 @@ where
         waiter_times_out_with_timeout_error,
         min_hold_keeps_the_key_after_early_release,
         opposite_order_multi_key_acquirers_never_deadlock,
-        multi_key_failure_gives_back_taken_keys,
+        multi_key_failure_releases_taken_keys,
         dropping_an_unreleased_lease_frees_the_key,
         cancelled_waiter_leaves_the_key_free,
         acquisitions_abandoned_mid_attempt_leave_their_keys_free,
@@ -618,13 +618,13 @@ pub async fn opposite_order_multi_key_acquirers_never_deadlock(backend: Arc<dyn 
     .await;
 }
 
-/// A multi-key acquisition that cannot take every key gives back the ones it took.
-pub async fn multi_key_failure_gives_back_taken_keys(backend: Arc<dyn Backend>) {
+/// A multi-key acquisition that cannot take every key releases the ones it took.
+pub async fn multi_key_failure_releases_taken_keys(backend: Arc<dyn Backend>) {
     // Sorted order takes `…a…` before `…b…`; `b` is held, so `a` must be
-    // given back when the set fails.
+    // released when the set fails.
     let id = OwnerId::random().expect("random");
-    let a = LockKey::new(format!("dlock-test:give-back:{id}:a")).expect("key");
-    let b = LockKey::new(format!("dlock-test:give-back:{id}:b")).expect("key");
+    let a = LockKey::new(format!("dlock-test:release-taken:{id}:a")).expect("key");
+    let b = LockKey::new(format!("dlock-test:release-taken:{id}:b")).expect("key");
     let holder = options(10_000)
         .acquire_on(backend.clone(), &b)
         .await
@@ -637,7 +637,7 @@ pub async fn multi_key_failure_gives_back_taken_keys(backend: Arc<dyn Backend>) 
         other => panic!("expected b held, got {other:?}"),
     }
     let a_again = options(10_000).acquire_on(backend.clone(), &a).await;
-    assert!(a_again.is_ok(), "a must have been given back");
+    assert!(a_again.is_ok(), "a must have been released");
     holder.release().await.expect("release");
 }
 

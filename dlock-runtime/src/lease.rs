@@ -1,5 +1,16 @@
 //! The lease lifecycle, written once for every backend: acquisition with
 //! waiting, background renewal, the lost signal, release, and release on drop.
+//!
+//! Words with one meaning each, here and in the backends:
+//!
+//! - **release**: a holder ends its lease (explicitly, on drop, or at once
+//!   when a multi-key acquisition fails half-way).
+//! - **give back**: return a grant no caller will use: an attempt whose
+//!   caller gave up mid-flight, or a lock a backend took but cannot hand to
+//!   any lease.
+//! - **expire** / **expiry**: a lease's known validity ran out, so the core
+//!   marks it lost. A store that enforces a ttl itself (PostgreSQL session
+//!   locks do not expire on their own) *enforces the deadline*.
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -21,8 +32,22 @@ use crate::backend::{
 use crate::detach::{AbandonedWith, Detachable, Ignore};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
-use crate::options::LockOptions;
 use crate::token::{FencingToken, FencingTokens};
+
+/// The terms a lease is taken and kept on: what
+/// [`LockOptions`](crate::LockOptions) says about one acquisition, without
+/// the backend's name, which the caller has already resolved.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Terms {
+    /// The lease's lifetime unless renewed.
+    pub(crate) ttl: Duration,
+    /// How long to wait for a held key; zero fails at once.
+    pub(crate) wait: Duration,
+    /// Whether a live holder renews in the background.
+    pub(crate) renew: bool,
+    /// How long the key stays held after acquisition even if released.
+    pub(crate) min_hold: Duration,
+}
 
 /// How long a waiter sleeps before trying again when no release is announced
 /// and the backend cannot tell when the holder's lease runs out.
@@ -352,14 +377,14 @@ impl Lease {
         }
     }
 
-    /// Gives the lock back at once, ignoring the minimum hold (used when a
-    /// multi-key acquisition fails half-way and did no work).
-    async fn give_back(mut self) {
+    /// Releases at once, ignoring the minimum hold: the lease did no work
+    /// (a multi-key acquisition failed half-way).
+    async fn release_unused(mut self) {
         self.finished = true;
         self.stop_watching();
         self.shared.mark_released();
         if let Err(err) = finish_detached(&self.shared, Duration::ZERO).await {
-            tracing::warn!(key = %self.shared.key, error = %err, "giving back a lock failed; its ttl will free it");
+            tracing::warn!(key = %self.shared.key, error = %err, "releasing an unused lease failed; its ttl will free it");
         }
     }
 
@@ -497,7 +522,7 @@ impl std::fmt::Debug for LostSignal {
 pub(crate) async fn acquire(
     backend: Arc<dyn Backend>,
     key: LockKey,
-    options: LockOptions,
+    terms: Terms,
     deadline: Instant,
 ) -> Result<Lease, LockError> {
     let Ok(runtime) = Handle::try_current() else {
@@ -509,14 +534,14 @@ pub(crate) async fn acquire(
     async move {
         let started = Instant::now();
         let owner = OwnerId::random()?;
-        let (grant, sent) = take(&backend, &key, &owner, &options, deadline, started).await?;
+        let (grant, sent) = take(&backend, &key, &owner, &terms, deadline, started).await?;
         tracing::debug!(
             token = %grant.token,
             waited_ms = started.elapsed().as_millis() as u64,
             "lock acquired"
         );
         warn_if_ahead_of_clock(backend.kind(), &key, grant.token);
-        Ok(start(runtime, backend, key, owner, grant, sent, &options))
+        Ok(start(runtime, backend, key, owner, grant, sent, &terms))
     }
     .instrument(span)
     .await
@@ -595,12 +620,12 @@ async fn take(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: &OwnerId,
-    options: &LockOptions,
+    terms: &Terms,
     deadline: Instant,
     started: Instant,
 ) -> Result<(Grant, Instant), LockError> {
     let contended = |now: Instant| {
-        if options.wait.is_zero() {
+        if terms.wait.is_zero() {
             LockError::Held {
                 key: key.to_string(),
             }
@@ -612,13 +637,13 @@ async fn take(
         }
     };
     let may_retry =
-        |err: &LockError| !options.wait.is_zero() && matches!(err, LockError::Backend { .. });
+        |err: &LockError| !terms.wait.is_zero() && matches!(err, LockError::Backend { .. });
     let mut failure: Option<LockError> = None;
     // Whether an attempt failed in a way that may have taken the key anyway.
     let mut unsure = false;
     let outcome = 'attempts: {
         let sent = Instant::now();
-        match attempt(backend, key, *owner, options.ttl).await {
+        match attempt(backend, key, *owner, terms.ttl).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => {}
             Err(err) => {
@@ -653,7 +678,7 @@ async fn take(
                 Err(err) => break 'attempts Err(err),
             };
             let sent = Instant::now();
-            let answer = attempt(backend, key, *owner, options.ttl).await;
+            let answer = attempt(backend, key, *owner, terms.ttl).await;
             if answer.is_ok()
                 && let Some(woken) = woken_by.take()
             {
@@ -768,14 +793,14 @@ fn start(
     owner: OwnerId,
     grant: Grant,
     sent: Instant,
-    options: &LockOptions,
+    terms: &Terms,
 ) -> Lease {
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
         owner,
         backend,
-        sent + options.ttl,
+        sent + terms.ttl,
     ));
     // Renewal, and the lost signal when the ttl runs out, come from the
     // backend's renewal scheduler; a backend that can tell of a loss by
@@ -784,9 +809,9 @@ fn start(
     let renewal = renewal::register(
         &runtime,
         Arc::clone(&shared),
-        sent + options.ttl,
-        options.ttl,
-        options.renew,
+        sent + terms.ttl,
+        terms.ttl,
+        terms.renew,
     );
     let loss_group = grant.loss.and_then(|group| {
         let sink = Arc::downgrade(&shared) as Weak<dyn LossSink>;
@@ -803,7 +828,7 @@ fn start(
         renewal,
         loss_group,
         acquired_at: sent,
-        min_hold: options.min_hold,
+        min_hold: terms.min_hold,
         finished: false,
     }
 }
@@ -895,12 +920,12 @@ impl LeaseSet {
     }
 }
 
-/// Acquires several keys in sorted order, giving back what it took if a
+/// Acquires several keys in sorted order, releasing what it took if a
 /// later key cannot be had.
 pub(crate) async fn acquire_many(
     backend: Arc<dyn Backend>,
     keys: Vec<LockKey>,
-    options: LockOptions,
+    terms: Terms,
     deadline: Instant,
 ) -> Result<LeaseSet, LockError> {
     let mut order = keys.clone();
@@ -908,11 +933,11 @@ pub(crate) async fn acquire_many(
     order.dedup();
     let mut leases: Vec<Lease> = Vec::with_capacity(order.len());
     for key in &order {
-        match acquire(Arc::clone(&backend), key.clone(), options.clone(), deadline).await {
+        match acquire(Arc::clone(&backend), key.clone(), terms, deadline).await {
             Ok(lease) => leases.push(lease),
             Err(err) => {
                 for taken in leases.into_iter().rev() {
-                    taken.give_back().await;
+                    taken.release_unused().await;
                 }
                 return Err(err);
             }

@@ -139,11 +139,11 @@ impl LockOptions {
     ) -> Result<Lease, LockError> {
         let key = key.into_lock_key()?;
         self.validate()?;
-        lease::acquire(backend, key, self.clone(), self.deadline()).await
+        lease::acquire(backend, key, self.terms(), self.deadline()).await
     }
 
     /// Acquires several keys at once, always in one global order (sorted,
-    /// duplicates taken once), giving back what it took if a later key
+    /// duplicates taken once), releasing what it took if a later key
     /// cannot be had. Two callers locking `{a, b}` and `{b, a}` therefore
     /// never deadlock. The wait, if any, covers all keys together.
     pub async fn acquire_many<I>(&self, keys: I) -> Result<LeaseSet, LockError>
@@ -180,7 +180,17 @@ impl LockOptions {
             });
         }
         self.validate()?;
-        lease::acquire_many(backend, keys, self.clone(), self.deadline()).await
+        lease::acquire_many(backend, keys, self.terms(), self.deadline()).await
+    }
+
+    /// The terms the lease is taken on.
+    fn terms(&self) -> lease::Terms {
+        lease::Terms {
+            ttl: self.ttl,
+            wait: self.wait,
+            renew: self.renew,
+            min_hold: self.min_hold,
+        }
     }
 
     fn deadline(&self) -> tokio::time::Instant {

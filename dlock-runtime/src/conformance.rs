@@ -43,7 +43,11 @@ use crate::{LockError, LockKey, LockOptions, LostReason};
 #[macro_export]
 macro_rules! conformance_suite {
     ($make:path) => {
-        $crate::conformance_suite!(@tests $make;
+        $crate::conformance_suite!(@list tests [$make]);
+    };
+    // The one list of properties, handed to the rule named by `$what`.
+    (@list $what:ident [$($arg:tt)*]) => {
+        $crate::conformance_suite!(@$what [$($arg)*]
             twenty_concurrent_acquirers_exactly_one_wins,
             tokens_strictly_increase,
             tokens_strictly_increase_across_keys_and_backend_instances,
@@ -68,7 +72,7 @@ macro_rules! conformance_suite {
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
         );
     };
-    (@tests $make:path; $($name:ident),* $(,)?) => {
+    (@tests [$make:path] $($name:ident),* $(,)?) => {
         $(
             #[test]
             fn $name() {
@@ -76,6 +80,14 @@ macro_rules! conformance_suite {
                     $crate::conformance::$name($make().await).await;
                 });
             }
+        )*
+    };
+    (@spawn [$make:ident, $tasks:ident] $($name:ident),* $(,)?) => {
+        $(
+            $tasks.push((
+                stringify!($name),
+                tokio::spawn($crate::conformance::$name($make().await)),
+            ));
         )*
     };
 }
@@ -91,47 +103,29 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
         .block_on(future)
 }
 
-/// Runs every property of the suite, one after another, on backends made
-/// by `make`, panicking with the property's name at the first broken one.
-/// Takes minutes; a crate's own tests should use
-/// [`conformance_suite!`](crate::conformance_suite), which runs them in
-/// parallel as separate tests.
+/// Runs every property of the suite at once, each as a task of the
+/// current (multi-threaded) runtime on a backend of its own made by `make`,
+/// and panics naming every property that broke. For a doctest or a quick
+/// check; a crate's own tests should use
+/// [`conformance_suite!`](crate::conformance_suite), which makes each
+/// property a test of its own.
 pub async fn check_all<F, Fut>(make: F)
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Arc<dyn Backend>>,
 {
-    macro_rules! each {
-        ($($name:ident),* $(,)?) => {
-            $(
-                eprintln!("conformance: {}", stringify!($name));
-                $name(make().await).await;
-            )*
-        };
+    let mut tasks: Vec<(&'static str, tokio::task::JoinHandle<()>)> = Vec::new();
+    crate::conformance_suite!(@list spawn [make, tasks]);
+    let mut broken = Vec::new();
+    for (name, task) in tasks {
+        if task.await.is_err() {
+            broken.push(name);
+        }
     }
-    each!(
-        twenty_concurrent_acquirers_exactly_one_wins,
-        tokens_strictly_increase,
-        tokens_strictly_increase_across_keys_and_backend_instances,
-        release_by_non_owner_fails_and_changes_nothing,
-        extend_by_non_owner_fails_and_changes_nothing,
-        expiry_frees_the_key,
-        renewal_keeps_a_lease_alive_past_several_ttls,
-        lost_signal_fires_when_the_lease_is_taken_away,
-        lost_signal_fires_when_the_ttl_runs_out_without_renewal,
-        waiter_wakes_on_release_not_by_polling,
-        waiter_times_out_with_timeout_error,
-        min_hold_keeps_the_key_after_early_release,
-        opposite_order_multi_key_acquirers_never_deadlock,
-        multi_key_failure_releases_taken_keys,
-        dropping_an_unreleased_lease_frees_the_key,
-        cancelled_waiter_leaves_the_key_free,
-        acquisitions_abandoned_mid_attempt_leave_their_keys_free,
-        a_release_abandoned_half_way_still_frees_the_key,
-        a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
-        a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
-        odd_keys_are_data_and_lock_exclusively,
-        bad_keys_and_durations_are_errors,
+    assert!(
+        broken.is_empty(),
+        "the backend breaks these conformance properties: {}",
+        broken.join(", ")
     );
 }
 

@@ -586,3 +586,81 @@ fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// Links that go silent: the socket stays open, nothing comes back (a NAT or
+// load balancer that forgot the connection, a peer that lost power). The
+// kernel gives up on such a socket only after about 15 minutes, and never
+// while a proxy keeps it alive.
+
+/// A backend that reaches `server` through a fresh proxy, with short
+/// timeouts so that silence is noticed soon.
+async fn behind_proxy(server: &RedisServer) -> (support::proxy::Proxy, RedisBackend) {
+    let proxy = support::proxy::Proxy::bind(server.address()).await;
+    let redis = RedisBackend::builder(&format!("redis://127.0.0.1:{}", proxy.port))
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    (proxy, redis)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_connection_gone_silent_is_replaced_once_and_leases_keep_renewing() {
+    let server = RedisServer::start(&[]);
+    let (proxy, redis) = behind_proxy(&server).await;
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    take_token(&backend, &fresh_key("silent-warm-up")).await;
+    // Held across the silence: its renewals meet the silent connection.
+    let held = LockOptions::new(Duration::from_secs(6))
+        .acquire_on(backend.clone(), fresh_key("silent-held"))
+        .await
+        .expect("free");
+    let opened = proxy.connections();
+
+    proxy.silence();
+    // Twenty callers at once meet the silent connection, and each must get
+    // its key on a new one, long before the kernel would give up.
+    let callers: Vec<_> = (0..20)
+        .map(|i| support::spawn_waiter(backend.clone(), &fresh_key(&format!("silent-{i}")), 30, 10))
+        .collect();
+    within(
+        20,
+        "locking again after the connection went silent",
+        async {
+            for caller in callers {
+                caller
+                    .await
+                    .expect("task")
+                    .expect("a new connection must replace the silent one")
+                    .release()
+                    .await
+                    .expect("release");
+            }
+        },
+    )
+    .await;
+    let new_connections = proxy.connections() - opened;
+    assert!(
+        (1..=3).contains(&new_connections),
+        "twenty callers on one silent connection must share one new connection, not open \
+         one each: {new_connections} new connections"
+    );
+
+    // Leases taken on the new connection renew, and so did the one held
+    // across the silence.
+    let lease = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(backend.clone(), fresh_key("silent-after"))
+        .await
+        .expect("free");
+    sleep(Duration::from_secs(4)).await;
+    for (which, lease) in [("taken after the silence", lease), ("held across it", held)] {
+        assert!(
+            lease.check().is_ok(),
+            "the lease {which} was lost: {:?}",
+            lease.check()
+        );
+        lease.release().await.expect("release");
+    }
+}

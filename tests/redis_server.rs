@@ -664,3 +664,57 @@ async fn a_command_connection_gone_silent_is_replaced_once_and_leases_keep_renew
         lease.release().await.expect("release");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_pubsub_connection_went_silent_gets_the_key_once_it_is_released() {
+    let server = RedisServer::start(&[]);
+    let (proxy, redis) = behind_proxy(&server).await;
+    let waiters: Arc<dyn Backend> = Arc::new(redis.clone());
+    let holders = connect(&server.url()).await;
+    let key = fresh_key("silent-pubsub");
+    let channel = format!("dlock:{{{key}}}:released");
+    let holder = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holders.clone(), &key)
+        .await
+        .expect("free");
+    let commands = proxy.connections();
+    // Waits less long than a waiter that is never woken naps between two
+    // looks at a key held for 60 s.
+    let waiter = support::spawn_waiter(waiters.clone(), &key, 30, 8);
+    within(10, "the waiter to subscribe", async {
+        while server.cli(&["PUBSUB", "NUMSUB", &channel]) != format!("{channel}\n1") {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // Only the pub/sub connection goes silent: the release is never heard
+    // on it, while the commands still work.
+    proxy.silence_since(commands);
+    holder.release().await.expect("release");
+    let lease = within(20, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter must get the released key before its wait runs out");
+    lease.release().await.expect("release");
+
+    // Once nobody waits, nothing is sent to check the pub/sub connection.
+    within(10, "unsubscribing", async {
+        while redis.subscribed_channels() > 0 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let pings = || {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let before = pings();
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(pings(), before, "PINGs were sent while nobody waited");
+}

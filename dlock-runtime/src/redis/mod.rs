@@ -90,7 +90,7 @@ pub mod protocol {
 }
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -122,6 +122,11 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How soon a waiter looks again when the pub/sub connection cannot be
 /// opened (the commands may still work): polling, as a last resort.
 const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
+/// The first pause before connecting again when a server refused or
+/// dropped the first connection (it may be starting); doubled each time, up
+/// to [`MAX_CONNECT_PAUSE`], until the connect timeout ends the tries.
+const FIRST_CONNECT_PAUSE: Duration = Duration::from_millis(50);
+const MAX_CONNECT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Locks in Redis or a Redis Cluster.
 ///
@@ -288,17 +293,21 @@ impl RedisBuilder {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
 
+        // Why the last try to connect failed, for an error that says more
+        // than "timed out" should the connect timeout end the tries.
+        let cause: Mutex<Option<String>> = Mutex::new(None);
         let connecting = async {
             let mut topology = self.topology;
             let mut standalone = None;
             if topology != Topology::Cluster {
+                // No tries again inside redis-rs: they would sleep through the
+                // caller's time budget and hide why connecting failed. A call
+                // that finds the connection broken opens a new one itself.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                let mut manager = first
-                    .get_connection_manager_with_config(config.clone())
+                    .set_number_of_retries(0);
+                let mut manager = open_standalone(first, &config, &cause)
                     .await
                     .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
                 if topology == Topology::Detect {
@@ -344,12 +353,14 @@ impl RedisBuilder {
         let commands = timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| {
+                let all = shown.join(", ");
+                let after = self.connect_timeout;
+                let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
                 fail(
-                    format!(
-                        "connecting to {} timed out after {:?}",
-                        shown.join(", "),
-                        self.connect_timeout
-                    ),
+                    match cause {
+                        Some(cause) => format!("cannot connect to {all} within {after:?}: {cause}"),
+                        None => format!("connecting to {all} timed out after {after:?}"),
+                    },
                     None,
                 )
             })??;
@@ -419,6 +430,33 @@ fn check_tls(clients: &[Client], shown: &[String]) -> Result<bool, LockError> {
         );
     }
     Ok(!with_tls.is_empty())
+}
+
+/// Opens the command connection to a single server. A refused or dropped
+/// connection (a server still starting, a failover under way) is tried
+/// again after a pause, until the caller's connect timeout ends the tries;
+/// `cause` keeps the last such error for the message. Anything else (a
+/// wrong password, a TLS failure) is an error at once.
+async fn open_standalone(
+    client: &Client,
+    config: &ConnectionManagerConfig,
+    cause: &Mutex<Option<String>>,
+) -> RedisResult<ConnectionManager> {
+    let mut pause = FIRST_CONNECT_PAUSE;
+    loop {
+        match client
+            .get_connection_manager_with_config(config.clone())
+            .await
+        {
+            Ok(manager) => return Ok(manager),
+            Err(err) if err.is_connection_refusal() || err.is_connection_dropped() => {
+                *cause.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.to_string());
+                sleep(pause).await;
+                pause = (pause * 2).min(MAX_CONNECT_PAUSE);
+            }
+            Err(err) => return Err(err),
+        }
+    }
 }
 
 fn tls_certificates(pem: &[u8]) -> TlsCertificates {
@@ -529,6 +567,13 @@ impl RedisBackend {
                  a new connection is opened",
                 self.inner.connect_timeout, self.inner.response_timeout
             ),
+            // The server's own words: redis-rs would put its name for the
+            // error code in front.
+            Failure::Redis(err)
+                if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) =>
+            {
+                err.detail().map_or_else(|| err.to_string(), str::to_owned)
+            }
             Failure::Redis(err) => err.to_string(),
         }
     }

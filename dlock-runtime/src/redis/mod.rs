@@ -17,6 +17,17 @@
 //! - **Waiting without polling**: one pub/sub connection per backend, one
 //!   subscription per waited-on key, confirmed before a waiter retries; a
 //!   waiter also wakes when the holder's ttl runs out.
+//! - **A silent link is replaced, not waited out**: a connection can go
+//!   quiet without breaking (a NAT or load balancer that forgot it, a host
+//!   that lost power), and the kernel gives up on it only after about 15
+//!   minutes. A command without a reply within the response timeout makes
+//!   the backend drop its connection and try once more on a new one
+//!   (callers that time out together share one new connection); no
+//!   acquisition attempt, renewal or release takes longer than the connect
+//!   plus the response timeout. While
+//!   waiters wait, the pub/sub connection gets a `PING` every second, and
+//!   one that does not answer is replaced and its waiters look again;
+//!   nothing is sent while nobody waits.
 //!
 //! ## Keyspace
 //!
@@ -66,7 +77,7 @@
 //! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
-//! `PING`. Add `+select` when the URL names a database other than 0.
+//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0.
 //! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
 //! and ignores a refusal.)
 //!

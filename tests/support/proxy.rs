@@ -66,6 +66,10 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
+                    // Started under the lock `cut` holds until it has reset
+                    // the modes: a connection accepted while the old ones
+                    // are cut forwards nothing under the old mode.
+                    let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
                     let up = tokio::spawn(pipe(cr, sw, open.subscribe(), None, silent.clone()));
                     let down = tokio::spawn(pipe(
                         sr,
@@ -74,7 +78,6 @@ impl Proxy {
                         Some(replies.subscribe()),
                         silent,
                     ));
-                    let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
                     pipes.retain(|p| !p.is_finished());
                     pipes.push(up.abort_handle());
                     pipes.push(down.abort_handle());
@@ -133,12 +136,8 @@ impl Proxy {
     /// Closes every connection (dropping what was held) and forwards new
     /// ones again.
     pub fn cut(&self) {
-        for pipe in self
-            .pipes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
+        let mut pipes = self.pipes.lock().unwrap_or_else(PoisonError::into_inner);
+        for pipe in pipes.drain(..) {
             pipe.abort();
         }
         self.open.send_replace(true);

@@ -173,3 +173,174 @@ async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release
     // to get by, they are what redis-rs and dlock use.
     assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
 }
+
+/// A cluster of its own for a test that breaks it, started on a thread of
+/// its own (the servers die with the thread that started them) and killed
+/// when dropped.
+struct OwnCluster {
+    addresses: Vec<String>,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl OwnCluster {
+    fn start() -> Self {
+        let (started, addresses) = mpsc::channel();
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let servers = redis_support::start_cluster();
+            let _ = started.send(servers.iter().map(RedisServer::address).collect());
+            let _ = stopped.recv();
+            drop(servers);
+        });
+        let addresses = addresses
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the cluster starts");
+        Self {
+            addresses,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for OwnCluster {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Puts a proxy in front of every node of `cluster` and has each node
+/// announce its proxy's port, so that clients (which connect to the
+/// addresses `CLUSTER SLOTS` gives) go through the proxies; the nodes still
+/// talk to each other directly.
+async fn behind_proxies(cluster: &OwnCluster) -> Vec<support::proxy::Proxy> {
+    let mut proxies = Vec::new();
+    for address in &cluster.addresses {
+        let proxy = support::proxy::Proxy::bind(address.clone()).await;
+        let out = redis_support::cli(
+            &node_target(address),
+            &[
+                "CONFIG",
+                "SET",
+                "cluster-announce-port",
+                &proxy.port.to_string(),
+            ],
+        );
+        assert_eq!(out, "OK", "announce the proxy's port");
+        proxies.push(proxy);
+    }
+    let ports: Vec<String> = proxies.iter().map(|p| p.port.to_string()).collect();
+    let addresses = cluster.addresses.clone();
+    support::within(30, "every node to announce its proxy", async {
+        loop {
+            let settled = addresses.iter().all(|address| {
+                let slots = redis_support::cli(&node_target(address), &["CLUSTER", "SLOTS"]);
+                ports
+                    .iter()
+                    .all(|port| slots.lines().any(|line| line == port))
+            });
+            if settled {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    proxies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_connection_gone_silent_is_replaced_and_leases_keep_renewing() {
+    let cluster = tokio::task::spawn_blocking(OwnCluster::start)
+        .await
+        .expect("cluster start");
+    let proxies = behind_proxies(&cluster).await;
+    let urls: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{}", p.port))
+        .collect();
+    let redis = urls[1..]
+        .iter()
+        .fold(RedisBackend::builder(&urls[0]), |builder, url| {
+            builder.node(url)
+        })
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect through the proxies");
+    assert!(redis.is_cluster(), "the cluster must be detected");
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    // Keys on every master, so that every node connection is in use.
+    let keys: Vec<_> = (0..12)
+        .map(|i| conformance::fresh_key(&format!("silent-cluster-{i}")))
+        .collect();
+    for key in &keys {
+        LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), key)
+            .await
+            .expect("free")
+            .release()
+            .await
+            .expect("release");
+    }
+    let held = LockOptions::new(Duration::from_secs(6))
+        .acquire_on(
+            backend.clone(),
+            conformance::fresh_key("silent-cluster-held"),
+        )
+        .await
+        .expect("free");
+    let opened: usize = proxies.iter().map(|p| p.connections()).sum();
+
+    for proxy in &proxies {
+        proxy.silence();
+    }
+    let callers: Vec<_> = keys
+        .iter()
+        .map(|key| support::spawn_waiter(backend.clone(), key, 30, 10))
+        .collect();
+    support::within(
+        20,
+        "locking again after the cluster's connections went silent",
+        async {
+            for caller in callers {
+                caller
+                    .await
+                    .expect("task")
+                    .expect("new connections must replace the silent ones")
+                    .release()
+                    .await
+                    .expect("release");
+            }
+        },
+    )
+    .await;
+    let new_connections = proxies.iter().map(|p| p.connections()).sum::<usize>() - opened;
+    assert!(
+        new_connections <= 2 * proxies.len(),
+        "twelve callers on one silent cluster connection must share its replacement, not open \
+         connections of their own: {new_connections} new connections"
+    );
+
+    let lease = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(
+            backend.clone(),
+            conformance::fresh_key("silent-cluster-after"),
+        )
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (which, lease) in [("taken after the silence", lease), ("held across it", held)] {
+        assert!(
+            lease.check().is_ok(),
+            "the lease {which} was lost: {:?}",
+            lease.check()
+        );
+        lease.release().await.expect("release");
+    }
+}

@@ -178,23 +178,26 @@ async fn waiters_are_woken_by_releases_again_after_the_pubsub_connection_broke()
 async fn a_wrong_password_is_a_clear_error_that_never_shows_the_password() {
     let server = RedisServer::start(&["--requirepass", "right-secret-1"]);
     let url = format!("redis://:wrong-secret-2@127.0.0.1:{}", server.port);
-    let err = within(
-        20,
-        "connecting with a wrong password",
-        RedisBackend::connect(&url),
-    )
-    .await
-    .expect_err("a wrong password must be refused");
-    let text = format!("{err} / {err:?}");
-    assert!(matches!(err, LockError::Backend { .. }), "{text}");
-    assert!(
-        !text.contains("wrong-secret-2"),
-        "the password leaked: {text}"
-    );
-    assert!(
-        text.to_lowercase().contains("auth") || text.contains("WRONGPASS"),
-        "the error should say authentication failed: {text}"
-    );
+    // With the default connect timeout, and one too short for tries again.
+    for builder in [
+        RedisBackend::builder(&url),
+        RedisBackend::builder(&url).connect_timeout(Duration::from_millis(500)),
+    ] {
+        let err = within(20, "connecting with a wrong password", builder.connect())
+            .await
+            .expect_err("a wrong password must be refused");
+        let text = format!("{err} / {err:?}");
+        assert!(matches!(err, LockError::Backend { .. }), "{text}");
+        assert!(
+            !text.contains("wrong-secret-2"),
+            "the password leaked: {text}"
+        );
+        assert!(
+            (text.to_lowercase().contains("auth") || text.contains("WRONGPASS"))
+                && !text.contains("timed out"),
+            "the error should say authentication failed: {text}"
+        );
+    }
 
     let url = format!("redis://:right-secret-1@127.0.0.1:{}", server.port);
     let backend = RedisBackend::connect(&url)
@@ -585,4 +588,136 @@ fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
             redis_support::LEAST_PRIVILEGE_ACL
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Links that go silent: the socket stays open, nothing comes back (a NAT or
+// load balancer that forgot the connection, a peer that lost power). The
+// kernel gives up on such a socket only after about 15 minutes, and never
+// while a proxy keeps it alive.
+
+/// A backend that reaches `server` through a fresh proxy, with short
+/// timeouts so that silence is noticed soon.
+async fn behind_proxy(server: &RedisServer) -> (support::proxy::Proxy, RedisBackend) {
+    let proxy = support::proxy::Proxy::bind(server.address()).await;
+    let redis = RedisBackend::builder(&format!("redis://127.0.0.1:{}", proxy.port))
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect through the proxy");
+    (proxy, redis)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_connection_gone_silent_is_replaced_once_and_leases_keep_renewing() {
+    let server = RedisServer::start(&[]);
+    let (proxy, redis) = behind_proxy(&server).await;
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    take_token(&backend, &fresh_key("silent-warm-up")).await;
+    // Held across the silence: its renewals meet the silent connection.
+    let held = LockOptions::new(Duration::from_secs(6))
+        .acquire_on(backend.clone(), fresh_key("silent-held"))
+        .await
+        .expect("free");
+    let opened = proxy.connections();
+
+    proxy.silence();
+    // Twenty callers at once meet the silent connection, and each must get
+    // its key on a new one, long before the kernel would give up.
+    let callers: Vec<_> = (0..20)
+        .map(|i| support::spawn_waiter(backend.clone(), &fresh_key(&format!("silent-{i}")), 30, 10))
+        .collect();
+    within(
+        20,
+        "locking again after the connection went silent",
+        async {
+            for caller in callers {
+                caller
+                    .await
+                    .expect("task")
+                    .expect("a new connection must replace the silent one")
+                    .release()
+                    .await
+                    .expect("release");
+            }
+        },
+    )
+    .await;
+    let new_connections = proxy.connections() - opened;
+    assert!(
+        (1..=3).contains(&new_connections),
+        "twenty callers on one silent connection must share one new connection, not open \
+         one each: {new_connections} new connections"
+    );
+
+    // Leases taken on the new connection renew, and so did the one held
+    // across the silence.
+    let lease = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(backend.clone(), fresh_key("silent-after"))
+        .await
+        .expect("free");
+    sleep(Duration::from_secs(4)).await;
+    for (which, lease) in [("taken after the silence", lease), ("held across it", held)] {
+        assert!(
+            lease.check().is_ok(),
+            "the lease {which} was lost: {:?}",
+            lease.check()
+        );
+        lease.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_pubsub_connection_went_silent_gets_the_key_once_it_is_released() {
+    let server = RedisServer::start(&[]);
+    let (proxy, redis) = behind_proxy(&server).await;
+    let waiters: Arc<dyn Backend> = Arc::new(redis.clone());
+    let holders = connect(&server.url()).await;
+    let key = fresh_key("silent-pubsub");
+    let channel = format!("dlock:{{{key}}}:released");
+    let holder = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holders.clone(), &key)
+        .await
+        .expect("free");
+    let commands = proxy.connections();
+    // Waits less long than a waiter that is never woken naps between two
+    // looks at a key held for 60 s.
+    let waiter = support::spawn_waiter(waiters.clone(), &key, 30, 8);
+    within(10, "the waiter to subscribe", async {
+        while server.cli(&["PUBSUB", "NUMSUB", &channel]) != format!("{channel}\n1") {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // Only the pub/sub connection goes silent: the release is never heard
+    // on it, while the commands still work.
+    proxy.silence_since(commands);
+    holder.release().await.expect("release");
+    let lease = within(20, "the waiter", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter must get the released key before its wait runs out");
+    lease.release().await.expect("release");
+
+    // Once nobody waits, nothing is sent to check the pub/sub connection.
+    within(10, "unsubscribing", async {
+        while redis.subscribed_channels() > 0 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let pings = || {
+        let stats = server.cli(&["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    let before = pings();
+    sleep(Duration::from_secs(3)).await;
+    assert_eq!(pings(), before, "PINGs were sent while nobody waited");
 }

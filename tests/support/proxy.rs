@@ -4,8 +4,12 @@
 //! that went silent), replies muted (requests reach the server, its replies
 //! are dropped: a reply lost on the way back), and cut (closes every
 //! connection it carries). Thawing delivers what was held — late, as a
-//! congested network would.
+//! congested network would. Silencing is for good and only for the
+//! connections open at the time: they carry nothing more, either way, but
+//! stay open, while new connections are forwarded (a NAT or load balancer
+//! that forgot a connection's state, a peer that lost power).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -19,6 +23,9 @@ pub struct Proxy {
     open: watch::Sender<bool>,
     replies: watch::Sender<bool>,
     pipes: Arc<Mutex<Vec<AbortHandle>>>,
+    /// One flag per connection forwarded so far, in the order they were
+    /// accepted: set, it carries nothing.
+    silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     accept: AbortHandle,
 }
 
@@ -39,12 +46,19 @@ impl Proxy {
         let (open, _) = watch::channel(true);
         let (replies, _) = watch::channel(true);
         let pipes: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
+        let silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
         let accept = tokio::spawn({
             let open = open.clone();
             let replies = replies.clone();
             let pipes = pipes.clone();
+            let silenced = silenced.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
+                    let silent = Arc::new(AtomicBool::new(false));
+                    silenced
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(silent.clone());
                     let Ok(server) = TcpStream::connect(&upstream).await else {
                         continue; // the server is down: the client sees a close
                     };
@@ -52,10 +66,18 @@ impl Proxy {
                     let _ = server.set_nodelay(true);
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    let up = tokio::spawn(pipe(cr, sw, open.subscribe(), None));
-                    let down =
-                        tokio::spawn(pipe(sr, cw, open.subscribe(), Some(replies.subscribe())));
+                    // Started under the lock `cut` holds until it has reset
+                    // the modes: a connection accepted while the old ones
+                    // are cut forwards nothing under the old mode.
                     let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
+                    let up = tokio::spawn(pipe(cr, sw, open.subscribe(), None, silent.clone()));
+                    let down = tokio::spawn(pipe(
+                        sr,
+                        cw,
+                        open.subscribe(),
+                        Some(replies.subscribe()),
+                        silent,
+                    ));
                     pipes.retain(|p| !p.is_finished());
                     pipes.push(up.abort_handle());
                     pipes.push(down.abort_handle());
@@ -68,8 +90,32 @@ impl Proxy {
             open,
             replies,
             pipes,
+            silenced,
             accept,
         }
+    }
+
+    /// Silences every connection open now, for good: each stays open and
+    /// drops what either end sends. New connections are forwarded.
+    pub fn silence(&self) {
+        self.silence_since(0);
+    }
+
+    /// [`Proxy::silence`] for the connections open now that were accepted
+    /// after the first `first` (see [`Proxy::connections`]).
+    pub fn silence_since(&self, first: usize) {
+        let silenced = self.silenced.lock().unwrap_or_else(PoisonError::into_inner);
+        for silent in silenced.iter().skip(first) {
+            silent.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// How many connections the proxy has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.silenced
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
     /// Requests still reach the server; its replies are dropped.
@@ -90,12 +136,8 @@ impl Proxy {
     /// Closes every connection (dropping what was held) and forwards new
     /// ones again.
     pub fn cut(&self) {
-        for pipe in self
-            .pipes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .drain(..)
-        {
+        let mut pipes = self.pipes.lock().unwrap_or_else(PoisonError::into_inner);
+        for pipe in pipes.drain(..) {
             pipe.abort();
         }
         self.open.send_replace(true);
@@ -111,12 +153,13 @@ impl Drop for Proxy {
 }
 
 /// Forwards `from` to `to` while `open`; drops what it reads while
-/// `deliver` (if given) is false.
+/// `deliver` (if given) is false, and for good once `silent`.
 async fn pipe(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut open: watch::Receiver<bool>,
     deliver: Option<watch::Receiver<bool>>,
+    silent: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -127,7 +170,9 @@ async fn pipe(
         if open.wait_for(|open| *open).await.is_err() {
             return;
         }
-        if deliver.as_ref().is_some_and(|deliver| !*deliver.borrow()) {
+        if silent.load(Ordering::SeqCst)
+            || deliver.as_ref().is_some_and(|deliver| !*deliver.borrow())
+        {
             continue;
         }
         if to.write_all(&buf[..n]).await.is_err() {

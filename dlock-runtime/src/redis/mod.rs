@@ -17,6 +17,17 @@
 //! - **Waiting without polling**: one pub/sub connection per backend, one
 //!   subscription per waited-on key, confirmed before a waiter retries; a
 //!   waiter also wakes when the holder's ttl runs out.
+//! - **A silent link is replaced, not waited out**: a connection can go
+//!   quiet without breaking (a NAT or load balancer that forgot it, a host
+//!   that lost power), and the kernel gives up on it only after about 15
+//!   minutes. A command without a reply within the response timeout makes
+//!   the backend drop its connection and try once more on a new one
+//!   (callers that time out together share one new connection); no
+//!   acquisition attempt, renewal or release takes longer than the connect
+//!   plus the response timeout. While
+//!   waiters wait, the pub/sub connection gets a `PING` every second, and
+//!   one that does not answer is replaced and its waiters look again;
+//!   nothing is sent while nobody waits.
 //!
 //! ## Keyspace
 //!
@@ -66,7 +77,7 @@
 //! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
-//! `PING`. Add `+select` when the URL names a database other than 0.
+//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0.
 //! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
 //! and ignores a refusal.)
 //!
@@ -75,6 +86,7 @@
 //! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
 //! connection) while a seed is down.
 
+mod commands;
 mod keyspace;
 mod redact;
 mod scripts;
@@ -89,13 +101,15 @@ pub mod protocol {
 }
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::cluster::ClusterClient;
-use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, FromRedisValue, RedisError, RedisResult, ScriptInvocation, TlsCertificates};
+use ::redis::cluster::{ClusterClient, ClusterConfig};
+use ::redis::{
+    Client, ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
+    TlsCertificates,
+};
 use async_trait::async_trait;
 use tokio::time::{sleep, timeout};
 
@@ -104,6 +118,7 @@ use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+use commands::{Commands, Failure};
 use keyspace::Keyspace;
 use redact::{redact_url, scrub, secrets_of};
 use subscriber::Subscriber;
@@ -118,6 +133,11 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How soon a waiter looks again when the pub/sub connection cannot be
 /// opened (the commands may still work): polling, as a last resort.
 const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
+/// The first pause before connecting again when a server refused or
+/// dropped the first connection (it may be starting); doubled each time, up
+/// to [`MAX_CONNECT_PAUSE`], until the connect timeout ends the tries.
+const FIRST_CONNECT_PAUSE: Duration = Duration::from_millis(50);
+const MAX_CONNECT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Locks in Redis or a Redis Cluster.
 ///
@@ -153,22 +173,6 @@ struct Inner {
     secrets: Vec<String>,
     connect_timeout: Duration,
     response_timeout: Duration,
-}
-
-/// The command connection: reconnects by itself in either form.
-#[derive(Clone)]
-enum Commands {
-    Standalone(ConnectionManager),
-    Cluster(ClusterConnection),
-}
-
-impl Commands {
-    async fn invoke<T: FromRedisValue>(&self, script: &ScriptInvocation<'_>) -> RedisResult<T> {
-        match self {
-            Commands::Standalone(conn) => script.invoke_async(&mut conn.clone()).await,
-            Commands::Cluster(conn) => script.invoke_async(&mut conn.clone()).await,
-        }
-    }
 }
 
 /// Whether the topology is detected or given.
@@ -300,17 +304,21 @@ impl RedisBuilder {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
 
+        // Why the last try to connect failed, for an error that says more
+        // than "timed out" should the connect timeout end the tries.
+        let cause: Mutex<Option<String>> = Mutex::new(None);
         let connecting = async {
             let mut topology = self.topology;
             let mut standalone = None;
             if topology != Topology::Cluster {
+                // No tries again inside redis-rs: they would sleep through the
+                // caller's time budget and hide why connecting failed. A call
+                // that finds the connection broken opens a new one itself.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
                     .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(2)
-                    .set_max_delay(Duration::from_secs(1));
-                let mut manager = first
-                    .get_connection_manager_with_config(config)
+                    .set_number_of_retries(0);
+                let mut manager = open_standalone(first, &config, &cause)
                     .await
                     .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
                 if topology == Topology::Detect {
@@ -318,7 +326,7 @@ impl RedisBuilder {
                         .await
                         .map_err(|err| fail(format!("cannot query {first_shown}"), Some(&err)))?;
                 }
-                standalone = Some(manager);
+                standalone = Some((first.clone(), config, manager));
             }
             let commands = match (topology, standalone) {
                 (Topology::Cluster, _) => {
@@ -332,15 +340,23 @@ impl RedisBuilder {
                     let cluster = cluster.build().map_err(|err| {
                         fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
                     })?;
-                    let conn = cluster.get_async_connection().await.map_err(|err| {
-                        fail(
-                            format!("cannot connect to the cluster at {shown:?}"),
-                            Some(&err),
-                        )
-                    })?;
-                    Commands::Cluster(conn)
+                    let config = ClusterConfig::new()
+                        .set_connection_timeout(self.connect_timeout)
+                        .set_response_timeout(self.response_timeout);
+                    let conn = cluster
+                        .get_async_connection_with_config(config.clone())
+                        .await
+                        .map_err(|err| {
+                            fail(
+                                format!("cannot connect to the cluster at {shown:?}"),
+                                Some(&err),
+                            )
+                        })?;
+                    Commands::cluster(cluster, config, conn)
                 }
-                (_, Some(manager)) => Commands::Standalone(manager),
+                (_, Some((client, config, manager))) => {
+                    Commands::standalone(client, config, manager)
+                }
                 (_, None) => return Err(fail("no connection was opened".into(), None)),
             };
             Ok::<_, LockError>(commands)
@@ -348,18 +364,21 @@ impl RedisBuilder {
         let commands = timeout(self.connect_timeout, connecting)
             .await
             .map_err(|_| {
+                let all = shown.join(", ");
+                let after = self.connect_timeout;
+                let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
                 fail(
-                    format!(
-                        "connecting to {} timed out after {:?}",
-                        shown.join(", "),
-                        self.connect_timeout
-                    ),
+                    match cause {
+                        Some(cause) => format!("cannot connect to {all} within {after:?}: {cause}"),
+                        None => format!("connecting to {all} timed out after {after:?}"),
+                    },
                     None,
                 )
             })??;
-        let topology = match &commands {
-            Commands::Standalone(_) => "standalone",
-            Commands::Cluster(_) => "cluster",
+        let topology = if commands.is_cluster() {
+            "cluster"
+        } else {
+            "standalone"
         };
         tracing::debug!(urls = ?shown, topology, "redis backend connected");
         Ok(RedisBackend {
@@ -424,6 +443,33 @@ fn check_tls(clients: &[Client], shown: &[String]) -> Result<bool, LockError> {
     Ok(!with_tls.is_empty())
 }
 
+/// Opens the command connection to a single server. A refused or dropped
+/// connection (a server still starting, a failover under way) is tried
+/// again after a pause, until the caller's connect timeout ends the tries;
+/// `cause` keeps the last such error for the message. Anything else (a
+/// wrong password, a TLS failure) is an error at once.
+async fn open_standalone(
+    client: &Client,
+    config: &ConnectionManagerConfig,
+    cause: &Mutex<Option<String>>,
+) -> RedisResult<ConnectionManager> {
+    let mut pause = FIRST_CONNECT_PAUSE;
+    loop {
+        match client
+            .get_connection_manager_with_config(config.clone())
+            .await
+        {
+            Ok(manager) => return Ok(manager),
+            Err(err) if err.is_connection_refusal() || err.is_connection_dropped() => {
+                *cause.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.to_string());
+                sleep(pause).await;
+                pause = (pause * 2).min(MAX_CONNECT_PAUSE);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
 fn tls_certificates(pem: &[u8]) -> TlsCertificates {
     TlsCertificates {
         client_tls: None,
@@ -438,7 +484,6 @@ fn tls_certificates(pem: &[u8]) -> TlsCertificates {
 /// a server or proxy without the command, or an ACL that refuses it (the
 /// cluster client could not work under that ACL either).
 async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
-    use ::redis::{ErrorKind, ServerErrorKind};
     let slots: RedisResult<::redis::Value> =
         ::redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
     match slots {
@@ -476,7 +521,7 @@ impl RedisBackend {
 
     /// True when connected to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self.inner.commands, Commands::Cluster(_))
+        self.inner.commands.is_cluster()
     }
 
     /// How many release channels the pub/sub connection follows right now
@@ -485,9 +530,16 @@ impl RedisBackend {
         self.inner.subscriber.channel_count()
     }
 
-    /// Runs a script, retrying once on a broken connection (the reconnecting
-    /// connection has started over by then), all within the connect plus the
-    /// response timeout.
+    /// The longest one call may take: a first try, and a second one on a
+    /// connection that may have to be opened first.
+    fn call_limit(&self) -> Duration {
+        self.inner
+            .connect_timeout
+            .saturating_add(self.inner.response_timeout)
+    }
+
+    /// Runs a script, trying once more on a broken or silent connection (on
+    /// a connection opened anew by then), all within [`Self::call_limit`].
     async fn run<T: FromRedisValue>(
         &self,
         operation: Operation,
@@ -507,27 +559,33 @@ impl RedisBackend {
         key: &LockKey,
         script: &ScriptInvocation<'_>,
     ) -> Result<(T, bool), LockError> {
-        let commands = &self.inner.commands;
-        let attempt = async {
-            match commands.invoke(script).await {
-                Err(err) if is_connection_error(&err) => {
-                    commands.invoke(script).await.map(|value| (value, true))
-                }
-                outcome => outcome.map(|value| (value, false)),
+        self.inner
+            .commands
+            .send(self.call_limit(), |mut conn| async move {
+                script.invoke_async(&mut conn).await
+            })
+            .await
+            .map_err(|failure| self.error(operation, key, self.describe(&failure)))
+    }
+
+    /// What went wrong, in words for an error.
+    fn describe(&self, failure: &Failure) -> String {
+        let servers = self.inner.shown.join(", ");
+        match failure {
+            Failure::NoReply => format!("no reply from {servers} within {:?}", self.call_limit()),
+            Failure::Redis(err) if err.is_timeout() => format!(
+                "no answer from {servers} in time (connect timeout {:?}, response timeout {:?}); \
+                 a new connection is opened",
+                self.inner.connect_timeout, self.inner.response_timeout
+            ),
+            // The server's own words: redis-rs would put its name for the
+            // error code in front.
+            Failure::Redis(err)
+                if err.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) =>
+            {
+                err.detail().map_or_else(|| err.to_string(), str::to_owned)
             }
-        };
-        let limit = self.inner.connect_timeout + self.inner.response_timeout;
-        match timeout(limit, attempt).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(err)) => Err(self.error(operation, key, err.to_string())),
-            Err(_) => Err(self.error(
-                operation,
-                key,
-                format!(
-                    "no reply from {} within {limit:?}",
-                    self.inner.shown.join(", ")
-                ),
-            )),
+            Failure::Redis(err) => err.to_string(),
         }
     }
 
@@ -535,12 +593,6 @@ impl RedisBackend {
         let source: BoxError = scrub(&text, &self.inner.secrets).into();
         LockError::backend(KIND, operation, key.as_str(), source)
     }
-}
-
-/// Errors after which the command may not have reached the server and the
-/// connection is being rebuilt.
-fn is_connection_error(err: &RedisError) -> bool {
-    err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal()
 }
 
 /// A ttl in whole milliseconds, at least 1 (Redis refuses `PX 0`).
@@ -619,12 +671,12 @@ impl Backend for RedisBackend {
     /// batch on a single server. A cluster spreads the keys over nodes, so
     /// there the renewals go out together on the multiplexed connection.
     async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
-        let Commands::Standalone(conn) = &self.inner.commands else {
+        if self.is_cluster() {
             let each = leases
                 .iter()
                 .map(|lease| self.extend(lease.key, lease.owner, lease.ttl));
             return futures_util::future::join_all(each).await;
-        };
+        }
         if leases.is_empty() {
             return Vec::new();
         }
@@ -638,40 +690,34 @@ impl Backend for RedisBackend {
                 .arg(&lease.owner.to_hex()[..])
                 .arg(ttl_millis(lease.ttl));
         }
-        let attempt = async {
-            let mut conn = conn.clone();
-            let mut answers: Vec<RedisResult<i64>> = match pipe.query_async(&mut conn).await {
-                Err(err) if is_connection_error(&err) => pipe.query_async(&mut conn).await?,
-                outcome => outcome?,
-            };
-            // A server that lost its script cache (a restart, SCRIPT FLUSH):
-            // load the script and send the batch again (renewing twice is
-            // harmless).
-            let no_script = |answer: &RedisResult<i64>| {
-                answer.as_ref().is_err_and(|err| {
-                    err.kind() == ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript)
-                })
-            };
-            if answers.iter().any(no_script) {
-                scripts::EXTEND
-                    .prepare_invoke()
-                    .load_async(&mut conn)
-                    .await?;
-                answers = pipe.query_async(&mut conn).await?;
-            }
-            Ok::<_, RedisError>(answers)
-        };
-        let limit = self.inner.connect_timeout + self.inner.response_timeout;
-        let answers = match timeout(limit, attempt).await {
-            Ok(Ok(answers)) => answers,
-            outcome => {
-                let text = match outcome {
-                    Ok(Err(err)) => err.to_string(),
-                    _ => format!(
-                        "no reply from {} within {limit:?}",
-                        self.inner.shown.join(", ")
-                    ),
+        let pipe = &pipe;
+        let sent = self
+            .inner
+            .commands
+            .send(self.call_limit(), |mut conn| async move {
+                let mut answers: Vec<RedisResult<i64>> = pipe.query_async(&mut conn).await?;
+                // A server that lost its script cache (a restart, SCRIPT
+                // FLUSH): load the script and send the batch again (renewing
+                // twice is harmless).
+                let no_script = |answer: &RedisResult<i64>| {
+                    answer.as_ref().is_err_and(|err| {
+                        err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                    })
                 };
+                if answers.iter().any(no_script) {
+                    scripts::EXTEND
+                        .prepare_invoke()
+                        .load_async(&mut conn)
+                        .await?;
+                    answers = pipe.query_async(&mut conn).await?;
+                }
+                Ok(answers)
+            })
+            .await;
+        let answers = match sent {
+            Ok((answers, _)) => answers,
+            Err(failure) => {
+                let text = self.describe(&failure);
                 return leases
                     .iter()
                     .map(|lease| Err(self.error(Operation::Extend, lease.key, text.clone())))
@@ -683,7 +729,11 @@ impl Backend for RedisBackend {
             .enumerate()
             .map(|(i, lease)| match answers.get(i) {
                 Some(Ok(extended)) => Ok(*extended == 1),
-                Some(Err(err)) => Err(self.error(Operation::Extend, lease.key, err.to_string())),
+                Some(Err(err)) => Err(self.error(
+                    Operation::Extend,
+                    lease.key,
+                    self.describe(&Failure::Redis(err.clone())),
+                )),
                 None => Err(self.error(
                     Operation::Extend,
                     lease.key,

@@ -41,14 +41,16 @@ use ::redis::Script;
 /// number; the clock (about 2^51 µs today) cannot win there. A counter that
 /// cannot rise (at 2^63 - 1, or not an integer) makes `INCR` fail: the lock
 /// just set is taken back (a script's earlier writes survive its error) and
-/// the error returned. Refused, never wrapped, and nothing left held.
+/// the error returned. Refused, never wrapped, and nothing left held. The
+/// reply is a plain `ERR` error (clients take an error reply's first word
+/// for its code), with `INCR`'s own `ERR` taken off its reason.
 pub const ACQUIRE_LUA: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local token = redis.pcall('INCR', KEYS[2])
   if type(token) == 'table' then
     redis.call('DEL', KEYS[1])
-    return redis.error_reply('dlock: the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. token.err)
+    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
   end
   if token >= 9007199254740992 then
     return {1, redis.call('GET', KEYS[2])}

@@ -9,6 +9,14 @@
 //! woken waiter that goes away without trying passes the wake-up on. When
 //! the connection breaks, every waiter is woken (to retry at once) and the
 //! next subscription opens a new connection.
+//!
+//! A connection can also go silent without breaking (a NAT or load
+//! balancer that forgot it, a peer that lost power): its socket stays open
+//! and no release is heard on it, so waiters would sleep until the holder's
+//! ttl or their own deadline on a key long free. While channels are
+//! subscribed, the connection is therefore sent a `PING` every second; one
+//! without a reply within the response timeout counts as broken. With
+//! nothing subscribed nothing is sent.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -17,14 +25,21 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use ::redis::aio::{PubSubSink, PubSubStream};
-use ::redis::{Client, RedisError, RedisResult};
+use ::redis::{Client, RedisError, RedisResult, Value};
 use futures_util::StreamExt as _;
 use tokio::runtime::Handle;
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
-use tokio::time::timeout;
+use tokio::time::{Instant, sleep, timeout};
 
 use crate::backend::ReleaseNotice;
+
+/// How often a connection with subscribed channels is checked.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// After a failed attempt to open a connection, subscriptions fail at once
+/// for this long (their waiters poll) instead of each trying again in
+/// turn.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The shared subscriber of one backend.
 pub(crate) struct Subscriber {
@@ -41,6 +56,8 @@ struct Shared {
     /// The live connection. Locked across every (un)subscribe, so those
     /// reach the server in the order they were decided in.
     link: tokio::sync::Mutex<Option<Link>>,
+    /// When and why opening a connection last failed.
+    connect_failed: Mutex<Option<(Instant, RedisError)>>,
 }
 
 #[derive(Default)]
@@ -48,6 +65,9 @@ struct Channels {
     by_name: HashMap<String, Channel>,
     /// Bumped for every new connection.
     generation: u64,
+    /// The connection whose health check task runs, if any: one runs
+    /// exactly while channels are confirmed on it.
+    checked: Option<u64>,
 }
 
 struct Channel {
@@ -169,6 +189,7 @@ impl Subscriber {
                 response_timeout,
                 channels: Mutex::default(),
                 link: tokio::sync::Mutex::new(None),
+                connect_failed: Mutex::new(None),
             }),
         }
     }
@@ -195,7 +216,15 @@ impl Subscriber {
             channel: channel.to_owned(),
             ticket: Arc::clone(&ticket),
         };
-        self.shared.confirm(channel).await?;
+        // However long the connection takes to open or to answer, and
+        // however many waiters queue for it: the waiter then polls instead.
+        let nodes = u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX);
+        let limit = (self.shared.connect_timeout.saturating_mul(nodes))
+            .saturating_add(self.shared.response_timeout);
+        match timeout(limit, self.shared.confirm(channel)).await {
+            Ok(confirmed) => confirmed?,
+            Err(_) => return Err(timed_out("subscribing", limit)),
+        }
         let wait = async move {
             let _interest = interest;
             // A closed channel (the subscriber is gone) also ends the wait.
@@ -271,6 +300,15 @@ impl Shared {
                 }
                 if let Some(entry) = channels.by_name.get_mut(channel) {
                     entry.confirmed_in = Some(generation);
+                    if channels.checked != Some(generation) {
+                        channels.checked = Some(generation);
+                        tokio::spawn(check_health(
+                            Arc::downgrade(self),
+                            link.sink.clone(),
+                            generation,
+                            Arc::clone(&link.broken),
+                        ));
+                    }
                 }
                 Ok(())
             });
@@ -289,8 +327,34 @@ impl Shared {
         }
     }
 
-    /// Opens a pub/sub connection to the first node that answers.
+    /// Opens a pub/sub connection to the first node that answers, unless
+    /// the last try failed only just now.
     async fn connect(self: &Arc<Self>) -> RedisResult<Link> {
+        let recent_failure = || {
+            let failed = self
+                .connect_failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            failed
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < CONNECT_BACKOFF)
+                .map(|(_, err)| err.clone())
+        };
+        if let Some(err) = recent_failure() {
+            return Err(err);
+        }
+        let outcome = self.open().await;
+        if let Err(err) = &outcome {
+            *self
+                .connect_failed
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), err.clone()));
+        }
+        outcome
+    }
+
+    /// Opens a pub/sub connection to the first node that answers.
+    async fn open(self: &Arc<Self>) -> RedisResult<Link> {
         let mut last_error = None;
         for node in &self.nodes {
             let pubsub = match timeout(self.connect_timeout, node.get_async_pubsub()).await {
@@ -335,6 +399,23 @@ impl Shared {
                 "no Redis node to open a pub/sub connection to",
             ))
         }))
+    }
+
+    /// Retires connection `generation` if it is still the live one: it did
+    /// not answer a health check.
+    async fn retire_silent(&self, generation: u64, broken: &AtomicBool) {
+        // Waiters first: they need not wait for the link lock, which a
+        // subscription on the silent connection may hold until it times out.
+        broken.store(true, Ordering::SeqCst);
+        self.wake_all(generation);
+        let mut slot = self.link.lock().await;
+        if slot
+            .as_ref()
+            .is_some_and(|link| link.generation == generation)
+            && let Some(link) = slot.take()
+        {
+            self.retire(link);
+        }
     }
 
     /// Closes `link` and wakes the waiters whose subscriptions went with it.
@@ -384,6 +465,61 @@ impl Shared {
         {
             self.retire(old);
         }
+    }
+}
+
+/// The health check of connection `generation`: a `PING` every
+/// [`HEALTH_CHECK_INTERVAL`] while channels are confirmed on it; one without
+/// a reply within the response timeout retires the connection, which wakes
+/// every waiter to subscribe again on a new one. Ends with the connection,
+/// or when no channel is confirmed on it (a new confirmation starts another).
+async fn check_health(
+    shared: Weak<Shared>,
+    mut sink: PubSubSink,
+    generation: u64,
+    broken: Arc<AtomicBool>,
+) {
+    loop {
+        sleep(HEALTH_CHECK_INTERVAL).await;
+        if broken.load(Ordering::SeqCst) {
+            return;
+        }
+        let response_timeout = {
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            let mut channels = shared.channels();
+            let subscribed = channels
+                .by_name
+                .values()
+                .any(|channel| channel.confirmed_in == Some(generation));
+            if !subscribed {
+                // Decided under the channels lock, where a confirmation
+                // checks whether a health check runs.
+                if channels.checked == Some(generation) {
+                    channels.checked = None;
+                }
+                return;
+            }
+            shared.response_timeout
+        };
+        let answered = timeout(response_timeout, sink.ping::<Value>()).await;
+        if matches!(answered, Ok(Ok(_))) {
+            continue;
+        }
+        if broken.load(Ordering::SeqCst) {
+            return;
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        tracing::warn!(
+            generation,
+            "redis pub/sub connection did not answer a PING within {response_timeout:?}; \
+             replacing it and waking every waiter to retry"
+        );
+        shared.retire_silent(generation, &broken).await;
+        return;
     }
 }
 

@@ -1,0 +1,229 @@
+//! The command connection: one reconnecting connection to a single server,
+//! or one cluster connection, shared by every call of a backend — and
+//! replaced whole when a command gets no reply.
+//!
+//! redis-rs rebuilds a connection it sees break (reset, closed), but a
+//! response timeout is no break to it: it goes on sending on a connection
+//! that may have gone silent for good (a NAT or load balancer that forgot
+//! it, a peer that lost power, a proxy that keeps the socket open). The
+//! kernel gives up on such a socket after about 15 minutes, if ever; until
+//! then every acquisition would fail and every lease be lost. So a command
+//! without a reply within the response timeout retires the connection it
+//! was sent on, and the call tries once more on a new one.
+//!
+//! Each connection has a generation, and only the first caller to report a
+//! generation silent replaces it: callers that time out together open one
+//! new connection, not one each. A new connection connects on first use,
+//! so replacing one never makes a caller wait for the lock that guards it.
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::{ClusterClient, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use tokio::time::timeout;
+
+/// The command connection of one backend.
+pub(super) struct Commands {
+    opener: Opener,
+    current: Mutex<Link>,
+}
+
+/// How to open a new connection of the same kind.
+enum Opener {
+    Standalone {
+        client: Client,
+        config: ConnectionManagerConfig,
+    },
+    Cluster {
+        client: ClusterClient,
+        config: ClusterConfig,
+    },
+}
+
+/// The connection in use and its generation.
+#[derive(Clone)]
+struct Link {
+    generation: u64,
+    connection: Connection,
+}
+
+/// A connection to send commands, scripts and pipelines on.
+#[derive(Clone)]
+pub(super) enum Connection {
+    Standalone(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Standalone(conn) => conn.req_packed_command(cmd),
+            Connection::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Standalone(conn) => conn.get_db(),
+            Connection::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+/// Why a call got no answer.
+pub(super) enum Failure {
+    /// The server or the connection reported an error.
+    Redis(RedisError),
+    /// Nothing came back within the call's time limit.
+    NoReply,
+}
+
+impl Commands {
+    /// Commands to a single server over `manager`, opened by `client` with
+    /// `config`.
+    pub(super) fn standalone(
+        client: Client,
+        config: ConnectionManagerConfig,
+        manager: ConnectionManager,
+    ) -> Self {
+        Self::new(
+            Opener::Standalone { client, config },
+            Connection::Standalone(manager),
+        )
+    }
+
+    /// Commands to a cluster over `connection`, opened by `client` with
+    /// `config`.
+    pub(super) fn cluster(
+        client: ClusterClient,
+        config: ClusterConfig,
+        connection: ClusterConnection,
+    ) -> Self {
+        Self::new(
+            Opener::Cluster { client, config },
+            Connection::Cluster(connection),
+        )
+    }
+
+    fn new(opener: Opener, connection: Connection) -> Self {
+        Self {
+            opener,
+            current: Mutex::new(Link {
+                generation: 0,
+                connection,
+            }),
+        }
+    }
+
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.opener, Opener::Cluster { .. })
+    }
+
+    fn current(&self) -> MutexGuard<'_, Link> {
+        self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn link(&self) -> Link {
+        self.current().clone()
+    }
+
+    /// Replaces connection `silent` with a new one, unless that happened
+    /// already. The old one closes once the calls still using it are done.
+    fn retire(&self, silent: u64) {
+        let mut current = self.current();
+        if current.generation != silent {
+            return;
+        }
+        let connection = match &self.opener {
+            Opener::Standalone { client, config } => {
+                match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                    Ok(manager) => Connection::Standalone(manager),
+                    Err(err) => {
+                        // Refused only for settings this backend never makes.
+                        tracing::warn!(error = %err, "cannot replace the silent redis connection");
+                        return;
+                    }
+                }
+            }
+            Opener::Cluster { client, config } => {
+                Connection::Cluster(client.get_pending_async_connection_with_config(config.clone()))
+            }
+        };
+        current.generation += 1;
+        current.connection = connection;
+        tracing::warn!(
+            generation = current.generation,
+            "a redis command got no reply; opening a new connection"
+        );
+    }
+
+    /// Sends `request` on the connection, and once more after a connection
+    /// error — on a new connection if the first got no reply — all within
+    /// `limit`. Also tells whether the answer is the second try's: the
+    /// first may then have run on the server, its reply lost.
+    pub(super) async fn send<T, F, Fut>(
+        &self,
+        limit: Duration,
+        request: F,
+    ) -> Result<(T, bool), Failure>
+    where
+        F: Fn(Connection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let first = self.link();
+        let generation = first.generation;
+        let tries = async {
+            let outcome = request(first.connection).await;
+            self.note(&outcome, generation);
+            match outcome {
+                Err(err) if is_connection_error(&err) => {
+                    let second = self.link();
+                    let outcome = request(second.connection).await;
+                    self.note(&outcome, second.generation);
+                    outcome.map(|value| (value, true))
+                }
+                outcome => outcome.map(|value| (value, false)),
+            }
+        };
+        match timeout(limit, tries).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(err)) => Err(Failure::Redis(err)),
+            Err(_) => {
+                // redis-rs's own timeouts end a try before this; should
+                // they not, the connection first tried is suspect. A new
+                // one the second try was still opening is left alone.
+                self.retire(generation);
+                Err(Failure::NoReply)
+            }
+        }
+    }
+
+    /// Retires connection `generation` if `outcome` is a missing reply.
+    fn note<T>(&self, outcome: &RedisResult<T>, generation: u64) {
+        if outcome.as_ref().is_err_and(RedisError::is_timeout) {
+            self.retire(generation);
+        }
+    }
+}
+
+/// Errors after which the command may not have reached the server, or its
+/// reply may never come: worth one more try.
+fn is_connection_error(err: &RedisError) -> bool {
+    err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal()
+}

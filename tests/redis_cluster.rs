@@ -277,7 +277,7 @@ async fn a_cluster_connection_gone_silent_is_replaced_and_leases_keep_renewing()
     let backend: Arc<dyn Backend> = Arc::new(redis);
     // Keys on every master, so that every node connection is in use.
     let keys: Vec<_> = (0..12)
-        .map(|i| conformance::fresh_key(&format!("silent-cluster-{i}")))
+        .map(|i| dlock_runtime::conformance::fresh_key(&format!("silent-cluster-{i}")))
         .collect();
     for key in &keys {
         LockOptions::new(Duration::from_secs(10))
@@ -291,7 +291,7 @@ async fn a_cluster_connection_gone_silent_is_replaced_and_leases_keep_renewing()
     let held = LockOptions::new(Duration::from_secs(6))
         .acquire_on(
             backend.clone(),
-            conformance::fresh_key("silent-cluster-held"),
+            dlock_runtime::conformance::fresh_key("silent-cluster-held"),
         )
         .await
         .expect("free");
@@ -330,7 +330,7 @@ async fn a_cluster_connection_gone_silent_is_replaced_and_leases_keep_renewing()
     let lease = LockOptions::new(Duration::from_millis(1500))
         .acquire_on(
             backend.clone(),
-            conformance::fresh_key("silent-cluster-after"),
+            dlock_runtime::conformance::fresh_key("silent-cluster-after"),
         )
         .await
         .expect("free");

@@ -70,6 +70,8 @@ macro_rules! conformance_suite {
             a_release_abandoned_half_way_still_frees_the_key,
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
+            a_retry_by_the_owner_that_holds_the_key_counts_as_acquired,
+            a_try_acquire_dropped_half_way_leaves_nothing_stuck,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -185,9 +187,7 @@ impl crate::Backend for CountingBackend {
     }
     async fn try_acquire(
         &self,
-        key: &crate::LockKey,
-        owner: &crate::backend::OwnerId,
-        ttl: Duration,
+        request: &crate::backend::AcquireRequest<'_>,
     ) -> Result<crate::backend::Attempt, crate::LockError> {
         use std::sync::atomic::Ordering;
         self.attempts.fetch_add(1, Ordering::SeqCst);
@@ -202,26 +202,29 @@ impl crate::Backend for CountingBackend {
             return Err(crate::LockError::backend(
                 self.inner.kind(),
                 crate::error::Operation::Acquire,
-                key.as_str(),
+                request.key.as_str(),
                 "connection refused",
             ));
         }
-        self.inner.try_acquire(key, owner, ttl).await
+        self.inner.try_acquire(request).await
     }
     async fn extend(
         &self,
-        key: &crate::LockKey,
-        owner: &crate::backend::OwnerId,
-        ttl: Duration,
+        renewal: &crate::backend::Renewal<'_>,
     ) -> Result<bool, crate::LockError> {
-        self.inner.extend(key, owner, ttl).await
+        self.inner.extend(renewal).await
+    }
+    async fn extend_many(
+        &self,
+        renewals: &[crate::backend::Renewal<'_>],
+    ) -> Vec<Result<bool, crate::LockError>> {
+        self.inner.extend_many(renewals).await
     }
     async fn release(
         &self,
-        key: &crate::LockKey,
-        owner: &crate::backend::OwnerId,
+        lease: &crate::backend::ReleaseRequest<'_>,
     ) -> Result<crate::backend::ReleaseOutcome, crate::LockError> {
-        self.inner.release(key, owner).await
+        self.inner.release(lease).await
     }
     async fn subscribe(
         &self,
@@ -355,7 +358,7 @@ pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Bac
         .expect("free");
     let stranger = OwnerId::random().expect("random");
     let released = backend
-        .release(&key, &stranger)
+        .release(&crate::backend::ReleaseRequest::new(&key, &stranger))
         .await
         .expect("backend answers");
     assert_eq!(
@@ -384,7 +387,11 @@ pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Back
         .expect("free");
     let stranger = OwnerId::random().expect("random");
     let extended = backend
-        .extend(&key, &stranger, Duration::from_secs(60))
+        .extend(&crate::backend::Renewal::new(
+            &key,
+            &stranger,
+            Duration::from_secs(60),
+        ))
         .await
         .expect("backend answers");
     assert!(!extended, "a non-owner's extend must be refused");
@@ -881,4 +888,71 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
         .expect("task")
         .expect("the release must reach the second waiter when the first gives up");
     lease.release().await.expect("release");
+}
+
+/// A `try_acquire` retried by the owner that holds the key (its first
+/// answer was lost) is a success, with the token already drawn; anyone
+/// else is still refused.
+pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let key = fresh_key("same-owner");
+    let owner = OwnerId::random().expect("random");
+    let ttl = Duration::from_secs(10);
+    let Attempt::Acquired(first) = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+        .await
+        .expect("backend answers")
+    else {
+        panic!("a fresh key must be free");
+    };
+    match backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+        .await
+        .expect("backend answers")
+    {
+        Attempt::Acquired(again) => assert_eq!(
+            again.token, first.token,
+            "the retry must get the token already drawn"
+        ),
+        other => panic!("a retry by the holding owner must be a success, not {other:?}"),
+    }
+    let stranger = OwnerId::random().expect("random");
+    assert!(
+        matches!(
+            backend
+                .try_acquire(&AcquireRequest::new(&key, &stranger, ttl))
+                .await
+                .expect("backend answers"),
+            Attempt::Held { .. }
+        ),
+        "another owner must still be refused"
+    );
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A `try_acquire` whose caller drops it half-way (called directly, not
+/// through the core) leaves nothing stuck: each key is free again by its
+/// ttl at the latest.
+pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dyn Backend>) {
+    use crate::backend::AcquireRequest;
+    let keys: Vec<LockKey> = (0..10).map(|_| fresh_key("dropped-attempt")).collect();
+    for key in &keys {
+        let owner = OwnerId::random().expect("random");
+        let request = AcquireRequest::new(key, &owner, Duration::from_secs(1));
+        let _ = timeout(Duration::ZERO, backend.try_acquire(&request)).await;
+    }
+    for key in &keys {
+        let lease = options(1_000)
+            .wait(Duration::from_secs(10))
+            .acquire_on(backend.clone(), key)
+            .await
+            .expect("a dropped attempt must not keep its key past its 1s ttl");
+        lease.release().await.expect("release");
+    }
 }

@@ -35,7 +35,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
+};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -462,12 +465,8 @@ impl Backend for FileBackend {
         KIND
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
         self.blocking(Operation::Acquire, key, move |inner| {
             inner.try_acquire(&name, &text, owner, ttl)
@@ -475,12 +474,8 @@ impl Backend for FileBackend {
         .await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let (name, owner) = (file_name(key), *owner);
         self.blocking(Operation::Extend, key, move |inner| {
             inner.extend(&name, owner, ttl)
@@ -488,7 +483,8 @@ impl Backend for FileBackend {
         .await
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let (key, owner) = (lease.key, lease.owner);
         let (name, owner) = (file_name(key), *owner);
         self.blocking(Operation::Release, key, move |inner| {
             inner.release(&name, owner)

@@ -27,7 +27,8 @@ use tracing::Instrument as _;
 mod renewal;
 
 use crate::backend::{
-    Attempt, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseNotice, ReleaseOutcome,
+    AcquireRequest, Attempt, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::detach::{AbandonedWith, Detachable, Ignore};
 use crate::error::{LockError, LostReason};
@@ -49,12 +50,8 @@ pub(crate) struct Terms {
     pub(crate) min_hold: Duration,
 }
 
-/// How long a waiter sleeps before trying again when no release is announced
-/// and the backend cannot tell when the holder's lease runs out.
-const FALLBACK_RECHECK: Duration = Duration::from_secs(1);
-/// The longest a waiter sleeps without trying again even when the backend
-/// says when the holder's lease runs out: a safety net should a release
-/// notice ever be lost.
+/// The longest a waiter sleeps without trying again, whatever the backend
+/// says: a safety net should a release notice ever be lost.
 const MAX_NAP: Duration = Duration::from_secs(10);
 /// Added to a holder's remaining lifetime before retrying, so the retry lands
 /// after the expiry rather than just before it.
@@ -408,11 +405,14 @@ impl Lease {
 /// those that keep per-lease resources, let go).
 async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutcome, LockError> {
     let outcome = if keep_for.is_zero() {
-        shared.backend.release(&shared.key, &shared.owner).await
+        shared
+            .backend
+            .release(&ReleaseRequest::new(&shared.key, &shared.owner))
+            .await
     } else {
         let kept = shared
             .backend
-            .extend(&shared.key, &shared.owner, keep_for)
+            .extend(&Renewal::new(&shared.key, &shared.owner, keep_for))
             .await;
         if matches!(kept, Ok(true))
             && let Ok(runtime) = Handle::try_current()
@@ -421,7 +421,10 @@ async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutco
             runtime.spawn(async move {
                 tokio::time::sleep(keep_for).await;
                 // Owner-checked: a no-op if the key expired and moved on.
-                let _ = shared.backend.release(&shared.key, &shared.owner).await;
+                let _ = shared
+                    .backend
+                    .release(&ReleaseRequest::new(&shared.key, &shared.owner))
+                    .await;
             });
         }
         kept.map(ReleaseOutcome::from_released)
@@ -704,11 +707,16 @@ async fn take(
             if now >= deadline {
                 break 'attempts Err(contended(now));
             }
-            let nap = match expires_in {
-                Some(expires_in) => (expires_in + EXPIRY_SLACK).min(MAX_NAP),
-                None => FALLBACK_RECHECK,
-            };
-            let nap = nap.min(deadline - now);
+            // Until the holder's lease runs out, or as soon as a notice that
+            // may miss a release asks, and never longer than the safety net.
+            let nap = [
+                expires_in.map(|expires_in| expires_in + EXPIRY_SLACK),
+                notice.recheck(),
+            ]
+            .into_iter()
+            .flatten()
+            .fold(MAX_NAP, Duration::min)
+            .min(deadline - now);
             let _ = timeout(nap, &mut notice).await;
             woken_by = notice.is_woken().then_some(notice);
         }
@@ -729,7 +737,11 @@ fn attempt(
 ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
-        async move { backend.try_acquire(&key, &owner, ttl).await }
+        async move {
+            backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+                .await
+        }
     };
     let give_back = GiveBack {
         backend: Arc::clone(backend),
@@ -751,7 +763,11 @@ struct GiveBack {
 
 impl GiveBack {
     async fn release(self) {
-        match self.backend.release(&self.key, &self.owner).await {
+        match self
+            .backend
+            .release(&ReleaseRequest::new(&self.key, &self.owner))
+            .await
+        {
             Ok(ReleaseOutcome::Released) => tracing::debug!(
                 key = %self.key,
                 "gave back a lock granted after its caller gave up"

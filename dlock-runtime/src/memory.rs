@@ -7,13 +7,16 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
+};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -169,12 +172,8 @@ impl Backend for MemoryBackend {
         "memory"
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let now = Instant::now();
         let mut entries = self.lock();
         let entry = entries.entry(key);
@@ -201,12 +200,8 @@ impl Backend for MemoryBackend {
         Ok(Attempt::Acquired(Grant::new(token)))
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let now = Instant::now();
         let mut entries = self.lock();
         let Some(holder) = entries.by_key.get_mut(key).and_then(|e| e.holder.as_mut()) else {
@@ -219,7 +214,8 @@ impl Backend for MemoryBackend {
         Ok(true)
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let (key, owner) = (lease.key, lease.owner);
         let now = Instant::now();
         let mut entries = self.lock();
         let Some(entry) = entries.by_key.get_mut(key) else {

@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use dlock::backend::{Attempt, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal};
+use dlock::backend::{
+    AcquireRequest, Attempt, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+};
 use dlock::{Backend, Lease, LockError, LockKey, LockOptions};
 use tokio::time::Instant;
 
@@ -42,23 +44,13 @@ impl Backend for Counting {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
-        self.inner.try_acquire(key, owner, ttl).await
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.inner.try_acquire(request).await
     }
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         self.renewal_calls.fetch_add(1, Ordering::Relaxed);
         self.leases_renewed.fetch_add(1, Ordering::Relaxed);
-        self.inner.extend(key, owner, ttl).await
+        self.inner.extend(renewal).await
     }
     async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         self.renewal_calls.fetch_add(1, Ordering::Relaxed);
@@ -66,8 +58,8 @@ impl Backend for Counting {
             .fetch_add(leases.len() as u64, Ordering::Relaxed);
         self.inner.extend_many(leases).await
     }
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
-        self.inner.release(key, owner).await
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
     }
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
         self.inner.subscribe(key).await

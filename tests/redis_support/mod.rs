@@ -308,13 +308,16 @@ pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), St
             dlock::LockKey::new(format!("dlock-test:acl-{i}:{id}")).map_err(|e| e.to_string())?;
         let owner = OwnerId::random().map_err(|e| e.to_string())?;
         let failed = |what: &str, err: dlock::LockError| format!("{what} `{key}`: {err}");
-        match redis.try_acquire(&key, &owner, ttl).await {
+        match redis
+            .try_acquire(&dlock::backend::AcquireRequest::new(&key, &owner, ttl))
+            .await
+        {
             Ok(Attempt::Acquired(_)) => {}
             Ok(_) => return Err(format!("`{key}` was not free")),
             Err(err) => return Err(failed("acquire", err)),
         }
         if !redis
-            .extend(&key, &owner, ttl)
+            .extend(&dlock::backend::Renewal::new(&key, &owner, ttl))
             .await
             .map_err(|e| failed("renew", e))?
         {
@@ -330,7 +333,7 @@ pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), St
             ));
         }
         if redis
-            .release(&key, &owner)
+            .release(&dlock::backend::ReleaseRequest::new(&key, &owner))
             .await
             .map_err(|e| failed("release", e))?
             != dlock::backend::ReleaseOutcome::Released
@@ -345,7 +348,7 @@ pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), St
         }
         let other = OwnerId::random().map_err(|e| e.to_string())?;
         redis
-            .try_acquire(&key, &other, ttl)
+            .try_acquire(&dlock::backend::AcquireRequest::new(&key, &other, ttl))
             .await
             .map_err(|e| failed("acquire", e))?;
         if !redis

@@ -25,84 +25,205 @@ pub(crate) use loss::LossSink;
 pub use notice::ReleaseNotice;
 pub use owner::OwnerId;
 
+pub mod implementing;
+
 /// A lock store. Implement these primitives and the core gives every lease
 /// renewal, the lost signal, waiting, release on drop and multi-key locking.
+/// The [`implementing`] chapter builds one from scratch, and the shipped
+/// conformance suite (feature `conformance`) checks one against every rule
+/// below.
 ///
-/// All operations must be atomic on the store: `try_acquire` sets the owner
-/// and draws the fencing token in one step, and `extend`/`release` compare
-/// the owner and act in one step.
+/// # The rules every backend keeps
 ///
-/// Callers that give up: the core never drops a `try_acquire` or a
-/// `release` future half-way while a runtime runs. If its own caller gives
-/// up (a timeout, a `select!`, an aborted request), the rest of the call
-/// runs on in a task of its own, and a grant that arrives after the caller
-/// left, or an attempt that failed and may have reached the store anyway
-/// (a lost reply), is given back with an owner-checked `release`. A
-/// `try_acquire` that answers `Ok(Attempt::Acquired)` for an `owner` that
-/// already holds the key (a retry after a lost reply) is what lets the core
-/// retry safely.
+/// 1. **One atomic step each.** `try_acquire` sets the holder *and* draws
+///    the fencing token in one step; `extend` and `release` compare the
+///    owner *and* act in one step. Split, another caller can slip in
+///    between (the reference article's `releaseScript`).
+/// 2. **Tokens only rise per key**: every grant's token is strictly
+///    greater than every token issued before for that key, also across a
+///    restart of the store. A counter the store can lose (a restart without
+///    persistence, a failover, a restore) is floored at the store's clock in
+///    microseconds, so it restarts above every earlier token.
+/// 3. **A retry by the owner that holds the key is a success**, with the
+///    token already drawn and the lease's lifetime counted anew: owner ids
+///    are random per acquisition, so only a retry of the same acquisition
+///    can carry it, and the core retries with the same owner after a reply
+///    was lost.
+/// 4. **Every lock ends without its holder**: a ttl the store enforces, or a
+///    session the store ends when the holder dies. Nothing holds forever.
+/// 5. **Keys are data**: passed as arguments, never spliced into code.
+///
+/// # Callers that give up
+///
+/// The core never drops a `try_acquire` or a `release` future half-way while
+/// a runtime runs: if its own caller gives up (a timeout, a `select!`, an
+/// aborted request), the rest of the call runs on in a task of its own, and
+/// a grant that arrives after the caller left, or an attempt that failed and
+/// may have reached the store anyway, is given back with an owner-checked
+/// `release`. Each method's `# Cancel safety` section says what a backend
+/// must still guarantee when it is called directly and dropped.
+///
+/// [`implementing`]: crate::backend::implementing
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// The kind of store, for errors and traces (`"memory"`, `"file"`, …).
     fn kind(&self) -> &'static str;
 
-    /// Takes `key` for `owner` for `ttl` if nobody holds it, drawing a
-    /// fencing token greater than every token issued for `key` before.
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError>;
+    /// Takes `request.key` for `request.owner` for `request.ttl` if nobody
+    /// holds it, drawing a fencing token greater than every token issued for
+    /// the key before (rules 1 and 2). A retry by the owner that holds it
+    /// answers `Acquired` with the same token (rule 3).
+    ///
+    /// When someone else holds it, the answer is [`Attempt::Held`] with how
+    /// long the holder's lease has left if the store knows it (the core
+    /// looks again then even if no release is announced), or `None` if it
+    /// does not (the core then relies on the release notice).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped half-way, the attempt may still take the key on the store;
+    /// it must then end by the ttl (rule 4). In-process state must not be
+    /// left blocking the key: the next attempt must be answered.
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError>;
 
-    /// Sets the remaining lifetime of `owner`'s lease on `key` to `ttl`.
-    /// `Ok(false)` when `owner` no longer holds `key`.
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError>;
+    /// Sets the remaining lifetime of `renewal.owner`'s lease on
+    /// `renewal.key` to `renewal.ttl`. `Ok(false)` when that owner no longer
+    /// holds the key (the core then marks the lease lost).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it only loses the answer: the core counts a renewal without
+    /// an answer as failed and retries until the lease's validity runs out.
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError>;
 
-    /// Renews several leases at once: one answer per lease, in order, each
-    /// meaning what [`Backend::extend`]'s answer means. The core's renewal
-    /// gathers the leases that are due together and sends them here, so a
-    /// backend that can answer many in one round trip (a Redis pipeline,
-    /// one check of a PostgreSQL session) should override this; the default
-    /// calls `extend` for each in turn.
-    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
-        let mut answers = Vec::with_capacity(leases.len());
-        for lease in leases {
-            answers.push(self.extend(lease.key, lease.owner, lease.ttl).await);
+    /// Renews several leases at once: exactly one answer per lease, in
+    /// order, each meaning what [`Backend::extend`]'s answer means. The
+    /// core's renewal gathers the leases that are due together and sends
+    /// them here, so a backend that can answer many in one round trip (a
+    /// Redis pipeline, one check of a PostgreSQL session) should override
+    /// this; the default calls `extend` for each in turn.
+    ///
+    /// On a partial failure each lease gets its own answer: one lease's
+    /// error (a type error on its key, say) must not fail the others, and a
+    /// failure of the whole batch (a lost connection) is an `Err` for every
+    /// lease. A missing answer counts as a failure of that lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Backend::extend`]: dropping it only loses the answers.
+    async fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let mut answers = Vec::with_capacity(renewals.len());
+        for renewal in renewals {
+            answers.push(self.extend(renewal).await);
         }
         answers
     }
 
-    /// Releases `key` if `owner` holds it; see [`ReleaseOutcome`] for the
-    /// answers. Nothing is changed when `owner` does not hold it.
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError>;
+    /// Releases `lease.key` if `lease.owner` holds it; see
+    /// [`ReleaseOutcome`] for the answers. Nothing is changed when that
+    /// owner does not hold it.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped half-way, the key may stay held until its ttl (rule 4), never
+    /// longer, and in-process state must not be left blocking the key.
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError>;
 
     /// Registers interest in the release of `key`. The notice must resolve
     /// after any release (or expiry the backend can see) that happens after
     /// this call returns, so that a waiter that subscribes and then tries
-    /// again can never miss the release between the two steps.
+    /// again can never miss the release between the two steps. A notice
+    /// that cannot promise that says how soon to look again
+    /// ([`ReleaseNotice::recheck_within`]); one that wakes only some
+    /// waiters passes the wake-up on ([`ReleaseNotice::passing_on`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a subscription dropped before it returned, or a notice
+    /// dropped unresolved, leaves nothing registered.
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
 
     /// Administrative: releases `key` whoever holds it. Its holder finds out
-    /// at its next renewal and sees its lease lost. `Ok(false)` if the key
-    /// was not held.
+    /// at its next renewal (or at once, through its loss group) and sees its
+    /// lease lost. `Ok(false)` if the key was not held.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped half-way, the lock may or may not be broken; the call can be
+    /// repeated.
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError>;
 }
 
+/// What [`Backend::try_acquire`] is asked to take. More terms (a lock mode,
+/// a number of permits, who holds it) will come as fields, so a backend
+/// reads the fields it knows; the core builds it.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct AcquireRequest<'a> {
+    /// The key to take.
+    pub key: &'a LockKey,
+    /// The random identity of this acquisition (rule 3).
+    pub owner: &'a OwnerId,
+    /// How long the lease lasts unless renewed.
+    pub ttl: Duration,
+}
+
+impl<'a> AcquireRequest<'a> {
+    /// A request for an exclusive lock on `key` for `owner`, for `ttl`.
+    pub fn new(key: &'a LockKey, owner: &'a OwnerId, ttl: Duration) -> Self {
+        Self { key, owner, ttl }
+    }
+}
+
+/// One lease to renew ([`Backend::extend`], [`Backend::extend_many`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct Renewal<'a> {
+    /// The leased key.
+    pub key: &'a LockKey,
+    /// The owner that holds it.
+    pub owner: &'a OwnerId,
+    /// The lifetime to set.
+    pub ttl: Duration,
+}
+
+impl<'a> Renewal<'a> {
+    /// A renewal of `owner`'s lease on `key` for `ttl`.
+    pub fn new(key: &'a LockKey, owner: &'a OwnerId, ttl: Duration) -> Self {
+        Self { key, owner, ttl }
+    }
+}
+
+/// One lease to end ([`Backend::release`]).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct ReleaseRequest<'a> {
+    /// The leased key.
+    pub key: &'a LockKey,
+    /// The owner that holds it.
+    pub owner: &'a OwnerId,
+}
+
+impl<'a> ReleaseRequest<'a> {
+    /// The release of `owner`'s lease on `key`.
+    pub fn new(key: &'a LockKey, owner: &'a OwnerId) -> Self {
+        Self { key, owner }
+    }
+}
+
 /// The answer to one [`Backend::try_acquire`].
+#[non_exhaustive]
 pub enum Attempt {
-    /// The key was free and is now held by the caller.
+    /// The key was free (or already this owner's) and is now held by the
+    /// caller.
     Acquired(Grant),
     /// Someone else holds the key.
     Held {
-        /// How long until the current holder's lease runs out, if the
-        /// backend knows: the waiter retries then even if no release is
-        /// announced.
+        /// How long until the current holder's lease runs out unless
+        /// renewed, if the store knows: the waiter looks again then even if
+        /// no release is announced. `None` when it does not know (a lock of
+        /// another process whose ttl it cannot see): the waiter then relies
+        /// on the release notice.
         expires_in: Option<Duration>,
     },
 }
@@ -120,6 +241,7 @@ impl fmt::Debug for Attempt {
 }
 
 /// A successful acquisition.
+#[non_exhaustive]
 pub struct Grant {
     /// The fencing token of this acquisition.
     pub token: FencingToken,
@@ -134,17 +256,13 @@ impl Grant {
     pub fn new(token: FencingToken) -> Self {
         Self { token, loss: None }
     }
-}
 
-/// One lease to renew in a [`Backend::extend_many`] batch.
-#[derive(Clone, Copy, Debug)]
-pub struct Renewal<'a> {
-    /// The leased key.
-    pub key: &'a LockKey,
-    /// The owner that holds it.
-    pub owner: &'a OwnerId,
-    /// The lifetime to set.
-    pub ttl: Duration,
+    /// A grant whose loss the backend announces through `group` (every
+    /// lease on one PostgreSQL session, say).
+    pub fn lost_with(mut self, group: Arc<LossGroup>) -> Self {
+        self.loss = Some(group);
+        self
+    }
 }
 
 /// The answer to one [`Backend::release`].

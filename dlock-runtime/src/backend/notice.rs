@@ -3,6 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 /// A future that resolves when a key *may* have been released: a hint to
 /// try again, never a promise that the key is free.
@@ -19,6 +20,7 @@ pub struct ReleaseNotice {
     wait: Pin<Box<dyn Future<Output = ()> + Send + 'static>>,
     woken: bool,
     pass_on: Option<Box<dyn FnOnce() + Send + 'static>>,
+    recheck: Option<Duration>,
 }
 
 impl ReleaseNotice {
@@ -29,6 +31,7 @@ impl ReleaseNotice {
             wait: Box::pin(wait),
             woken: false,
             pass_on: None,
+            recheck: None,
         }
     }
 
@@ -43,7 +46,23 @@ impl ReleaseNotice {
             wait: Box::pin(wait),
             woken: false,
             pass_on: Some(Box::new(pass_on)),
+            recheck: None,
         }
+    }
+
+    /// For a notice that may miss a release (it could not watch the key,
+    /// its link is degraded): the waiter looks again within `every` even if
+    /// the notice has not resolved. Without it, a notice promises to resolve
+    /// after every release, and the waiter only keeps a long safety net.
+    pub fn recheck_within(mut self, every: Duration) -> Self {
+        self.recheck = Some(every);
+        self
+    }
+
+    /// How soon the waiter must look again on its own, if the notice may
+    /// miss a release.
+    pub fn recheck(&self) -> Option<Duration> {
+        self.recheck
     }
 
     /// True once the notice has resolved.
@@ -87,6 +106,7 @@ impl fmt::Debug for ReleaseNotice {
         f.debug_struct("ReleaseNotice")
             .field("woken", &self.woken)
             .field("passes_on", &self.pass_on.is_some())
+            .field("recheck", &self.recheck)
             .finish()
     }
 }

@@ -136,11 +136,13 @@ use self::expiry::{Expiries, Slot};
 use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
 use crate::backend::{
-    Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
 };
 use crate::detach::{AbandonedWith, Detachable, Ignore};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
+use crate::token::FencingToken;
 
 pub use self::tls::TlsVerification;
 pub use self::xact::{MAX_LOCK_TIMEOUT, TransactionLock};
@@ -152,10 +154,9 @@ const KIND: &str = "pg";
 const DEFAULT_SCHEMA: &str = "dlock";
 /// How long `force_release` waits for a holding session to be gone.
 const TERMINATE_WAIT_MS: i64 = 5_000;
-/// What a waiter is told to wait, at most, for a key held elsewhere while a
-/// server-side probe watches it: the probe wakes it on any release, so this
-/// is only a safety net.
-const WATCHED_RECHECK: Duration = Duration::from_secs(10);
+/// How soon a waiter looks again for a key held elsewhere when every wait
+/// session is busy, so no server-side probe watches the key for it.
+const UNWATCHED_RECHECK: Duration = Duration::from_secs(1);
 
 /// Settings of a [`PgBackend`] beyond the connection string.
 ///
@@ -422,6 +423,8 @@ enum State {
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
+    /// The token drawn for it, for a retry by the same owner.
+    token: FencingToken,
     /// When the backend unlocks the key unless it is extended (the
     /// deadline), and the hold's place in the backend's expiry queue, which
     /// it leaves when the hold ends.
@@ -872,10 +875,11 @@ impl Inner {
         }
     }
 
-    fn held_elsewhere(&self, key: &LockKey) -> Attempt {
-        Attempt::Held {
-            expires_in: self.waits.is_watched(key).then_some(WATCHED_RECHECK),
-        }
+    /// Held by another process, whose ttl this process cannot see: the
+    /// waiter relies on the release notice (a server-side probe, or a
+    /// recheck when none could watch the key).
+    fn held_elsewhere(&self) -> Attempt {
+        Attempt::Held { expires_in: None }
     }
 
     /// Sends the lock statement: the advisory key and the token (None:
@@ -942,7 +946,7 @@ impl Inner {
         };
         let Some(token) = token else {
             self.forget(key, owner);
-            return Ok(self.held_elsewhere(key));
+            return Ok(self.held_elsewhere());
         };
         let token = match xact::to_token(token, key.as_str()) {
             Ok(token) => token,
@@ -975,6 +979,7 @@ impl Inner {
                     entry.state = State::Held(Holding {
                         session: Arc::clone(&session),
                         advisory_key,
+                        token,
                         expiry,
                         expiries: Arc::clone(&self.expiries),
                     });
@@ -988,10 +993,9 @@ impl Inner {
             Box::pin(self.give_back(&session, advisory_key)).await;
             return Ok(Attempt::Held { expires_in: None });
         }
-        Ok(Attempt::Acquired(Grant {
-            token,
-            loss: Some(session.loss_group()),
-        }))
+        Ok(Attempt::Acquired(
+            Grant::new(token).lost_with(session.loss_group()),
+        ))
     }
 
     /// Drops one hold of `advisory_key` on `session` that no lease owns.
@@ -1139,18 +1143,28 @@ impl Backend for PgBackend {
         KIND
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         {
             // In-process exclusion first: never ask the server for a key
             // this process holds or is taking (re-entrancy would say yes).
             let mut keys = self.inner.keys();
-            if let Some(entry) = keys.get(key) {
+            if let Some(entry) = keys.get_mut(key) {
                 let now = Instant::now();
+                // A retry by the owner that holds it (its first answer was
+                // lost): it has the key, with its token, for a ttl from now.
+                if entry.owner == *owner
+                    && let State::Held(holding) = &mut entry.state
+                    && holding.deadline() > now
+                {
+                    holding.expiry =
+                        self.inner
+                            .expiries
+                            .moved(holding.expiry, key, *owner, now + ttl);
+                    return Ok(Attempt::Acquired(
+                        Grant::new(holding.token).lost_with(holding.session.loss_group()),
+                    ));
+                }
                 return Ok(Attempt::Held {
                     expires_in: entry
                         .holding()
@@ -1175,12 +1189,8 @@ impl Backend for PgBackend {
         .await
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let renewal = Renewal { key, owner, ttl };
         self.extend_many(std::slice::from_ref(&renewal))
             .await
@@ -1257,7 +1267,8 @@ impl Backend for PgBackend {
             .collect()
     }
 
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let (key, owner) = (lease.key, lease.owner);
         let released = self.inner.unlock(key, Some(*owner), false).await?;
         Ok(ReleaseOutcome::from_released(released))
     }
@@ -1273,11 +1284,9 @@ impl Backend for PgBackend {
                 let _ = gone.changed().await;
             }));
         }
-        Ok(self
-            .inner
-            .waits
-            .watch(key)
-            .unwrap_or_else(|| ReleaseNotice::new(std::future::pending())))
+        Ok(self.inner.waits.watch(key).unwrap_or_else(|| {
+            ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+        }))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {

@@ -87,11 +87,6 @@ impl Waits {
         }
     }
 
-    /// True while a probe watches `key`.
-    pub(super) fn is_watched(&self, key: &LockKey) -> bool {
-        self.shared.watched().contains_key(key)
-    }
-
     /// A notice that resolves when `key` is released on the server, or
     /// `None` when every wait session is busy (the caller then rechecks on
     /// a timer).

@@ -113,7 +113,9 @@ use ::redis::{
 use async_trait::async_trait;
 use tokio::time::{sleep, timeout};
 
-use crate::backend::{Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Grant, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+};
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -619,12 +621,8 @@ impl Backend for RedisBackend {
         KIND
     }
 
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<Attempt, LockError> {
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let names = Keyspace::of(key);
         let mut script = scripts::ACQUIRE.prepare_invoke();
         script
@@ -651,12 +649,8 @@ impl Backend for RedisBackend {
         }
     }
 
-    async fn extend(
-        &self,
-        key: &LockKey,
-        owner: &OwnerId,
-        ttl: Duration,
-    ) -> Result<bool, LockError> {
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let names = Keyspace::of(key);
         let mut script = scripts::EXTEND.prepare_invoke();
         script
@@ -672,9 +666,7 @@ impl Backend for RedisBackend {
     /// there the renewals go out together on the multiplexed connection.
     async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         if self.is_cluster() {
-            let each = leases
-                .iter()
-                .map(|lease| self.extend(lease.key, lease.owner, lease.ttl));
+            let each = leases.iter().map(|renewal| self.extend(renewal));
             return futures_util::future::join_all(each).await;
         }
         if leases.is_empty() {
@@ -746,7 +738,8 @@ impl Backend for RedisBackend {
     /// A "not the owner" answer to a retry after a broken connection is
     /// [`ReleaseOutcome::Unconfirmed`]: the first request may have released
     /// the key before its reply was lost.
-    async fn release(&self, key: &LockKey, owner: &OwnerId) -> Result<ReleaseOutcome, LockError> {
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let (key, owner) = (lease.key, lease.owner);
         let names = Keyspace::of(key);
         let mut script = scripts::RELEASE.prepare_invoke();
         script
@@ -775,7 +768,7 @@ impl Backend for RedisBackend {
                     error = %scrub(&err.to_string(), &self.inner.secrets),
                     "redis pub/sub unavailable; the waiter polls until it is back"
                 );
-                Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)))
+                Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)).recheck_within(DEGRADED_RECHECK))
             }
         }
     }

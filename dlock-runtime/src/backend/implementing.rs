@@ -1,0 +1,168 @@
+//! # Implementing a backend
+//!
+//! A backend is a lock store: it implements the few primitives of
+//! [`Backend`](super::Backend), and the core gives every lease renewal, the
+//! lost signal, waiting, release on drop, several keys and the macro. This
+//! chapter walks through one, small but complete: locks kept in the
+//! process's memory. It is the shape every backend has; a real one talks to
+//! its store where this one takes a mutex.
+//!
+//! ## The rules, in short
+//!
+//! The full text is on each method of [`Backend`](super::Backend); these are
+//! the ones every backend must get right:
+//!
+//! 1. **One atomic step each.** `try_acquire` sets the holder *and* draws the
+//!    fencing token together; `extend` and `release` compare the owner *and*
+//!    act together. Split, two callers interleave between the steps.
+//! 2. **Tokens only rise per key**, also across restarts of the store: draw
+//!    them from a durable counter, floored at the store's clock in
+//!    microseconds if the counter can be lost.
+//! 3. **A retry by the owner that holds the key is a success** with the
+//!    token already drawn: the core retries with the same owner after a lost
+//!    reply.
+//! 4. **`Held { expires_in }`** says how long the current holder's lease
+//!    has left, if the store knows (`None` otherwise): the core looks again
+//!    then even if no release is announced.
+//! 5. **A release notice resolves after every release** that happens after
+//!    `subscribe` returned; a notice that cannot promise that says how soon
+//!    to look again (`ReleaseNotice::recheck_within`).
+//! 6. **Every lock can end without its holder**: a ttl on the store, or a
+//!    session the store ends when the holder dies.
+//!
+//! Then run the shipped suite against a real store: with the `conformance`
+//! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
+//! one test per property.
+//!
+//! ## A complete backend
+//!
+//! ```
+//! # #[cfg(feature = "conformance")]
+//! # mod doc {
+//! use std::collections::HashMap;
+//! use std::sync::{Arc, Mutex};
+//! use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//!
+//! use async_trait::async_trait;
+//! use dlock_runtime::backend::{
+//!     AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+//!     ReleaseRequest, Renewal,
+//! };
+//! use dlock_runtime::{FencingToken, LockError, LockKey};
+//! use tokio::sync::watch;
+//! use tokio::time::Instant;
+//!
+//! /// Locks in this process's memory, for the example.
+//! #[derive(Default)]
+//! pub struct Skeleton {
+//!     keys: Mutex<HashMap<LockKey, Slot>>,
+//! }
+//!
+//! struct Slot {
+//!     holder: Option<(OwnerId, FencingToken, Instant)>,
+//!     /// The last token drawn for the key.
+//!     last_token: u64,
+//!     /// Bumped on every release; each waiter holds a receiver.
+//!     released: watch::Sender<u64>,
+//! }
+//!
+//! impl Skeleton {
+//!     fn with_slot<T>(&self, key: &LockKey, f: impl FnOnce(&mut Slot, Instant) -> T) -> T {
+//!         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+//!         let slot = keys.entry(key.clone()).or_insert_with(|| Slot {
+//!             holder: None,
+//!             last_token: 0,
+//!             released: watch::channel(0).0,
+//!         });
+//!         let now = Instant::now();
+//!         // An expired lease holds nothing.
+//!         if slot.holder.is_some_and(|(_, _, until)| until <= now) {
+//!             slot.holder = None;
+//!         }
+//!         f(slot, now)
+//!     }
+//! }
+//!
+//! #[async_trait]
+//! impl Backend for Skeleton {
+//!     fn kind(&self) -> &'static str {
+//!         "skeleton"
+//!     }
+//!
+//!     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+//!         let (owner, ttl) = (*request.owner, request.ttl);
+//!         Ok(self.with_slot(request.key, |slot, now| match slot.holder {
+//!             // Rule 3: the owner's own retry.
+//!             Some((holder, token, _)) if holder == owner => {
+//!                 slot.holder = Some((owner, token, now + ttl));
+//!                 Attempt::Acquired(Grant::new(token))
+//!             }
+//!             // Rule 4: say when the holder's lease runs out.
+//!             Some((_, _, until)) => Attempt::Held { expires_in: Some(until - now) },
+//!             None => {
+//!                 // Rules 1 and 2: the holder and the token in one step,
+//!                 // the token above the last one and the clock.
+//!                 let clock = SystemTime::now()
+//!                     .duration_since(UNIX_EPOCH)
+//!                     .map_or(0, |d| d.as_micros() as u64);
+//!                 slot.last_token = (slot.last_token + 1).max(clock);
+//!                 let token = FencingToken::new(slot.last_token);
+//!                 slot.holder = Some((owner, token, now + ttl));
+//!                 Attempt::Acquired(Grant::new(token))
+//!             }
+//!         }))
+//!     }
+//!
+//!     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+//!         Ok(self.with_slot(renewal.key, |slot, now| match &mut slot.holder {
+//!             Some((holder, _, until)) if holder == renewal.owner => {
+//!                 *until = now + renewal.ttl;
+//!                 true
+//!             }
+//!             _ => false,
+//!         }))
+//!     }
+//!
+//!     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+//!         Ok(self.with_slot(lease.key, |slot, _| match slot.holder {
+//!             Some((holder, _, _)) if holder == *lease.owner => {
+//!                 slot.holder = None;
+//!                 slot.released.send_modify(|n| *n += 1);
+//!                 ReleaseOutcome::Released
+//!             }
+//!             _ => ReleaseOutcome::NotOwner,
+//!         }))
+//!     }
+//!
+//!     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+//!         // Rule 5: subscribed before the caller tries again, so no release
+//!         // between the two is missed.
+//!         let mut released = self.with_slot(key, |slot, _| slot.released.subscribe());
+//!         Ok(ReleaseNotice::new(async move {
+//!             let _ = released.changed().await;
+//!         }))
+//!     }
+//!
+//!     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+//!         Ok(self.with_slot(key, |slot, _| {
+//!             let held = slot.holder.take().is_some();
+//!             slot.released.send_modify(|n| *n += 1);
+//!             held
+//!         }))
+//!     }
+//! }
+//! # }
+//!
+//! // The shipped suite, every property at once:
+//! # #[cfg(feature = "conformance")]
+//! # #[tokio::main]
+//! # async fn main() {
+//! # use doc::Skeleton;
+//! dlock_runtime::conformance::check_all(|| async {
+//!     std::sync::Arc::new(Skeleton::default()) as std::sync::Arc<dyn dlock_runtime::Backend>
+//! })
+//! .await;
+//! # }
+//! # #[cfg(not(feature = "conformance"))]
+//! # fn main() {}
+//! ```

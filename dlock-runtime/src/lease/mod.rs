@@ -13,7 +13,6 @@
 //!   locks do not expire on their own) *enforces the deadline*.
 
 use std::future::{Future, poll_fn};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
@@ -21,19 +20,23 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
-use tokio::time::{Instant, timeout};
-use tracing::Instrument as _;
+use tokio::time::Instant;
 
+mod acquire;
 mod renewal;
+mod set;
+
+pub(crate) use acquire::acquire;
+pub use set::LeaseSet;
+pub(crate) use set::acquire_many;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
 };
-use crate::detach::{AbandonedWith, Detachable, Ignore};
+use crate::detach::{Detachable, Ignore};
 use crate::error::{LockError, LostReason};
 use crate::key::LockKey;
-use crate::token::{FencingToken, FencingTokens};
+use crate::token::FencingToken;
 
 /// The terms a lease is taken and kept on: what
 /// [`LockOptions`](crate::LockOptions) says about one acquisition, without
@@ -49,17 +52,6 @@ pub(crate) struct Terms {
     /// How long the key stays held after acquisition even if released.
     pub(crate) min_hold: Duration,
 }
-
-/// The longest a waiter sleeps without trying again, whatever the backend
-/// says: a safety net should a release notice ever be lost.
-const MAX_NAP: Duration = Duration::from_secs(10);
-/// Added to a holder's remaining lifetime before retrying, so the retry lands
-/// after the expiry rather than just before it.
-const EXPIRY_SLACK: Duration = Duration::from_millis(2);
-/// The first and the longest pause before a waiter retries after a backend
-/// failure.
-const MIN_BACKOFF: Duration = Duration::from_millis(50);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum State {
@@ -521,287 +513,6 @@ impl std::fmt::Debug for LostSignal {
     }
 }
 
-/// Acquires one key, waiting until `deadline` if it is held.
-pub(crate) async fn acquire(
-    backend: Arc<dyn Backend>,
-    key: LockKey,
-    terms: Terms,
-    deadline: Instant,
-) -> Result<Lease, LockError> {
-    let Ok(runtime) = Handle::try_current() else {
-        return Err(LockError::NoRuntime {
-            key: key.to_string(),
-        });
-    };
-    let span = tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind());
-    async move {
-        let started = Instant::now();
-        let owner = OwnerId::random()?;
-        let (grant, sent) = take(&backend, &key, &owner, &terms, deadline, started).await?;
-        tracing::debug!(
-            token = %grant.token,
-            waited_ms = started.elapsed().as_millis() as u64,
-            "lock acquired"
-        );
-        warn_if_ahead_of_clock(backend.kind(), &key, grant.token);
-        Ok(start(runtime, backend, key, owner, grant, sent, &terms))
-    }
-    .instrument(span)
-    .await
-}
-
-/// How far ahead of the wall clock (in µs) a token may be before its
-/// counter counts as one the clock floor cannot protect.
-const AHEAD_OF_CLOCK: Duration = Duration::from_secs(24 * 60 * 60);
-/// How often, at most, that is said again for one key of one kind of
-/// backend, and how many keys are remembered for that.
-const AHEAD_OF_CLOCK_REPEAT: Duration = Duration::from_secs(60 * 60);
-const AHEAD_OF_CLOCK_KEYS: usize = 1024;
-
-/// Warns (at most hourly per key and kind of backend) when a token is far ahead of
-/// the clock in microseconds. Every backend floors its tokens at its clock
-/// so that a counter lost in a restart, failover or restore still hands out
-/// higher tokens; a counter seeded or pushed far ahead of the clock is past
-/// that protection, and should it ever be lost, tokens would go back.
-fn warn_if_ahead_of_clock(kind: &'static str, key: &LockKey, token: FencingToken) {
-    /// Tokens up to this bound need no look at the clock.
-    static BOUND: AtomicU64 = AtomicU64::new(0);
-    static WARNED: LazyLock<Mutex<std::collections::HashMap<(&'static str, LockKey), Instant>>> =
-        LazyLock::new(Mutex::default);
-    let token = token.get();
-    if token <= BOUND.load(Ordering::Relaxed) {
-        return;
-    }
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| since.as_micros() as u64);
-    let bound = now_us.saturating_add(AHEAD_OF_CLOCK.as_micros() as u64);
-    BOUND.fetch_max(bound, Ordering::Relaxed);
-    if token <= bound {
-        return;
-    }
-    {
-        let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
-        if warned
-            .get(&(kind, key.clone()))
-            .is_some_and(|at| at.elapsed() < AHEAD_OF_CLOCK_REPEAT)
-        {
-            return;
-        }
-        if warned.len() >= AHEAD_OF_CLOCK_KEYS {
-            warned.clear();
-        }
-        warned.insert((kind, key.clone()), Instant::now());
-    }
-    tracing::warn!(
-        backend = kind,
-        key = %key,
-        token,
-        clock_us = now_us,
-        "fencing token is far ahead of the clock: its counter was seeded or pushed ahead, \
-         so the clock floor no longer protects it; should the counter be lost (a restart \
-         without persistence, a failover, a restore), new tokens would fall back to the \
-         clock and stop rising. Keep the counter durable"
-    );
-}
-
-/// The attempt loop. Returns the grant and the instant its request was sent,
-/// from which the lease's lifetime is counted (never later than the server's).
-///
-/// A caller that may wait also rides out backend failures (a restarting
-/// server, a dropped connection) until its deadline, retrying with backoff;
-/// if the deadline passes first, the last failure is returned rather than a
-/// timeout, so the cause is not hidden.
-///
-/// Nothing is left held when the caller gives up: an attempt abandoned
-/// half-way is finished in the background and its grant given back (see
-/// [`attempt`]), and an attempt that failed may have reached the store all
-/// the same (a lost reply), so a failed acquisition gives its owner's key
-/// back too. The wake-up that ended a nap is kept until the attempt after
-/// it is answered: a waiter that gives up in between passes it on.
-async fn take(
-    backend: &Arc<dyn Backend>,
-    key: &LockKey,
-    owner: &OwnerId,
-    terms: &Terms,
-    deadline: Instant,
-    started: Instant,
-) -> Result<(Grant, Instant), LockError> {
-    let contended = |now: Instant| {
-        if terms.wait.is_zero() {
-            LockError::Held {
-                key: key.to_string(),
-            }
-        } else {
-            LockError::Timeout {
-                key: key.to_string(),
-                waited: now - started,
-            }
-        }
-    };
-    let may_retry =
-        |err: &LockError| !terms.wait.is_zero() && matches!(err, LockError::Backend { .. });
-    let mut failure: Option<LockError> = None;
-    // Whether an attempt failed in a way that may have taken the key anyway.
-    let mut unsure = false;
-    let outcome = 'attempts: {
-        let sent = Instant::now();
-        match attempt(backend, key, *owner, terms.ttl).await {
-            Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
-            Ok(Attempt::Held { .. }) => {}
-            Err(err) => {
-                unsure = true;
-                if !may_retry(&err) {
-                    break 'attempts Err(err);
-                }
-                failure = Some(err);
-            }
-        }
-        let mut backoff = MIN_BACKOFF;
-        let mut woken_by: Option<ReleaseNotice> = None;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                break 'attempts Err(failure.unwrap_or_else(|| contended(now)));
-            }
-            if let Some(err) = &failure {
-                tracing::warn!(key = %key, error = %err, "lock backend failed while waiting; retrying");
-                tokio::time::sleep(backoff.min(deadline - now)).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            // Subscribe first, then try again: a release that lands between
-            // the failed attempt and the subscription is seen by this retry,
-            // and one that lands after it wakes the notice. No wake-up is lost.
-            let mut notice = match backend.subscribe(key).await {
-                Ok(notice) => notice,
-                Err(err) if may_retry(&err) => {
-                    failure = Some(err);
-                    continue;
-                }
-                Err(err) => break 'attempts Err(err),
-            };
-            let sent = Instant::now();
-            let answer = attempt(backend, key, *owner, terms.ttl).await;
-            if answer.is_ok()
-                && let Some(woken) = woken_by.take()
-            {
-                woken.answered();
-            }
-            let expires_in = match answer {
-                Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
-                Ok(Attempt::Held { expires_in }) => expires_in,
-                Err(err) => {
-                    unsure = true;
-                    // Dropped unanswered: the wake-up goes to another waiter.
-                    woken_by = None;
-                    if !may_retry(&err) {
-                        break 'attempts Err(err);
-                    }
-                    failure = Some(err);
-                    continue;
-                }
-            };
-            failure = None;
-            backoff = MIN_BACKOFF;
-            let now = Instant::now();
-            if now >= deadline {
-                break 'attempts Err(contended(now));
-            }
-            // Until the holder's lease runs out, or as soon as a notice that
-            // may miss a release asks, and never longer than the safety net.
-            let nap = [
-                expires_in.map(|expires_in| expires_in + EXPIRY_SLACK),
-                notice.recheck(),
-            ]
-            .into_iter()
-            .flatten()
-            .fold(MAX_NAP, Duration::min)
-            .min(deadline - now);
-            let _ = timeout(nap, &mut notice).await;
-            woken_by = notice.is_woken().then_some(notice);
-        }
-    };
-    if outcome.is_err() && unsure {
-        spawn_give_back(backend, key, *owner);
-    }
-    outcome
-}
-
-/// One `try_acquire`, carried on in the background if the caller stops
-/// waiting half-way; whatever it was granted then is given back.
-fn attempt(
-    backend: &Arc<dyn Backend>,
-    key: &LockKey,
-    owner: OwnerId,
-    ttl: Duration,
-) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
-    let work = {
-        let (backend, key) = (Arc::clone(backend), key.clone());
-        async move {
-            backend
-                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
-                .await
-        }
-    };
-    let give_back = GiveBack {
-        backend: Arc::clone(backend),
-        key: key.clone(),
-        owner,
-    };
-    Detachable::new(work, give_back)
-}
-
-/// Gives back what an abandoned attempt was granted, or may have been: a
-/// failed attempt's request may have reached the store before its reply
-/// was lost. The release is owner-checked, so it never touches a lock
-/// someone else holds.
-struct GiveBack {
-    backend: Arc<dyn Backend>,
-    key: LockKey,
-    owner: OwnerId,
-}
-
-impl GiveBack {
-    async fn release(self) {
-        match self
-            .backend
-            .release(&ReleaseRequest::new(&self.key, &self.owner))
-            .await
-        {
-            Ok(ReleaseOutcome::Released) => tracing::debug!(
-                key = %self.key,
-                "gave back a lock granted after its caller gave up"
-            ),
-            Ok(_) => {}
-            Err(err) => tracing::warn!(
-                key = %self.key,
-                error = %err,
-                "giving back an abandoned acquisition failed; the ttl will free the key"
-            ),
-        }
-    }
-}
-
-impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
-    async fn handle(self, outcome: Result<Attempt, LockError>) {
-        if !matches!(outcome, Ok(Attempt::Held { .. })) {
-            self.release().await;
-        }
-    }
-}
-
-/// Gives `owner`'s possible hold of `key` back in the background.
-fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
-    if let Ok(runtime) = Handle::try_current() {
-        let give_back = GiveBack {
-            backend: Arc::clone(backend),
-            key: key.clone(),
-            owner,
-        };
-        runtime.spawn(give_back.release());
-    }
-}
-
 fn start(
     runtime: Handle,
     backend: Arc<dyn Backend>,
@@ -847,121 +558,4 @@ fn start(
         min_hold: terms.min_hold,
         finished: false,
     }
-}
-
-/// Several held locks, taken in one global order. Lost as soon as any of
-/// them is lost.
-#[must_use = "the locks are released as soon as the set is dropped"]
-#[derive(Debug)]
-pub struct LeaseSet {
-    /// In locking (sorted) order.
-    leases: Vec<Lease>,
-    /// For each key as written, its index in `leases`.
-    written: Vec<usize>,
-}
-
-impl LeaseSet {
-    /// The tokens, one per key in the order the keys were written.
-    pub fn tokens(&self) -> FencingTokens {
-        FencingTokens(
-            self.written
-                .iter()
-                .map(|&i| self.leases[i].token())
-                .collect(),
-        )
-    }
-
-    /// The token of `key`, if it is in the set.
-    pub fn token_of(&self, key: &LockKey) -> Option<FencingToken> {
-        self.leases
-            .iter()
-            .find(|lease| lease.key() == key)
-            .map(Lease::token)
-    }
-
-    /// The leases, in locking order.
-    pub fn leases(&self) -> &[Lease] {
-        &self.leases
-    }
-
-    /// True once any of the leases is lost.
-    pub fn is_lost(&self) -> bool {
-        self.leases.iter().any(Lease::is_lost)
-    }
-
-    /// `Ok(())` while every lease is held.
-    pub fn check(&self) -> Result<(), LockError> {
-        self.leases.iter().try_for_each(Lease::check)
-    }
-
-    /// Resolves when any lease is lost.
-    pub async fn lost(&self) -> LockError {
-        let mut waits: Vec<Pin<Box<dyn Future<Output = LockError> + Send + '_>>> = self
-            .leases
-            .iter()
-            .map(|lease| {
-                Box::pin(lease.lost()) as Pin<Box<dyn Future<Output = LockError> + Send + '_>>
-            })
-            .collect();
-        poll_fn(|cx| {
-            for wait in &mut waits {
-                if let Poll::Ready(err) = wait.as_mut().poll(cx) {
-                    return Poll::Ready(err);
-                }
-            }
-            Poll::Pending
-        })
-        .await
-    }
-
-    /// Runs `work` while every lease is held; cancels it if one is lost.
-    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output, LockError> {
-        tokio::select! {
-            biased;
-            err = self.lost() => Err(err),
-            out = work => Ok(out),
-        }
-    }
-
-    /// Releases every lock, in reverse locking order. All are released even
-    /// if one fails; the first failure is returned.
-    pub async fn release(self) -> Result<(), LockError> {
-        let mut first_error = None;
-        for lease in self.leases.into_iter().rev() {
-            if let Err(err) = lease.release().await {
-                first_error.get_or_insert(err);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-}
-
-/// Acquires several keys in sorted order, releasing what it took if a
-/// later key cannot be had.
-pub(crate) async fn acquire_many(
-    backend: Arc<dyn Backend>,
-    keys: Vec<LockKey>,
-    terms: Terms,
-    deadline: Instant,
-) -> Result<LeaseSet, LockError> {
-    let mut order = keys.clone();
-    order.sort();
-    order.dedup();
-    let mut leases: Vec<Lease> = Vec::with_capacity(order.len());
-    for key in &order {
-        match acquire(Arc::clone(&backend), key.clone(), terms, deadline).await {
-            Ok(lease) => leases.push(lease),
-            Err(err) => {
-                for taken in leases.into_iter().rev() {
-                    taken.release_unused().await;
-                }
-                return Err(err);
-            }
-        }
-    }
-    let written = keys
-        .iter()
-        .map(|key| order.binary_search(key).unwrap_or_default())
-        .collect();
-    Ok(LeaseSet { leases, written })
 }

@@ -22,7 +22,9 @@
 //! broken promise: read one to see exactly what a backend is held to. The
 //! rules behind them are on the [`Backend`] trait itself.
 //!
-//! Not a stable API: properties are added as the contract grows.
+//! Not a stable API: properties are added as the contract grows. The
+//! properties stay in this one file, one function each after the few
+//! helpers at the top, so the whole contract reads from top to bottom.
 
 #![allow(clippy::missing_panics_doc)]
 

@@ -86,6 +86,7 @@
 //! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
 //! connection) while a seed is down.
 
+mod builder;
 mod commands;
 mod keyspace;
 mod redact;
@@ -101,17 +102,12 @@ pub mod protocol {
 }
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use ::redis::cluster::{ClusterClient, ClusterConfig};
-use ::redis::{
-    Client, ErrorKind, FromRedisValue, RedisError, RedisResult, ScriptInvocation, ServerErrorKind,
-    TlsCertificates,
-};
+use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind};
 use async_trait::async_trait;
-use tokio::time::{sleep, timeout};
+use tokio::time::sleep;
 
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Grant, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -120,9 +116,10 @@ use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+pub use builder::RedisBuilder;
 use commands::{Commands, Failure};
 use keyspace::Keyspace;
-use redact::{redact_url, scrub, secrets_of};
+use redact::scrub;
 use subscriber::Subscriber;
 
 const KIND: &str = "redis";
@@ -135,11 +132,6 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How soon a waiter looks again when the pub/sub connection cannot be
 /// opened (the commands may still work): polling, as a last resort.
 const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
-/// The first pause before connecting again when a server refused or
-/// dropped the first connection (it may be starting); doubled each time, up
-/// to [`MAX_CONNECT_PAUSE`], until the connect timeout ends the tries.
-const FIRST_CONNECT_PAUSE: Duration = Duration::from_millis(50);
-const MAX_CONNECT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Locks in Redis or a Redis Cluster.
 ///
@@ -177,331 +169,6 @@ struct Inner {
     response_timeout: Duration,
 }
 
-/// Whether the topology is detected or given.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Topology {
-    Detect,
-    Standalone,
-    Cluster,
-}
-
-/// Connection settings for a [`RedisBackend`]; from
-/// [`RedisBackend::builder`].
-///
-/// ```
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), dlock_runtime::LockError> {
-/// use std::time::Duration;
-/// use dlock_runtime::redis::RedisBackend;
-///
-/// let url = std::env::var("DLOCK_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());
-/// let backend = RedisBackend::builder(&url)
-///     .connect_timeout(Duration::from_secs(2))
-///     .response_timeout(Duration::from_secs(1))
-///     .connect()
-///     .await?;
-/// assert!(!format!("{backend:?}").contains("password"));
-/// # Ok(())
-/// # }
-/// ```
-#[derive(Clone)]
-pub struct RedisBuilder {
-    urls: Vec<String>,
-    topology: Topology,
-    connect_timeout: Duration,
-    response_timeout: Duration,
-    /// PEM root certificate(s) to trust for `rediss://` instead of the
-    /// system's.
-    tls_root: Option<Vec<u8>>,
-}
-
-impl fmt::Debug for RedisBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
-        f.debug_struct("RedisBuilder")
-            .field("urls", &shown)
-            .field("topology", &self.topology)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("response_timeout", &self.response_timeout)
-            .field("tls_root_certificate", &self.tls_root.is_some())
-            .finish()
-    }
-}
-
-impl RedisBuilder {
-    /// Adds another node of the same deployment: a cluster seed, or a
-    /// fallback for the pub/sub connection. Uses the same credentials form
-    /// as the first URL.
-    pub fn node(mut self, url: &str) -> Self {
-        self.urls.push(url.to_owned());
-        self
-    }
-
-    /// Treats the server as a Redis Cluster (`true`) or a single server
-    /// (`false`) instead of asking it (`CLUSTER SLOTS`).
-    pub fn cluster(mut self, cluster: bool) -> Self {
-        self.topology = if cluster {
-            Topology::Cluster
-        } else {
-            Topology::Standalone
-        };
-        self
-    }
-
-    /// How long connecting may take, handshake included (default 5 s). An
-    /// unreachable server is an error after this long, never a hang.
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one command may wait for its reply (default 3 s), so a
-    /// paused server cannot hold up a renewal or an acquisition forever.
-    pub fn response_timeout(mut self, timeout: Duration) -> Self {
-        self.response_timeout = timeout;
-        self
-    }
-
-    /// Trusts the PEM certificate(s) in `pem` for `rediss://` connections
-    /// instead of the system's root certificates: for a server whose
-    /// certificate comes from a private CA.
-    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
-        self.tls_root = Some(pem.into());
-        self
-    }
-
-    /// Connects, detecting a cluster unless told.
-    pub async fn connect(self) -> Result<RedisBackend, LockError> {
-        let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
-        let secrets: Vec<String> = self.urls.iter().flat_map(|url| secrets_of(url)).collect();
-        let fail = |what: String, err: Option<&RedisError>| {
-            let text = match err {
-                Some(err) => format!("{what}: {err}"),
-                None => what,
-            };
-            LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets))
-        };
-        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
-            return Err(LockError::InvalidOption {
-                option: "timeout",
-                reason: "the connect and response timeouts must be greater than zero".into(),
-            });
-        }
-        let mut clients = Vec::with_capacity(self.urls.len());
-        for (url, shown) in self.urls.iter().zip(&shown) {
-            let client = match &self.tls_root {
-                Some(pem) => Client::build_with_tls(url.as_str(), tls_certificates(pem)),
-                None => Client::open(url.as_str()),
-            };
-            let client =
-                client.map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
-            clients.push(client);
-        }
-        let (Some(first), Some(first_shown)) = (clients.first(), shown.first()) else {
-            return Err(fail("no Redis URL given".into(), None));
-        };
-        if check_tls(&clients, &shown)? {
-            // rustls needs one process-wide crypto provider; keep any the
-            // application installed already.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-
-        // Why the last try to connect failed, for an error that says more
-        // than "timed out" should the connect timeout end the tries.
-        let cause: Mutex<Option<String>> = Mutex::new(None);
-        let connecting = async {
-            let mut topology = self.topology;
-            let mut standalone = None;
-            if topology != Topology::Cluster {
-                // No tries again inside redis-rs: they would sleep through the
-                // caller's time budget and hide why connecting failed. A call
-                // that finds the connection broken opens a new one itself.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(0);
-                let mut manager = open_standalone(first, &config, &cause)
-                    .await
-                    .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
-                if topology == Topology::Detect {
-                    topology = detect(&mut manager)
-                        .await
-                        .map_err(|err| fail(format!("cannot query {first_shown}"), Some(&err)))?;
-                }
-                standalone = Some((first.clone(), config, manager));
-            }
-            let commands = match (topology, standalone) {
-                (Topology::Cluster, _) => {
-                    let mut cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
-                        .connection_timeout(self.connect_timeout)
-                        .response_timeout(self.response_timeout)
-                        .retries(2);
-                    if let Some(pem) = &self.tls_root {
-                        cluster = cluster.certs(tls_certificates(pem));
-                    }
-                    let cluster = cluster.build().map_err(|err| {
-                        fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
-                    })?;
-                    let config = ClusterConfig::new()
-                        .set_connection_timeout(self.connect_timeout)
-                        .set_response_timeout(self.response_timeout);
-                    let conn = cluster
-                        .get_async_connection_with_config(config.clone())
-                        .await
-                        .map_err(|err| {
-                            fail(
-                                format!("cannot connect to the cluster at {shown:?}"),
-                                Some(&err),
-                            )
-                        })?;
-                    Commands::cluster(cluster, config, conn)
-                }
-                (_, Some((client, config, manager))) => {
-                    Commands::standalone(client, config, manager)
-                }
-                (_, None) => return Err(fail("no connection was opened".into(), None)),
-            };
-            Ok::<_, LockError>(commands)
-        };
-        let commands = timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| {
-                let all = shown.join(", ");
-                let after = self.connect_timeout;
-                let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
-                fail(
-                    match cause {
-                        Some(cause) => format!("cannot connect to {all} within {after:?}: {cause}"),
-                        None => format!("connecting to {all} timed out after {after:?}"),
-                    },
-                    None,
-                )
-            })??;
-        let topology = if commands.is_cluster() {
-            "cluster"
-        } else {
-            "standalone"
-        };
-        tracing::debug!(urls = ?shown, topology, "redis backend connected");
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                commands,
-                subscriber: Subscriber::new(clients, self.connect_timeout, self.response_timeout),
-                shown,
-                secrets,
-                connect_timeout: self.connect_timeout,
-                response_timeout: self.response_timeout,
-            }),
-        })
-    }
-}
-
-/// Refuses every way a connection could end up without the TLS the
-/// caller asked for, or with TLS that does not check whom it talks to;
-/// returns whether TLS is used.
-///
-/// - `rediss://…#insecure` turns redis-rs's certificate check off. A lock
-///   is only as safe as its server is genuine: a man in the middle could
-///   grant one key to two holders. It is refused rather than warned about
-///   (a warning in a log is read after the fact, if ever), and whether
-///   redis-rs would honour it depends on a cargo feature any crate in the
-///   build can switch on. A private CA goes to
-///   [`RedisBuilder::tls_root_certificate`] instead.
-/// - TLS and plain-text URLs mixed: the pub/sub connection (which may use
-///   any node) or a cluster seed could talk in the clear.
-fn check_tls(clients: &[Client], shown: &[String]) -> Result<bool, LockError> {
-    use ::redis::ConnectionAddr;
-    let refuse = |option, reason| Err(LockError::InvalidOption { option, reason });
-    let mut with_tls = Vec::new();
-    let mut plain = Vec::new();
-    for (client, shown) in clients.iter().zip(shown) {
-        match client.get_connection_info().addr() {
-            ConnectionAddr::TcpTls { insecure: true, .. } => {
-                return refuse(
-                    "url",
-                    format!(
-                        "{shown}: `#insecure` turns off the check of the server's certificate, \
-                         which lets a man in the middle hand out locks; dlock refuses it. For a \
-                         certificate from a private CA, give the CA to \
-                         RedisBuilder::tls_root_certificate"
-                    ),
-                );
-            }
-            ConnectionAddr::TcpTls { .. } => with_tls.push(shown.as_str()),
-            _ => plain.push(shown.as_str()),
-        }
-    }
-    if !with_tls.is_empty() && !plain.is_empty() {
-        return refuse(
-            "url",
-            format!(
-                "{} use TLS but {} would connect in plain text: every node of one backend \
-                 must use rediss://, or none",
-                with_tls.join(", "),
-                plain.join(", ")
-            ),
-        );
-    }
-    Ok(!with_tls.is_empty())
-}
-
-/// Opens the command connection to a single server. A refused or dropped
-/// connection (a server still starting, a failover under way) is tried
-/// again after a pause, until the caller's connect timeout ends the tries;
-/// `cause` keeps the last such error for the message. Anything else (a
-/// wrong password, a TLS failure) is an error at once.
-async fn open_standalone(
-    client: &Client,
-    config: &ConnectionManagerConfig,
-    cause: &Mutex<Option<String>>,
-) -> RedisResult<ConnectionManager> {
-    let mut pause = FIRST_CONNECT_PAUSE;
-    loop {
-        match client
-            .get_connection_manager_with_config(config.clone())
-            .await
-        {
-            Ok(manager) => return Ok(manager),
-            Err(err) if err.is_connection_refusal() || err.is_connection_dropped() => {
-                *cause.lock().unwrap_or_else(PoisonError::into_inner) = Some(err.to_string());
-                sleep(pause).await;
-                pause = (pause * 2).min(MAX_CONNECT_PAUSE);
-            }
-            Err(err) => return Err(err),
-        }
-    }
-}
-
-fn tls_certificates(pem: &[u8]) -> TlsCertificates {
-    TlsCertificates {
-        client_tls: None,
-        root_cert: Some(pem.to_vec()),
-    }
-}
-
-/// Asks a server whether it is part of a cluster, with the command the
-/// cluster client itself needs (`CLUSTER SLOTS`), so a least-privilege ACL
-/// user needs no further right (such as `INFO`) to be told apart. A server
-/// that answers with an error is a single server: cluster support disabled,
-/// a server or proxy without the command, or an ACL that refuses it (the
-/// cluster client could not work under that ACL either).
-async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
-    let slots: RedisResult<::redis::Value> =
-        ::redis::cmd("CLUSTER").arg("SLOTS").query_async(conn).await;
-    match slots {
-        Ok(_) => Ok(Topology::Cluster),
-        Err(err)
-            if matches!(
-                err.kind(),
-                ErrorKind::Server(ServerErrorKind::ResponseError | ServerErrorKind::NoPerm)
-            ) =>
-        {
-            Ok(Topology::Standalone)
-        }
-        Err(err) => Err(err),
-    }
-}
-
 impl RedisBackend {
     /// Connects to the Redis at `url` (see the [module docs](self) for the
     /// URL forms), with the default timeouts. A cluster is detected.
@@ -512,13 +179,7 @@ impl RedisBackend {
     /// Settings for connecting to `url`, to adjust before
     /// [`RedisBuilder::connect`].
     pub fn builder(url: &str) -> RedisBuilder {
-        RedisBuilder {
-            urls: vec![url.to_owned()],
-            topology: Topology::Detect,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
-            tls_root: None,
-        }
+        RedisBuilder::new(url)
     }
 
     /// True when connected to a Redis Cluster.

@@ -519,7 +519,8 @@ impl PgBackend {
         );
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
-            unlock_key_sql: "SELECT pg_advisory_unlock(hashtextextended($1::text, $2::bigint))"
+            unlock_key_sql: "SELECT pg_catalog.pg_advisory_unlock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))"
                 .to_owned(),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             slots: (0..options.sessions)
@@ -680,7 +681,7 @@ impl Inner {
         self.ensure_objects(&mut client).await?;
         let setup = async {
             let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
+                .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
                 .await?
                 .try_get(0)?;
             if let Some(idle) = self.options.server_idle_timeout {

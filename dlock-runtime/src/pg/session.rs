@@ -15,6 +15,7 @@ use tokio_postgres::config::Host;
 use tokio_postgres::{Client, Config, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::sql;
 use crate::backend::LossGroup;
 use crate::error::LostReason;
 
@@ -132,7 +133,22 @@ impl Connector {
             }
         };
         tokio::spawn(drive(connection, kill, on_end));
-        Ok(client)
+        // First of all, before any statement that names a function: see
+        // `sql::SESSION_DEFAULTS`.
+        let setup_timeout_ms = self.timeout.as_millis().max(1).to_string();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&setup_timeout_ms];
+        let defaults = client.query_one(sql::SESSION_DEFAULTS, &params);
+        match timeout(self.timeout, defaults).await {
+            Ok(Ok(_)) => Ok(client),
+            Ok(Err(err)) => Err(Failure::new(
+                format!("cannot set up a session on {}", self.target),
+                err,
+            )),
+            Err(_) => Err(Failure::msg(format!(
+                "cannot set up a session on {}: no answer within the connect timeout of {:?}",
+                self.target, self.timeout
+            ))),
+        }
     }
 }
 

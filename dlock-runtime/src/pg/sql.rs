@@ -4,12 +4,44 @@
 //! [`PgOptions::schema`](super::PgOptions::schema) and is filled in once, at
 //! connect time, from a validated identifier: keys are never part of the SQL
 //! text, they are always bound parameters.
+//!
+//! # Names are never looked up on the search path
+//!
+//! A role with CREATE on a schema of the search path (`public`, before
+//! PostgreSQL 15, for every role) can define `public.nextval(text)`: an
+//! untyped literal argument prefers it to `pg_catalog.nextval(regclass)`,
+//! and a `search_path` that names `public` before `pg_catalog` prefers even
+//! a function or operator with dlock's exact argument types. It would then
+//! run, as the lock role, in every statement, and choose the tokens, the
+//! locks and the fence's verdict. So every function is written
+//! `pg_catalog.<name>`, every literal and parameter carries its exact type
+//! (`'…'::pg_catalog.regclass`, `$1::pg_catalog.text`), relations are
+//! qualified, and the statements that run in the caller's transaction
+//! ([`XACT_TRY_LOCK`], [`XACT_LOCK`], the PostgreSQL fence), under the
+//! caller's `search_path`, write operators as `OPERATOR(pg_catalog.<=)`.
+//! `greatest`, `CASE`, `COALESCE` and `EXTRACT` are grammar, not names
+//! looked up (`EXTRACT` calls `pg_catalog.extract`, or `date_part`
+//! before PostgreSQL 14), and `bigint` is a keyword for `pg_catalog.int8`.
+//! On its own sessions the backend sets `search_path` to `pg_catalog,
+//! pg_temp` when they open ([`SESSION_DEFAULTS`]) as well, which also
+//! overrides an `ALTER ROLE … SET search_path`.
+
+/// Settings of every connection the backend opens, sent first: the search
+/// path (see the module docs; `pg_temp` last, so a temporary table cannot
+/// shadow a relation either) and a `lock_timeout` (milliseconds, as text)
+/// for the setup statements that follow, so a sequence locked by an open
+/// `ALTER SEQUENCE` makes opening a session fail instead of hang. Lock and
+/// wait sessions set their own `lock_timeout` afterwards.
+pub(super) const SESSION_DEFAULTS: &str = "\
+SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
+       pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
 
 /// The advisory key of a lock key: `hashtextextended(key, seed)`, the 64-bit
 /// text hash PostgreSQL itself uses for hash partitioning, so it is stable
 /// across releases and any client in any language computes the same lock.
 /// Shown in the docs and used by the statements below.
-pub(super) const ADVISORY_KEY: &str = "SELECT hashtextextended($1::text, $2::bigint)";
+pub(super) const ADVISORY_KEY: &str =
+    "SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)";
 
 /// Draws a fencing token once the lock is taken, for the three lock
 /// statements below: `greatest(nextval, clock)`, the clock being the
@@ -35,12 +67,17 @@ pub(super) const ADVISORY_KEY: &str = "SELECT hashtextextended($1::text, $2::big
 macro_rules! draw_token {
     ($after:literal) => {
         concat!(
-            "SELECT CASE WHEN t.clock <= t.seq + 1000000 THEN greatest(t.seq, t.clock)
-            WHEN has_sequence_privilege('{schema}.dlock_token_seq', 'UPDATE')
-            THEN setval('{schema}.dlock_token_seq', t.clock)
+            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) (t.seq OPERATOR(pg_catalog.+) 1000000::pg_catalog.int8)
+                 THEN greatest(t.seq, t.clock)
+            WHEN pg_catalog.has_sequence_privilege(
+                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                     'UPDATE'::pg_catalog.text)
+            THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
             ELSE t.clock END
-FROM (SELECT s.seq, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock
-      FROM (SELECT nextval('{schema}.dlock_token_seq') AS seq ",
+FROM (SELECT s.seq,
+             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+      FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq ",
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
         )
@@ -90,23 +127,23 @@ FROM (SELECT s.seq, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS
 /// by more than the failover took), and lock traffic below a million
 /// tokens a second.
 pub const TRY_LOCK: &str = concat!(
-    "SELECT k.h, CASE WHEN pg_try_advisory_lock(k.h) THEN (",
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
     draw_token!(""),
     ") END
-FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k"
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
 /// Drops one session advisory lock of this session. Only the session that
 /// took a lock can drop it, and the backend checks the lease's owner in
 /// process before sending this on the session that holds it, so owner check
 /// and release cannot interleave with another owner's acquisition.
-pub const UNLOCK: &str = "SELECT pg_advisory_unlock($1::bigint)";
+pub const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)";
 
 /// Drops every advisory lock of a session. Sent only on wait sessions, which
 /// hold nothing else: it clears a shared lock granted in the very instant
 /// `lock_timeout` fired (the statement then fails, but a session-level lock
 /// survives the failed statement).
-pub(super) const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
+pub(super) const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
 
 /// The server-side wait: queues for a *shared* lock on the key, which is
 /// granted the moment the exclusive holder lets go — by release, by the
@@ -115,46 +152,56 @@ pub(super) const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
 /// merged into the outer query (which unlocks), so the order is fixed.
 /// Bounded by the session's `lock_timeout`.
 pub(super) const WAIT_FOR_RELEASE: &str = "\
-SELECT pg_advisory_unlock_shared(w.h)
-FROM (SELECT k.h, pg_advisory_lock_shared(k.h)
-      FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k OFFSET 0) AS w";
+SELECT pg_catalog.pg_advisory_unlock_shared(w.h)
+FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
+      FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+      OFFSET 0) AS w";
 
 /// Sets a wait session's `lock_timeout` (milliseconds, as text).
-pub(super) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1::text, false)";
+pub(super) const SET_LOCK_TIMEOUT: &str =
+    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
 
 /// Makes the server end a lock session that has sent nothing for this long
 /// (milliseconds, as text): a holder process that is frozen or cut off then
 /// loses its locks on the server's side too. PostgreSQL 14 added the
 /// setting; older servers skip it.
 pub(super) const SET_IDLE_SESSION_TIMEOUT: &str = "\
-SELECT CASE WHEN current_setting('server_version_num')::int >= 140000
-            THEN set_config('idle_session_timeout', $1::text, false) END";
+SELECT CASE WHEN pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
+                 >= 140000::pg_catalog.int4
+            THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
+       END";
 
 /// The sessions (other than this one) that hold a key's advisory lock
 /// exclusively. A `bigint` advisory key shows in `pg_locks` split into
 /// `classid` (high 32 bits) and `objid` (low 32 bits) with `objsubid = 1`.
 pub(super) const HOLDERS: &str = "\
 SELECT l.pid
-FROM pg_locks AS l, (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k
-WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid::bigint = ((k.h >> 32) & 4294967295)
-  AND l.objid::bigint = (k.h & 4294967295)
-  AND l.pid <> pg_backend_pid()";
+FROM pg_catalog.pg_locks AS l,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+  AND l.pid <> pg_catalog.pg_backend_pid()";
 
 /// Ends the sessions holding a key (administrative force release): an
 /// advisory lock can only be dropped by its own session, so breaking it
 /// means ending that session. Waits (up to `$3` ms, PostgreSQL 13+) until
 /// each session is gone, so its locks are free when this returns.
 pub(super) const TERMINATE_HOLDERS: &str = "\
-SELECT h.pid, pg_terminate_backend(h.pid, $3::bigint)
+SELECT h.pid, pg_catalog.pg_terminate_backend(h.pid, $3::pg_catalog.int8)
 FROM (SELECT l.pid
-      FROM pg_locks AS l, (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k
-      WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.classid::bigint = ((k.h >> 32) & 4294967295)
-        AND l.objid::bigint = (k.h & 4294967295)
-        AND l.pid <> pg_backend_pid()) AS h";
+      FROM pg_catalog.pg_locks AS l,
+           (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+      WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+        AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                          WHERE d.datname = pg_catalog.current_database())
+        AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+        AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+        AND l.pid <> pg_catalog.pg_backend_pid()) AS h";
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
@@ -165,25 +212,27 @@ FROM (SELECT l.pid
 pub(super) const INSPECT_OBJECTS: &str = "\
 SELECT n.oid IS NOT NULL,
        s.oid IS NOT NULL,
-       COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
-       COALESCE(has_sequence_privilege(s.oid, 'USAGE'), false),
-       quote_ident(current_user),
-       COALESCE(has_sequence_privilege(s.oid, 'UPDATE'), false),
-       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax, format_type(q.seqtypid, NULL),
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       COALESCE(pg_catalog.has_schema_privilege(n.oid, 'USAGE'::pg_catalog.text), false),
+       COALESCE(pg_catalog.has_sequence_privilege(s.oid, 'USAGE'::pg_catalog.text), false),
+       pg_catalog.quote_ident(current_user::pg_catalog.text),
+       COALESCE(pg_catalog.has_sequence_privilege(s.oid, 'UPDATE'::pg_catalog.text), false),
+       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax,
+       pg_catalog.format_type(q.seqtypid, NULL::pg_catalog.int4),
+       (EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000000::pg_catalog.int8)::pg_catalog.int8
 FROM (SELECT 1) AS one
-LEFT JOIN pg_namespace AS n ON n.nspname = $1::text
-LEFT JOIN pg_class AS s
-       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'
-LEFT JOIN pg_sequence AS q ON q.seqrelid = s.oid";
+LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
+LEFT JOIN pg_catalog.pg_class AS s
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq'::pg_catalog.name
+      AND s.relkind = 'S'::pg_catalog.\"char\"
+LEFT JOIN pg_catalog.pg_sequence AS q ON q.seqrelid = s.oid";
 
 /// Serialises object creation between backends connecting at the same
 /// moment (two concurrent `CREATE ... IF NOT EXISTS` can still collide on
 /// the catalog's unique indexes). The key is `hashtextextended('dlock:setup', 0)`
 /// computed on the server, so it never meets a lock key by accident more
 /// than any other key would.
-pub(super) const SETUP_LOCK: &str =
-    "SELECT pg_advisory_xact_lock(hashtextextended('dlock:setup', 0))";
+pub(super) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock(
+    pg_catalog.hashtextextended('dlock:setup'::pg_catalog.text, 0::pg_catalog.int8))";
 
 /// Creates the schema (only sent when it is missing: PostgreSQL checks the
 /// CREATE privilege before `IF NOT EXISTS`).
@@ -198,7 +247,8 @@ pub(super) const CREATE_SEQUENCE: &str =
 /// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
 /// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
 pub(super) const XACT_TRY_LOCK: &str = concat!(
-    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) THEN (",
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) THEN (",
     draw_token!(""),
     ") END"
 );
@@ -210,18 +260,20 @@ pub(super) const XACT_TRY_LOCK: &str = concat!(
 /// fires, the statement still fails, and rolling back to the savepoint
 /// drops the lock it took.
 pub(super) const XACT_LOCK: &str = draw_token!(
-    "FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) OFFSET 0) AS locked"
+    "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
+      OFFSET 0) AS locked"
 );
 
 /// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
 /// value it had, to be put back once the lock is taken.
 pub(super) const XACT_SWAP_LOCK_TIMEOUT: &str = "\
-SELECT s.prev, set_config('lock_timeout', $1::text, true)
-FROM (SELECT current_setting('lock_timeout') AS prev OFFSET 0) AS s";
+SELECT s.prev, pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)
+FROM (SELECT pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev OFFSET 0) AS s";
 
 /// Puts `lock_timeout` back for the rest of the transaction.
 pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
-    "SELECT set_config('lock_timeout', $1::text, true)";
+    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)";
 
 /// True when a statement failed because the token sequence (or its schema)
 /// does not exist: a DBA dropped it after the backend connected. The lock

@@ -856,3 +856,73 @@ async fn functions_and_operators_shadowed_on_the_search_path_never_run_in_locks_
         "mallory's code ran as the lock role: {ran:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_statements_move_the_sequence_without_waiting_for_a_wal_flush() {
+    // Nearly every lock statement `setval`s the token sequence (the clock
+    // has moved on since the last one), which writes WAL and takes a
+    // transaction id; its commit must not wait for that WAL to be written
+    // out, or every lock would cost a disk flush. Counted on a server of
+    // the test's own: WAL records written by the lock sessions, and the
+    // times WAL was written out, which a synchronous commit does once per
+    // transaction.
+    let server = OwnServer::start();
+    let admin = plain_client(&server.conn(PASSWORD, "")).await;
+    let backend = PgBackend::connect(&server.conn(PASSWORD, ""))
+        .await
+        .expect("connect");
+    let shared: Arc<dyn Backend> = Arc::new(backend.clone());
+    let pids = backend.session_pids().await;
+    admin
+        .query_one("SELECT pg_stat_reset_shared('wal')", &[])
+        .await
+        .expect("reset the WAL statistics");
+    const LOCKS: i64 = 300;
+    for i in 0..LOCKS {
+        let lease = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(&shared), fresh_key(&format!("wal-{i}")))
+            .await
+            .expect("free");
+        lease.release().await.expect("release");
+    }
+    // A server process reports its WAL statistics when it exits: end the
+    // lock sessions, and wait until they are gone.
+    drop(shared);
+    drop(backend);
+    within(10, "the lock sessions to end", async {
+        loop {
+            let left: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    &[&pids],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    admin
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .expect("fresh statistics");
+    let row = admin
+        .query_one("SELECT wal_records, wal_write FROM pg_stat_wal", &[])
+        .await
+        .expect("pg_stat_wal");
+    let (records, writes): (i64, i64) = (row.get(0), row.get(1));
+    eprintln!("{LOCKS} locks: {records} WAL records, WAL written out {writes} times");
+    assert!(
+        records >= LOCKS,
+        "the lock statements moved the sequence (a WAL record each): {records} records"
+    );
+    assert!(
+        writes < LOCKS / 4,
+        "{LOCKS} locks wrote WAL out {writes} times: their commits waited for it"
+    );
+}

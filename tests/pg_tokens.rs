@@ -777,3 +777,114 @@ async fn tokens_of_each_key_rise_while_sessions_race_to_move_the_sequence_up() {
     let times = setting_back.await.expect("setter");
     assert!(times > 0, "the sequence was set back while they ran");
 }
+
+/// The sequence's last value, as a DBA reads it.
+async fn last_value(admin: &tokio_postgres::Client, seq: &str) -> i64 {
+    admin
+        .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+        .await
+        .expect("read the sequence")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sequence_holds_at_least_every_token_handed_out_so_a_clock_step_back_cannot_lower_tokens()
+ {
+    // A server clock that steps back (NTP stepping, a VM restored from a
+    // snapshot) must not lower a key's next token: the sequence has to hold
+    // at least the key's last token the moment it is handed out, so that
+    // the next `nextval` beats it whatever the clock says. Checked directly,
+    // while each holder still holds the key, by contenders on separate
+    // sessions (three backends, as three processes) and in transactions,
+    // and again after the sequence was set back.
+    let scratch = Scratch::new();
+    let admin = Arc::new(client().await);
+    let key = fresh_key("seq-holds-token");
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        let backend: Arc<dyn Backend> = Arc::new(
+            PgBackend::connect_with(&conn(), scratch.options().sessions(2))
+                .await
+                .expect("connect"),
+        );
+        backends.push(backend);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..8usize {
+        let (key, admin, seq) = (key.clone(), Arc::clone(&admin), scratch.seq());
+        let backend = Arc::clone(&backends[i % backends.len()]);
+        let lock = scratch.xact().wait(Duration::from_secs(10));
+        tasks.push(tokio::spawn(async move {
+            let mut app = client().await;
+            let mut tokens = Vec::new();
+            for round in 0..25 {
+                // Each token is checked against the sequence before the
+                // key is let go, so no later holder has drawn yet.
+                let (token, behind) = if (i + round) % 4 == 0 {
+                    let mut tx = app.transaction().await.expect("begin");
+                    let token = lock.acquire(&mut tx, &key).await.expect("free in time");
+                    let last = last_value(&admin, &seq).await;
+                    tx.commit().await.expect("commit");
+                    (token, last)
+                } else {
+                    let lease = LockOptions::new(Duration::from_secs(30))
+                        .wait(Duration::from_secs(10))
+                        .acquire_on(Arc::clone(&backend), &key)
+                        .await
+                        .expect("free in time");
+                    let last = last_value(&admin, &seq).await;
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    (token, last)
+                };
+                assert!(
+                    behind >= token.get() as i64,
+                    "contender {i}, round {round}: the sequence holds {behind} right after \
+                     token {token} was handed out, {} µs below it",
+                    token.get() as i64 - behind
+                );
+                tokens.push(token);
+            }
+            tokens
+        }));
+    }
+    let mut all = Vec::new();
+    within(120, "the contenders", async {
+        for task in tasks {
+            all.extend(task.await.expect("the sequence held every token"));
+        }
+    })
+    .await;
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        8 * 25,
+        "every holder of the key got a token of its own"
+    );
+
+    // Set back (a restore, a DBA): the clock floors the next token, and the
+    // draw moves the sequence up to it again.
+    admin
+        .query_one(&format!("SELECT setval('{}', 1)", scratch.seq()), &[])
+        .await
+        .expect("setval");
+    let highest = all.last().copied().expect("tokens");
+    let mut previous = highest;
+    for round in 0..5 {
+        let backend = &backends[round % backends.len()];
+        let lease = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(backend), &key)
+            .await
+            .expect("free");
+        let last = last_value(&admin, &scratch.seq()).await;
+        let token = lease.token();
+        lease.release().await.expect("release");
+        assert!(token > previous, "{token} after {previous} (set back)");
+        assert!(
+            last >= token.get() as i64,
+            "{last} below token {token} after the set-back"
+        );
+        previous = token;
+    }
+}

@@ -36,21 +36,26 @@
 //! One statement takes the lock and, only if it was taken, draws the token,
 //! so the token comes in the same round trip: the next value of the
 //! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
-//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule. A
-//! sequence is not transactional and needs no row per key; the clock floor
-//! keeps tokens above every token handed out before when the sequence goes
-//! back: a DBA drops and recreates it or `setval`s it, a failover to an
-//! asynchronous replica or a point-in-time restore brings back an older
-//! copy. The statement moves a sequence that trails the clock by more than
-//! a second up to it (if the role has UPDATE on it), so it still floors
-//! tokens should the clock step back.
+//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule,
+//! with its two guarantees. The clock floor keeps tokens above every token
+//! handed out before when the sequence goes back: a DBA drops and recreates
+//! it or `setval`s it, a failover to an asynchronous replica or a
+//! point-in-time restore brings back an older copy. And whenever the clock
+//! wins, the statement `setval`s the sequence to the token, so the sequence
+//! holds at least the last token and a server clock that steps back cannot
+//! lower the next one. That takes UPDATE on the sequence: a role with USAGE
+//! only still locks, but its tokens rest on the clock alone, and a clock
+//! step back lowers them. A sequence is not transactional and needs no row
+//! per key; the statement's own commit is asynchronous (a crash that loses
+//! the last `setval` only leaves the sequence behind, which the clock floor
+//! covers), so the write costs no WAL flush.
 //!
-//! Tokens of one key rise strictly as long as the server clock does not go
-//! backwards (and, after a failover, the new primary's clock is not behind
-//! the old one's by more than the failover took). Tokens of different keys
-//! may be equal: a token orders the holders of one key. The reasoning,
-//! races between sessions over the sequence included, is written next to
-//! the lock statement (`pg/sql.rs`).
+//! Tokens of one key rise strictly unless the sequence went back *and* the
+//! server clock stepped back at the same time (or, after a failover, the
+//! new primary's clock is behind the old one's by more than the failover
+//! took). Tokens of different keys may be equal: a token orders the holders
+//! of one key. The reasoning, races between sessions over the sequence
+//! included, is written next to the lock statement (`pg/sql.rs`).
 //!
 //! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
 //! it is missing — at connect, when a lock session opens, and when a lock
@@ -788,11 +793,11 @@ impl Inner {
             }
         }
         if !found.sequence_updatable {
-            tracing::debug!(
+            tracing::warn!(
                 role = found.role,
                 schema = self.quoted_schema,
-                "no UPDATE on the token sequence: tokens rest on the clock alone, \
-                 the sequence is not moved up to it"
+                "no UPDATE on the token sequence: fencing tokens rest on the server clock \
+                 alone, so a clock step back lowers them; GRANT UPDATE on it to protect them"
             );
         }
         Ok(())

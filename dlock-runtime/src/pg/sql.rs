@@ -46,29 +46,30 @@ pub(super) const ADVISORY_KEY: &str =
 /// Draws a fencing token once the lock is taken, for the three lock
 /// statements below: `greatest(nextval, clock)`, the clock being the
 /// server's `clock_timestamp()` in microseconds since 1970 — the Redis
-/// backend's rule. `$after` is the row source the draw must come after.
+/// backend's rule, and the same two guarantees as there:
 ///
-/// The clock floor keeps tokens above every token handed out before when
-/// the sequence goes back: a DBA drops and recreates it or `setval`s it, or
-/// a failover to an asynchronous replica or a point-in-time restore brings
-/// back an older copy. A sequence that trails the clock by more than a
-/// second is moved up to it (`setval`, if the role has UPDATE on it; the
-/// second `WHEN` asks only then), so the sequence stays within a second of
-/// the highest token and still floors tokens should the clock step back.
-/// Not on every draw: `setval` always writes WAL and gives the
-/// statement a transaction id, so its commit waits for a WAL flush (and
-/// uses up transaction ids) — a lock then costs a disk flush instead of a
-/// plain round trip, where `nextval` logs once per 32 values. Every branch
-/// yields `greatest(seq, clock)`: `setval` returns the value it set.
+/// - The clock floor keeps tokens above every token handed out before when
+///   the sequence goes back: a DBA drops and recreates it or `setval`s it,
+///   a failover to an asynchronous replica or a point-in-time restore
+///   brings back an older copy, a crash loses its last moves.
+/// - The sequence holds at least the last token, so a server clock that
+///   steps back cannot lower tokens: whenever the clock wins, the same
+///   statement `setval`s the sequence to it (the token) — if the role has
+///   UPDATE on it, which the second `WHEN` asks only then. Without UPDATE
+///   tokens rest on the clock alone. `setval` returns the value it set, so
+///   every branch yields `greatest(seq, clock)`.
 ///
-/// `OFFSET 0` keeps each subquery from being merged into the next, so the
+/// `$extra` is a further column of the innermost subquery, evaluated with
+/// `nextval` (the lock sessions' statement makes its commit asynchronous
+/// there, see [`TRY_LOCK`]); `$after` is the row source the draw must come
+/// after. `OFFSET 0` keeps each subquery from being merged into the next
+/// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
-/// `nextval`, then the clock reading.
+/// `nextval`, then the clock reading, then `setval`.
 macro_rules! draw_token {
-    ($after:literal) => {
+    ($extra:literal, $after:literal) => {
         concat!(
-            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) (t.seq OPERATOR(pg_catalog.+) 1000000::pg_catalog.int8)
-                 THEN greatest(t.seq, t.clock)
+            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
             WHEN pg_catalog.has_sequence_privilege(
                      '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                      'UPDATE'::pg_catalog.text)
@@ -77,7 +78,9 @@ macro_rules! draw_token {
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-      FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq ",
+      FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq",
+            $extra,
+            " ",
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
         )
@@ -93,42 +96,61 @@ FROM (SELECT s.seq,
 /// transaction. Returns the advisory key and the token (NULL: held by
 /// someone else).
 ///
-/// Why the tokens of one key rise strictly, although `setval` is not
-/// conditional and racing sessions can move the sequence *down* (A reads
-/// the clock at 5000 and pauses; B sets 5003; A then sets 5000):
+/// The statement's own transaction commits asynchronously
+/// (`synchronous_commit` off for this transaction only, set before it
+/// commits). `setval` writes WAL and takes a transaction id, and almost
+/// every draw `setval`s (the clock has moved on since the last one), so a
+/// synchronous commit would wait for a WAL flush on every lock. Safe here,
+/// because the commit protects nothing but the sequence's position: the
+/// advisory lock is not logged, and a crash that loses the last `setval`s
+/// (or `nextval`s) leaves the sequence *behind* tokens already handed out
+/// — exactly the sequence going back that the clock floor covers. Only on
+/// the sessions the backend owns: a [`TransactionLock`](super::TransactionLock)
+/// draws in the caller's transaction, whose durability is the caller's.
+///
+/// Why the tokens of one key rise strictly:
 ///
 /// 1. A token is the `greatest` of the two values its own statement read,
-///    never what the sequence holds afterwards: a race over the sequence
-///    cannot change a token already handed out.
+///    never what the sequence holds afterwards.
 /// 2. Acquisitions of one key are serialised by its advisory lock, and the
 ///    draw comes after the lock is taken. A holder lets go only by a later
 ///    statement or by its session ending, so the next holder's `nextval`
-///    and clock reading come after the previous holder's statement ended.
-/// 3. The clock is `clock_timestamp()`, read then — not `now()`, the start
+///    and clock reading come after the previous holder's statement ended,
+///    `setval` included.
+/// 3. When that statement ended the sequence held at least its token (the
+///    token was `nextval`'s value, or the clock it `setval`ed), so the next
+///    holder's `nextval` is above it, whatever the clock does. A `setval`
+///    of another key's statement can lower the sequence in between only if
+///    that statement overlapped this one: its `nextval` came first and its
+///    `setval`, of a clock reading below this token, lands after. (A
+///    statement that starts later draws a `nextval` above the sequence, so
+///    a clock reading that beats it is above the token too.) That clock
+///    reading is below the token by at most the overlap — microseconds,
+///    unless a server process is descheduled right between its reading and
+///    its `setval` — or by how far the sequence ran ahead of the clock,
+///    which it does only while tokens are drawn faster than one a
+///    microsecond, by that burst's excess.
+/// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start
 ///    of the transaction, which for a waiting `XACT_LOCK` lies before the
 ///    previous holder let go. Between two holders' readings lie at least an
 ///    unlock and a lock, round trips of their own, so if the clock does not
 ///    go back the next holder reads a strictly later microsecond, and its
-///    token (at least that reading) is above every previous token that was
-///    a clock reading.
-/// 4. A previous token that came from the sequence (it was ahead of the
-///    clock) is beaten by the next holder's `nextval` unless a `setval`
-///    moved the sequence down in between, and by its clock reading once the
-///    clock has caught up. A sequence a DBA set ahead of the clock is never
-///    moved (no clock reading beats it), so it only rises. One moved up to
-///    the clock gets ahead of it only while tokens are drawn faster than
-///    one a microsecond, and by no more than that burst drew beyond the
-///    clock's pace — less than the time from one holder's lock to the next
-///    holder's (an unlock and a lock, each a round trip) unless lock
-///    traffic outruns a million tokens a second.
+///    token is above every previous one that came from the clock — which
+///    is what carries tokens when the sequence was set back, lost or
+///    recreated, or moved down by the race in 3.
 ///
-/// So what is left to trust is a server clock that does not go back (and,
-/// after a failover, a new primary whose clock is not behind the old one's
-/// by more than the failover took), and lock traffic below a million
-/// tokens a second.
+/// So a lower token needs two faults at once: the sequence behind the
+/// key's last token (set back, lost, or that race) *and* the server clock
+/// stepped back past it (or, after a failover, a new primary whose clock is
+/// behind the old one's by more than the failover took); or a role without
+/// UPDATE on the sequence and a clock that steps back.
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
-    draw_token!(""),
+    draw_token!(
+        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+              AS commit_mode",
+        ""
+    ),
     ") END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
@@ -249,7 +271,7 @@ pub(super) const CREATE_SEQUENCE: &str =
 pub(super) const XACT_TRY_LOCK: &str = concat!(
     "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(
                 pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) THEN (",
-    draw_token!(""),
+    draw_token!("", ""),
     ") END"
 );
 
@@ -260,6 +282,7 @@ pub(super) const XACT_TRY_LOCK: &str = concat!(
 /// fires, the statement still fails, and rolling back to the savepoint
 /// drops the lock it took.
 pub(super) const XACT_LOCK: &str = draw_token!(
+    "",
     "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
                 pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
       OFFSET 0) AS locked"

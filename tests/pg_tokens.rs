@@ -641,6 +641,63 @@ async fn a_pre_created_sequence_with_every_fault_is_refused_with_one_alter_for_a
     .await;
 }
 
+#[tokio::test]
+async fn a_pre_created_sequence_far_ahead_of_the_clock_is_refused_with_the_restart_that_fixes_it() {
+    // Its tokens would come from the sequence alone; recreated or restored
+    // later, tokens would fall back to the clock, below every one it gave.
+    refused_with_a_fix_that_works(
+        "AS bigint START WITH 4000000000000000000",
+        &[
+            "stands at 4000000000000000000",
+            "ahead of the server clock",
+            "clock floor could not",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_far_ahead_of_the_clock_while_running_is_refused_when_a_lock_session_reopens()
+ {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let key = fresh_key("far-ahead");
+    hold_once(&backend, &key).await;
+
+    admin
+        .query_one(
+            &format!("SELECT setval('{}', 4000000000000000000)", scratch.seq()),
+            &[],
+        )
+        .await
+        .expect("setval");
+    terminate_lock_sessions(&admin, &pg).await;
+    let err = within(20, "an acquisition on a reopened session", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(30))
+                .acquire_on(Arc::clone(&backend), &key)
+                .await
+            {
+                Err(err) if err.to_string().contains("ahead of the server clock") => break err,
+                Err(err) => eprintln!("not yet: {err}"),
+                Ok(lease) => {
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    panic!("a session opened on a sequence far ahead of the clock (token {token})");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    eprintln!("{err}");
+    assert!(err.to_string().contains("START WITH 1 RESTART;"), "{err}");
+}
+
 /// Not a regression test (today's code accepts it too): guards against
 /// refusing a sequence a DBA set up well, with other settings than dlock's.
 #[tokio::test]

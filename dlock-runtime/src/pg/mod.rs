@@ -70,9 +70,11 @@
 //!
 //! A sequence that cannot give rising tokens — `CACHE` above 1 (each session
 //! hands out numbers from a block of its own), `CYCLE`, an increment below
-//! 1, or a maximum without a century of room above the clock in
-//! microseconds (`AS integer`) — is refused when a lock session opens, with
-//! the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
+//! 1, a maximum without a century of room above the clock in microseconds
+//! (`AS integer`), or a position more than a day ahead of the clock (its
+//! tokens would rest on the sequence alone, and the clock floor could not
+//! stand in for it were it ever lost) — is refused when a lock session
+//! opens, with the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
 //! whenever one ended, so an `ALTER` made while services run is caught
 //! there; reading the settings on every acquisition would cost a catalog
 //! lookup each time.
@@ -1111,6 +1113,8 @@ impl Inspection {
                 max: row.try_get(9)?,
                 data_type: row.try_get(10)?,
                 clock_us: row.try_get(11)?,
+                last_value: row.try_get(12)?,
+                start: row.try_get(13)?,
             }),
             None => None,
         };

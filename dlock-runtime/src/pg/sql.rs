@@ -227,8 +227,9 @@ FROM (SELECT l.pid
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
-/// sequence's settings with the server clock in microseconds to judge its
-/// maximum against. Reads the catalogs by name, so it works even without
+/// sequence's settings and position (its last value, NULL if none was drawn
+/// yet, and its start) with the server clock in microseconds to judge its
+/// maximum and its position against. Reads the catalogs by name, so it works even without
 /// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
 /// sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
@@ -240,7 +241,10 @@ SELECT n.oid IS NOT NULL,
        COALESCE(pg_catalog.has_sequence_privilege(s.oid, 'UPDATE'::pg_catalog.text), false),
        q.seqincrement, q.seqcache, q.seqcycle, q.seqmax,
        pg_catalog.format_type(q.seqtypid, NULL::pg_catalog.int4),
-       (EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000000::pg_catalog.int8)::pg_catalog.int8
+       (EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000000::pg_catalog.int8)::pg_catalog.int8,
+       CASE WHEN pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'::pg_catalog.text)
+            THEN pg_catalog.pg_sequence_last_value(s.oid::pg_catalog.regclass) END,
+       q.seqstart
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
 LEFT JOIN pg_catalog.pg_class AS s

@@ -945,3 +945,80 @@ async fn the_sequence_holds_at_least_every_token_handed_out_so_a_clock_step_back
         previous = token;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alter_sequence_left_open_fails_acquisitions_fast_and_loses_no_other_lease() {
+    // A DBA runs the very `ALTER SEQUENCE` dlock's refusals suggest, in a
+    // transaction left open. `nextval` waits for its lock. Lock statements
+    // must give up fast with an error that says why, instead of holding up
+    // the lock session until its liveness check ends it — with every other
+    // lease on it — however many of them queue on the session.
+    let scratch = Scratch::new();
+    let mut admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), fresh_key("held-during-alter"))
+        .await
+        .expect("free");
+
+    let tx = admin.transaction().await.expect("begin");
+    tx.batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("alter");
+    let others: Vec<LockKey> = (0..6)
+        .map(|i| fresh_key(&format!("during-alter-{i}")))
+        .collect();
+    let attempts: Vec<_> = others
+        .iter()
+        .map(|key| {
+            let (backend, key) = (Arc::clone(&backend), key.clone());
+            tokio::spawn(async move {
+                LockOptions::new(Duration::from_secs(60))
+                    .acquire_on(backend, key)
+                    .await
+                    .map(|lease| lease.token())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    within(15, "the acquisitions while the ALTER is open", async {
+        for attempt in attempts {
+            answers.push(attempt.await.expect("attempt"));
+        }
+    })
+    .await;
+    // Still open: every answer came while the ALTER held the sequence, and
+    // the held lease lived through more than two liveness intervals.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still_held = held.check();
+    tx.commit().await.expect("commit the ALTER");
+
+    for answer in &answers {
+        let err = answer.as_ref().expect_err("the sequence was locked");
+        let text = err.to_string();
+        assert!(
+            text.contains("locked by another transaction") && text.contains("try again"),
+            "{text}"
+        );
+    }
+    eprintln!("{}", answers[0].as_ref().expect_err("refused"));
+    assert!(
+        still_held.is_ok(),
+        "an unrelated lease was lost: {still_held:?}"
+    );
+
+    // Nothing was left held: the keys are free, here and for another process.
+    let other_process: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options())
+            .await
+            .expect("connect"),
+    );
+    for key in &others {
+        let token = hold_once(&other_process, key).await;
+        assert!(hold_once(&backend, key).await > token);
+    }
+    held.release().await.expect("the held lease is still ours");
+}

@@ -102,7 +102,12 @@
 //! `pg_terminate_backend`, network cut, a liveness check that got no answer
 //! within [`PgOptions::liveness_interval`]), every lease on it is told at
 //! once with [`LostReason::SessionEnded`](crate::LostReason::SessionEnded),
-//! and the session is replaced for later acquisitions.
+//! and the session is replaced for later acquisitions. A session busy
+//! answering is alive: the lock statement waits at most half the liveness
+//! interval for a lock on the token sequence (an `ALTER SEQUENCE` or a
+//! `DROP` left open in another transaction holds one) and then fails with
+//! an error that says so, so a ping queued behind such statements still
+//! sees answers, and the session's other leases live on.
 //!
 //! # PgBouncer
 //!
@@ -555,7 +560,6 @@ impl PgBackend {
     pub async fn advisory_key(&self, key: &LockKey) -> Result<i64, LockError> {
         let session = self.inner.session().await?;
         let row = session
-            .client
             .query_one(
                 sql::ADVISORY_KEY,
                 &[&key.as_str(), &self.inner.options.key_seed],
@@ -577,7 +581,6 @@ impl PgBackend {
     pub async fn holder_pids(&self, key: &LockKey) -> Result<Vec<i32>, LockError> {
         let session = self.inner.session().await?;
         let rows = session
-            .client
             .query(sql::HOLDERS, &[&key.as_str(), &self.inner.options.key_seed])
             .await
             .map_err(|e| {
@@ -630,6 +633,14 @@ impl Inner {
         LockError::backend(KIND, operation, key.as_str(), Failure::new(what, err))
     }
 
+    /// How long a lock statement waits for a lock on the token sequence (an
+    /// `ALTER SEQUENCE` left open holds one) before it fails: half the
+    /// liveness interval, so the liveness ping queued behind it still gets
+    /// its answer in time and the session's other leases live on.
+    fn lock_timeout(&self) -> Duration {
+        self.options.liveness_interval / 2
+    }
+
     /// A live lock session, opening one in its slot if needed. Slots are
     /// used in turn; a dead session is replaced here.
     async fn session(self: &Arc<Self>) -> Result<Arc<LockSession>, LockError> {
@@ -675,7 +686,7 @@ impl Inner {
         let ending = SessionEnding::new(Arc::clone(&loss), Arc::clone(&pid_known));
         let mut client = self
             .connector
-            .open(killed, move |why| {
+            .open(self.lock_timeout(), killed, move |why| {
                 ended_tx.send_replace(Some(why.clone()));
                 ending.end(&why);
                 if let Some(inner) = weak.upgrade() {
@@ -687,16 +698,14 @@ impl Inner {
         // altered the token sequence since. One catalog query when all is well.
         self.ensure_objects(&mut client).await?;
         let setup = async {
+            let idle_ms = self
+                .options
+                .server_idle_timeout
+                .map(|idle| idle.as_millis().to_string());
             let pid: i32 = client
-                .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
+                .query_one(sql::LOCK_SESSION_SETUP, &[&idle_ms])
                 .await?
                 .try_get(0)?;
-            if let Some(idle) = self.options.server_idle_timeout {
-                let idle_ms = idle.as_millis().to_string();
-                client
-                    .query_one(sql::SET_IDLE_SESSION_TIMEOUT, &[&idle_ms])
-                    .await?;
-            }
             let try_lock = client.prepare(&self.try_lock_sql).await?;
             let unlock = client.prepare(sql::UNLOCK).await?;
             Ok::<_, tokio_postgres::Error>((pid, try_lock, unlock))
@@ -732,7 +741,15 @@ impl Inner {
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
         let inspect_sql = sql::INSPECT_OBJECTS;
-        let inspect_failed = |e| Failure::new("cannot inspect the schema objects", e);
+        let inspect_failed = |e: tokio_postgres::Error| {
+            let what = if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                "cannot inspect the token sequence: another transaction holds a lock on it \
+                 (an ALTER SEQUENCE or a DROP left open?)"
+            } else {
+                "cannot inspect the schema objects"
+            };
+            Failure::new(what, e)
+        };
         let row = client
             .query_one(inspect_sql, &[&schema])
             .await
@@ -828,7 +845,10 @@ impl Inner {
         let restored = async {
             // Dropping `close` closes the connection.
             let (close, closed) = oneshot::channel();
-            let mut client = self.connector.open(closed, |_| {}).await?;
+            let mut client = self
+                .connector
+                .open(self.connector.connect_timeout(), closed, |_| {})
+                .await?;
             let ensured = self.ensure_objects(&mut client).await;
             drop(close);
             ensured
@@ -898,7 +918,7 @@ impl Inner {
         let mut restored = false;
         loop {
             let session = self.session().await?;
-            let err = match session.client.query_one(&session.try_lock, &params).await {
+            let err = match session.query_one(&session.try_lock, &params).await {
                 Ok(row) => {
                     let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
                     return match parsed {
@@ -916,7 +936,7 @@ impl Inner {
             // session lock outlives its failed statement: drop it again, or
             // end the session if even that fails.
             if !err.is_closed()
-                && Box::pin(session.client.query_one(&self.unlock_key_sql, &params))
+                && Box::pin(session.query_one(&self.unlock_key_sql, &params))
                     .await
                     .is_err()
             {
@@ -930,6 +950,22 @@ impl Inner {
                     .await
                     .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
                 continue;
+            }
+            if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                let what = format!(
+                    "the token sequence {}.dlock_token_seq is locked by another transaction \
+                     (an ALTER SEQUENCE or a DROP left open?) for longer than a lock session \
+                     waits for it ({:?}): the lock was not taken; try again once that \
+                     transaction has ended",
+                    self.quoted_schema,
+                    self.lock_timeout()
+                );
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::new(what, err),
+                ));
             }
             return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
         }
@@ -1005,7 +1041,6 @@ impl Inner {
     /// Drops one hold of `advisory_key` on `session` that no lease owns.
     async fn give_back(&self, session: &LockSession, advisory_key: i64) {
         if session
-            .client
             .query_one(&session.unlock, &[&advisory_key])
             .await
             .is_err()
@@ -1054,10 +1089,7 @@ impl Inner {
         let key = key.clone();
         let unlocking = Detachable::new(
             async move {
-                let outcome = session
-                    .client
-                    .query_one(&session.unlock, &[&advisory_key])
-                    .await;
+                let outcome = session.query_one(&session.unlock, &[&advisory_key]).await;
                 inner.forget(&key, entry_owner);
                 match outcome {
                     Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
@@ -1216,7 +1248,7 @@ impl Backend for PgBackend {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
-            let failure = match session.client.check_connection().await {
+            let failure = match session.check_connection().await {
                 Ok(()) => None,
                 Err(err) => {
                     let failure = Failure::new("lock session check failed", err);
@@ -1299,7 +1331,6 @@ impl Backend for PgBackend {
         // lock, so end that session.
         let session = self.inner.session().await?;
         let rows = session
-            .client
             .query(
                 &self.inner.terminate_sql,
                 &[&key.as_str(), &self.inner.options.key_seed, &TERMINATE_WAIT_MS],

@@ -5,14 +5,15 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::config::Host;
-use tokio_postgres::{Client, Config, Statement};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Row, Statement, ToStatement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::sql;
@@ -107,12 +108,21 @@ impl Connector {
         &self.target
     }
 
+    /// The connect timeout.
+    pub(super) fn connect_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Opens a connection and drives it in a task of its own. `on_end` gets
     /// why it ended; a message on `kill` (or dropping its sender) closes it.
     /// The whole connect, handshake and authentication included, is bounded
     /// by the connect timeout (tokio-postgres bounds only the TCP connect).
+    /// The session's settings are dlock's (see `sql::SESSION_DEFAULTS`)
+    /// before anything else is sent, with `lock_timeout` for its
+    /// `lock_timeout`.
     pub(super) async fn open(
         &self,
+        lock_timeout: Duration,
         kill: oneshot::Receiver<String>,
         on_end: impl FnOnce(String) + Send + 'static,
     ) -> Result<Client, Failure> {
@@ -133,10 +143,9 @@ impl Connector {
             }
         };
         tokio::spawn(drive(connection, kill, on_end));
-        // First of all, before any statement that names a function: see
-        // `sql::SESSION_DEFAULTS`.
-        let setup_timeout_ms = self.timeout.as_millis().max(1).to_string();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&setup_timeout_ms];
+        // First of all, before any statement that names a function.
+        let lock_timeout_ms = lock_timeout.as_millis().max(1).to_string();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_timeout_ms];
         let defaults = client.query_one(sql::SESSION_DEFAULTS, &params);
         match timeout(self.timeout, defaults).await {
             Ok(Ok(_)) => Ok(client),
@@ -194,7 +203,11 @@ fn describe(config: &Config) -> String {
 pub(super) struct LockSession {
     pub(super) id: u64,
     pub(super) pid: i32,
-    pub(super) client: Client,
+    client: Client,
+    /// How many answers the server gave on this session, errors included:
+    /// what tells the liveness check that a session whose ping waits behind
+    /// statements the server is still working on is alive.
+    answers: AtomicU64,
     pub(super) try_lock: Statement,
     pub(super) unlock: Statement,
     /// `Some(why)` once the connection has ended.
@@ -252,6 +265,7 @@ impl LockSession {
             id,
             pid,
             client,
+            answers: AtomicU64::new(0),
             try_lock: statements.0,
             unlock: statements.1,
             ended,
@@ -277,6 +291,51 @@ impl LockSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&advisory_key);
+    }
+
+    /// Sends a statement that returns one row on this session.
+    pub(super) async fn query_one<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        let answer = self.client.query_one(statement, params).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// Sends a statement on this session.
+    pub(super) async fn query<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        let answer = self.client.query(statement, params).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// One round trip that runs nothing.
+    pub(super) async fn check_connection(&self) -> Result<(), tokio_postgres::Error> {
+        let answer = self.client.check_connection().await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    fn count_answer<T>(&self, answer: &Result<T, tokio_postgres::Error>) {
+        let answered = match answer {
+            Ok(_) => true,
+            Err(err) => err.as_db_error().is_some(),
+        };
+        if answered {
+            self.answers.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// True once the connection is gone (or going).
@@ -305,10 +364,14 @@ impl LockSession {
 }
 
 /// Pings a lock session every `interval` (a protocol Sync: the cheapest
-/// round trip there is) and ends it when a ping fails or gets no answer
-/// within `interval`: that catches half-open connections the kernel would
-/// only notice much later. Holds the session weakly, so a dropped backend
-/// still closes its connections.
+/// round trip there is) and ends it when a ping fails, or when within
+/// `interval` neither the ping nor anything else sent before it got an
+/// answer: that catches half-open connections the kernel would only notice
+/// much later. A ping queues behind the statements sent before it; each of
+/// those waits at most the session's `lock_timeout` (below `interval`), so
+/// while answers keep coming the session is alive however many wait.
+/// Holds the session weakly, so a dropped backend still closes its
+/// connections.
 pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duration) {
     loop {
         sleep(interval).await;
@@ -318,17 +381,27 @@ pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duratio
         if session.is_ended() {
             return;
         }
-        match timeout(interval, session.client.check_connection()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                session.end(format!("liveness check failed: {err}"));
-                return;
-            }
-            Err(_) => {
-                session.end(format!(
-                    "no answer to a liveness check within {interval:?} (half-open connection?)"
-                ));
-                return;
+        let mut answers = session.answers.load(Ordering::Relaxed);
+        let ping = session.client.check_connection();
+        tokio::pin!(ping);
+        loop {
+            match timeout(interval, &mut ping).await {
+                Ok(Ok(())) => break,
+                Ok(Err(err)) => {
+                    session.end(format!("liveness check failed: {err}"));
+                    return;
+                }
+                Err(_) => {
+                    let now = session.answers.load(Ordering::Relaxed);
+                    if now == answers {
+                        session.end(format!(
+                            "no answer to a liveness check within {interval:?} \
+                             (half-open connection?)"
+                        ));
+                        return;
+                    }
+                    answers = now;
+                }
             }
         }
     }

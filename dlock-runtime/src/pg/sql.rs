@@ -28,10 +28,17 @@
 
 /// Settings of every connection the backend opens, sent first: the search
 /// path (see the module docs; `pg_temp` last, so a temporary table cannot
-/// shadow a relation either) and a `lock_timeout` (milliseconds, as text)
-/// for the setup statements that follow, so a sequence locked by an open
-/// `ALTER SEQUENCE` makes opening a session fail instead of hang. Lock and
-/// wait sessions set their own `lock_timeout` afterwards.
+/// shadow a relation either), and how long a statement may wait for a lock
+/// (`$1`, milliseconds as text).
+///
+/// On a lock session the wait is below the liveness interval. `nextval`
+/// and `setval` wait for an `ALTER SEQUENCE` or a `DROP` left open in
+/// another transaction; without a bound the lock statement would wait as
+/// long as that transaction, the session's liveness ping would queue
+/// behind it and get no answer in time, and the session would be ended
+/// with every lease on it. With it the statement fails fast, with an error
+/// that says why. Set before the session's setup too, which reads the
+/// sequence's position (and so waits for the same lock).
 pub(super) const SESSION_DEFAULTS: &str = "\
 SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
        pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
@@ -179,16 +186,17 @@ FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
       FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
       OFFSET 0) AS w";
 
-/// Sets a wait session's `lock_timeout` (milliseconds, as text).
-pub(super) const SET_LOCK_TIMEOUT: &str =
-    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
-
-/// Makes the server end a lock session that has sent nothing for this long
-/// (milliseconds, as text): a holder process that is frozen or cut off then
-/// loses its locks on the server's side too. PostgreSQL 14 added the
-/// setting; older servers skip it.
-pub(super) const SET_IDLE_SESSION_TIMEOUT: &str = "\
-SELECT CASE WHEN pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
+/// Sets up a lock session and returns its server process id.
+///
+/// `idle_session_timeout` (`$1`, milliseconds as text, or NULL to leave
+/// the server's setting alone) makes the server end a lock session that
+/// has sent nothing for this long: a holder process that is frozen or cut
+/// off then loses its locks on the server's side too. PostgreSQL 14 added
+/// the setting; older servers skip it.
+pub(super) const LOCK_SESSION_SETUP: &str = "\
+SELECT pg_catalog.pg_backend_pid(),
+       CASE WHEN $1::pg_catalog.text IS NOT NULL
+             AND pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
                  >= 140000::pg_catalog.int4
             THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
        END";

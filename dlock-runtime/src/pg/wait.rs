@@ -157,12 +157,9 @@ impl Shared {
 
     async fn open_session(&self) -> Result<WaitSession, Failure> {
         let (close, closed) = oneshot::channel();
-        let client = self.connector.open(closed, |_| {}).await?;
+        // Each probe waits on the server for at most `PROBE_TIMEOUT`.
+        let client = self.connector.open(PROBE_TIMEOUT, closed, |_| {}).await?;
         let setup = async {
-            let timeout_ms = PROBE_TIMEOUT.as_millis().to_string();
-            client
-                .query_one(sql::SET_LOCK_TIMEOUT, &[&timeout_ms])
-                .await?;
             let probe = client.prepare(&self.probe_sql).await?;
             let unlock_all = client.prepare(sql::UNLOCK_ALL).await?;
             Ok::<_, tokio_postgres::Error>((probe, unlock_all))

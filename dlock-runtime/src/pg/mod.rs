@@ -317,6 +317,26 @@ impl PgOptions {
     }
 }
 
+/// True when `conn` is a URL whose first `@` is not in its authority (what
+/// lies between `://` and the first `/`, `?` or `#`) or whose authority has
+/// more than one. tokio-postgres splits the user info at the first `@` of
+/// the whole string, wherever it is, so a password in the query holding an
+/// `@` (`?user=app&password=a@b`) would make everything before that `@` the
+/// user name and the rest the host — shown by every error and by `Debug`.
+fn misplaced_at_sign(conn: &str) -> bool {
+    let Some(rest) = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| conn.strip_prefix(scheme))
+    else {
+        return false;
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest.find('@') {
+        None => false,
+        Some(first) => first > authority_end || rest[first + 1..authority_end].contains('@'),
+    }
+}
+
 /// Checks a schema name and returns it quoted for SQL text (an identifier
 /// cannot be a bound parameter). Also used by the PostgreSQL fence.
 pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
@@ -489,6 +509,16 @@ impl PgBackend {
         let quoted_schema = options.validate()?;
         let connect_error =
             |what: String| LockError::backend(KIND, Operation::Connect, "", Failure::msg(what));
+        if misplaced_at_sign(conn) {
+            return Err(connect_error(
+                "the connection URL has an `@` that does not end its user info (one after the \
+                 host, in the path or the query, or a second one before the host): write every \
+                 `@` in the user name, the password and the query as %40, and `/`, `?` and `#` \
+                 in the user name and the password as %2F, %3F and %23 (the URL is not shown: \
+                 it may hold a password)"
+                    .to_owned(),
+            ));
+        }
         // The parser's messages name the offending option, never its value,
         // so the password cannot leak through them.
         let mut config = Config::from_str(conn)

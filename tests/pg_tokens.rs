@@ -5,6 +5,7 @@
 //! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
 //! again at the end, so the tests run in parallel and repeatedly.
 
+mod pg_support;
 mod support;
 
 use std::sync::Arc;
@@ -1021,4 +1022,168 @@ async fn an_alter_sequence_left_open_fails_acquisitions_fast_and_loses_no_other_
         assert!(hold_once(&backend, key).await > token);
     }
     held.release().await.expect("the held lease is still ours");
+}
+
+/// Two different keys with the same advisory key, checked on the server.
+async fn colliding_keys(admin: &tokio_postgres::Client) -> (LockKey, LockKey) {
+    let (a, b) = pg_support::colliding_keys(&format!(":{}", random_id()));
+    let same: bool = admin
+        .query_one(
+            "SELECT hashtextextended($1::text, 0) = hashtextextended($2::text, 0)",
+            &[&a, &b],
+        )
+        .await
+        .expect("hash both")
+        .get(0);
+    assert!(same && a != b, "{a:?} and {b:?} do not collide");
+    (
+        LockKey::new(a).expect("valid key"),
+        LockKey::new(b).expect("valid key"),
+    )
+}
+
+/// Whether another session can take `key` (and gives it back at once).
+async fn free_on_the_server(admin: &tokio_postgres::Client, key: &LockKey) -> bool {
+    admin
+        .query_one(
+            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
+             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("try the key")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failing_before_it_locks_leaves_another_key_with_the_same_hash_held() {
+    // The sequence is dropped, so the next lock statement fails when it is
+    // planned, before it locks anything. What it "undoes" must not be the
+    // lock of another key with the same 64-bit hash held on the same
+    // session: an unlock by key would drop that lease's lock on the server
+    // while the lease still believes it holds it.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let (held_key, colliding) = colliding_keys(&admin).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &held_key)
+        .await
+        .expect("free");
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop the sequence");
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &colliding)
+        .await;
+    assert!(
+        matches!(attempt, Err(LockError::Held { .. })),
+        "one advisory key, so one lock: {attempt:?}"
+    );
+    assert!(
+        !free_on_the_server(&admin, &held_key).await,
+        "the held lease's lock was dropped on the server"
+    );
+    assert!(held.check().is_ok(), "{:?}", held.check());
+    held.release().await.expect("release");
+    assert!(free_on_the_server(&admin, &held_key).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
+    // An `ALTER SEQUENCE` left open makes the token draw fail after the lock
+    // was taken. Told by the error (a lock timeout in the draw): one unlock
+    // drops exactly this attempt's hold, even when another lease of the
+    // session holds a key with the same hash, which lives on. Not told (a
+    // statement timeout can strike anywhere): the undo unlocks only if no
+    // lease of the session holds that advisory key, and otherwise ends the
+    // session, which drops everything it held and tells its leases.
+    let scratch = Scratch::new();
+    let mut admin = client().await;
+    let observer = client().await;
+    let (held_key, colliding) = colliding_keys(&admin).await;
+    let (timed_held, timed_colliding) = colliding_keys(&admin).await;
+    let lone = fresh_key("statement-timeout");
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    // Statements on these sessions time out (300 ms) before they would
+    // give up waiting for the sequence (1 s).
+    let base = conn();
+    let timing_out = if base.starts_with("postgres") {
+        let sep = if base.contains('?') { '&' } else { '?' };
+        format!("{base}{sep}options=-c%20statement_timeout%3D300")
+    } else {
+        format!("{base} options='-c statement_timeout=300'")
+    };
+    let impatient: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&timing_out, scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &held_key)
+        .await
+        .expect("free");
+    let timed = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &timed_held)
+        .await
+        .expect("free");
+
+    let tx = admin.transaction().await.expect("begin");
+    tx.batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("alter");
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &colliding)
+        .await;
+    let text = attempt.expect_err("the sequence is locked").to_string();
+    assert!(text.contains("locked by another transaction"), "{text}");
+    assert!(
+        !free_on_the_server(&observer, &held_key).await,
+        "the held lease's lock was dropped on the server"
+    );
+    assert!(held.check().is_ok(), "{:?}", held.check());
+
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &lone)
+        .await;
+    let text = attempt.expect_err("the statement timed out").to_string();
+    assert!(text.contains("statement timeout"), "{text}");
+    assert!(
+        free_on_the_server(&observer, &lone).await,
+        "a timed-out lock statement left its lock held"
+    );
+    assert!(timed.check().is_ok(), "{:?}", timed.check());
+
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &timed_colliding)
+        .await;
+    assert!(attempt.is_err(), "{attempt:?}");
+    let lost = within(10, "the lease on the ended session to learn it", async {
+        loop {
+            if let Err(err) = timed.check() {
+                break err;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    assert!(
+        free_on_the_server(&observer, &timed_held).await,
+        "the ended session's lock is gone with it"
+    );
+    tx.commit().await.expect("commit the ALTER");
+
+    held.release().await.expect("release");
+    assert!(free_on_the_server(&observer, &held_key).await);
+    assert!(free_on_the_server(&observer, &colliding).await);
 }

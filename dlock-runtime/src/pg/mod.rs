@@ -450,7 +450,8 @@ enum State {
 
 /// Made only once `session` granted a [`LockSession::claim`] of
 /// `advisory_key`, which its drop gives back: so a session's claims are
-/// exactly the advisory keys of the `Held` entries on it.
+/// exactly the advisory keys of the `Held` entries on it (and, while it
+/// runs, the one of a failed lock statement's undo).
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
@@ -962,18 +963,11 @@ impl Inner {
                 retried = true;
                 continue;
             }
-            // The lock may have been taken before `nextval` failed, and a
-            // session lock outlives its failed statement: drop it again, or
-            // end the session if even that fails.
-            if !err.is_closed()
-                && Box::pin(session.query_one(&self.unlock_key_sql, &params))
-                    .await
-                    .is_err()
-            {
-                session.end(format!("could not undo a failed lock of `{key}`"));
+            // A session lock outlives the statement that took it, so a
+            // failure after `pg_try_advisory_lock` leaves the lock held.
+            if !err.is_closed() && !session.is_ended() {
+                Box::pin(self.undo_failed_lock(&session, key, &err)).await;
             }
-            // Found before anything ran (a prepared statement is re-planned
-            // when the sequence is dropped), so nothing was drawn yet.
             if sql::sequence_missing(&err) && !restored {
                 restored = true;
                 Box::pin(self.restore_objects())
@@ -1066,6 +1060,66 @@ impl Inner {
             token,
             loss: Some(session.loss_group()),
         }))
+    }
+
+    /// Undoes what a lock statement that failed with `err` may have left on
+    /// `session`: the lock of the key's advisory key, if the statement took
+    /// it before a later step failed. Only what this attempt took: a plain
+    /// unlock of the advisory key drops one hold, which, if this attempt
+    /// took none, is the hold of another lease of this session whose key
+    /// has the same 64-bit hash.
+    async fn undo_failed_lock(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        err: &tokio_postgres::Error,
+    ) {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        match sql::lock_left_by(err) {
+            sql::LockLeft::No => {}
+            // This attempt holds the lock (once more, if another lease of
+            // the session holds the same advisory key): one unlock drops
+            // exactly its hold.
+            sql::LockLeft::Yes => {
+                if session
+                    .query_one(&self.unlock_key_sql, &params)
+                    .await
+                    .is_err()
+                {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+            sql::LockLeft::Unknown => {
+                let advisory_key = match session.query_one(sql::ADVISORY_KEY, &params).await {
+                    Ok(row) => row.try_get::<_, i64>(0),
+                    Err(err) => Err(err),
+                };
+                let Ok(advisory_key) = advisory_key else {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                    return;
+                };
+                // A claim of its own while it unlocks: a lease of another
+                // key with the same advisory key that the server grants on
+                // this session meanwhile cannot claim it, and gives its
+                // hold back. (One granted before the unlock but claiming
+                // only after it is the one case left: a 64-bit collision
+                // of two keys taken at that instant on one session.)
+                if !session.claim(advisory_key) {
+                    session.end(format!(
+                        "a lock statement for `{key}` failed without saying whether it took the \
+                         lock, and a lease of another key with the same advisory key holds it on \
+                         this session: only ending the session surely drops what it took"
+                    ));
+                    return;
+                }
+                let unlocked = session.query_one(&session.unlock, &[&advisory_key]).await;
+                session.unclaim(advisory_key);
+                if unlocked.is_err() {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+        }
     }
 
     /// Drops one hold of `advisory_key` on `session` that no lease owns.

@@ -320,6 +320,44 @@ pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// Whether a lock statement ([`TRY_LOCK`]) that failed left its session
+/// holding the key's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LockLeft {
+    /// It failed before `pg_try_advisory_lock` ran.
+    No,
+    /// It failed in the token draw, which runs only once the lock was
+    /// taken.
+    Yes,
+    /// The error does not say where it failed.
+    Unknown,
+}
+
+/// Where a failed [`TRY_LOCK`] stopped, from its error code.
+pub(super) fn lock_left_by(err: &tokio_postgres::Error) -> LockLeft {
+    use tokio_postgres::error::SqlState;
+    match err.code() {
+        // Planning names the sequence (a prepared statement is planned
+        // again once it is dropped), so this is found before anything ran.
+        _ if sequence_missing(err) => LockLeft::No,
+        // Only the draw waits for a lock (`nextval` and `setval`, on the
+        // sequence; `pg_try_advisory_lock` never waits), only it writes (a
+        // read-only transaction, a hot standby), and only it reaches the
+        // sequence's maximum.
+        Some(code)
+            if *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+                || *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED =>
+        {
+            LockLeft::Yes
+        }
+        // A cancel or a statement timeout can strike anywhere, and a
+        // missing privilege can be the schema's (planning) or the
+        // sequence's (the draw).
+        _ => LockLeft::Unknown,
+    }
+}
+
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement.replace("{schema}", quoted_schema)

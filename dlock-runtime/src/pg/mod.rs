@@ -109,6 +109,18 @@
 //! an error that says so, so a ping queued behind such statements still
 //! sees answers, and the session's other leases live on.
 //!
+//! # Runtimes
+//!
+//! A session lock never expires by itself, so the backend's own work — its
+//! connections, ttl enforcement, liveness checks, wait probes, and the rest
+//! of an acquisition or release whose caller gave up — runs on the runtime
+//! the backend was connected on, which must keep running, and not on a
+//! caller's runtime, which may shut down right after. Callers on another
+//! runtime (a `block_on` in a blocking library) have their acquisitions
+//! and releases run there too. If that runtime shuts down, its connections
+//! close with it — the server frees their locks and their leases are told
+//! — and the next caller's runtime takes over.
+//!
 //! # PgBouncer
 //!
 //! Session locks need a real server session: point `PgBackend` at
@@ -117,6 +129,7 @@
 //! the caller's own transaction.
 
 mod expiry;
+mod home;
 mod sequence;
 mod session;
 pub(crate) mod sql;
@@ -145,12 +158,13 @@ use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
 
 use self::expiry::{Expiries, Slot};
+use self::home::{Home, NoRuntime};
 use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
 use crate::backend::{
     Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
 };
-use crate::detach::{AbandonedWith, Detachable, Ignore};
+use crate::detach::{AbandonedWith, Ignore};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -389,6 +403,8 @@ pub struct PgBackend {
 }
 
 struct Inner {
+    /// Where connections are driven and background work runs.
+    home: Arc<Home>,
     connector: Connector,
     options: PgOptions,
     quoted_schema: String,
@@ -553,7 +569,10 @@ impl PgBackend {
             .copied()
             .unwrap_or(options.connect_timeout);
         let tls = tls::connector(&options.tls).map_err(connect_error)?;
-        let connector = Connector::new(config, tls, connect_timeout);
+        let home = Arc::new(Home::here().ok_or_else(|| {
+            connect_error("PgBackend::connect must be called on a Tokio runtime".to_owned())
+        })?);
+        let connector = Connector::new(config, tls, connect_timeout, Arc::clone(&home));
         let waits = Waits::new(
             connector.clone(),
             &quoted_schema,
@@ -574,8 +593,9 @@ impl PgBackend {
             restoring: AsyncMutex::new(None),
             restorations: AtomicU64::new(0),
             keys: Mutex::default(),
-            expiries: Arc::default(),
+            expiries: Arc::new(Expiries::new(Arc::clone(&home))),
             waits,
+            home,
             connector,
             options,
             quoted_schema,
@@ -754,7 +774,7 @@ impl Inner {
             kill,
             loss,
         ));
-        tokio::spawn(session::check_liveness(
+        self.home.spawn(session::check_liveness(
             Arc::downgrade(&session),
             self.options.liveness_interval,
         ));
@@ -942,6 +962,7 @@ impl Inner {
     async fn try_lock(
         self: &Arc<Self>,
         key: &LockKey,
+        in_flight: &mut Option<Arc<LockSession>>,
     ) -> Result<(Arc<LockSession>, i64, Option<i64>), LockError> {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
@@ -949,7 +970,9 @@ impl Inner {
         let mut restored = false;
         loop {
             let session = self.session().await?;
-            let err = match session.query_one(&session.try_lock, &params).await {
+            *in_flight = Some(Arc::clone(&session));
+            let answer = session.query_one(&session.try_lock, &params).await;
+            let err = match answer {
                 Ok(row) => {
                     let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
                     return match parsed {
@@ -968,6 +991,7 @@ impl Inner {
             if !err.is_closed() && !session.is_ended() {
                 Box::pin(self.undo_failed_lock(&session, key, &err)).await;
             }
+            *in_flight = None;
             if sql::sequence_missing(&err) && !restored {
                 restored = true;
                 Box::pin(self.restore_objects())
@@ -1001,14 +1025,18 @@ impl Inner {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Attempt, LockError> {
-        let (session, advisory_key, token) = match self.try_lock(key).await {
+        let mut unfinished = Unfinished::new(self, key, owner);
+        let attempt = self.try_lock(key, &mut unfinished.in_flight).await;
+        let (session, advisory_key, token) = match attempt {
             Ok(answer) => answer,
             Err(err) => {
+                unfinished.finish();
                 self.forget(key, owner);
                 return Err(err);
             }
         };
         let Some(token) = token else {
+            unfinished.finish();
             self.forget(key, owner);
             return Ok(self.held_elsewhere(key));
         };
@@ -1017,6 +1045,7 @@ impl Inner {
             Err(err) => {
                 self.forget(key, owner);
                 Box::pin(self.give_back(&session, advisory_key)).await;
+                unfinished.finish();
                 return Err(err);
             }
         };
@@ -1054,8 +1083,10 @@ impl Inner {
         if !held {
             self.forget(key, owner);
             Box::pin(self.give_back(&session, advisory_key)).await;
+            unfinished.finish();
             return Ok(Attempt::Held { expires_in: None });
         }
+        unfinished.finish();
         Ok(Attempt::Acquired(Grant {
             token,
             loss: Some(session.loss_group()),
@@ -1168,12 +1199,17 @@ impl Inner {
             )
         };
         // Finished even if the caller gives up half-way, so the key cannot
-        // stay marked as releasing for ever.
+        // stay marked as releasing for ever: at home (see `home`).
         let inner = Arc::clone(self);
-        let key = key.clone();
-        let unlocking = Detachable::new(
+        let unlocked_key = key.clone();
+        let unlocked_on = Arc::clone(&session);
+        let unlocking = self.home.run_detachable(
             async move {
+                let key = unlocked_key;
+                let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
+                unfinished.in_flight = Some(Arc::clone(&session));
                 let outcome = session.query_one(&session.unlock, &[&advisory_key]).await;
+                unfinished.finish();
                 inner.forget(&key, entry_owner);
                 match outcome {
                     Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
@@ -1188,8 +1224,76 @@ impl Inner {
             },
             Ignore,
         );
-        Ok(live && unlocking.await?)
+        match unlocking.await {
+            Ok(released) => Ok(live && released?),
+            Err(NoRuntime) => {
+                // Not unlocked, and nowhere to do it: ending the session
+                // frees the lock on the server.
+                self.forget(key, entry_owner);
+                unlocked_on.end(format!("no runtime left to release `{key}` on"));
+                Err(no_runtime(Operation::Release, key))
+            }
+        }
     }
+}
+
+/// Cleans up after work on a key that is dropped before it finished, which
+/// happens only when the runtime running it shuts down: forgets the key's
+/// entry, so this process does not take it for held or being taken for
+/// ever, and ends the session a statement of it was sent on, which may hold
+/// a lock nobody will give back (that session's connection most likely
+/// went with the same runtime; this makes sure).
+struct Unfinished<'a> {
+    inner: &'a Inner,
+    key: &'a LockKey,
+    owner: OwnerId,
+    in_flight: Option<Arc<LockSession>>,
+    finished: bool,
+}
+
+impl<'a> Unfinished<'a> {
+    fn new(inner: &'a Inner, key: &'a LockKey, owner: OwnerId) -> Self {
+        Self {
+            inner,
+            key,
+            owner,
+            in_flight: None,
+            finished: false,
+        }
+    }
+
+    /// The work got to its end: nothing to clean up.
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.inner.forget(self.key, self.owner);
+        if let Some(session) = self.in_flight.take() {
+            session.end(format!(
+                "work on `{}` was dropped half-way (its runtime shut down)",
+                self.key
+            ));
+        }
+    }
+}
+
+/// The error when no runtime is left to run the backend's work on.
+fn no_runtime(operation: Operation, key: &LockKey) -> LockError {
+    LockError::backend(
+        KIND,
+        operation,
+        key.as_str(),
+        Failure::msg(
+            "the runtime the PostgreSQL backend runs on shut down, and no other runtime is \
+             there to take over",
+        ),
+    )
 }
 
 /// Gives back a lock the server granted to a caller that stopped waiting.
@@ -1293,12 +1397,18 @@ impl Backend for PgBackend {
             key: key.clone(),
             owner: *owner,
         };
-        let (inner, key, owner) = (Arc::clone(&self.inner), key.clone(), *owner);
-        Detachable::new(
-            async move { inner.acquire_on_server(&key, owner, ttl).await },
-            give_back,
-        )
-        .await
+        let owner = *owner;
+        let attempt = {
+            let (inner, key) = (Arc::clone(&self.inner), key.clone());
+            async move { inner.acquire_on_server(&key, owner, ttl).await }
+        };
+        match self.inner.home.run_detachable(attempt, give_back).await {
+            Ok(outcome) => outcome,
+            Err(NoRuntime) => {
+                self.inner.forget(key, owner);
+                Err(no_runtime(Operation::Acquire, key))
+            }
+        }
     }
 
     async fn extend(

@@ -16,6 +16,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Config, Row, Statement, ToStatement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::home::{Home, NoRuntime};
 use super::sql;
 use crate::backend::LossGroup;
 use crate::error::LostReason;
@@ -90,17 +91,30 @@ pub(super) struct Connector {
     tls: MakeRustlsConnect,
     timeout: Duration,
     target: String,
+    /// Where connections are opened and driven.
+    home: Arc<Home>,
 }
 
 impl Connector {
-    pub(super) fn new(config: Config, tls: MakeRustlsConnect, timeout: Duration) -> Self {
+    pub(super) fn new(
+        config: Config,
+        tls: MakeRustlsConnect,
+        timeout: Duration,
+        home: Arc<Home>,
+    ) -> Self {
         let target = describe(&config);
         Self {
             config,
             tls,
             timeout,
             target,
+            home,
         }
+    }
+
+    /// Where the backend's work runs.
+    pub(super) fn home(&self) -> &Arc<Home> {
+        &self.home
     }
 
     /// `user@host:port/dbname`, for messages: never the password.
@@ -119,8 +133,29 @@ impl Connector {
     /// by the connect timeout (tokio-postgres bounds only the TCP connect).
     /// The session's settings are dlock's (see `sql::SESSION_DEFAULTS`)
     /// before anything else is sent, with `lock_timeout` for its
-    /// `lock_timeout`.
+    /// `lock_timeout`. Opened at home, whatever runtime asks: the
+    /// connection's socket and its driver belong to the runtime that opens
+    /// it.
     pub(super) async fn open(
+        &self,
+        lock_timeout: Duration,
+        kill: oneshot::Receiver<String>,
+        on_end: impl FnOnce(String) + Send + 'static,
+    ) -> Result<Client, Failure> {
+        let connector = self.clone();
+        self.home
+            .run(async move { connector.open_here(lock_timeout, kill, on_end).await })
+            .await
+            .unwrap_or_else(|NoRuntime| {
+                Err(Failure::msg(format!(
+                    "cannot connect to {}: the runtime the backend runs on shut down, and no \
+                     other runtime is there to take over",
+                    self.target
+                )))
+            })
+    }
+
+    async fn open_here(
         &self,
         lock_timeout: Duration,
         kill: oneshot::Receiver<String>,
@@ -163,11 +198,14 @@ impl Connector {
 
 /// Runs a connection until the server or the network ends it, or until it
 /// is told to stop; dropping the connection closes the socket, and the
-/// server then drops every lock the session held.
-async fn drive<C>(connection: C, kill: oneshot::Receiver<String>, on_end: impl FnOnce(String))
+/// server then drops every lock the session held. `on_end` is told why —
+/// also when the runtime drops this task unfinished as it shuts down.
+async fn drive<C, E>(connection: C, kill: oneshot::Receiver<String>, on_end: E)
 where
     C: Future<Output = Result<(), tokio_postgres::Error>>,
+    E: FnOnce(String),
 {
+    let mut on_end = OnEnd(Some(on_end));
     let reason = tokio::select! {
         ended = connection => match ended {
             Ok(()) => "the server closed the connection".to_owned(),
@@ -178,7 +216,24 @@ where
         },
         why = kill => why.unwrap_or_else(|_| "the backend closed the session".to_owned()),
     };
-    on_end(reason);
+    on_end.call(reason);
+}
+
+/// Calls its function once: with the given reason, or when dropped.
+struct OnEnd<E: FnOnce(String)>(Option<E>);
+
+impl<E: FnOnce(String)> OnEnd<E> {
+    fn call(&mut self, why: String) {
+        if let Some(on_end) = self.0.take() {
+            on_end(why);
+        }
+    }
+}
+
+impl<E: FnOnce(String)> Drop for OnEnd<E> {
+    fn drop(&mut self) {
+        self.call("the runtime driving the connection shut down".to_owned());
+    }
 }
 
 fn describe(config: &Config) -> String {

@@ -809,6 +809,18 @@ impl Inner {
         if !found.schema_exists || !found.sequence_exists {
             let created = async {
                 let tx = client.transaction().await?;
+                // A lock session waits for locks only briefly (see
+                // `sql::SESSION_DEFAULTS`); creating may wait for another
+                // backend creating at the same moment, up to the connect
+                // timeout.
+                let setup_wait = self
+                    .connector
+                    .connect_timeout()
+                    .as_millis()
+                    .max(1)
+                    .to_string();
+                tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
+                    .await?;
                 tx.query_one(sql::SETUP_LOCK, &[]).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.

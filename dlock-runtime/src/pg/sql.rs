@@ -306,8 +306,10 @@ pub(super) const XACT_SWAP_LOCK_TIMEOUT: &str = "\
 SELECT s.prev, pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)
 FROM (SELECT pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev OFFSET 0) AS s";
 
-/// Puts `lock_timeout` back for the rest of the transaction.
-pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
+/// Sets `lock_timeout` for the rest of the transaction (milliseconds, as
+/// text): puts it back after a transaction lock, and lets the creation of
+/// the schema objects wait longer than a lock session's statements.
+pub(super) const SET_LOCAL_LOCK_TIMEOUT: &str =
     "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)";
 
 /// True when a statement failed because the token sequence (or its schema)

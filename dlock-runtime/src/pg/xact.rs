@@ -189,7 +189,7 @@ impl TransactionLock {
                     .try_get(0)
                     .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
                 savepoint
-                    .query_typed_one(sql::XACT_RESTORE_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
+                    .query_typed_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
                     .await
                     .map_err(|e| fail("cannot restore lock_timeout", e))?;
                 savepoint

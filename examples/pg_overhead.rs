@@ -7,6 +7,7 @@
 //!
 //! ```sh
 //! cargo run --release --example pg_overhead             # 127.0.0.1:5432
+//! cargo run --release --example pg_overhead -- 8        # 8 tasks instead of 64
 //! DLOCK_PG_URL=postgresql://... cargo run --release --example pg_overhead
 //! ```
 //!
@@ -23,7 +24,7 @@ use tokio::time::Instant;
 
 type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-const TASKS: usize = 64;
+const DEFAULT_TASKS: usize = 64;
 const ROUND: Duration = Duration::from_millis(700);
 const PAIRS: usize = 12;
 
@@ -39,6 +40,10 @@ async fn main() -> Res<()> {
     let conn = std::env::var("DLOCK_PG_URL").unwrap_or_else(|_| {
         "host=127.0.0.1 port=5432 user=postgres dbname=test sslmode=disable".to_owned()
     });
+    let tasks = match std::env::args().nth(1) {
+        Some(arg) => arg.parse()?,
+        None => DEFAULT_TASKS,
+    };
     let backend: Arc<dyn Backend> = Arc::new(PgBackend::connect(&conn).await?);
     // As many raw connections as dlock has lock sessions by default.
     let mut raw = Vec::new();
@@ -56,28 +61,37 @@ async fn main() -> Res<()> {
         }));
     }
     let prefix = format!("pg-overhead:{}", std::process::id());
-    round(false, &backend, &raw, &prefix).await?; // warm-up
+    round(tasks, false, &backend, &raw, &prefix).await?; // warm-up
     let (mut cpu, mut cycles) = ([0.0f64; 2], [0u64; 2]);
     let mut ratios = Vec::new();
+    let mut rate_samples = [Vec::new(), Vec::new()];
     for pair in 0..PAIRS {
         let mut rates = [0.0f64; 2];
         // Which goes first alternates, so neither always follows the other.
         for floor in [pair % 2 == 0, pair % 2 == 1] {
             let side = usize::from(floor);
             let before = cpu_seconds()?;
-            let done = round(floor, &backend, &raw, &prefix).await?;
+            let done = round(tasks, floor, &backend, &raw, &prefix).await?;
             cpu[side] += cpu_seconds()? - before;
             cycles[side] += done;
             rates[side] = done as f64 / ROUND.as_secs_f64();
+            rate_samples[side].push(rates[side]);
         }
         ratios.push(rates[0] / rates[1]);
     }
     ratios.sort_by(f64::total_cmp);
+    for samples in &mut rate_samples {
+        samples.sort_by(f64::total_cmp);
+    }
+    let median_rate = |side: usize| rate_samples[side][rate_samples[side].len() / 2];
     let per_cycle = |side: usize| cpu[side] / cycles[side] as f64 * 1e6;
     println!(
-        "{TASKS} tasks, {PAIRS} pairs of {ROUND:?} rounds\n\
+        "{tasks} tasks, {PAIRS} pairs of {ROUND:?} rounds\n\
+         cycles/s (median round): dlock {:.0}, floor {:.0}\n\
          client CPU per cycle: dlock {:.1} µs, floor {:.1} µs (+{:.1} µs)\n\
          dlock / floor throughput: median {:.3} (min {:.3}, max {:.3})",
+        median_rate(0),
+        median_rate(1),
         per_cycle(0),
         per_cycle(1),
         per_cycle(0) - per_cycle(1),
@@ -88,20 +102,21 @@ async fn main() -> Res<()> {
     Ok(())
 }
 
-/// One round of `TASKS` tasks cycling on keys of their own; the cycles done.
+/// One round of `tasks` tasks cycling on keys of their own; the cycles done.
 async fn round(
+    tasks: usize,
     floor: bool,
     backend: &Arc<dyn Backend>,
     raw: &[Arc<Raw>],
     prefix: &str,
 ) -> Res<u64> {
     let end = Instant::now() + ROUND;
-    let mut tasks = Vec::new();
-    for i in 0..TASKS {
+    let mut handles = Vec::new();
+    for i in 0..tasks {
         let backend = Arc::clone(backend);
         let raw = Arc::clone(&raw[i % raw.len()]);
         let key = LockKey::new(format!("{prefix}:{i}"))?;
-        tasks.push(tokio::spawn(async move {
+        handles.push(tokio::spawn(async move {
             let options = LockOptions::new(Duration::from_secs(30));
             let mut done = 0u64;
             while Instant::now() < end {
@@ -125,8 +140,8 @@ async fn round(
         }));
     }
     let mut total = 0;
-    for task in tasks {
-        total += task.await??;
+    for handle in handles {
+        total += handle.await??;
     }
     Ok(total)
 }

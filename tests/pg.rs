@@ -641,3 +641,160 @@ async fn a_transaction_lock_wait_above_the_lock_timeout_limit_is_refused_before_
         .expect("a free key, under the longest lock_timeout");
     tx.rollback().await.expect("rollback");
 }
+
+/// Runs `work` on a runtime of its own, on a thread of its own, and shuts
+/// that runtime down when `work` returns: a `block_on` at start-up, a
+/// blocking library's runtime, a test harness's.
+fn on_a_short_lived_runtime<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let out = runtime.block_on(work);
+        drop(runtime);
+        out
+    })
+    .join()
+    .expect("the short-lived runtime's thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_on_short_lived_runtimes_that_give_up_leave_no_key_held() {
+    // A backend made on the main runtime (as one registered at start-up
+    // is), used from runtimes that shut down right after: each call gives up
+    // at some point, and its runtime is gone before anything it left behind
+    // could run there. PostgreSQL session locks never expire by themselves,
+    // so whatever the backend must still do (give back a lock granted too
+    // late, finish an unlock, enforce the ttl) has to run somewhere that
+    // lives on.
+    let backend = pg().await;
+    let other: Arc<dyn Backend> = Arc::new(pg().await);
+    let ttl = Duration::from_secs(2);
+    let mut keys = Vec::new();
+    for i in 0..40u64 {
+        let key = fresh_key(&format!("short-runtime-{i}"));
+        keys.push(key.clone());
+        let backend: Arc<dyn Backend> = Arc::new(backend.clone());
+        on_a_short_lived_runtime(async move {
+            let options = LockOptions::new(ttl);
+            let patience = Duration::from_micros(50 * i);
+            match i % 4 {
+                // Gives up on the acquisition.
+                0 | 1 => {
+                    let _ = tokio::time::timeout(patience, options.acquire_on(backend, key)).await;
+                }
+                // Gives up on the release.
+                2 => {
+                    if let Ok(lease) = options.acquire_on(backend, key).await {
+                        let _ = tokio::time::timeout(patience, lease.release()).await;
+                    }
+                }
+                // Drops the lease with the runtime, unreleased.
+                _ => {
+                    if let Ok(lease) = options.acquire_on(backend, key).await {
+                        std::mem::forget(lease);
+                    }
+                }
+            }
+        });
+    }
+    // Past the ttl, every key is free: for another process, and for the
+    // backend itself.
+    tokio::time::sleep(ttl + Duration::from_millis(500)).await;
+    let mut held = Vec::new();
+    let backend: Arc<dyn Backend> = Arc::new(backend);
+    for key in &keys {
+        for (side, who) in [(&other, "another process"), (&backend, "the same backend")] {
+            let attempt = LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                .acquire_on(Arc::clone(side), key)
+                .await;
+            match attempt {
+                Ok(lease) => lease.release().await.expect("release"),
+                Err(err) => held.push(format!("{key} for {who}: {err}")),
+            }
+        }
+    }
+    assert!(held.is_empty(), "keys still held: {held:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_whose_runtime_shut_down_frees_what_it_held_and_works_from_another() {
+    // Connected, and a lease taken, on a runtime that then shuts down (a
+    // `block_on` at start-up); used afterwards from this one.
+    let key = fresh_key("runtime-gone");
+    let (backend, lease) = on_a_short_lived_runtime({
+        let key = key.clone();
+        async move {
+            let backend = pg().await;
+            let lease = LockOptions::new(Duration::from_secs(60))
+                .acquire_on(Arc::new(backend.clone()), &key)
+                .await
+                .expect("free");
+            (backend, lease)
+        }
+    });
+    // The lease cannot be kept without that runtime: it is told, and the
+    // lock is gone on the server, so nothing holds the key for good.
+    let lost = within(10, "the lease to be told", async {
+        loop {
+            if let Err(err) = lease.check() {
+                break err;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    let observer = raw_client().await;
+    let free: bool = observer
+        .query_one(
+            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
+             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("try the key")
+        .get(0);
+    assert!(free, "the key is still held on the server");
+    drop(lease);
+
+    // The backend goes on from this runtime: the key again, a lease that
+    // really holds, and a ttl enforced here.
+    let shared: Arc<dyn Backend> = Arc::new(backend.clone());
+    let other: Arc<dyn Backend> = Arc::new(pg().await);
+    let again = within(10, "the key again", async {
+        LockOptions::new(Duration::from_secs(60))
+            .acquire_on(Arc::clone(&shared), &key)
+            .await
+    })
+    .await
+    .expect("the key is free for the backend that held it");
+    let meanwhile = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::clone(&other), &key)
+        .await;
+    assert!(
+        matches!(meanwhile, Err(LockError::Held { .. })),
+        "{meanwhile:?}"
+    );
+    again.release().await.expect("release");
+    let short = fresh_key("runtime-gone-ttl");
+    let abandoned = LockOptions::new(Duration::from_secs(1))
+        .renew(false)
+        .acquire_on(Arc::clone(&shared), &short)
+        .await
+        .expect("free");
+    std::mem::forget(abandoned);
+    let after_ttl = within(10, "the abandoned lease's ttl", async {
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(5))
+            .acquire_on(Arc::clone(&other), &short)
+            .await
+    })
+    .await
+    .expect("the ttl freed the key");
+    after_ttl.release().await.expect("release");
+}

@@ -17,8 +17,9 @@ use std::time::Duration;
 use support::within;
 
 use dlock::backend::OwnerId;
+use dlock::fence::pg::PgFence;
 use dlock::pg::tokio_postgres::{self, NoTls};
-use dlock::pg::{PgBackend, PgOptions, TlsVerification};
+use dlock::pg::{PgBackend, PgOptions, TlsVerification, TransactionLock};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
 use pg_support::{OwnServer, PASSWORD, PASSWORD_IN_URL, free_port, shared_conn};
 use tokio::time::Instant;
@@ -643,4 +644,285 @@ fn support_dir(label: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("dlock-{label}-{id}"));
     std::fs::create_dir_all(&dir).expect("directory");
     dir
+}
+
+/// Connects a plain client (as an application or a DBA would) and drives it.
+async fn plain_client(conn: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(conn, NoTls)
+        .await
+        .expect("plain connection");
+    tokio::spawn(connection);
+    client
+}
+
+/// What a role with CREATE on `public` (every role before PostgreSQL 15,
+/// and every database upgraded from one) can put in the lock role's way:
+/// functions named like the ones dlock calls — with dlock's argument types
+/// and with `text` ones, which an untyped literal prefers — and a `<=`
+/// operator on `bigint`. Each logs that it ran, as whom, and lies: a
+/// token of its choosing, a lock that is not taken, a stale write that
+/// passes. The lock role's `search_path` puts `public` first, as a DBA's
+/// `ALTER ROLE … SET search_path` can. None of it may run in a statement
+/// dlock sends — on its own sessions, in the caller's `TransactionLock`
+/// transaction, or in `PgFence::accept`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_and_operators_shadowed_on_the_search_path_never_run_in_locks_tokens_or_fences() {
+    let server = OwnServer::start();
+    let admin_conn = server.conn(PASSWORD, "");
+    let admin = plain_client(&admin_conn).await;
+    admin
+        .batch_execute(
+            "CREATE ROLE app LOGIN PASSWORD 'app-pw';
+             CREATE ROLE mallory LOGIN PASSWORD 'mallory-pw';
+             GRANT CREATE ON SCHEMA public TO PUBLIC;
+             ALTER ROLE app SET search_path = public, pg_catalog;
+             CREATE SCHEMA dlock;
+             CREATE SEQUENCE dlock.dlock_token_seq AS bigint;
+             GRANT USAGE ON SCHEMA dlock TO app;
+             GRANT USAGE, UPDATE ON SEQUENCE dlock.dlock_token_seq TO app;
+             CREATE TABLE dlock.dlock_fence (resource text PRIMARY KEY, token bigint NOT NULL);
+             GRANT SELECT, INSERT, UPDATE ON dlock.dlock_fence TO app;
+             CREATE TABLE public.loot (who text, what text);
+             GRANT INSERT ON public.loot TO PUBLIC;",
+        )
+        .await
+        .expect("roles and objects");
+    let mallory = plain_client(&format!(
+        "host=127.0.0.1 port={} user=mallory password=mallory-pw dbname=postgres",
+        server.port
+    ))
+    .await;
+    mallory
+        .batch_execute(
+            "CREATE FUNCTION public.ran(what text) RETURNS boolean LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ INSERT INTO public.loot VALUES (current_user, what); SELECT true $$;
+             CREATE FUNCTION public.nextval(text) RETURNS bigint LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT 9000000000000000000 FROM (SELECT public.ran('nextval(text)')) AS r $$;
+             CREATE FUNCTION public.nextval(regclass) RETURNS bigint LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT 9000000000000000000 FROM (SELECT public.ran('nextval(regclass)')) AS r $$;
+             CREATE FUNCTION public.setval(regclass, bigint) RETURNS bigint LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT 9000000000000000000 FROM (SELECT public.ran('setval')) AS r $$;
+             CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT timestamptz '2000-01-01' FROM (SELECT public.ran('clock_timestamp')) AS r $$;
+             CREATE FUNCTION public.hashtextextended(text, bigint) RETURNS bigint LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT 42::bigint FROM (SELECT public.ran('hashtextextended')) AS r $$;
+             CREATE FUNCTION public.pg_try_advisory_lock(bigint) RETURNS boolean LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT public.ran('pg_try_advisory_lock') $$;
+             CREATE FUNCTION public.pg_try_advisory_xact_lock(bigint) RETURNS boolean LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT public.ran('pg_try_advisory_xact_lock') $$;
+             CREATE FUNCTION public.pg_advisory_xact_lock(bigint) RETURNS void LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT FROM (SELECT public.ran('pg_advisory_xact_lock')) AS r $$;
+             CREATE FUNCTION public.pg_advisory_unlock(bigint) RETURNS boolean LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT public.ran('pg_advisory_unlock') $$;
+             CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT 1 FROM (SELECT public.ran('pg_backend_pid')) AS r $$;
+             CREATE FUNCTION public.current_setting(text) RETURNS text LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT '0' FROM (SELECT public.ran('current_setting')) AS r $$;
+             CREATE FUNCTION public.set_config(text, text, boolean) RETURNS text LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT $2 FROM (SELECT public.ran('set_config')) AS r $$;
+             CREATE FUNCTION public.always(bigint, bigint) RETURNS boolean LANGUAGE sql
+               SET search_path = pg_catalog AS
+               $$ SELECT public.ran('operator <=') $$;
+             CREATE OPERATOR public.<= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = public.always);",
+        )
+        .await
+        .expect("mallory's functions and operator");
+
+    let app_conn = format!(
+        "host=127.0.0.1 port={} user=app password=app-pw dbname=postgres",
+        server.port
+    );
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect(&app_conn)
+            .await
+            .expect("the lock role connects"),
+    );
+    let other: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect(&admin_conn)
+            .await
+            .expect("another process connects"),
+    );
+    let key = fresh_key("search-path");
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64;
+
+    // PgBackend: the lock is really taken, and tokens are the clock's.
+    let first = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::clone(&backend), &key)
+        .await
+        .expect("free");
+    let meanwhile = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::clone(&other), &key)
+        .await;
+    assert!(
+        matches!(meanwhile, Err(LockError::Held { .. })),
+        "another process took the key while it was held: {meanwhile:?}"
+    );
+    let first_token = first.token();
+    first.release().await.expect("release");
+    let second = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::clone(&backend), &key)
+        .await
+        .expect("free again");
+    let second_token = second.token();
+    second.release().await.expect("release");
+    assert!(
+        second_token > first_token,
+        "{first_token} -> {second_token}"
+    );
+    for token in [first_token, second_token] {
+        assert!(
+            token.get().abs_diff(now_us) < 3_600_000_000,
+            "token {token} is not the server clock in µs (about {now_us})"
+        );
+    }
+
+    // TransactionLock in the lock role's own transaction (its search_path).
+    let mut app = plain_client(&app_conn).await;
+    let admin_tx_conn = plain_client(&admin_conn).await;
+    let mut xact_tokens = Vec::new();
+    // Without a wait, and with one (which swaps lock_timeout around a
+    // waiting lock statement).
+    for wait in [Duration::ZERO, Duration::from_secs(1)] {
+        let mut tx = app.transaction().await.expect("begin");
+        let token = TransactionLock::new()
+            .wait(wait)
+            .acquire(&mut tx, key.as_str())
+            .await
+            .expect("transaction lock");
+        let taken_elsewhere: bool = admin_tx_conn
+            .query_one(
+                "SELECT pg_try_advisory_lock(hashtextextended($1::text, 0))",
+                &[&key.as_str()],
+            )
+            .await
+            .expect("try elsewhere")
+            .get(0);
+        assert!(
+            !taken_elsewhere,
+            "the transaction lock was not taken on the server"
+        );
+        tx.commit().await.expect("commit");
+        xact_tokens.push(token);
+    }
+    assert!(
+        xact_tokens[0] > second_token && xact_tokens[1] > xact_tokens[0],
+        "{second_token} -> {xact_tokens:?}"
+    );
+
+    // PgFence in the lock role's transaction: a stale token is refused.
+    let fence = PgFence::new();
+    let tx = app.transaction().await.expect("begin");
+    fence
+        .accept(&tx, "search-path:resource", second_token)
+        .await
+        .expect("the current holder writes");
+    tx.commit().await.expect("commit");
+    let tx = app.transaction().await.expect("begin");
+    let stale = fence.accept(&tx, "search-path:resource", first_token).await;
+    tx.rollback().await.expect("rollback");
+    assert!(
+        matches!(stale, Err(LockError::StaleToken { .. })),
+        "a stale write was accepted: {stale:?}"
+    );
+
+    let ran: Vec<String> = admin
+        .query(
+            "SELECT what || ' x' || count(*) FROM public.loot WHERE who = 'app' GROUP BY what",
+            &[],
+        )
+        .await
+        .expect("loot")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert!(
+        ran.is_empty(),
+        "mallory's code ran as the lock role: {ran:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_statements_move_the_sequence_without_waiting_for_a_wal_flush() {
+    // Nearly every lock statement `setval`s the token sequence (the clock
+    // has moved on since the last one), which writes WAL and takes a
+    // transaction id; its commit must not wait for that WAL to be written
+    // out, or every lock would cost a disk flush. Counted on a server of
+    // the test's own: WAL records written by the lock sessions, and the
+    // times WAL was written out, which a synchronous commit does once per
+    // transaction.
+    let server = OwnServer::start();
+    let admin = plain_client(&server.conn(PASSWORD, "")).await;
+    let backend = PgBackend::connect(&server.conn(PASSWORD, ""))
+        .await
+        .expect("connect");
+    let shared: Arc<dyn Backend> = Arc::new(backend.clone());
+    let pids = backend.session_pids().await;
+    admin
+        .query_one("SELECT pg_stat_reset_shared('wal')", &[])
+        .await
+        .expect("reset the WAL statistics");
+    const LOCKS: i64 = 300;
+    for i in 0..LOCKS {
+        let lease = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(&shared), fresh_key(&format!("wal-{i}")))
+            .await
+            .expect("free");
+        lease.release().await.expect("release");
+    }
+    // A server process reports its WAL statistics when it exits: end the
+    // lock sessions, and wait until they are gone.
+    drop(shared);
+    drop(backend);
+    within(10, "the lock sessions to end", async {
+        loop {
+            let left: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)",
+                    &[&pids],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    admin
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .expect("fresh statistics");
+    let row = admin
+        .query_one("SELECT wal_records, wal_write FROM pg_stat_wal", &[])
+        .await
+        .expect("pg_stat_wal");
+    let (records, writes): (i64, i64) = (row.get(0), row.get(1));
+    eprintln!("{LOCKS} locks: {records} WAL records, WAL written out {writes} times");
+    assert!(
+        records >= LOCKS,
+        "the lock statements moved the sequence (a WAL record each): {records} records"
+    );
+    assert!(
+        writes < LOCKS / 4,
+        "{LOCKS} locks wrote WAL out {writes} times: their commits waited for it"
+    );
 }

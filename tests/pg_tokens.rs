@@ -5,6 +5,7 @@
 //! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
 //! again at the end, so the tests run in parallel and repeatedly.
 
+mod pg_support;
 mod support;
 
 use std::sync::Arc;
@@ -641,6 +642,63 @@ async fn a_pre_created_sequence_with_every_fault_is_refused_with_one_alter_for_a
     .await;
 }
 
+#[tokio::test]
+async fn a_pre_created_sequence_far_ahead_of_the_clock_is_refused_with_the_restart_that_fixes_it() {
+    // Its tokens would come from the sequence alone; recreated or restored
+    // later, tokens would fall back to the clock, below every one it gave.
+    refused_with_a_fix_that_works(
+        "AS bigint START WITH 4000000000000000000",
+        &[
+            "stands at 4000000000000000000",
+            "ahead of the server clock",
+            "clock floor could not",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_far_ahead_of_the_clock_while_running_is_refused_when_a_lock_session_reopens()
+ {
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let key = fresh_key("far-ahead");
+    hold_once(&backend, &key).await;
+
+    admin
+        .query_one(
+            &format!("SELECT setval('{}', 4000000000000000000)", scratch.seq()),
+            &[],
+        )
+        .await
+        .expect("setval");
+    terminate_lock_sessions(&admin, &pg).await;
+    let err = within(20, "an acquisition on a reopened session", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(30))
+                .acquire_on(Arc::clone(&backend), &key)
+                .await
+            {
+                Err(err) if err.to_string().contains("ahead of the server clock") => break err,
+                Err(err) => eprintln!("not yet: {err}"),
+                Ok(lease) => {
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    panic!("a session opened on a sequence far ahead of the clock (token {token})");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    eprintln!("{err}");
+    assert!(err.to_string().contains("START WITH 1 RESTART;"), "{err}");
+}
+
 /// Not a regression test (today's code accepts it too): guards against
 /// refusing a sequence a DBA set up well, with other settings than dlock's.
 #[tokio::test]
@@ -776,4 +834,356 @@ async fn tokens_of_each_key_rise_while_sessions_race_to_move_the_sequence_up() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let times = setting_back.await.expect("setter");
     assert!(times > 0, "the sequence was set back while they ran");
+}
+
+/// The sequence's last value, as a DBA reads it.
+async fn last_value(admin: &tokio_postgres::Client, seq: &str) -> i64 {
+    admin
+        .query_one(&format!("SELECT last_value FROM {seq}"), &[])
+        .await
+        .expect("read the sequence")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sequence_holds_at_least_every_token_handed_out_so_a_clock_step_back_cannot_lower_tokens()
+ {
+    // A server clock that steps back (NTP stepping, a VM restored from a
+    // snapshot) must not lower a key's next token: the sequence has to hold
+    // at least the key's last token the moment it is handed out, so that
+    // the next `nextval` beats it whatever the clock says. Checked directly,
+    // while each holder still holds the key, by contenders on separate
+    // sessions (three backends, as three processes) and in transactions,
+    // and again after the sequence was set back.
+    let scratch = Scratch::new();
+    let admin = Arc::new(client().await);
+    let key = fresh_key("seq-holds-token");
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        let backend: Arc<dyn Backend> = Arc::new(
+            PgBackend::connect_with(&conn(), scratch.options().sessions(2))
+                .await
+                .expect("connect"),
+        );
+        backends.push(backend);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..8usize {
+        let (key, admin, seq) = (key.clone(), Arc::clone(&admin), scratch.seq());
+        let backend = Arc::clone(&backends[i % backends.len()]);
+        let lock = scratch.xact().wait(Duration::from_secs(10));
+        tasks.push(tokio::spawn(async move {
+            let mut app = client().await;
+            let mut tokens = Vec::new();
+            for round in 0..25 {
+                // Each token is checked against the sequence before the
+                // key is let go, so no later holder has drawn yet.
+                let (token, behind) = if (i + round) % 4 == 0 {
+                    let mut tx = app.transaction().await.expect("begin");
+                    let token = lock.acquire(&mut tx, &key).await.expect("free in time");
+                    let last = last_value(&admin, &seq).await;
+                    tx.commit().await.expect("commit");
+                    (token, last)
+                } else {
+                    let lease = LockOptions::new(Duration::from_secs(30))
+                        .wait(Duration::from_secs(10))
+                        .acquire_on(Arc::clone(&backend), &key)
+                        .await
+                        .expect("free in time");
+                    let last = last_value(&admin, &seq).await;
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    (token, last)
+                };
+                assert!(
+                    behind >= token.get() as i64,
+                    "contender {i}, round {round}: the sequence holds {behind} right after \
+                     token {token} was handed out, {} µs below it",
+                    token.get() as i64 - behind
+                );
+                tokens.push(token);
+            }
+            tokens
+        }));
+    }
+    let mut all = Vec::new();
+    within(120, "the contenders", async {
+        for task in tasks {
+            all.extend(task.await.expect("the sequence held every token"));
+        }
+    })
+    .await;
+    all.sort();
+    all.dedup();
+    assert_eq!(
+        all.len(),
+        8 * 25,
+        "every holder of the key got a token of its own"
+    );
+
+    // Set back (a restore, a DBA): the clock floors the next token, and the
+    // draw moves the sequence up to it again.
+    admin
+        .query_one(&format!("SELECT setval('{}', 1)", scratch.seq()), &[])
+        .await
+        .expect("setval");
+    let highest = all.last().copied().expect("tokens");
+    let mut previous = highest;
+    for round in 0..5 {
+        let backend = &backends[round % backends.len()];
+        let lease = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(backend), &key)
+            .await
+            .expect("free");
+        let last = last_value(&admin, &scratch.seq()).await;
+        let token = lease.token();
+        lease.release().await.expect("release");
+        assert!(token > previous, "{token} after {previous} (set back)");
+        assert!(
+            last >= token.get() as i64,
+            "{last} below token {token} after the set-back"
+        );
+        previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_alter_sequence_left_open_fails_acquisitions_fast_and_loses_no_other_lease() {
+    // A DBA runs the very `ALTER SEQUENCE` dlock's refusals suggest, in a
+    // transaction left open. `nextval` waits for its lock. Lock statements
+    // must give up fast with an error that says why, instead of holding up
+    // the lock session until its liveness check ends it — with every other
+    // lease on it — however many of them queue on the session.
+    let scratch = Scratch::new();
+    let mut admin = client().await;
+    let pg = PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), fresh_key("held-during-alter"))
+        .await
+        .expect("free");
+
+    let tx = admin.transaction().await.expect("begin");
+    tx.batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("alter");
+    let others: Vec<LockKey> = (0..6)
+        .map(|i| fresh_key(&format!("during-alter-{i}")))
+        .collect();
+    let attempts: Vec<_> = others
+        .iter()
+        .map(|key| {
+            let (backend, key) = (Arc::clone(&backend), key.clone());
+            tokio::spawn(async move {
+                LockOptions::new(Duration::from_secs(60))
+                    .acquire_on(backend, key)
+                    .await
+                    .map(|lease| lease.token())
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    within(15, "the acquisitions while the ALTER is open", async {
+        for attempt in attempts {
+            answers.push(attempt.await.expect("attempt"));
+        }
+    })
+    .await;
+    // Still open: every answer came while the ALTER held the sequence, and
+    // the held lease lived through more than two liveness intervals.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let still_held = held.check();
+    tx.commit().await.expect("commit the ALTER");
+
+    for answer in &answers {
+        let err = answer.as_ref().expect_err("the sequence was locked");
+        let text = err.to_string();
+        assert!(
+            text.contains("locked by another transaction") && text.contains("try again"),
+            "{text}"
+        );
+    }
+    eprintln!("{}", answers[0].as_ref().expect_err("refused"));
+    assert!(
+        still_held.is_ok(),
+        "an unrelated lease was lost: {still_held:?}"
+    );
+
+    // Nothing was left held: the keys are free, here and for another process.
+    let other_process: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options())
+            .await
+            .expect("connect"),
+    );
+    for key in &others {
+        let token = hold_once(&other_process, key).await;
+        assert!(hold_once(&backend, key).await > token);
+    }
+    held.release().await.expect("the held lease is still ours");
+}
+
+/// Two different keys with the same advisory key, checked on the server.
+async fn colliding_keys(admin: &tokio_postgres::Client) -> (LockKey, LockKey) {
+    let (a, b) = pg_support::colliding_keys(&format!(":{}", random_id()));
+    let same: bool = admin
+        .query_one(
+            "SELECT hashtextextended($1::text, 0) = hashtextextended($2::text, 0)",
+            &[&a, &b],
+        )
+        .await
+        .expect("hash both")
+        .get(0);
+    assert!(same && a != b, "{a:?} and {b:?} do not collide");
+    (
+        LockKey::new(a).expect("valid key"),
+        LockKey::new(b).expect("valid key"),
+    )
+}
+
+/// Whether another session can take `key` (and gives it back at once).
+async fn free_on_the_server(admin: &tokio_postgres::Client, key: &LockKey) -> bool {
+    admin
+        .query_one(
+            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
+             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("try the key")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failing_before_it_locks_leaves_another_key_with_the_same_hash_held() {
+    // The sequence is dropped, so the next lock statement fails when it is
+    // planned, before it locks anything. What it "undoes" must not be the
+    // lock of another key with the same 64-bit hash held on the same
+    // session: an unlock by key would drop that lease's lock on the server
+    // while the lease still believes it holds it.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let (held_key, colliding) = colliding_keys(&admin).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &held_key)
+        .await
+        .expect("free");
+    admin
+        .batch_execute(&format!("DROP SEQUENCE {}", scratch.seq()))
+        .await
+        .expect("drop the sequence");
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &colliding)
+        .await;
+    assert!(
+        matches!(attempt, Err(LockError::Held { .. })),
+        "one advisory key, so one lock: {attempt:?}"
+    );
+    assert!(
+        !free_on_the_server(&admin, &held_key).await,
+        "the held lease's lock was dropped on the server"
+    );
+    assert!(held.check().is_ok(), "{:?}", held.check());
+    held.release().await.expect("release");
+    assert!(free_on_the_server(&admin, &held_key).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
+    // An `ALTER SEQUENCE` left open makes the token draw fail after the lock
+    // was taken. Told by the error (a lock timeout in the draw): one unlock
+    // drops exactly this attempt's hold, even when another lease of the
+    // session holds a key with the same hash, which lives on. Not told (a
+    // statement timeout can strike anywhere): the undo unlocks only if no
+    // lease of the session holds that advisory key, and otherwise ends the
+    // session, which drops everything it held and tells its leases.
+    let scratch = Scratch::new();
+    let mut admin = client().await;
+    let observer = client().await;
+    let (held_key, colliding) = colliding_keys(&admin).await;
+    let (timed_held, timed_colliding) = colliding_keys(&admin).await;
+    let lone = fresh_key("statement-timeout");
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    // Statements on these sessions time out (300 ms) before they would
+    // give up waiting for the sequence (1 s).
+    let base = conn();
+    let timing_out = if base.starts_with("postgres") {
+        let sep = if base.contains('?') { '&' } else { '?' };
+        format!("{base}{sep}options=-c%20statement_timeout%3D300")
+    } else {
+        format!("{base} options='-c statement_timeout=300'")
+    };
+    let impatient: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&timing_out, scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &held_key)
+        .await
+        .expect("free");
+    let timed = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &timed_held)
+        .await
+        .expect("free");
+
+    let tx = admin.transaction().await.expect("begin");
+    tx.batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("alter");
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&backend), &colliding)
+        .await;
+    let text = attempt.expect_err("the sequence is locked").to_string();
+    assert!(text.contains("locked by another transaction"), "{text}");
+    assert!(
+        !free_on_the_server(&observer, &held_key).await,
+        "the held lease's lock was dropped on the server"
+    );
+    assert!(held.check().is_ok(), "{:?}", held.check());
+
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &lone)
+        .await;
+    let text = attempt.expect_err("the statement timed out").to_string();
+    assert!(text.contains("statement timeout"), "{text}");
+    assert!(
+        free_on_the_server(&observer, &lone).await,
+        "a timed-out lock statement left its lock held"
+    );
+    assert!(timed.check().is_ok(), "{:?}", timed.check());
+
+    let attempt = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(Arc::clone(&impatient), &timed_colliding)
+        .await;
+    assert!(attempt.is_err(), "{attempt:?}");
+    let lost = within(10, "the lease on the ended session to learn it", async {
+        loop {
+            if let Err(err) = timed.check() {
+                break err;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    assert!(
+        free_on_the_server(&observer, &timed_held).await,
+        "the ended session's lock is gone with it"
+    );
+    tx.commit().await.expect("commit the ALTER");
+
+    held.release().await.expect("release");
+    assert!(free_on_the_server(&observer, &held_key).await);
+    assert!(free_on_the_server(&observer, &colliding).await);
 }

@@ -720,3 +720,52 @@ async fn an_unencoded_at_sign_in_a_postgres_url_password_is_refused_without_show
         &traced(),
     );
 }
+
+#[tokio::test]
+async fn an_at_sign_after_the_host_of_a_postgres_url_is_refused_without_showing_it() {
+    capture_traces();
+    // The URL parser splits the user info at the first `@` of the whole
+    // string, wherever it is: with the password in the query (or an `@` in
+    // the path), everything before that `@` — host, path, query, the start
+    // of the password — would pass for the user name, and the rest for the
+    // host.
+    for (conn, secrets) in [
+        (
+            "postgresql://localhost/test?user=postgres&password=Qry-pw-Z7@k9secret",
+            &["Qry-pw-Z7", "k9secret"][..],
+        ),
+        (
+            "postgres://127.0.0.1:5432/test?password=Qp2-Mw8@tail-Vb4&user=postgres",
+            &["Qp2-Mw8", "tail-Vb4"][..],
+        ),
+        (
+            "postgresql://127.0.0.1?password=Pq7-Rt4@tail-Wz9",
+            &["Pq7-Rt4", "tail-Wz9"][..],
+        ),
+        (
+            "postgresql://127.0.0.1/te@st?password=Pt6-Hr3",
+            &["Pt6-Hr3"][..],
+        ),
+    ] {
+        let options = PgOptions::new().connect_timeout(Duration::from_secs(2));
+        let err = within(15, "connect", PgBackend::connect_with(conn, options))
+            .await
+            .expect_err("an `@` after the host must be refused");
+        let shown = format!("{}\n{err:?}", shown_error(&err));
+        assert!(
+            shown.contains("%40"),
+            "the error must say how to fix it: {shown}"
+        );
+        assert_hidden("an @ after the host of a URL", secrets, &shown);
+    }
+    // An `@` ending the user info and another in the query are fine: the
+    // parser splits at the first.
+    let fine = "postgresql://postgres@127.0.0.1:1/test?application_name=a@b&connect_timeout=1";
+    let err = within(15, "connect", PgBackend::connect(fine))
+        .await
+        .expect_err("nothing listens on port 1");
+    assert!(
+        !err.to_string().contains("%40"),
+        "a well-formed URL was refused: {err}"
+    );
+}

@@ -9,18 +9,38 @@ use std::task::{Context, Poll};
 use tokio::runtime::Handle;
 
 /// Runs `work` in the caller's task. If the caller drops it before it
-/// finished, the rest of `work` runs in a task of its own and its output
-/// goes to `abandoned`. Unlike spawning the work up front, the common case
-/// (nobody gives up) costs no task, no wake-up of another worker and no
-/// channel.
-pub(crate) struct Detachable<F, A>
+/// finished, the rest of `work` runs in a task of its own, spawned by `S`
+/// (on the current runtime unless said otherwise), and its output goes to
+/// `abandoned`. Unlike spawning the work up front, the common case (nobody
+/// gives up) costs no task, no wake-up of another worker and no channel.
+pub(crate) struct Detachable<F, A, S = CurrentRuntime>
 where
     F: Future + Send + 'static,
     F::Output: Send,
     A: AbandonedWith<F::Output>,
+    S: Spawn,
 {
     work: Option<Pin<Box<F>>>,
     abandoned: Option<A>,
+    spawner: Option<S>,
+}
+
+/// Where the rest of abandoned work runs.
+pub(crate) trait Spawn: Send + Unpin + 'static {
+    /// Spawns `work`; may drop it if there is nowhere to run it.
+    fn spawn(self, work: impl Future<Output = ()> + Send + 'static);
+}
+
+/// The runtime the work is abandoned on. With no runtime left the process
+/// is going away, and the servers drop what its connections held.
+pub(crate) struct CurrentRuntime;
+
+impl Spawn for CurrentRuntime {
+    fn spawn(self, work: impl Future<Output = ()> + Send + 'static) {
+        if let Ok(runtime) = Handle::try_current() {
+            runtime.spawn(work);
+        }
+    }
 }
 
 /// What to do with the output of work whose caller gave up.
@@ -36,18 +56,33 @@ where
     A: AbandonedWith<F::Output>,
 {
     pub(crate) fn new(work: F, abandoned: A) -> Self {
-        Self {
-            work: Some(Box::pin(work)),
-            abandoned: Some(abandoned),
-        }
+        Self::spawned_by(work, abandoned, CurrentRuntime)
     }
 }
 
-impl<F, A> Future for Detachable<F, A>
+impl<F, A, S> Detachable<F, A, S>
 where
     F: Future + Send + 'static,
     F::Output: Send,
     A: AbandonedWith<F::Output>,
+    S: Spawn,
+{
+    /// As [`new`](Detachable::new), with the rest spawned by `spawner`.
+    pub(crate) fn spawned_by(work: F, abandoned: A, spawner: S) -> Self {
+        Self {
+            work: Some(Box::pin(work)),
+            abandoned: Some(abandoned),
+            spawner: Some(spawner),
+        }
+    }
+}
+
+impl<F, A, S> Future for Detachable<F, A, S>
+where
+    F: Future + Send + 'static,
+    F::Output: Send,
+    A: AbandonedWith<F::Output>,
+    S: Spawn,
 {
     type Output = F::Output;
 
@@ -62,24 +97,23 @@ where
     }
 }
 
-impl<F, A> Drop for Detachable<F, A>
+impl<F, A, S> Drop for Detachable<F, A, S>
 where
     F: Future + Send + 'static,
     F::Output: Send,
     A: AbandonedWith<F::Output>,
+    S: Spawn,
 {
     fn drop(&mut self) {
-        let (Some(work), Some(abandoned)) = (self.work.take(), self.abandoned.take()) else {
+        let (Some(work), Some(abandoned), Some(spawner)) =
+            (self.work.take(), self.abandoned.take(), self.spawner.take())
+        else {
             return;
         };
-        // With no runtime left the process is going away, and the server
-        // drops the session's locks with its connection.
-        if let Ok(runtime) = Handle::try_current() {
-            runtime.spawn(async move {
-                let output = work.await;
-                abandoned.handle(output).await;
-            });
-        }
+        spawner.spawn(async move {
+            let output = work.await;
+            abandoned.handle(output).await;
+        });
     }
 }
 

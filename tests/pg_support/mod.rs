@@ -187,3 +187,98 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("free port")
 }
+
+/// Two different lock keys, both ending in `suffix`, with the same advisory
+/// key `hashtextextended(key, 0)`. That hash (PostgreSQL's
+/// `hash_bytes_extended`, Bob Jenkins' lookup3) absorbs 12 bytes at a time
+/// by adding them to its state and mixing: two different first blocks give
+/// two states, and second blocks that differ by exactly the difference of
+/// those states make the states equal again, so whatever follows hashes
+/// alike. The second blocks must be printable, which not every difference
+/// allows: first blocks are tried until one does. The caller should check
+/// the collision on the server.
+pub fn colliding_keys(suffix: &str) -> (String, String) {
+    let len = (24 + suffix.len()) as u32;
+    for attempt in 0u32.. {
+        let firsts = [
+            format!("dlock-A{attempt:05}").into_bytes(),
+            format!("dlock-B{attempt:05}").into_bytes(),
+        ];
+        let states: Vec<[u32; 3]> = firsts
+            .iter()
+            .map(|first| {
+                let init = 0x9e37_79b9_u32.wrapping_add(len).wrapping_add(3_923_095);
+                let mut state = [init; 3];
+                for (word, chunk) in state.iter_mut().zip(first.chunks(4)) {
+                    let bytes: [u8; 4] = chunk.try_into().expect("4 bytes");
+                    *word = word.wrapping_add(u32::from_le_bytes(bytes));
+                }
+                mix(&mut state);
+                state
+            })
+            .collect();
+        let mut second = [Vec::new(), Vec::new()];
+        let found = (0..3).all(|word| {
+            let delta = states[0][word].wrapping_sub(states[1][word]);
+            let Some((a, b)) = printable_pair(delta) else {
+                return false;
+            };
+            second[0].extend_from_slice(&a.to_le_bytes());
+            second[1].extend_from_slice(&b.to_le_bytes());
+            true
+        });
+        if !found {
+            continue;
+        }
+        let key = |i: usize| {
+            let mut bytes = firsts[i].clone();
+            bytes.extend_from_slice(&second[i]);
+            bytes.extend_from_slice(suffix.as_bytes());
+            String::from_utf8(bytes).expect("printable ASCII")
+        };
+        return (key(0), key(1));
+    }
+    unreachable!("some first blocks allow printable second blocks")
+}
+
+/// lookup3's `mix`, as PostgreSQL's `hashfn.c` has it.
+fn mix(s: &mut [u32; 3]) {
+    let [mut a, mut b, mut c] = *s;
+    a = a.wrapping_sub(c);
+    a ^= c.rotate_left(4);
+    c = c.wrapping_add(b);
+    b = b.wrapping_sub(a);
+    b ^= a.rotate_left(6);
+    a = a.wrapping_add(c);
+    c = c.wrapping_sub(b);
+    c ^= b.rotate_left(8);
+    b = b.wrapping_add(a);
+    a = a.wrapping_sub(c);
+    a ^= c.rotate_left(16);
+    c = c.wrapping_add(b);
+    b = b.wrapping_sub(a);
+    b ^= a.rotate_left(19);
+    a = a.wrapping_add(c);
+    c = c.wrapping_sub(b);
+    c ^= b.rotate_left(4);
+    b = b.wrapping_add(a);
+    *s = [a, b, c];
+}
+
+/// Two words of printable ASCII (`!` to `~`, little-endian) whose sums
+/// with the state words they are added to are equal (`b - a == delta`),
+/// if a search finds them.
+fn printable_pair(delta: u32) -> Option<(u32, u32)> {
+    let printable = |w: u32| w.to_le_bytes().iter().all(|b| (0x21..=0x7e).contains(b));
+    let mut candidate = 0x2121_2121_u32;
+    for _ in 0..200_000 {
+        let b = candidate.wrapping_add(delta);
+        if printable(candidate) && printable(b) {
+            return Some((candidate, b));
+        }
+        candidate = candidate
+            .wrapping_mul(1_664_525)
+            .wrapping_add(1_013_904_223);
+    }
+    None
+}

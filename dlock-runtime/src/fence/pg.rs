@@ -30,27 +30,37 @@ const DEFAULT_SCHEMA: &str = "dlock";
 /// the newest committed version after waiting for a concurrent writer. The
 /// row lock is then held until the caller's transaction ends, which is what
 /// serializes fenced writers of one resource.
+///
+/// It runs in the caller's transaction, under the caller's `search_path`,
+/// so nothing in it is looked up there: the types are `pg_catalog`'s and the
+/// comparison is `OPERATOR(pg_catalog.<=)` — a `<=` on `bigint` that a role
+/// with CREATE on a schema ahead of `pg_catalog` defined could otherwise
+/// wave a stale token through (see `pg/sql.rs`).
 const ACCEPT: &str = "\
-INSERT INTO {schema}.dlock_fence AS f (resource, token) VALUES ($1::text, $2::bigint)
-ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token WHERE f.token <= EXCLUDED.token
+INSERT INTO {schema}.dlock_fence AS f (resource, token)
+VALUES ($1::pg_catalog.text, $2::pg_catalog.int8)
+ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token
+WHERE f.token OPERATOR(pg_catalog.<=) EXCLUDED.token
 RETURNING f.token";
 
 /// The highest accepted token of a resource. After a refused [`ACCEPT`] the
 /// caller's transaction holds the row lock, so the value read is the one
 /// that refused it.
-const HIGHEST: &str = "SELECT token FROM {schema}.dlock_fence WHERE resource = $1::text";
+const HIGHEST: &str = "SELECT f.token FROM {schema}.dlock_fence AS f \
+WHERE f.resource OPERATOR(pg_catalog.=) $1::pg_catalog.text";
 
 /// Creates the table (and schema) if missing. The transaction-scoped
 /// advisory lock serializes concurrent creators: two `CREATE ... IF NOT
 /// EXISTS` at the same moment can still collide on the catalog's unique
-/// indexes.
+/// indexes. On the caller's connection, so every name is qualified.
 const CREATE: &str = "\
 BEGIN;
-SELECT pg_advisory_xact_lock(hashtextextended('dlock:fence-setup', 0));
+SELECT pg_catalog.pg_advisory_xact_lock(
+    pg_catalog.hashtextextended('dlock:fence-setup'::pg_catalog.text, 0::pg_catalog.int8));
 CREATE SCHEMA IF NOT EXISTS {schema};
 CREATE TABLE IF NOT EXISTS {schema}.dlock_fence (
-    resource text PRIMARY KEY,
-    token bigint NOT NULL
+    resource pg_catalog.text PRIMARY KEY,
+    token pg_catalog.int8 NOT NULL
 );
 COMMIT;";
 

@@ -11,6 +11,7 @@ use tokio::sync::Notify;
 use tokio::time::{Instant, timeout};
 
 use super::Inner;
+use super::home::Home;
 use crate::backend::OwnerId;
 use crate::key::LockKey;
 
@@ -22,10 +23,12 @@ const LINGER: Duration = Duration::from_secs(5);
 pub(super) type Slot = (Instant, u64);
 
 /// The deadlines of the backend's held leases.
-#[derive(Default)]
 pub(super) struct Expiries {
     queue: Mutex<Queue>,
     wake: Notify,
+    /// Where the task runs: not on the runtime of whichever caller happens
+    /// to take the first hold, which may shut down with holds queued.
+    home: Arc<Home>,
 }
 
 #[derive(Default)]
@@ -42,12 +45,19 @@ struct Queue {
 }
 
 impl Expiries {
+    pub(super) fn new(home: Arc<Home>) -> Self {
+        Self {
+            queue: Mutex::default(),
+            wake: Notify::new(),
+            home,
+        }
+    }
+
     fn queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues a new hold, starting the task on the current runtime if none
-    /// runs. Returns the hold's slot, to move or remove it with.
+    /// Queues a new hold, starting the task at home if none runs. Returns the hold's slot, to move or remove it with.
     pub(super) fn add(
         self: &Arc<Self>,
         inner: Weak<Inner>,
@@ -67,7 +77,16 @@ impl Expiries {
         let wake = queue.sleeping_until.is_some_and(|until| deadline < until);
         drop(queue);
         if let Some(number) = start {
-            tokio::spawn(run(Arc::clone(self), inner, number));
+            // Dropped unstarted if there is no runtime at all; its mark is
+            // cleared then, and the next hold tries again.
+            self.home.spawn(run(
+                Arc::clone(self),
+                inner,
+                Unmark {
+                    expiries: Arc::clone(self),
+                    number,
+                },
+            ));
         } else if wake {
             self.wake.notify_one();
         }
@@ -113,11 +132,8 @@ impl Drop for Unmark {
 }
 
 /// Sleeps until the earliest deadline and unlocks every hold that is due.
-async fn run(expiries: Arc<Expiries>, inner: Weak<Inner>, number: u64) {
-    let _unmark = Unmark {
-        expiries: Arc::clone(&expiries),
-        number,
-    };
+async fn run(expiries: Arc<Expiries>, inner: Weak<Inner>, unmark: Unmark) {
+    let _unmark = unmark;
     loop {
         let now = Instant::now();
         let (due, next) = {

@@ -36,21 +36,26 @@
 //! One statement takes the lock and, only if it was taken, draws the token,
 //! so the token comes in the same round trip: the next value of the
 //! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
-//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule. A
-//! sequence is not transactional and needs no row per key; the clock floor
-//! keeps tokens above every token handed out before when the sequence goes
-//! back: a DBA drops and recreates it or `setval`s it, a failover to an
-//! asynchronous replica or a point-in-time restore brings back an older
-//! copy. The statement moves a sequence that trails the clock by more than
-//! a second up to it (if the role has UPDATE on it), so it still floors
-//! tokens should the clock step back.
+//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule,
+//! with its two guarantees. The clock floor keeps tokens above every token
+//! handed out before when the sequence goes back: a DBA drops and recreates
+//! it or `setval`s it, a failover to an asynchronous replica or a
+//! point-in-time restore brings back an older copy. And whenever the clock
+//! wins, the statement `setval`s the sequence to the token, so the sequence
+//! holds at least the last token and a server clock that steps back cannot
+//! lower the next one. That takes UPDATE on the sequence: a role with USAGE
+//! only still locks, but its tokens rest on the clock alone, and a clock
+//! step back lowers them. A sequence is not transactional and needs no row
+//! per key; the statement's own commit is asynchronous (a crash that loses
+//! the last `setval` only leaves the sequence behind, which the clock floor
+//! covers), so the write costs no WAL flush.
 //!
-//! Tokens of one key rise strictly as long as the server clock does not go
-//! backwards (and, after a failover, the new primary's clock is not behind
-//! the old one's by more than the failover took). Tokens of different keys
-//! may be equal: a token orders the holders of one key. The reasoning,
-//! races between sessions over the sequence included, is written next to
-//! the lock statement (`pg/sql.rs`).
+//! Tokens of one key rise strictly unless the sequence went back *and* the
+//! server clock stepped back at the same time (or, after a failover, the
+//! new primary's clock is behind the old one's by more than the failover
+//! took). Tokens of different keys may be equal: a token orders the holders
+//! of one key. The reasoning, races between sessions over the sequence
+//! included, is written next to the lock statement (`pg/sql.rs`).
 //!
 //! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
 //! it is missing — at connect, when a lock session opens, and when a lock
@@ -65,9 +70,11 @@
 //!
 //! A sequence that cannot give rising tokens — `CACHE` above 1 (each session
 //! hands out numbers from a block of its own), `CYCLE`, an increment below
-//! 1, or a maximum without a century of room above the clock in
-//! microseconds (`AS integer`) — is refused when a lock session opens, with
-//! the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
+//! 1, a maximum without a century of room above the clock in microseconds
+//! (`AS integer`), or a position more than a day ahead of the clock (its
+//! tokens would rest on the sequence alone, and the clock floor could not
+//! stand in for it were it ever lost) — is refused when a lock session
+//! opens, with the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
 //! whenever one ended, so an `ALTER` made while services run is caught
 //! there; reading the settings on every acquisition would cost a catalog
 //! lookup each time.
@@ -95,7 +102,24 @@
 //! `pg_terminate_backend`, network cut, a liveness check that got no answer
 //! within [`PgOptions::liveness_interval`]), every lease on it is told at
 //! once with [`LostReason::SessionEnded`](crate::LostReason::SessionEnded),
-//! and the session is replaced for later acquisitions.
+//! and the session is replaced for later acquisitions. A session busy
+//! answering is alive: the lock statement waits at most half the liveness
+//! interval for a lock on the token sequence (an `ALTER SEQUENCE` or a
+//! `DROP` left open in another transaction holds one) and then fails with
+//! an error that says so, so a ping queued behind such statements still
+//! sees answers, and the session's other leases live on.
+//!
+//! # Runtimes
+//!
+//! A session lock never expires by itself, so the backend's own work — its
+//! connections, ttl enforcement, liveness checks, wait probes, and the rest
+//! of an acquisition or release whose caller gave up — runs on the runtime
+//! the backend was connected on, which must keep running, and not on a
+//! caller's runtime, which may shut down right after. Callers on another
+//! runtime (a `block_on` in a blocking library) have their acquisitions
+//! and releases run there too. If that runtime shuts down, its connections
+//! close with it — the server frees their locks and their leases are told
+//! — and the next caller's runtime takes over.
 //!
 //! # PgBouncer
 //!
@@ -105,6 +129,7 @@
 //! the caller's own transaction.
 
 mod expiry;
+mod home;
 mod sequence;
 mod session;
 pub(crate) mod sql;
@@ -133,13 +158,14 @@ use tokio_postgres::Config;
 use tokio_postgres::error::SqlState;
 
 use self::expiry::{Expiries, Slot};
+use self::home::{Home, NoRuntime};
 use self::session::{Connector, Failure, LockSession, SessionEnding};
 use self::wait::Waits;
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome,
     ReleaseRequest, Renewal,
 };
-use crate::detach::{AbandonedWith, Detachable, Ignore};
+use crate::detach::{AbandonedWith, Ignore};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -306,6 +332,26 @@ impl PgOptions {
     }
 }
 
+/// True when `conn` is a URL whose first `@` is not in its authority (what
+/// lies between `://` and the first `/`, `?` or `#`) or whose authority has
+/// more than one. tokio-postgres splits the user info at the first `@` of
+/// the whole string, wherever it is, so a password in the query holding an
+/// `@` (`?user=app&password=a@b`) would make everything before that `@` the
+/// user name and the rest the host — shown by every error and by `Debug`.
+fn misplaced_at_sign(conn: &str) -> bool {
+    let Some(rest) = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| conn.strip_prefix(scheme))
+    else {
+        return false;
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest.find('@') {
+        None => false,
+        Some(first) => first > authority_end || rest[first + 1..authority_end].contains('@'),
+    }
+}
+
 /// Checks a schema name and returns it quoted for SQL text (an identifier
 /// cannot be a bound parameter). Also used by the PostgreSQL fence.
 pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
@@ -358,6 +404,8 @@ pub struct PgBackend {
 }
 
 struct Inner {
+    /// Where connections are driven and background work runs.
+    home: Arc<Home>,
     connector: Connector,
     options: PgOptions,
     quoted_schema: String,
@@ -419,7 +467,8 @@ enum State {
 
 /// Made only once `session` granted a [`LockSession::claim`] of
 /// `advisory_key`, which its drop gives back: so a session's claims are
-/// exactly the advisory keys of the `Held` entries on it.
+/// exactly the advisory keys of the `Held` entries on it (and, while it
+/// runs, the one of a failed lock statement's undo).
 struct Holding {
     session: Arc<LockSession>,
     advisory_key: i64,
@@ -480,6 +529,16 @@ impl PgBackend {
         let quoted_schema = options.validate()?;
         let connect_error =
             |what: String| LockError::backend(KIND, Operation::Connect, "", Failure::msg(what));
+        if misplaced_at_sign(conn) {
+            return Err(connect_error(
+                "the connection URL has an `@` that does not end its user info (one after the \
+                 host, in the path or the query, or a second one before the host): write every \
+                 `@` in the user name, the password and the query as %40, and `/`, `?` and `#` \
+                 in the user name and the password as %2F, %3F and %23 (the URL is not shown: \
+                 it may hold a password)"
+                    .to_owned(),
+            ));
+        }
         // The parser's messages name the offending option, never its value,
         // so the password cannot leak through them.
         let mut config = Config::from_str(conn)
@@ -513,7 +572,10 @@ impl PgBackend {
             .copied()
             .unwrap_or(options.connect_timeout);
         let tls = tls::connector(&options.tls).map_err(connect_error)?;
-        let connector = Connector::new(config, tls, connect_timeout);
+        let home = Arc::new(Home::here().ok_or_else(|| {
+            connect_error("PgBackend::connect must be called on a Tokio runtime".to_owned())
+        })?);
+        let connector = Connector::new(config, tls, connect_timeout, Arc::clone(&home));
         let waits = Waits::new(
             connector.clone(),
             &quoted_schema,
@@ -522,7 +584,8 @@ impl PgBackend {
         );
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
-            unlock_key_sql: "SELECT pg_advisory_unlock(hashtextextended($1::text, $2::bigint))"
+            unlock_key_sql: "SELECT pg_catalog.pg_advisory_unlock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))"
                 .to_owned(),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             slots: (0..options.sessions)
@@ -533,8 +596,9 @@ impl PgBackend {
             restoring: AsyncMutex::new(None),
             restorations: AtomicU64::new(0),
             keys: Mutex::default(),
-            expiries: Arc::default(),
+            expiries: Arc::new(Expiries::new(Arc::clone(&home))),
             waits,
+            home,
             connector,
             options,
             quoted_schema,
@@ -550,7 +614,6 @@ impl PgBackend {
     pub async fn advisory_key(&self, key: &LockKey) -> Result<i64, LockError> {
         let session = self.inner.session().await?;
         let row = session
-            .client
             .query_one(
                 sql::ADVISORY_KEY,
                 &[&key.as_str(), &self.inner.options.key_seed],
@@ -572,7 +635,6 @@ impl PgBackend {
     pub async fn holder_pids(&self, key: &LockKey) -> Result<Vec<i32>, LockError> {
         let session = self.inner.session().await?;
         let rows = session
-            .client
             .query(sql::HOLDERS, &[&key.as_str(), &self.inner.options.key_seed])
             .await
             .map_err(|e| {
@@ -625,6 +687,14 @@ impl Inner {
         LockError::backend(KIND, operation, key.as_str(), Failure::new(what, err))
     }
 
+    /// How long a lock statement waits for a lock on the token sequence (an
+    /// `ALTER SEQUENCE` left open holds one) before it fails: half the
+    /// liveness interval, so the liveness ping queued behind it still gets
+    /// its answer in time and the session's other leases live on.
+    fn lock_timeout(&self) -> Duration {
+        self.options.liveness_interval / 2
+    }
+
     /// A live lock session, opening one in its slot if needed. Slots are
     /// used in turn; a dead session is replaced here.
     async fn session(self: &Arc<Self>) -> Result<Arc<LockSession>, LockError> {
@@ -670,7 +740,7 @@ impl Inner {
         let ending = SessionEnding::new(Arc::clone(&loss), Arc::clone(&pid_known));
         let mut client = self
             .connector
-            .open(killed, move |why| {
+            .open(self.lock_timeout(), killed, move |why| {
                 ended_tx.send_replace(Some(why.clone()));
                 ending.end(&why);
                 if let Some(inner) = weak.upgrade() {
@@ -682,16 +752,14 @@ impl Inner {
         // altered the token sequence since. One catalog query when all is well.
         self.ensure_objects(&mut client).await?;
         let setup = async {
+            let idle_ms = self
+                .options
+                .server_idle_timeout
+                .map(|idle| idle.as_millis().to_string());
             let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
+                .query_one(sql::LOCK_SESSION_SETUP, &[&idle_ms])
                 .await?
                 .try_get(0)?;
-            if let Some(idle) = self.options.server_idle_timeout {
-                let idle_ms = idle.as_millis().to_string();
-                client
-                    .query_one(sql::SET_IDLE_SESSION_TIMEOUT, &[&idle_ms])
-                    .await?;
-            }
             let try_lock = client.prepare(&self.try_lock_sql).await?;
             let unlock = client.prepare(sql::UNLOCK).await?;
             Ok::<_, tokio_postgres::Error>((pid, try_lock, unlock))
@@ -709,7 +777,7 @@ impl Inner {
             kill,
             loss,
         ));
-        tokio::spawn(session::check_liveness(
+        self.home.spawn(session::check_liveness(
             Arc::downgrade(&session),
             self.options.liveness_interval,
         ));
@@ -727,7 +795,15 @@ impl Inner {
     async fn ensure_objects(&self, client: &mut tokio_postgres::Client) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
         let inspect_sql = sql::INSPECT_OBJECTS;
-        let inspect_failed = |e| Failure::new("cannot inspect the schema objects", e);
+        let inspect_failed = |e: tokio_postgres::Error| {
+            let what = if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                "cannot inspect the token sequence: another transaction holds a lock on it \
+                 (an ALTER SEQUENCE or a DROP left open?)"
+            } else {
+                "cannot inspect the schema objects"
+            };
+            Failure::new(what, e)
+        };
         let row = client
             .query_one(inspect_sql, &[&schema])
             .await
@@ -736,6 +812,18 @@ impl Inner {
         if !found.schema_exists || !found.sequence_exists {
             let created = async {
                 let tx = client.transaction().await?;
+                // A lock session waits for locks only briefly (see
+                // `sql::SESSION_DEFAULTS`); creating may wait for another
+                // backend creating at the same moment, up to the connect
+                // timeout.
+                let setup_wait = self
+                    .connector
+                    .connect_timeout()
+                    .as_millis()
+                    .max(1)
+                    .to_string();
+                tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
+                    .await?;
                 tx.query_one(sql::SETUP_LOCK, &[]).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.
@@ -790,11 +878,11 @@ impl Inner {
             }
         }
         if !found.sequence_updatable {
-            tracing::debug!(
+            tracing::warn!(
                 role = found.role,
                 schema = self.quoted_schema,
-                "no UPDATE on the token sequence: tokens rest on the clock alone, \
-                 the sequence is not moved up to it"
+                "no UPDATE on the token sequence: fencing tokens rest on the server clock \
+                 alone, so a clock step back lowers them; GRANT UPDATE on it to protect them"
             );
         }
         Ok(())
@@ -823,7 +911,10 @@ impl Inner {
         let restored = async {
             // Dropping `close` closes the connection.
             let (close, closed) = oneshot::channel();
-            let mut client = self.connector.open(closed, |_| {}).await?;
+            let mut client = self
+                .connector
+                .open(self.connector.connect_timeout(), closed, |_| {})
+                .await?;
             let ensured = self.ensure_objects(&mut client).await;
             drop(close);
             ensured
@@ -887,6 +978,7 @@ impl Inner {
     async fn try_lock(
         self: &Arc<Self>,
         key: &LockKey,
+        in_flight: &mut Option<Arc<LockSession>>,
     ) -> Result<(Arc<LockSession>, i64, Option<i64>), LockError> {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
@@ -894,7 +986,9 @@ impl Inner {
         let mut restored = false;
         loop {
             let session = self.session().await?;
-            let err = match session.client.query_one(&session.try_lock, &params).await {
+            *in_flight = Some(Arc::clone(&session));
+            let answer = session.query_one(&session.try_lock, &params).await;
+            let err = match answer {
                 Ok(row) => {
                     let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
                     return match parsed {
@@ -908,24 +1002,34 @@ impl Inner {
                 retried = true;
                 continue;
             }
-            // The lock may have been taken before `nextval` failed, and a
-            // session lock outlives its failed statement: drop it again, or
-            // end the session if even that fails.
-            if !err.is_closed()
-                && Box::pin(session.client.query_one(&self.unlock_key_sql, &params))
-                    .await
-                    .is_err()
-            {
-                session.end(format!("could not undo a failed lock of `{key}`"));
+            // A session lock outlives the statement that took it, so a
+            // failure after `pg_try_advisory_lock` leaves the lock held.
+            if !err.is_closed() && !session.is_ended() {
+                Box::pin(self.undo_failed_lock(&session, key, &err)).await;
             }
-            // Found before anything ran (a prepared statement is re-planned
-            // when the sequence is dropped), so nothing was drawn yet.
+            *in_flight = None;
             if sql::sequence_missing(&err) && !restored {
                 restored = true;
                 Box::pin(self.restore_objects())
                     .await
                     .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
                 continue;
+            }
+            if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                let what = format!(
+                    "the token sequence {}.dlock_token_seq is locked by another transaction \
+                     (an ALTER SEQUENCE or a DROP left open?) for longer than a lock session \
+                     waits for it ({:?}): the lock was not taken; try again once that \
+                     transaction has ended",
+                    self.quoted_schema,
+                    self.lock_timeout()
+                );
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::new(what, err),
+                ));
             }
             return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
         }
@@ -937,14 +1041,18 @@ impl Inner {
         owner: OwnerId,
         ttl: Duration,
     ) -> Result<Attempt, LockError> {
-        let (session, advisory_key, token) = match self.try_lock(key).await {
+        let mut unfinished = Unfinished::new(self, key, owner);
+        let attempt = self.try_lock(key, &mut unfinished.in_flight).await;
+        let (session, advisory_key, token) = match attempt {
             Ok(answer) => answer,
             Err(err) => {
+                unfinished.finish();
                 self.forget(key, owner);
                 return Err(err);
             }
         };
         let Some(token) = token else {
+            unfinished.finish();
             self.forget(key, owner);
             return Ok(self.held_elsewhere());
         };
@@ -953,6 +1061,7 @@ impl Inner {
             Err(err) => {
                 self.forget(key, owner);
                 Box::pin(self.give_back(&session, advisory_key)).await;
+                unfinished.finish();
                 return Err(err);
             }
         };
@@ -991,17 +1100,78 @@ impl Inner {
         if !held {
             self.forget(key, owner);
             Box::pin(self.give_back(&session, advisory_key)).await;
+            unfinished.finish();
             return Ok(Attempt::Held { expires_in: None });
         }
+        unfinished.finish();
         Ok(Attempt::Acquired(
             Grant::new(token).lost_with(session.loss_group()),
         ))
     }
 
+    /// Undoes what a lock statement that failed with `err` may have left on
+    /// `session`: the lock of the key's advisory key, if the statement took
+    /// it before a later step failed. Only what this attempt took: a plain
+    /// unlock of the advisory key drops one hold, which, if this attempt
+    /// took none, is the hold of another lease of this session whose key
+    /// has the same 64-bit hash.
+    async fn undo_failed_lock(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        err: &tokio_postgres::Error,
+    ) {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        match sql::lock_left_by(err) {
+            sql::LockLeft::No => {}
+            // This attempt holds the lock (once more, if another lease of
+            // the session holds the same advisory key): one unlock drops
+            // exactly its hold.
+            sql::LockLeft::Yes => {
+                if session
+                    .query_one(&self.unlock_key_sql, &params)
+                    .await
+                    .is_err()
+                {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+            sql::LockLeft::Unknown => {
+                let advisory_key = match session.query_one(sql::ADVISORY_KEY, &params).await {
+                    Ok(row) => row.try_get::<_, i64>(0),
+                    Err(err) => Err(err),
+                };
+                let Ok(advisory_key) = advisory_key else {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                    return;
+                };
+                // A claim of its own while it unlocks: a lease of another
+                // key with the same advisory key that the server grants on
+                // this session meanwhile cannot claim it, and gives its
+                // hold back. (One granted before the unlock but claiming
+                // only after it is the one case left: a 64-bit collision
+                // of two keys taken at that instant on one session.)
+                if !session.claim(advisory_key) {
+                    session.end(format!(
+                        "a lock statement for `{key}` failed without saying whether it took the \
+                         lock, and a lease of another key with the same advisory key holds it on \
+                         this session: only ending the session surely drops what it took"
+                    ));
+                    return;
+                }
+                let unlocked = session.query_one(&session.unlock, &[&advisory_key]).await;
+                session.unclaim(advisory_key);
+                if unlocked.is_err() {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+        }
+    }
+
     /// Drops one hold of `advisory_key` on `session` that no lease owns.
     async fn give_back(&self, session: &LockSession, advisory_key: i64) {
         if session
-            .client
             .query_one(&session.unlock, &[&advisory_key])
             .await
             .is_err()
@@ -1045,15 +1215,17 @@ impl Inner {
             )
         };
         // Finished even if the caller gives up half-way, so the key cannot
-        // stay marked as releasing for ever.
+        // stay marked as releasing for ever: at home (see `home`).
         let inner = Arc::clone(self);
-        let key = key.clone();
-        let unlocking = Detachable::new(
+        let unlocked_key = key.clone();
+        let unlocked_on = Arc::clone(&session);
+        let unlocking = self.home.run_detachable(
             async move {
-                let outcome = session
-                    .client
-                    .query_one(&session.unlock, &[&advisory_key])
-                    .await;
+                let key = unlocked_key;
+                let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
+                unfinished.in_flight = Some(Arc::clone(&session));
+                let outcome = session.query_one(&session.unlock, &[&advisory_key]).await;
+                unfinished.finish();
                 inner.forget(&key, entry_owner);
                 match outcome {
                     Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
@@ -1068,8 +1240,76 @@ impl Inner {
             },
             Ignore,
         );
-        Ok(live && unlocking.await?)
+        match unlocking.await {
+            Ok(released) => Ok(live && released?),
+            Err(NoRuntime) => {
+                // Not unlocked, and nowhere to do it: ending the session
+                // frees the lock on the server.
+                self.forget(key, entry_owner);
+                unlocked_on.end(format!("no runtime left to release `{key}` on"));
+                Err(no_runtime(Operation::Release, key))
+            }
+        }
     }
+}
+
+/// Cleans up after work on a key that is dropped before it finished, which
+/// happens only when the runtime running it shuts down: forgets the key's
+/// entry, so this process does not take it for held or being taken for
+/// ever, and ends the session a statement of it was sent on, which may hold
+/// a lock nobody will give back (that session's connection most likely
+/// went with the same runtime; this makes sure).
+struct Unfinished<'a> {
+    inner: &'a Inner,
+    key: &'a LockKey,
+    owner: OwnerId,
+    in_flight: Option<Arc<LockSession>>,
+    finished: bool,
+}
+
+impl<'a> Unfinished<'a> {
+    fn new(inner: &'a Inner, key: &'a LockKey, owner: OwnerId) -> Self {
+        Self {
+            inner,
+            key,
+            owner,
+            in_flight: None,
+            finished: false,
+        }
+    }
+
+    /// The work got to its end: nothing to clean up.
+    fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.inner.forget(self.key, self.owner);
+        if let Some(session) = self.in_flight.take() {
+            session.end(format!(
+                "work on `{}` was dropped half-way (its runtime shut down)",
+                self.key
+            ));
+        }
+    }
+}
+
+/// The error when no runtime is left to run the backend's work on.
+fn no_runtime(operation: Operation, key: &LockKey) -> LockError {
+    LockError::backend(
+        KIND,
+        operation,
+        key.as_str(),
+        Failure::msg(
+            "the runtime the PostgreSQL backend runs on shut down, and no other runtime is \
+             there to take over",
+        ),
+    )
 }
 
 /// Gives back a lock the server granted to a caller that stopped waiting.
@@ -1109,6 +1349,8 @@ impl Inspection {
                 max: row.try_get(9)?,
                 data_type: row.try_get(10)?,
                 clock_us: row.try_get(11)?,
+                last_value: row.try_get(12)?,
+                start: row.try_get(13)?,
             }),
             None => None,
         };
@@ -1181,18 +1423,22 @@ impl Backend for PgBackend {
             key: key.clone(),
             owner: *owner,
         };
-        let (inner, key, owner) = (Arc::clone(&self.inner), key.clone(), *owner);
-        Detachable::new(
-            async move { inner.acquire_on_server(&key, owner, ttl).await },
-            give_back,
-        )
-        .await
+        let owner = *owner;
+        let attempt = {
+            let (inner, key) = (Arc::clone(&self.inner), key.clone());
+            async move { inner.acquire_on_server(&key, owner, ttl).await }
+        };
+        match self.inner.home.run_detachable(attempt, give_back).await {
+            Ok(outcome) => outcome,
+            Err(NoRuntime) => {
+                self.inner.forget(key, owner);
+                Err(no_runtime(Operation::Acquire, key))
+            }
+        }
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
-        let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
-        let renewal = Renewal { key, owner, ttl };
-        self.extend_many(std::slice::from_ref(&renewal))
+        self.extend_many(std::slice::from_ref(renewal))
             .await
             .pop()
             .unwrap_or(Ok(false))
@@ -1216,7 +1462,7 @@ impl Backend for PgBackend {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
-            let failure = match session.client.check_connection().await {
+            let failure = match session.check_connection().await {
                 Ok(()) => None,
                 Err(err) => {
                     let failure = Failure::new("lock session check failed", err);
@@ -1298,7 +1544,6 @@ impl Backend for PgBackend {
         // lock, so end that session.
         let session = self.inner.session().await?;
         let rows = session
-            .client
             .query(
                 &self.inner.terminate_sql,
                 &[&key.as_str(), &self.inner.options.key_seed, &TERMINATE_WAIT_MS],

@@ -3,13 +3,22 @@
 //! or `ALTER` it while services run, so the backend reads its settings from
 //! the catalogs whenever a lock session opens and refuses a sequence that
 //! could hand out a token at or below an earlier one, with the statement
-//! that fixes it.
+//! that fixes it — including one far ahead of the clock, which the clock
+//! floor could not stand in for if it were lost.
 
 use super::session::Failure;
 
 /// Room a sequence's maximum must leave above the clock, as tokens are
 /// floored by the clock in microseconds: a century (36,525 days).
 const CENTURY_US: i64 = 36_525 * 86_400 * 1_000_000;
+
+/// How far ahead of the clock in microseconds the sequence may be. Tokens
+/// come from the sequence only while it is ahead of the clock, and the
+/// backend keeps it at the clock (a burst of more than a token a
+/// microsecond gets it ahead by that burst's excess, microseconds); a day
+/// leaves room for a server clock set right by hours, and refuses a
+/// sequence started or set far ahead.
+const DAY_US: i64 = 86_400 * 1_000_000;
 
 /// The settings of `<schema>.dlock_token_seq`, as `pg_sequence` has them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +31,13 @@ pub(super) struct Settings {
     pub(super) data_type: String,
     /// The server clock in microseconds, read with the settings.
     pub(super) clock_us: i64,
+    /// The last value drawn (or set), if there is one.
+    pub(super) last_value: Option<i64>,
+    /// The value the first `nextval` returns when none was drawn yet
+    /// (after a `RESTART WITH n` it is `n`, which only SELECT on the
+    /// sequence could read: such a value is judged once drawn, when the
+    /// next lock session opens).
+    pub(super) start: i64,
 }
 
 impl Settings {
@@ -58,6 +74,21 @@ impl Settings {
             problems.push("CYCLE: past its maximum it starts again from its minimum".to_owned());
             fix.push("NO CYCLE".to_owned());
         }
+        // The value the next `nextval` starts from.
+        let position = self.last_value.unwrap_or(self.start);
+        let ahead = position.saturating_sub(self.clock_us);
+        if ahead > DAY_US {
+            problems.push(format!(
+                "it stands at {position}, {} days ahead of the server clock in microseconds \
+                 ({} now): its tokens come from the sequence alone, and should it ever be lost \
+                 (dropped and recreated, set back, restored from an older copy, a failover to \
+                 an asynchronous replica) the clock floor could not keep the next tokens above \
+                 the ones it handed out. Restart it below the clock; fences that accepted its \
+                 tokens refuse every newer holder until they are reset with it",
+                ahead / DAY_US,
+                self.clock_us
+            ));
+        }
         if self.cache > 1 {
             problems.push(format!(
                 "CACHE {}: each session hands out numbers from a block of {} of its own, \
@@ -65,6 +96,10 @@ impl Settings {
                 self.cache, self.cache
             ));
             fix.push("CACHE 1".to_owned());
+        }
+        if ahead > DAY_US {
+            // The start too: a later plain `RESTART` goes back to it.
+            fix.push("START WITH 1 RESTART".to_owned());
         }
         if problems.is_empty() {
             return Ok(());
@@ -93,6 +128,8 @@ mod tests {
             max: i64::MAX,
             data_type: "bigint".to_owned(),
             clock_us: NOW_US,
+            last_value: Some(NOW_US),
+            start: 1,
         }
     }
 
@@ -167,6 +204,8 @@ mod tests {
             max: -1,
             data_type: "smallint".to_owned(),
             clock_us: NOW_US,
+            last_value: None,
+            start: 1,
         });
         assert!(
             text.ends_with(
@@ -175,5 +214,46 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_sequence_more_than_a_day_ahead_of_the_clock_is_refused_with_a_restart_below_it() {
+        let never_drawn = refusal(Settings {
+            last_value: None,
+            start: 4_000_000_000_000_000_000,
+            ..created_by_dlock()
+        });
+        assert!(
+            never_drawn.contains("stands at 4000000000000000000"),
+            "{never_drawn}"
+        );
+        assert!(
+            never_drawn.contains("clock floor could not"),
+            "{never_drawn}"
+        );
+        assert!(
+            never_drawn.ends_with("ALTER SEQUENCE \"dlock\".dlock_token_seq START WITH 1 RESTART;"),
+            "{never_drawn}"
+        );
+        let set_ahead = refusal(Settings {
+            last_value: Some(NOW_US + 2 * DAY_US),
+            ..created_by_dlock()
+        });
+        assert!(set_ahead.contains("2 days ahead"), "{set_ahead}");
+        // Within a day: a burst ahead of the clock, or a clock set right.
+        for last in [NOW_US + 1_000, NOW_US + DAY_US, NOW_US - 5 * DAY_US] {
+            let near = Settings {
+                last_value: Some(last),
+                ..created_by_dlock()
+            };
+            assert!(near.check("\"dlock\"").is_ok(), "{last}");
+        }
+        // Not drawn yet: the start counts, not a last value set before.
+        let restarted = Settings {
+            last_value: None,
+            start: 1,
+            ..created_by_dlock()
+        };
+        assert!(restarted.check("\"dlock\"").is_ok());
     }
 }

@@ -5,16 +5,19 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::config::Host;
-use tokio_postgres::{Client, Config, Statement};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Config, Row, Statement, ToStatement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::home::{Home, NoRuntime};
+use super::sql;
 use crate::backend::LossGroup;
 use crate::error::LostReason;
 
@@ -88,17 +91,30 @@ pub(super) struct Connector {
     tls: MakeRustlsConnect,
     timeout: Duration,
     target: String,
+    /// Where connections are opened and driven.
+    home: Arc<Home>,
 }
 
 impl Connector {
-    pub(super) fn new(config: Config, tls: MakeRustlsConnect, timeout: Duration) -> Self {
+    pub(super) fn new(
+        config: Config,
+        tls: MakeRustlsConnect,
+        timeout: Duration,
+        home: Arc<Home>,
+    ) -> Self {
         let target = describe(&config);
         Self {
             config,
             tls,
             timeout,
             target,
+            home,
         }
+    }
+
+    /// Where the backend's work runs.
+    pub(super) fn home(&self) -> &Arc<Home> {
+        &self.home
     }
 
     /// `user@host:port/dbname`, for messages: never the password.
@@ -106,12 +122,42 @@ impl Connector {
         &self.target
     }
 
+    /// The connect timeout.
+    pub(super) fn connect_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Opens a connection and drives it in a task of its own. `on_end` gets
     /// why it ended; a message on `kill` (or dropping its sender) closes it.
     /// The whole connect, handshake and authentication included, is bounded
     /// by the connect timeout (tokio-postgres bounds only the TCP connect).
+    /// The session's settings are dlock's (see `sql::SESSION_DEFAULTS`)
+    /// before anything else is sent, with `lock_timeout` for its
+    /// `lock_timeout`. Opened at home, whatever runtime asks: the
+    /// connection's socket and its driver belong to the runtime that opens
+    /// it.
     pub(super) async fn open(
         &self,
+        lock_timeout: Duration,
+        kill: oneshot::Receiver<String>,
+        on_end: impl FnOnce(String) + Send + 'static,
+    ) -> Result<Client, Failure> {
+        let connector = self.clone();
+        self.home
+            .run(async move { connector.open_here(lock_timeout, kill, on_end).await })
+            .await
+            .unwrap_or_else(|NoRuntime| {
+                Err(Failure::msg(format!(
+                    "cannot connect to {}: the runtime the backend runs on shut down, and no \
+                     other runtime is there to take over",
+                    self.target
+                )))
+            })
+    }
+
+    async fn open_here(
+        &self,
+        lock_timeout: Duration,
         kill: oneshot::Receiver<String>,
         on_end: impl FnOnce(String) + Send + 'static,
     ) -> Result<Client, Failure> {
@@ -132,17 +178,34 @@ impl Connector {
             }
         };
         tokio::spawn(drive(connection, kill, on_end));
-        Ok(client)
+        // First of all, before any statement that names a function.
+        let lock_timeout_ms = lock_timeout.as_millis().max(1).to_string();
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_timeout_ms];
+        let defaults = client.query_one(sql::SESSION_DEFAULTS, &params);
+        match timeout(self.timeout, defaults).await {
+            Ok(Ok(_)) => Ok(client),
+            Ok(Err(err)) => Err(Failure::new(
+                format!("cannot set up a session on {}", self.target),
+                err,
+            )),
+            Err(_) => Err(Failure::msg(format!(
+                "cannot set up a session on {}: no answer within the connect timeout of {:?}",
+                self.target, self.timeout
+            ))),
+        }
     }
 }
 
 /// Runs a connection until the server or the network ends it, or until it
 /// is told to stop; dropping the connection closes the socket, and the
-/// server then drops every lock the session held.
-async fn drive<C>(connection: C, kill: oneshot::Receiver<String>, on_end: impl FnOnce(String))
+/// server then drops every lock the session held. `on_end` is told why —
+/// also when the runtime drops this task unfinished as it shuts down.
+async fn drive<C, E>(connection: C, kill: oneshot::Receiver<String>, on_end: E)
 where
     C: Future<Output = Result<(), tokio_postgres::Error>>,
+    E: FnOnce(String),
 {
+    let mut on_end = OnEnd(Some(on_end));
     let reason = tokio::select! {
         ended = connection => match ended {
             Ok(()) => "the server closed the connection".to_owned(),
@@ -153,7 +216,24 @@ where
         },
         why = kill => why.unwrap_or_else(|_| "the backend closed the session".to_owned()),
     };
-    on_end(reason);
+    on_end.call(reason);
+}
+
+/// Calls its function once: with the given reason, or when dropped.
+struct OnEnd<E: FnOnce(String)>(Option<E>);
+
+impl<E: FnOnce(String)> OnEnd<E> {
+    fn call(&mut self, why: String) {
+        if let Some(on_end) = self.0.take() {
+            on_end(why);
+        }
+    }
+}
+
+impl<E: FnOnce(String)> Drop for OnEnd<E> {
+    fn drop(&mut self) {
+        self.call("the runtime driving the connection shut down".to_owned());
+    }
 }
 
 fn describe(config: &Config) -> String {
@@ -178,7 +258,11 @@ fn describe(config: &Config) -> String {
 pub(super) struct LockSession {
     pub(super) id: u64,
     pub(super) pid: i32,
-    pub(super) client: Client,
+    client: Client,
+    /// How many answers the server gave on this session, errors included:
+    /// what tells the liveness check that a session whose ping waits behind
+    /// statements the server is still working on is alive.
+    answers: AtomicU64,
     pub(super) try_lock: Statement,
     pub(super) unlock: Statement,
     /// `Some(why)` once the connection has ended.
@@ -236,6 +320,7 @@ impl LockSession {
             id,
             pid,
             client,
+            answers: AtomicU64::new(0),
             try_lock: statements.0,
             unlock: statements.1,
             ended,
@@ -261,6 +346,51 @@ impl LockSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&advisory_key);
+    }
+
+    /// Sends a statement that returns one row on this session.
+    pub(super) async fn query_one<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        let answer = self.client.query_one(statement, params).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// Sends a statement on this session.
+    pub(super) async fn query<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        let answer = self.client.query(statement, params).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// One round trip that runs nothing.
+    pub(super) async fn check_connection(&self) -> Result<(), tokio_postgres::Error> {
+        let answer = self.client.check_connection().await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    fn count_answer<T>(&self, answer: &Result<T, tokio_postgres::Error>) {
+        let answered = match answer {
+            Ok(_) => true,
+            Err(err) => err.as_db_error().is_some(),
+        };
+        if answered {
+            self.answers.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// True once the connection is gone (or going).
@@ -289,10 +419,14 @@ impl LockSession {
 }
 
 /// Pings a lock session every `interval` (a protocol Sync: the cheapest
-/// round trip there is) and ends it when a ping fails or gets no answer
-/// within `interval`: that catches half-open connections the kernel would
-/// only notice much later. Holds the session weakly, so a dropped backend
-/// still closes its connections.
+/// round trip there is) and ends it when a ping fails, or when within
+/// `interval` neither the ping nor anything else sent before it got an
+/// answer: that catches half-open connections the kernel would only notice
+/// much later. A ping queues behind the statements sent before it; each of
+/// those waits at most the session's `lock_timeout` (below `interval`), so
+/// while answers keep coming the session is alive however many wait.
+/// Holds the session weakly, so a dropped backend still closes its
+/// connections.
 pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duration) {
     loop {
         sleep(interval).await;
@@ -302,17 +436,27 @@ pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duratio
         if session.is_ended() {
             return;
         }
-        match timeout(interval, session.client.check_connection()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                session.end(format!("liveness check failed: {err}"));
-                return;
-            }
-            Err(_) => {
-                session.end(format!(
-                    "no answer to a liveness check within {interval:?} (half-open connection?)"
-                ));
-                return;
+        let mut answers = session.answers.load(Ordering::Relaxed);
+        let ping = session.client.check_connection();
+        tokio::pin!(ping);
+        loop {
+            match timeout(interval, &mut ping).await {
+                Ok(Ok(())) => break,
+                Ok(Err(err)) => {
+                    session.end(format!("liveness check failed: {err}"));
+                    return;
+                }
+                Err(_) => {
+                    let now = session.answers.load(Ordering::Relaxed);
+                    if now == answers {
+                        session.end(format!(
+                            "no answer to a liveness check within {interval:?} \
+                             (half-open connection?)"
+                        ));
+                        return;
+                    }
+                    answers = now;
+                }
             }
         }
     }

@@ -4,43 +4,90 @@
 //! [`PgOptions::schema`](super::PgOptions::schema) and is filled in once, at
 //! connect time, from a validated identifier: keys are never part of the SQL
 //! text, they are always bound parameters.
+//!
+//! # Names are never looked up on the search path
+//!
+//! A role with CREATE on a schema of the search path (`public`, before
+//! PostgreSQL 15, for every role) can define `public.nextval(text)`: an
+//! untyped literal argument prefers it to `pg_catalog.nextval(regclass)`,
+//! and a `search_path` that names `public` before `pg_catalog` prefers even
+//! a function or operator with dlock's exact argument types. It would then
+//! run, as the lock role, in every statement, and choose the tokens, the
+//! locks and the fence's verdict. So every function is written
+//! `pg_catalog.<name>`, every literal and parameter carries its exact type
+//! (`'…'::pg_catalog.regclass`, `$1::pg_catalog.text`), relations are
+//! qualified, and the statements that run in the caller's transaction
+//! ([`XACT_TRY_LOCK`], [`XACT_LOCK`], the PostgreSQL fence), under the
+//! caller's `search_path`, write operators as `OPERATOR(pg_catalog.<=)`.
+//! `greatest`, `CASE`, `COALESCE` and `EXTRACT` are grammar, not names
+//! looked up (`EXTRACT` calls `pg_catalog.extract`, or `date_part`
+//! before PostgreSQL 14), and `bigint` is a keyword for `pg_catalog.int8`.
+//! On its own sessions the backend sets `search_path` to `pg_catalog,
+//! pg_temp` when they open ([`SESSION_DEFAULTS`]) as well, which also
+//! overrides an `ALTER ROLE … SET search_path`.
+
+/// Settings of every connection the backend opens, sent first: the search
+/// path (see the module docs; `pg_temp` last, so a temporary table cannot
+/// shadow a relation either), and how long a statement may wait for a lock
+/// (`$1`, milliseconds as text).
+///
+/// On a lock session the wait is below the liveness interval. `nextval`
+/// and `setval` wait for an `ALTER SEQUENCE` or a `DROP` left open in
+/// another transaction; without a bound the lock statement would wait as
+/// long as that transaction, the session's liveness ping would queue
+/// behind it and get no answer in time, and the session would be ended
+/// with every lease on it. With it the statement fails fast, with an error
+/// that says why. Set before the session's setup too, which reads the
+/// sequence's position (and so waits for the same lock).
+pub(super) const SESSION_DEFAULTS: &str = "\
+SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
+       pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
 
 /// The advisory key of a lock key: `hashtextextended(key, seed)`, the 64-bit
 /// text hash PostgreSQL itself uses for hash partitioning, so it is stable
 /// across releases and any client in any language computes the same lock.
 /// Shown in the docs and used by the statements below.
-pub(super) const ADVISORY_KEY: &str = "SELECT hashtextextended($1::text, $2::bigint)";
+pub(super) const ADVISORY_KEY: &str =
+    "SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)";
 
 /// Draws a fencing token once the lock is taken, for the three lock
 /// statements below: `greatest(nextval, clock)`, the clock being the
 /// server's `clock_timestamp()` in microseconds since 1970 — the Redis
-/// backend's rule. `$after` is the row source the draw must come after.
+/// backend's rule, and the same two guarantees as there:
 ///
-/// The clock floor keeps tokens above every token handed out before when
-/// the sequence goes back: a DBA drops and recreates it or `setval`s it, or
-/// a failover to an asynchronous replica or a point-in-time restore brings
-/// back an older copy. A sequence that trails the clock by more than a
-/// second is moved up to it (`setval`, if the role has UPDATE on it; the
-/// second `WHEN` asks only then), so the sequence stays within a second of
-/// the highest token and still floors tokens should the clock step back.
-/// Not on every draw: `setval` always writes WAL and gives the
-/// statement a transaction id, so its commit waits for a WAL flush (and
-/// uses up transaction ids) — a lock then costs a disk flush instead of a
-/// plain round trip, where `nextval` logs once per 32 values. Every branch
-/// yields `greatest(seq, clock)`: `setval` returns the value it set.
+/// - The clock floor keeps tokens above every token handed out before when
+///   the sequence goes back: a DBA drops and recreates it or `setval`s it,
+///   a failover to an asynchronous replica or a point-in-time restore
+///   brings back an older copy, a crash loses its last moves.
+/// - The sequence holds at least the last token, so a server clock that
+///   steps back cannot lower tokens: whenever the clock wins, the same
+///   statement `setval`s the sequence to it (the token) — if the role has
+///   UPDATE on it, which the second `WHEN` asks only then. Without UPDATE
+///   tokens rest on the clock alone. `setval` returns the value it set, so
+///   every branch yields `greatest(seq, clock)`.
 ///
-/// `OFFSET 0` keeps each subquery from being merged into the next, so the
+/// `$extra` is a further column of the innermost subquery, evaluated with
+/// `nextval` (the lock sessions' statement makes its commit asynchronous
+/// there, see [`TRY_LOCK`]); `$after` is the row source the draw must come
+/// after. `OFFSET 0` keeps each subquery from being merged into the next
+/// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
-/// `nextval`, then the clock reading.
+/// `nextval`, then the clock reading, then `setval`.
 macro_rules! draw_token {
-    ($after:literal) => {
+    ($extra:literal, $after:literal) => {
         concat!(
-            "SELECT CASE WHEN t.clock <= t.seq + 1000000 THEN greatest(t.seq, t.clock)
-            WHEN has_sequence_privilege('{schema}.dlock_token_seq', 'UPDATE')
-            THEN setval('{schema}.dlock_token_seq', t.clock)
+            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            WHEN pg_catalog.has_sequence_privilege(
+                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                     'UPDATE'::pg_catalog.text)
+            THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
             ELSE t.clock END
-FROM (SELECT s.seq, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS clock
-      FROM (SELECT nextval('{schema}.dlock_token_seq') AS seq ",
+FROM (SELECT s.seq,
+             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+      FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq",
+            $extra,
+            " ",
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
         )
@@ -56,57 +103,76 @@ FROM (SELECT s.seq, (extract(epoch FROM clock_timestamp()) * 1000000)::bigint AS
 /// transaction. Returns the advisory key and the token (NULL: held by
 /// someone else).
 ///
-/// Why the tokens of one key rise strictly, although `setval` is not
-/// conditional and racing sessions can move the sequence *down* (A reads
-/// the clock at 5000 and pauses; B sets 5003; A then sets 5000):
+/// The statement's own transaction commits asynchronously
+/// (`synchronous_commit` off for this transaction only, set before it
+/// commits). `setval` writes WAL and takes a transaction id, and almost
+/// every draw `setval`s (the clock has moved on since the last one), so a
+/// synchronous commit would wait for a WAL flush on every lock. Safe here,
+/// because the commit protects nothing but the sequence's position: the
+/// advisory lock is not logged, and a crash that loses the last `setval`s
+/// (or `nextval`s) leaves the sequence *behind* tokens already handed out
+/// — exactly the sequence going back that the clock floor covers. Only on
+/// the sessions the backend owns: a [`TransactionLock`](super::TransactionLock)
+/// draws in the caller's transaction, whose durability is the caller's.
+///
+/// Why the tokens of one key rise strictly:
 ///
 /// 1. A token is the `greatest` of the two values its own statement read,
-///    never what the sequence holds afterwards: a race over the sequence
-///    cannot change a token already handed out.
+///    never what the sequence holds afterwards.
 /// 2. Acquisitions of one key are serialised by its advisory lock, and the
 ///    draw comes after the lock is taken. A holder lets go only by a later
 ///    statement or by its session ending, so the next holder's `nextval`
-///    and clock reading come after the previous holder's statement ended.
-/// 3. The clock is `clock_timestamp()`, read then — not `now()`, the start
+///    and clock reading come after the previous holder's statement ended,
+///    `setval` included.
+/// 3. When that statement ended the sequence held at least its token (the
+///    token was `nextval`'s value, or the clock it `setval`ed), so the next
+///    holder's `nextval` is above it, whatever the clock does. A `setval`
+///    of another key's statement can lower the sequence in between only if
+///    that statement overlapped this one: its `nextval` came first and its
+///    `setval`, of a clock reading below this token, lands after. (A
+///    statement that starts later draws a `nextval` above the sequence, so
+///    a clock reading that beats it is above the token too.) That clock
+///    reading is below the token by at most the overlap — microseconds,
+///    unless a server process is descheduled right between its reading and
+///    its `setval` — or by how far the sequence ran ahead of the clock,
+///    which it does only while tokens are drawn faster than one a
+///    microsecond, by that burst's excess.
+/// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start
 ///    of the transaction, which for a waiting `XACT_LOCK` lies before the
 ///    previous holder let go. Between two holders' readings lie at least an
 ///    unlock and a lock, round trips of their own, so if the clock does not
 ///    go back the next holder reads a strictly later microsecond, and its
-///    token (at least that reading) is above every previous token that was
-///    a clock reading.
-/// 4. A previous token that came from the sequence (it was ahead of the
-///    clock) is beaten by the next holder's `nextval` unless a `setval`
-///    moved the sequence down in between, and by its clock reading once the
-///    clock has caught up. A sequence a DBA set ahead of the clock is never
-///    moved (no clock reading beats it), so it only rises. One moved up to
-///    the clock gets ahead of it only while tokens are drawn faster than
-///    one a microsecond, and by no more than that burst drew beyond the
-///    clock's pace — less than the time from one holder's lock to the next
-///    holder's (an unlock and a lock, each a round trip) unless lock
-///    traffic outruns a million tokens a second.
+///    token is above every previous one that came from the clock — which
+///    is what carries tokens when the sequence was set back, lost or
+///    recreated, or moved down by the race in 3.
 ///
-/// So what is left to trust is a server clock that does not go back (and,
-/// after a failover, a new primary whose clock is not behind the old one's
-/// by more than the failover took), and lock traffic below a million
-/// tokens a second.
+/// So a lower token needs two faults at once: the sequence behind the
+/// key's last token (set back, lost, or that race) *and* the server clock
+/// stepped back past it (or, after a failover, a new primary whose clock is
+/// behind the old one's by more than the failover took); or a role without
+/// UPDATE on the sequence and a clock that steps back.
 pub const TRY_LOCK: &str = concat!(
-    "SELECT k.h, CASE WHEN pg_try_advisory_lock(k.h) THEN (",
-    draw_token!(""),
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
+    draw_token!(
+        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+              AS commit_mode",
+        ""
+    ),
     ") END
-FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k"
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
 /// Drops one session advisory lock of this session. Only the session that
 /// took a lock can drop it, and the backend checks the lease's owner in
 /// process before sending this on the session that holds it, so owner check
 /// and release cannot interleave with another owner's acquisition.
-pub const UNLOCK: &str = "SELECT pg_advisory_unlock($1::bigint)";
+pub const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)";
 
 /// Drops every advisory lock of a session. Sent only on wait sessions, which
 /// hold nothing else: it clears a shared lock granted in the very instant
 /// `lock_timeout` fired (the statement then fails, but a session-level lock
 /// survives the failed statement).
-pub(super) const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
+pub(super) const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
 
 /// The server-side wait: queues for a *shared* lock on the key, which is
 /// granted the moment the exclusive holder lets go — by release, by the
@@ -115,75 +181,92 @@ pub(super) const UNLOCK_ALL: &str = "SELECT pg_advisory_unlock_all()";
 /// merged into the outer query (which unlocks), so the order is fixed.
 /// Bounded by the session's `lock_timeout`.
 pub(super) const WAIT_FOR_RELEASE: &str = "\
-SELECT pg_advisory_unlock_shared(w.h)
-FROM (SELECT k.h, pg_advisory_lock_shared(k.h)
-      FROM (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k OFFSET 0) AS w";
+SELECT pg_catalog.pg_advisory_unlock_shared(w.h)
+FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
+      FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+      OFFSET 0) AS w";
 
-/// Sets a wait session's `lock_timeout` (milliseconds, as text).
-pub(super) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1::text, false)";
-
-/// Makes the server end a lock session that has sent nothing for this long
-/// (milliseconds, as text): a holder process that is frozen or cut off then
-/// loses its locks on the server's side too. PostgreSQL 14 added the
-/// setting; older servers skip it.
-pub(super) const SET_IDLE_SESSION_TIMEOUT: &str = "\
-SELECT CASE WHEN current_setting('server_version_num')::int >= 140000
-            THEN set_config('idle_session_timeout', $1::text, false) END";
+/// Sets up a lock session and returns its server process id.
+///
+/// `idle_session_timeout` (`$1`, milliseconds as text, or NULL to leave
+/// the server's setting alone) makes the server end a lock session that
+/// has sent nothing for this long: a holder process that is frozen or cut
+/// off then loses its locks on the server's side too. PostgreSQL 14 added
+/// the setting; older servers skip it.
+pub(super) const LOCK_SESSION_SETUP: &str = "\
+SELECT pg_catalog.pg_backend_pid(),
+       CASE WHEN $1::pg_catalog.text IS NOT NULL
+             AND pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
+                 >= 140000::pg_catalog.int4
+            THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
+       END";
 
 /// The sessions (other than this one) that hold a key's advisory lock
 /// exclusively. A `bigint` advisory key shows in `pg_locks` split into
 /// `classid` (high 32 bits) and `objid` (low 32 bits) with `objsubid = 1`.
 pub(super) const HOLDERS: &str = "\
 SELECT l.pid
-FROM pg_locks AS l, (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k
-WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
-  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND l.classid::bigint = ((k.h >> 32) & 4294967295)
-  AND l.objid::bigint = (k.h & 4294967295)
-  AND l.pid <> pg_backend_pid()";
+FROM pg_catalog.pg_locks AS l,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+  AND l.pid <> pg_catalog.pg_backend_pid()";
 
 /// Ends the sessions holding a key (administrative force release): an
 /// advisory lock can only be dropped by its own session, so breaking it
 /// means ending that session. Waits (up to `$3` ms, PostgreSQL 13+) until
 /// each session is gone, so its locks are free when this returns.
 pub(super) const TERMINATE_HOLDERS: &str = "\
-SELECT h.pid, pg_terminate_backend(h.pid, $3::bigint)
+SELECT h.pid, pg_catalog.pg_terminate_backend(h.pid, $3::pg_catalog.int8)
 FROM (SELECT l.pid
-      FROM pg_locks AS l, (SELECT hashtextextended($1::text, $2::bigint) AS h) AS k
-      WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' AND l.objsubid = 1
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.classid::bigint = ((k.h >> 32) & 4294967295)
-        AND l.objid::bigint = (k.h & 4294967295)
-        AND l.pid <> pg_backend_pid()) AS h";
+      FROM pg_catalog.pg_locks AS l,
+           (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+      WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+        AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                          WHERE d.datname = pg_catalog.current_database())
+        AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+        AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+        AND l.pid <> pg_catalog.pg_backend_pid()) AS h";
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
-/// sequence's settings with the server clock in microseconds to judge its
-/// maximum against. Reads the catalogs by name, so it works even without
+/// sequence's settings and position (its last value, NULL if none was drawn
+/// yet, and its start) with the server clock in microseconds to judge its
+/// maximum and its position against. Reads the catalogs by name, so it works even without
 /// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
 /// sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
 SELECT n.oid IS NOT NULL,
        s.oid IS NOT NULL,
-       COALESCE(has_schema_privilege(n.oid, 'USAGE'), false),
-       COALESCE(has_sequence_privilege(s.oid, 'USAGE'), false),
-       quote_ident(current_user),
-       COALESCE(has_sequence_privilege(s.oid, 'UPDATE'), false),
-       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax, format_type(q.seqtypid, NULL),
-       (extract(epoch FROM clock_timestamp()) * 1000000)::bigint
+       COALESCE(pg_catalog.has_schema_privilege(n.oid, 'USAGE'::pg_catalog.text), false),
+       COALESCE(pg_catalog.has_sequence_privilege(s.oid, 'USAGE'::pg_catalog.text), false),
+       pg_catalog.quote_ident(current_user::pg_catalog.text),
+       COALESCE(pg_catalog.has_sequence_privilege(s.oid, 'UPDATE'::pg_catalog.text), false),
+       q.seqincrement, q.seqcache, q.seqcycle, q.seqmax,
+       pg_catalog.format_type(q.seqtypid, NULL::pg_catalog.int4),
+       (EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000000::pg_catalog.int8)::pg_catalog.int8,
+       CASE WHEN pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'::pg_catalog.text)
+            THEN pg_catalog.pg_sequence_last_value(s.oid::pg_catalog.regclass) END,
+       q.seqstart
 FROM (SELECT 1) AS one
-LEFT JOIN pg_namespace AS n ON n.nspname = $1::text
-LEFT JOIN pg_class AS s
-       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq' AND s.relkind = 'S'
-LEFT JOIN pg_sequence AS q ON q.seqrelid = s.oid";
+LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
+LEFT JOIN pg_catalog.pg_class AS s
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_token_seq'::pg_catalog.name
+      AND s.relkind = 'S'::pg_catalog.\"char\"
+LEFT JOIN pg_catalog.pg_sequence AS q ON q.seqrelid = s.oid";
 
 /// Serialises object creation between backends connecting at the same
 /// moment (two concurrent `CREATE ... IF NOT EXISTS` can still collide on
 /// the catalog's unique indexes). The key is `hashtextextended('dlock:setup', 0)`
 /// computed on the server, so it never meets a lock key by accident more
 /// than any other key would.
-pub(super) const SETUP_LOCK: &str =
-    "SELECT pg_advisory_xact_lock(hashtextextended('dlock:setup', 0))";
+pub(super) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock(
+    pg_catalog.hashtextextended('dlock:setup'::pg_catalog.text, 0::pg_catalog.int8))";
 
 /// Creates the schema (only sent when it is missing: PostgreSQL checks the
 /// CREATE privilege before `IF NOT EXISTS`).
@@ -198,8 +281,9 @@ pub(super) const CREATE_SEQUENCE: &str =
 /// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
 /// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
 pub(super) const XACT_TRY_LOCK: &str = concat!(
-    "SELECT CASE WHEN pg_try_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) THEN (",
-    draw_token!(""),
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) THEN (",
+    draw_token!("", ""),
     ") END"
 );
 
@@ -210,18 +294,23 @@ pub(super) const XACT_TRY_LOCK: &str = concat!(
 /// fires, the statement still fails, and rolling back to the savepoint
 /// drops the lock it took.
 pub(super) const XACT_LOCK: &str = draw_token!(
-    "FROM (SELECT pg_advisory_xact_lock(hashtextextended($1::text, $2::bigint)) OFFSET 0) AS locked"
+    "",
+    "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
+      OFFSET 0) AS locked"
 );
 
 /// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
 /// value it had, to be put back once the lock is taken.
 pub(super) const XACT_SWAP_LOCK_TIMEOUT: &str = "\
-SELECT s.prev, set_config('lock_timeout', $1::text, true)
-FROM (SELECT current_setting('lock_timeout') AS prev OFFSET 0) AS s";
+SELECT s.prev, pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)
+FROM (SELECT pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev OFFSET 0) AS s";
 
-/// Puts `lock_timeout` back for the rest of the transaction.
-pub(super) const XACT_RESTORE_LOCK_TIMEOUT: &str =
-    "SELECT set_config('lock_timeout', $1::text, true)";
+/// Sets `lock_timeout` for the rest of the transaction (milliseconds, as
+/// text): puts it back after a transaction lock, and lets the creation of
+/// the schema objects wait longer than a lock session's statements.
+pub(super) const SET_LOCAL_LOCK_TIMEOUT: &str =
+    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)";
 
 /// True when a statement failed because the token sequence (or its schema)
 /// does not exist: a DBA dropped it after the backend connected. The lock
@@ -231,6 +320,44 @@ pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     err.code().is_some_and(|code| {
         *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME
     })
+}
+
+/// Whether a lock statement ([`TRY_LOCK`]) that failed left its session
+/// holding the key's lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum LockLeft {
+    /// It failed before `pg_try_advisory_lock` ran.
+    No,
+    /// It failed in the token draw, which runs only once the lock was
+    /// taken.
+    Yes,
+    /// The error does not say where it failed.
+    Unknown,
+}
+
+/// Where a failed [`TRY_LOCK`] stopped, from its error code.
+pub(super) fn lock_left_by(err: &tokio_postgres::Error) -> LockLeft {
+    use tokio_postgres::error::SqlState;
+    match err.code() {
+        // Planning names the sequence (a prepared statement is planned
+        // again once it is dropped), so this is found before anything ran.
+        _ if sequence_missing(err) => LockLeft::No,
+        // Only the draw waits for a lock (`nextval` and `setval`, on the
+        // sequence; `pg_try_advisory_lock` never waits), only it writes (a
+        // read-only transaction, a hot standby), and only it reaches the
+        // sequence's maximum.
+        Some(code)
+            if *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+                || *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED =>
+        {
+            LockLeft::Yes
+        }
+        // A cancel or a statement timeout can strike anywhere, and a
+        // missing privilege can be the schema's (planning) or the
+        // sequence's (the draw).
+        _ => LockLeft::Unknown,
+    }
 }
 
 /// Fills `{schema}` in a statement.

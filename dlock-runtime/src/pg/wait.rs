@@ -117,7 +117,16 @@ impl Waits {
         let (sender, receiver) = watch::channel(());
         watched.insert(key.clone(), (generation, sender));
         drop(watched);
-        tokio::spawn(probe(Arc::clone(shared), key.clone(), generation, idle));
+        // At home, so the probe outlives a caller's runtime. Should it be
+        // dropped (unstarted, or as its runtime shuts down), its guard
+        // stops the watch and gives back its room for a session.
+        let probing = Probing {
+            shared: Arc::clone(shared),
+            key: key.clone(),
+            generation,
+            session_counted: true,
+        };
+        shared.connector.home().spawn(probe(probing, idle));
         Some(notice(receiver))
     }
 }
@@ -152,12 +161,9 @@ impl Shared {
 
     async fn open_session(&self) -> Result<WaitSession, Failure> {
         let (close, closed) = oneshot::channel();
-        let client = self.connector.open(closed, |_| {}).await?;
+        // Each probe waits on the server for at most `PROBE_TIMEOUT`.
+        let client = self.connector.open(PROBE_TIMEOUT, closed, |_| {}).await?;
         let setup = async {
-            let timeout_ms = PROBE_TIMEOUT.as_millis().to_string();
-            client
-                .query_one(sql::SET_LOCK_TIMEOUT, &[&timeout_ms])
-                .await?;
             let probe = client.prepare(&self.probe_sql).await?;
             let unlock_all = client.prepare(sql::UNLOCK_ALL).await?;
             Ok::<_, tokio_postgres::Error>((probe, unlock_all))
@@ -174,17 +180,41 @@ impl Shared {
     }
 }
 
+/// A probe's place: while it exists the key is watched and the probe's
+/// session (idle or being opened) counts against the limit. Dropped, it
+/// ends both, which wakes the key's waiters (they retry, and a later one
+/// starts a new probe).
+struct Probing {
+    shared: Arc<Shared>,
+    key: LockKey,
+    generation: u64,
+    /// False once the probe's session went back to the idle list (or was
+    /// never opened, its room given back already).
+    session_counted: bool,
+}
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        self.shared.finish(&self.key, self.generation);
+        if self.session_counted {
+            self.shared.open.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
 /// Watches one key until it is released or nobody waits any more.
-async fn probe(shared: Arc<Shared>, key: LockKey, generation: u64, idle: Option<WaitSession>) {
+async fn probe(mut probing: Probing, idle: Option<WaitSession>) {
+    let shared = Arc::clone(&probing.shared);
+    let (key, generation) = (probing.key.clone(), probing.generation);
     let session = match idle {
         Some(session) => session,
         None => match shared.open_session().await {
             Ok(session) => session,
             Err(err) => {
+                probing.session_counted = false;
                 shared.open.fetch_sub(1, Ordering::SeqCst);
                 tracing::warn!(key = %key, error = %err, "cannot open a PostgreSQL wait session; waiters recheck on a timer");
                 sleep(OPEN_RETRY_PAUSE).await;
-                shared.finish(&key, generation);
                 return;
             }
         },
@@ -223,15 +253,15 @@ async fn probe(shared: Arc<Shared>, key: LockKey, generation: u64, idle: Option<
             Err(_) => break false,
         }
     };
-    shared.finish(&key, generation);
     if healthy && !session.client.is_closed() {
+        probing.session_counted = false;
         shared
             .idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(session);
-    } else {
-        drop(session);
-        shared.open.fetch_sub(1, Ordering::SeqCst);
     }
+    // Dropping `probing` finishes the watch (and, if the session was not
+    // kept, gives back its room).
+    drop(probing);
 }

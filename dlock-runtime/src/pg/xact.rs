@@ -33,7 +33,12 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// µs)`, see the [module docs](super#fencing-tokens) — so the tokens of a
 /// key rise across both, and keep rising when the sequence is dropped and
 /// recreated or set back. The sequence is not transactional: a token handed
-/// out is never handed out again, even if the transaction rolls back.
+/// out is never handed out again, even if the transaction rolls back. With
+/// UPDATE on the sequence (see the module docs) the draw `setval`s it when
+/// the clock wins, which gives the transaction a transaction id and a WAL
+/// record: a read-only transaction becomes a writing one, whose commit
+/// waits for its WAL flush as your `synchronous_commit` says (dlock leaves
+/// that setting of your transaction alone).
 ///
 /// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
 /// creates it and checks its settings (a DBA may pre-create it instead).
@@ -184,7 +189,7 @@ impl TransactionLock {
                     .try_get(0)
                     .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
                 savepoint
-                    .query_typed_one(sql::XACT_RESTORE_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
+                    .query_typed_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
                     .await
                     .map_err(|e| fail("cannot restore lock_timeout", e))?;
                 savepoint

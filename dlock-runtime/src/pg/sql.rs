@@ -168,6 +168,13 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// and release cannot interleave with another owner's acquisition.
 pub const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)";
 
+/// Drops one hold of a key's advisory lock by the key itself (its hash
+/// computed on the server): sent only to undo a lock statement that failed
+/// after it may have taken the lock, when no other lease of the session
+/// holds the same hash (see `undo_failed_lock`).
+pub(super) const UNLOCK_KEY: &str = "SELECT pg_catalog.pg_advisory_unlock(\
+pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
+
 /// Drops every advisory lock of a session. Sent only on wait sessions, which
 /// hold nothing else: it clears a shared lock granted in the very instant
 /// `lock_timeout` fired (the statement then fails, but a session-level lock

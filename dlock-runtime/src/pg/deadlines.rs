@@ -1,6 +1,7 @@
-//! The ttl of the backend's leases. A session advisory lock does not expire
-//! while its connection lives, so the backend unlocks a lease whose deadline
-//! passed without an extend. One queue per backend holds every deadline and
+//! Enforcing the ttl of the backend's leases. A session advisory lock does
+//! not expire while its connection lives, so the backend enforces each
+//! lease's deadline itself: it unlocks a lease whose deadline passed without
+//! an extend. One queue per backend holds every deadline and
 //! one task sleeps until the earliest: no task or timer per lease.
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ const LINGER: Duration = Duration::from_secs(5);
 pub(super) type Slot = (Instant, u64);
 
 /// The deadlines of the backend's held leases.
-pub(super) struct Expiries {
+pub(super) struct Deadlines {
     queue: Mutex<Queue>,
     wake: Notify,
     /// Where the task runs: not on the runtime of whichever caller happens
@@ -44,7 +45,7 @@ struct Queue {
     sleeping_until: Option<Instant>,
 }
 
-impl Expiries {
+impl Deadlines {
     pub(super) fn new(home: Arc<Home>) -> Self {
         Self {
             queue: Mutex::default(),
@@ -83,7 +84,7 @@ impl Expiries {
                 Arc::clone(self),
                 inner,
                 Unmark {
-                    expiries: Arc::clone(self),
+                    deadlines: Arc::clone(self),
                     number,
                 },
             ));
@@ -117,13 +118,13 @@ impl Expiries {
 /// Clears the task's mark however the task ends (also when its runtime
 /// shuts down), so the next hold starts a new one.
 struct Unmark {
-    expiries: Arc<Expiries>,
+    deadlines: Arc<Deadlines>,
     number: u64,
 }
 
 impl Drop for Unmark {
     fn drop(&mut self) {
-        let mut queue = self.expiries.queue();
+        let mut queue = self.deadlines.queue();
         if queue.task == Some(self.number) {
             queue.task = None;
             queue.sleeping_until = None;
@@ -132,12 +133,12 @@ impl Drop for Unmark {
 }
 
 /// Sleeps until the earliest deadline and unlocks every hold that is due.
-async fn run(expiries: Arc<Expiries>, inner: Weak<Inner>, unmark: Unmark) {
+async fn run(deadlines: Arc<Deadlines>, inner: Weak<Inner>, unmark: Unmark) {
     let _unmark = unmark;
     loop {
         let now = Instant::now();
         let (due, next) = {
-            let mut queue = expiries.queue();
+            let mut queue = deadlines.queue();
             let mut due = Vec::new();
             while let Some(entry) = queue.due.first_entry()
                 && entry.key().0 <= now
@@ -159,7 +160,7 @@ async fn run(expiries: Arc<Expiries>, inner: Weak<Inner>, unmark: Unmark) {
                     match inner.unlock(&key, Some(owner), true).await {
                         Ok(_) => tracing::debug!(key = %key, "lease deadline checked"),
                         Err(err) => {
-                            tracing::warn!(key = %key, error = %err, "unlocking an expired lease failed")
+                            tracing::warn!(key = %key, error = %err, "unlocking a lease past its deadline failed")
                         }
                     }
                 });
@@ -169,13 +170,13 @@ async fn run(expiries: Arc<Expiries>, inner: Weak<Inner>, unmark: Unmark) {
             Some(at) => {
                 let _ = timeout(
                     at.saturating_duration_since(Instant::now()),
-                    expiries.wake.notified(),
+                    deadlines.wake.notified(),
                 )
                 .await;
             }
             None => {
-                if timeout(LINGER, expiries.wake.notified()).await.is_err() {
-                    let mut queue = expiries.queue();
+                if timeout(LINGER, deadlines.wake.notified()).await.is_err() {
+                    let mut queue = deadlines.queue();
                     if queue.due.is_empty() {
                         // Ended under the lock `add` takes: a hold queued
                         // from now on starts a new task.

@@ -1,0 +1,220 @@
+//! The [`Backend`](crate::Backend) implementation: the in-process exclusion
+//! in front of the server, renewal as one check per session, release,
+//! waiting and the administrator's force release.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::home::NoRuntime;
+use super::locks::{GiveBack, no_runtime};
+use super::session::{Failure, LockSession};
+use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
+};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The session `owner`'s live lease on `key` is held on, if there is one.
+pub(super) fn live_session(
+    keys: &HashMap<LockKey, Entry>,
+    key: &LockKey,
+    owner: &OwnerId,
+) -> Option<Arc<LockSession>> {
+    keys.get(key)
+        .filter(|entry| entry.owner == *owner)
+        .and_then(Entry::holding)
+        .filter(|h| h.deadline() > Instant::now())
+        .map(|h| Arc::clone(&h.session))
+}
+
+#[async_trait]
+impl Backend for PgBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        {
+            // In-process exclusion first: never ask the server for a key
+            // this process holds or is taking (re-entrancy would say yes).
+            let mut keys = self.inner.keys();
+            if let Some(entry) = keys.get_mut(key) {
+                let now = Instant::now();
+                // A retry by the owner that holds it (its first answer was
+                // lost): it has the key, with its token, for a ttl from now.
+                if entry.owner == *owner
+                    && let State::Held(holding) = &mut entry.state
+                    && holding.deadline() > now
+                {
+                    holding.deadline_slot =
+                        self.inner
+                            .deadlines
+                            .moved(holding.deadline_slot, key, *owner, now + ttl);
+                    return Ok(Attempt::Acquired(
+                        Grant::new(holding.token).lost_with(holding.session.loss_group()),
+                    ));
+                }
+                return Ok(Attempt::Held {
+                    expires_in: entry
+                        .holding()
+                        .map(|h| h.deadline().saturating_duration_since(now)),
+                });
+            }
+            keys.insert(key.clone(), Entry::new(*owner));
+        }
+        // If the caller is cancelled after the server granted the lock, the
+        // rest runs on in a task of its own, which gives the lock back
+        // instead of leaking it.
+        let give_back = GiveBack {
+            inner: Arc::clone(&self.inner),
+            key: key.clone(),
+            owner: *owner,
+        };
+        let owner = *owner;
+        let attempt = {
+            let (inner, key) = (Arc::clone(&self.inner), key.clone());
+            async move { inner.acquire_on_server(&key, owner, ttl).await }
+        };
+        match self.inner.home.run_detachable(attempt, give_back).await {
+            Ok(outcome) => outcome,
+            Err(NoRuntime) => {
+                self.inner.forget(key, owner);
+                Err(no_runtime(Operation::Acquire, key))
+            }
+        }
+    }
+
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        self.extend_many(std::slice::from_ref(renewal))
+            .await
+            .pop()
+            .unwrap_or(Ok(false))
+    }
+
+    /// A lock lives exactly as long as its session, so one round trip on a
+    /// session proves every lease on it: the batch costs one check per
+    /// session, however many leases it renews.
+    async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let held_on: Vec<Option<Arc<LockSession>>> = {
+            let keys = self.inner.keys();
+            leases
+                .iter()
+                .map(|lease| live_session(&keys, lease.key, lease.owner))
+                .collect()
+        };
+        // Per session: the check's failure, if any, as text, and as the
+        // error itself for the first lease it fails (the others get its text).
+        let mut checked: Vec<(u64, Option<(String, Option<Failure>)>)> = Vec::new();
+        for session in held_on.iter().flatten() {
+            if checked.iter().any(|(id, _)| *id == session.id) {
+                continue;
+            }
+            let failure = match session.check_connection().await {
+                Ok(()) => None,
+                Err(err) => {
+                    let failure = Failure::new("lock session check failed", err);
+                    Some((failure.to_string(), Some(failure)))
+                }
+            };
+            checked.push((session.id, failure));
+        }
+        let mut keys = self.inner.keys();
+        let now = Instant::now();
+        leases
+            .iter()
+            .zip(held_on)
+            .map(|(lease, session)| {
+                let Some(session) = session else {
+                    return Ok(false);
+                };
+                match checked.iter_mut().find(|(id, _)| *id == session.id) {
+                    Some((_, None)) => {}
+                    Some((_, Some((text, failure)))) => {
+                        let failure = failure.take().unwrap_or_else(|| Failure::msg(text.clone()));
+                        return Err(LockError::backend(
+                            KIND,
+                            Operation::Extend,
+                            lease.key.as_str(),
+                            failure,
+                        ));
+                    }
+                    None => return Ok(false),
+                }
+                match live_session(&keys, lease.key, lease.owner) {
+                    Some(now_on) if now_on.id == session.id => {
+                        if let Some(State::Held(holding)) =
+                            keys.get_mut(lease.key).map(|e| &mut e.state)
+                        {
+                            holding.deadline_slot = self.inner.deadlines.moved(
+                                holding.deadline_slot,
+                                lease.key,
+                                *lease.owner,
+                                now + lease.ttl,
+                            );
+                        }
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                }
+            })
+            .collect()
+    }
+
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let (key, owner) = (lease.key, lease.owner);
+        let released = self.inner.unlock(key, Some(*owner), false).await?;
+        Ok(ReleaseOutcome::from_released(released))
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        if let Some(entry) = self.inner.keys().get_mut(key) {
+            // Held (or being taken) here: its entry going away is the signal.
+            let mut gone = entry
+                .gone
+                .get_or_insert_with(|| watch::channel(()).0)
+                .subscribe();
+            return Ok(ReleaseNotice::new(async move {
+                let _ = gone.changed().await;
+            }));
+        }
+        Ok(self.inner.waits.watch(key).unwrap_or_else(|| {
+            ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+        }))
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        // Held here: unlock it on our own session, so our other leases live on.
+        if self.inner.unlock(key, None, false).await? {
+            return Ok(true);
+        }
+        // Held elsewhere: only the holding session can drop an advisory
+        // lock, so end that session.
+        let session = self.inner.session().await?;
+        let rows = session
+            .query(
+                &self.inner.terminate_sql,
+                &[&key.as_str(), &self.inner.options.key_seed, &TERMINATE_WAIT_MS],
+            )
+            .await
+            .map_err(|e| {
+                self.inner.failed(
+                    Operation::Release,
+                    key,
+                    "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
+                    e,
+                )
+            })?;
+        for row in &rows {
+            let pid: Option<i32> = row.try_get(0).ok();
+            let gone: bool = row.try_get(1).unwrap_or(false);
+            tracing::warn!(key = %key, pid, gone, "force release: ended the PostgreSQL session holding the key");
+        }
+        Ok(!rows.is_empty())
+    }
+}

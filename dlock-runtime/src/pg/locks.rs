@@ -1,0 +1,374 @@
+//! Taking and dropping one key's session advisory lock: the lock statement
+//! and its token, the in-process claim, undoing a failed statement, giving
+//! back a lock nobody owns, and the clean-up of work cut short.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::home::NoRuntime;
+use super::session::{Failure, LockSession};
+use super::{Holding, Inner, KIND, State, sql, xact};
+use crate::backend::{Attempt, Grant, OwnerId};
+use crate::detach::{AbandonedWith, Ignore};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+impl Inner {
+    /// Held by another process, whose ttl this process cannot see: the
+    /// waiter relies on the release notice (a server-side probe, or a
+    /// recheck when none could watch the key).
+    pub(super) fn held_elsewhere(&self) -> Attempt {
+        Attempt::Held { expires_in: None }
+    }
+
+    /// Sends the lock statement: the advisory key and the token (None:
+    /// held). A session found dead is replaced once.
+    pub(super) async fn try_lock(
+        self: &Arc<Self>,
+        key: &LockKey,
+        in_flight: &mut Option<Arc<LockSession>>,
+    ) -> Result<(Arc<LockSession>, i64, Option<i64>), LockError> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        let mut retried = false;
+        let mut restored = false;
+        loop {
+            let session = self.session().await?;
+            *in_flight = Some(Arc::clone(&session));
+            let answer = session.query_one(&session.try_lock, &params).await;
+            let err = match answer {
+                Ok(row) => {
+                    let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
+                    return match parsed {
+                        Ok((advisory_key, token)) => Ok((session, advisory_key, token)),
+                        Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
+                    };
+                }
+                Err(err) => err,
+            };
+            if (err.is_closed() || session.is_ended()) && !retried {
+                retried = true;
+                continue;
+            }
+            // A session lock outlives the statement that took it, so a
+            // failure after `pg_try_advisory_lock` leaves the lock held.
+            if !err.is_closed() && !session.is_ended() {
+                Box::pin(self.undo_failed_lock(&session, key, &err)).await;
+            }
+            *in_flight = None;
+            if sql::sequence_missing(&err) && !restored {
+                restored = true;
+                Box::pin(self.restore_objects())
+                    .await
+                    .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+                continue;
+            }
+            if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                let what = format!(
+                    "the token sequence {}.dlock_token_seq is locked by another transaction \
+                     (an ALTER SEQUENCE or a DROP left open?) for longer than a lock session \
+                     waits for it ({:?}): the lock was not taken; try again once that \
+                     transaction has ended",
+                    self.quoted_schema,
+                    self.lock_timeout()
+                );
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::new(what, err),
+                ));
+            }
+            return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
+        }
+    }
+
+    pub(super) async fn acquire_on_server(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
+        let mut unfinished = Unfinished::new(self, key, owner);
+        let attempt = self.try_lock(key, &mut unfinished.in_flight).await;
+        let (session, advisory_key, token) = match attempt {
+            Ok(answer) => answer,
+            Err(err) => {
+                unfinished.finish();
+                self.forget(key, owner);
+                return Err(err);
+            }
+        };
+        let Some(token) = token else {
+            unfinished.finish();
+            self.forget(key, owner);
+            return Ok(self.held_elsewhere());
+        };
+        let token = match xact::to_token(token, key.as_str()) {
+            Ok(token) => token,
+            Err(err) => {
+                self.forget(key, owner);
+                Box::pin(self.give_back(&session, advisory_key)).await;
+                unfinished.finish();
+                return Err(err);
+            }
+        };
+        let deadline = Instant::now() + ttl;
+        let held = {
+            let mut keys = self.keys();
+            match keys.get_mut(key) {
+                // The claim fails when a different key with the same
+                // advisory key is held on the same session (this key's own
+                // entry is still `Acquiring`, so it has no claim): the server
+                // said yes only because advisory locks are re-entrant. That
+                // is contention, not a grant. Claimed under the key map's
+                // lock, so the check and the hold are one step.
+                Some(entry)
+                    if entry.owner == owner
+                        && matches!(entry.state, State::Acquiring)
+                        && session.claim(advisory_key) =>
+                {
+                    // Queued under the key map's lock, so the hold and its
+                    // deadline are one step.
+                    let deadline_slot =
+                        self.deadlines
+                            .add(Arc::downgrade(self), key, owner, deadline);
+                    entry.state = State::Held(Holding {
+                        session: Arc::clone(&session),
+                        advisory_key,
+                        token,
+                        deadline_slot,
+                        deadlines: Arc::clone(&self.deadlines),
+                    });
+                    true
+                }
+                _ => false,
+            }
+        };
+        if !held {
+            self.forget(key, owner);
+            Box::pin(self.give_back(&session, advisory_key)).await;
+            unfinished.finish();
+            return Ok(Attempt::Held { expires_in: None });
+        }
+        unfinished.finish();
+        Ok(Attempt::Acquired(
+            Grant::new(token).lost_with(session.loss_group()),
+        ))
+    }
+
+    /// Undoes what a lock statement that failed with `err` may have left on
+    /// `session`: the lock of the key's advisory key, if the statement took
+    /// it before a later step failed. Only what this attempt took: a plain
+    /// unlock of the advisory key drops one hold, which, if this attempt
+    /// took none, is the hold of another lease of this session whose key
+    /// has the same 64-bit hash.
+    pub(super) async fn undo_failed_lock(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        err: &tokio_postgres::Error,
+    ) {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        match sql::lock_left_by(err) {
+            sql::LockLeft::No => {}
+            // This attempt holds the lock (once more, if another lease of
+            // the session holds the same advisory key): one unlock drops
+            // exactly its hold.
+            sql::LockLeft::Yes => {
+                if session.query_one(sql::UNLOCK_KEY, &params).await.is_err() {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+            sql::LockLeft::Unknown => {
+                let advisory_key = match session.query_one(sql::ADVISORY_KEY, &params).await {
+                    Ok(row) => row.try_get::<_, i64>(0),
+                    Err(err) => Err(err),
+                };
+                let Ok(advisory_key) = advisory_key else {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                    return;
+                };
+                // A claim of its own while it unlocks: a lease of another
+                // key with the same advisory key that the server grants on
+                // this session meanwhile cannot claim it, and gives its
+                // hold back. (One granted before the unlock but claiming
+                // only after it is the one case left: a 64-bit collision
+                // of two keys taken at that instant on one session.)
+                if !session.claim(advisory_key) {
+                    session.end(format!(
+                        "a lock statement for `{key}` failed without saying whether it took the \
+                         lock, and a lease of another key with the same advisory key holds it on \
+                         this session: only ending the session surely drops what it took"
+                    ));
+                    return;
+                }
+                let unlocked = session.query_one(&session.unlock, &[&advisory_key]).await;
+                session.unclaim(advisory_key);
+                if unlocked.is_err() {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+        }
+    }
+
+    /// Drops one hold of `advisory_key` on `session` that no lease owns.
+    pub(super) async fn give_back(&self, session: &LockSession, advisory_key: i64) {
+        if session
+            .query_one(&session.unlock, &[&advisory_key])
+            .await
+            .is_err()
+        {
+            session.end("could not give back an unowned lock".to_owned());
+        }
+    }
+
+    /// Unlocks `key` on its session. `owner: None` is the administrator's
+    /// force; `overdue` only unlocks a lease whose deadline has passed.
+    /// `Ok(true)` when a live lease of `owner` was released.
+    pub(super) async fn unlock(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: Option<OwnerId>,
+        overdue: bool,
+    ) -> Result<bool, LockError> {
+        let (session, advisory_key, live, entry_owner) = {
+            let mut keys = self.keys();
+            let Some(entry) = keys.get_mut(key) else {
+                return Ok(false);
+            };
+            if owner.is_some_and(|owner| owner != entry.owner) {
+                return Ok(false);
+            }
+            let Some(holding) = entry.holding() else {
+                return Ok(false);
+            };
+            let live = holding.deadline() > Instant::now();
+            if overdue && live {
+                return Ok(false);
+            }
+            let State::Held(holding) = std::mem::replace(&mut entry.state, State::Releasing) else {
+                return Ok(false);
+            };
+            (
+                Arc::clone(&holding.session),
+                holding.advisory_key,
+                live,
+                entry.owner,
+            )
+        };
+        // Finished even if the caller gives up half-way, so the key cannot
+        // stay marked as releasing for ever: at home (see `home`).
+        let inner = Arc::clone(self);
+        let unlocked_key = key.clone();
+        let unlocked_on = Arc::clone(&session);
+        let unlocking = self.home.run_detachable(
+            async move {
+                let key = unlocked_key;
+                let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
+                unfinished.in_flight = Some(Arc::clone(&session));
+                let outcome = session.query_one(&session.unlock, &[&advisory_key]).await;
+                unfinished.finish();
+                inner.forget(&key, entry_owner);
+                match outcome {
+                    Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
+                    // The session is gone, and every lock it held with it.
+                    Err(err) if err.is_closed() || session.is_ended() => Ok(false),
+                    Err(err) => {
+                        // Ending the session is the one sure way to drop the lock.
+                        session.end(format!("could not release `{key}`"));
+                        Err(inner.failed(Operation::Release, &key, "unlock failed", err))
+                    }
+                }
+            },
+            Ignore,
+        );
+        match unlocking.await {
+            Ok(released) => Ok(live && released?),
+            Err(NoRuntime) => {
+                // Not unlocked, and nowhere to do it: ending the session
+                // frees the lock on the server.
+                self.forget(key, entry_owner);
+                unlocked_on.end(format!("no runtime left to release `{key}` on"));
+                Err(no_runtime(Operation::Release, key))
+            }
+        }
+    }
+}
+
+/// Cleans up after work on a key that is dropped before it finished, which
+/// happens only when the runtime running it shuts down: forgets the key's
+/// entry, so this process does not take it for held or being taken for
+/// ever, and ends the session a statement of it was sent on, which may hold
+/// a lock nobody will give back (that session's connection most likely
+/// went with the same runtime; this makes sure).
+pub(super) struct Unfinished<'a> {
+    inner: &'a Inner,
+    key: &'a LockKey,
+    owner: OwnerId,
+    in_flight: Option<Arc<LockSession>>,
+    finished: bool,
+}
+
+impl<'a> Unfinished<'a> {
+    pub(super) fn new(inner: &'a Inner, key: &'a LockKey, owner: OwnerId) -> Self {
+        Self {
+            inner,
+            key,
+            owner,
+            in_flight: None,
+            finished: false,
+        }
+    }
+
+    /// The work got to its end: nothing to clean up.
+    pub(super) fn finish(&mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        self.inner.forget(self.key, self.owner);
+        if let Some(session) = self.in_flight.take() {
+            session.end(format!(
+                "work on `{}` was dropped half-way (its runtime shut down)",
+                self.key
+            ));
+        }
+    }
+}
+
+/// The error when no runtime is left to run the backend's work on.
+pub(super) fn no_runtime(operation: Operation, key: &LockKey) -> LockError {
+    LockError::backend(
+        KIND,
+        operation,
+        key.as_str(),
+        Failure::msg(
+            "the runtime the PostgreSQL backend runs on shut down, and no other runtime is \
+             there to take over",
+        ),
+    )
+}
+
+/// Gives back a lock the server granted to a caller that stopped waiting.
+pub(super) struct GiveBack {
+    pub(super) inner: Arc<Inner>,
+    pub(super) key: LockKey,
+    pub(super) owner: OwnerId,
+}
+
+impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
+    async fn handle(self, outcome: Result<Attempt, LockError>) {
+        if let Ok(Attempt::Acquired(_)) = outcome {
+            let _ = self.inner.unlock(&self.key, Some(self.owner), false).await;
+        }
+    }
+}

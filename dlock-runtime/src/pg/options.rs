@@ -1,0 +1,196 @@
+//! [`PgOptions`]: the settings of a [`PgBackend`](super::PgBackend) beyond
+//! the connection string, and the checks on them and on the string.
+
+use super::DEFAULT_SCHEMA;
+use super::tls::TlsVerification;
+use crate::error::LockError;
+use std::time::Duration;
+
+/// Settings of a [`PgBackend`] beyond the connection string.
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_runtime::pg::PgOptions;
+///
+/// let options = PgOptions::new()
+///     .sessions(4)
+///     .schema("locks")
+///     .liveness_interval(Duration::from_secs(1));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    pub(super) sessions: usize,
+    pub(super) wait_sessions: usize,
+    pub(super) schema: String,
+    pub(super) key_seed: i64,
+    pub(super) connect_timeout: Duration,
+    pub(super) liveness_interval: Duration,
+    pub(super) server_idle_timeout: Option<Duration>,
+    pub(super) tls: TlsVerification,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PgOptions {
+    /// Two lock sessions, up to four wait sessions, schema `dlock`, key
+    /// seed 0, a 5 s connect timeout, a liveness check every 2 s, a 15 s
+    /// server idle timeout, and libpq's TLS behaviour.
+    pub fn new() -> Self {
+        Self {
+            sessions: 2,
+            wait_sessions: 4,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            key_seed: 0,
+            connect_timeout: Duration::from_secs(5),
+            liveness_interval: Duration::from_secs(2),
+            server_idle_timeout: Some(Duration::from_secs(15)),
+            tls: TlsVerification::default(),
+        }
+    }
+
+    /// How many connections hold locks (1 to 64). Leases spread over them;
+    /// more sessions mean fewer leases lost together when one dies.
+    pub fn sessions(mut self, sessions: usize) -> Self {
+        self.sessions = sessions;
+        self
+    }
+
+    /// At most how many connections wait on the server for keys held by
+    /// other processes (one per waited key; 0 to 64). When all are busy,
+    /// further waiters recheck once a second instead.
+    pub fn wait_sessions(mut self, wait_sessions: usize) -> Self {
+        self.wait_sessions = wait_sessions;
+        self
+    }
+
+    /// The schema of the token sequence: lowercase letters, digits and
+    /// `_`, not starting with a digit, at most 63 bytes.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// The seed of `hashtextextended(key, seed)`: every client that must
+    /// see the same locks uses the same seed.
+    pub fn key_seed(mut self, seed: i64) -> Self {
+        self.key_seed = seed;
+        self
+    }
+
+    /// How long opening a connection may take in all (TCP, TLS,
+    /// authentication), unless the connection string sets
+    /// `connect_timeout`.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How often each lock session is pinged; a ping without an answer
+    /// within the same time ends the session (its leases are told). At
+    /// least 100 ms.
+    pub fn liveness_interval(mut self, interval: Duration) -> Self {
+        self.liveness_interval = interval;
+        self
+    }
+
+    /// PostgreSQL 14+ ends a lock session that has sent nothing for this
+    /// long (`idle_session_timeout`), which frees the locks of a holder
+    /// that froze or was cut off. Must be more than twice the liveness
+    /// interval; `None` leaves the server's setting alone.
+    pub fn server_idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.server_idle_timeout = timeout;
+        self
+    }
+
+    /// How the server certificate is checked. A check
+    /// ([`TlsVerification::PublicRoots`], [`TlsVerification::RootCertificate`])
+    /// makes TLS required; the default, [`TlsVerification::EncryptOnly`],
+    /// does not stop a man in the middle.
+    pub fn tls(mut self, verification: TlsVerification) -> Self {
+        self.tls = verification;
+        self
+    }
+
+    pub(super) fn validate(&self) -> Result<String, LockError> {
+        let bad = |option, reason: String| Err(LockError::InvalidOption { option, reason });
+        if !(1..=64).contains(&self.sessions) {
+            return bad(
+                "sessions",
+                format!("{} is not between 1 and 64", self.sessions),
+            );
+        }
+        if self.wait_sessions > 64 {
+            return bad(
+                "wait_sessions",
+                format!("{} is more than 64", self.wait_sessions),
+            );
+        }
+        if self.liveness_interval < Duration::from_millis(100) {
+            return bad(
+                "liveness_interval",
+                format!("{:?} is below 100ms", self.liveness_interval),
+            );
+        }
+        if self.connect_timeout.is_zero() {
+            return bad("connect_timeout", "must be greater than zero".into());
+        }
+        if let Some(idle) = self.server_idle_timeout
+            && idle <= self.liveness_interval * 2
+        {
+            return bad(
+                "server_idle_timeout",
+                format!(
+                    "{idle:?} is not more than twice the liveness interval {:?}: healthy sessions would be ended",
+                    self.liveness_interval
+                ),
+            );
+        }
+        quote_schema(&self.schema)
+    }
+}
+
+/// True when `conn` is a URL whose first `@` is not in its authority (what
+/// lies between `://` and the first `/`, `?` or `#`) or whose authority has
+/// more than one. tokio-postgres splits the user info at the first `@` of
+/// the whole string, wherever it is, so a password in the query holding an
+/// `@` (`?user=app&password=a@b`) would make everything before that `@` the
+/// user name and the rest the host — shown by every error and by `Debug`.
+pub(super) fn misplaced_at_sign(conn: &str) -> bool {
+    let Some(rest) = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| conn.strip_prefix(scheme))
+    else {
+        return false;
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest.find('@') {
+        None => false,
+        Some(first) => first > authority_end || rest[first + 1..authority_end].contains('@'),
+    }
+}
+
+/// Checks a schema name and returns it quoted for SQL text (an identifier
+/// cannot be a bound parameter). Also used by the PostgreSQL fence.
+pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
+    let mut chars = schema.chars();
+    let valid = schema.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if valid {
+        Ok(format!("\"{schema}\""))
+    } else {
+        Err(LockError::InvalidOption {
+            option: "schema",
+            reason: format!(
+                "{schema:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
+            ),
+        })
+    }
+}

@@ -179,6 +179,35 @@ async fn terminate_lock_sessions(admin: &tokio_postgres::Client, backend: &PgBac
     pids
 }
 
+/// The error of the first acquisition of `key` whose error says `refusal`,
+/// once the backend's lock sessions have reopened on a sequence it must
+/// refuse (`what`); an acquisition that succeeds instead fails the test.
+async fn refused_once_a_session_reopens(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    refusal: &str,
+    what: &str,
+) -> dlock::LockError {
+    within(20, "an acquisition on a reopened session", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(30))
+                .acquire_on(Arc::clone(backend), key)
+                .await
+            {
+                Err(err) if err.to_string().contains(refusal) => break err,
+                Err(err) => eprintln!("not yet: {err}"),
+                Ok(lease) => {
+                    let token = lease.token();
+                    lease.release().await.expect("release");
+                    panic!("a session opened on {what} (token {token})");
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+}
+
 /// The next holder of `key` once the backend has replaced its ended
 /// sessions (the first attempts may still meet a session ending).
 async fn hold_once_reconnected(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
@@ -677,23 +706,12 @@ async fn a_sequence_set_far_ahead_of_the_clock_while_running_is_refused_when_a_l
         .await
         .expect("setval");
     terminate_lock_sessions(&admin, &pg).await;
-    let err = within(20, "an acquisition on a reopened session", async {
-        loop {
-            match LockOptions::new(Duration::from_secs(30))
-                .acquire_on(Arc::clone(&backend), &key)
-                .await
-            {
-                Err(err) if err.to_string().contains("ahead of the server clock") => break err,
-                Err(err) => eprintln!("not yet: {err}"),
-                Ok(lease) => {
-                    let token = lease.token();
-                    lease.release().await.expect("release");
-                    panic!("a session opened on a sequence far ahead of the clock (token {token})");
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
+    let err = refused_once_a_session_reopens(
+        &backend,
+        &key,
+        "ahead of the server clock",
+        "a sequence far ahead of the clock",
+    )
     .await;
     eprintln!("{err}");
     assert!(err.to_string().contains("START WITH 1 RESTART;"), "{err}");
@@ -740,24 +758,9 @@ async fn a_sequence_altered_to_cache_20_while_running_is_refused_when_a_lock_ses
         .await
         .expect("alter");
     terminate_lock_sessions(&admin, &pg).await;
-    let err = within(20, "an acquisition on a reopened session", async {
-        loop {
-            match LockOptions::new(Duration::from_secs(30))
-                .acquire_on(Arc::clone(&backend), &key)
-                .await
-            {
-                Err(err) if err.to_string().contains("cannot give rising") => break err,
-                Err(err) => eprintln!("not yet: {err}"),
-                Ok(lease) => {
-                    let token = lease.token();
-                    lease.release().await.expect("release");
-                    panic!("a session opened on a CACHE 20 sequence (token {token})");
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await;
+    let err =
+        refused_once_a_session_reopens(&backend, &key, "cannot give rising", "a CACHE 20 sequence")
+            .await;
     let text = err.to_string();
     eprintln!("{text}");
     assert!(text.contains("CACHE 20"), "{text}");

@@ -75,8 +75,9 @@ fn allowed_in_literal(c: char) -> bool {
 }
 
 /// Whether `c` is percent-encoded when it appears in an interpolated value:
-/// the runtime's `dlock_runtime::key::is_escaped_in_values`, which this crate
-/// cannot depend on. A separator between two placeholders needs one.
+/// the runtime's `dlock_runtime::key::is_escaped_in_values`, copied because
+/// expansion cannot call the runtime (a unit test holds the two together).
+/// A separator between two placeholders needs one.
 fn is_escaped_in_values(c: char) -> bool {
     if c.is_ascii() {
         !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
@@ -351,9 +352,17 @@ mod tests {
 
     #[test]
     fn separators_match_the_runtime() {
-        for c in (0u8..=127).map(char::from) {
-            let expected = !(c.is_ascii_alphanumeric() || "-_.".contains(c));
-            assert_eq!(is_escaped_in_values(c), expected, "{c:?}");
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            assert_eq!(
+                is_escaped_in_values(c),
+                dlock_runtime::key::is_escaped_in_values(c),
+                "{c:?}"
+            );
         }
+    }
+
+    #[test]
+    fn key_length_limit_matches_the_runtime() {
+        assert_eq!(MAX_KEY_LEN, dlock_runtime::MAX_KEY_LEN);
     }
 }

@@ -404,3 +404,23 @@ fn check_backend(literal: &LitStr, errors: &mut Errors) {
     };
     errors.push(Error::new(literal.span(), problem));
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dlock_runtime::LockOptions;
+
+    use super::{MAX_DURATION, MIN_TTL};
+
+    /// What the macro lets through must run, and what it refuses must be
+    /// refused by the runtime too: the limits are copies of the runtime's.
+    #[test]
+    fn duration_limits_match_the_runtime() {
+        let accepted = |ttl: Duration| LockOptions::new(ttl).validate().is_ok();
+        assert_eq!(MAX_DURATION, dlock_runtime::MAX_DURATION);
+        assert!(accepted(MIN_TTL) && accepted(MAX_DURATION));
+        assert!(!accepted(MIN_TTL - Duration::from_nanos(1)));
+        assert!(!accepted(MAX_DURATION + Duration::from_nanos(1)));
+    }
+}

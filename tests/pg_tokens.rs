@@ -327,8 +327,10 @@ async fn a_sequence_set_back_while_the_lock_sessions_reconnect_still_gives_risin
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get_higher_tokens() {
+/// What a fault to the sequence does to transaction locks: tokens taken in
+/// an application's transactions (with and without waiting) before the
+/// fault, then after it, must keep rising.
+async fn transaction_lock_tokens_rise_across(label: &str, fault: &str, reconnect: bool) {
     let scratch = Scratch::new();
     let admin = client().await;
     let _creates_the_sequence = PgBackend::connect_with(&conn(), scratch.options())
@@ -336,7 +338,7 @@ async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get
         .expect("connect");
     let mut app = client().await;
     let lock = scratch.xact();
-    let key = fresh_key("xact-recreated");
+    let key = fresh_key(label);
     let mut highest = FencingToken::new(0);
     for wait in [false, true, false, true] {
         let token = hold_in_transaction(&mut app, &lock, &key, wait)
@@ -346,12 +348,13 @@ async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get
     }
 
     admin
-        .batch_execute(&format!(
-            "DROP SEQUENCE {seq}; CREATE SEQUENCE {seq} AS bigint;",
-            seq = scratch.seq()
-        ))
+        .batch_execute(&fault.replace("{seq}", &scratch.seq()))
         .await
-        .expect("drop and recreate");
+        .expect("the fault");
+    if reconnect {
+        // A failover ends every connection, the application's too.
+        app = client().await;
+    }
 
     let mut previous = highest;
     for wait in [false, true, false, true] {
@@ -360,50 +363,21 @@ async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get
             .expect("free");
         assert!(
             token > previous,
-            "a transaction lock (wait: {wait}) after the sequence was recreated got {token}, \
-             not above {previous}"
+            "a transaction lock (wait: {wait}) after `{fault}` got {token}, not above {previous}"
         );
         previous = token;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_after_the_sequence_is_dropped_and_recreated_still_get_higher_tokens() {
+    let recreate = "DROP SEQUENCE {seq}; CREATE SEQUENCE {seq} AS bigint;";
+    transaction_lock_tokens_rise_across("xact-recreated", recreate, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transaction_locks_after_the_sequence_is_set_back_still_get_higher_tokens() {
-    let scratch = Scratch::new();
-    let admin = client().await;
-    let _creates_the_sequence = PgBackend::connect_with(&conn(), scratch.options())
-        .await
-        .expect("connect");
-    let mut app = client().await;
-    let lock = scratch.xact();
-    let key = fresh_key("xact-set-back");
-    let mut highest = FencingToken::new(0);
-    for wait in [false, true, false, true] {
-        let token = hold_in_transaction(&mut app, &lock, &key, wait)
-            .await
-            .expect("free");
-        highest = highest.max(token);
-    }
-
-    admin
-        .query_one(&format!("SELECT setval('{}', 1)", scratch.seq()), &[])
-        .await
-        .expect("setval");
-    // The application reconnects too (a failover ends every connection).
-    let mut app = client().await;
-
-    let mut previous = highest;
-    for wait in [false, true, false, true] {
-        let token = hold_in_transaction(&mut app, &lock, &key, wait)
-            .await
-            .expect("free");
-        assert!(
-            token > previous,
-            "a transaction lock (wait: {wait}) after the sequence went back got {token}, \
-             not above {previous}"
-        );
-        previous = token;
-    }
+    transaction_lock_tokens_rise_across("xact-set-back", "SELECT setval('{seq}', 1)", true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,11 @@ impl LockOptions {
     /// How long to wait for a held key before failing with
     /// [`LockError::Timeout`]. Zero (the default) fails at once with
     /// [`LockError::Held`].
+    ///
+    /// The wait bounds the time spent waiting for the holder, not a single
+    /// request to the backend: an attempt already sent when the wait runs
+    /// out is answered first, within the backend's own timeouts (the Redis
+    /// backend's `response_timeout`, for example).
     pub const fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self

@@ -9,6 +9,7 @@ use std::time::Duration;
 use dlock::pg::tokio_postgres::{self, NoTls, Statement};
 use dlock::{Backend, LockKey, LockOptions};
 use redis::Script;
+use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use crate::stats::Measured;
@@ -124,7 +125,7 @@ pub async fn measure(
 }
 
 /// A 32-hex-digit owner id, as dlock writes them, made without a syscall.
-fn owner_hex(task: usize, n: u64) -> String {
+pub fn owner_hex(task: usize, n: u64) -> String {
     format!("{:016x}{n:016x}", task as u64)
 }
 
@@ -149,35 +150,12 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
                         let (mut conn, acquire, release) =
                             (conn.clone(), acquire.clone(), release.clone());
                         let tag = format!("bench:{run}:floor:{i}");
-                        let (lock, fence, channel) = (
-                            format!("dlock:{{{tag}}}:lock"),
-                            format!("dlock:{{{tag}}}:fence"),
-                            format!("dlock:{{{tag}}}:released"),
-                        );
                         async move {
                             let mut n = 0u64;
                             timed!(deadline, {
                                 n += 1;
-                                let owner = owner_hex(i, n);
-                                let got: Vec<i64> = acquire
-                                    .key(&lock)
-                                    .key(&fence)
-                                    .arg(&owner)
-                                    .arg(TTL.as_millis() as u64)
-                                    .invoke_async(&mut conn)
+                                floor_cycle(&mut conn, &acquire, &release, &tag, &owner_hex(i, n))
                                     .await?;
-                                if got.first() != Some(&1) {
-                                    return Err(format!("floor: {lock} was held: {got:?}").into());
-                                }
-                                let released: i64 = release
-                                    .key(&lock)
-                                    .arg(&owner)
-                                    .arg(&channel)
-                                    .invoke_async(&mut conn)
-                                    .await?;
-                                if released != 1 {
-                                    return Err(format!("floor: {lock} was not ours").into());
-                                }
                             })
                         }
                     })
@@ -232,19 +210,7 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
                             let mut n = 0u64;
                             timed!(deadline, {
                                 n += 1;
-                                let set: Option<String> = redis::cmd("SET")
-                                    .arg(&key)
-                                    .arg(owner_hex(i, n))
-                                    .arg("NX")
-                                    .arg("PX")
-                                    .arg(TTL.as_millis() as u64)
-                                    .query_async(&mut conn)
-                                    .await?;
-                                if set.is_none() {
-                                    return Err(format!("bare: {key} was held").into());
-                                }
-                                let _: i64 =
-                                    redis::cmd("DEL").arg(&key).query_async(&mut conn).await?;
+                                bare_cycle(&mut conn, &key, &owner_hex(i, n)).await?;
                             })
                         }
                     })
@@ -254,6 +220,59 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
         )
     };
     Ok(vec![floor, dlock_row, rslock_row, bare])
+}
+
+/// One cycle of the Redis floor: dlock's acquire and release scripts sent
+/// by hand on the keys dlock would use for `tag`.
+pub async fn floor_cycle(
+    conn: &mut MultiplexedConnection,
+    acquire: &Script,
+    release: &Script,
+    tag: &str,
+    owner: &str,
+) -> Res<()> {
+    let (lock, fence, channel) = (
+        format!("dlock:{{{tag}}}:lock"),
+        format!("dlock:{{{tag}}}:fence"),
+        format!("dlock:{{{tag}}}:released"),
+    );
+    let got: Vec<i64> = acquire
+        .key(&lock)
+        .key(&fence)
+        .arg(owner)
+        .arg(TTL.as_millis() as u64)
+        .invoke_async(conn)
+        .await?;
+    if got.first() != Some(&1) {
+        return Err(format!("floor: {lock} was held: {got:?}").into());
+    }
+    let released: i64 = release
+        .key(&lock)
+        .arg(owner)
+        .arg(&channel)
+        .invoke_async(conn)
+        .await?;
+    if released != 1 {
+        return Err(format!("floor: {lock} was not ours").into());
+    }
+    Ok(())
+}
+
+/// One bare cycle: `SET NX PX` + `DEL`, no owner check, no token.
+pub async fn bare_cycle(conn: &mut MultiplexedConnection, key: &str, owner: &str) -> Res<()> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(owner)
+        .arg("NX")
+        .arg("PX")
+        .arg(TTL.as_millis() as u64)
+        .query_async(conn)
+        .await?;
+    if set.is_none() {
+        return Err(format!("bare: {key} was held").into());
+    }
+    let _: i64 = redis::cmd("DEL").arg(key).query_async(conn).await?;
+    Ok(())
 }
 
 /// A raw connection with the statements the PostgreSQL rows send: dlock's

@@ -6,6 +6,7 @@
 //! cargo run --release --example bench                 # full run (~6 min), writes BENCHMARKS.md
 //! cargo run --example bench -- --smoke                # ~10 s, writes target/bench-smoke.md
 //! cargo run --release --example bench -- --only cycle,handoff   # some scenarios
+//! cargo run --release --example bench -- --only server         # Redis server CPU per cycle
 //! ```
 //!
 //! Servers: `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`) and
@@ -19,6 +20,7 @@ mod heap;
 mod held;
 mod overhead;
 mod report;
+mod server;
 mod stats;
 
 use std::path::PathBuf;
@@ -67,6 +69,8 @@ pub struct Config {
     pub held_window: Duration,
     /// Length of one cross-process run.
     pub cross_time: Duration,
+    /// Cycles per implementation in the server-CPU scenario.
+    pub server_cycles: u64,
 }
 
 impl Config {
@@ -84,7 +88,7 @@ impl Config {
                 "--child" => child = Some(args.by_ref().collect()),
                 // `cargo bench` passes this to every bench target.
                 "--bench" => {}
-                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross)").into()),
+                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server)").into()),
             }
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -131,6 +135,7 @@ impl Config {
             } else {
                 Duration::from_secs(5)
             },
+            server_cycles: if smoke { 1_000 } else { 20_000 },
         };
         Ok((cfg, child))
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use dlock::Backend;
 
 use crate::stats::{show, show_rate};
-use crate::{Config, Res, cross, cycle, handoff, held, overhead};
+use crate::{Config, Res, cross, cycle, handoff, held, overhead, server};
 
 /// Concurrency levels of the uncontended cycle.
 const CONCURRENCY: [usize; 2] = [1, 64];
@@ -383,6 +383,67 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         }
         let _ = writeln!(body);
         clean_redis(cfg).await?;
+    }
+
+    if cfg.wants("server") {
+        eprintln!("scenario 6: Redis server CPU per cycle");
+        let costs = server::measure(&cfg.run, cfg.server_cycles).await?;
+        let _ = writeln!(
+            body,
+            "## 6. Redis server CPU per lock cycle\n\nRedis runs commands on one thread, so a shared server's lock throughput is bounded by the server time a cycle takes. A redis-server the benchmark starts for itself (no persistence, nothing else connected) serves {} uncontended acquire + release cycles of each implementation from {} tasks, each on a key of its own, after a warm-up. CPU is the server main thread's own user + system time (`INFO cpu`: `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`), network I/O included; it does not depend on how the machine's cores are shared between client and server. The breakdown is `INFO commandstats` over the same cycles (reset before them): a command a script calls counts on its own line *and* inside the script's time.\n",
+            costs.first().map_or(0, |c| c.cycles),
+            server::TASKS
+        );
+        let _ = writeln!(
+            body,
+            "| implementation | server CPU per cycle | vs rslock | cycles/s (wall) |\n| --- | ---: | ---: | ---: |"
+        );
+        let rslock = costs
+            .iter()
+            .find(|c| c.protocol == server::Protocol::Rslock)
+            .map(server::Cost::per_cycle);
+        for cost in &costs {
+            let _ = writeln!(
+                body,
+                "| {} | {:.1} µs | {} | {:.0} |",
+                cost.protocol.label(),
+                cost.per_cycle(),
+                rslock.map_or("?".into(), |r| format!("{:.2} x", cost.per_cycle() / r)),
+                cost.cycles as f64 / cost.wall.as_secs_f64()
+            );
+        }
+        let _ = writeln!(
+            body,
+            "\n| implementation | command | calls per cycle | µs per call | µs per cycle |\n| --- | --- | ---: | ---: | ---: |"
+        );
+        for cost in &costs {
+            for command in &cost.commands {
+                let _ = writeln!(
+                    body,
+                    "| {} | `{}` | {:.2} | {:.2} | {:.2} |",
+                    cost.protocol.label(),
+                    command.command,
+                    command.calls as f64 / cost.cycles as f64,
+                    command.usec as f64 / command.calls.max(1) as f64,
+                    command.usec as f64 / cost.cycles as f64
+                );
+            }
+        }
+        let _ = writeln!(body);
+        if let (Some(dlock), Some(rslock)) = (
+            costs.iter().find(|c| c.protocol == server::Protocol::Dlock),
+            rslock,
+        ) {
+            let ratio = dlock.per_cycle() / rslock;
+            targets.push((
+                "Redis server CPU per dlock cycle <= 1.4 x rslock's".into(),
+                format!(
+                    "{ratio:.2} x ({:.1} µs vs {rslock:.1} µs)",
+                    dlock.per_cycle()
+                ),
+                yes(ratio <= 1.4),
+            ));
+        }
     }
 
     let mut out = String::new();

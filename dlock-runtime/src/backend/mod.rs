@@ -276,8 +276,9 @@ pub enum ReleaseOutcome {
     /// The reply to a first request was lost (a broken connection) and a
     /// retry found the key not held by the caller: either the lost request
     /// released it, or the lease had ended before. The core decides with
-    /// the lease's own deadline: a retry answered while the lease was still
-    /// valid by the holder's clock means the first request released it.
+    /// the lease's own deadline: a release *sent* while the lease was still
+    /// valid by the holder's clock let go of a key that was still the
+    /// holder's, whether the lost request freed it or the ttl did after it.
     Unconfirmed,
 }
 

@@ -346,6 +346,7 @@ impl Lease {
         self.finished = true;
         self.stop_watching();
         let prior = self.shared.mark_released();
+        let sent = Instant::now();
         let outcome = finish_detached(&self.shared, self.keep_for()).await;
         if let State::Lost(reason) = prior {
             return Err(self.shared.lost_error(reason));
@@ -353,12 +354,16 @@ impl Lease {
         match outcome {
             Ok(ReleaseOutcome::Released) => Ok(()),
             // The first request's reply was lost and the retry found the key
-            // gone. Before `valid_until` (counted from when the last renewal
-            // was sent, so never later than the store's own expiry) only that
-            // request, or an outside hand, can have removed it: it released.
-            Ok(ReleaseOutcome::Unconfirmed) if self.shared.within_validity(Instant::now()) => {
-                Ok(())
-            }
+            // gone: that request released it, or the lease ran out after it
+            // was sent. Either way, if it was sent before `valid_until`
+            // (counted from when the last renewal was sent, so never later
+            // than the store's own expiry), the holder let go while the key
+            // was still its own, and nobody else can have held it before:
+            // a release, not a loss. (Only an outside hand breaking the lock
+            // before the release is told apart by nothing here.) Judged by
+            // when it was sent, not answered: a retry after a response
+            // timeout easily lands past a short ttl.
+            Ok(ReleaseOutcome::Unconfirmed) if self.shared.within_validity(sent) => Ok(()),
             Ok(ReleaseOutcome::NotOwner | ReleaseOutcome::Unconfirmed) => {
                 Err(self.shared.lost_error(LostReason::NotOwner))
             }

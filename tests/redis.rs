@@ -468,6 +468,95 @@ async fn a_release_whose_reply_is_lost_is_not_reported_as_a_lost_lease() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_until_the_ttl_ran_out_is_not_reported_as_a_lost_lease() {
+    // A short ttl: the retry after the lost reply lands after the lease's
+    // validity. The release was sent while the key was still the holder's,
+    // so the holder let go in time; reporting a loss would tell it that
+    // someone else may have acted meanwhile, which nobody can have.
+    let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
+            .await
+            .expect("connect through the proxy"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("lost-reply-short-ttl");
+    let ttl = Duration::from_millis(800);
+    let lease = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    proxy.mute_replies();
+    let releasing = tokio::spawn(lease.release());
+    within(10, "the release to reach the server", async {
+        while cli(&["EXISTS", &lock_name(&key)]) != "0" {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // Well past the lease's validity before the retry is sent.
+    tokio::time::sleep(ttl * 2).await;
+    proxy.cut();
+    let released = within(15, "the release", releasing).await.expect("task");
+    assert!(
+        released.is_ok(),
+        "the release was sent and done while the lease was valid; a retry answered \
+         after the ttl must not report a lost lease: {released:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_acquisition_after_the_counter_was_set_back_still_gets_a_higher_token() {
+    // The acquisition reaches the server, its reply is lost, and before the
+    // retry the fence counter goes back (a promotion that lost writes). The
+    // retry, by the owner that now holds the key, must draw a token above
+    // every earlier one, not read the set-back counter.
+    let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
+            .await
+            .expect("connect through the proxy"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("retry-after-set-back");
+    let previous = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let previous_token = previous.token();
+    previous.release().await.expect("release");
+    proxy.mute_replies();
+    let acquiring = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    within(10, "the acquisition to reach the server", async {
+        while cli(&["EXISTS", &lock_name(&key)]) != "1" {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        cli(&["SET", &fence_name(&key), &previous_token.get().to_string()]),
+        "OK"
+    );
+    proxy.cut();
+    let lease = within(25, "the retried acquisition", acquiring)
+        .await
+        .expect("task")
+        .expect("acquired by the retry");
+    assert!(
+        lease.token() > previous_token,
+        "the retry got token {} after the previous holder's {previous_token}",
+        lease.token()
+    );
+    lease.release().await.expect("release");
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
     // A counter seeded past the clock (a migration) is beyond the clock

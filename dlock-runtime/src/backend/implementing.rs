@@ -18,9 +18,9 @@
 //! 2. **Tokens only rise per key**, also across restarts of the store: draw
 //!    them from a durable counter, floored at the store's clock in
 //!    microseconds if the counter can be lost.
-//! 3. **A retry by the owner that holds the key is a success** with the
-//!    token already drawn: the core retries with the same owner after a lost
-//!    reply.
+//! 3. **A retry by the owner that holds the key is a success**, with the
+//!    token already drawn or a new one (rule 2 holds either way): the core
+//!    retries with the same owner after a lost reply.
 //! 4. **`Held { expires_in }`** says how long the current holder's lease
 //!    has left, if the store knows (`None` otherwise): the core looks again
 //!    then even if no release is announced.

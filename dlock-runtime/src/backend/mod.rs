@@ -45,10 +45,12 @@ pub mod implementing;
 ///    persistence, a failover, a restore) is floored at the store's clock in
 ///    microseconds, so it restarts above every earlier token.
 /// 3. **A retry by the owner that holds the key is a success**, with the
-///    token already drawn and the lease's lifetime counted anew: owner ids
-///    are random per acquisition, so only a retry of the same acquisition
-///    can carry it, and the core retries with the same owner after a reply
-///    was lost.
+///    lease's lifetime counted anew and the token already drawn, or a new
+///    one (rule 2 holds either way; the first answer never reached the
+///    caller). Owner ids are random per acquisition, so only a retry of the
+///    same acquisition can carry it, and the core retries with the same
+///    owner after a reply was lost. A store whose counter can go back (the
+///    Redis backend) draws anew, so the clock floor is under the token.
 /// 4. **Every lock ends without its holder**: a ttl the store enforces, or a
 ///    session the store ends when the holder dies. Nothing holds forever.
 /// 5. **Keys are data**: passed as arguments, never spliced into code.
@@ -72,7 +74,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Takes `request.key` for `request.owner` for `request.ttl` if nobody
     /// holds it, drawing a fencing token greater than every token issued for
     /// the key before (rules 1 and 2). A retry by the owner that holds it
-    /// answers `Acquired` with the same token (rule 3).
+    /// answers `Acquired` (rule 3).
     ///
     /// When someone else holds it, the answer is [`Attempt::Held`] with how
     /// long the holder's lease has left if the store knows it (the core

@@ -32,7 +32,12 @@ use ::redis::Script;
 ///
 /// If the key is already held by this very owner id (a retry of an attempt
 /// whose reply was lost on a broken connection), the attempt counts as
-/// acquired with the token already drawn: owner ids are random per attempt.
+/// acquired: owner ids are random per attempt. Its lifetime starts anew and
+/// it draws a token of its own, like any acquisition, rather than reading
+/// the counter back: the counter may have gone back since the first
+/// attempt drew (a failover that lost writes), and only a draw puts the
+/// clock floor under the token. The first attempt's token never reached
+/// the caller, so a higher one is all it sees.
 ///
 /// Lua numbers are doubles, exact only up to 2^53: a counter above that (a
 /// migration may seed one) would round, and two acquisitions would get the
@@ -46,28 +51,27 @@ use ::redis::Script;
 /// for its code), with `INCR`'s own `ERR` taken off its reason.
 pub const ACQUIRE_LUA: &str = r"
 if redis.replicate_commands then redis.replicate_commands() end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local token = redis.pcall('INCR', KEYS[2])
-  if type(token) == 'table' then
-    redis.call('DEL', KEYS[1])
-    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+    return {0, redis.call('PTTL', KEYS[1])}
   end
-  if token >= 9007199254740992 then
-    return {1, redis.call('GET', KEYS[2])}
-  end
-  local now = redis.call('TIME')
-  local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  if token < clock then
-    token = clock
-    redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
-  end
-  return {1, token}
-end
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local token = redis.pcall('INCR', KEYS[2])
+if type(token) == 'table' then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
+end
+if token >= 9007199254740992 then
   return {1, redis.call('GET', KEYS[2])}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+if token < clock then
+  token = clock
+  redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
+end
+return {1, token}
 ";
 
 /// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` owner id, `ARGV[2]` ttl in

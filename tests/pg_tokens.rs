@@ -747,6 +747,167 @@ async fn a_sequence_altered_to_cache_20_while_running_is_refused_when_a_lock_ses
     assert!(hold_once(&backend, &key).await > first);
 }
 
+/// Moves the sequence an hour ahead of the server clock: the state a clock
+/// stepped back by an hour leaves, in which tokens come from the sequence.
+async fn clock_steps_back_an_hour(admin: &tokio_postgres::Client, seq: &str) {
+    admin
+        .batch_execute(&format!(
+            "SELECT setval('{seq}', (extract(epoch from clock_timestamp()) * 1000000)::bigint \
+             + 3600000000)"
+        ))
+        .await
+        .expect("setval");
+}
+
+/// The error of acquiring `key` on `backend`, which must be refused.
+async fn refused(backend: &Arc<dyn Backend>, key: &LockKey) -> String {
+    match LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::clone(backend), key)
+        .await
+    {
+        Ok(lease) => panic!("acquired with token {}", lease.token()),
+        Err(err) => err.to_string(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_altered_to_cache_20_under_open_sessions_is_refused_at_the_next_acquisition() {
+    // Two services hold one key in turn; the server clock is behind the
+    // sequence (so tokens come from it) when a DBA sets CACHE 20. Their
+    // lock sessions stay open, so no session-open check sees it: the draw
+    // itself must refuse, or the services' cached blocks interleave.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let url = conn();
+    let connect = || PgBackend::connect_with(&url, scratch.options().sessions(1));
+    let a: Arc<dyn Backend> = Arc::new(connect().await.expect("connect"));
+    let b: Arc<dyn Backend> = Arc::new(connect().await.expect("connect"));
+    let key = fresh_key("cache-20-open");
+    let before = hold_once(&a, &key).await.max(hold_once(&b, &key).await);
+    clock_steps_back_an_hour(&admin, &scratch.seq()).await;
+    admin
+        .batch_execute(&format!("ALTER SEQUENCE {} CACHE 20", scratch.seq()))
+        .await
+        .expect("alter");
+
+    for backend in [&a, &b, &a, &b] {
+        let text = refused(backend, &key).await;
+        assert!(
+            text.contains("CACHE above 1")
+                && text.contains("NO CYCLE CACHE 1;")
+                && text.contains(&format!("\"{}\".dlock_token_seq", scratch.schema)),
+            "{text}"
+        );
+        assert!(
+            free_on_the_server(&admin, &key).await,
+            "a refused draw left {key} held"
+        );
+    }
+
+    admin
+        .batch_execute(&format!("ALTER SEQUENCE {} CACHE 1", scratch.seq()))
+        .await
+        .expect("fix");
+    let mut previous = before;
+    for backend in [&a, &b, &a, &b] {
+        let token = hold_once(backend, &key).await;
+        assert!(token > previous, "{token} after {previous}");
+        previous = token;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_far_ahead_under_open_sessions_is_refused_at_the_next_acquisition() {
+    // Tokens from a sequence two days ahead rest on it alone: dropped later
+    // (and recreated at the clock) it would send tokens back. Refused at the
+    // draw, even though the sessions opened before it moved.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("far-ahead-open");
+    hold_once(&backend, &key).await;
+    admin
+        .batch_execute(&format!(
+            "SELECT setval('{}', (extract(epoch from clock_timestamp()) * 1000000)::bigint \
+             + 2 * 86400000000)",
+            scratch.seq()
+        ))
+        .await
+        .expect("setval");
+    let text = refused(&backend, &key).await;
+    assert!(
+        text.contains("more than a day ahead") && text.contains("START WITH 1 RESTART;"),
+        "{text}"
+    );
+    assert!(
+        free_on_the_server(&admin, &key).await,
+        "a refused draw left {key} held"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transaction_locks_refuse_a_cache_20_sequence_and_leave_the_key_free() {
+    // A deployment that only uses transaction locks (behind a pooler) has
+    // no lock session whose opening would check the sequence.
+    let scratch = Scratch::new();
+    let admin = client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint CACHE 20;",
+            s = scratch.schema
+        ))
+        .await
+        .expect("pre-create");
+    clock_steps_back_an_hour(&admin, &scratch.seq()).await;
+    let mut app = client().await;
+    let key = fresh_key("xact-cache-20");
+    for wait in [false, true] {
+        let lock = if wait {
+            scratch.xact().wait(Duration::from_secs(5))
+        } else {
+            scratch.xact()
+        };
+        let mut tx = app.transaction().await.expect("begin");
+        let refused = lock.acquire(&mut tx, &key).await;
+        let text = match refused {
+            Ok(token) => panic!("a transaction lock (wait: {wait}) got token {token}"),
+            Err(err) => err.to_string(),
+        };
+        assert!(
+            text.contains("CACHE above 1") && text.contains("NO CYCLE CACHE 1;"),
+            "{text}"
+        );
+        tx.rollback().await.expect("rollback");
+        assert!(free_on_the_server(&admin, &key).await, "{key} left held");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_backend_warns_when_another_schema_holds_a_token_sequence_it_may_share_locks_with() {
+    // The schema is not part of the lock: a client of another schema with
+    // the same key seed shares the locks but not the tokens.
+    let (one, other) = (Scratch::new(), Scratch::new());
+    let _first = PgBackend::connect_with(&conn(), one.options())
+        .await
+        .expect("connect");
+    let (logs, _guard) = support::Logs::capture();
+    let _second = PgBackend::connect_with(&conn(), other.options())
+        .await
+        .expect("connect");
+    let text = logs.text();
+    assert!(
+        text.contains("WARN")
+            && text.contains("other schemas of this database hold dlock token sequences")
+            && text.contains(&one.schema),
+        "no warning about the token sequence in {}:\n{text}",
+        one.schema
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_of_each_key_rise_while_sessions_race_to_move_the_sequence_up() {
     // Someone keeps setting the sequence back while session and

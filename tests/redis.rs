@@ -562,24 +562,7 @@ async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
     // A counter seeded past the clock (a migration) is beyond the clock
     // floor's protection: should it be lost, tokens would go back. That must
     // be loudly visible.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().expect("buffer").extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing_subscriber::util::SubscriberInitExt::set_default(subscriber);
+    let (logs, _guard) = support::Logs::capture();
 
     let backend = backend().await;
     let key = dlock_runtime::conformance::fresh_key("ahead-of-clock");
@@ -593,7 +576,7 @@ async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
         .expect("free");
     assert_eq!(lease.token().get(), (1 << 60) + 1);
     lease.release().await.expect("release");
-    let text = String::from_utf8_lossy(&captured.0.lock().expect("buffer")).into_owned();
+    let text = logs.text();
     assert!(
         text.contains("WARN")
             && text.contains("far ahead of the clock")

@@ -65,6 +65,15 @@ impl Inner {
                     .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
                 continue;
             }
+            if let Some(unfit) = sql::refused_sequence(&err) {
+                let what = super::sequence::refusal(unfit, &self.quoted_schema);
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::msg(what),
+                ));
+            }
             if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
                 let what = format!(
                     "the token sequence {}.dlock_token_seq is locked by another transaction \

@@ -152,7 +152,7 @@ pub mod protocol {
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -235,6 +235,8 @@ struct Inner {
     keys: Mutex<HashMap<LockKey, Entry>>,
     deadlines: Arc<Deadlines>,
     waits: Waits,
+    /// Whether `warn_other_schemas` has spoken.
+    warned_other_schemas: AtomicBool,
 }
 
 /// What this process knows of one key it holds or is taking.
@@ -385,6 +387,7 @@ impl PgBackend {
             keys: Mutex::default(),
             deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
             waits,
+            warned_other_schemas: AtomicBool::new(false),
             home,
             connector,
             options,

@@ -101,6 +101,9 @@ impl Inner {
                 )));
             }
         }
+        if let Some(others) = &found.other_schemas {
+            self.warn_other_schemas(others);
+        }
         if !found.sequence_updatable {
             tracing::warn!(
                 role = found.role,
@@ -110,6 +113,30 @@ impl Inner {
             );
         }
         Ok(())
+    }
+
+    /// Says, once per backend, that other schemas of the database hold
+    /// token sequences too. The advisory lock of a key depends on the key
+    /// and the key seed only, not on the schema: clients that use another
+    /// schema with the same seed share this backend's locks but draw their
+    /// tokens from another sequence, and two sequences need not agree (one
+    /// ahead of the other after a clock step back), so the tokens of one
+    /// key could go back between them. Fine when those clients lock other
+    /// keys or use another seed; dlock cannot see which from here.
+    fn warn_other_schemas(&self, others: &str) {
+        if self.warned_other_schemas.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        tracing::warn!(
+            schema = self.quoted_schema,
+            key_seed = self.options.key_seed,
+            other_schemas = others,
+            "other schemas of this database hold dlock token sequences too; a lock is \
+             per key and key seed, not per schema, so clients that lock the same keys \
+             with the same key seed must use the same schema, or the tokens of a key come \
+             from two sequences and can go back; give unrelated deployments their own \
+             key seed (PgOptions::key_seed, TransactionLock::key_seed)"
+        );
     }
 
     /// Recreates what a lock statement found missing — a DBA dropped the
@@ -171,6 +198,8 @@ pub(super) struct Inspection {
     role: String,
     sequence_updatable: bool,
     settings: Option<sequence::Settings>,
+    /// Other schemas with a `dlock_token_seq`, quoted, comma-separated.
+    other_schemas: Option<String>,
 }
 
 impl Inspection {
@@ -198,6 +227,7 @@ impl Inspection {
             role: row.try_get(4)?,
             sequence_updatable: row.try_get(5)?,
             settings,
+            other_schemas: row.try_get(14)?,
         })
     }
 }

@@ -70,6 +70,15 @@ impl PgOptions {
 
     /// The schema of the token sequence: lowercase letters, digits and
     /// `_`, not starting with a digit, at most 63 bytes.
+    ///
+    /// The schema is not part of the lock: the advisory lock of a key
+    /// depends on the key and the [key seed](Self::key_seed) only. Clients
+    /// that lock the same keys with the same seed (backends and
+    /// [`TransactionLock`](super::TransactionLock)s alike) must use the same
+    /// schema, or the tokens of a key come from two sequences that need
+    /// not agree, and can go back between them; give unrelated deployments
+    /// in one database their own seed. A backend warns when it finds token
+    /// sequences in other schemas of its database.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self

@@ -114,6 +114,31 @@ impl Settings {
     }
 }
 
+/// What to say when a lock statement refused the sequence (see
+/// `draw_token!`): a DBA changed it while services run, so the check at
+/// session open did not see it. The lock was not taken.
+pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str) -> String {
+    match unfit {
+        super::sql::Unfit::Settings => format!(
+            "the token sequence {s}.dlock_token_seq was changed so that it cannot give rising \
+             fencing tokens (CACHE above 1: sessions hand out numbers from blocks of their own, \
+             so tokens interleave; CYCLE; or an INCREMENT that is not positive), and the lock \
+             was not taken; have its owner fix it with: ALTER SEQUENCE {s}.dlock_token_seq \
+             INCREMENT BY 1 NO CYCLE CACHE 1;",
+            s = quoted_schema
+        ),
+        super::sql::Unfit::AheadOfClock => format!(
+            "the token sequence {s}.dlock_token_seq stands more than a day ahead of the server \
+             clock in microseconds (set ahead, or the server clock stepped back), so its tokens \
+             rest on the sequence alone and would go back should it ever be lost; the lock was \
+             not taken. Restart it below the clock: ALTER SEQUENCE {s}.dlock_token_seq START \
+             WITH 1 RESTART; (and reset the fences that accepted its tokens with it), or set \
+             the server clock right",
+            s = quoted_schema
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

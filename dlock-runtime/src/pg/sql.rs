@@ -66,6 +66,20 @@ pub(super) const ADVISORY_KEY: &str =
 ///   tokens rest on the clock alone. `setval` returns the value it set, so
 ///   every branch yields `greatest(seq, clock)`.
 ///
+/// Before all that, the draw refuses (fails the statement, which takes back
+/// the lock it took: see [`REFUSED`]) a sequence that cannot keep tokens
+/// rising, as a lock session refuses one when it opens: one a DBA altered
+/// while services run to `CACHE` above 1 (sessions draw from blocks of
+/// their own, so tokens interleave), `CYCLE` or a non-positive increment,
+/// or one more than a day ahead of the clock, whose tokens rest on the
+/// sequence alone (set ahead, or the server clock stepped back by that
+/// much), so that losing it would send tokens back. Checked in the
+/// statement that draws, so no acquisition ever uses such a sequence,
+/// whether it came by a [`TransactionLock`](super::TransactionLock) (which
+/// has no session of its own to check on) or on a lock session opened
+/// before the change. The check reads `pg_sequence`'s row of the sequence
+/// by its unique index.
+///
 /// `$extra` is a further column of the innermost subquery, evaluated with
 /// `nextval` (the lock sessions' statement makes its commit asynchronous
 /// there, see [`TRY_LOCK`]); `$after` is the row source the draw must come
@@ -76,7 +90,19 @@ pub(super) const ADVISORY_KEY: &str =
 macro_rules! draw_token {
     ($extra:literal, $after:literal) => {
         concat!(
-            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            "SELECT CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
+                     t.seq, ' at '::pg_catalog.text, t.clock)))
+            WHEN EXISTS (SELECT FROM pg_catalog.pg_sequence AS q
+                         WHERE q.seqrelid OPERATOR(pg_catalog.=)
+                               '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid
+                           AND ((q.seqcache OPERATOR(pg_catalog.<>) 1::pg_catalog.int8) OR q.seqcycle
+                                OR (q.seqincrement OPERATOR(pg_catalog.<=) 0::pg_catalog.int8)))
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
+                     t.seq)))
+            WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
             WHEN pg_catalog.has_sequence_privilege(
                      '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                      'UPDATE'::pg_catalog.text)
@@ -93,6 +119,14 @@ FROM (SELECT s.seq,
         )
     };
 }
+
+/// The mark of a draw that refused its sequence (see `draw_token!`): the
+/// statement fails with `invalid input syntax for type bigint` on a text
+/// that starts with this, and the backend turns that into an error naming
+/// the problem and its fix (`sequence::refusal`). The text is built from
+/// the row (`concat` with the drawn value), so the planner cannot fold the
+/// failing call into a constant and fail every statement while planning.
+pub(super) const REFUSED: &str = "dlock-refused: ";
 
 /// Takes the session advisory lock of a key and, only if it was taken, draws
 /// the fencing token (see `draw_token!`). One statement, so the token comes
@@ -244,7 +278,8 @@ FROM (SELECT l.pid
 /// token sequence, the privileges on them), the role asking, and the
 /// sequence's settings and position (its last value, NULL if none was drawn
 /// yet, and its start) with the server clock in microseconds to judge its
-/// maximum and its position against. Reads the catalogs by name, so it works even without
+/// maximum and its position against, and the other schemas of the database
+/// that hold a dlock token sequence (see `warn_other_schemas`). Reads the catalogs by name, so it works even without
 /// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
 /// sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
@@ -259,7 +294,14 @@ SELECT n.oid IS NOT NULL,
        (EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000000::pg_catalog.int8)::pg_catalog.int8,
        CASE WHEN pg_catalog.has_sequence_privilege(s.oid, 'SELECT, USAGE'::pg_catalog.text)
             THEN pg_catalog.pg_sequence_last_value(s.oid::pg_catalog.regclass) END,
-       q.seqstart
+       q.seqstart,
+       (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(o.nspname::pg_catalog.text),
+                                     ', '::pg_catalog.text ORDER BY o.nspname)
+        FROM pg_catalog.pg_class AS c
+        JOIN pg_catalog.pg_namespace AS o ON o.oid = c.relnamespace
+        WHERE c.relname = 'dlock_token_seq'::pg_catalog.name
+          AND c.relkind = 'S'::pg_catalog.\"char\"
+          AND o.nspname <> $1::pg_catalog.text::pg_catalog.name)
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
 LEFT JOIN pg_catalog.pg_class AS s
@@ -329,6 +371,31 @@ pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// What a lock statement refused its token sequence for (see
+/// `draw_token!` and [`REFUSED`]), if that is why it failed.
+pub(super) fn refused_sequence(err: &tokio_postgres::Error) -> Option<Unfit> {
+    use tokio_postgres::error::SqlState;
+    if err.code() != Some(&SqlState::INVALID_TEXT_REPRESENTATION) {
+        return None;
+    }
+    let message = err.as_db_error()?.message();
+    let reason = &message[message.find(REFUSED)? + REFUSED.len()..];
+    Some(if reason.starts_with("the token sequence is far ahead") {
+        Unfit::AheadOfClock
+    } else {
+        Unfit::Settings
+    })
+}
+
+/// Why a lock statement refused the token sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Unfit {
+    /// `CACHE` above 1, `CYCLE`, or a non-positive increment.
+    Settings,
+    /// More than a day ahead of the server clock in microseconds.
+    AheadOfClock,
+}
+
 /// Whether a lock statement ([`TRY_LOCK`]) that failed left its session
 /// holding the key's lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,6 +416,8 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error) -> LockLeft {
         // Planning names the sequence (a prepared statement is planned
         // again once it is dropped), so this is found before anything ran.
         _ if sequence_missing(err) => LockLeft::No,
+        // The draw refused the sequence: it runs only once the lock is taken.
+        _ if refused_sequence(err).is_some() => LockLeft::Yes,
         // Only the draw waits for a lock (`nextval` and `setval`, on the
         // sequence; `pg_try_advisory_lock` never waits), only it writes (a
         // read-only transaction, a hot standby), and only it reaches the

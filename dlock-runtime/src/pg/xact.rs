@@ -27,9 +27,10 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// There is no lease, no renewal and no lost signal: the lock lives exactly
 /// as long as the transaction, so keep the transaction short and do the
 /// protected work inside it. The key maps to the same advisory key as
-/// [`PgBackend`](super::PgBackend) locks (same schema and key seed), so
-/// both kinds exclude each other, and the fencing token is drawn by the
-/// same rule from the same sequence — `greatest(nextval, server clock in
+/// [`PgBackend`](super::PgBackend) locks with the same key seed (the
+/// schema plays no part in it), so both kinds exclude each other; with the
+/// same schema too, the fencing token is drawn by the same rule from the
+/// same sequence — `greatest(nextval, server clock in
 /// µs)`, see the [module docs](super#fencing-tokens) — so the tokens of a
 /// key rise across both, and keep rising when the sequence is dropped and
 /// recreated or set back. The sequence is not transactional: a token handed
@@ -91,7 +92,9 @@ impl TransactionLock {
         }
     }
 
-    /// The schema holding `dlock_token_seq` (as [`PgOptions::schema`](super::PgOptions::schema)).
+    /// The schema holding `dlock_token_seq` (as [`PgOptions::schema`](super::PgOptions::schema)):
+    /// every client that locks the same keys with the same key seed must
+    /// use the same schema, or the tokens of a key come from two sequences.
     pub fn schema(mut self, schema: impl Into<String>) -> Self {
         self.schema = schema.into();
         self
@@ -221,7 +224,12 @@ impl TransactionLock {
 /// sequence is missing (which aborts the caller's transaction; it is not
 /// recreated there, where the caller's ROLLBACK would undo it).
 fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
-    if sql::sequence_missing(err) {
+    if let Some(unfit) = sql::refused_sequence(err) {
+        format!(
+            "transaction lock failed: {}",
+            super::sequence::refusal(unfit, quoted_schema)
+        )
+    } else if sql::sequence_missing(err) {
         format!(
             "transaction lock failed: the token sequence {s}.dlock_token_seq is missing; \
              PgBackend::connect with this schema recreates it, or have a DBA run: \

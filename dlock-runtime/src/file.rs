@@ -295,7 +295,7 @@ impl Inner {
                 && self.holds_alive(name, &owner)
                 && let Some(mut state) = state.clone()
             {
-                state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+                state.expires_at_us = expiry_after(now, ttl);
                 self.write_state(name, &state, false)?;
                 self.set_alive_expiry(name, &owner, state.expires_at_us);
                 return Ok(Attempt::Acquired(Grant::new(FencingToken::new(
@@ -319,7 +319,7 @@ impl Inner {
         let alive_path = self.alive_path(name, &owner);
         let alive = File::create(&alive_path)?;
         alive.lock()?;
-        let expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+        let expires_at_us = expiry_after(now, ttl);
         let written = self.write_state(
             name,
             &State {
@@ -358,7 +358,7 @@ impl Inner {
             self.drop_alive(name, &owner);
             return Ok(false);
         };
-        state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+        state.expires_at_us = expiry_after(now, ttl);
         self.write_state(name, &state, false)?;
         self.set_alive_expiry(name, &owner, state.expires_at_us);
         Ok(true)
@@ -523,6 +523,14 @@ impl Backend for FileBackend {
     }
 }
 
+/// When a lease of `ttl` taken at `now` (µs) ends: the ttl rounded up to
+/// whole microseconds, never down, so the key outlives the holder's own
+/// count of its lease rather than ending a fraction before it.
+fn expiry_after(now: u64, ttl: Duration) -> u64 {
+    let ttl_us = u64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
+    now.saturating_add(ttl_us)
+}
+
 fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -605,6 +613,25 @@ mod tests {
     fn corrupt_state_is_not_parsed() {
         assert_eq!(parse_state("garbage"), None);
         assert_eq!(parse_state(&format!("{STATE_HEADER}\ncounter x\n")), None);
+    }
+
+    #[test]
+    fn a_ttl_with_a_fraction_of_a_microsecond_is_rounded_up_in_the_state() {
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-file-unit-{}",
+            OwnerId::random().expect("random")
+        ));
+        let backend = FileBackend::open(&dir).expect("dir");
+        let owner = OwnerId::random().expect("random");
+        let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
+        let attempt = backend.inner.try_acquire("k", "k", owner, ttl);
+        assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
+        let state = backend.inner.read_state("k").expect("readable");
+        let _ = fs::remove_dir_all(&dir);
+        // A new key's counter starts at the clock reading the expiry is
+        // counted from, so the difference is the stored ttl exactly.
+        let state = state.expect("written");
+        assert_eq!(state.expires_at_us - (state.counter - 1), 10_000_001);
     }
 
     #[test]

@@ -351,6 +351,42 @@ async fn no_redis_url_form_shows_or_traces_its_password() {
     );
 }
 
+#[tokio::test]
+async fn a_redis_password_query_parameter_is_hidden_in_any_case() {
+    capture_traces();
+    let port = closed_port();
+    let cases = [
+        RedisCase::new(
+            "?PASSWORD=",
+            format!("redis://127.0.0.1:{port}/0?PASSWORD=redis-upper-pw-Ee5"),
+            &["redis-upper-pw-Ee5"],
+        ),
+        RedisCase::new(
+            "?Pass=",
+            format!("redis://127.0.0.1:{port}/0?Pass=redis-mixed-pw-Ff6"),
+            &["redis-mixed-pw-Ff6"],
+        ),
+        RedisCase::new(
+            "unix://…?PASS=",
+            "unix:///nonexistent/redis.sock?PASS=redis-unix-upper-pw-Pp7".to_owned(),
+            &["redis-unix-upper-pw-Pp7"],
+        ),
+        RedisCase::new(
+            "redis+unix://…?user=…&PassWord=",
+            "redis+unix:///nonexistent/redis.sock?user=app&PassWord=unix%26pw-Qq8".to_owned(),
+            &["unix%26pw-Qq8", "unix&pw-Qq8"],
+        ),
+    ];
+    for case in &cases {
+        let builder = case.builder().connect_timeout(Duration::from_millis(300));
+        let shown = format!("{builder:?}\n");
+        let err = within(15, case.label, builder.connect())
+            .await
+            .expect_err(case.label);
+        assert_hidden(case.label, &case.secrets, &(shown + &shown_error(&err)));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_rediss_url_shows_or_traces_its_password() {
     capture_traces();

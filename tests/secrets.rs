@@ -727,6 +727,91 @@ async fn no_postgres_connection_string_form_shows_or_traces_its_password() {
     );
 }
 
+#[tokio::test]
+async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_password() {
+    capture_traces();
+    // (string, what the error must name, the password's parts)
+    let named = [
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg1 sslmode=bogus",
+            "`sslmode`",
+            &["Sec-Pg1"][..],
+        ),
+        (
+            "host=127.0.0.1 port=1 user=u passwd=Sec-Pg2",
+            "`passwd`",
+            &["Sec-Pg2"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg3@127.0.0.1:1/db?sslmode=bogus",
+            "`sslmode`",
+            &["Sec-Pg3"][..],
+        ),
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg4 connect_timeout=x",
+            "`connect_timeout`",
+            &["Sec-Pg4"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg5@127.0.0.1:1/db?connect_timeout=soon",
+            "`connect_timeout`",
+            &["Sec-Pg5"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg6@127.0.0.1:1/db?target_session_attrs=bogus",
+            "`target_session_attrs`",
+            &["Sec-Pg6"][..],
+        ),
+        (
+            "password=Sec-Pg7 host=127.0.0.1 port=1 user=u hostaddr=notanip",
+            "`hostaddr`",
+            &["Sec-Pg7"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg8@127.0.0.1:1/db?bogus_option=1",
+            "`bogus_option`",
+            &["Sec-Pg8"][..],
+        ),
+    ];
+    for (conn, option, secrets) in named {
+        let options = PgOptions::new().connect_timeout(Duration::from_secs(2));
+        let err = within(15, conn, PgBackend::connect_with(conn, options))
+            .await
+            .expect_err("a malformed connection string");
+        let shown = shown_error(&err);
+        assert!(
+            err.to_string().contains(option),
+            "{conn}: the error must name {option}: {shown}"
+        );
+        assert_hidden(conn, secrets, &shown);
+    }
+    // A password written so that part of it passes for an option (an
+    // unquoted space, an unencoded `&`): the parser names that part as an
+    // unknown option, so the message must not be shown.
+    for (conn, secrets) in [
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg9 Tail9x=1",
+            &["Sec-Pg9", "Tail9x"][..],
+        ),
+        (
+            "postgresql://u@127.0.0.1:1/db?password=Sec-Pg10&Tail10y=1",
+            &["Sec-Pg10", "Tail10y"][..],
+        ),
+    ] {
+        let options = PgOptions::new().connect_timeout(Duration::from_secs(2));
+        let err = within(15, conn, PgBackend::connect_with(conn, options))
+            .await
+            .expect_err("a malformed connection string");
+        let shown = shown_error(&err);
+        assert!(
+            err.to_string()
+                .contains("invalid PostgreSQL connection string"),
+            "{conn}: {shown}"
+        );
+        assert_hidden(conn, secrets, &shown);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unencoded_at_sign_in_a_postgres_url_password_is_refused_without_showing_it() {
     capture_traces();

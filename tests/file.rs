@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
+use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::file::FileBackend;
@@ -260,6 +261,88 @@ async fn finished_leases_leave_no_alive_files_behind() {
     next.release().await.expect("release");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(alive_files(), 0, "alive files must not pile up");
+}
+
+/// The alive files in `dir`.
+fn alive_files(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("dir")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.to_string_lossy().ends_with(".alive"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_alive_file_does_not_free_a_valid_lease() {
+    // A temp-dir cleaner removes the holder's alive file. That is no proof
+    // its process died: the key stays held until it is released.
+    let dir = fresh_dir();
+    let holder: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    // A second backend on the directory stands for another process.
+    let other: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let lease = LockOptions::new(Duration::from_secs(60))
+        .renew(false)
+        .acquire_on(holder.clone(), "cleaned")
+        .await
+        .expect("free");
+    for path in alive_files(&dir) {
+        std::fs::remove_file(path).expect("remove the alive file");
+    }
+    let second = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(other.clone(), "cleaned")
+        .await;
+    assert!(
+        matches!(second, Err(dlock::LockError::Held { .. })),
+        "a second holder while the first is valid: {:?}",
+        second.map(|l| l.token())
+    );
+    assert!(lease.check().is_ok());
+    // A waiter still gets the key on release, though there is no alive
+    // file to watch: only the release (not the 60 s ttl) can let it in
+    // before its 20 s wait ends.
+    let waiter = tokio::spawn(async move {
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(20))
+            .acquire_on(other, "cleaned")
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    lease.release().await.expect("release");
+    let next = waiter
+        .await
+        .expect("task")
+        .expect("the released key goes to the waiter");
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_puts_its_removed_alive_file_back_at_renewal() {
+    // So that its death frees the key at once again, and waiters can
+    // watch it.
+    let dir = fresh_dir();
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let lease = LockOptions::new(Duration::from_millis(600))
+        .acquire_on(backend.clone(), "restored")
+        .await
+        .expect("free");
+    let removed = alive_files(&dir);
+    assert_eq!(removed.len(), 1);
+    std::fs::remove_file(&removed[0]).expect("remove the alive file");
+    within(10, "the alive file to come back", async {
+        while alive_files(&dir) != removed {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let file = std::fs::File::open(&removed[0]).expect("open");
+    assert!(
+        matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        "the holder's process must hold the new alive file locked"
+    );
+    assert!(lease.check().is_ok());
+    lease.release().await.expect("release");
+    assert!(alive_files(&dir).is_empty());
 }
 
 #[test]

@@ -255,6 +255,68 @@ async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_le
     cli(&["DEL", &name]);
 }
 
+/// Every command the server runs from now on, one line each, as
+/// `redis-cli MONITOR` prints them; the child ends when dropped by `kill`.
+fn monitor() -> (Child, mpsc::Receiver<String>) {
+    let mut child = std::process::Command::new("redis-cli")
+        .args(["-u", &redis_url(), "MONITOR"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("redis-cli must be installed");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+    // `OK` once the monitor is on: nothing after it is missed.
+    let first = lines.next().and_then(Result::ok);
+    assert_eq!(first.as_deref(), Some("OK"), "MONITOR did not start");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_down() {
+    // The holder counts its lease from its own ttl; a store that got the
+    // ttl rounded down would free the key before the holder's lease ends.
+    let (mut watch, lines) = monitor();
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("sub-ms-ttl");
+    let lease = LockOptions::new(Duration::from_micros(300_500))
+        .acquire_on(backend, &key)
+        .await
+        .expect("free");
+    let name = format!("\"{}\"", lock_name(&key));
+    // (number of keys, ttl argument) of the acquire script, then of the
+    // first renewal's extend script: both end with the ttl in ms.
+    let mut sent = Vec::new();
+    while sent.len() < 2 {
+        let line = lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the acquisition and a renewal reach the server");
+        if !line.contains(&name) || !line.contains("\"EVAL") {
+            continue;
+        }
+        let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
+        sent.push((args[2].to_owned(), args[args.len() - 1].to_owned()));
+    }
+    lease.release().await.expect("release");
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert_eq!(
+        sent,
+        [
+            ("2".to_owned(), "301".to_owned()),
+            ("1".to_owned(), "301".to_owned())
+        ],
+        "a ttl of 300.5 ms must reach the server as 301 ms (acquire, then extend)"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_with_braces_and_percent_signs_are_distinct_exclusive_locks() {
     let backend = backend().await;

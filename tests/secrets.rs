@@ -351,6 +351,42 @@ async fn no_redis_url_form_shows_or_traces_its_password() {
     );
 }
 
+#[tokio::test]
+async fn a_redis_password_query_parameter_is_hidden_in_any_case() {
+    capture_traces();
+    let port = closed_port();
+    let cases = [
+        RedisCase::new(
+            "?PASSWORD=",
+            format!("redis://127.0.0.1:{port}/0?PASSWORD=redis-upper-pw-Ee5"),
+            &["redis-upper-pw-Ee5"],
+        ),
+        RedisCase::new(
+            "?Pass=",
+            format!("redis://127.0.0.1:{port}/0?Pass=redis-mixed-pw-Ff6"),
+            &["redis-mixed-pw-Ff6"],
+        ),
+        RedisCase::new(
+            "unix://…?PASS=",
+            "unix:///nonexistent/redis.sock?PASS=redis-unix-upper-pw-Pp7".to_owned(),
+            &["redis-unix-upper-pw-Pp7"],
+        ),
+        RedisCase::new(
+            "redis+unix://…?user=…&PassWord=",
+            "redis+unix:///nonexistent/redis.sock?user=app&PassWord=unix%26pw-Qq8".to_owned(),
+            &["unix%26pw-Qq8", "unix&pw-Qq8"],
+        ),
+    ];
+    for case in &cases {
+        let builder = case.builder().connect_timeout(Duration::from_millis(300));
+        let shown = format!("{builder:?}\n");
+        let err = within(15, case.label, builder.connect())
+            .await
+            .expect_err(case.label);
+        assert_hidden(case.label, &case.secrets, &(shown + &shown_error(&err)));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_rediss_url_shows_or_traces_its_password() {
     capture_traces();
@@ -689,6 +725,91 @@ async fn no_postgres_connection_string_form_shows_or_traces_its_password() {
         traced.contains("tokio_postgres"),
         "the trace capture must see the client library's log records"
     );
+}
+
+#[tokio::test]
+async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_password() {
+    capture_traces();
+    // (string, what the error must name, the password's parts)
+    let named = [
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg1 sslmode=bogus",
+            "`sslmode`",
+            &["Sec-Pg1"][..],
+        ),
+        (
+            "host=127.0.0.1 port=1 user=u passwd=Sec-Pg2",
+            "`passwd`",
+            &["Sec-Pg2"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg3@127.0.0.1:1/db?sslmode=bogus",
+            "`sslmode`",
+            &["Sec-Pg3"][..],
+        ),
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg4 connect_timeout=x",
+            "`connect_timeout`",
+            &["Sec-Pg4"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg5@127.0.0.1:1/db?connect_timeout=soon",
+            "`connect_timeout`",
+            &["Sec-Pg5"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg6@127.0.0.1:1/db?target_session_attrs=bogus",
+            "`target_session_attrs`",
+            &["Sec-Pg6"][..],
+        ),
+        (
+            "password=Sec-Pg7 host=127.0.0.1 port=1 user=u hostaddr=notanip",
+            "`hostaddr`",
+            &["Sec-Pg7"][..],
+        ),
+        (
+            "postgresql://u:Sec-Pg8@127.0.0.1:1/db?bogus_option=1",
+            "`bogus_option`",
+            &["Sec-Pg8"][..],
+        ),
+    ];
+    for (conn, option, secrets) in named {
+        let options = PgOptions::new().connect_timeout(Duration::from_secs(2));
+        let err = within(15, conn, PgBackend::connect_with(conn, options))
+            .await
+            .expect_err("a malformed connection string");
+        let shown = shown_error(&err);
+        assert!(
+            err.to_string().contains(option),
+            "{conn}: the error must name {option}: {shown}"
+        );
+        assert_hidden(conn, secrets, &shown);
+    }
+    // A password written so that part of it passes for an option (an
+    // unquoted space, an unencoded `&`): the parser names that part as an
+    // unknown option, so the message must not be shown.
+    for (conn, secrets) in [
+        (
+            "host=127.0.0.1 port=1 user=u password=Sec-Pg9 Tail9x=1",
+            &["Sec-Pg9", "Tail9x"][..],
+        ),
+        (
+            "postgresql://u@127.0.0.1:1/db?password=Sec-Pg10&Tail10y=1",
+            &["Sec-Pg10", "Tail10y"][..],
+        ),
+    ] {
+        let options = PgOptions::new().connect_timeout(Duration::from_secs(2));
+        let err = within(15, conn, PgBackend::connect_with(conn, options))
+            .await
+            .expect_err("a malformed connection string");
+        let shown = shown_error(&err);
+        assert!(
+            err.to_string()
+                .contains("invalid PostgreSQL connection string"),
+            "{conn}: {shown}"
+        );
+        assert_hidden(conn, secrets, &shown);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

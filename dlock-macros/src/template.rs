@@ -69,7 +69,10 @@ pub fn parse(literal: &LitStr, params: &Params) -> syn::Result<Template> {
     })
 }
 
-/// Whether `c` may appear in a key template's literal text.
+/// Whether `c` may appear in a key template's literal text: the runtime's
+/// `dlock_runtime::key::is_allowed_in_literals`, which `KeyBuilder::lit`
+/// applies, copied like `is_escaped_in_values` below (a unit test holds
+/// the two together).
 fn allowed_in_literal(c: char) -> bool {
     c.is_ascii_graphic() && !matches!(c, '{' | '}' | '"' | '\'' | '\\' | '%' | '`')
 }
@@ -356,6 +359,17 @@ mod tests {
             assert_eq!(
                 is_escaped_in_values(c),
                 dlock_runtime::key::is_escaped_in_values(c),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn literal_characters_match_the_runtime() {
+        for c in (0..=u32::from(char::MAX)).filter_map(char::from_u32) {
+            assert_eq!(
+                allowed_in_literal(c),
+                dlock_runtime::key::is_allowed_in_literals(c),
                 "{c:?}"
             );
         }

@@ -14,7 +14,10 @@
 //!   long as it holds the lease. The OS drops that lock the moment the
 //!   process dies, so a holder killed with SIGKILL frees the key at once: a
 //!   contender that can lock the file knows its holder is gone. Waiters block
-//!   on a shared lock of it and wake the moment it is released.
+//!   on a shared lock of it and wake the moment it is released. A missing
+//!   alive file proves nothing (a temp-dir cleaner may have removed it): the
+//!   key then stays held until its lease ends, waiters look again now and
+//!   then, and the holder puts the file back at its next renewal.
 //!
 //! `NAME` is the key with every byte outside `[A-Za-z0-9_-]` percent-encoded,
 //! or, for long keys, a 128-bit FNV-1a hash of it; the state keeps the whole
@@ -48,6 +51,20 @@ const STATE_HEADER: &str = "dlock-file-state v1";
 /// Encoded names longer than this are replaced by a hash (file names are
 /// limited to 255 bytes on most file systems).
 const MAX_PLAIN_NAME: usize = 160;
+
+/// How often a waiter looks again at a key whose holder's alive file is
+/// missing, so cannot tell of its release.
+const UNWATCHED_RECHECK: Duration = Duration::from_millis(500);
+
+/// How a waiter hears of a holder's release.
+enum HolderWatch {
+    /// No live holder: try again at once.
+    Free,
+    /// Turns true when the holder's alive file is unlocked.
+    Alive(watch::Receiver<bool>),
+    /// The holder's alive file is missing: nothing to watch.
+    Unwatchable,
+}
 
 /// Locks coordinated through a directory on one host.
 ///
@@ -215,8 +232,10 @@ impl Inner {
         Ok(())
     }
 
-    /// Whether `owner`'s process still holds its alive file. A file that can
-    /// be locked belongs to a dead holder: it is removed.
+    /// Whether `owner`'s process may still hold its lease. A file that can
+    /// be locked belongs to a dead holder: it is removed. A missing file is
+    /// no proof of death (anything may have removed it while its process
+    /// holds it open): the lease's own end decides.
     fn holder_alive(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
         if self.holds_alive(name, owner) {
             return Ok(true);
@@ -224,7 +243,7 @@ impl Inner {
         let path = self.alive_path(name, owner);
         let file = match File::open(&path) {
             Ok(file) => file,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
             Err(err) => return Err(err),
         };
         match file.try_lock() {
@@ -295,7 +314,7 @@ impl Inner {
                 && self.holds_alive(name, &owner)
                 && let Some(mut state) = state.clone()
             {
-                state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+                state.expires_at_us = expiry_after(now, ttl);
                 self.write_state(name, &state, false)?;
                 self.set_alive_expiry(name, &owner, state.expires_at_us);
                 return Ok(Attempt::Acquired(Grant::new(FencingToken::new(
@@ -319,7 +338,7 @@ impl Inner {
         let alive_path = self.alive_path(name, &owner);
         let alive = File::create(&alive_path)?;
         alive.lock()?;
-        let expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+        let expires_at_us = expiry_after(now, ttl);
         let written = self.write_state(
             name,
             &State {
@@ -358,10 +377,47 @@ impl Inner {
             self.drop_alive(name, &owner);
             return Ok(false);
         };
-        state.expires_at_us = now.saturating_add(ttl.as_micros() as u64);
+        state.expires_at_us = expiry_after(now, ttl);
         self.write_state(name, &state, false)?;
         self.set_alive_expiry(name, &owner, state.expires_at_us);
+        self.restore_alive(name, &owner);
         Ok(true)
+    }
+
+    /// Puts back this process's alive file for a lease if something removed
+    /// it, so the holder's death frees the key at once again and waiters
+    /// can watch it. Called with the key locked: no contender looks at the
+    /// new file before it is locked. On failure the lease stays valid, and
+    /// its ttl alone frees the key should this process die.
+    fn restore_alive(&self, name: &str, owner: &OwnerId) {
+        let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(held) = alive.get_mut(&(name.to_owned(), *owner)) else {
+            return;
+        };
+        let path = self.alive_path(name, owner);
+        let restored = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .and_then(|file| file.lock().map(|()| file));
+        match restored {
+            Ok(file) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the alive file of a held lock was removed (a cleaner in the lock \
+                     directory?); it is put back"
+                );
+                // The old file's waiters wake on its close and watch the new one.
+                held.file = file;
+            }
+            Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(err) => tracing::warn!(
+                path = %path.display(),
+                error = %err,
+                "the alive file of a held lock was removed and cannot be put back; \
+                 should this process die, the key is free only when its lease ends"
+            ),
+        }
     }
 
     /// True if this process holds `owner`'s alive file for `name`.
@@ -426,17 +482,32 @@ impl Inner {
         })
     }
 
+    /// How a waiter hears of the current holder's release.
+    fn watch_holder(self: &Arc<Self>, name: &str) -> io::Result<HolderWatch> {
+        // With the key locked: a holder rewrites the state before it
+        // removes its alive file, so a file missing while the state names a
+        // live holder was removed by someone else, not by a release.
+        let _guard = self.lock_key(name)?;
+        let Some(path) = self.current_alive_file(name)? else {
+            return Ok(HolderWatch::Free);
+        };
+        Ok(match self.watch_alive(path)? {
+            Some(released) => HolderWatch::Alive(released),
+            None => HolderWatch::Unwatchable,
+        })
+    }
+
     /// A receiver that turns true once the holder's alive file is unlocked
-    /// (release or death). One blocking thread per file, shared by waiters.
-    fn watch_alive(self: &Arc<Self>, path: PathBuf) -> io::Result<watch::Receiver<bool>> {
+    /// (release or death), or `None` if the file is missing. One blocking
+    /// thread per file, shared by waiters.
+    fn watch_alive(self: &Arc<Self>, path: PathBuf) -> io::Result<Option<watch::Receiver<bool>>> {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(rx) = watchers.get(&path) {
-            return Ok(rx.clone());
+            return Ok(Some(rx.clone()));
         }
         let file = match File::open(&path) {
             Ok(file) => file,
-            // Already released: the notice is ready at once.
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(watch::channel(true).1),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(err) => return Err(err),
         };
         let (tx, rx) = watch::channel(false);
@@ -455,7 +526,7 @@ impl Inner {
                     .remove(&path);
                 let _ = tx.send(true);
             })?;
-        Ok(rx)
+        Ok(Some(rx))
     }
 }
 
@@ -496,21 +567,21 @@ impl Backend for FileBackend {
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
         let name = file_name(key);
         let this = Arc::clone(&self.inner);
-        let receiver = self
-            .blocking(Operation::Wait, key, move |inner| {
-                match inner.current_alive_file(&name)? {
-                    Some(path) => this.watch_alive(path).map(Some),
-                    None => Ok(None),
-                }
-            })
+        let watch = self
+            .blocking(Operation::Wait, key, move |_| this.watch_holder(&name))
             .await?;
-        Ok(match receiver {
+        Ok(match watch {
             // Every waiter of the file hears its release.
-            Some(mut rx) => ReleaseNotice::new(async move {
+            HolderWatch::Alive(mut rx) => ReleaseNotice::new(async move {
                 let _ = rx.wait_for(|released| *released).await;
             }),
             // Nobody holds it: the caller's retry will tell.
-            None => ReleaseNotice::new(std::future::ready(())),
+            HolderWatch::Free => ReleaseNotice::new(std::future::ready(())),
+            // Nothing to watch until the holder puts its file back: look
+            // again now and then rather than wait out the whole lease.
+            HolderWatch::Unwatchable => {
+                ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+            }
         })
     }
 
@@ -521,6 +592,14 @@ impl Backend for FileBackend {
         })
         .await
     }
+}
+
+/// When a lease of `ttl` taken at `now` (µs) ends: the ttl rounded up to
+/// whole microseconds, never down, so the key outlives the holder's own
+/// count of its lease rather than ending a fraction before it.
+fn expiry_after(now: u64, ttl: Duration) -> u64 {
+    let ttl_us = u64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
+    now.saturating_add(ttl_us)
 }
 
 fn now_us() -> u64 {
@@ -605,6 +684,25 @@ mod tests {
     fn corrupt_state_is_not_parsed() {
         assert_eq!(parse_state("garbage"), None);
         assert_eq!(parse_state(&format!("{STATE_HEADER}\ncounter x\n")), None);
+    }
+
+    #[test]
+    fn a_ttl_with_a_fraction_of_a_microsecond_is_rounded_up_in_the_state() {
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-file-unit-{}",
+            OwnerId::random().expect("random")
+        ));
+        let backend = FileBackend::open(&dir).expect("dir");
+        let owner = OwnerId::random().expect("random");
+        let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
+        let attempt = backend.inner.try_acquire("k", "k", owner, ttl);
+        assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
+        let state = backend.inner.read_state("k").expect("readable");
+        let _ = fs::remove_dir_all(&dir);
+        // A new key's counter starts at the clock reading the expiry is
+        // counted from, so the difference is the stored ttl exactly.
+        let state = state.expect("written");
+        assert_eq!(state.expires_at_us - (state.counter - 1), 10_000_001);
     }
 
     #[test]

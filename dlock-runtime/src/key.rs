@@ -108,8 +108,20 @@ pub fn is_escaped_in_values(c: char) -> bool {
     }
 }
 
+/// Whether `c` may appear in a key template's literal text: printable ASCII
+/// other than `{` `}` `"` `'` `\` `%` and `` ` ``, the same for
+/// `#[distributed_lock(key = "...")]` and [`KeyBuilder::lit`]. Above all no
+/// `%`: a literal holding what an escaped value looks like (`%3A`) would let
+/// different values give one key.
+pub fn is_allowed_in_literals(c: char) -> bool {
+    c.is_ascii_graphic() && !matches!(c, '{' | '}' | '"' | '\'' | '\\' | '%' | '`')
+}
+
 /// Builds a key from literal parts and escaped [`Display`](fmt::Display)
 /// values: what `#[distributed_lock(key = "...")]` generates, usable by hand.
+/// Literal parts may hold only what the macro allows in a template (see
+/// [`is_allowed_in_literals`]); [`finish`](KeyBuilder::finish) refuses any
+/// other.
 ///
 /// ```
 /// use dlock_runtime::LockKey;
@@ -127,6 +139,8 @@ pub struct KeyBuilder {
     open_value: bool,
     /// Two values touched with no separator between them.
     ambiguous: bool,
+    /// The first literal part holding a character literals may not hold.
+    refused_literal: Option<(String, char)>,
 }
 
 impl KeyBuilder {
@@ -135,8 +149,15 @@ impl KeyBuilder {
         Self::default()
     }
 
-    /// Appends a literal part as it is.
+    /// Appends a literal part as it is. A part holding a character
+    /// [`is_allowed_in_literals`] refuses makes [`finish`](Self::finish)
+    /// fail.
     pub fn lit(mut self, literal: &str) -> Self {
+        if self.refused_literal.is_none()
+            && let Some(c) = literal.chars().find(|&c| !is_allowed_in_literals(c))
+        {
+            self.refused_literal = Some((literal.to_owned(), c));
+        }
         if literal.chars().any(is_escaped_in_values) {
             self.open_value = false;
         }
@@ -163,6 +184,14 @@ impl KeyBuilder {
 
     /// Validates and returns the key.
     pub fn finish(self) -> Result<LockKey, LockError> {
+        if let Some((literal, c)) = &self.refused_literal {
+            let reason = format!(
+                "the literal part {literal:?} holds {c:?}: literal text may only contain ASCII \
+                 letters, digits and punctuation other than {{ }} \" ' \\ % ` (a '%' could \
+                 pass for an escaped value, so two different values could give one key)"
+            );
+            return Err(LockError::invalid_key(&self.key, reason));
+        }
         if self.ambiguous {
             return Err(LockError::invalid_key(
                 &self.key,
@@ -213,6 +242,43 @@ mod tests {
         assert_ne!(two("1:2", "3"), two("1", "2:3"));
         assert_ne!(two("1%3A2", "3"), two("1:2", "3"));
         assert_eq!(two("ü x", "{}"), "a:ü%20x:%7B%7D");
+    }
+
+    #[test]
+    fn a_literal_holding_a_percent_escape_cannot_make_two_value_pairs_collide() {
+        let key = |x: &str, y: &str| {
+            LockKey::builder()
+                .lit("job:")
+                .value(&x)
+                .lit("%3A")
+                .value(&y)
+                .finish()
+        };
+        // (":", "b") and ("", ":b") would both give `job:%3A%3Ab`.
+        match key(":", "b") {
+            Err(LockError::InvalidKey { reason, .. }) => {
+                assert!(reason.contains("\"%3A\""), "names the literal: {reason}");
+                assert!(reason.contains("'%'"), "names the character: {reason}");
+            }
+            other => panic!("expected InvalidKey, got {other:?}"),
+        }
+        assert!(key("", ":b").is_err());
+    }
+
+    #[test]
+    fn literals_refuse_what_the_macro_refuses() {
+        for bad in ["{", "}", "\"", "'", "\\", "%", "`", " ", "\n", "ü"] {
+            let key = LockKey::builder().lit("a").lit(bad).value(&1).finish();
+            assert!(
+                matches!(key, Err(LockError::InvalidKey { .. })),
+                "{bad:?} was accepted"
+            );
+        }
+        let key = LockKey::builder()
+            .lit("a:b/c-d_e.f@g#h|")
+            .value(&1)
+            .finish();
+        assert!(key.is_ok(), "{key:?}");
     }
 
     #[test]

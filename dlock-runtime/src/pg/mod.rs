@@ -170,8 +170,8 @@ use crate::key::LockKey;
 use crate::token::FencingToken;
 
 pub use self::options::PgOptions;
-use self::options::misplaced_at_sign;
 pub(crate) use self::options::quote_schema;
+use self::options::{misplaced_at_sign, parse_error_reason};
 use self::sessions::SessionSlot;
 pub use self::tls::TlsVerification;
 pub use self::xact::{MAX_LOCK_TIMEOUT, TransactionLock};
@@ -331,10 +331,16 @@ impl PgBackend {
                     .to_owned(),
             ));
         }
-        // The parser's messages name the offending option, never its value,
-        // so the password cannot leak through them.
-        let mut config = Config::from_str(conn)
-            .map_err(|e| connect_error(format!("invalid PostgreSQL connection string: {e}")))?;
+        // Only the parser's reason is shown, and only when it cannot hold
+        // part of the password; the string itself never is.
+        let mut config = Config::from_str(conn).map_err(|e| {
+            connect_error(match parse_error_reason(&e, conn) {
+                Some(reason) => format!("invalid PostgreSQL connection string: {reason}"),
+                None => "invalid PostgreSQL connection string (the parser's reason is not shown: \
+                         it may hold part of the password)"
+                    .to_owned(),
+            })
+        })?;
         // An `@` left unencoded in a URL's user or password makes the
         // parser take the rest of it for the host name, which every error
         // and `Debug` would then show.

@@ -183,6 +183,71 @@ pub(super) fn misplaced_at_sign(conn: &str) -> bool {
     }
 }
 
+/// Why tokio-postgres refused `conn`, in words safe to show, or `None` when
+/// its words could hold part of the password.
+///
+/// The parser's messages never hold a value, only an option's name: a bad
+/// value is named by the option's own fixed name (`sslmode`), always safe;
+/// an unknown option by the name as written, which could be the tail of a
+/// password written with an unquoted space or an unencoded `&`
+/// (`password=pa ss=x`), so it is shown only if it is a plain word that
+/// appears nowhere a password may sit (after any `password`, or in a URL's
+/// user info). Any other message is shown only if it is one known to hold
+/// no text of the string.
+pub(super) fn parse_error_reason(err: &tokio_postgres::Error, conn: &str) -> Option<String> {
+    let cause = std::error::Error::source(err)?.to_string();
+    let quoted = |prefix: &str| {
+        cause
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_suffix('`'))
+            .filter(|name| is_plain_option_name(name))
+    };
+    if let Some(option) = quoted("invalid value for option `") {
+        return Some(format!("invalid value for option `{option}`"));
+    }
+    if let Some(option) = quoted("unknown option `") {
+        return (!may_be_in_a_password(conn, option)).then(|| format!("unknown option `{option}`"));
+    }
+    if let Some(rest) = cause.strip_prefix("unexpected character at byte ") {
+        // `…: expected `=` but got `x``: the character got may be the
+        // password's, the position and what was expected are not.
+        let byte = rest
+            .split(':')
+            .next()
+            .filter(|n| n.parse::<usize>().is_ok())?;
+        return Some(format!("unexpected character at byte {byte}"));
+    }
+    const FIXED: [&str; 3] = [
+        "unexpected EOF",
+        "unterminated parameter",
+        "unterminated quoted connection parameter value",
+    ];
+    FIXED.contains(&cause.as_str()).then_some(cause)
+}
+
+fn is_plain_option_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Whether `text` occurs where part of a password may be written in `conn`:
+/// anywhere after the first `password` (any case; key-value or query), or
+/// in a URL's user info.
+fn may_be_in_a_password(conn: &str, text: &str) -> bool {
+    let lower = conn.to_ascii_lowercase();
+    let text = text.to_ascii_lowercase();
+    let after_password = lower
+        .find("password")
+        .is_some_and(|at| lower[at..].contains(&text));
+    let user_info = ["postgres://", "postgresql://"]
+        .iter()
+        .find_map(|scheme| lower.strip_prefix(scheme))
+        .and_then(|rest| rest.split_once('@'))
+        .is_some_and(|(user_info, _)| user_info.contains(&text));
+    after_password || user_info
+}
+
 /// Checks a schema name and returns it quoted for SQL text (an identifier
 /// cannot be a bound parameter). Also used by the PostgreSQL fence.
 pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
@@ -201,5 +266,41 @@ pub(crate) fn quote_schema(schema: &str) -> Result<String, LockError> {
                 "{schema:?} is not a plain lowercase identifier ([a-z_][a-z0-9_]*, at most 63 bytes)"
             ),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::str::FromStr as _;
+
+    fn reason(conn: &str) -> Option<String> {
+        let err = tokio_postgres::Config::from_str(conn).expect_err("a malformed string");
+        parse_error_reason(&err, conn)
+    }
+
+    #[test]
+    fn parse_reasons_name_options_but_never_a_password_part() {
+        assert_eq!(
+            reason("host=h passwd=x").as_deref(),
+            Some("unknown option `passwd`")
+        );
+        assert_eq!(
+            reason("host=h password=pw sslmode=bogus").as_deref(),
+            Some("invalid value for option `sslmode`")
+        );
+        // The tail of a password with an unquoted space or an unencoded `&`.
+        assert_eq!(reason("host=h password=pw Tail=1"), None);
+        assert_eq!(reason("postgresql://h/db?password=pw&tail=1"), None);
+        assert_eq!(reason("postgresql://u:tail@h/db?tail=1"), None);
+        // The character the parser got may be the password's.
+        assert_eq!(
+            reason("host=h password=ab cd ef").as_deref(),
+            Some("unexpected character at byte 22")
+        );
+        assert_eq!(
+            reason("host=h password='open").as_deref(),
+            Some("unterminated quoted connection parameter value")
+        );
     }
 }

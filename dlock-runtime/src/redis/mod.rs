@@ -258,9 +258,12 @@ impl RedisBackend {
     }
 }
 
-/// A ttl in whole milliseconds, at least 1 (Redis refuses `PX 0`).
+/// A ttl in whole milliseconds, rounded up and at least 1 (Redis refuses
+/// `PX 0`). Never down: the holder counts its lease from the exact ttl, so
+/// a server lease cut by a fraction of a millisecond would free the key
+/// while the holder still trusts it.
 fn ttl_millis(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis())
+    u64::try_from(ttl.as_nanos().div_ceil(1_000_000))
         .unwrap_or(u64::MAX / 2)
         .clamp(1, u64::MAX / 2)
 }

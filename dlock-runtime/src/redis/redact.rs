@@ -12,7 +12,8 @@ use std::cmp::Reverse;
 use ::redis::IntoConnectionInfo as _;
 
 /// Query parameters that hold a password: `pass` is the one redis-rs reads
-/// (unix sockets); `password` is hidden too, wherever it is written.
+/// (unix sockets); `password` is hidden too, wherever it is written. Both
+/// in any case (`PASS`, `Password`): see [`is_password_param`].
 const PASSWORD_PARAMS: [&str; 2] = ["pass", "password"];
 /// What stands for a hidden password.
 const HIDDEN: &str = "***";
@@ -47,12 +48,12 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
     if parsed
         .query_pairs()
-        .any(|(name, _)| PASSWORD_PARAMS.contains(&name.as_ref()))
+        .any(|(name, _)| is_password_param(&name))
     {
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(name, value)| {
-                let value = if PASSWORD_PARAMS.contains(&name.as_ref()) {
+                let value = if is_password_param(&name) {
                     HIDDEN.to_owned()
                 } else {
                     value.into_owned()
@@ -82,7 +83,7 @@ pub(crate) fn secrets_of(url: &str) -> Vec<String> {
         secrets.push(user_info.to_owned());
         secrets.push(percent_decode(user_info));
         for (name, value) in parsed.query_pairs() {
-            if PASSWORD_PARAMS.contains(&name.as_ref()) {
+            if is_password_param(&name) {
                 secrets.push(value.into_owned());
             }
         }
@@ -101,12 +102,21 @@ pub(crate) fn secrets_of(url: &str) -> Vec<String> {
     secrets
 }
 
+/// Whether a query parameter named `name` holds a password. Case does not
+/// count: a user who writes `?PASSWORD=` means a password as much as one
+/// who writes `?password=`, whatever a client makes of it.
+fn is_password_param(name: &str) -> bool {
+    PASSWORD_PARAMS
+        .iter()
+        .any(|param| param.eq_ignore_ascii_case(name))
+}
+
 /// The password query parameters' values in `query`, raw and decoded.
 fn password_params(query: &str) -> Vec<String> {
     let mut values = Vec::new();
     for pair in query.split('&') {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        if PASSWORD_PARAMS.contains(&form_decode(name).as_str()) {
+        if is_password_param(&form_decode(name)) {
             values.push(value.to_owned());
             values.push(form_decode(value));
         }
@@ -188,6 +198,10 @@ mod tests {
         assert_eq!(
             redact_url("unix:///run/redis.sock?user=app&pass=p%26w"),
             "unix:///run/redis.sock?user=app&pass=***"
+        );
+        assert_eq!(
+            redact_url("redis://host/0?PASSWORD=s3cret&Pass=p2&db=1"),
+            "redis://host/0?PASSWORD=***&Pass=***&db=1"
         );
     }
 

@@ -12,8 +12,9 @@ use std::task::{Context, Poll};
 /// finished, the rest of `work` runs in a task of its own, spawned by `S`
 /// (on the current runtime unless said otherwise), and its output goes to
 /// `abandoned`; if that task is dropped unfinished as well (its runtime
-/// shut down), `abandoned` says what to do instead. Unlike spawning the work up front, the common case (nobody
-/// gives up) costs no task, no wake-up of another worker and no channel.
+/// shut down), `abandoned` says what to do instead. Unlike spawning the
+/// work up front, the common case (nobody gives up) costs no task, no
+/// wake-up of another worker and no channel.
 pub(crate) struct Detachable<F, A, S = CurrentRuntime>
 where
     F: Future + Send + 'static,

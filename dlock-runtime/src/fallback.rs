@@ -135,7 +135,11 @@ fn start() -> Option<mpsc::UnboundedSender<Work>> {
             {
                 Ok(runtime) => runtime,
                 Err(err) => {
-                    tracing::warn!(error = %err, "cannot start dlock's fallback runtime; work left behind by a runtime that shuts down will wait for the ttl");
+                    tracing::warn!(
+                        error = %err,
+                        "cannot start dlock's fallback runtime; releases left behind by a \
+                         runtime that shuts down will wait for the ttl"
+                    );
                     return;
                 }
             };
@@ -148,7 +152,11 @@ fn start() -> Option<mpsc::UnboundedSender<Work>> {
     match started {
         Ok(_) => Some(queue),
         Err(err) => {
-            tracing::warn!(error = %err, "cannot start dlock's fallback thread; work left behind by a runtime that shuts down will wait for the ttl");
+            tracing::warn!(
+                error = %err,
+                "cannot start dlock's fallback thread; releases left behind by a runtime \
+                 that shuts down will wait for the ttl"
+            );
             None
         }
     }

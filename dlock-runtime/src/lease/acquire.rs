@@ -288,9 +288,19 @@ impl GiveBack {
                 Err(err) => {
                     let key = self.key.clone();
                     if fallback::try_again(self.release()) {
-                        tracing::debug!(key = %key, error = %err, "giving back an abandoned acquisition failed; trying again on dlock's fallback runtime");
+                        tracing::debug!(
+                            key = %key,
+                            error = %err,
+                            "giving back an abandoned acquisition failed; \
+                             trying again on dlock's fallback runtime"
+                        );
                     } else {
-                        tracing::warn!(key = %key, error = %err, "giving back an abandoned acquisition failed; the ttl will free the key");
+                        tracing::warn!(
+                            key = %key,
+                            error = %err,
+                            "giving back an abandoned acquisition failed; \
+                             the ttl will free the key"
+                        );
                     }
                 }
             }

@@ -489,9 +489,17 @@ impl Release {
     fn failed(self, err: LockError) {
         let key = self.shared.key.clone();
         if fallback::try_again(self.run()) {
-            tracing::debug!(key = %key, error = %err, "releasing in the background failed; trying again on dlock's fallback runtime");
+            tracing::debug!(
+                key = %key,
+                error = %err,
+                "releasing in the background failed; trying again on dlock's fallback runtime"
+            );
         } else {
-            tracing::warn!(key = %key, error = %err, "releasing in the background failed; the ttl will free the key");
+            tracing::warn!(
+                key = %key,
+                error = %err,
+                "releasing in the background failed; the ttl will free the key"
+            );
         }
     }
 

@@ -148,7 +148,7 @@ impl FileBackend {
         &self,
         operation: Operation,
         key: &LockKey,
-        work: impl FnOnce(&Inner) -> io::Result<T> + Send + 'static,
+        work: impl FnOnce(&Arc<Inner>) -> io::Result<T> + Send + 'static,
     ) -> Result<T, LockError> {
         let inner = Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || work(&inner)).await;
@@ -539,10 +539,18 @@ impl Backend for FileBackend {
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
-        self.blocking(Operation::Acquire, key, move |inner| {
-            inner.try_acquire(&name, &text, owner, ttl)
-        })
-        .await
+        let taken = self
+            .blocking(Operation::Acquire, key, move |inner| {
+                let attempt = inner.try_acquire(&name, &text, owner, ttl)?;
+                Ok(Taken {
+                    inner: Arc::clone(inner),
+                    name,
+                    owner,
+                    attempt: Some(attempt),
+                })
+            })
+            .await?;
+        Ok(taken.claim())
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
@@ -600,6 +608,38 @@ impl Backend for FileBackend {
 fn expiry_after(now: u64, ttl: Duration) -> u64 {
     let ttl_us = u64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
     now.saturating_add(ttl_us)
+}
+
+/// An attempt's outcome on its way from the blocking thread to the caller.
+/// A runtime that shuts down does not wait for its blocking threads: the
+/// caller's task may be gone (and its give-back already run, finding
+/// nothing) before the attempt ends. Dropped unclaimed, a key it took is
+/// released on the spot, which also closes its alive file, so it is neither
+/// held for its ttl nor kept open.
+struct Taken {
+    inner: Arc<Inner>,
+    name: String,
+    owner: OwnerId,
+    attempt: Option<Attempt>,
+}
+
+impl Taken {
+    fn claim(mut self) -> Attempt {
+        // Always set until here.
+        self.attempt
+            .take()
+            .unwrap_or(Attempt::Held { expires_in: None })
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(Attempt::Acquired(_)) = self.attempt.take() {
+            // Owner-checked; a few microseconds of file work, like the
+            // attempt itself, on whichever thread dropped it.
+            let _ = self.inner.release(&self.name, self.owner);
+        }
+    }
 }
 
 fn now_us() -> u64 {

@@ -24,6 +24,7 @@ pub mod backend;
 pub mod conformance;
 mod detach;
 pub mod error;
+mod fallback;
 pub mod fence;
 pub mod file;
 pub mod key;

@@ -16,6 +16,7 @@ use crate::backend::{
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::LockError;
+use crate::fallback::{self, Work};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -263,7 +264,8 @@ fn attempt(
 /// Gives back what an abandoned attempt was granted, or may have been: a
 /// failed attempt's request may have reached the store before its reply
 /// was lost. The release is owner-checked, so it never touches a lock
-/// someone else holds.
+/// someone else holds, and giving back twice is harmless.
+#[derive(Clone)]
 struct GiveBack {
     backend: Arc<dyn Backend>,
     key: LockKey,
@@ -271,23 +273,38 @@ struct GiveBack {
 }
 
 impl GiveBack {
-    async fn release(self) {
-        match self
-            .backend
-            .release(&ReleaseRequest::new(&self.key, &self.owner))
-            .await
-        {
-            Ok(ReleaseOutcome::Released) => tracing::debug!(
-                key = %self.key,
-                "gave back a lock granted after its caller gave up"
-            ),
-            Ok(_) => {}
-            Err(err) => tracing::warn!(
-                key = %self.key,
-                error = %err,
-                "giving back an abandoned acquisition failed; the ttl will free the key"
-            ),
-        }
+    fn release(self) -> Work {
+        Box::pin(async move {
+            match self
+                .backend
+                .release(&ReleaseRequest::new(&self.key, &self.owner))
+                .await
+            {
+                Ok(ReleaseOutcome::Released) => tracing::debug!(
+                    key = %self.key,
+                    "gave back a lock granted after its caller gave up"
+                ),
+                Ok(_) => {}
+                Err(err) => {
+                    let key = self.key.clone();
+                    if fallback::try_again(self.release()) {
+                        tracing::debug!(
+                            key = %key,
+                            error = %err,
+                            "giving back an abandoned acquisition failed; \
+                             trying again on dlock's fallback runtime"
+                        );
+                    } else {
+                        tracing::warn!(
+                            key = %key,
+                            error = %err,
+                            "giving back an abandoned acquisition failed; \
+                             the ttl will free the key"
+                        );
+                    }
+                }
+            }
+        })
     }
 }
 
@@ -297,16 +314,19 @@ impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
             self.release().await;
         }
     }
+
+    /// The attempt may have been granted before its runtime dropped it.
+    fn unfinished(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.clone().release()
+    }
 }
 
 /// Gives `owner`'s possible hold of `key` back in the background.
 fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
-    if let Ok(runtime) = Handle::try_current() {
-        let give_back = GiveBack {
-            backend: Arc::clone(backend),
-            key: key.clone(),
-            owner,
-        };
-        runtime.spawn(give_back.release());
-    }
+    let give_back = GiveBack {
+        backend: Arc::clone(backend),
+        key: key.clone(),
+        owner,
+    };
+    fallback::spawn(give_back.clone().release(), give_back.release());
 }

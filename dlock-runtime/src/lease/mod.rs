@@ -33,8 +33,9 @@ pub(crate) use set::acquire_many;
 use crate::backend::{
     Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
 };
-use crate::detach::{Detachable, Ignore};
+use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, LostReason};
+use crate::fallback::{self, Work};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -250,8 +251,25 @@ impl Shared {
 /// A held lock. Renewed in the background while it lives (unless renewal is
 /// off); lost when renewal fails or the ttl runs out, and its holder can see
 /// that ([`Lease::lost`], [`Lease::check`]); released by
-/// [`Lease::release`] or, if dropped unreleased, in the background (or, with
-/// no runtime left, by its ttl).
+/// [`Lease::release`] or, if dropped unreleased, in the background.
+///
+/// # Release on drop, and runtimes that shut down
+///
+/// A lease dropped unreleased is released by a task on the runtime it is
+/// dropped on. Should no runtime run there, or should that runtime shut
+/// down before the release is done (a runtime dropped while its tasks hold
+/// leases, `#[tokio::main]` returning), the release is started over on
+/// dlock's fallback thread, which runs a runtime of its own and is started
+/// on first use; a release that fails on a runtime that goes away is tried
+/// once more there. Acquisitions a runtime cuts off half-way are given back
+/// the same way. That frees the key at once on every backend: memory and
+/// file need no runtime, PostgreSQL unlocks through the runtime it was
+/// connected on (and if that one shut down, its sessions closed and the
+/// server freed their locks), and Redis opens a new connection from the
+/// fallback thread. The key waits for its ttl only when the process exits
+/// before the fallback thread is done (it never holds the process up, nor
+/// a runtime's shutdown), or when the store cannot be reached from there
+/// within 10 s, which is logged as a warning.
 #[must_use = "a lease is released as soon as it is dropped"]
 pub struct Lease {
     shared: Arc<Shared>,
@@ -411,6 +429,8 @@ async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutco
             .backend
             .extend(&Renewal::new(&shared.key, &shared.owner, keep_for))
             .await;
+        // Should this runtime shut down before the hold is over, the key's
+        // ttl, just cut to the hold, frees it at the same moment.
         if matches!(kept, Ok(true))
             && let Ok(runtime) = Handle::try_current()
         {
@@ -443,8 +463,69 @@ fn finish_detached(
     shared: &Arc<Shared>,
     keep_for: Duration,
 ) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send + 'static {
+    let release = Release {
+        shared: Arc::clone(shared),
+        hold_until: Instant::now() + keep_for,
+    };
     let shared = Arc::clone(shared);
-    Detachable::new(async move { finish(&shared, keep_for).await }, Ignore)
+    Detachable::new(async move { finish(&shared, keep_for).await }, release)
+}
+
+/// A lease's release that nobody waits for (a drop, a caller that gave up
+/// on [`Lease::release`]), which can be started over: `finish` is
+/// owner-checked, so running it again after part of it ran is harmless.
+struct Release {
+    shared: Arc<Shared>,
+    /// Until when the minimum hold keeps the key.
+    hold_until: Instant,
+}
+
+impl Release {
+    fn run(self) -> Work {
+        Box::pin(async move {
+            let keep_for = self.hold_until.saturating_duration_since(Instant::now());
+            if let Err(err) = finish(&self.shared, keep_for).await {
+                self.failed(err);
+            }
+        })
+    }
+
+    /// Tries once more on the fallback runtime, or says the ttl will do.
+    fn failed(self, err: LockError) {
+        let key = self.shared.key.clone();
+        if fallback::try_again(self.run()) {
+            tracing::debug!(
+                key = %key,
+                error = %err,
+                "releasing in the background failed; trying again on dlock's fallback runtime"
+            );
+        } else {
+            tracing::warn!(
+                key = %key,
+                error = %err,
+                "releasing in the background failed; the ttl will free the key"
+            );
+        }
+    }
+
+    fn again(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+            hold_until: self.hold_until,
+        }
+    }
+}
+
+impl AbandonedWith<Result<ReleaseOutcome, LockError>> for Release {
+    async fn handle(self, outcome: Result<ReleaseOutcome, LockError>) {
+        if let Err(err) = outcome {
+            self.failed(err);
+        }
+    }
+
+    fn unfinished(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.again().run()
+    }
 }
 
 impl Drop for Lease {
@@ -454,17 +535,14 @@ impl Drop for Lease {
         }
         self.stop_watching();
         self.shared.mark_released();
-        let keep_for = self.keep_for();
-        let shared = Arc::clone(&self.shared);
-        // Early return, `?`, panic or cancellation: release in the background
-        // if a runtime is still there; otherwise the ttl frees the key.
-        if let Ok(handle) = Handle::try_current() {
-            handle.spawn(async move {
-                if let Err(err) = finish(&shared, keep_for).await {
-                    tracing::warn!(key = %shared.key, error = %err, "release on drop failed; the ttl will free the key");
-                }
-            });
-        }
+        let release = Release {
+            shared: Arc::clone(&self.shared),
+            hold_until: Instant::now() + self.keep_for(),
+        };
+        // Early return, `?`, panic or cancellation: release in the
+        // background, on the fallback runtime should this one be gone or
+        // shut down first.
+        fallback::spawn(release.again().run(), release.run());
     }
 }
 

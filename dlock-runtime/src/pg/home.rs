@@ -115,6 +115,12 @@ impl Home {
     pub(super) fn handle(&self) -> Option<Handle> {
         let mut home = self.current();
         if !home.is_alive() {
+            // Not the fallback runtime: it only finishes what callers left
+            // behind, and the sessions of a home that shut down are closed,
+            // with their locks, already.
+            if crate::fallback::is_current() {
+                return None;
+            }
             let here = Handle::try_current().ok()?;
             *home = Runtime::watch(here);
             tracing::debug!(
@@ -189,7 +195,14 @@ impl Home {
 struct AtHome(Arc<Home>);
 
 impl Spawn for AtHome {
-    fn spawn(self, work: impl Future<Output = ()> + Send + 'static) {
+    /// `unfinished` is dropped: work at home is dropped unfinished only when
+    /// the home runtime shuts down, which closes every session opened there
+    /// and the locks they held with them (see `locks::Unfinished`).
+    fn spawn(
+        self,
+        work: impl Future<Output = ()> + Send + 'static,
+        _unfinished: impl Future<Output = ()> + Send + 'static,
+    ) {
         self.0.spawn(work);
     }
 }

@@ -1,0 +1,324 @@
+//! What a runtime that shuts down leaves behind: a lease a task of it still
+//! held, and acquisitions it cut off half-way (a blocking library that
+//! makes a runtime per call, a worker pool, `#[tokio::main]` returning while
+//! tasks run). Another owner must get the key long before its ttl (60 s
+//! here; the bound is 5 s), and the file backend must not keep the cut-off
+//! acquisitions' files open.
+//!
+//! Memory and file run everywhere; Redis (127.0.0.1:6379 or
+//! `DLOCK_REDIS_URL`) and PostgreSQL (127.0.0.1:5432 or `DLOCK_PG_URL`)
+//! with their features.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::backend::OwnerId;
+use dlock::file::FileBackend;
+use dlock::memory::MemoryBackend;
+use dlock::{Backend, Lease, LockError, LockKey, LockOptions};
+use tokio::runtime::Runtime;
+
+/// Far longer than any test waits: a key freed within [`BOUND`] was not
+/// freed by its ttl.
+const TTL: Duration = Duration::from_secs(60);
+const BOUND: Duration = Duration::from_secs(5);
+/// Acquisitions cut off by their runtime's shutdown, at staggered moments.
+const CUT_OFF: usize = 20;
+
+fn fresh_key(label: &str) -> LockKey {
+    LockKey::new(format!(
+        "dlock-test:shutdown:{label}:{}",
+        OwnerId::random().expect("random bytes")
+    ))
+    .expect("valid key")
+}
+
+fn fresh_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "dlock-shutdown-{label}-{}",
+        OwnerId::random().expect("random bytes")
+    ));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A runtime like a blocking library makes for one call.
+fn short_lived_runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+async fn take(backend: Arc<dyn Backend>, key: &LockKey) -> Lease {
+    LockOptions::new(TTL)
+        .acquire_on(backend, key)
+        .await
+        .unwrap_or_else(|err| panic!("{key} should be free: {err}"))
+}
+
+/// On a runtime of the test's own, another owner takes each key within
+/// [`BOUND`]; returns the keys it could not take.
+fn still_held(connect: impl Future<Output = Arc<dyn Backend>>, keys: &[LockKey]) -> Vec<String> {
+    Runtime::new().expect("runtime").block_on(async {
+        let backend = connect.await;
+        let mut held = Vec::new();
+        for key in keys {
+            match LockOptions::new(TTL)
+                .wait(BOUND)
+                .acquire_on(Arc::clone(&backend), key)
+                .await
+            {
+                Ok(lease) => lease.release().await.expect("release"),
+                Err(err @ LockError::Timeout { .. }) => held.push(format!("{key}: {err}")),
+                Err(err) => panic!("taking {key}: {err}"),
+            }
+        }
+        held
+    })
+}
+
+/// A task of a short-lived runtime holds a lease when the runtime shuts
+/// down; `connect` makes the backend, on that runtime.
+fn hold_when_runtime_shuts_down(
+    connect: impl Future<Output = Arc<dyn Backend>> + Send + 'static,
+) -> LockKey {
+    let key = fresh_key("held");
+    let runtime = short_lived_runtime();
+    let held = key.clone();
+    runtime.block_on(async move {
+        let lease = take(connect.await, &held).await;
+        tokio::spawn(async move {
+            let _lease = lease;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+    });
+    drop(runtime);
+    key
+}
+
+/// A lease taken on a short-lived runtime outlives it, and is dropped where
+/// no runtime runs at all.
+fn drop_with_no_runtime(connect: impl Future<Output = Arc<dyn Backend>>) -> LockKey {
+    let key = fresh_key("no-runtime");
+    let runtime = short_lived_runtime();
+    let lease = runtime.block_on(async {
+        let backend = connect.await;
+        take(backend, &key).await
+    });
+    drop(runtime);
+    drop(lease);
+    key
+}
+
+/// Acquisitions, each on a runtime of its own that shuts down a little
+/// later each time: some are cut off before they reach the store, some
+/// mid-flight, some after they were granted.
+fn cut_off_by_runtime_shutdown(
+    connect: impl Fn() -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>>,
+) -> Vec<LockKey> {
+    let keys: Vec<LockKey> = (0..CUT_OFF).map(|_| fresh_key("cut")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        let runtime = short_lived_runtime();
+        let backend = runtime.block_on(connect());
+        let key = key.clone();
+        runtime.spawn(async move {
+            let _ = LockOptions::new(TTL).acquire_on(backend, &key).await;
+            std::future::pending::<()>().await;
+        });
+        std::thread::sleep(Duration::from_micros(150 * i as u64));
+        runtime.shutdown_background();
+    }
+    keys
+}
+
+fn assert_free(held: Vec<String>) {
+    assert!(
+        held.is_empty(),
+        "{} key(s) still held {BOUND:?} after their runtime shut down (ttl {TTL:?}):\n{}",
+        held.len(),
+        held.join("\n")
+    );
+}
+
+fn memory_backend(
+    backend: &MemoryBackend,
+) -> impl Future<Output = Arc<dyn Backend>> + Send + 'static {
+    let backend = backend.clone();
+    async move { Arc::new(backend) as Arc<dyn Backend> }
+}
+
+#[test]
+fn memory_a_lease_held_when_its_runtime_shuts_down_frees_the_key_at_once() {
+    let backend = MemoryBackend::new();
+    let key = hold_when_runtime_shuts_down(memory_backend(&backend));
+    assert_free(still_held(memory_backend(&backend), &[key]));
+}
+
+#[test]
+fn memory_a_lease_dropped_with_no_runtime_left_frees_the_key_at_once() {
+    let backend = MemoryBackend::new();
+    let key = drop_with_no_runtime(memory_backend(&backend));
+    assert_free(still_held(memory_backend(&backend), &[key]));
+}
+
+/// Another file backend on `dir`: the view of another process.
+fn file_backend(dir: &Path) -> impl Future<Output = Arc<dyn Backend>> + Send + 'static {
+    let dir = dir.to_path_buf();
+    async move { Arc::new(FileBackend::open(&dir).expect("lock dir")) as Arc<dyn Backend> }
+}
+
+/// `backend` itself, which lives on as a process's backend does (in the
+/// registry, say): the alive files of its leases stay open in it.
+fn the_file_backend(
+    backend: &FileBackend,
+) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>> {
+    let backend = backend.clone();
+    Box::pin(async move { Arc::new(backend) as Arc<dyn Backend> })
+}
+
+/// The descriptors this process has open on files in `dir`.
+fn open_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|fds| {
+            fds.filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+                .filter(|target| target.starts_with(dir))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn file_a_lease_held_when_its_runtime_shuts_down_frees_the_key_at_once() {
+    let dir = fresh_dir("held");
+    let backend = FileBackend::open(&dir).expect("lock dir");
+    let key = hold_when_runtime_shuts_down(the_file_backend(&backend));
+    let held = still_held(file_backend(&dir), &[key]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_free(held);
+}
+
+#[test]
+fn file_a_lease_dropped_with_no_runtime_left_frees_the_key_at_once() {
+    let dir = fresh_dir("no-runtime");
+    let backend = FileBackend::open(&dir).expect("lock dir");
+    let key = drop_with_no_runtime(the_file_backend(&backend));
+    let held = still_held(file_backend(&dir), &[key]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_free(held);
+}
+
+#[test]
+fn file_acquisitions_cut_off_by_their_runtime_shutting_down_leave_no_key_held_and_no_file_open() {
+    let dir = fresh_dir("cut");
+    // One backend, as a process has: the cut-off acquisitions' files would
+    // stay open in it.
+    let backend = FileBackend::open(&dir).expect("lock dir");
+    let keys = cut_off_by_runtime_shutdown(|| the_file_backend(&backend));
+    let held = still_held(file_backend(&dir), &keys);
+    let open = open_in(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_free(held);
+    assert!(
+        open.is_empty(),
+        "files still open after every acquisition was cut off: {open:?}"
+    );
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+    use dlock::redis::RedisBackend;
+
+    fn redis_url() -> String {
+        std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+    }
+
+    /// A backend connected on the runtime this is awaited on: its
+    /// connection lives and dies with that runtime.
+    fn redis_backend() -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>> {
+        Box::pin(async {
+            Arc::new(
+                RedisBackend::connect(&redis_url())
+                    .await
+                    .expect("redis is running"),
+            ) as Arc<dyn Backend>
+        })
+    }
+
+    #[test]
+    fn redis_a_lease_held_when_its_runtime_shuts_down_frees_the_key_at_once() {
+        let key = hold_when_runtime_shuts_down(redis_backend());
+        assert_free(still_held(redis_backend(), &[key]));
+    }
+
+    #[test]
+    fn redis_a_lease_dropped_with_no_runtime_left_frees_the_key_at_once() {
+        let key = drop_with_no_runtime(redis_backend());
+        assert_free(still_held(redis_backend(), &[key]));
+    }
+
+    #[test]
+    fn redis_acquisitions_cut_off_by_their_runtime_shutting_down_leave_no_key_held() {
+        let keys = cut_off_by_runtime_shutdown(redis_backend);
+        assert_free(still_held(redis_backend(), &keys));
+    }
+}
+
+#[cfg(feature = "pg")]
+mod pg {
+    use super::*;
+    use dlock::pg::PgBackend;
+
+    fn pg_conn() -> String {
+        std::env::var("DLOCK_PG_URL")
+            .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
+    }
+
+    /// The backend's home: a runtime that keeps running for the whole
+    /// test, as an application's main runtime does, while callers come and
+    /// go on runtimes of their own.
+    fn home() -> (Runtime, Arc<dyn Backend>) {
+        let home = Runtime::new().expect("runtime");
+        let backend = home.block_on(async {
+            Arc::new(
+                PgBackend::connect(&pg_conn())
+                    .await
+                    .expect("postgres is running"),
+            ) as Arc<dyn Backend>
+        });
+        (home, backend)
+    }
+
+    fn the(
+        backend: &Arc<dyn Backend>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>> {
+        let backend = Arc::clone(backend);
+        Box::pin(async move { backend })
+    }
+
+    #[test]
+    fn pg_a_lease_held_when_its_callers_runtime_shuts_down_frees_the_key_at_once() {
+        let (_home, backend) = home();
+        let key = hold_when_runtime_shuts_down(the(&backend));
+        assert_free(still_held(the(&backend), &[key]));
+    }
+
+    #[test]
+    fn pg_a_lease_dropped_with_no_runtime_left_frees_the_key_at_once() {
+        let (_home, backend) = home();
+        let key = drop_with_no_runtime(the(&backend));
+        assert_free(still_held(the(&backend), &[key]));
+    }
+
+    #[test]
+    fn pg_acquisitions_cut_off_by_their_callers_runtime_shutting_down_leave_no_key_held() {
+        let (_home, backend) = home();
+        let keys = cut_off_by_runtime_shutdown(|| the(&backend));
+        assert_free(still_held(the(&backend), &keys));
+    }
+}

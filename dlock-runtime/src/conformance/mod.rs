@@ -23,8 +23,11 @@
 //! rules behind them are on the [`Backend`] trait itself.
 //!
 //! Not a stable API: properties are added as the contract grows. The
-//! properties stay in this one file, one function each after the few
-//! helpers at the top, so the whole contract reads from top to bottom.
+//! properties stay in this one file, one function each, so the whole
+//! contract reads from top to bottom; it runs past a thousand lines because
+//! each property spells out its own setup rather than hiding it in shared
+//! steps. The helpers they share (hang guards, fresh keys, a counting
+//! backend) live in a submodule, re-exported here.
 
 #![allow(clippy::missing_panics_doc)]
 
@@ -32,12 +35,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::backend::{Backend, OwnerId};
 use crate::{LockError, LockKey, LockOptions, LostReason};
+
+mod helpers;
+
+pub use helpers::{CountingBackend, fresh_key, spawn_waiter, within};
 
 /// Makes one `#[test]` per conformance property for the backend that the
 /// async fn `$make` (returning `Arc<dyn Backend>`) connects. See the
@@ -131,135 +137,6 @@ where
         "the backend breaks these conformance properties: {}",
         broken.join(", ")
     );
-}
-
-/// Fails with `what` if `fut` has not finished within `secs` (a hang guard,
-/// not a timing assertion).
-pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
-}
-
-/// A backend that counts acquisition attempts and passes everything to
-/// `inner`: a test tells a waiter woken by a release from one that polls.
-/// It can also fail its first attempts, as a restarting server would, or
-/// leave its next attempt unanswered for ever, as a stalled one would.
-pub struct CountingBackend {
-    inner: Arc<dyn crate::Backend>,
-    attempts: std::sync::atomic::AtomicUsize,
-    failures: std::sync::atomic::AtomicUsize,
-    hang_next: std::sync::atomic::AtomicBool,
-}
-
-impl CountingBackend {
-    /// Wraps `inner`, passing every call through.
-    pub fn new(inner: Arc<dyn crate::Backend>) -> Arc<Self> {
-        Self::failing_first(inner, 0)
-    }
-
-    /// Its first `failures` acquisition attempts fail with a backend error
-    /// ("connection refused") without reaching `inner`.
-    pub fn failing_first(inner: Arc<dyn crate::Backend>, failures: usize) -> Arc<Self> {
-        std::sync::Arc::new(Self {
-            inner,
-            attempts: std::sync::atomic::AtomicUsize::new(0),
-            failures: std::sync::atomic::AtomicUsize::new(failures),
-            hang_next: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// The next acquisition attempt never gets an answer.
-    pub fn hang_next_attempt(&self) {
-        self.hang_next
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// How many acquisition attempts went through so far.
-    pub fn attempts(&self) -> usize {
-        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl crate::Backend for CountingBackend {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    async fn try_acquire(
-        &self,
-        request: &crate::backend::AcquireRequest<'_>,
-    ) -> Result<crate::backend::Attempt, crate::LockError> {
-        use std::sync::atomic::Ordering;
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        if self.hang_next.swap(false, Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(crate::LockError::backend(
-                self.inner.kind(),
-                crate::error::Operation::Acquire,
-                request.key.as_str(),
-                "connection refused",
-            ));
-        }
-        self.inner.try_acquire(request).await
-    }
-    async fn extend(
-        &self,
-        renewal: &crate::backend::Renewal<'_>,
-    ) -> Result<bool, crate::LockError> {
-        self.inner.extend(renewal).await
-    }
-    async fn extend_many(
-        &self,
-        renewals: &[crate::backend::Renewal<'_>],
-    ) -> Vec<Result<bool, crate::LockError>> {
-        self.inner.extend_many(renewals).await
-    }
-    async fn release(
-        &self,
-        lease: &crate::backend::ReleaseRequest<'_>,
-    ) -> Result<crate::backend::ReleaseOutcome, crate::LockError> {
-        self.inner.release(lease).await
-    }
-    async fn subscribe(
-        &self,
-        key: &crate::LockKey,
-    ) -> Result<crate::backend::ReleaseNotice, crate::LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &crate::LockKey) -> Result<bool, crate::LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
-/// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting
-/// up to `wait_secs` for it.
-pub fn spawn_waiter(
-    backend: Arc<dyn crate::Backend>,
-    key: &crate::LockKey,
-    ttl_secs: u64,
-    wait_secs: u64,
-) -> tokio::task::JoinHandle<Result<crate::Lease, crate::LockError>> {
-    let key = key.clone();
-    tokio::spawn(async move {
-        crate::LockOptions::new(Duration::from_secs(ttl_secs))
-            .wait(Duration::from_secs(wait_secs))
-            .acquire_on(backend, key)
-            .await
-    })
-}
-
-/// A fresh key no other test (or earlier run) uses.
-pub fn fresh_key(label: &str) -> LockKey {
-    let id = OwnerId::random().expect("random bytes");
-    LockKey::new(format!("dlock-test:{label}:{id}")).expect("valid key")
 }
 
 fn options(ttl_ms: u64) -> LockOptions {

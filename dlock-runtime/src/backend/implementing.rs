@@ -15,8 +15,9 @@
 //! 1. **One atomic step each.** `try_acquire` sets the holder *and* draws the
 //!    fencing token together; `extend` and `release` compare the owner *and*
 //!    act together. Split, two callers interleave between the steps.
-//! 2. **Tokens only rise per key**, also across restarts of the store: draw
-//!    them from a durable counter, floored at the store's clock in
+//! 2. **Tokens only rise per key**, through every instance (every process)
+//!    on the store and across restarts of the store: draw them from a
+//!    durable counter in the store, floored at the store's clock in
 //!    microseconds if the counter can be lost.
 //! 3. **A retry by the owner that holds the key is a success** with the
 //!    token already drawn: the core retries with the same owner after a lost
@@ -32,7 +33,9 @@
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
-//! one test per property.
+//! one test per property. `make_backend` is called once per instance a
+//! property takes (some take two, as two processes would connect), and
+//! every instance it makes must reach the same store.
 //!
 //! ## A complete backend
 //!
@@ -153,13 +156,18 @@
 //! }
 //! # }
 //!
-//! // The shipped suite, every property at once:
+//! // The shipped suite, every property at once. Each backend it asks for
+//! // must reach the same store, as every process reaches one server: here,
+//! // the one skeleton's memory.
 //! # #[cfg(feature = "conformance")]
 //! # #[tokio::main]
 //! # async fn main() {
 //! # use doc::Skeleton;
-//! dlock_runtime::conformance::check_all(|| async {
-//!     std::sync::Arc::new(Skeleton::default()) as std::sync::Arc<dyn dlock_runtime::Backend>
+//! use std::sync::Arc;
+//! let store = Arc::new(Skeleton::default());
+//! dlock_runtime::conformance::check_all(|| {
+//!     let store = Arc::clone(&store);
+//!     async move { store as Arc<dyn dlock_runtime::Backend> }
 //! })
 //! .await;
 //! # }

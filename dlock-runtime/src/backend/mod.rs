@@ -40,8 +40,10 @@ pub mod implementing;
 ///    owner *and* act in one step. Split, another caller can slip in
 ///    between (the reference article's `releaseScript`).
 /// 2. **Tokens only rise per key**: every grant's token is strictly
-///    greater than every token issued before for that key, also across a
-///    restart of the store. A counter the store can lose (a restart without
+///    greater than every token issued before for that key, through any
+///    instance of the backend on the store (every process shares one
+///    sequence per key: keep the counter in the store, not in the instance),
+///    also across a restart of the store. A counter the store can lose (a restart without
 ///    persistence, a failover, a restore) is floored at the store's clock in
 ///    microseconds, so it restarts above every earlier token.
 /// 3. **A retry by the owner that holds the key is a success**, with the

@@ -1,5 +1,6 @@
-//! The suite's helpers: the guards, keys and wrapped backends the
-//! properties use. Public, so a backend's own tests can use them too.
+//! The suite's helpers: how the runners hand a property its backends,
+//! and the guards, keys and wrapped backends the properties use. Public,
+//! so a backend's own tests can use them too.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -9,7 +10,71 @@ use async_trait::async_trait;
 use tokio::time::timeout;
 
 use crate::LockKey;
-use crate::backend::OwnerId;
+use crate::backend::{Backend, OwnerId};
+
+/// A property as the runners call it: an async fn of one backend, or of
+/// two instances of the backend on one store (`Two`). The runners connect
+/// as many as it takes with `make`; a property says which by its signature.
+#[doc(hidden)]
+pub trait Property<Takes>: Send + 'static {
+    /// How many backends the property takes.
+    const BACKENDS: usize;
+    /// The property's run on `backends`, exactly [`Self::BACKENDS`] of them.
+    fn run(self, backends: Vec<Arc<dyn Backend>>) -> BoxedRun;
+}
+
+/// One run of a property, ready to be spawned.
+#[doc(hidden)]
+pub type BoxedRun = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Marks a property of one backend.
+#[doc(hidden)]
+pub enum One {}
+
+/// Marks a property of two instances of the backend on one store.
+#[doc(hidden)]
+pub enum Two {}
+
+impl<P, Fut> Property<One> for P
+where
+    P: FnOnce(Arc<dyn Backend>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    const BACKENDS: usize = 1;
+    fn run(self, backends: Vec<Arc<dyn Backend>>) -> BoxedRun {
+        let [backend] = <[_; 1]>::try_from(backends).unwrap_or_else(|_| unreachable!());
+        Box::pin(self(backend))
+    }
+}
+
+impl<P, Fut> Property<Two> for P
+where
+    P: FnOnce(Arc<dyn Backend>, Arc<dyn Backend>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    const BACKENDS: usize = 2;
+    fn run(self, backends: Vec<Arc<dyn Backend>>) -> BoxedRun {
+        let [backend, another] = <[_; 2]>::try_from(backends).unwrap_or_else(|_| unreachable!());
+        Box::pin(self(backend, another))
+    }
+}
+
+/// Connects the backends `property` takes, one call of `make` each, and
+/// hands back its run, for [`conformance_suite!`](crate::conformance_suite)
+/// and [`check_all`].
+#[doc(hidden)]
+pub async fn start<P, Takes, F, Fut>(property: P, make: &F) -> BoxedRun
+where
+    P: Property<Takes>,
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Backend>>,
+{
+    let mut backends = Vec::with_capacity(P::BACKENDS);
+    for _ in 0..P::BACKENDS {
+        backends.push(make().await);
+    }
+    property.run(backends)
+}
 
 /// Fails with `what` if `fut` has not finished within `secs` (a hang guard,
 /// not a timing assertion).

@@ -11,6 +11,13 @@
 //! dlock::conformance_suite!(backend);
 //! ```
 //!
+//! `backend` is called once per backend a property takes. Most take one; a
+//! property about several processes (tokens that rise across them, a key
+//! held through one and refused through another) takes two instances, so
+//! each call must connect a new instance to the *same* store, as another
+//! process would: the same server, the same directory, or, for a store in
+//! the process's memory, a clone of one shared instance.
+//!
 //! [`conformance_suite!`](crate::conformance_suite) makes one `#[test]` per
 //! property, each on a multi-threaded runtime of its own, named after it (so
 //! `cargo test tokens_strictly_increase` runs one). [`check_all`] runs them
@@ -43,10 +50,13 @@ use crate::{LockError, LockKey, LockOptions, LostReason};
 
 mod helpers;
 
-pub use helpers::{CountingBackend, fresh_key, spawn_waiter, within};
+pub use helpers::{
+    BoxedRun, CountingBackend, One, Property, Two, fresh_key, spawn_waiter, start, within,
+};
 
 /// Makes one `#[test]` per conformance property for the backend that the
-/// async fn `$make` (returning `Arc<dyn Backend>`) connects. See the
+/// async fn `$make` (returning `Arc<dyn Backend>`) connects, called once
+/// per instance a property takes, each on the same store. See the
 /// [module docs](crate::conformance).
 #[macro_export]
 macro_rules! conformance_suite {
@@ -87,7 +97,9 @@ macro_rules! conformance_suite {
             #[test]
             fn $name() {
                 $crate::conformance::block_on(async {
-                    $crate::conformance::$name($make().await).await;
+                    $crate::conformance::start($crate::conformance::$name, &$make)
+                        .await
+                        .await;
                 });
             }
         )*
@@ -96,7 +108,7 @@ macro_rules! conformance_suite {
         $(
             $tasks.push((
                 stringify!($name),
-                tokio::spawn($crate::conformance::$name($make().await)),
+                tokio::spawn($crate::conformance::start($crate::conformance::$name, &$make).await),
             ));
         )*
     };
@@ -114,7 +126,8 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// Runs every property of the suite at once, each as a task of the
-/// current (multi-threaded) runtime on a backend of its own made by `make`,
+/// current (multi-threaded) runtime on backends of its own made by `make`
+/// (one, or two instances on one store, as the module docs say),
 /// and panics naming every property that broke. For a doctest or a quick
 /// check; a crate's own tests should use
 /// [`conformance_suite!`](crate::conformance_suite), which makes each
@@ -193,37 +206,61 @@ pub async fn tokens_strictly_increase(backend: Arc<dyn Backend>) {
     }
 }
 
-/// Tokens keep rising for a key taken by different backend instances (as different processes would), with other keys in between.
-pub async fn tokens_strictly_increase_across_keys_and_backend_instances(backend: Arc<dyn Backend>) {
-    // Tokens of one key keep rising even when other keys are locked in
-    // between and when a lease expires instead of being released.
+/// Tokens keep rising for a key taken in turn through two instances of the backend on one store (as two processes share a server), with other keys locked in between and a lease that expires instead of being released; a key held through one instance is held for the other.
+pub async fn tokens_strictly_increase_across_keys_and_backend_instances(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
     let key = fresh_key("tokens-mixed");
     let other = fresh_key("tokens-other");
-    let first = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
-    let first_token = first.token();
-    first.release().await.expect("release");
-    let unrelated = options(10_000)
-        .acquire_on(backend.clone(), &other)
-        .await
-        .expect("free");
-    unrelated.release().await.expect("release");
+    let instances = [&backend, &another, &backend, &another];
+    let mut last = None;
+    for (round, pair) in instances.windows(2).enumerate() {
+        let (through, rival) = (pair[0], pair[1]);
+        let lease = options(10_000)
+            .wait(Duration::from_secs(5))
+            .acquire_on(through.clone(), &key)
+            .await
+            .expect("free");
+        if let Some(previous) = last {
+            assert!(
+                lease.token() > previous,
+                "round {round}: token {} after {previous} through the other instance",
+                lease.token()
+            );
+        }
+        last = Some(lease.token());
+        let refused = options(10_000).acquire_on(rival.clone(), &key).await;
+        assert!(
+            matches!(refused, Err(LockError::Held { .. })),
+            "a key held through one instance must be held for the other, not {refused:?}"
+        );
+        lease.release().await.expect("release");
+        let unrelated = options(10_000)
+            .acquire_on(rival.clone(), &other)
+            .await
+            .expect("free");
+        unrelated.release().await.expect("release");
+    }
+    let last = last.expect("three rounds");
     let expiring = options(100)
         .renew(false)
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    assert!(expiring.token() > first_token);
+    assert!(expiring.token() > last);
     let expired_token = expiring.token();
     within(10, "expiry", expiring.lost()).await;
     let next = options(10_000)
         .wait(Duration::from_secs(5))
-        .acquire_on(backend.clone(), &key)
+        .acquire_on(another.clone(), &key)
         .await
         .expect("free after expiry");
-    assert!(next.token() > expired_token);
+    assert!(
+        next.token() > expired_token,
+        "token {} through the other instance after the expired {expired_token}",
+        next.token()
+    );
     next.release().await.expect("release");
     drop(expiring);
 }

@@ -22,13 +22,16 @@
 //! 3. **A retry by the owner that holds the key is a success** with the
 //!    token already drawn: the core retries with the same owner after a lost
 //!    reply.
-//! 4. **`Held { expires_in }`** says how long the current holder's lease
+//! 4. **`extend` only renews a lease that is still held**: one that ended
+//!    answers `false` and never takes the key again; `extend_many` answers
+//!    each lease of a batch on its own.
+//! 5. **`Held { expires_in }`** says how long the current holder's lease
 //!    has left, if the store knows (`None` otherwise): the core looks again
 //!    then even if no release is announced.
-//! 5. **A release notice resolves after every release** that happens after
+//! 6. **A release notice resolves after every release** that happens after
 //!    `subscribe` returned; a notice that cannot promise that says how soon
 //!    to look again (`ReleaseNotice::recheck_within`).
-//! 6. **Every lock can end without its holder**: a ttl on the store, or a
+//! 7. **Every lock can end without its holder**: a ttl on the store, or a
 //!    session the store ends when the holder dies.
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
@@ -100,7 +103,7 @@
 //!                 slot.holder = Some((owner, token, now + ttl));
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
-//!             // Rule 4: say when the holder's lease runs out.
+//!             // Rule 5: say when the holder's lease runs out.
 //!             Some((_, _, until)) => Attempt::Held { expires_in: Some(until - now) },
 //!             None => {
 //!                 // Rules 1 and 2: the holder and the token in one step,
@@ -117,6 +120,7 @@
 //!     }
 //!
 //!     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+//!         // Rule 4: only the live holder's lease; an ended one stays ended.
 //!         Ok(self.with_slot(renewal.key, |slot, now| match &mut slot.holder {
 //!             Some((holder, _, until)) if holder == renewal.owner => {
 //!                 *until = now + renewal.ttl;
@@ -138,7 +142,7 @@
 //!     }
 //!
 //!     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-//!         // Rule 5: subscribed before the caller tries again, so no release
+//!         // Rule 6: subscribed before the caller tries again, so no release
 //!         // between the two is missed.
 //!         let mut released = self.with_slot(key, |slot, _| slot.released.subscribe());
 //!         Ok(ReleaseNotice::new(async move {

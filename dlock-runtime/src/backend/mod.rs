@@ -90,7 +90,10 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Sets the remaining lifetime of `renewal.owner`'s lease on
     /// `renewal.key` to `renewal.ttl`. `Ok(false)` when that owner no longer
-    /// holds the key (the core then marks the lease lost).
+    /// holds the key (the core then marks the lease lost): its lease was
+    /// released, broken, or ran out, whether or not anyone held the key
+    /// since. An extend never takes a key: a lease that ended stays ended,
+    /// and the key stays free for others.
     ///
     /// # Cancel safety
     ///
@@ -105,7 +108,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Redis pipeline, one check of a PostgreSQL session) should override
     /// this; the default calls `extend` for each in turn.
     ///
-    /// On a partial failure each lease gets its own answer: one lease's
+    /// Each lease gets its own answer: in one batch, a lease that ended (or
+    /// that its owner does not hold) is answered `Ok(false)` and changed in
+    /// nothing, while the held ones beside it, before or after, are renewed
+    /// and answered `Ok(true)`. On a partial failure, likewise, one lease's
     /// error (a type error on its key, say) must not fail the others, and a
     /// failure of the whole batch (a lost connection) is an `Err` for every
     /// lease. A missing answer counts as a failure of that lease.

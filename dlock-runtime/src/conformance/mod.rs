@@ -71,6 +71,8 @@ macro_rules! conformance_suite {
             tokens_strictly_increase_across_keys_and_backend_instances,
             release_by_non_owner_fails_and_changes_nothing,
             extend_by_non_owner_fails_and_changes_nothing,
+            extend_of_an_ended_lease_is_refused_and_takes_nothing,
+            extend_many_answers_each_lease_on_its_own,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
             lost_signal_fires_when_the_lease_is_taken_away,
@@ -317,6 +319,152 @@ pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Back
         .expect("the owner's release still works");
     let again = options(10_000).acquire_on(backend.clone(), &key).await;
     assert!(again.is_ok(), "the key is free after the owner released it");
+}
+
+/// An `extend` of a lease that ended (released, broken by an
+/// administrator, or run out, with or without another holder since) is
+/// refused with `Ok(false)` and takes nothing: the key stays free.
+pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    let take = |key: &LockKey, owner: &OwnerId, ttl: Duration| {
+        let (backend, key, owner) = (backend.clone(), key.clone(), *owner);
+        async move {
+            let attempt = backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+                .await
+                .expect("backend answers");
+            assert!(
+                matches!(attempt, Attempt::Acquired(_)),
+                "{key} must be free"
+            );
+        }
+    };
+    let ended = |how: &'static str| (fresh_key(how), OwnerId::random().expect("random"));
+    let released = ended("extend-released");
+    take(&released.0, &released.1, Duration::from_secs(10)).await;
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&released.0, &released.1))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let broken = ended("extend-broken");
+    take(&broken.0, &broken.1, Duration::from_secs(10)).await;
+    assert!(
+        backend
+            .force_release(&broken.0)
+            .await
+            .expect("force release")
+    );
+    let expired = ended("extend-expired");
+    take(&expired.0, &expired.1, Duration::from_millis(200)).await;
+    let taken_over = ended("extend-taken-over");
+    take(&taken_over.0, &taken_over.1, Duration::from_millis(200)).await;
+    // Someone else holds the run-out lease's key, then lets it go.
+    let next = options(10_000)
+        .wait(Duration::from_secs(5))
+        .acquire_on(backend.clone(), &taken_over.0)
+        .await
+        .expect("free once the ttl ran out");
+    next.release().await.expect("release");
+    sleep(Duration::from_millis(400)).await;
+    for (key, owner) in [&released, &broken, &expired, &taken_over] {
+        let extended = backend
+            .extend(&Renewal::new(key, owner, Duration::from_secs(60)))
+            .await
+            .expect("backend answers");
+        assert!(
+            !extended,
+            "an extend of an ended lease on {key} must be refused"
+        );
+        let after = options(10_000)
+            .wait(Duration::from_secs(5))
+            .acquire_on(backend.clone(), key)
+            .await
+            .unwrap_or_else(|e| panic!("a refused extend must leave {key} free: {e}"));
+        after.release().await.expect("release");
+    }
+}
+
+/// `extend_many` answers each lease on its own: in one batch, held leases
+/// are renewed and answered `true`, while a lease that ended and a lease
+/// asked for by an owner that does not hold its key are answered `false`
+/// and change nothing, wherever they stand in the batch.
+pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    let keys: Vec<LockKey> = (0..4).map(|_| fresh_key("batch")).collect();
+    let owners: Vec<OwnerId> = (0..4).map(|_| OwnerId::random().expect("random")).collect();
+    // 0 and 3 held for 1s (the batch renews them), 1 released, 2 held by
+    // its owner but renewed in the batch by a stranger.
+    for (i, (key, owner)) in keys.iter().zip(&owners).enumerate() {
+        let ttl = Duration::from_millis(if i == 2 { 10_000 } else { 1_000 });
+        let attempt = backend
+            .try_acquire(&AcquireRequest::new(key, owner, ttl))
+            .await
+            .expect("backend answers");
+        assert!(
+            matches!(attempt, Attempt::Acquired(_)),
+            "{key} must be free"
+        );
+    }
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&keys[1], &owners[1]))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let stranger = OwnerId::random().expect("random");
+    let ttl = Duration::from_secs(10);
+    let batch = [
+        Renewal::new(&keys[0], &owners[0], ttl),
+        Renewal::new(&keys[1], &owners[1], ttl),
+        Renewal::new(&keys[2], &stranger, ttl),
+        Renewal::new(&keys[3], &owners[3], ttl),
+    ];
+    let answers: Vec<bool> = backend
+        .extend_many(&batch)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(
+        answers,
+        [true, false, false, true],
+        "one answer per lease: held, ended, not the owner's, held"
+    );
+    // Led by a lease that ended.
+    let answers: Vec<bool> = backend
+        .extend_many(&[batch[1], batch[3]])
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(answers, [false, true], "one answer per lease: ended, held");
+    // Past the 1s the leases were taken for: the batch renewed 0 and 3.
+    sleep(Duration::from_millis(1_500)).await;
+    for i in [0, 2, 3] {
+        let contender = options(10_000).acquire_on(backend.clone(), &keys[i]).await;
+        assert!(
+            matches!(contender, Err(LockError::Held { .. })),
+            "lease {i} of the batch must still be held"
+        );
+    }
+    let free = options(10_000)
+        .acquire_on(backend.clone(), &keys[1])
+        .await
+        .expect("a lease that ended must stay ended after the batch");
+    free.release().await.expect("release");
+    for i in [0, 2, 3] {
+        assert_eq!(
+            backend
+                .release(&ReleaseRequest::new(&keys[i], &owners[i]))
+                .await
+                .expect("backend answers"),
+            ReleaseOutcome::Released
+        );
+    }
 }
 
 /// A lease that is not renewed expires: the key is free after its ttl, with a higher token for the next holder.

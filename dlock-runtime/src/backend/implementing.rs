@@ -20,8 +20,8 @@
 //!    durable counter in the store, floored at the store's clock in
 //!    microseconds if the counter can be lost.
 //! 3. **A retry by the owner that holds the key is a success** with the
-//!    token already drawn: the core retries with the same owner after a lost
-//!    reply.
+//!    token already drawn, and the lease runs anew for the retry's ttl: the
+//!    core retries with the same owner after a lost reply.
 //! 4. **`extend` only renews a lease that is still held**: one that ended
 //!    answers `false` and never takes the key again; `extend_many` answers
 //!    each lease of a batch on its own.
@@ -98,7 +98,7 @@
 //!     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
 //!         let (owner, ttl) = (*request.owner, request.ttl);
 //!         Ok(self.with_slot(request.key, |slot, now| match slot.holder {
-//!             // Rule 3: the owner's own retry.
+//!             // Rule 3: the owner's own retry, for the retry's ttl.
 //!             Some((holder, token, _)) if holder == owner => {
 //!                 slot.holder = Some((owner, token, now + ttl));
 //!                 Attempt::Acquired(Grant::new(token))

@@ -47,7 +47,9 @@ pub mod implementing;
 ///    persistence, a failover, a restore) is floored at the store's clock in
 ///    microseconds, so it restarts above every earlier token.
 /// 3. **A retry by the owner that holds the key is a success**, with the
-///    token already drawn and the lease's lifetime counted anew: owner ids
+///    token already drawn and the lease's lifetime counted anew from the
+///    retry's ttl (the key stays held past the first attempt's expiry, as
+///    the caller counts its lease from the retry): owner ids
 ///    are random per acquisition, so only a retry of the same acquisition
 ///    can carry it, and the core retries with the same owner after a reply
 ///    was lost.

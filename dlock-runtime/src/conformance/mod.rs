@@ -91,6 +91,7 @@ macro_rules! conformance_suite {
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
             a_retry_by_the_owner_that_holds_the_key_counts_as_acquired,
+            a_retry_by_the_owner_restarts_the_lease_with_its_ttl,
             a_try_acquire_dropped_half_way_leaves_nothing_stuck,
         );
     };
@@ -990,6 +991,55 @@ pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend:
             Attempt::Held { .. }
         ),
         "another owner must still be refused"
+    );
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A `try_acquire` retried by the owner that holds the key counts the
+/// lease's lifetime anew with the retry's ttl: the key stays held past the
+/// first attempt's expiry.
+pub async fn a_retry_by_the_owner_restarts_the_lease_with_its_ttl(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let key = fresh_key("same-owner-ttl");
+    let owner = OwnerId::random().expect("random");
+    let started = Instant::now();
+    let first = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(1)))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(first, Attempt::Acquired(_)),
+        "a fresh key must be free"
+    );
+    sleep(Duration::from_millis(600)).await;
+    let retry = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(2)))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(retry, Attempt::Acquired(_)),
+        "the retry must be a success"
+    );
+    // Past the first attempt's 1s, well within the retry's 2s.
+    sleep((started + Duration::from_millis(1_300)).saturating_duration_since(Instant::now())).await;
+    let stranger = OwnerId::random().expect("random");
+    let other = backend
+        .try_acquire(&AcquireRequest::new(
+            &key,
+            &stranger,
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(other, Attempt::Held { .. }),
+        "the retry's 2s lease must still hold the key after the first attempt's 1s"
     );
     assert_eq!(
         backend

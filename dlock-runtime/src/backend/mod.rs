@@ -85,9 +85,10 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Dropped half-way, the attempt may still take the key on the store;
-    /// it must then end by the ttl (rule 4). In-process state must not be
-    /// left blocking the key: the next attempt must be answered.
+    /// Dropped half-way, at any of its await points, the attempt may still
+    /// take the key on the store; it must then end by the ttl (rule 4).
+    /// In-process state must not be left blocking the key: once that ttl is
+    /// over, another owner's attempt must get the key.
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError>;
 
     /// Sets the remaining lifetime of `renewal.owner`'s lease on

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -82,6 +83,21 @@ pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
     match timeout(Duration::from_secs(secs), fut).await {
         Ok(out) => out,
         Err(_) => panic!("{what} did not finish within {secs}s"),
+    }
+}
+
+/// Polls `fut` up to `polls` times, yielding to the runtime between polls
+/// (so the tasks it waits on move on), and drops it there if it has not
+/// finished: a caller that gives up at a chosen await point, not at a
+/// timer's whim. A finished future's output is dropped as well.
+pub async fn poll_then_drop<F: Future>(fut: F, polls: usize) {
+    let mut fut = std::pin::pin!(fut);
+    for _ in 0..polls {
+        let polled = std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await;
+        if polled.is_ready() {
+            return;
+        }
+        tokio::task::yield_now().await;
     }
 }
 

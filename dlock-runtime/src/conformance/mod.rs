@@ -51,7 +51,8 @@ use crate::{LockError, LockKey, LockOptions, LostReason};
 mod helpers;
 
 pub use helpers::{
-    BoxedRun, CountingBackend, One, Property, Two, fresh_key, spawn_waiter, start, within,
+    BoxedRun, CountingBackend, One, Property, Two, fresh_key, poll_then_drop, spawn_waiter, start,
+    within,
 };
 
 /// Makes one `#[test]` per conformance property for the backend that the
@@ -1051,22 +1052,46 @@ pub async fn a_retry_by_the_owner_restarts_the_lease_with_its_ttl(backend: Arc<d
 }
 
 /// A `try_acquire` whose caller drops it half-way (called directly, not
-/// through the core) leaves nothing stuck: each key is free again by its
-/// ttl at the latest.
+/// through the core) leaves nothing stuck, wherever it was dropped: each key
+/// is free again by its ttl at the latest.
 pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dyn Backend>) {
     use crate::backend::AcquireRequest;
-    let keys: Vec<LockKey> = (0..10).map(|_| fresh_key("dropped-attempt")).collect();
-    for key in &keys {
-        let owner = OwnerId::random().expect("random");
-        let request = AcquireRequest::new(key, &owner, Duration::from_secs(1));
-        let _ = timeout(Duration::ZERO, backend.try_acquire(&request)).await;
+    let ttl = Duration::from_secs(1);
+    let mut keys = Vec::new();
+    // Dropped after its 1st, 2nd, … poll: at each of its await points in
+    // turn, the same in every run.
+    for polls in 1..=8 {
+        let (key, owner) = (
+            fresh_key("dropped-attempt"),
+            OwnerId::random().expect("random"),
+        );
+        poll_then_drop(
+            backend.try_acquire(&AcquireRequest::new(&key, &owner, ttl)),
+            polls,
+        )
+        .await;
+        keys.push(key);
+    }
+    // Dropped after short waits: a backend that talks to a server is
+    // dropped with its request on the way, at the server, or its answer on
+    // the way back.
+    for micros in [0, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000] {
+        let (key, owner) = (
+            fresh_key("dropped-attempt"),
+            OwnerId::random().expect("random"),
+        );
+        let request = AcquireRequest::new(&key, &owner, ttl);
+        let _ = timeout(Duration::from_micros(micros), backend.try_acquire(&request)).await;
+        keys.push(key);
     }
     for key in &keys {
         let lease = options(1_000)
-            .wait(Duration::from_secs(10))
+            .wait(Duration::from_secs(5))
             .acquire_on(backend.clone(), key)
             .await
-            .expect("a dropped attempt must not keep its key past its 1s ttl");
+            .unwrap_or_else(|e| {
+                panic!("a dropped attempt must not keep {key} past its 1s ttl: {e}")
+            });
         lease.release().await.expect("release");
     }
 }

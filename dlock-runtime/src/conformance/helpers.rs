@@ -62,7 +62,7 @@ where
 
 /// Connects the backends `property` takes, one call of `make` each, and
 /// hands back its run, for [`conformance_suite!`](crate::conformance_suite)
-/// and [`check_all`].
+/// and [`check_all`](super::check_all).
 #[doc(hidden)]
 pub async fn start<P, Takes, F, Fut>(property: P, make: &F) -> BoxedRun
 where

@@ -13,8 +13,8 @@
 //!
 //! `backend` is called once per backend a property takes. Most take one; a
 //! property about several processes (tokens that rise across them, a key
-//! held through one and refused through another) takes two instances, so
-//! each call must connect a new instance to the *same* store, as another
+//! held through one and refused through another) takes two instances (its
+//! signature says so: `(backend, another)`), so each call must connect a new instance to the *same* store, as another
 //! process would: the same server, the same directory, or, for a store in
 //! the process's memory, a clone of one shared instance.
 //!
@@ -34,7 +34,8 @@
 //! contract reads from top to bottom; it runs past a thousand lines because
 //! each property spells out its own setup rather than hiding it in shared
 //! steps. The helpers they share (hang guards, fresh keys, a counting
-//! backend) live in a submodule, re-exported here.
+//! backend) and the runners' plumbing live in a submodule, re-exported
+//! here.
 
 #![allow(clippy::missing_panics_doc)]
 

@@ -6,7 +6,7 @@ mod support;
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
 use std::process::Child;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use support::within;
 
@@ -19,8 +19,11 @@ fn fresh_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-file-{id}"))
 }
 
+/// Every instance the suite opens shares one directory, as the processes
+/// of a host do.
 async fn backend() -> Arc<dyn Backend> {
-    Arc::new(FileBackend::open(fresh_dir()).expect("lock directory"))
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    Arc::new(FileBackend::open(DIR.get_or_init(fresh_dir)).expect("lock directory"))
 }
 
 dlock_runtime::conformance_suite!(backend);

@@ -2,14 +2,17 @@
 
 mod support;
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use dlock::memory::MemoryBackend;
 use dlock::{Backend, LockError, LockOptions, registry};
 
+/// Every instance the suite connects shares one store, as processes share
+/// a server: clones of one `MemoryBackend`.
 async fn backend() -> Arc<dyn Backend> {
-    Arc::new(MemoryBackend::new())
+    static STORE: OnceLock<MemoryBackend> = OnceLock::new();
+    Arc::new(STORE.get_or_init(MemoryBackend::new).clone())
 }
 
 dlock_runtime::conformance_suite!(backend);

@@ -15,24 +15,31 @@
 //! 1. **One atomic step each.** `try_acquire` sets the holder *and* draws the
 //!    fencing token together; `extend` and `release` compare the owner *and*
 //!    act together. Split, two callers interleave between the steps.
-//! 2. **Tokens only rise per key**, also across restarts of the store: draw
-//!    them from a durable counter, floored at the store's clock in
+//! 2. **Tokens only rise per key**, through every instance (every process)
+//!    on the store and across restarts of the store: draw them from a
+//!    durable counter in the store, floored at the store's clock in
 //!    microseconds if the counter can be lost.
 //! 3. **A retry by the owner that holds the key is a success**, with the
-//!    token already drawn or a new one (rule 2 holds either way): the core
-//!    retries with the same owner after a lost reply.
-//! 4. **`Held { expires_in }`** says how long the current holder's lease
+//!    token already drawn or a new one (rule 2 holds either way), and the
+//!    lease runs anew for the retry's ttl: the core retries with the same
+//!    owner after a lost reply.
+//! 4. **`extend` only renews a lease that is still held**: one that ended
+//!    answers `false` and never takes the key again; `extend_many` answers
+//!    each lease of a batch on its own.
+//! 5. **`Held { expires_in }`** says how long the current holder's lease
 //!    has left, if the store knows (`None` otherwise): the core looks again
 //!    then even if no release is announced.
-//! 5. **A release notice resolves after every release** that happens after
+//! 6. **A release notice resolves after every release** that happens after
 //!    `subscribe` returned; a notice that cannot promise that says how soon
 //!    to look again (`ReleaseNotice::recheck_within`).
-//! 6. **Every lock can end without its holder**: a ttl on the store, or a
+//! 7. **Every lock can end without its holder**: a ttl on the store, or a
 //!    session the store ends when the holder dies.
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
-//! one test per property.
+//! one test per property. `make_backend` is called once per instance a
+//! property takes (some take two, as two processes would connect), and
+//! every instance it makes must reach the same store.
 //!
 //! ## A complete backend
 //!
@@ -92,12 +99,12 @@
 //!     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
 //!         let (owner, ttl) = (*request.owner, request.ttl);
 //!         Ok(self.with_slot(request.key, |slot, now| match slot.holder {
-//!             // Rule 3: the owner's own retry.
+//!             // Rule 3: the owner's own retry, for the retry's ttl.
 //!             Some((holder, token, _)) if holder == owner => {
 //!                 slot.holder = Some((owner, token, now + ttl));
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
-//!             // Rule 4: say when the holder's lease runs out.
+//!             // Rule 5: say when the holder's lease runs out.
 //!             Some((_, _, until)) => Attempt::Held { expires_in: Some(until - now) },
 //!             None => {
 //!                 // Rules 1 and 2: the holder and the token in one step,
@@ -114,6 +121,7 @@
 //!     }
 //!
 //!     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+//!         // Rule 4: only the live holder's lease; an ended one stays ended.
 //!         Ok(self.with_slot(renewal.key, |slot, now| match &mut slot.holder {
 //!             Some((holder, _, until)) if holder == renewal.owner => {
 //!                 *until = now + renewal.ttl;
@@ -135,7 +143,7 @@
 //!     }
 //!
 //!     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-//!         // Rule 5: subscribed before the caller tries again, so no release
+//!         // Rule 6: subscribed before the caller tries again, so no release
 //!         // between the two is missed.
 //!         let mut released = self.with_slot(key, |slot, _| slot.released.subscribe());
 //!         Ok(ReleaseNotice::new(async move {
@@ -153,13 +161,18 @@
 //! }
 //! # }
 //!
-//! // The shipped suite, every property at once:
+//! // The shipped suite, every property at once. Each backend it asks for
+//! // must reach the same store, as every process reaches one server: here,
+//! // the one skeleton's memory.
 //! # #[cfg(feature = "conformance")]
 //! # #[tokio::main]
 //! # async fn main() {
 //! # use doc::Skeleton;
-//! dlock_runtime::conformance::check_all(|| async {
-//!     std::sync::Arc::new(Skeleton::default()) as std::sync::Arc<dyn dlock_runtime::Backend>
+//! use std::sync::Arc;
+//! let store = Arc::new(Skeleton::default());
+//! dlock_runtime::conformance::check_all(|| {
+//!     let store = Arc::clone(&store);
+//!     async move { store as Arc<dyn dlock_runtime::Backend> }
 //! })
 //! .await;
 //! # }

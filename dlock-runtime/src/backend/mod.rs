@@ -40,17 +40,21 @@ pub mod implementing;
 ///    owner *and* act in one step. Split, another caller can slip in
 ///    between (the reference article's `releaseScript`).
 /// 2. **Tokens only rise per key**: every grant's token is strictly
-///    greater than every token issued before for that key, also across a
-///    restart of the store. A counter the store can lose (a restart without
+///    greater than every token issued before for that key, through any
+///    instance of the backend on the store (every process shares one
+///    sequence per key: keep the counter in the store, not in the instance),
+///    also across a restart of the store. A counter the store can lose (a restart without
 ///    persistence, a failover, a restore) is floored at the store's clock in
 ///    microseconds, so it restarts above every earlier token.
 /// 3. **A retry by the owner that holds the key is a success**, with the
-///    lease's lifetime counted anew and the token already drawn, or a new
-///    one (rule 2 holds either way; the first answer never reached the
-///    caller). Owner ids are random per acquisition, so only a retry of the
-///    same acquisition can carry it, and the core retries with the same
-///    owner after a reply was lost. A store whose counter can go back (the
-///    Redis backend) draws anew, so the clock floor is under the token.
+///    lease's lifetime counted anew from the retry's ttl (the key stays
+///    held past the first attempt's expiry, as the caller counts its lease
+///    from the retry), and the token already drawn, or a new one (rule 2
+///    holds either way; the first answer never reached the caller). Owner
+///    ids are random per acquisition, so only a retry of the same
+///    acquisition can carry it, and the core retries with the same owner
+///    after a reply was lost. A store whose counter can go back (the Redis
+///    backend) draws anew, so the clock floor is under the token.
 /// 4. **Every lock ends without its holder**: a ttl the store enforces, or a
 ///    session the store ends when the holder dies. Nothing holds forever.
 /// 5. **Keys are data**: passed as arguments, never spliced into code.
@@ -83,14 +87,18 @@ pub trait Backend: Send + Sync + 'static {
     ///
     /// # Cancel safety
     ///
-    /// Dropped half-way, the attempt may still take the key on the store;
-    /// it must then end by the ttl (rule 4). In-process state must not be
-    /// left blocking the key: the next attempt must be answered.
+    /// Dropped half-way, at any of its await points, the attempt may still
+    /// take the key on the store; it must then end by the ttl (rule 4).
+    /// In-process state must not be left blocking the key: once that ttl is
+    /// over, another owner's attempt must get the key.
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError>;
 
     /// Sets the remaining lifetime of `renewal.owner`'s lease on
     /// `renewal.key` to `renewal.ttl`. `Ok(false)` when that owner no longer
-    /// holds the key (the core then marks the lease lost).
+    /// holds the key (the core then marks the lease lost): its lease was
+    /// released, broken, or ran out, whether or not anyone held the key
+    /// since. An extend never takes a key: a lease that ended stays ended,
+    /// and the key stays free for others.
     ///
     /// # Cancel safety
     ///
@@ -105,7 +113,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Redis pipeline, one check of a PostgreSQL session) should override
     /// this; the default calls `extend` for each in turn.
     ///
-    /// On a partial failure each lease gets its own answer: one lease's
+    /// Each lease gets its own answer: in one batch, a lease that ended (or
+    /// that its owner does not hold) is answered `Ok(false)` and changed in
+    /// nothing, while the held ones beside it, before or after, are renewed
+    /// and answered `Ok(true)`. On a partial failure, likewise, one lease's
     /// error (a type error on its key, say) must not fail the others, and a
     /// failure of the whole batch (a lost connection) is an `Err` for every
     /// lease. A missing answer counts as a failure of that lease.

@@ -11,6 +11,13 @@
 //! dlock::conformance_suite!(backend);
 //! ```
 //!
+//! `backend` is called once per backend a property takes. Most take one; a
+//! property about several processes (tokens that rise across them, a key
+//! held through one and refused through another) takes two instances (its
+//! signature says so: `(backend, another)`), so each call must connect a new instance to the *same* store, as another
+//! process would: the same server, the same directory, or, for a store in
+//! the process's memory, a clone of one shared instance.
+//!
 //! [`conformance_suite!`](crate::conformance_suite) makes one `#[test]` per
 //! property, each on a multi-threaded runtime of its own, named after it (so
 //! `cargo test tokens_strictly_increase` runs one). [`check_all`] runs them
@@ -23,8 +30,12 @@
 //! rules behind them are on the [`Backend`] trait itself.
 //!
 //! Not a stable API: properties are added as the contract grows. The
-//! properties stay in this one file, one function each after the few
-//! helpers at the top, so the whole contract reads from top to bottom.
+//! properties stay in this one file, one function each, so the whole
+//! contract reads from top to bottom; it runs past a thousand lines because
+//! each property spells out its own setup rather than hiding it in shared
+//! steps. The helpers they share (hang guards, fresh keys, a counting
+//! backend) and the runners' plumbing live in a submodule, re-exported
+//! here.
 
 #![allow(clippy::missing_panics_doc)]
 
@@ -32,15 +43,22 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::backend::{Backend, OwnerId};
 use crate::{LockError, LockKey, LockOptions, LostReason};
 
+mod helpers;
+
+pub use helpers::{
+    BoxedRun, CountingBackend, One, Property, Two, fresh_key, poll_then_drop, spawn_waiter, start,
+    within,
+};
+
 /// Makes one `#[test]` per conformance property for the backend that the
-/// async fn `$make` (returning `Arc<dyn Backend>`) connects. See the
+/// async fn `$make` (returning `Arc<dyn Backend>`) connects, called once
+/// per instance a property takes, each on the same store. See the
 /// [module docs](crate::conformance).
 #[macro_export]
 macro_rules! conformance_suite {
@@ -55,6 +73,8 @@ macro_rules! conformance_suite {
             tokens_strictly_increase_across_keys_and_backend_instances,
             release_by_non_owner_fails_and_changes_nothing,
             extend_by_non_owner_fails_and_changes_nothing,
+            extend_of_an_ended_lease_is_refused_and_takes_nothing,
+            extend_many_answers_each_lease_on_its_own,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
             lost_signal_fires_when_the_lease_is_taken_away,
@@ -73,6 +93,7 @@ macro_rules! conformance_suite {
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
             a_retry_by_the_owner_that_holds_the_key_counts_as_acquired,
+            a_retry_by_the_owner_restarts_the_lease_with_its_ttl,
             a_try_acquire_dropped_half_way_leaves_nothing_stuck,
         );
     };
@@ -81,7 +102,9 @@ macro_rules! conformance_suite {
             #[test]
             fn $name() {
                 $crate::conformance::block_on(async {
-                    $crate::conformance::$name($make().await).await;
+                    $crate::conformance::start($crate::conformance::$name, &$make)
+                        .await
+                        .await;
                 });
             }
         )*
@@ -90,7 +113,7 @@ macro_rules! conformance_suite {
         $(
             $tasks.push((
                 stringify!($name),
-                tokio::spawn($crate::conformance::$name($make().await)),
+                tokio::spawn($crate::conformance::start($crate::conformance::$name, &$make).await),
             ));
         )*
     };
@@ -108,7 +131,8 @@ pub fn block_on<F: Future>(future: F) -> F::Output {
 }
 
 /// Runs every property of the suite at once, each as a task of the
-/// current (multi-threaded) runtime on a backend of its own made by `make`,
+/// current (multi-threaded) runtime on backends of its own made by `make`
+/// (one, or two instances on one store, as the module docs say),
 /// and panics naming every property that broke. For a doctest or a quick
 /// check; a crate's own tests should use
 /// [`conformance_suite!`](crate::conformance_suite), which makes each
@@ -131,135 +155,6 @@ where
         "the backend breaks these conformance properties: {}",
         broken.join(", ")
     );
-}
-
-/// Fails with `what` if `fut` has not finished within `secs` (a hang guard,
-/// not a timing assertion).
-pub async fn within<F: Future>(secs: u64, what: &str, fut: F) -> F::Output {
-    match timeout(Duration::from_secs(secs), fut).await {
-        Ok(out) => out,
-        Err(_) => panic!("{what} did not finish within {secs}s"),
-    }
-}
-
-/// A backend that counts acquisition attempts and passes everything to
-/// `inner`: a test tells a waiter woken by a release from one that polls.
-/// It can also fail its first attempts, as a restarting server would, or
-/// leave its next attempt unanswered for ever, as a stalled one would.
-pub struct CountingBackend {
-    inner: Arc<dyn crate::Backend>,
-    attempts: std::sync::atomic::AtomicUsize,
-    failures: std::sync::atomic::AtomicUsize,
-    hang_next: std::sync::atomic::AtomicBool,
-}
-
-impl CountingBackend {
-    /// Wraps `inner`, passing every call through.
-    pub fn new(inner: Arc<dyn crate::Backend>) -> Arc<Self> {
-        Self::failing_first(inner, 0)
-    }
-
-    /// Its first `failures` acquisition attempts fail with a backend error
-    /// ("connection refused") without reaching `inner`.
-    pub fn failing_first(inner: Arc<dyn crate::Backend>, failures: usize) -> Arc<Self> {
-        std::sync::Arc::new(Self {
-            inner,
-            attempts: std::sync::atomic::AtomicUsize::new(0),
-            failures: std::sync::atomic::AtomicUsize::new(failures),
-            hang_next: std::sync::atomic::AtomicBool::new(false),
-        })
-    }
-
-    /// The next acquisition attempt never gets an answer.
-    pub fn hang_next_attempt(&self) {
-        self.hang_next
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// How many acquisition attempts went through so far.
-    pub fn attempts(&self) -> usize {
-        self.attempts.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-#[async_trait]
-impl crate::Backend for CountingBackend {
-    fn kind(&self) -> &'static str {
-        self.inner.kind()
-    }
-    async fn try_acquire(
-        &self,
-        request: &crate::backend::AcquireRequest<'_>,
-    ) -> Result<crate::backend::Attempt, crate::LockError> {
-        use std::sync::atomic::Ordering;
-        self.attempts.fetch_add(1, Ordering::SeqCst);
-        if self.hang_next.swap(false, Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        if self
-            .failures
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok()
-        {
-            return Err(crate::LockError::backend(
-                self.inner.kind(),
-                crate::error::Operation::Acquire,
-                request.key.as_str(),
-                "connection refused",
-            ));
-        }
-        self.inner.try_acquire(request).await
-    }
-    async fn extend(
-        &self,
-        renewal: &crate::backend::Renewal<'_>,
-    ) -> Result<bool, crate::LockError> {
-        self.inner.extend(renewal).await
-    }
-    async fn extend_many(
-        &self,
-        renewals: &[crate::backend::Renewal<'_>],
-    ) -> Vec<Result<bool, crate::LockError>> {
-        self.inner.extend_many(renewals).await
-    }
-    async fn release(
-        &self,
-        lease: &crate::backend::ReleaseRequest<'_>,
-    ) -> Result<crate::backend::ReleaseOutcome, crate::LockError> {
-        self.inner.release(lease).await
-    }
-    async fn subscribe(
-        &self,
-        key: &crate::LockKey,
-    ) -> Result<crate::backend::ReleaseNotice, crate::LockError> {
-        self.inner.subscribe(key).await
-    }
-    async fn force_release(&self, key: &crate::LockKey) -> Result<bool, crate::LockError> {
-        self.inner.force_release(key).await
-    }
-}
-
-/// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting
-/// up to `wait_secs` for it.
-pub fn spawn_waiter(
-    backend: Arc<dyn crate::Backend>,
-    key: &crate::LockKey,
-    ttl_secs: u64,
-    wait_secs: u64,
-) -> tokio::task::JoinHandle<Result<crate::Lease, crate::LockError>> {
-    let key = key.clone();
-    tokio::spawn(async move {
-        crate::LockOptions::new(Duration::from_secs(ttl_secs))
-            .wait(Duration::from_secs(wait_secs))
-            .acquire_on(backend, key)
-            .await
-    })
-}
-
-/// A fresh key no other test (or earlier run) uses.
-pub fn fresh_key(label: &str) -> LockKey {
-    let id = OwnerId::random().expect("random bytes");
-    LockKey::new(format!("dlock-test:{label}:{id}")).expect("valid key")
 }
 
 fn options(ttl_ms: u64) -> LockOptions {
@@ -316,37 +211,61 @@ pub async fn tokens_strictly_increase(backend: Arc<dyn Backend>) {
     }
 }
 
-/// Tokens keep rising for a key taken by different backend instances (as different processes would), with other keys in between.
-pub async fn tokens_strictly_increase_across_keys_and_backend_instances(backend: Arc<dyn Backend>) {
-    // Tokens of one key keep rising even when other keys are locked in
-    // between and when a lease expires instead of being released.
+/// Tokens keep rising for a key taken in turn through two instances of the backend on one store (as two processes share a server), with other keys locked in between and a lease that expires instead of being released; a key held through one instance is held for the other.
+pub async fn tokens_strictly_increase_across_keys_and_backend_instances(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
     let key = fresh_key("tokens-mixed");
     let other = fresh_key("tokens-other");
-    let first = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
-    let first_token = first.token();
-    first.release().await.expect("release");
-    let unrelated = options(10_000)
-        .acquire_on(backend.clone(), &other)
-        .await
-        .expect("free");
-    unrelated.release().await.expect("release");
+    let instances = [&backend, &another, &backend, &another];
+    let mut last = None;
+    for (round, pair) in instances.windows(2).enumerate() {
+        let (through, rival) = (pair[0], pair[1]);
+        let lease = options(10_000)
+            .wait(Duration::from_secs(5))
+            .acquire_on(through.clone(), &key)
+            .await
+            .expect("free");
+        if let Some(previous) = last {
+            assert!(
+                lease.token() > previous,
+                "round {round}: token {} after {previous} through the other instance",
+                lease.token()
+            );
+        }
+        last = Some(lease.token());
+        let refused = options(10_000).acquire_on(rival.clone(), &key).await;
+        assert!(
+            matches!(refused, Err(LockError::Held { .. })),
+            "a key held through one instance must be held for the other, not {refused:?}"
+        );
+        lease.release().await.expect("release");
+        let unrelated = options(10_000)
+            .acquire_on(rival.clone(), &other)
+            .await
+            .expect("free");
+        unrelated.release().await.expect("release");
+    }
+    let last = last.expect("three rounds");
     let expiring = options(100)
         .renew(false)
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    assert!(expiring.token() > first_token);
+    assert!(expiring.token() > last);
     let expired_token = expiring.token();
     within(10, "expiry", expiring.lost()).await;
     let next = options(10_000)
         .wait(Duration::from_secs(5))
-        .acquire_on(backend.clone(), &key)
+        .acquire_on(another.clone(), &key)
         .await
         .expect("free after expiry");
-    assert!(next.token() > expired_token);
+    assert!(
+        next.token() > expired_token,
+        "token {} through the other instance after the expired {expired_token}",
+        next.token()
+    );
     next.release().await.expect("release");
     drop(expiring);
 }
@@ -403,6 +322,152 @@ pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Back
         .expect("the owner's release still works");
     let again = options(10_000).acquire_on(backend.clone(), &key).await;
     assert!(again.is_ok(), "the key is free after the owner released it");
+}
+
+/// An `extend` of a lease that ended (released, broken by an
+/// administrator, or run out, with or without another holder since) is
+/// refused with `Ok(false)` and takes nothing: the key stays free.
+pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    let take = |key: &LockKey, owner: &OwnerId, ttl: Duration| {
+        let (backend, key, owner) = (backend.clone(), key.clone(), *owner);
+        async move {
+            let attempt = backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+                .await
+                .expect("backend answers");
+            assert!(
+                matches!(attempt, Attempt::Acquired(_)),
+                "{key} must be free"
+            );
+        }
+    };
+    let ended = |how: &'static str| (fresh_key(how), OwnerId::random().expect("random"));
+    let released = ended("extend-released");
+    take(&released.0, &released.1, Duration::from_secs(10)).await;
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&released.0, &released.1))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let broken = ended("extend-broken");
+    take(&broken.0, &broken.1, Duration::from_secs(10)).await;
+    assert!(
+        backend
+            .force_release(&broken.0)
+            .await
+            .expect("force release")
+    );
+    let expired = ended("extend-expired");
+    take(&expired.0, &expired.1, Duration::from_millis(200)).await;
+    let taken_over = ended("extend-taken-over");
+    take(&taken_over.0, &taken_over.1, Duration::from_millis(200)).await;
+    // Someone else holds the run-out lease's key, then lets it go.
+    let next = options(10_000)
+        .wait(Duration::from_secs(5))
+        .acquire_on(backend.clone(), &taken_over.0)
+        .await
+        .expect("free once the ttl ran out");
+    next.release().await.expect("release");
+    sleep(Duration::from_millis(400)).await;
+    for (key, owner) in [&released, &broken, &expired, &taken_over] {
+        let extended = backend
+            .extend(&Renewal::new(key, owner, Duration::from_secs(60)))
+            .await
+            .expect("backend answers");
+        assert!(
+            !extended,
+            "an extend of an ended lease on {key} must be refused"
+        );
+        let after = options(10_000)
+            .wait(Duration::from_secs(5))
+            .acquire_on(backend.clone(), key)
+            .await
+            .unwrap_or_else(|e| panic!("a refused extend must leave {key} free: {e}"));
+        after.release().await.expect("release");
+    }
+}
+
+/// `extend_many` answers each lease on its own: in one batch, held leases
+/// are renewed and answered `true`, while a lease that ended and a lease
+/// asked for by an owner that does not hold its key are answered `false`
+/// and change nothing, wherever they stand in the batch.
+pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    let keys: Vec<LockKey> = (0..4).map(|_| fresh_key("batch")).collect();
+    let owners: Vec<OwnerId> = (0..4).map(|_| OwnerId::random().expect("random")).collect();
+    // 0 and 3 held for 1s (the batch renews them), 1 released, 2 held by
+    // its owner but renewed in the batch by a stranger.
+    for (i, (key, owner)) in keys.iter().zip(&owners).enumerate() {
+        let ttl = Duration::from_millis(if i == 2 { 10_000 } else { 1_000 });
+        let attempt = backend
+            .try_acquire(&AcquireRequest::new(key, owner, ttl))
+            .await
+            .expect("backend answers");
+        assert!(
+            matches!(attempt, Attempt::Acquired(_)),
+            "{key} must be free"
+        );
+    }
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&keys[1], &owners[1]))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let stranger = OwnerId::random().expect("random");
+    let ttl = Duration::from_secs(10);
+    let batch = [
+        Renewal::new(&keys[0], &owners[0], ttl),
+        Renewal::new(&keys[1], &owners[1], ttl),
+        Renewal::new(&keys[2], &stranger, ttl),
+        Renewal::new(&keys[3], &owners[3], ttl),
+    ];
+    let answers: Vec<bool> = backend
+        .extend_many(&batch)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(
+        answers,
+        [true, false, false, true],
+        "one answer per lease: held, ended, not the owner's, held"
+    );
+    // Led by a lease that ended.
+    let answers: Vec<bool> = backend
+        .extend_many(&[batch[1], batch[3]])
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(answers, [false, true], "one answer per lease: ended, held");
+    // Past the 1s the leases were taken for: the batch renewed 0 and 3.
+    sleep(Duration::from_millis(1_500)).await;
+    for i in [0, 2, 3] {
+        let contender = options(10_000).acquire_on(backend.clone(), &keys[i]).await;
+        assert!(
+            matches!(contender, Err(LockError::Held { .. })),
+            "lease {i} of the batch must still be held"
+        );
+    }
+    let free = options(10_000)
+        .acquire_on(backend.clone(), &keys[1])
+        .await
+        .expect("a lease that ended must stay ended after the batch");
+    free.release().await.expect("release");
+    for i in [0, 2, 3] {
+        assert_eq!(
+            backend
+                .release(&ReleaseRequest::new(&keys[i], &owners[i]))
+                .await
+                .expect("backend answers"),
+            ReleaseOutcome::Released
+        );
+    }
 }
 
 /// A lease that is not renewed expires: the key is free after its ttl, with a higher token for the next holder.
@@ -940,23 +1005,96 @@ pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend:
     );
 }
 
+/// A `try_acquire` retried by the owner that holds the key counts the
+/// lease's lifetime anew with the retry's ttl: the key stays held past the
+/// first attempt's expiry.
+pub async fn a_retry_by_the_owner_restarts_the_lease_with_its_ttl(backend: Arc<dyn Backend>) {
+    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let key = fresh_key("same-owner-ttl");
+    let owner = OwnerId::random().expect("random");
+    let started = Instant::now();
+    let first = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(1)))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(first, Attempt::Acquired(_)),
+        "a fresh key must be free"
+    );
+    sleep(Duration::from_millis(600)).await;
+    let retry = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(2)))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(retry, Attempt::Acquired(_)),
+        "the retry must be a success"
+    );
+    // Past the first attempt's 1s, well within the retry's 2s.
+    sleep((started + Duration::from_millis(1_300)).saturating_duration_since(Instant::now())).await;
+    let stranger = OwnerId::random().expect("random");
+    let other = backend
+        .try_acquire(&AcquireRequest::new(
+            &key,
+            &stranger,
+            Duration::from_secs(10),
+        ))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(other, Attempt::Held { .. }),
+        "the retry's 2s lease must still hold the key after the first attempt's 1s"
+    );
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// A `try_acquire` whose caller drops it half-way (called directly, not
-/// through the core) leaves nothing stuck: each key is free again by its
-/// ttl at the latest.
+/// through the core) leaves nothing stuck, wherever it was dropped: each key
+/// is free again by its ttl at the latest.
 pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dyn Backend>) {
     use crate::backend::AcquireRequest;
-    let keys: Vec<LockKey> = (0..10).map(|_| fresh_key("dropped-attempt")).collect();
-    for key in &keys {
-        let owner = OwnerId::random().expect("random");
-        let request = AcquireRequest::new(key, &owner, Duration::from_secs(1));
-        let _ = timeout(Duration::ZERO, backend.try_acquire(&request)).await;
+    let ttl = Duration::from_secs(1);
+    let mut keys = Vec::new();
+    // Dropped after its 1st, 2nd, … poll: at each of its await points in
+    // turn, the same in every run.
+    for polls in 1..=8 {
+        let (key, owner) = (
+            fresh_key("dropped-attempt"),
+            OwnerId::random().expect("random"),
+        );
+        poll_then_drop(
+            backend.try_acquire(&AcquireRequest::new(&key, &owner, ttl)),
+            polls,
+        )
+        .await;
+        keys.push(key);
+    }
+    // Dropped after short waits: a backend that talks to a server is
+    // dropped with its request on the way, at the server, or its answer on
+    // the way back.
+    for micros in [0, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000] {
+        let (key, owner) = (
+            fresh_key("dropped-attempt"),
+            OwnerId::random().expect("random"),
+        );
+        let request = AcquireRequest::new(&key, &owner, ttl);
+        let _ = timeout(Duration::from_micros(micros), backend.try_acquire(&request)).await;
+        keys.push(key);
     }
     for key in &keys {
         let lease = options(1_000)
-            .wait(Duration::from_secs(10))
+            .wait(Duration::from_secs(5))
             .acquire_on(backend.clone(), key)
             .await
-            .expect("a dropped attempt must not keep its key past its 1s ttl");
+            .unwrap_or_else(|e| {
+                panic!("a dropped attempt must not keep {key} past its 1s ttl: {e}")
+            });
         lease.release().await.expect("release");
     }
 }

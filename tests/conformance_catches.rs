@@ -1,0 +1,340 @@
+//! The conformance suite must refuse a backend that breaks a rule: each
+//! test here wraps `MemoryBackend` with one rule broken and asserts that
+//! `check_all` panics naming the property that guards that rule. A test
+//! that fails here is a rule a broken backend can slip past, and with it
+//! every user of that backend.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use async_trait::async_trait;
+use dlock::memory::MemoryBackend;
+use dlock::{Backend, LockError, LockKey};
+use dlock_runtime::FencingToken;
+use dlock_runtime::backend::{
+    AcquireRequest, Attempt, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+};
+
+/// The one rule a [`Wrong`] backend breaks.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Flaw {
+    /// A same-owner retry answered `Held`.
+    SameOwnerRetryHeld,
+    /// `extend` by any owner renews whoever holds the key.
+    ExtendAnyOwner,
+    /// `extend_many` answers `Ok(true)` for every lease.
+    ExtendManyAlwaysTrue,
+    /// `extend_many` answers, for every lease, what the FIRST lease's extend
+    /// answered (wrong per-lease answers in a batch).
+    ExtendManyFirstAnswerForAll,
+    /// `extend` of a lease that ended re-takes the key for the old owner
+    /// instead of answering `Ok(false)` (resurrection).
+    ExtendResurrects,
+    /// `release` deletes whoever holds the key.
+    ReleaseAnyOwner,
+    /// Tokens come from a counter local to this backend instance (as a
+    /// backend that keeps its counter in the process would): two instances
+    /// (two processes) hand out the same tokens for one key.
+    InstanceLocalTokens,
+    /// `try_acquire` is not cancel safe at its SECOND await point: dropped
+    /// after the store granted the key, it leaves an in-process marker
+    /// that answers `Held` for ever.
+    NotCancelSafeAfterGrant,
+    /// The store keeps every lease (acquired or renewed) for half the ttl
+    /// asked for: the key is free while the holder still believes.
+    HalfTtl,
+    /// A same-owner retry answers `Acquired` with the token but does not
+    /// count the lease's lifetime anew (rule 3): the store frees the key at
+    /// the FIRST attempt's expiry.
+    RetryKeepsOldExpiry,
+}
+
+/// One store shared by every instance (as one server is shared by many
+/// processes).
+fn shared_store() -> Arc<MemoryBackend> {
+    static STORE: OnceLock<Arc<MemoryBackend>> = OnceLock::new();
+    STORE.get_or_init(|| Arc::new(MemoryBackend::new())).clone()
+}
+
+/// The memory backend with one flaw; every instance shares one store.
+struct Wrong {
+    flaw: Flaw,
+    inner: Arc<MemoryBackend>,
+    holders: Mutex<HashMap<LockKey, OwnerId>>,
+    local_tokens: AtomicU64,
+    stuck: Mutex<HashMap<LockKey, ()>>,
+    /// Per (key, owner) the local token handed out, so a same-owner retry
+    /// gets the same one (InstanceLocalTokens).
+    given: Mutex<HashMap<(LockKey, OwnerId), u64>>,
+    /// Per (key, owner): token and store expiry of the first attempt.
+    first: Mutex<HashMap<(LockKey, OwnerId), (FencingToken, std::time::Instant)>>,
+}
+
+impl Wrong {
+    fn new(flaw: Flaw) -> Self {
+        Self {
+            flaw,
+            inner: shared_store(),
+            holders: Mutex::new(HashMap::new()),
+            local_tokens: AtomicU64::new(0),
+            stuck: Mutex::new(HashMap::new()),
+            given: Mutex::new(HashMap::new()),
+            first: Mutex::new(HashMap::new()),
+        }
+    }
+    fn holder(&self, key: &LockKey) -> Option<OwnerId> {
+        self.holders.lock().unwrap().get(key).copied()
+    }
+}
+
+#[async_trait]
+impl Backend for Wrong {
+    fn kind(&self) -> &'static str {
+        "wrong"
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        if self.flaw == Flaw::NotCancelSafeAfterGrant {
+            if self.stuck.lock().unwrap().contains_key(request.key) {
+                return Ok(Attempt::Held { expires_in: None });
+            }
+            // First await point: harmless.
+            tokio::task::yield_now().await;
+        }
+        if self.flaw == Flaw::SameOwnerRetryHeld && self.holder(request.key) == Some(*request.owner)
+        {
+            return Ok(Attempt::Held { expires_in: None });
+        }
+        if self.flaw == Flaw::RetryKeepsOldExpiry {
+            let known = self
+                .first
+                .lock()
+                .unwrap()
+                .get(&(request.key.clone(), *request.owner))
+                .copied();
+            if let Some((token, until)) = known
+                && until > std::time::Instant::now()
+            {
+                return Ok(Attempt::Acquired(Grant::new(token)));
+            }
+        }
+        let half;
+        let request = if self.flaw == Flaw::HalfTtl {
+            half = AcquireRequest::new(request.key, request.owner, request.ttl / 2);
+            &half
+        } else {
+            request
+        };
+        let answer = self.inner.try_acquire(request).await?;
+        let answer = match answer {
+            Attempt::Acquired(grant) => {
+                self.holders
+                    .lock()
+                    .unwrap()
+                    .insert(request.key.clone(), *request.owner);
+                self.first.lock().unwrap().insert(
+                    (request.key.clone(), *request.owner),
+                    (grant.token, std::time::Instant::now() + request.ttl),
+                );
+                if self.flaw == Flaw::InstanceLocalTokens {
+                    let t = *self
+                        .given
+                        .lock()
+                        .unwrap()
+                        .entry((request.key.clone(), *request.owner))
+                        .or_insert_with(|| self.local_tokens.fetch_add(1, Ordering::SeqCst) + 1);
+                    Attempt::Acquired(Grant::new(FencingToken::new(t)))
+                } else {
+                    Attempt::Acquired(grant)
+                }
+            }
+            other => other,
+        };
+        if self.flaw == Flaw::NotCancelSafeAfterGrant {
+            // Second await point: a marker set before it and cleared after.
+            self.stuck.lock().unwrap().insert(request.key.clone(), ());
+            tokio::task::yield_now().await;
+            self.stuck.lock().unwrap().remove(request.key);
+        }
+        Ok(answer)
+    }
+
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        match self.flaw {
+            Flaw::ExtendAnyOwner => {
+                let Some(holder) = self.holder(renewal.key) else {
+                    return self.inner.extend(renewal).await;
+                };
+                self.inner
+                    .extend(&Renewal::new(renewal.key, &holder, renewal.ttl))
+                    .await
+            }
+            Flaw::ExtendResurrects => {
+                if self.inner.extend(renewal).await? {
+                    return Ok(true);
+                }
+                match self
+                    .inner
+                    .try_acquire(&AcquireRequest::new(
+                        renewal.key,
+                        renewal.owner,
+                        renewal.ttl,
+                    ))
+                    .await?
+                {
+                    Attempt::Acquired(_) => Ok(true),
+                    _ => Ok(false),
+                }
+            }
+            Flaw::HalfTtl => {
+                self.inner
+                    .extend(&Renewal::new(renewal.key, renewal.owner, renewal.ttl / 2))
+                    .await
+            }
+            _ => self.inner.extend(renewal).await,
+        }
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        match self.flaw {
+            Flaw::ExtendManyAlwaysTrue => {
+                for r in renewals {
+                    let _ = self.inner.extend(r).await;
+                }
+                renewals.iter().map(|_| Ok(true)).collect()
+            }
+            Flaw::ExtendManyFirstAnswerForAll => {
+                let mut first = None;
+                for r in renewals {
+                    let a = self.inner.extend(r).await;
+                    if first.is_none() {
+                        first = Some(matches!(a, Ok(true)));
+                    }
+                }
+                renewals
+                    .iter()
+                    .map(|_| Ok(first.unwrap_or(false)))
+                    .collect()
+            }
+            _ => {
+                let mut answers = Vec::new();
+                for r in renewals {
+                    answers.push(self.extend(r).await);
+                }
+                answers
+            }
+        }
+    }
+
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        if self.flaw == Flaw::ReleaseAnyOwner
+            && let Some(holder) = self.holder(lease.key)
+        {
+            return self
+                .inner
+                .release(&ReleaseRequest::new(lease.key, &holder))
+                .await;
+        }
+        self.inner.release(lease).await
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.subscribe(key).await
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        self.inner.force_release(key).await
+    }
+}
+
+/// Runs the whole suite on a backend with `flaw` and returns the panic
+/// message of `check_all` (which names every broken property), or fails
+/// the test if the suite passed the backend.
+async fn rejection_of(flaw: Flaw) -> String {
+    let run = tokio::spawn(dlock_runtime::conformance::check_all(move || async move {
+        Arc::new(Wrong::new(flaw)) as Arc<dyn Backend>
+    }))
+    .await;
+    let Err(failed) = run else {
+        panic!("the conformance suite passed a backend with {flaw:?}");
+    };
+    let panic = failed.into_panic();
+    let message = panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_default();
+    eprintln!("{flaw:?}: {message}");
+    message
+}
+
+/// One test: the suite refuses a backend with `$flaw`, naming `$property`.
+macro_rules! rejects {
+    ($test:ident, $flaw:expr, $property:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            let message = rejection_of($flaw).await;
+            assert!(
+                message.contains(stringify!($property)),
+                "{:?} must break `{}`; the suite said: {message}",
+                $flaw,
+                stringify!($property)
+            );
+        }
+    };
+}
+
+// Rules the suite has always held backends to.
+rejects!(
+    the_suite_rejects_a_backend_that_answers_the_holding_owner_s_retry_held,
+    Flaw::SameOwnerRetryHeld,
+    a_retry_by_the_owner_that_holds_the_key_counts_as_acquired
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_renews_for_any_owner,
+    Flaw::ExtendAnyOwner,
+    extend_by_non_owner_fails_and_changes_nothing
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_many_always_answers_true,
+    Flaw::ExtendManyAlwaysTrue,
+    lost_signal_fires_when_the_lease_is_taken_away
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_release_frees_any_owner_s_key,
+    Flaw::ReleaseAnyOwner,
+    release_by_non_owner_fails_and_changes_nothing
+);
+rejects!(
+    the_suite_rejects_a_backend_that_keeps_leases_for_half_their_ttl,
+    Flaw::HalfTtl,
+    expiry_frees_the_key
+);
+
+// Rules a broken backend could slip past before.
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_many_answers_every_lease_alike,
+    Flaw::ExtendManyFirstAnswerForAll,
+    extend_many_answers_each_lease_on_its_own
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_takes_back_an_ended_lease,
+    Flaw::ExtendResurrects,
+    extend_of_an_ended_lease_is_refused_and_takes_nothing
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_tokens_rise_only_within_one_instance,
+    Flaw::InstanceLocalTokens,
+    tokens_strictly_increase_across_keys_and_backend_instances
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_owner_retry_keeps_the_first_expiry,
+    Flaw::RetryKeepsOldExpiry,
+    a_retry_by_the_owner_restarts_the_lease_with_its_ttl
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_try_acquire_dropped_after_the_grant_blocks_the_key,
+    Flaw::NotCancelSafeAfterGrant,
+    a_try_acquire_dropped_half_way_leaves_nothing_stuck
+);

@@ -11,7 +11,7 @@
 //!   backend name) and `acquire`/`acquire_many`.
 //! - [`registry()`]: backends by name.
 //! - [`fence`]: resource-side checks that reject stale tokens.
-//! - Backends: [`memory`] and [`file`].
+//! - Backends: [`memory`] and [`file`](mod@file).
 
 #![warn(missing_docs)]
 

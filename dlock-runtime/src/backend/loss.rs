@@ -11,7 +11,7 @@ use crate::error::LostReason;
 /// Leases a backend can lose all at once by itself, before any renewal
 /// would tell: for example every lease held on one PostgreSQL session, lost
 /// the moment the session ends. The backend makes one group per such unit
-/// and hands it out with each [`Grant`]; the core attaches the lease to the
+/// and hands it out with each [`Grant`](super::Grant); the core attaches the lease to the
 /// group and detaches it when the lease ends; [`LossGroup::end`] marks
 /// every attached lease lost at once (and any lease attached later). No
 /// task or timer per lease.

@@ -1,7 +1,7 @@
 //! Background renewal, written once for every lease: one scheduler task per
 //! backend instance (and runtime) keeps the timing of all of that backend's
 //! leases, and sends the renewals that fall due together as one
-//! [`Backend::extend_many`] batch — a Redis pipeline, one check per
+//! [`Backend::extend_many`](crate::Backend::extend_many) batch — a Redis pipeline, one check per
 //! PostgreSQL session — instead of one task, two timers and one round trip
 //! per lease.
 //!

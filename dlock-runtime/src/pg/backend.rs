@@ -1,4 +1,4 @@
-//! The [`Backend`](crate::Backend) implementation: the in-process exclusion
+//! The [`crate::Backend`] implementation: the in-process exclusion
 //! in front of the server, renewal as one check per session, release,
 //! waiting and the administrator's force release.
 

@@ -6,7 +6,7 @@ use super::tls::TlsVerification;
 use crate::error::LockError;
 use std::time::Duration;
 
-/// Settings of a [`PgBackend`] beyond the connection string.
+/// Settings of a [`PgBackend`](super::PgBackend) beyond the connection string.
 ///
 /// ```
 /// use std::time::Duration;

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use tokio::time::timeout;
 
 use crate::LockKey;
-use crate::backend::{Backend, OwnerId};
+use crate::backend::{AcquireRequest, Attempt, Backend, OwnerId, ReleaseOutcome, ReleaseRequest};
 
 /// A property as the runners call it: an async fn of one backend, or of
 /// two instances of the backend on one store (`Two`). The runners connect
@@ -213,6 +213,33 @@ pub fn spawn_waiter(
             .acquire_on(backend, key)
             .await
     })
+}
+
+/// One `try_acquire` of `key` by `owner`, straight on the backend; the
+/// backend must answer.
+pub async fn attempt_as(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: &OwnerId,
+    ttl: Duration,
+) -> Attempt {
+    backend
+        .try_acquire(&AcquireRequest::new(key, owner, ttl))
+        .await
+        .expect("backend answers")
+}
+
+/// One `release` of `key` by `owner`, straight on the backend; the backend
+/// must answer.
+pub async fn release_as(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: &OwnerId,
+) -> ReleaseOutcome {
+    backend
+        .release(&ReleaseRequest::new(key, owner))
+        .await
+        .expect("backend answers")
 }
 
 /// A fresh key no other test (or earlier run) uses.

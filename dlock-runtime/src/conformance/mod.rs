@@ -52,8 +52,8 @@ use crate::{LockError, LockKey, LockOptions, LostReason};
 mod helpers;
 
 pub use helpers::{
-    BoxedRun, CountingBackend, One, Property, Two, fresh_key, poll_then_drop, spawn_waiter, start,
-    within,
+    BoxedRun, CountingBackend, One, Property, Two, attempt_as, fresh_key, poll_then_drop,
+    release_as, spawn_waiter, start, within,
 };
 
 /// Makes one `#[test]` per conformance property for the backend that the
@@ -328,14 +328,11 @@ pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Back
 /// administrator, or run out, with or without another holder since) is
 /// refused with `Ok(false)` and takes nothing: the key stays free.
 pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<dyn Backend>) {
-    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    use crate::backend::{Attempt, ReleaseOutcome, Renewal};
     let take = |key: &LockKey, owner: &OwnerId, ttl: Duration| {
         let (backend, key, owner) = (backend.clone(), key.clone(), *owner);
         async move {
-            let attempt = backend
-                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
-                .await
-                .expect("backend answers");
+            let attempt = attempt_as(&backend, &key, &owner, ttl).await;
             assert!(
                 matches!(attempt, Attempt::Acquired(_)),
                 "{key} must be free"
@@ -346,10 +343,7 @@ pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<
     let released = ended("extend-released");
     take(&released.0, &released.1, Duration::from_secs(10)).await;
     assert_eq!(
-        backend
-            .release(&ReleaseRequest::new(&released.0, &released.1))
-            .await
-            .expect("backend answers"),
+        release_as(&backend, &released.0, &released.1).await,
         ReleaseOutcome::Released
     );
     let broken = ended("extend-broken");
@@ -395,27 +389,21 @@ pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<
 /// asked for by an owner that does not hold its key are answered `false`
 /// and change nothing, wherever they stand in the batch.
 pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>) {
-    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    use crate::backend::{Attempt, ReleaseOutcome, Renewal};
     let keys: Vec<LockKey> = (0..4).map(|_| fresh_key("batch")).collect();
     let owners: Vec<OwnerId> = (0..4).map(|_| OwnerId::random().expect("random")).collect();
     // 0 and 3 held for 1s (the batch renews them), 1 released, 2 held by
     // its owner but renewed in the batch by a stranger.
     for (i, (key, owner)) in keys.iter().zip(&owners).enumerate() {
         let ttl = Duration::from_millis(if i == 2 { 10_000 } else { 1_000 });
-        let attempt = backend
-            .try_acquire(&AcquireRequest::new(key, owner, ttl))
-            .await
-            .expect("backend answers");
+        let attempt = attempt_as(&backend, key, owner, ttl).await;
         assert!(
             matches!(attempt, Attempt::Acquired(_)),
             "{key} must be free"
         );
     }
     assert_eq!(
-        backend
-            .release(&ReleaseRequest::new(&keys[1], &owners[1]))
-            .await
-            .expect("backend answers"),
+        release_as(&backend, &keys[1], &owners[1]).await,
         ReleaseOutcome::Released
     );
     let stranger = OwnerId::random().expect("random");
@@ -461,10 +449,7 @@ pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>
     free.release().await.expect("release");
     for i in [0, 2, 3] {
         assert_eq!(
-            backend
-                .release(&ReleaseRequest::new(&keys[i], &owners[i]))
-                .await
-                .expect("backend answers"),
+            release_as(&backend, &keys[i], &owners[i]).await,
             ReleaseOutcome::Released
         );
     }
@@ -961,22 +946,14 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
 /// answer was lost) is a success, with the token already drawn or a higher
 /// one; anyone else is still refused.
 pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend: Arc<dyn Backend>) {
-    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    use crate::backend::{Attempt, ReleaseOutcome};
     let key = fresh_key("same-owner");
     let owner = OwnerId::random().expect("random");
     let ttl = Duration::from_secs(10);
-    let Attempt::Acquired(first) = backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
-        .await
-        .expect("backend answers")
-    else {
+    let Attempt::Acquired(first) = attempt_as(&backend, &key, &owner, ttl).await else {
         panic!("a fresh key must be free");
     };
-    match backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
-        .await
-        .expect("backend answers")
-    {
+    match attempt_as(&backend, &key, &owner, ttl).await {
         Attempt::Acquired(again) => assert!(
             again.token >= first.token,
             "the retry must get the token already drawn or a higher one, not {} after {}",
@@ -988,19 +965,13 @@ pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend:
     let stranger = OwnerId::random().expect("random");
     assert!(
         matches!(
-            backend
-                .try_acquire(&AcquireRequest::new(&key, &stranger, ttl))
-                .await
-                .expect("backend answers"),
+            attempt_as(&backend, &key, &stranger, ttl).await,
             Attempt::Held { .. }
         ),
         "another owner must still be refused"
     );
     assert_eq!(
-        backend
-            .release(&ReleaseRequest::new(&key, &owner))
-            .await
-            .expect("backend answers"),
+        release_as(&backend, &key, &owner).await,
         ReleaseOutcome::Released
     );
 }
@@ -1009,23 +980,17 @@ pub async fn a_retry_by_the_owner_that_holds_the_key_counts_as_acquired(backend:
 /// lease's lifetime anew with the retry's ttl: the key stays held past the
 /// first attempt's expiry.
 pub async fn a_retry_by_the_owner_restarts_the_lease_with_its_ttl(backend: Arc<dyn Backend>) {
-    use crate::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    use crate::backend::{Attempt, ReleaseOutcome};
     let key = fresh_key("same-owner-ttl");
     let owner = OwnerId::random().expect("random");
     let started = Instant::now();
-    let first = backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(1)))
-        .await
-        .expect("backend answers");
+    let first = attempt_as(&backend, &key, &owner, Duration::from_secs(1)).await;
     assert!(
         matches!(first, Attempt::Acquired(_)),
         "a fresh key must be free"
     );
     sleep(Duration::from_millis(600)).await;
-    let retry = backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(2)))
-        .await
-        .expect("backend answers");
+    let retry = attempt_as(&backend, &key, &owner, Duration::from_secs(2)).await;
     assert!(
         matches!(retry, Attempt::Acquired(_)),
         "the retry must be a success"
@@ -1033,23 +998,13 @@ pub async fn a_retry_by_the_owner_restarts_the_lease_with_its_ttl(backend: Arc<d
     // Past the first attempt's 1s, well within the retry's 2s.
     sleep((started + Duration::from_millis(1_300)).saturating_duration_since(Instant::now())).await;
     let stranger = OwnerId::random().expect("random");
-    let other = backend
-        .try_acquire(&AcquireRequest::new(
-            &key,
-            &stranger,
-            Duration::from_secs(10),
-        ))
-        .await
-        .expect("backend answers");
+    let other = attempt_as(&backend, &key, &stranger, Duration::from_secs(10)).await;
     assert!(
         matches!(other, Attempt::Held { .. }),
         "the retry's 2s lease must still hold the key after the first attempt's 1s"
     );
     assert_eq!(
-        backend
-            .release(&ReleaseRequest::new(&key, &owner))
-            .await
-            .expect("backend answers"),
+        release_as(&backend, &key, &owner).await,
         ReleaseOutcome::Released
     );
 }

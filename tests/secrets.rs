@@ -739,7 +739,7 @@ async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_p
         ),
         (
             "host=127.0.0.1 port=1 user=u passwd=Sec-Pg2",
-            "`passwd`",
+            "an unknown option",
             &["Sec-Pg2"][..],
         ),
         (
@@ -769,7 +769,7 @@ async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_p
         ),
         (
             "postgresql://u:Sec-Pg8@127.0.0.1:1/db?bogus_option=1",
-            "`bogus_option`",
+            "an unknown option",
             &["Sec-Pg8"][..],
         ),
     ];
@@ -786,8 +786,9 @@ async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_p
         assert_hidden(conn, secrets, &shown);
     }
     // A password written so that part of it passes for an option (an
-    // unquoted space, an unencoded `&`): the parser names that part as an
-    // unknown option, so the message must not be shown.
+    // unquoted space, an unencoded `&`, under a `password` key plain or
+    // percent-encoded): the parser names that part as an unknown option,
+    // whose name must not be shown.
     for (conn, secrets) in [
         (
             "host=127.0.0.1 port=1 user=u password=Sec-Pg9 Tail9x=1",
@@ -796,6 +797,14 @@ async fn a_malformed_postgres_connection_string_names_the_bad_option_never_the_p
         (
             "postgresql://u@127.0.0.1:1/db?password=Sec-Pg10&Tail10y=1",
             &["Sec-Pg10", "Tail10y"][..],
+        ),
+        (
+            "postgresql://u@127.0.0.1:1/db?p%61ssword=Sec-Pg11&Tail11z=1",
+            &["Sec-Pg11", "Tail11z"][..],
+        ),
+        (
+            "postgresql://u@127.0.0.1:1/db?password=Sec-Pg12&T%61il12w=1",
+            &["Sec-Pg12", "Tail12w", "T%61il12w"][..],
         ),
     ] {
         let options = PgOptions::new().connect_timeout(Duration::from_secs(2));

@@ -334,7 +334,7 @@ impl PgBackend {
         // Only the parser's reason is shown, and only when it cannot hold
         // part of the password; the string itself never is.
         let mut config = Config::from_str(conn).map_err(|e| {
-            connect_error(match parse_error_reason(&e, conn) {
+            connect_error(match parse_error_reason(&e) {
                 Some(reason) => format!("invalid PostgreSQL connection string: {reason}"),
                 None => "invalid PostgreSQL connection string (the parser's reason is not shown: \
                          it may hold part of the password)"

@@ -94,6 +94,7 @@ macro_rules! conformance_suite {
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
             a_retry_by_the_owner_that_holds_the_key_counts_as_acquired,
             a_retry_by_the_owner_restarts_the_lease_with_its_ttl,
+            an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline,
             a_try_acquire_dropped_half_way_leaves_nothing_stuck,
         );
     };
@@ -481,6 +482,35 @@ pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
         next.check().is_ok(),
         "the expired holder's release must not touch the new lease"
     );
+    next.release().await.expect("release");
+}
+
+/// `extend` sets the lease's remaining lifetime, shorter as well as longer:
+/// a release within a minimum hold cuts the lease to what is left of the
+/// hold, and the key must be free when that runs out, not at the old
+/// deadline.
+pub async fn an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline(
+    backend: Arc<dyn Backend>,
+) {
+    use crate::backend::{Attempt, Renewal};
+    let key = fresh_key("shortened");
+    let owner = OwnerId::random().expect("random");
+    let taken = attempt_as(&backend, &key, &owner, Duration::from_secs(20)).await;
+    assert!(
+        matches!(taken, Attempt::Acquired(_)),
+        "a fresh key must be free"
+    );
+    let shortened = backend
+        .extend(&Renewal::new(&key, &owner, Duration::from_millis(300)))
+        .await
+        .expect("backend answers");
+    assert!(shortened, "the holder's extend must be accepted");
+    // Far sooner than the old 20 s deadline, with room for a slow machine.
+    let next = options(10_000)
+        .wait(Duration::from_secs(8))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the key must be free once the shortened lease ran out");
     next.release().await.expect("release");
 }
 

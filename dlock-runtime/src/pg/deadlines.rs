@@ -94,7 +94,9 @@ impl Deadlines {
         (deadline, id)
     }
 
-    /// Moves a hold to a later deadline (an extend). Returns its new slot.
+    /// Moves a hold to a new deadline (an extend: usually later, but a
+    /// release within a minimum hold shortens the lease to what is left of
+    /// the hold). Returns its new slot.
     pub(super) fn moved(&self, slot: Slot, key: &LockKey, owner: OwnerId, to: Instant) -> Slot {
         let mut queue = self.queue();
         // Gone if the task already took it as due: the unlock it started
@@ -105,7 +107,12 @@ impl Deadlines {
             .remove(&slot)
             .unwrap_or_else(|| (key.clone(), owner));
         queue.due.insert((to, slot.1), hold);
-        // Only ever later: the sleeping task needs no wake-up.
+        // A task asleep past the new deadline must wake for it.
+        let wake = queue.sleeping_until.is_some_and(|until| to < until);
+        drop(queue);
+        if wake {
+            self.wake.notify_one();
+        }
         (to, slot.1)
     }
 

@@ -229,6 +229,50 @@ fn file_acquisitions_cut_off_by_their_runtime_shutting_down_leave_no_key_held_an
     );
 }
 
+#[cfg(unix)]
+#[test]
+fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fallback() {
+    // The parent's fallback thread runs; a forked child inherits its queue
+    // but not the thread, and must start its own.
+    let dir = fresh_dir("fork");
+    let parents = FileBackend::open(&dir).expect("lock dir");
+    let warm = drop_with_no_runtime(the_file_backend(&parents));
+    assert_free(still_held(file_backend(&dir), &[warm]));
+
+    let key = fresh_key("forked");
+    // SAFETY: the child only takes and drops a lease on runtimes of its
+    // own and then sleeps, alive (so its process keeps the alive file open
+    // unless the lease was released), until the parent kills it.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        let backend = FileBackend::open(&dir).expect("lock dir");
+        let runtime = short_lived_runtime();
+        let lease = runtime.block_on(take(Arc::new(backend), &key));
+        drop(runtime);
+        drop(lease);
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // Taken and dropped by the child, which is still alive.
+    let held = still_held(file_backend(&dir), &[key]);
+    let mut status = 0;
+    // SAFETY: looks at, then ends, the child forked above.
+    let alive = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0;
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, &mut status, 0);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        alive,
+        "the child must still be alive when the key is checked (status {status})"
+    );
+    assert_free(held);
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;

@@ -20,7 +20,7 @@
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -35,8 +35,24 @@ const LIMIT: Duration = Duration::from_secs(10);
 /// itself over for another try ([`try_again`]), which must be named.
 pub(crate) type Work = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// The fallback thread's queue; `None` if the thread could not be started.
-static FALLBACK: OnceLock<Option<mpsc::UnboundedSender<Work>>> = OnceLock::new();
+/// The fallback thread's queue (`None` if the thread could not be
+/// started), with the process it was started in, counted in forks: a
+/// forked child inherits the queue but not the thread, and starts its own.
+static FALLBACK: Mutex<Option<(u64, Option<mpsc::UnboundedSender<Work>>)>> = Mutex::new(None);
+
+/// The fallback thread's queue in this process, started on first use.
+fn queue() -> Option<mpsc::UnboundedSender<Work>> {
+    let forks = crate::backend::forks();
+    let mut fallback = FALLBACK.lock().unwrap_or_else(PoisonError::into_inner);
+    match &*fallback {
+        Some((started_in, queue)) if *started_in == forks => queue.clone(),
+        _ => {
+            let queue = start();
+            *fallback = Some((forks, queue.clone()));
+            queue
+        }
+    }
+}
 
 thread_local! {
     /// Set on the fallback thread, the one thread its runtime runs on.
@@ -65,7 +81,7 @@ pub(crate) fn spawn(
 
 /// Runs `work` on the fallback runtime, within [`LIMIT`].
 pub(crate) fn run(work: impl Future<Output = ()> + Send + 'static) {
-    let Some(queue) = FALLBACK.get_or_init(start) else {
+    let Some(queue) = queue() else {
         return;
     };
     let _ = queue.send(Box::pin(async move {

@@ -24,6 +24,7 @@ pub use loss::LossGroup;
 pub(crate) use loss::LossSink;
 pub use notice::ReleaseNotice;
 pub use owner::OwnerId;
+pub(crate) use owner::forks;
 
 pub mod implementing;
 

@@ -21,7 +21,7 @@ struct RandomPool {
 /// bumped in the child of every `fork()` (by an `atfork` handler), so
 /// that a pool can tell it was copied without a system call per id.
 #[cfg(unix)]
-fn forks() -> u64 {
+pub(crate) fn forks() -> u64 {
     use std::sync::Once;
     use std::sync::atomic::{AtomicU64, Ordering};
     static FORKS: AtomicU64 = AtomicU64::new(0);
@@ -39,7 +39,7 @@ fn forks() -> u64 {
 }
 
 #[cfg(not(unix))]
-fn forks() -> u64 {
+pub(crate) fn forks() -> u64 {
     0
 }
 

@@ -80,6 +80,11 @@ impl LockOptions {
     /// released earlier (ShedLock's `lockAtLeastFor`): a job that runs fast
     /// on one replica is not run again at once by a replica whose clock is
     /// a little behind. Must not exceed the ttl.
+    ///
+    /// The store keeps the hold only as long as it keeps the lock: on Redis
+    /// that outlives the holder's process, but a PostgreSQL session lock
+    /// and a file lock end with the process that holds them, so a process
+    /// that exits right after releasing ends its hold with it.
     pub const fn min_hold(mut self, min_hold: Duration) -> Self {
         self.min_hold = min_hold;
         self

@@ -48,6 +48,18 @@ enum Flaw {
     /// count the lease's lifetime anew (rule 3): the store frees the key at
     /// the FIRST attempt's expiry.
     RetryKeepsOldExpiry,
+    /// `force_release` also loses the key's counter: the next token
+    /// starts again from 1.
+    ForceReleaseResetsTokens,
+    /// `extend_many` renews every lease of a batch for the first lease's
+    /// ttl.
+    ExtendManyFirstTtl,
+    /// `extend_many` renews only the first four leases of a batch, and
+    /// answers `true` for every one.
+    ExtendManyFirstFour,
+    /// As `NotCancelSafeAfterGrant`, with await points that are 25 ms
+    /// round trips to a server rather than yields.
+    SlowGrantWedge,
 }
 
 /// One store shared by every instance (as one server is shared by many
@@ -69,6 +81,9 @@ struct Wrong {
     given: Mutex<HashMap<(LockKey, OwnerId), u64>>,
     /// Per (key, owner): token and store expiry of the first attempt.
     first: Mutex<HashMap<(LockKey, OwnerId), (FencingToken, std::time::Instant)>>,
+    /// Keys broken by force, with the tokens counted again from 1 since
+    /// (ForceReleaseResetsTokens).
+    restarted: Mutex<HashMap<LockKey, u64>>,
 }
 
 impl Wrong {
@@ -81,6 +96,7 @@ impl Wrong {
             stuck: Mutex::new(HashMap::new()),
             given: Mutex::new(HashMap::new()),
             first: Mutex::new(HashMap::new()),
+            restarted: Mutex::new(HashMap::new()),
         }
     }
     fn holder(&self, key: &LockKey) -> Option<OwnerId> {
@@ -95,12 +111,16 @@ impl Backend for Wrong {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        if self.flaw == Flaw::NotCancelSafeAfterGrant {
+        let wedges = matches!(
+            self.flaw,
+            Flaw::NotCancelSafeAfterGrant | Flaw::SlowGrantWedge
+        );
+        if wedges {
             if self.stuck.lock().unwrap().contains_key(request.key) {
                 return Ok(Attempt::Held { expires_in: None });
             }
             // First await point: harmless.
-            tokio::task::yield_now().await;
+            self.await_point().await;
         }
         if self.flaw == Flaw::SameOwnerRetryHeld && self.holder(request.key) == Some(*request.owner)
         {
@@ -151,10 +171,22 @@ impl Backend for Wrong {
             }
             other => other,
         };
-        if self.flaw == Flaw::NotCancelSafeAfterGrant {
+        let answer = match answer {
+            Attempt::Acquired(_) if self.flaw == Flaw::ForceReleaseResetsTokens => {
+                match self.restarted.lock().unwrap().get_mut(request.key) {
+                    Some(count) => {
+                        *count += 1;
+                        Attempt::Acquired(Grant::new(FencingToken::new(*count)))
+                    }
+                    None => answer,
+                }
+            }
+            other => other,
+        };
+        if wedges {
             // Second await point: a marker set before it and cleared after.
             self.stuck.lock().unwrap().insert(request.key.clone(), ());
-            tokio::task::yield_now().await;
+            self.await_point().await;
             self.stuck.lock().unwrap().remove(request.key);
         }
         Ok(answer)
@@ -204,6 +236,26 @@ impl Backend for Wrong {
                 }
                 renewals.iter().map(|_| Ok(true)).collect()
             }
+            Flaw::ExtendManyFirstTtl => {
+                let Some(first) = renewals.first() else {
+                    return Vec::new();
+                };
+                let mut answers = Vec::new();
+                for r in renewals {
+                    answers.push(
+                        self.inner
+                            .extend(&Renewal::new(r.key, r.owner, first.ttl))
+                            .await,
+                    );
+                }
+                answers
+            }
+            Flaw::ExtendManyFirstFour => {
+                for r in renewals.iter().take(4) {
+                    let _ = self.inner.extend(r).await;
+                }
+                renewals.iter().map(|_| Ok(true)).collect()
+            }
             Flaw::ExtendManyFirstAnswerForAll => {
                 let mut first = None;
                 for r in renewals {
@@ -244,7 +296,21 @@ impl Backend for Wrong {
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        if self.flaw == Flaw::ForceReleaseResetsTokens {
+            self.restarted.lock().unwrap().insert(key.clone(), 0);
+        }
         self.inner.force_release(key).await
+    }
+}
+
+impl Wrong {
+    /// An await point of `try_acquire`: a yield, or a server's round trip.
+    async fn await_point(&self) {
+        if self.flaw == Flaw::SlowGrantWedge {
+            tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
@@ -336,5 +402,25 @@ rejects!(
 rejects!(
     the_suite_rejects_a_backend_whose_try_acquire_dropped_after_the_grant_blocks_the_key,
     Flaw::NotCancelSafeAfterGrant,
+    a_try_acquire_dropped_half_way_leaves_nothing_stuck
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_force_release_restarts_the_tokens,
+    Flaw::ForceReleaseResetsTokens,
+    tokens_keep_rising_after_a_force_release
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_many_uses_the_first_lease_s_ttl_for_all,
+    Flaw::ExtendManyFirstTtl,
+    extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_extend_many_renews_only_the_first_leases,
+    Flaw::ExtendManyFirstFour,
+    extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch
+);
+rejects!(
+    the_suite_rejects_a_backend_that_wedges_a_key_when_dropped_after_a_slow_grant,
+    Flaw::SlowGrantWedge,
     a_try_acquire_dropped_half_way_leaves_nothing_stuck
 );

@@ -75,6 +75,8 @@ macro_rules! conformance_suite {
             extend_by_non_owner_fails_and_changes_nothing,
             extend_of_an_ended_lease_is_refused_and_takes_nothing,
             extend_many_answers_each_lease_on_its_own,
+            extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch,
+            tokens_keep_rising_after_a_force_release,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
             lost_signal_fires_when_the_lease_is_taken_away,
@@ -454,6 +456,80 @@ pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>
             ReleaseOutcome::Released
         );
     }
+}
+
+/// A batch renews each lease for its own ttl, however long the batch (the
+/// core's renewal sends up to a thousand leases of mixed ttls at once):
+/// here eight leases, renewed alternately for 10 s and 300 ms.
+pub async fn extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch(
+    backend: Arc<dyn Backend>,
+) {
+    use crate::backend::{Attempt, ReleaseOutcome, Renewal};
+    let keys: Vec<LockKey> = (0..8).map(|_| fresh_key("long-batch")).collect();
+    let owners: Vec<OwnerId> = (0..8).map(|_| OwnerId::random().expect("random")).collect();
+    for (key, owner) in keys.iter().zip(&owners) {
+        let attempt = attempt_as(&backend, key, owner, Duration::from_secs(1)).await;
+        assert!(
+            matches!(attempt, Attempt::Acquired(_)),
+            "{key} must be free"
+        );
+    }
+    let ttl = |i: usize| Duration::from_millis(if i.is_multiple_of(2) { 10_000 } else { 300 });
+    let batch: Vec<Renewal<'_>> = (0..8)
+        .map(|i| Renewal::new(&keys[i], &owners[i], ttl(i)))
+        .collect();
+    let answers: Vec<bool> = backend
+        .extend_many(&batch)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(answers, [true; 8], "every lease of the batch is held");
+    // Past the 1 s the leases were taken for and the 300 ms of the odd
+    // ones: the even ones were renewed for 10 s, the odd ones ended.
+    sleep(Duration::from_millis(1_500)).await;
+    for (i, key) in keys.iter().enumerate() {
+        let contender = options(10_000).acquire_on(backend.clone(), key).await;
+        match (i.is_multiple_of(2), contender) {
+            (true, Err(LockError::Held { .. })) => {}
+            (true, other) => panic!("lease {i}, renewed for 10 s, must still be held: {other:?}"),
+            (false, Ok(lease)) => lease.release().await.expect("release"),
+            (false, Err(err)) => panic!("lease {i}, renewed for 300 ms, must have ended: {err}"),
+        }
+    }
+    for i in (0..8).step_by(2) {
+        assert_eq!(
+            release_as(&backend, &keys[i], &owners[i]).await,
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// Breaking a lock by force frees the key and nothing else: the next
+/// holder's token is still above every token issued before.
+pub async fn tokens_keep_rising_after_a_force_release(backend: Arc<dyn Backend>) {
+    let key = fresh_key("forced-tokens");
+    let broken = options(10_000)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert!(
+        backend.force_release(&key).await.expect("backend answers"),
+        "a held key must be broken"
+    );
+    let next = options(10_000)
+        .wait(Duration::from_secs(5))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free once broken");
+    assert!(
+        next.token() > broken.token(),
+        "token {} after a force release, not above {}",
+        next.token(),
+        broken.token()
+    );
+    next.release().await.expect("release");
+    drop(broken);
 }
 
 /// A lease that is not renewed expires: the key is free after its ttl, with a higher token for the next holder.
@@ -1063,7 +1139,10 @@ pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dy
     // Dropped after short waits: a backend that talks to a server is
     // dropped with its request on the way, at the server, or its answer on
     // the way back.
-    for micros in [0, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000] {
+    // Up to a slow server's round trips, one after another.
+    for micros in [
+        0, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 35_000, 60_000, 100_000,
+    ] {
         let (key, owner) = (
             fresh_key("dropped-attempt"),
             OwnerId::random().expect("random"),

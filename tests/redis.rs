@@ -499,31 +499,56 @@ async fn a_fencing_counter_that_cannot_rise_is_refused_and_leaves_the_key_free()
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_whose_reply_is_lost_is_not_reported_as_a_lost_lease() {
+/// A backend connected to the local Redis through a proxy the test
+/// controls.
+async fn through_proxy() -> (support::proxy::Proxy, Arc<dyn Backend>) {
     let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
     let backend: Arc<dyn Backend> = Arc::new(
         RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
             .await
             .expect("connect through the proxy"),
     );
-    let key = dlock_runtime::conformance::fresh_key("lost-reply");
-    let lease = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
-    // The release reaches the server; its reply does not come back, and
-    // the connection then breaks: the backend sends it again.
-    proxy.mute_replies();
-    let releasing = tokio::spawn(lease.release());
-    within(10, "the release to reach the server", async {
-        while cli(&["EXISTS", &lock_name(&key)]) != "0" {
+    (proxy, backend)
+}
+
+/// Waits until `key`'s lock is (or is no longer) on the server.
+async fn until_lock_exists(key: &LockKey, exists: bool, what: &str) {
+    let want = if exists { "1" } else { "0" };
+    within(10, what, async {
+        while cli(&["EXISTS", &lock_name(key)]) != want {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
+}
+
+/// Takes a key for `ttl` and releases it with the reply lost: the release
+/// reaches the server, its reply does not come back, and `before_retry`
+/// later the connection breaks, so the backend sends it again. Returns
+/// what the release answered.
+async fn released_with_its_reply_lost(
+    label: &str,
+    ttl: Duration,
+    before_retry: Duration,
+) -> Result<(), LockError> {
+    let (proxy, backend) = through_proxy().await;
+    let key = dlock_runtime::conformance::fresh_key(label);
+    let lease = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    proxy.mute_replies();
+    let releasing = tokio::spawn(lease.release());
+    until_lock_exists(&key, false, "the release to reach the server").await;
+    tokio::time::sleep(before_retry).await;
     proxy.cut();
-    let released = within(15, "the release", releasing).await.expect("task");
+    within(15, "the release", releasing).await.expect("task")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_is_lost_is_not_reported_as_a_lost_lease() {
+    let released =
+        released_with_its_reply_lost("lost-reply", Duration::from_secs(30), Duration::ZERO).await;
     assert!(
         released.is_ok(),
         "the release succeeded on the server; its retry must not report a lost lease: {released:?}"
@@ -536,30 +561,9 @@ async fn a_release_whose_reply_is_lost_until_the_ttl_ran_out_is_not_reported_as_
     // validity. The release was sent while the key was still the holder's,
     // so the holder let go in time; reporting a loss would tell it that
     // someone else may have acted meanwhile, which nobody can have.
-    let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
-    let backend: Arc<dyn Backend> = Arc::new(
-        RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
-            .await
-            .expect("connect through the proxy"),
-    );
-    let key = dlock_runtime::conformance::fresh_key("lost-reply-short-ttl");
     let ttl = Duration::from_millis(800);
-    let lease = LockOptions::new(ttl)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
-    proxy.mute_replies();
-    let releasing = tokio::spawn(lease.release());
-    within(10, "the release to reach the server", async {
-        while cli(&["EXISTS", &lock_name(&key)]) != "0" {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
     // Well past the lease's validity before the retry is sent.
-    tokio::time::sleep(ttl * 2).await;
-    proxy.cut();
-    let released = within(15, "the release", releasing).await.expect("task");
+    let released = released_with_its_reply_lost("lost-reply-short-ttl", ttl, ttl * 2).await;
     assert!(
         released.is_ok(),
         "the release was sent and done while the lease was valid; a retry answered \
@@ -573,12 +577,7 @@ async fn a_retried_acquisition_after_the_counter_was_set_back_still_gets_a_highe
     // retry the fence counter goes back (a promotion that lost writes). The
     // retry, by the owner that now holds the key, must draw a token above
     // every earlier one, not read the set-back counter.
-    let proxy = support::proxy::Proxy::bind("127.0.0.1:6379".to_owned()).await;
-    let backend: Arc<dyn Backend> = Arc::new(
-        RedisBackend::connect(&format!("redis://127.0.0.1:{}", proxy.port))
-            .await
-            .expect("connect through the proxy"),
-    );
+    let (proxy, backend) = through_proxy().await;
     let key = dlock_runtime::conformance::fresh_key("retry-after-set-back");
     let previous = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -596,12 +595,7 @@ async fn a_retried_acquisition_after_the_counter_was_set_back_still_gets_a_highe
                 .await
         }
     });
-    within(10, "the acquisition to reach the server", async {
-        while cli(&["EXISTS", &lock_name(&key)]) != "1" {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    until_lock_exists(&key, true, "the acquisition to reach the server").await;
     assert_eq!(
         cli(&["SET", &fence_name(&key), &previous_token.get().to_string()]),
         "OK"

@@ -164,6 +164,22 @@ fn options(ttl_ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ttl_ms))
 }
 
+/// Takes `key` through the core for `ttl_ms`, waiting up to `wait` for it,
+/// or panics saying `why`.
+async fn take(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    ttl_ms: u64,
+    wait: Duration,
+    why: &str,
+) -> crate::Lease {
+    options(ttl_ms)
+        .wait(wait)
+        .acquire_on(backend.clone(), key)
+        .await
+        .expect(why)
+}
+
 /// Twenty acquirers race for one key: exactly one wins, the others are told `Held`.
 pub async fn twenty_concurrent_acquirers_exactly_one_wins(backend: Arc<dyn Backend>) {
     let key = fresh_key("race");
@@ -198,10 +214,7 @@ pub async fn tokens_strictly_increase(backend: Arc<dyn Backend>) {
     let key = fresh_key("tokens");
     let mut last = None;
     for _ in 0..20 {
-        let lease = options(10_000)
-            .acquire_on(backend.clone(), &key)
-            .await
-            .expect("free key");
+        let lease = take(&backend, &key, 10_000, Duration::ZERO, "free key").await;
         if let Some(previous) = last {
             assert!(
                 lease.token() > previous,
@@ -276,10 +289,7 @@ pub async fn tokens_strictly_increase_across_keys_and_backend_instances(
 /// A release by an owner that does not hold the key is refused (`NotOwner`) and leaves the holder's lease alone.
 pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Backend>) {
     let key = fresh_key("non-owner-release");
-    let lease = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 10_000, Duration::ZERO, "free").await;
     let stranger = OwnerId::random().expect("random");
     let released = backend
         .release(&crate::backend::ReleaseRequest::new(&key, &stranger))
@@ -305,10 +315,7 @@ pub async fn release_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Bac
 /// An extension by an owner that does not hold the key is refused and leaves the holder's lease alone.
 pub async fn extend_by_non_owner_fails_and_changes_nothing(backend: Arc<dyn Backend>) {
     let key = fresh_key("non-owner-extend");
-    let lease = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 10_000, Duration::ZERO, "free").await;
     let stranger = OwnerId::random().expect("random");
     let extended = backend
         .extend(&crate::backend::Renewal::new(
@@ -445,10 +452,14 @@ pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>
             "lease {i} of the batch must still be held"
         );
     }
-    let free = options(10_000)
-        .acquire_on(backend.clone(), &keys[1])
-        .await
-        .expect("a lease that ended must stay ended after the batch");
+    let free = take(
+        &backend,
+        &keys[1],
+        10_000,
+        Duration::ZERO,
+        "a lease that ended must stay ended after the batch",
+    )
+    .await;
     free.release().await.expect("release");
     for i in [0, 2, 3] {
         assert_eq!(
@@ -509,19 +520,19 @@ pub async fn extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch(
 /// holder's token is still above every token issued before.
 pub async fn tokens_keep_rising_after_a_force_release(backend: Arc<dyn Backend>) {
     let key = fresh_key("forced-tokens");
-    let broken = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let broken = take(&backend, &key, 10_000, Duration::ZERO, "free").await;
     assert!(
         backend.force_release(&key).await.expect("backend answers"),
         "a held key must be broken"
     );
-    let next = options(10_000)
-        .wait(Duration::from_secs(5))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free once broken");
+    let next = take(
+        &backend,
+        &key,
+        10_000,
+        Duration::from_secs(5),
+        "free once broken",
+    )
+    .await;
     assert!(
         next.token() > broken.token(),
         "token {} after a force release, not above {}",
@@ -540,11 +551,14 @@ pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let next = options(10_000)
-        .wait(Duration::from_secs(10))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("the key must be free once the holder's ttl ran out");
+    let next = take(
+        &backend,
+        &key,
+        10_000,
+        Duration::from_secs(10),
+        "the key must be free once the holder's ttl ran out",
+    )
+    .await;
     assert!(next.token() > holder.token());
     assert!(
         holder.is_lost(),
@@ -582,21 +596,21 @@ pub async fn an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline(
         .expect("backend answers");
     assert!(shortened, "the holder's extend must be accepted");
     // Far sooner than the old 20 s deadline, with room for a slow machine.
-    let next = options(10_000)
-        .wait(Duration::from_secs(8))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("the key must be free once the shortened lease ran out");
+    let next = take(
+        &backend,
+        &key,
+        10_000,
+        Duration::from_secs(8),
+        "the key must be free once the shortened lease ran out",
+    )
+    .await;
     next.release().await.expect("release");
 }
 
 /// A renewed lease outlives several ttls and stays exclusive.
 pub async fn renewal_keeps_a_lease_alive_past_several_ttls(backend: Arc<dyn Backend>) {
     let key = fresh_key("renewal");
-    let lease = options(300)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 300, Duration::ZERO, "free").await;
     sleep(Duration::from_millis(1500)).await;
     assert!(lease.check().is_ok(), "a renewed lease must survive 5 ttls");
     let contender = options(300).acquire_on(backend.clone(), &key).await;
@@ -607,15 +621,9 @@ pub async fn renewal_keeps_a_lease_alive_past_several_ttls(backend: Arc<dyn Back
 /// The lost signal fires when an administrator breaks the lock (`force_release`).
 pub async fn lost_signal_fires_when_the_lease_is_taken_away(backend: Arc<dyn Backend>) {
     let key = fresh_key("taken-away");
-    let lease = options(300)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 300, Duration::ZERO, "free").await;
     assert!(backend.force_release(&key).await.expect("force release"));
-    let usurper = options(10_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("freed");
+    let usurper = take(&backend, &key, 10_000, Duration::ZERO, "freed").await;
     let lost = within(10, "the lost signal", lease.lost()).await;
     assert!(
         matches!(
@@ -668,10 +676,7 @@ pub async fn lost_signal_fires_when_the_ttl_runs_out_without_renewal(backend: Ar
 /// A waiter is woken by the release (the backend's notice), not by polling.
 pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
     let key = fresh_key("wake");
-    let holder = options(30_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
     let counting = CountingBackend::new(backend.clone());
     let waiter = {
         let (counting, key) = (counting.clone(), key.clone());
@@ -704,10 +709,7 @@ pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
 /// A waiter whose wait runs out gets `Timeout`.
 pub async fn waiter_times_out_with_timeout_error(backend: Arc<dyn Backend>) {
     let key = fresh_key("timeout");
-    let holder = options(30_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
     let waited = options(30_000)
         .wait(Duration::from_millis(300))
         .acquire_on(backend.clone(), &key)
@@ -737,11 +739,14 @@ pub async fn min_hold_keeps_the_key_after_early_release(backend: Arc<dyn Backend
         matches!(early, Err(LockError::Held { .. })),
         "the key must stay held until the minimum hold is over"
     );
-    let later = options(10_000)
-        .wait(Duration::from_secs(10))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free once the minimum hold is over");
+    let later = take(
+        &backend,
+        &key,
+        10_000,
+        Duration::from_secs(10),
+        "free once the minimum hold is over",
+    )
+    .await;
     assert!(later.token() > token);
     later.release().await.expect("release");
 }
@@ -784,10 +789,7 @@ pub async fn multi_key_failure_releases_taken_keys(backend: Arc<dyn Backend>) {
     let id = OwnerId::random().expect("random");
     let a = LockKey::new(format!("dlock-test:release-taken:{id}:a")).expect("key");
     let b = LockKey::new(format!("dlock-test:release-taken:{id}:b")).expect("key");
-    let holder = options(10_000)
-        .acquire_on(backend.clone(), &b)
-        .await
-        .expect("free");
+    let holder = take(&backend, &b, 10_000, Duration::ZERO, "free").await;
     let set = options(10_000)
         .acquire_many_on(backend.clone(), [&b, &a])
         .await;
@@ -804,17 +806,17 @@ pub async fn multi_key_failure_releases_taken_keys(backend: Arc<dyn Backend>) {
 pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend>) {
     let key = fresh_key("drop");
     {
-        let _lease = options(60_000)
-            .acquire_on(backend.clone(), &key)
-            .await
-            .expect("free");
+        let _lease = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
         // Dropped here without release, as on an early return or `?`.
     }
-    let after_drop = options(60_000)
-        .wait(Duration::from_secs(10))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("a dropped lease must free the key long before its 60s ttl");
+    let after_drop = take(
+        &backend,
+        &key,
+        60_000,
+        Duration::from_secs(10),
+        "a dropped lease must free the key long before its 60s ttl",
+    )
+    .await;
     drop(after_drop);
     // A panicking holder frees it too.
     let (backend2, key2) = (backend.clone(), key.clone());
@@ -828,21 +830,21 @@ pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend
     })
     .await;
     assert!(panicked.is_err());
-    let after_panic = options(60_000)
-        .wait(Duration::from_secs(10))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("a panicking holder's lease must be freed");
+    let after_panic = take(
+        &backend,
+        &key,
+        60_000,
+        Duration::from_secs(10),
+        "a panicking holder's lease must be freed",
+    )
+    .await;
     after_panic.release().await.expect("release");
 }
 
 /// A waiter cancelled mid-wait leaves nothing held.
 pub async fn cancelled_waiter_leaves_the_key_free(backend: Arc<dyn Backend>) {
     let key = fresh_key("cancelled");
-    let holder = options(60_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let holder = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     let waiting_options = options(60_000).wait(Duration::from_secs(30));
     let waiting = waiting_options.acquire_on(backend.clone(), &key);
     // Cancel the waiter mid-wait.
@@ -932,10 +934,7 @@ pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
         "wait"
     ));
     // None of the refused calls took the key.
-    let lease = options(1000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 1000, Duration::ZERO, "free").await;
     lease.release().await.expect("release");
 }
 
@@ -955,11 +954,14 @@ pub async fn acquisitions_abandoned_mid_attempt_leave_their_keys_free(backend: A
         drop(abandoned);
     }
     for key in &keys {
-        let next = options(60_000)
-            .wait(Duration::from_secs(10))
-            .acquire_on(backend.clone(), key)
-            .await
-            .expect("an abandoned acquisition must not keep its key for the 60s ttl");
+        let next = take(
+            &backend,
+            key,
+            60_000,
+            Duration::from_secs(10),
+            "an abandoned acquisition must not keep its key for the 60s ttl",
+        )
+        .await;
         next.release().await.expect("release");
     }
 }
@@ -967,26 +969,23 @@ pub async fn acquisitions_abandoned_mid_attempt_leave_their_keys_free(backend: A
 /// A release whose caller gives up half-way still frees the key.
 pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn Backend>) {
     let key = fresh_key("abandoned-release");
-    let lease = options(60_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let lease = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     let _ = timeout(Duration::ZERO, lease.release()).await;
-    let next = options(60_000)
-        .wait(Duration::from_secs(10))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("a release given up half-way must still free the key before its 60s ttl");
+    let next = take(
+        &backend,
+        &key,
+        60_000,
+        Duration::from_secs(10),
+        "a release given up half-way must still free the key before its 60s ttl",
+    )
+    .await;
     next.release().await.expect("release");
 }
 
 /// A release notice that woke one waiter and is dropped before that waiter's next attempt is answered passes the wake-up on to another waiter.
 pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Arc<dyn Backend>) {
     let key = fresh_key("pass-on");
-    let holder = options(60_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let holder = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     let first = backend.subscribe(&key).await.expect("subscribe");
     let mut second = backend.subscribe(&key).await.expect("subscribe");
     holder.release().await.expect("release");
@@ -1009,10 +1008,7 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
     backend: Arc<dyn Backend>,
 ) {
     let key = fresh_key("swallowed");
-    let holder = options(60_000)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    let holder = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     // The first waiter: woken first, then stuck in its attempt and cancelled.
     let stuck = CountingBackend::new(backend.clone());
     let first = spawn_waiter(stuck.clone(), &key, 60, 30);

@@ -4,6 +4,7 @@
 //! SIGKILL, a terminated lock session, a half-open connection, an
 //! application pool beside the lock sessions, transaction-scoped locks.
 
+mod pg_support;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
@@ -739,27 +740,13 @@ async fn a_backend_whose_runtime_shut_down_frees_what_it_held_and_works_from_ano
     });
     // The lease cannot be kept without that runtime: it is told, and the
     // lock is gone on the server, so nothing holds the key for good.
-    let lost = within(10, "the lease to be told", async {
-        loop {
-            if let Err(err) = lease.check() {
-                break err;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let lost = support::until_lost(&lease, "the lease to be told").await;
     assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
     let observer = raw_client().await;
-    let free: bool = observer
-        .query_one(
-            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
-             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
-            &[&key.as_str()],
-        )
-        .await
-        .expect("try the key")
-        .get(0);
-    assert!(free, "the key is still held on the server");
+    assert!(
+        pg_support::free_on_the_server(&observer, &key).await,
+        "the key is still held on the server"
+    );
     drop(lease);
 
     // The backend goes on from this runtime: the key again, a lease that

@@ -8,6 +8,7 @@
 mod pg_support;
 mod support;
 
+use pg_support::free_on_the_server;
 use std::sync::Arc;
 use std::time::Duration;
 use support::within;
@@ -1180,19 +1181,6 @@ async fn colliding_keys(admin: &tokio_postgres::Client) -> (LockKey, LockKey) {
     )
 }
 
-/// Whether another session can take `key` (and gives it back at once).
-async fn free_on_the_server(admin: &tokio_postgres::Client, key: &LockKey) -> bool {
-    admin
-        .query_one(
-            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
-             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
-            &[&key.as_str()],
-        )
-        .await
-        .expect("try the key")
-        .get(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_statement_failing_before_it_locks_leaves_another_key_with_the_same_hash_held() {
     // The sequence is dropped, so the next lock statement fails when it is
@@ -1305,15 +1293,7 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
         .acquire_on(Arc::clone(&impatient), &timed_colliding)
         .await;
     assert!(attempt.is_err(), "{attempt:?}");
-    let lost = within(10, "the lease on the ended session to learn it", async {
-        loop {
-            if let Err(err) = timed.check() {
-                break err;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let lost = support::until_lost(&timed, "the lease on the ended session to learn it").await;
     assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
     assert!(
         free_on_the_server(&observer, &timed_held).await,

@@ -15,6 +15,23 @@ pub const PASSWORD: &str = "s3cret pass'word";
 /// The password as it appears in a URL.
 pub const PASSWORD_IN_URL: &str = "s3cret%20pass%27word";
 
+/// Whether another session can take `key` (default key seed) on the
+/// server `client` talks to; gives it back at once.
+pub async fn free_on_the_server(
+    client: &dlock::pg::tokio_postgres::Client,
+    key: &dlock::LockKey,
+) -> bool {
+    client
+        .query_one(
+            "SELECT CASE WHEN pg_try_advisory_lock(h) THEN pg_advisory_unlock(h) ELSE false END \
+             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("try the key")
+        .get(0)
+}
+
 /// The shared server (trust authentication), from `DLOCK_PG_URL`.
 pub fn shared_conn() -> String {
     std::env::var("DLOCK_PG_URL")

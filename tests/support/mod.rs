@@ -213,3 +213,17 @@ impl std::io::Write for Logs {
         Ok(())
     }
 }
+
+/// Waits (up to 10 s, saying `what` if not) until `lease` knows it is
+/// lost, and returns what it says.
+pub async fn until_lost(lease: &dlock::Lease, what: &str) -> dlock::LockError {
+    within(10, what, async {
+        loop {
+            if let Err(err) = lease.check() {
+                break err;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+}

@@ -243,10 +243,13 @@ SELECT pg_catalog.pg_backend_pid(),
        END";
 
 /// The sessions (other than this one) that hold a key's advisory lock
-/// exclusively. A `bigint` advisory key shows in `pg_locks` split into
-/// `classid` (high 32 bits) and `objid` (low 32 bits) with `objsubid = 1`.
-pub(super) const HOLDERS: &str = "\
-SELECT l.pid
+/// exclusively, as a query of one column, `pid`, for [`HOLDERS`] and
+/// [`TERMINATE_HOLDERS`]. A `bigint` advisory key shows in `pg_locks` split
+/// into `classid` (high 32 bits) and `objid` (low 32 bits) with
+/// `objsubid = 1`.
+macro_rules! holders {
+    () => {
+        "SELECT l.pid
 FROM pg_catalog.pg_locks AS l,
      (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
 WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
@@ -255,33 +258,33 @@ WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
                     WHERE d.datname = pg_catalog.current_database())
   AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
   AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
-  AND l.pid <> pg_catalog.pg_backend_pid()";
+  AND l.pid <> pg_catalog.pg_backend_pid()"
+    };
+}
+
+/// The sessions (other than this one) that hold a key's advisory lock
+/// exclusively (see `holders!`).
+pub(super) const HOLDERS: &str = holders!();
 
 /// Ends the sessions holding a key (administrative force release): an
 /// advisory lock can only be dropped by its own session, so breaking it
 /// means ending that session. Waits (up to `$3` ms, PostgreSQL 13+) until
 /// each session is gone, so its locks are free when this returns.
-pub(super) const TERMINATE_HOLDERS: &str = "\
-SELECT h.pid, pg_catalog.pg_terminate_backend(h.pid, $3::pg_catalog.int8)
-FROM (SELECT l.pid
-      FROM pg_catalog.pg_locks AS l,
-           (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
-      WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
-        AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
-        AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                          WHERE d.datname = pg_catalog.current_database())
-        AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
-        AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
-        AND l.pid <> pg_catalog.pg_backend_pid()) AS h";
+pub(super) const TERMINATE_HOLDERS: &str = concat!(
+    "SELECT h.pid, pg_catalog.pg_terminate_backend(h.pid, $3::pg_catalog.int8)
+FROM (",
+    holders!(),
+    ") AS h"
+);
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
 /// sequence's settings and position (its last value, NULL if none was drawn
 /// yet, and its start) with the server clock in microseconds to judge its
 /// maximum and its position against, and the other schemas of the database
-/// that hold a dlock token sequence (see `warn_other_schemas`). Reads the catalogs by name, so it works even without
-/// USAGE on the schema; `pg_sequence` is readable by every role, unlike the
-/// sequence itself.
+/// that hold a dlock token sequence (see `warn_other_schemas`). Reads the
+/// catalogs by name, so it works even without USAGE on the schema;
+/// `pg_sequence` is readable by every role, unlike the sequence itself.
 pub(super) const INSPECT_OBJECTS: &str = "\
 SELECT n.oid IS NOT NULL,
        s.oid IS NOT NULL,

@@ -29,9 +29,15 @@
 //! 5. **`Held { expires_in }`** says how long the current holder's lease
 //!    has left, if the store knows (`None` otherwise): the core looks again
 //!    then even if no release is announced.
-//! 6. **A release notice resolves after every release** that happens after
-//!    `subscribe` returned; a notice that cannot promise that says how soon
-//!    to look again (`ReleaseNotice::recheck_within`).
+//! 6. **A release notice resolves when the lease it waits on is
+//!    released**: the core subscribes, then tries the key, and waits only
+//!    if that attempt found it held; the notice must resolve on the release
+//!    of the lease the attempt found (or of any later one), so the release
+//!    can never fall between the two steps. A backend may learn from the
+//!    failed attempt that someone waits (Redis marks the holder's value so
+//!    that only a waited-on release is published); a lease that ends by
+//!    expiry instead is covered by rule 5. A notice that cannot promise
+//!    that says how soon to look again (`ReleaseNotice::recheck_within`).
 //! 7. **Every lock can end without its holder**: a ttl on the store, or a
 //!    session the store ends when the holder dies.
 //!

@@ -143,10 +143,13 @@ pub trait Backend: Send + Sync + 'static {
     /// longer, and in-process state must not be left blocking the key.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError>;
 
-    /// Registers interest in the release of `key`. The notice must resolve
-    /// after any release (or expiry the backend can see) that happens after
-    /// this call returns, so that a waiter that subscribes and then tries
-    /// again can never miss the release between the two steps. A notice
+    /// Registers interest in the release of `key`. The caller then tries
+    /// the key and waits on the notice only if that attempt found it held;
+    /// the notice must resolve on the release of the lease that attempt
+    /// found (or of any later one; an expiry the backend can see may wake
+    /// it too), so that a waiter can never miss the release between the
+    /// two steps. Backends may rely on that attempt: the Redis backend
+    /// publishes a release only when an attempt found the key held. A notice
     /// that cannot promise that says how soon to look again
     /// ([`ReleaseNotice::recheck_within`]); one that wakes only some
     /// waiters passes the wake-up on ([`ReleaseNotice::passing_on`]).

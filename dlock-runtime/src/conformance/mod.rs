@@ -93,6 +93,7 @@ macro_rules! conformance_suite {
             acquisitions_abandoned_mid_attempt_leave_their_keys_free,
             a_release_abandoned_half_way_still_frees_the_key,
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,
+            a_release_racing_new_waiters_always_wakes_them,
             a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_release,
             a_retry_by_the_owner_that_holds_the_key_counts_as_acquired,
             a_retry_by_the_owner_restarts_the_lease_with_its_ttl,
@@ -984,10 +985,18 @@ pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn B
 
 /// A release notice that woke one waiter and is dropped before that waiter's next attempt is answered passes the wake-up on to another waiter.
 pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Arc<dyn Backend>) {
+    use crate::backend::Attempt;
     let key = fresh_key("pass-on");
     let holder = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     let first = backend.subscribe(&key).await.expect("subscribe");
     let mut second = backend.subscribe(&key).await.expect("subscribe");
+    // As a waiter does: subscribed, it tries the key and finds it held.
+    let other = OwnerId::random().expect("random");
+    let found = attempt_as(&backend, &key, &other, Duration::from_secs(60)).await;
+    assert!(
+        matches!(found, Attempt::Held { .. }),
+        "a held key was given to another owner: {found:?}"
+    );
     holder.release().await.expect("release");
     let mut first = first;
     within(10, "the first notice", &mut first).await;
@@ -1001,6 +1010,49 @@ pub async fn a_woken_notice_dropped_unanswered_passes_the_wake_up_on(backend: Ar
     )
     .await;
     second.answered();
+}
+
+/// A release that races the arrival of new waiters never leaves one asleep: in rounds where the holder lets go at moments spread over the waiters' subscribe and first attempts, two waiters of one instance and one of another each get the key in turn, long before the 60 s ttl a missed release would make them wait out.
+pub async fn a_release_racing_new_waiters_always_wakes_them(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    /// Waits up to 5 s (less than any nap without a wake-up: the holders'
+    /// ttl is 60 s, the core's longest nap 10 s), holds briefly, releases.
+    fn turn(
+        backend: &Arc<dyn Backend>,
+        key: &LockKey,
+    ) -> tokio::task::JoinHandle<Result<(), LockError>> {
+        let (backend, key) = (backend.clone(), key.clone());
+        tokio::spawn(async move {
+            let lease = options(60_000)
+                .wait(Duration::from_secs(5))
+                .acquire_on(backend, key)
+                .await?;
+            sleep(Duration::from_millis(1)).await;
+            lease.release().await
+        })
+    }
+    for round in 0..40u64 {
+        let key = fresh_key("release-race");
+        let holder = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
+        let waiters = [
+            turn(&backend, &key),
+            turn(&backend, &key),
+            turn(&another, &key),
+        ];
+        // From at once to well after the waiters started waiting.
+        sleep(Duration::from_micros(round * round * 5)).await;
+        holder.release().await.expect("release");
+        for (i, waiter) in waiters.into_iter().enumerate() {
+            within(20, "a waiter racing a release", waiter)
+                .await
+                .expect("task")
+                .unwrap_or_else(|err| {
+                    panic!("round {round}: waiter {i} missed a release it raced: {err}")
+                });
+        }
+    }
 }
 
 /// A waiter woken by a release and cancelled before its attempt does not swallow the release: another waiter gets the key.

@@ -4,9 +4,9 @@
 //!
 //! | name | type | holds |
 //! | --- | --- | --- |
-//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) |
+//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:released` | pub/sub channel | a message on every release |
+//! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for |
 //!
 //! `{T}` is a Redis Cluster hash tag: both keys hash to the same slot, so
 //! the scripts that touch both are valid on a cluster. Encoding the braces

@@ -13,7 +13,9 @@
 //!   failover, the new primary's clock is not behind the old one's by more
 //!   than the failover took).
 //! - **Release and renewal are owner-checked** compare-and-act scripts; a
-//!   release publishes on the key's channel.
+//!   release publishes on the key's channel when an attempt found the key
+//!   held (the waiter mark, see [`protocol`]'s acquire script), so an
+//!   uncontended cycle costs the server no `PUBLISH`.
 //! - **Waiting without polling**: one pub/sub connection per backend, one
 //!   subscription per waited-on key, confirmed before a waiter retries; a
 //!   waiter also wakes when the holder's ttl runs out.
@@ -35,9 +37,9 @@
 //!
 //! | name | type | holds |
 //! | --- | --- | --- |
-//! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits) |
+//! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:released` | pub/sub channel | one message per release |
+//! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
 //!
 //! `{T}` is a Redis Cluster hash tag, so both keys live in one slot and the
 //! scripts are valid on a cluster. Fence keys are small and kept forever;
@@ -69,11 +71,11 @@
 //! create it on every node):
 //!
 //! ```text
-//! ~dlock:* &dlock:* +evalsha +script|load +set +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
+//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
 //! ```
 //!
 //! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
-//! lacks them) and call `SET`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
+//! lacks them) and call `SET`, `SETRANGE`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
 //! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
@@ -105,12 +107,13 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind};
+use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind, Value};
 use async_trait::async_trait;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
@@ -258,6 +261,21 @@ impl RedisBackend {
     }
 }
 
+/// The mark of a held value nobody is known to wait for: its release
+/// deletes the key without publishing.
+const UNWAITED: u8 = b'-';
+/// The mark of a held value someone may wait for: its release publishes.
+const WAITED_ON: u8 = b'+';
+
+/// What a lock key holds: the owner id's 32 hex digits and a waiter mark
+/// (see the acquire script). Renewals and releases send it with
+/// [`UNWAITED`]; the scripts match the owner id whichever mark it has now.
+fn held_value(owner: &OwnerId, mark: u8) -> [u8; 33] {
+    let mut value = [mark; 33];
+    value[..32].copy_from_slice(&owner.to_hex());
+    value
+}
+
 /// A ttl in whole milliseconds, rounded up and at least 1 (Redis refuses
 /// `PX 0`). Never down: the holder counts its lease from the exact ttl, so
 /// a server lease cut by a fraction of a millisecond would free the key
@@ -288,25 +306,39 @@ impl Backend for RedisBackend {
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let names = Keyspace::of(key);
+        // Waiters of this process already queued for the key: take it
+        // marked, so its release wakes them.
+        let mark = if self.inner.subscriber.has_waiters(&names.released) {
+            WAITED_ON
+        } else {
+            UNWAITED
+        };
         let mut script = scripts::ACQUIRE.prepare_invoke();
         script
             .key(&names.lock)
             .key(&names.fence)
-            .arg(&owner.to_hex()[..])
+            .arg(&held_value(owner, mark)[..])
             .arg(ttl_millis(ttl));
-        let reply: Vec<i64> = self.run(Operation::Acquire, key, &script).await?;
-        match reply.as_slice() {
-            &[1, token] if token > 0 => Ok(Attempt::Acquired(Grant::new(FencingToken::new(
-                token.unsigned_abs(),
-            )))),
-            &[0, remaining] => Ok(Attempt::Held {
-                expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
-            }),
-            other => Err(self.error(
+        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
+        let token = match &reply {
+            Value::BulkString(text) => std::str::from_utf8(text)
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+                .filter(|token| *token > 0),
+            Value::Int(remaining) => {
+                return Ok(Attempt::Held {
+                    expires_in: u64::try_from(*remaining).ok().map(Duration::from_millis),
+                });
+            }
+            _ => None,
+        };
+        match token {
+            Some(token) => Ok(Attempt::Acquired(Grant::new(FencingToken::new(token)))),
+            None => Err(self.error(
                 Operation::Acquire,
                 key,
                 format!(
-                    "unexpected reply {other:?} from the acquire script (is `{}` a fencing counter?)",
+                    "unexpected reply {reply:?} from the acquire script (is `{}` a fencing counter?)",
                     names.fence
                 ),
             )),
@@ -319,7 +351,7 @@ impl Backend for RedisBackend {
         let mut script = scripts::EXTEND.prepare_invoke();
         script
             .key(&names.lock)
-            .arg(&owner.to_hex()[..])
+            .arg(&held_value(owner, UNWAITED)[..])
             .arg(ttl_millis(ttl));
         let extended: i64 = self.run(Operation::Extend, key, &script).await?;
         Ok(extended == 1)
@@ -343,7 +375,7 @@ impl Backend for RedisBackend {
                 .arg(scripts::EXTEND.get_hash())
                 .arg(1)
                 .arg(Keyspace::of(lease.key).lock)
-                .arg(&lease.owner.to_hex()[..])
+                .arg(&held_value(lease.owner, UNWAITED)[..])
                 .arg(ttl_millis(lease.ttl));
         }
         let pipe = &pipe;
@@ -408,7 +440,7 @@ impl Backend for RedisBackend {
         let mut script = scripts::RELEASE.prepare_invoke();
         script
             .key(&names.lock)
-            .arg(&owner.to_hex()[..])
+            .arg(&held_value(owner, UNWAITED)[..])
             .arg(&names.released);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)

@@ -14,9 +14,11 @@ use ::redis::Script;
 
 /// Takes a free key and draws its fencing token.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` owner id, `ARGV[2]`
-/// ttl in milliseconds. Returns `{1, token}` when the caller now holds the
-/// key, `{0, remaining ttl in ms (negative if none)}` when someone else does.
+/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` the value to hold the
+/// key with (the owner id and a waiter mark, see below), `ARGV[2]` ttl in
+/// milliseconds. Returns the token as a bulk string (exact as u64) when the
+/// caller now holds the key, the holder's remaining ttl in ms as an integer
+/// (negative if it has none) when someone else does.
 ///
 /// Why one atomic step: setting the owner and drawing the token must not be
 /// split, or two acquisitions could interleave and hand out tokens in an
@@ -30,6 +32,24 @@ use ::redis::Script;
 /// moves backwards, and, after a failover, that the new primary's clock is
 /// not behind the old one's by more than the failover took.
 ///
+/// Drawing it costs one command in the usual case: `SET fence <clock> GET`
+/// writes the clock and reads the last token back in one step. The clock
+/// is written as the 16-digit decimal it is until the year 2286, so a last
+/// token of the same length compares as text exactly as it does as a
+/// number (no Lua number, which is exact only up to 2^53, is involved). A
+/// last token below the clock: the clock is the token. Anything else (the
+/// same microsecond as the last acquisition, a clock that stepped back, a
+/// counter seeded above the clock or above 2^53, a value that is not a
+/// number, a fence key of another type) takes the careful path: the last
+/// value is put back and `INCR` draws from it, with the clock as the floor.
+/// `INCR` is exact in 64 bits, so the token is then read back as the
+/// counter's text. A counter that cannot rise (at 2^63 - 1, or not an
+/// integer) makes it fail: the lock just set is taken back (a script's
+/// earlier writes survive its error), the counter is left as it was, and
+/// the error returned. Refused, never wrapped, and nothing left held. The
+/// reply is a plain `ERR` error (clients take an error reply's first word
+/// for its code), with the failed command's own `ERR` taken off its reason.
+///
 /// If the key is already held by this very owner id (a retry of an attempt
 /// whose reply was lost on a broken connection), the attempt counts as
 /// acquired: owner ids are random per attempt. Its lifetime starts anew and
@@ -39,64 +59,93 @@ use ::redis::Script;
 /// clock floor under the token. The first attempt's token never reached
 /// the caller, so a higher one is all it sees.
 ///
-/// Lua numbers are doubles, exact only up to 2^53: a counter above that (a
-/// migration may seed one) would round, and two acquisitions would get the
-/// same token. `INCR` itself is exact (Redis counts in 64 bits), so above
-/// 2^53 the token is read back as the counter's text, never as a Lua
-/// number; the clock (about 2^51 µs today) cannot win there. A counter that
-/// cannot rise (at 2^63 - 1, or not an integer) makes `INCR` fail: the lock
-/// just set is taken back (a script's earlier writes survive its error) and
-/// the error returned. Refused, never wrapped, and nothing left held. The
-/// reply is a plain `ERR` error (clients take an error reply's first word
-/// for its code), with `INCR`'s own `ERR` taken off its reason.
+/// **The waiter mark.** The value is the 32-hex-digit owner id and one
+/// character: `-` while nobody is known to wait for the key, `+` once
+/// someone may. A failed attempt turns the holder's `-` into `+` (in place,
+/// keeping the expiry); a caller that knows waiters of its own process are
+/// queued for the key takes it with `+` at once. [`RELEASE_LUA`] publishes
+/// the release only for a `+`, so an uncontended release costs the server
+/// no `PUBLISH`. A value without the mark (a holder on an older dlock)
+/// is never touched: older releases publish every time.
 pub const ACQUIRE_LUA: &str = r"
-if redis.replicate_commands then redis.replicate_commands() end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-    return {0, redis.call('PTTL', KEYS[1])}
+  local held = redis.pcall('GET', KEYS[1])
+  if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
+      and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
+    if type(held) == 'string' and #held == 33 and string.byte(held, 33) == 45 then
+      redis.call('SETRANGE', KEYS[1], 32, '+')
+    end
+    return redis.call('PTTL', KEYS[1])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
+    redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
+  end
+end
+local now = redis.call('TIME')
+local clock = now[2]
+if #clock < 6 then
+  clock = string.rep('0', 6 - #clock) .. clock
+end
+clock = now[1] .. clock
+local last = redis.pcall('SET', KEYS[2], clock, 'GET')
+if not last or type(last) == 'string' and #last == #clock and last < clock then
+  return clock
+end
+if type(last) == 'string' then
+  redis.call('SET', KEYS[2], last)
 end
 local token = redis.pcall('INCR', KEYS[2])
 if type(token) == 'table' then
   redis.call('DEL', KEYS[1])
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
 end
-if token >= 9007199254740992 then
-  return {1, redis.call('GET', KEYS[2])}
+if token < tonumber(clock) then
+  redis.call('SET', KEYS[2], clock)
+  return clock
 end
-local now = redis.call('TIME')
-local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
-if token < clock then
-  token = clock
-  redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
-end
-return {1, token}
+return redis.call('GET', KEYS[2])
 ";
 
-/// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` owner id, `ARGV[2]` ttl in
-/// milliseconds. Returns 1 if renewed, 0 if the caller is not the owner.
+/// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` the owner id with the
+/// `-` mark, `ARGV[2]` ttl in milliseconds. Returns 1 if renewed, 0 if the
+/// caller is not the owner. The owner id is compared, whichever mark the
+/// value carries now.
 ///
 /// Why one atomic step: checked apart, the lease could expire and be taken
 /// by a new owner between the check and the `PEXPIRE`, which would then
 /// stretch the new owner's lease on the old owner's say-so.
 pub const EXTEND_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+local held = redis.pcall('GET', KEYS[1])
+if held == ARGV[1] or type(held) == 'string' and #held == #ARGV[1]
+    and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
-/// Releases a lease and announces it. `KEYS[1]` lock key; `ARGV[1]` owner
-/// id, `ARGV[2]` release channel. Returns 1 if released, 0 if the caller was
-/// not the owner (nothing is changed then).
+/// Releases a lease and announces it to whoever may wait. `KEYS[1]` lock
+/// key; `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` release channel.
+/// Returns 1 if released, 0 if the caller was not the owner (nothing is
+/// changed then).
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
 /// lock the next owner holds now (the reference article's `releaseScript`).
-/// Publishing in the same step means every waiter subscribed before the
-/// release hears about it.
+/// Deciding to publish in the same step as the delete means no waiter is
+/// missed: a waiter subscribes before its attempt, and a failed attempt
+/// marks the holder's value `+` in the same script that finds the key
+/// held, so every waiter that could sleep through this release either
+/// marked the value, or its attempt comes after this delete and finds the
+/// key free. A value still at `-` (the common, uncontended case) is
+/// deleted without a `PUBLISH`.
 pub const RELEASE_LUA: &str = r"
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+local held = redis.pcall('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if type(held) == 'string' and #held == #ARGV[1]
+    and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1

@@ -1,0 +1,217 @@
+//! A rolling upgrade: replicas still on the previous Redis protocol (owner
+//! ids stored bare, a publish on every release) and replicas on this one
+//! (owner ids with a waiter mark, a publish only when someone waits) share
+//! keys for a while. They must still exclude each other, keep tokens
+//! rising, and never make the other side's holder lose its lease.
+
+mod redis_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::redis::RedisBackend;
+use dlock::{Backend, LockKey, LockOptions};
+use redis::Script;
+use redis::aio::MultiplexedConnection;
+
+/// The previous protocol's scripts, word for word.
+const PREVIOUS_ACQUIRE: &str = r"
+if redis.replicate_commands then redis.replicate_commands() end
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+    return {0, redis.call('PTTL', KEYS[1])}
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+local token = redis.pcall('INCR', KEYS[2])
+if type(token) == 'table' then
+  redis.call('DEL', KEYS[1])
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
+end
+if token >= 9007199254740992 then
+  return {1, redis.call('GET', KEYS[2])}
+end
+local now = redis.call('TIME')
+local clock = tonumber(now[1]) * 1000000 + tonumber(now[2])
+if token < clock then
+  token = clock
+  redis.call('SET', KEYS[2], now[1] .. string.format('%06d', tonumber(now[2])))
+end
+return {1, token}
+";
+const PREVIOUS_EXTEND: &str = r"
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+const PREVIOUS_RELEASE: &str = r"
+if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+";
+
+fn redis_url() -> String {
+    std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+async fn backend() -> Arc<dyn Backend> {
+    Arc::new(
+        RedisBackend::connect(&redis_url())
+            .await
+            .expect("the Redis at DLOCK_REDIS_URL (or 127.0.0.1:6379) must be running"),
+    )
+}
+
+/// A replica still on the previous protocol, speaking it by hand.
+struct Previous {
+    conn: MultiplexedConnection,
+    owner: String,
+}
+
+impl Previous {
+    async fn new(owner: char) -> Self {
+        let conn = redis::Client::open(redis_url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        Self {
+            conn,
+            owner: std::iter::repeat_n(owner, 32).collect(),
+        }
+    }
+
+    /// `Ok(token)` when taken, `Err(remaining ttl)` when held.
+    async fn acquire(&mut self, key: &LockKey, ttl_ms: u64) -> Result<u64, i64> {
+        let reply: Vec<i64> = Script::new(PREVIOUS_ACQUIRE)
+            .key(lock_name(key))
+            .key(format!("dlock:{{{key}}}:fence"))
+            .arg(&self.owner)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the previous acquire script");
+        match reply.as_slice() {
+            &[1, token] => Ok(u64::try_from(token).expect("positive")),
+            &[0, remaining] => Err(remaining),
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+
+    async fn extend(&mut self, key: &LockKey, ttl_ms: u64) -> i64 {
+        Script::new(PREVIOUS_EXTEND)
+            .key(lock_name(key))
+            .arg(&self.owner)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the previous extend script")
+    }
+
+    async fn release(&mut self, key: &LockKey) -> i64 {
+        Script::new(PREVIOUS_RELEASE)
+            .key(lock_name(key))
+            .arg(&self.owner)
+            .arg(format!("dlock:{{{key}}}:released"))
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the previous release script")
+    }
+}
+
+fn lock_name(key: &LockKey) -> String {
+    format!("dlock:{{{key}}}:lock")
+}
+
+fn cli(args: &[&str]) -> String {
+    redis_support::cli(&["-u", &redis_url()], args)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_previous_holder_is_excluded_from_new_waiters_keeps_its_lease_and_wakes_them() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("upgrade-old-holder");
+    let mut previous = Previous::new('a').await;
+    let old_token = previous.acquire(&key, 60_000).await.expect("free");
+
+    let refused = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await;
+    assert!(
+        refused.is_err(),
+        "a new replica took a key an old one holds"
+    );
+    // A new replica waiting for the key: its failed attempts must leave the
+    // old holder's value as the old release and renewal compare it.
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            // Shorter than the old holder's 60 s ttl and the core's longest
+            // nap: only the old release's publish can give it the key.
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(cli(&["GET", &lock_name(&key)]), previous.owner);
+    assert_eq!(
+        previous.extend(&key, 60_000).await,
+        1,
+        "the old holder's renewal"
+    );
+    assert_eq!(previous.release(&key).await, 1, "the old holder's release");
+    let lease = waiter
+        .await
+        .expect("task")
+        .expect("the new waiter is woken by the old release");
+    assert!(lease.token().get() > old_token);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_holder_excludes_previous_replicas_and_tokens_keep_rising_across_both() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("upgrade-new-holder");
+    let mut previous = Previous::new('b').await;
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = lease.token().get();
+    assert!(
+        previous.acquire(&key, 60_000).await.is_err(),
+        "an old replica took a key a new one holds"
+    );
+    assert_eq!(previous.extend(&key, 60_000).await, 0);
+    assert_eq!(
+        previous.release(&key).await,
+        0,
+        "an old replica freed a new one's key"
+    );
+    assert_eq!(
+        cli(&["EXISTS", &lock_name(&key)]),
+        "1",
+        "the new holder's key must still be there"
+    );
+    lease.release().await.expect("the new holder's release");
+
+    let second = previous.acquire(&key, 60_000).await.expect("free again");
+    assert!(second > first, "old token {second} after new token {first}");
+    assert_eq!(previous.release(&key).await, 1);
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free again");
+    assert!(
+        lease.token().get() > second,
+        "new token {} after old token {second}",
+        lease.token()
+    );
+    lease.release().await.expect("release");
+}

@@ -231,27 +231,24 @@ pub async fn floor_cycle(
     tag: &str,
     owner: &str,
 ) -> Res<()> {
-    let (lock, fence, channel) = (
+    let (lock, fence) = (
         format!("dlock:{{{tag}}}:lock"),
         format!("dlock:{{{tag}}}:fence"),
-        format!("dlock:{{{tag}}}:released"),
     );
-    let got: Vec<i64> = acquire
+    // The protocol's value: the owner id and the "nobody waits" mark.
+    let value = format!("{owner}-");
+    // The token as text when taken, the holder's remaining ttl if held.
+    let got: redis::Value = acquire
         .key(&lock)
         .key(&fence)
-        .arg(owner)
+        .arg(&value)
         .arg(TTL.as_millis() as u64)
         .invoke_async(conn)
         .await?;
-    if got.first() != Some(&1) {
+    if !matches!(&got, redis::Value::BulkString(token) if !token.is_empty()) {
         return Err(format!("floor: {lock} was held: {got:?}").into());
     }
-    let released: i64 = release
-        .key(&lock)
-        .arg(owner)
-        .arg(&channel)
-        .invoke_async(conn)
-        .await?;
+    let released: i64 = release.key(&lock).arg(&value).invoke_async(conn).await?;
     if released != 1 {
         return Err(format!("floor: {lock} was not ours").into());
     }

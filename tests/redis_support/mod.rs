@@ -332,6 +332,17 @@ pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), St
                 "waiting for `{key}` fell back to polling: SUBSCRIBE refused"
             ));
         }
+        // As a waiter does: subscribed, it finds the key held (and marks
+        // the holder's value, so the release is published).
+        let waiter = OwnerId::random().map_err(|e| e.to_string())?;
+        match redis
+            .try_acquire(&dlock::backend::AcquireRequest::new(&key, &waiter, ttl))
+            .await
+        {
+            Ok(Attempt::Held { .. }) => {}
+            Ok(_) => return Err(format!("`{key}` was taken while held")),
+            Err(err) => return Err(failed("wait for", err)),
+        }
         if redis
             .release(&dlock::backend::ReleaseRequest::new(&key, &owner))
             .await

@@ -118,6 +118,16 @@ mod tests {
     }
 
     #[test]
+    fn the_release_script_finds_the_channel_from_the_lock_name_for_every_key() {
+        // The script publishes on `string.sub(KEYS[1], 1, -5) .. 'released'`.
+        for key in ["plain", "}", "ü}🔒{", "lock", "x:lock:released"] {
+            let names = names(key);
+            let stem = names.lock.strip_suffix("lock").expect("ends in lock");
+            assert_eq!(format!("{stem}released"), names.released, "{key:?}");
+        }
+    }
+
+    #[test]
     fn the_layout_is_as_documented() {
         let names = names("job:{42}");
         assert_eq!(names.lock, "dlock:{job:%7B42%7D}:lock");

@@ -440,8 +440,7 @@ impl Backend for RedisBackend {
         let mut script = scripts::RELEASE.prepare_invoke();
         script
             .key(&names.lock)
-            .arg(&held_value(owner, UNWAITED)[..])
-            .arg(&names.released);
+            .arg(&held_value(owner, UNWAITED)[..]);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
             .await?;

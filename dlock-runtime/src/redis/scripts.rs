@@ -89,7 +89,7 @@ if #clock < 6 then
 end
 clock = now[1] .. clock
 local last = redis.pcall('SET', KEYS[2], clock, 'GET')
-if not last or type(last) == 'string' and #last == #clock and last < clock then
+if not last or #last == #clock and last < clock then
   return clock
 end
 if type(last) == 'string' then
@@ -125,9 +125,11 @@ return 0
 ";
 
 /// Releases a lease and announces it to whoever may wait. `KEYS[1]` lock
-/// key; `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` release channel.
-/// Returns 1 if released, 0 if the caller was not the owner (nothing is
-/// changed then).
+/// key (`…:lock`); `ARGV[1]` the owner id with the `-` mark. The release
+/// channel is the lock key with `lock` replaced by `released`, made here
+/// only when it is published on (an argument costs the server on every
+/// call). Returns 1 if released, 0 if the caller was not the owner
+/// (nothing is changed then).
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
 /// lock the next owner holds now (the reference article's `releaseScript`).
@@ -147,7 +149,7 @@ end
 if type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return 1
 end
 return 0

@@ -499,6 +499,61 @@ async fn a_fencing_counter_that_cannot_rise_is_refused_and_leaves_the_key_free()
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_of_sixteen_characters_that_is_no_counter_is_refused_not_taken_as_below_the_clock()
+{
+    // The fast path compares a last token with the 16-digit clock as text:
+    // a 16-character value that is not a plain decimal counter must not
+    // pass for one below the clock (it would hide a corrupted counter and
+    // could hand out a token below one issued before).
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("junk-16");
+    for junk in [
+        "0000000000000000",
+        "-not-a-counter!!",
+        "               7",
+        "+000000000000123",
+        "0000000000000042",
+    ] {
+        assert_eq!(junk.len(), 16);
+        assert_eq!(cli(&["SET", &fence_name(&key), junk]), "OK");
+        let refused = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect_err("a fence that is no counter must refuse the acquisition");
+        assert!(
+            refused.to_string().contains("cannot rise"),
+            "{junk:?}: {refused}"
+        );
+        // (redis-cli's output comes trimmed.)
+        assert_eq!(cli(&["GET", &fence_name(&key)]), junk.trim(), "left as it was");
+        assert_eq!(cli(&["STRLEN", &fence_name(&key)]), "16", "left as it was");
+        assert_eq!(cli(&["EXISTS", &lock_name(&key)]), "0", "{junk:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_never_writes_to_a_value_that_is_no_dlock_owner_id() {
+    // The waiter mark is written only over the holder value dlock itself
+    // stores (32 hex digits and `-`), never over a foreign string of the
+    // same length.
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("foreign-33");
+    let foreign = "session=user-42;expires=soonish!-";
+    assert_eq!(foreign.len(), 33);
+    assert_eq!(
+        cli(&["SET", &lock_name(&key), foreign, "PX", "30000"]),
+        "OK"
+    );
+    let refused = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect_err("held by the foreign value");
+    assert!(matches!(refused, LockError::Held { .. }), "{refused}");
+    assert_eq!(cli(&["GET", &lock_name(&key)]), foreign);
+    cli(&["DEL", &lock_name(&key)]);
+}
+
 /// A backend connected to the local Redis through a proxy the test
 /// controls.
 async fn through_proxy() -> (support::proxy::Proxy, Arc<dyn Backend>) {

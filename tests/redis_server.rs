@@ -721,3 +721,49 @@ async fn a_waiter_whose_pubsub_connection_went_silent_gets_the_key_once_it_is_re
     sleep(Duration::from_secs(3)).await;
     assert_eq!(pings(), before, "PINGs were sent while nobody waited");
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be_woken() {
+    // The previous release's least-privilege rules lack `+setrange`: an
+    // attempt that finds the key held cannot mark the holder, which must
+    // still read "held" (never a backend error) and be said once, loudly.
+    let (logs, _guard) = support::Logs::capture();
+    let server = RedisServer::start(&[]);
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    let mut args = vec!["ACL", "SETUSER", "older", "reset", "on", ">older-pass-5"];
+    args.extend(
+        redis_support::LEAST_PRIVILEGE_ACL
+            .split_whitespace()
+            .filter(|rule| *rule != "+setrange"),
+    );
+    assert_eq!(redis_support::cli(&target, &args), "OK");
+    let url = format!("redis://older:older-pass-5@127.0.0.1:{}", server.port);
+    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let key = fresh_key("acl-no-setrange");
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    for _ in 0..3 {
+        let refused = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect_err("held");
+        assert!(
+            matches!(refused, LockError::Held { .. }),
+            "a refused mark must still read as held: {refused}"
+        );
+    }
+    holder.release().await.expect("release");
+    let text = logs.text();
+    assert_eq!(
+        text.matches("releases will not wake waiters").count(),
+        1,
+        "said once per backend, not per attempt:\n{text}"
+    );
+    assert!(
+        text.contains("+setrange") && !text.contains("older-pass-5"),
+        "{text}"
+    );
+}

@@ -2,6 +2,7 @@
 //! connecting with them (URLs, TLS roots, timeouts, cluster detection).
 
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -247,6 +248,7 @@ impl RedisBuilder {
                 secrets,
                 connect_timeout: self.connect_timeout,
                 response_timeout: self.response_timeout,
+                warned_unmarked: AtomicBool::new(false),
             }),
         })
     }

@@ -105,6 +105,7 @@ pub mod protocol {
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind, Value};
@@ -170,6 +171,8 @@ struct Inner {
     secrets: Vec<String>,
     connect_timeout: Duration,
     response_timeout: Duration,
+    /// Whether the missing waiter mark was warned about (once a backend).
+    warned_unmarked: AtomicBool,
 }
 
 impl RedisBackend {
@@ -255,9 +258,37 @@ impl RedisBackend {
         }
     }
 
+    /// Says, once, that an attempt could not mark the holder's value, so
+    /// releases will not wake this backend's waiters (they look again when
+    /// the holder's ttl runs out, at most every 10 s).
+    fn warn_unmarked(&self, key: &LockKey, refusal: &Value) {
+        if self.inner.warned_unmarked.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let reason = match refusal {
+            Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
+            other => format!("{other:?}"),
+        };
+        tracing::warn!(
+            key = %key,
+            reason = %scrub(&reason, &self.inner.secrets),
+            "redis refused to mark a held lock as waited for (an ACL without +setrange?): \
+             releases will not wake waiters, who look again only when the holder's ttl \
+             runs out; see the least-privilege ACL in dlock's Redis docs"
+        );
+    }
+
     fn error(&self, operation: Operation, key: &LockKey, text: String) -> LockError {
         let source: BoxError = scrub(&text, &self.inner.secrets).into();
         LockError::backend(KIND, operation, key.as_str(), source)
+    }
+}
+
+/// `Held`, with the remaining ttl in ms the acquire script answered
+/// (negative: the key has no expiry, or is gone).
+fn held(remaining: i64) -> Attempt {
+    Attempt::Held {
+        expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
     }
 }
 
@@ -325,11 +356,16 @@ impl Backend for RedisBackend {
                 .ok()
                 .and_then(|text| text.parse::<u64>().ok())
                 .filter(|token| *token > 0),
-            Value::Int(remaining) => {
-                return Ok(Attempt::Held {
-                    expires_in: u64::try_from(*remaining).ok().map(Duration::from_millis),
-                });
-            }
+            Value::Int(remaining) => return Ok(held(*remaining)),
+            // Held, but the holder's value could not be marked: its release
+            // will not be published, and waiters look again at its expiry.
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::Int(remaining), refusal] => {
+                    self.warn_unmarked(key, refusal);
+                    return Ok(held(*remaining));
+                }
+                _ => None,
+            },
             _ => None,
         };
         match token {

@@ -35,18 +35,21 @@ use ::redis::Script;
 /// Drawing it costs one command in the usual case: `SET fence <clock> GET`
 /// writes the clock and reads the last token back in one step. The clock
 /// is written as the 16-digit decimal it is until the year 2286, so a last
-/// token of the same length compares as text exactly as it does as a
-/// number (no Lua number, which is exact only up to 2^53, is involved). A
-/// last token below the clock: the clock is the token. Anything else (the
-/// same microsecond as the last acquisition, a clock that stepped back, a
+/// token of the same length, all digits and without a leading zero,
+/// compares as text exactly as it does as a number, in any collation (no
+/// Lua number, which is exact only up to 2^53, is involved). Such a last
+/// token below the clock: the clock is the token. Anything else (the same
+/// microsecond as the last acquisition, a clock that stepped back, a
 /// counter seeded above the clock or above 2^53, a value that is not a
-/// number, a fence key of another type) takes the careful path: the last
-/// value is put back and `INCR` draws from it, with the clock as the floor.
+/// plain decimal counter, a fence key of another type) takes the careful
+/// path: the last value is put back and `INCR` draws from it, with the
+/// clock as the floor.
 /// `INCR` is exact in 64 bits, so the token is then read back as the
 /// counter's text. A counter that cannot rise (at 2^63 - 1, or not an
 /// integer) makes it fail: the lock just set is taken back (a script's
 /// earlier writes survive its error), the counter is left as it was, and
-/// the error returned. Refused, never wrapped, and nothing left held. The
+/// the error returned (and the release announced, in case waiters marked
+/// it). Refused, never wrapped, and nothing left held. The
 /// reply is a plain `ERR` error (clients take an error reply's first word
 /// for its code), with the failed command's own `ERR` taken off its reason.
 ///
@@ -62,8 +65,12 @@ use ::redis::Script;
 /// **The waiter mark.** The value is the 32-hex-digit owner id and one
 /// character: `-` while nobody is known to wait for the key, `+` once
 /// someone may. A failed attempt turns the holder's `-` into `+` (in place,
-/// keeping the expiry); a caller that knows waiters of its own process are
-/// queued for the key takes it with `+` at once. [`RELEASE_LUA`] publishes
+/// keeping the expiry; only a value of that exact form, 32 hex digits and
+/// `-`, is ever written to); a caller that knows waiters of its own
+/// process are queued for the key takes it with `+` at once. An attempt
+/// refused the mark (an ACL without `SETRANGE`) still answers "held", as
+/// `{remaining ttl, the refusal}`, so the caller can say why releases will
+/// not wake its waiters. [`RELEASE_LUA`] publishes
 /// the release only for a `+`, so an uncontended release costs the server
 /// no `PUBLISH`. A value without the mark (a holder on an older dlock)
 /// is never touched: older releases publish every time.
@@ -72,8 +79,11 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local held = redis.pcall('GET', KEYS[1])
   if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
       and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
-    if type(held) == 'string' and #held == 33 and string.byte(held, 33) == 45 then
-      redis.call('SETRANGE', KEYS[1], 32, '+')
+    if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
+      local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
+      if type(marked) == 'table' then
+        return {redis.call('PTTL', KEYS[1]), marked.err}
+      end
     end
     return redis.call('PTTL', KEYS[1])
   end
@@ -89,7 +99,7 @@ if #clock < 6 then
 end
 clock = now[1] .. clock
 local last = redis.pcall('SET', KEYS[2], clock, 'GET')
-if not last or #last == #clock and last < clock then
+if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
   return clock
 end
 if type(last) == 'string' then
@@ -98,6 +108,7 @@ end
 local token = redis.pcall('INCR', KEYS[2])
 if type(token) == 'table' then
   redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
 end
 if token < tonumber(clock) then

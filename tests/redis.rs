@@ -526,7 +526,11 @@ async fn a_fence_of_sixteen_characters_that_is_no_counter_is_refused_not_taken_a
             "{junk:?}: {refused}"
         );
         // (redis-cli's output comes trimmed.)
-        assert_eq!(cli(&["GET", &fence_name(&key)]), junk.trim(), "left as it was");
+        assert_eq!(
+            cli(&["GET", &fence_name(&key)]),
+            junk.trim(),
+            "left as it was"
+        );
         assert_eq!(cli(&["STRLEN", &fence_name(&key)]), "16", "left as it was");
         assert_eq!(cli(&["EXISTS", &lock_name(&key)]), "0", "{junk:?}");
     }

@@ -215,3 +215,59 @@ async fn a_new_holder_excludes_previous_replicas_and_tokens_keep_rising_across_b
     );
     lease.release().await.expect("release");
 }
+
+/// Waits on `key` as a replica on the previous protocol does: subscribed,
+/// it tries the key and, finding it held, waits for a release message.
+/// True if a message came within `within`.
+async fn previous_waiter_hears_a_release(
+    previous: &mut Previous,
+    key: &LockKey,
+    release: impl std::future::Future<Output = ()>,
+    within: Duration,
+) -> bool {
+    let client = redis::Client::open(redis_url()).expect("url");
+    let mut pubsub = client.get_async_pubsub().await.expect("pub/sub");
+    pubsub
+        .subscribe(format!("dlock:{{{key}}}:released"))
+        .await
+        .expect("subscribe");
+    assert!(
+        previous.acquire(key, 60_000).await.is_err(),
+        "the old replica took a held key"
+    );
+    release.await;
+    let mut messages = pubsub.on_message();
+    tokio::time::timeout(within, futures_util::StreamExt::next(&mut messages))
+        .await
+        .is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_publish_every_release_a_previous_waiter_is_woken_by_a_new_holder() {
+    // A previous replica's waiter does not mark the key: a new holder's
+    // release is published to it only with the rolling-upgrade switch.
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::builder(&redis_url())
+            .publish_every_release(true)
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("upgrade-publish-all");
+    let mut previous = Previous::new('c').await;
+    let lease = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let heard = previous_waiter_hears_a_release(
+        &mut previous,
+        &key,
+        async move { lease.release().await.expect("release") },
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(heard, "the old waiter must hear the new holder's release");
+    let token = previous.acquire(&key, 60_000).await.expect("free now");
+    assert!(token > 0);
+    assert_eq!(previous.release(&key).await, 1);
+}

@@ -69,8 +69,10 @@ pub struct Config {
     pub held_window: Duration,
     /// Length of one cross-process run.
     pub cross_time: Duration,
-    /// Cycles per implementation in the server-CPU scenario.
+    /// Cycles per implementation and round in the server-CPU scenario.
     pub server_cycles: u64,
+    /// Rounds of the server-CPU scenario.
+    pub server_rounds: usize,
 }
 
 impl Config {
@@ -136,6 +138,7 @@ impl Config {
                 Duration::from_secs(5)
             },
             server_cycles: if smoke { 1_000 } else { 20_000 },
+            server_rounds: if smoke { 1 } else { 5 },
         };
         Ok((cfg, child))
     }

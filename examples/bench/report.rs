@@ -387,16 +387,19 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
 
     if cfg.wants("server") {
         eprintln!("scenario 6: Redis server CPU per cycle");
-        let costs = server::measure(&cfg.run, cfg.server_cycles).await?;
+        let costs = server::measure(&cfg.run, cfg.server_cycles, cfg.server_rounds).await?;
         let _ = writeln!(
             body,
-            "## 6. Redis server CPU per lock cycle\n\nRedis runs commands on one thread, so a shared server's lock throughput is bounded by the server time a cycle takes. A redis-server the benchmark starts for itself (no persistence, nothing else connected) serves {} uncontended acquire + release cycles of each implementation from {} tasks, each on a key of its own, after a warm-up. CPU is the server main thread's own user + system time (`INFO cpu`: `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`), network I/O included; it does not depend on how the machine's cores are shared between client and server. The breakdown is `INFO commandstats` over the same cycles (reset before them): a command a script calls counts on its own line *and* inside the script's time.\n",
-            costs.first().map_or(0, |c| c.cycles),
+            "## 6. Redis server CPU per lock cycle\n\nRedis runs commands on one thread, so a shared server's lock throughput is bounded by the server time a cycle takes. A redis-server the benchmark starts for itself (no persistence, nothing else connected) serves {} rounds of {} uncontended acquire + release cycles of each implementation from {} tasks, each on a key of its own, after a warm-up; the implementations take turns within each round. CPU is the server main thread's own user + system time (`INFO cpu`: `used_cpu_user_main_thread` + `used_cpu_sys_main_thread`), network I/O included; it does not depend on how the machine's cores are shared between client and server. The figure is the median round's, with the lowest and highest beside it. The breakdown is `INFO commandstats` over the same cycles (reset before each): a command a script calls counts on its own line *and* inside the script's time.\n",
+            cfg.server_rounds,
+            costs
+                .first()
+                .map_or(0, |c| c.cycles / cfg.server_rounds.max(1) as u64),
             server::TASKS
         );
         let _ = writeln!(
             body,
-            "| implementation | server CPU per cycle | vs rslock | cycles/s (wall) |\n| --- | ---: | ---: | ---: |"
+            "| implementation | server CPU per cycle (median) | lowest – highest round | vs rslock | cycles/s (wall) |\n| --- | ---: | ---: | ---: | ---: |"
         );
         let rslock = costs
             .iter()
@@ -405,9 +408,11 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         for cost in &costs {
             let _ = writeln!(
                 body,
-                "| {} | {:.1} µs | {} | {:.0} |",
+                "| {} | {:.1} µs | {:.1} – {:.1} µs | {} | {:.0} |",
                 cost.protocol.label(),
                 cost.per_cycle(),
+                cost.range().0,
+                cost.range().1,
                 rslock.map_or("?".into(), |r| format!("{:.2} x", cost.per_cycle() / r)),
                 cost.cycles as f64 / cost.wall.as_secs_f64()
             );

@@ -30,12 +30,26 @@ pub enum Protocol {
     Rslock,
     /// `SET NX PX` + `DEL`: no owner check, no token.
     Bare,
+    /// dlock's protocol without the fencing token: `SET NX PX` in a script
+    /// with dlock's arguments, and dlock's release script. What two
+    /// scripts cost before any token is drawn.
+    Tokenless,
 }
 
+/// The acquire script of [`Protocol::Tokenless`]: dlock's, token drawing
+/// taken out.
+const TOKENLESS_ACQUIRE_LUA: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('PTTL', KEYS[1])
+end
+return '0'
+";
+
 impl Protocol {
-    pub const ALL: [Protocol; 4] = [
+    pub const ALL: [Protocol; 5] = [
         Protocol::Dlock,
         Protocol::Floor,
+        Protocol::Tokenless,
         Protocol::Rslock,
         Protocol::Bare,
     ];
@@ -46,6 +60,9 @@ impl Protocol {
             Protocol::Floor => "floor: dlock's acquire + release scripts by hand",
             Protocol::Rslock => "rslock 0.10: SET NX PX + unlock script",
             Protocol::Bare => "bare SET NX PX + DEL (no owner check, no token)",
+            Protocol::Tokenless => {
+                "dlock's scripts without the token (SET NX PX in a script + dlock's release)"
+            }
         }
     }
 }
@@ -58,20 +75,36 @@ pub struct CommandCost {
     pub usec: u64,
 }
 
-/// What a run of cycles cost the server.
+/// What the cycles of one implementation cost the server, over all rounds.
 #[derive(Clone, Debug)]
 pub struct Cost {
     pub protocol: Protocol,
+    /// Cycles over all rounds.
     pub cycles: u64,
-    /// Main-thread CPU (user + system), µs.
-    pub cpu_us: f64,
+    /// Main-thread CPU (user + system) per cycle in each round, µs.
+    pub rounds: Vec<f64>,
+    /// `INFO commandstats`, summed over the rounds.
     pub commands: Vec<CommandCost>,
     pub wall: Duration,
 }
 
 impl Cost {
+    /// The median round's server CPU per cycle, µs.
     pub fn per_cycle(&self) -> f64 {
-        self.cpu_us / self.cycles as f64
+        let mut rounds = self.rounds.clone();
+        rounds.sort_by(f64::total_cmp);
+        rounds.get(rounds.len() / 2).copied().unwrap_or(f64::NAN)
+    }
+
+    /// The lowest and highest round, µs per cycle.
+    pub fn range(&self) -> (f64, f64) {
+        let low = self.rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = self
+            .rounds
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        (low, high)
     }
 }
 
@@ -174,33 +207,63 @@ async fn command_stats(conn: &mut MultiplexedConnection) -> Res<Vec<CommandCost>
     Ok(costs)
 }
 
-/// Runs `cycles` uncontended acquire + release cycles of each protocol on a
-/// private redis-server and returns what each cost the server.
-pub async fn measure(run: &str, cycles: u64) -> Res<Vec<Cost>> {
+/// Runs `rounds` rounds of `cycles` uncontended acquire + release cycles of
+/// each protocol on a private redis-server, the protocols interleaved (in
+/// a rotated order each round, so none always runs first), and returns
+/// what each cost the server.
+pub async fn measure(run: &str, cycles: u64, rounds: usize) -> Res<Vec<Cost>> {
     let server = PrivateRedis::start().await?;
     let mut admin = server.connection().await?;
     let mut costs = Vec::new();
+    let mut cyclers = Vec::new();
     for protocol in Protocol::ALL {
         let cycler = Cycler::new(protocol, &server.url, run).await?;
         // A warm-up: connections, script caches, the allocator.
         cycler.run(TASKS, 200.max(cycles / 20)).await?;
-        let _: () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut admin)
-            .await?;
-        let before = main_thread_cpu_us(&mut admin).await?;
-        let started = Instant::now();
-        let per_task = cycles.div_ceil(TASKS as u64);
-        cycler.run(TASKS, per_task).await?;
-        let wall = started.elapsed();
-        let after = main_thread_cpu_us(&mut admin).await?;
+        cyclers.push(cycler);
         costs.push(Cost {
             protocol,
-            cycles: per_task * TASKS as u64,
-            cpu_us: after - before,
-            commands: command_stats(&mut admin).await?,
-            wall,
+            cycles: 0,
+            rounds: Vec::new(),
+            commands: Vec::new(),
+            wall: Duration::ZERO,
         });
+    }
+    let per_task = cycles.div_ceil(TASKS as u64);
+    for round in 0..rounds {
+        for i in 0..cyclers.len() {
+            let which = (i + round) % cyclers.len();
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut admin)
+                .await?;
+            let before = main_thread_cpu_us(&mut admin).await?;
+            let started = Instant::now();
+            cyclers[which].run(TASKS, per_task).await?;
+            let wall = started.elapsed();
+            let after = main_thread_cpu_us(&mut admin).await?;
+            let cost = &mut costs[which];
+            let done = per_task * TASKS as u64;
+            cost.cycles += done;
+            cost.rounds.push((after - before) / done as f64);
+            cost.wall += wall;
+            for command in command_stats(&mut admin).await? {
+                match cost
+                    .commands
+                    .iter_mut()
+                    .find(|c| c.command == command.command)
+                {
+                    Some(sum) => {
+                        sum.calls += command.calls;
+                        sum.usec += command.usec;
+                    }
+                    None => cost.commands.push(command),
+                }
+            }
+        }
+    }
+    for cost in &mut costs {
+        cost.commands.sort_by_key(|c| std::cmp::Reverse(c.usec));
     }
     Ok(costs)
 }
@@ -209,6 +272,7 @@ pub async fn measure(run: &str, cycles: u64) -> Res<Vec<Cost>> {
 #[derive(Clone)]
 enum Cycler {
     Dlock(Arc<dyn Backend>, String),
+    /// dlock's scripts, or the tokenless ones, by hand; the tag names which.
     Floor(MultiplexedConnection, Arc<Script>, Arc<Script>, String),
     Rslock(rslock::LockManager, String),
     Bare(MultiplexedConnection, String),
@@ -234,6 +298,12 @@ impl Cycler {
                 Arc::new(Script::new(dlock::redis::protocol::ACQUIRE_LUA)),
                 Arc::new(Script::new(dlock::redis::protocol::RELEASE_LUA)),
                 tag,
+            ),
+            Protocol::Tokenless => Cycler::Floor(
+                conn().await?,
+                Arc::new(Script::new(TOKENLESS_ACQUIRE_LUA)),
+                Arc::new(Script::new(dlock::redis::protocol::RELEASE_LUA)),
+                format!("{tag}:tokenless"),
             ),
             Protocol::Rslock => Cycler::Rslock(rslock::LockManager::new(vec![url.to_owned()]), tag),
             Protocol::Bare => Cycler::Bare(conn().await?, tag),

@@ -59,6 +59,7 @@ pub struct RedisBuilder {
     /// PEM root certificate(s) to trust for `rediss://` instead of the
     /// system's.
     tls_root: Option<Vec<u8>>,
+    publish_every_release: bool,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -83,6 +84,7 @@ impl RedisBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             tls_root: None,
+            publish_every_release: false,
         }
     }
 
@@ -116,6 +118,17 @@ impl RedisBuilder {
     /// paused server cannot hold up a renewal or an acquisition forever.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
+        self
+    }
+
+    /// Publishes every release, as dlock did before the waiter mark
+    /// (default off). Turn it on for a rolling upgrade while replicas on
+    /// an older dlock still run: their waiters do not mark the keys they
+    /// wait for, so without it they are not woken by this backend's
+    /// releases and look again only when the holder's ttl runs out (at
+    /// most every 10 s). Costs the server a `PUBLISH` per release.
+    pub fn publish_every_release(mut self, publish: bool) -> Self {
+        self.publish_every_release = publish;
         self
     }
 
@@ -249,6 +262,7 @@ impl RedisBuilder {
                 connect_timeout: self.connect_timeout,
                 response_timeout: self.response_timeout,
                 warned_unmarked: AtomicBool::new(false),
+                publish_every_release: self.publish_every_release,
             }),
         })
     }

@@ -173,6 +173,9 @@ struct Inner {
     response_timeout: Duration,
     /// Whether the missing waiter mark was warned about (once a backend).
     warned_unmarked: AtomicBool,
+    /// Take every key marked, so every release publishes
+    /// ([`RedisBuilder::publish_every_release`]).
+    publish_every_release: bool,
 }
 
 impl RedisBackend {
@@ -339,7 +342,9 @@ impl Backend for RedisBackend {
         let names = Keyspace::of(key);
         // Waiters of this process already queued for the key: take it
         // marked, so its release wakes them.
-        let mark = if self.inner.subscriber.has_waiters(&names.released) {
+        let mark = if self.inner.publish_every_release
+            || self.inner.subscriber.has_waiters(&names.released)
+        {
             WAITED_ON
         } else {
             UNWAITED

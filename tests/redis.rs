@@ -4,6 +4,10 @@
 //! outside, and for bad input.
 
 mod redis_support;
+
+use redis_support::{
+    lock_name, shared_backend as backend, shared_cli as cli, shared_url as redis_url,
+};
 mod support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -17,18 +21,6 @@ use support::within;
 use dlock::backend::OwnerId;
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
-
-fn redis_url() -> String {
-    std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
-
-async fn backend() -> Arc<dyn Backend> {
-    Arc::new(
-        RedisBackend::connect(&redis_url())
-            .await
-            .expect("the Redis at DLOCK_REDIS_URL (or 127.0.0.1:6379) must be running"),
-    )
-}
 
 dlock_runtime::conformance_suite!(backend);
 
@@ -171,13 +163,6 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
 // Interference from outside, and bad input.
 
 /// The Redis name of `key`'s lock (see the keyspace in the module docs).
-fn lock_name(key: &LockKey) -> String {
-    format!("dlock:{{{key}}}:lock")
-}
-
-fn cli(args: &[&str]) -> String {
-    redis_support::cli(&["-u", &redis_url()], args)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {

@@ -6,6 +6,10 @@
 
 mod redis_support;
 
+use redis_support::{
+    lock_name, shared_backend as backend, shared_cli as cli, shared_url as redis_url,
+};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,18 +57,6 @@ if redis.pcall('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 ";
-
-fn redis_url() -> String {
-    std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
-}
-
-async fn backend() -> Arc<dyn Backend> {
-    Arc::new(
-        RedisBackend::connect(&redis_url())
-            .await
-            .expect("the Redis at DLOCK_REDIS_URL (or 127.0.0.1:6379) must be running"),
-    )
-}
 
 /// A replica still on the previous protocol, speaking it by hand.
 struct Previous {
@@ -121,14 +113,6 @@ impl Previous {
             .await
             .expect("the previous release script")
     }
-}
-
-fn lock_name(key: &LockKey) -> String {
-    format!("dlock:{{{key}}}:lock")
-}
-
-fn cli(args: &[&str]) -> String {
-    redis_support::cli(&["-u", &redis_url()], args)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,31 @@ use std::time::{Duration, Instant};
 use dlock::backend::OwnerId;
 use dlock::redis::RedisBackend;
 
+/// The shared Redis most tests talk to: `DLOCK_REDIS_URL`, or
+/// `redis://127.0.0.1:6379`.
+pub fn shared_url() -> String {
+    std::env::var("DLOCK_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A backend on the shared Redis.
+pub async fn shared_backend() -> std::sync::Arc<dyn dlock::Backend> {
+    std::sync::Arc::new(
+        RedisBackend::connect(&shared_url())
+            .await
+            .expect("the Redis at DLOCK_REDIS_URL (or 127.0.0.1:6379) must be running"),
+    )
+}
+
+/// `redis-cli` against the shared Redis.
+pub fn shared_cli(args: &[&str]) -> String {
+    cli(&["-u", &shared_url()], args)
+}
+
+/// The Redis name of `key`'s lock (keys the tests make need no escaping).
+pub fn lock_name(key: &dlock::LockKey) -> String {
+    format!("dlock:{{{key}}}:lock")
+}
+
 /// A `redis-server` child process. Killed (SIGKILL) and its directory
 /// removed when dropped.
 pub struct RedisServer {

@@ -731,13 +731,14 @@ async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be
     let server = RedisServer::start(&[]);
     let target = ["-p".to_owned(), server.port.to_string()];
     let target: Vec<&str> = target.iter().map(String::as_str).collect();
-    let mut args = vec!["ACL", "SETUSER", "older", "reset", "on", ">older-pass-5"];
-    args.extend(
+    redis_support::create_user(
+        &target,
+        "older",
+        "older-pass-5",
         redis_support::LEAST_PRIVILEGE_ACL
             .split_whitespace()
             .filter(|rule| *rule != "+setrange"),
     );
-    assert_eq!(redis_support::cli(&target, &args), "OK");
     let url = format!("redis://older:older-pass-5@127.0.0.1:{}", server.port);
     let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
     let key = fresh_key("acl-no-setrange");

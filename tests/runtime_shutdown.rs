@@ -172,11 +172,12 @@ fn file_backend(dir: &Path) -> impl Future<Output = Arc<dyn Backend>> + Send + '
     async move { Arc::new(FileBackend::open(&dir).expect("lock dir")) as Arc<dyn Backend> }
 }
 
+/// A file backend to hand to a scenario, as [`the_file_backend`] makes it.
+type ConnectFile = std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>>;
+
 /// `backend` itself, which lives on as a process's backend does (in the
 /// registry, say): the alive files of its leases stay open in it.
-fn the_file_backend(
-    backend: &FileBackend,
-) -> std::pin::Pin<Box<dyn Future<Output = Arc<dyn Backend>> + Send>> {
+fn the_file_backend(backend: &FileBackend) -> ConnectFile {
     let backend = backend.clone();
     Box::pin(async move { Arc::new(backend) as Arc<dyn Backend> })
 }
@@ -192,24 +193,25 @@ fn open_in(dir: &Path) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-#[test]
-fn file_a_lease_held_when_its_runtime_shuts_down_frees_the_key_at_once() {
-    let dir = fresh_dir("held");
+/// Runs `scenario` on a file backend in a fresh directory `label`, then
+/// checks its key is free at once (through a backend of its own).
+fn file_key_freed_at_once(label: &str, scenario: fn(ConnectFile) -> LockKey) {
+    let dir = fresh_dir(label);
     let backend = FileBackend::open(&dir).expect("lock dir");
-    let key = hold_when_runtime_shuts_down(the_file_backend(&backend));
+    let key = scenario(the_file_backend(&backend));
     let held = still_held(file_backend(&dir), &[key]);
     let _ = std::fs::remove_dir_all(&dir);
     assert_free(held);
 }
 
 #[test]
+fn file_a_lease_held_when_its_runtime_shuts_down_frees_the_key_at_once() {
+    file_key_freed_at_once("held", hold_when_runtime_shuts_down);
+}
+
+#[test]
 fn file_a_lease_dropped_with_no_runtime_left_frees_the_key_at_once() {
-    let dir = fresh_dir("no-runtime");
-    let backend = FileBackend::open(&dir).expect("lock dir");
-    let key = drop_with_no_runtime(the_file_backend(&backend));
-    let held = still_held(file_backend(&dir), &[key]);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert_free(held);
+    file_key_freed_at_once("no-runtime", drop_with_no_runtime);
 }
 
 #[test]

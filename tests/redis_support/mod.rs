@@ -286,11 +286,28 @@ pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +
 /// rules of [`LEAST_PRIVILEGE_ACL`] on the server `target` (redis-cli
 /// connection options) names.
 pub fn create_least_privilege_user(target: &[&str], user: &str, password: &str) {
+    create_user(
+        target,
+        user,
+        password,
+        LEAST_PRIVILEGE_ACL.split_whitespace(),
+    );
+}
+
+/// Creates (or resets) ACL user `user` with `password` and exactly `rules`
+/// on the server `target` names.
+pub fn create_user<'a>(
+    target: &[&str],
+    user: &str,
+    password: &str,
+    rules: impl IntoIterator<Item = &'a str>,
+) {
     let password = format!(">{password}");
     let mut args = vec!["ACL", "SETUSER", user, "reset", "on", &password];
-    args.extend(LEAST_PRIVILEGE_ACL.split_whitespace());
+    let rules: Vec<&str> = rules.into_iter().collect();
+    args.extend(&rules);
     let out = cli(target, &args);
-    assert_eq!(out, "OK", "ACL SETUSER {user} {LEAST_PRIVILEGE_ACL}");
+    assert_eq!(out, "OK", "ACL SETUSER {args:?}");
 }
 
 /// The commands the server `target` names has refused since its ACL log

@@ -181,6 +181,22 @@ async fn take(
         .expect(why)
 }
 
+/// Takes `key` as [`take`] does and lets it go again: the key is free
+/// (within `wait`), or this panics saying `why`.
+async fn free_within(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    ttl_ms: u64,
+    wait: Duration,
+    why: &str,
+) {
+    take(backend, key, ttl_ms, wait, why)
+        .await
+        .release()
+        .await
+        .expect("release");
+}
+
 /// Twenty acquirers race for one key: exactly one wins, the others are told `Held`.
 pub async fn twenty_concurrent_acquirers_exactly_one_wins(backend: Arc<dyn Backend>) {
     let key = fresh_key("race");
@@ -597,7 +613,7 @@ pub async fn an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline(
         .expect("backend answers");
     assert!(shortened, "the holder's extend must be accepted");
     // Far sooner than the old 20 s deadline, with room for a slow machine.
-    let next = take(
+    free_within(
         &backend,
         &key,
         10_000,
@@ -605,7 +621,6 @@ pub async fn an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline(
         "the key must be free once the shortened lease ran out",
     )
     .await;
-    next.release().await.expect("release");
 }
 
 /// A renewed lease outlives several ttls and stays exclusive.
@@ -831,7 +846,7 @@ pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend
     })
     .await;
     assert!(panicked.is_err());
-    let after_panic = take(
+    free_within(
         &backend,
         &key,
         60_000,
@@ -839,7 +854,6 @@ pub async fn dropping_an_unreleased_lease_frees_the_key(backend: Arc<dyn Backend
         "a panicking holder's lease must be freed",
     )
     .await;
-    after_panic.release().await.expect("release");
 }
 
 /// A waiter cancelled mid-wait leaves nothing held.
@@ -935,8 +949,7 @@ pub async fn bad_keys_and_durations_are_errors(backend: Arc<dyn Backend>) {
         "wait"
     ));
     // None of the refused calls took the key.
-    let lease = take(&backend, &key, 1000, Duration::ZERO, "free").await;
-    lease.release().await.expect("release");
+    free_within(&backend, &key, 1000, Duration::ZERO, "free").await;
 }
 
 /// Acquisitions whose callers give up mid-attempt leave their keys free long before the ttl.
@@ -972,7 +985,7 @@ pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn B
     let key = fresh_key("abandoned-release");
     let lease = take(&backend, &key, 60_000, Duration::ZERO, "free").await;
     let _ = timeout(Duration::ZERO, lease.release()).await;
-    let next = take(
+    free_within(
         &backend,
         &key,
         60_000,
@@ -980,7 +993,6 @@ pub async fn a_release_abandoned_half_way_still_frees_the_key(backend: Arc<dyn B
         "a release given up half-way must still free the key before its 60s ttl",
     )
     .await;
-    next.release().await.expect("release");
 }
 
 /// A release notice that woke one waiter and is dropped before that waiter's next attempt is answered passes the wake-up on to another waiter.

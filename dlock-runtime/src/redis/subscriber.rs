@@ -249,12 +249,11 @@ impl Subscriber {
 
     /// Whether waiters of this process wait on `channel` now.
     pub(crate) fn has_waiters(&self, channel: &str) -> bool {
-        let channels = self.shared.channels();
-        !channels.by_name.is_empty()
-            && channels
-                .by_name
-                .get(channel)
-                .is_some_and(|entry| entry.waiters > 0)
+        self.shared
+            .channels()
+            .by_name
+            .get(channel)
+            .is_some_and(|entry| entry.waiters > 0)
     }
 
     /// How many channels are subscribed or waited on (for tests).

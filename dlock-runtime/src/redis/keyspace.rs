@@ -42,6 +42,12 @@ impl Keyspace {
     }
 }
 
+/// The lock key's name alone: all a renewal or a release sends (the release
+/// script finds the channel from it), without building the other names.
+pub(crate) fn lock_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "lock")
+}
+
 /// `dlock:{tag}:suffix`, built without formatting machinery: this runs on
 /// every acquire, renewal and release.
 fn name(tag: &str, suffix: &str) -> String {
@@ -124,6 +130,14 @@ mod tests {
             let names = names(key);
             let stem = names.lock.strip_suffix("lock").expect("ends in lock");
             assert_eq!(format!("{stem}released"), names.released, "{key:?}");
+        }
+    }
+
+    #[test]
+    fn the_lock_name_alone_is_the_one_of_the_full_layout() {
+        for key in ["plain", "}", "a}b{c", "%7D"] {
+            let key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(lock_name(&key), Keyspace::of(&key).lock);
         }
     }
 

@@ -388,10 +388,9 @@ impl Backend for RedisBackend {
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
-        let names = Keyspace::of(key);
         let mut script = scripts::EXTEND.prepare_invoke();
         script
-            .key(&names.lock)
+            .key(keyspace::lock_name(key))
             .arg(&held_value(owner, UNWAITED)[..])
             .arg(ttl_millis(ttl));
         let extended: i64 = self.run(Operation::Extend, key, &script).await?;
@@ -415,7 +414,7 @@ impl Backend for RedisBackend {
             pipe.cmd("EVALSHA")
                 .arg(scripts::EXTEND.get_hash())
                 .arg(1)
-                .arg(Keyspace::of(lease.key).lock)
+                .arg(keyspace::lock_name(lease.key))
                 .arg(&held_value(lease.owner, UNWAITED)[..])
                 .arg(ttl_millis(lease.ttl));
         }
@@ -477,10 +476,9 @@ impl Backend for RedisBackend {
     /// the key before its reply was lost.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
-        let names = Keyspace::of(key);
         let mut script = scripts::RELEASE.prepare_invoke();
         script
-            .key(&names.lock)
+            .key(keyspace::lock_name(key))
             .arg(&held_value(owner, UNWAITED)[..]);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)

@@ -301,6 +301,14 @@ impl Backend for Wrong {
         }
         self.inner.force_release(key).await
     }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<dlock::backend::Holding>, LockError> {
+        self.inner.holder(key).await
+    }
+
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.watch_holder(key).await
+    }
 }
 
 impl Wrong {

@@ -10,9 +10,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use support::within;
 
-use dlock::backend::OwnerId;
+use dlock::backend::{AcquireRequest, Attempt, OwnerId, ReleaseRequest};
 use dlock::file::FileBackend;
-use dlock::{Backend, LockOptions};
+use dlock::{Backend, LockKey, LockOptions};
 
 fn fresh_dir() -> PathBuf {
     let id = OwnerId::random().expect("random");
@@ -60,6 +60,19 @@ fn child_process_entry() {
                 println!("held {}", lease.token());
                 tokio::time::sleep(Duration::from_secs(600)).await;
                 drop(lease);
+            }
+            // Take the lock directly with an identity (the last argument)
+            // and a long ttl, and hang on to it.
+            "hold-as" => {
+                let key = LockKey::new(key).expect("key");
+                let owner = OwnerId::random().expect("random");
+                let request = AcquireRequest::new(&key, &owner, Duration::from_secs(120))
+                    .with_identity(Some(&parts[3]));
+                match backend.try_acquire(&request).await.expect("acquire") {
+                    Attempt::Acquired(grant) => println!("held {}", grant.token),
+                    held => panic!("the key must be free: {held:?}"),
+                }
+                tokio::time::sleep(Duration::from_secs(600)).await;
             }
             // Take and release once.
             "once" => {
@@ -145,15 +158,7 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
 async fn sigkill_of_a_holder_frees_the_key_at_once_and_wakes_waiters() {
     let dir = fresh_dir();
     let mut child = spawn_child("hold", &[dir.to_str().expect("utf-8"), "killed-holder"]);
-    let stdout = child.stdout.take().expect("stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let child_token: u64 = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("held ").and_then(|t| t.parse().ok()))
-        .expect("the child reports its token");
-    // Keep draining so the child never writes into a closed pipe.
-    std::thread::spawn(move || lines.for_each(drop));
+    let child_token = held_token(&mut child);
 
     let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
     // The child's ttl is 120s; the waiter gives up after 20s, so only the
@@ -176,6 +181,112 @@ async fn sigkill_of_a_holder_frees_the_key_at_once_and_wakes_waiters() {
         .expect("the dead holder's lock must be free long before its ttl");
     assert!(lease.token().get() > child_token);
     lease.release().await.expect("release");
+}
+
+/// The token a holding child reports; its further output is drained so it
+/// never writes into a closed pipe.
+fn held_token(child: &mut Child) -> u64 {
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let token = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix("held ").and_then(|t| t.parse().ok()))
+        .expect("the child reports its token");
+    std::thread::spawn(move || lines.for_each(drop));
+    token
+}
+
+#[tokio::test]
+async fn holder_reads_the_recorded_token_and_identity_through_the_files_and_none_after_release() {
+    let dir = fresh_dir();
+    let holder: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    // A second backend on the directory stands for another process.
+    let reader: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let key = LockKey::new("leader:\nelection").expect("key");
+    let identity = "web 3\n100% (pid 4121)";
+    let owner = OwnerId::random().expect("random");
+    let request =
+        AcquireRequest::new(&key, &owner, Duration::from_secs(30)).with_identity(Some(identity));
+    let Attempt::Acquired(grant) = holder.try_acquire(&request).await.expect("acquire") else {
+        panic!("a fresh key is free");
+    };
+    let holding = reader
+        .holder(&key)
+        .await
+        .expect("holder")
+        .expect("the key is held");
+    assert_eq!(holding.token, Some(grant.token));
+    assert_eq!(holding.identity.as_deref(), Some(identity));
+    let left = holding
+        .expires_in
+        .expect("the file backend knows the expiry");
+    assert!(left <= Duration::from_secs(30), "{left:?}");
+    holder
+        .release(&ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+    assert_eq!(reader.holder(&key).await.expect("holder"), None);
+    assert_eq!(holder.holder(&key).await.expect("holder"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_is_none_once_the_holding_process_is_killed() {
+    let dir = fresh_dir();
+    let mut child = spawn_child("hold-as", &[path(&dir), "killed-leader", "leader 1"]);
+    let child_token = held_token(&mut child);
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let key = LockKey::new("killed-leader").expect("key");
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(
+        (holding.token.map(|t| t.get()), holding.identity.as_deref()),
+        (Some(child_token), Some("leader 1"))
+    );
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap");
+    // Its 120 s lease has not run out: only its death frees the key.
+    assert_eq!(backend.holder(&key).await.expect("holder"), None);
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), "killed-leader")
+        .await
+        .expect("holder and try_acquire agree that the key is free");
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_watch_registered_while_held_resolves_on_release() {
+    let dir = fresh_dir();
+    let holder: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let observer: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let key = LockKey::new("watched-leader").expect("key");
+    let free = observer.watch_holder(&key).await.expect("watch");
+    assert_eq!(
+        free.recheck(),
+        Some(Duration::from_millis(50)),
+        "nothing announces an acquisition: a free key is polled"
+    );
+    let owner = OwnerId::random().expect("random");
+    let request =
+        AcquireRequest::new(&key, &owner, Duration::from_secs(60)).with_identity(Some("me"));
+    assert!(matches!(
+        holder.try_acquire(&request).await.expect("acquire"),
+        Attempt::Acquired(_)
+    ));
+    let mut notice = observer.watch_holder(&key).await.expect("watch");
+    assert_eq!(notice.recheck(), None, "a held key is not polled");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut notice)
+            .await
+            .is_err(),
+        "the notice waits while the key stays held"
+    );
+    holder
+        .release(&ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+    // Only the release can wake it within the 60 s lease.
+    within(10, "the release notice", notice).await;
+    assert_eq!(observer.holder(&key).await.expect("holder"), None);
 }
 
 #[tokio::test]

@@ -171,6 +171,8 @@ pub enum Operation {
     Wait,
     /// A fenced write.
     Fence,
+    /// Reading who holds a key.
+    Inspect,
 }
 
 impl fmt::Display for Operation {
@@ -182,6 +184,7 @@ impl fmt::Display for Operation {
             Operation::Release => "release",
             Operation::Wait => "wait for",
             Operation::Fence => "fence a write to",
+            Operation::Inspect => "read the holder of",
         })
     }
 }

@@ -39,7 +39,7 @@ pub mod registry;
 pub mod token;
 
 pub use backend::{
-    Attempt, Backend, Grant, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
+    Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
 };
 pub use error::{BoxError, LockError, LostReason, Operation};
 pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
     ReleaseRequest, Renewal,
 };
 use crate::error::LockError;
@@ -68,12 +68,16 @@ struct Entry {
     holder: Option<Holder>,
     /// Bumped on every release; waiters hold receivers.
     released: watch::Sender<u64>,
+    /// Bumped on every release and acquisition; holder watchers hold
+    /// receivers.
+    changed: watch::Sender<u64>,
 }
 
 struct Holder {
     owner: OwnerId,
     token: FencingToken,
     expires_at: Instant,
+    identity: Option<String>,
 }
 
 impl Entry {
@@ -81,6 +85,7 @@ impl Entry {
         Self {
             holder: None,
             released: watch::channel(0).0,
+            changed: watch::channel(0).0,
         }
     }
 
@@ -91,10 +96,17 @@ impl Entry {
 
     fn announce_release(&self) {
         self.released.send_modify(|n| *n = n.wrapping_add(1));
+        self.announce_change();
+    }
+
+    fn announce_change(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn idle(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none() && self.released.receiver_count() == 0
+        self.live_holder(now).is_none()
+            && self.released.receiver_count() == 0
+            && self.changed.receiver_count() == 0
     }
 }
 
@@ -183,6 +195,7 @@ impl Backend for MemoryBackend {
             // ttl from now, as the caller counts it.
             if holder.owner == *owner {
                 holder.expires_at = now + ttl;
+                holder.identity = request.identity.map(str::to_owned);
                 return Ok(Attempt::Acquired(Grant::new(holder.token)));
             }
             return Ok(Attempt::Held {
@@ -196,7 +209,9 @@ impl Backend for MemoryBackend {
             owner: *owner,
             token,
             expires_at: now + ttl,
+            identity: request.identity.map(str::to_owned),
         });
+        entry.announce_change();
         Ok(Attempt::Acquired(Grant::new(token)))
     }
 
@@ -252,5 +267,27 @@ impl Backend for MemoryBackend {
         entry.announce_release();
         entries.forget_if_idle(key);
         Ok(was_held)
+    }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+        let now = Instant::now();
+        let entries = self.lock();
+        Ok(entries
+            .by_key
+            .get(key)
+            .and_then(|entry| entry.live_holder(now))
+            .map(|holder| {
+                Holding::new(Some(holder.token), holder.identity.clone())
+                    .expiring_in(holder.expires_at - now)
+            }))
+    }
+
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let mut receiver = self.lock().entry(key).changed.subscribe();
+        // Every acquisition and release is announced; an expiry is not, and
+        // the reader looks again when the lease it read runs out.
+        Ok(ReleaseNotice::new(async move {
+            let _ = receiver.changed().await;
+        }))
     }
 }

@@ -194,16 +194,17 @@ impl LockOptions {
     }
 
     /// The terms the lease is taken on.
-    fn terms(&self) -> lease::Terms {
+    pub(crate) fn terms(&self) -> lease::Terms {
         lease::Terms {
             ttl: self.ttl,
             wait: self.wait,
             renew: self.renew,
             min_hold: self.min_hold,
+            identity: None,
         }
     }
 
-    fn deadline(&self) -> tokio::time::Instant {
+    pub(crate) fn deadline(&self) -> tokio::time::Instant {
         tokio::time::Instant::now() + self.wait
     }
 }

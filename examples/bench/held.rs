@@ -67,6 +67,12 @@ impl Backend for Counting {
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
         self.inner.force_release(key).await
     }
+    async fn holder(&self, key: &LockKey) -> Result<Option<dlock::backend::Holding>, LockError> {
+        self.inner.holder(key).await
+    }
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.watch_holder(key).await
+    }
 }
 
 /// What holding the leases cost.

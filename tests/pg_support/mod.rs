@@ -38,6 +38,116 @@ pub fn shared_conn() -> String {
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
 }
 
+/// A plain client of the shared server, as a DBA or an application uses.
+pub async fn shared_client() -> dlock::pg::tokio_postgres::Client {
+    let (client, connection) =
+        dlock::pg::tokio_postgres::connect(&shared_conn(), dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL");
+    tokio::spawn(connection);
+    client
+}
+
+/// Twelve random hex digits, for names of a test's own.
+pub fn random_id() -> String {
+    OwnerId::random().expect("random bytes").to_string()[..12].to_owned()
+}
+
+/// A schema of the test's own on the shared server (and, if asked for, a
+/// login role), dropped with everything in it when the test ends, even if
+/// it panicked: tests in schemas of their own run in parallel and see only
+/// their own objects.
+pub struct ScratchSchema {
+    pub name: String,
+    pub role: Option<String>,
+}
+
+impl ScratchSchema {
+    pub fn new(label: &str) -> Self {
+        Self {
+            name: format!("dlock_{label}_{}", random_id()),
+            role: None,
+        }
+    }
+
+    /// Backend options that use this schema.
+    pub fn options(&self) -> dlock::pg::PgOptions {
+        dlock::pg::PgOptions::new().schema(&self.name)
+    }
+
+    /// Whether `{schema}.{relation}` exists.
+    pub async fn has_relation(
+        &self,
+        client: &dlock::pg::tokio_postgres::Client,
+        relation: &str,
+    ) -> bool {
+        client
+            .query_one(
+                "SELECT to_regclass(format('%I.%I', $1::text, $2::text)) IS NOT NULL",
+                &[&self.name, &relation],
+            )
+            .await
+            .expect("look up the relation")
+            .get(0)
+    }
+
+    /// Creates the schema and its token sequence as the DBA would, and a
+    /// login role that may use them (USAGE on the schema, USAGE and UPDATE
+    /// on the sequence) but create nothing in the schema; returns a
+    /// connection string for that role.
+    pub async fn role_without_create(
+        &mut self,
+        admin: &dlock::pg::tokio_postgres::Client,
+    ) -> String {
+        let role = format!("dlock_role_{}", random_id());
+        admin
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN; \
+                 CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
+                 GRANT USAGE ON SCHEMA {s} TO {role}; \
+                 GRANT USAGE, UPDATE ON SEQUENCE {s}.dlock_token_seq TO {role};",
+                s = self.name
+            ))
+            .await
+            .expect("role and objects");
+        self.role = Some(role.clone());
+        let config: dlock::pg::tokio_postgres::Config = shared_conn().parse().expect("config");
+        format!(
+            "host=127.0.0.1 port={} user={role} dbname={}",
+            config.get_ports().first().copied().unwrap_or(5432),
+            config.get_dbname().unwrap_or("test"),
+        )
+    }
+}
+
+impl Drop for ScratchSchema {
+    fn drop(&mut self) {
+        let mut sql = format!("DROP SCHEMA IF EXISTS {} CASCADE;", self.name);
+        if let Some(role) = &self.role {
+            sql.push_str(&format!(" DROP ROLE IF EXISTS {role};"));
+        }
+        // A runtime of its own on a thread of its own: this may run while
+        // the test's runtime is unwinding.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async move {
+                let (client, connection) = dlock::pg::tokio_postgres::connect(
+                    &shared_conn(),
+                    dlock::pg::tokio_postgres::NoTls,
+                )
+                .await
+                .ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&sql).await.ok()
+            })
+        })
+        .join();
+    }
+}
+
 /// A PostgreSQL instance of the test's own, with password authentication
 /// and TLS (self-signed certificate for 127.0.0.1), stopped and removed on
 /// drop.

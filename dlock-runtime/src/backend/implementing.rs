@@ -40,6 +40,12 @@
 //!    that says how soon to look again (`ReleaseNotice::recheck_within`).
 //! 7. **Every lock can end without its holder**: a ttl on the store, or a
 //!    session the store ends when the holder dies.
+//! 8. **Who holds it is read as one state**: `holder` answers the live
+//!    holder's token and the identity its acquisition recorded
+//!    (`AcquireRequest::identity`, set by leader election), never an
+//!    earlier lease's; `watch_holder` resolves on each release and each
+//!    acquisition that recorded an identity, or says how soon to look
+//!    again.
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
@@ -58,7 +64,7 @@
 //!
 //! use async_trait::async_trait;
 //! use dlock_runtime::backend::{
-//!     AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+//!     AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
 //!     ReleaseRequest, Renewal,
 //! };
 //! use dlock_runtime::{FencingToken, LockError, LockKey};
@@ -73,9 +79,13 @@
 //!
 //! struct Slot {
 //!     holder: Option<(OwnerId, FencingToken, Instant)>,
+//!     /// The identity the holder's acquisition recorded.
+//!     identity: Option<String>,
 //!     /// The last token drawn for the key.
 //!     last_token: u64,
-//!     /// Bumped on every release; each waiter holds a receiver.
+//!     /// Bumped on every release and every acquisition; each waiter and
+//!     /// each watcher holds a receiver (a waiter woken by an acquisition
+//!     /// just finds the key held again).
 //!     released: watch::Sender<u64>,
 //! }
 //!
@@ -84,6 +94,7 @@
 //!         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
 //!         let slot = keys.entry(key.clone()).or_insert_with(|| Slot {
 //!             holder: None,
+//!             identity: None,
 //!             last_token: 0,
 //!             released: watch::channel(0).0,
 //!         });
@@ -108,6 +119,7 @@
 //!             // Rule 3: the owner's own retry, for the retry's ttl.
 //!             Some((holder, token, _)) if holder == owner => {
 //!                 slot.holder = Some((owner, token, now + ttl));
+//!                 slot.identity = request.identity.map(str::to_owned);
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
 //!             // Rule 5: say when the holder's lease runs out.
@@ -121,6 +133,9 @@
 //!                 slot.last_token = (slot.last_token + 1).max(clock);
 //!                 let token = FencingToken::new(slot.last_token);
 //!                 slot.holder = Some((owner, token, now + ttl));
+//!                 // Rule 8: the identity in the same step as the holder.
+//!                 slot.identity = request.identity.map(str::to_owned);
+//!                 slot.released.send_modify(|n| *n += 1);
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
 //!         }))
@@ -163,6 +178,18 @@
 //!             slot.released.send_modify(|n| *n += 1);
 //!             held
 //!         }))
+//!     }
+//!
+//!     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+//!         Ok(self.with_slot(key, |slot, now| {
+//!             let (_, token, until) = slot.holder?;
+//!             Some(Holding::new(Some(token), slot.identity.clone()).expiring_in(until - now))
+//!         }))
+//!     }
+//!
+//!     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+//!         // Rule 8: acquisitions and releases both bump the channel.
+//!         self.subscribe(key).await
 //!     }
 //! }
 //! # }

@@ -169,7 +169,73 @@ pub trait Backend: Send + Sync + 'static {
     /// Dropped half-way, the lock may or may not be broken; the call can be
     /// repeated.
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError>;
+
+    /// Who holds `key` now: `None` when nobody does. The answer carries the
+    /// identity the acquisition recorded ([`AcquireRequest::identity`]) and
+    /// its token when the store keeps them beside the lock, and how long the
+    /// lease has left if the store knows. Leader election reads the leader
+    /// with it.
+    ///
+    /// A store must record an acquisition's identity and token in the same
+    /// atomic step that takes the key, or leave them unreported until they
+    /// are written ([`Holding::identity`] `None`): a reader must never see
+    /// a holder paired with the identity or the token of an earlier lease.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError>;
+
+    /// Registers interest in the next change of `key`'s holder: a notice
+    /// that resolves on a release (as [`Backend::subscribe`]'s does) and on
+    /// an acquisition that recorded an identity. Register first, then read
+    /// [`Backend::holder`]: a change after the read wakes the notice.
+    ///
+    /// A store that cannot announce one of them sets
+    /// [`ReleaseNotice::recheck_within`] to how soon the reader must look
+    /// again; a notice without it promises to resolve on every such change.
+    /// Unlike [`Backend::subscribe`], no attempt on the key comes first: a
+    /// store that publishes releases only to waiters it knows of (the Redis
+    /// backend) publishes every release of a lease taken with an identity.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a registration dropped before it returned, or a notice
+    /// dropped unresolved, leaves nothing registered.
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
 }
+
+/// Who holds a key, as [`Backend::holder`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holding {
+    /// The holder's fencing token, when the store can tell it.
+    pub token: Option<FencingToken>,
+    /// The identity its acquisition recorded, if it recorded one.
+    pub identity: Option<String>,
+    /// How long its lease has left unless renewed, when the store knows.
+    pub expires_in: Option<Duration>,
+}
+
+impl Holding {
+    /// A holding with the given token and identity, and no known expiry.
+    pub fn new(token: Option<FencingToken>, identity: Option<String>) -> Self {
+        Self {
+            token,
+            identity,
+            expires_in: None,
+        }
+    }
+
+    /// The same holding, whose lease has `expires_in` left.
+    pub fn expiring_in(mut self, expires_in: Duration) -> Self {
+        self.expires_in = Some(expires_in);
+        self
+    }
+}
+
+/// The longest identity an acquisition may record, in bytes.
+pub const MAX_IDENTITY_LEN: usize = 256;
 
 /// What [`Backend::try_acquire`] is asked to take. More terms (a lock mode,
 /// a number of permits, who holds it) will come as fields, so a backend
@@ -183,12 +249,28 @@ pub struct AcquireRequest<'a> {
     pub owner: &'a OwnerId,
     /// How long the lease lasts unless renewed.
     pub ttl: Duration,
+    /// Who the acquirer says it is (a leader election's campaigner), to be
+    /// recorded beside the lock with the token for [`Backend::holder`]:
+    /// at most [`MAX_IDENTITY_LEN`] bytes, no control characters. `None`
+    /// records nothing.
+    pub identity: Option<&'a str>,
 }
 
 impl<'a> AcquireRequest<'a> {
     /// A request for an exclusive lock on `key` for `owner`, for `ttl`.
     pub fn new(key: &'a LockKey, owner: &'a OwnerId, ttl: Duration) -> Self {
-        Self { key, owner, ttl }
+        Self {
+            key,
+            owner,
+            ttl,
+            identity: None,
+        }
+    }
+
+    /// The same request, recording `identity` beside the lock.
+    pub fn with_identity(mut self, identity: Option<&'a str>) -> Self {
+        self.identity = identity;
+        self
     }
 }
 

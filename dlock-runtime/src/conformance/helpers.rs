@@ -196,6 +196,18 @@ impl crate::Backend for CountingBackend {
     async fn force_release(&self, key: &crate::LockKey) -> Result<bool, crate::LockError> {
         self.inner.force_release(key).await
     }
+    async fn holder(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<Option<crate::backend::Holding>, crate::LockError> {
+        self.inner.holder(key).await
+    }
+    async fn watch_holder(
+        &self,
+        key: &crate::LockKey,
+    ) -> Result<crate::backend::ReleaseNotice, crate::LockError> {
+        self.inner.watch_holder(key).await
+    }
 }
 
 /// A task that takes `key` on `backend` with a ttl of `ttl_secs`, waiting

@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio::sync::Barrier;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::backend::{Backend, OwnerId};
+use crate::backend::{AcquireRequest, Attempt, Backend, OwnerId};
 use crate::{LockError, LockKey, LockOptions, LostReason};
 
 mod helpers;
@@ -99,6 +99,10 @@ macro_rules! conformance_suite {
             a_retry_by_the_owner_restarts_the_lease_with_its_ttl,
             an_extend_to_a_shorter_ttl_frees_the_key_at_the_new_deadline,
             a_try_acquire_dropped_half_way_leaves_nothing_stuck,
+            holder_reads_the_live_holders_token_and_identity,
+            holder_never_pairs_a_holder_with_an_earlier_leases_identity,
+            holder_is_none_once_the_lease_expires,
+            a_holder_watch_wakes_on_an_identity_acquisition_and_on_release,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -1220,5 +1224,237 @@ pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dy
                 panic!("a dropped attempt must not keep {key} past its 1s ttl: {e}")
             });
         lease.release().await.expect("release");
+    }
+}
+
+/// Takes `key` for `owner` with `identity` recorded, straight on the
+/// backend, or panics: the key must be free.
+async fn take_as(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: &OwnerId,
+    identity: &str,
+    ttl: Duration,
+) -> crate::FencingToken {
+    let request = AcquireRequest::new(key, owner, ttl).with_identity(Some(identity));
+    match backend
+        .try_acquire(&request)
+        .await
+        .expect("backend answers")
+    {
+        Attempt::Acquired(grant) => grant.token,
+        Attempt::Held { .. } => panic!("`{key}` must be free for {identity}"),
+    }
+}
+
+/// Waits for a holder watch: until it resolves, or, for a notice that may
+/// miss a change, until it says to look again. Panics if a notice that
+/// promised to resolve (no recheck) stays silent for 5 s after `what`.
+async fn watched(notice: crate::ReleaseNotice, what: &str) {
+    match notice.recheck() {
+        Some(every) => {
+            let _ = timeout(every, notice).await;
+        }
+        None => {
+            if timeout(Duration::from_secs(5), notice).await.is_err() {
+                panic!("a holder watch without a recheck slept through {what}");
+            }
+        }
+    }
+}
+
+/// `holder` reads the token and identity an acquisition recorded, through either instance on the store; a lock taken without an identity reads as held with none; a free key reads `None`.
+pub async fn holder_reads_the_live_holders_token_and_identity(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let key = fresh_key("holder");
+    assert_eq!(
+        backend.holder(&key).await.expect("holder"),
+        None,
+        "a fresh key is free"
+    );
+    let owner = OwnerId::random().expect("random");
+    let token = take_as(
+        &backend,
+        &key,
+        &owner,
+        "web-3 (pid 4121)",
+        Duration::from_secs(30),
+    )
+    .await;
+    for through in [&backend, &another] {
+        let holding = through
+            .holder(&key)
+            .await
+            .expect("holder")
+            .expect("the key is held");
+        assert_eq!(holding.token, Some(token), "the holder's token");
+        assert_eq!(holding.identity.as_deref(), Some("web-3 (pid 4121)"));
+        if let Some(left) = holding.expires_in {
+            assert!(
+                left <= Duration::from_secs(30),
+                "{left:?} left of a 30 s lease"
+            );
+        }
+    }
+    assert_eq!(
+        release_as(&backend, &key, &owner).await,
+        crate::ReleaseOutcome::Released
+    );
+    assert_eq!(
+        another.holder(&key).await.expect("holder"),
+        None,
+        "released"
+    );
+    let plain = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let holding = another
+        .holder(&key)
+        .await
+        .expect("holder")
+        .expect("a plain lock is held too");
+    assert_eq!(holding.identity, None, "a plain lock records no identity");
+    assert!(
+        holding.token.is_none() || holding.token == Some(plain.token()),
+        "a plain lock's token, if told, is its own: {:?} for {}",
+        holding.token,
+        plain.token()
+    );
+    plain.release().await.expect("release");
+    assert_eq!(
+        backend.holder(&key).await.expect("holder"),
+        None,
+        "released"
+    );
+}
+
+/// While leases with different identities follow each other on a key through two instances, every holder read pairs a token with the identity granted with it, never an earlier lease's.
+pub async fn holder_never_pairs_a_holder_with_an_earlier_leases_identity(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let key = fresh_key("holder-pairs");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (reader_backend, key, stop) = (another.clone(), key.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                if let Some(holding) = reader_backend.holder(&key).await.expect("holder") {
+                    seen.push(holding);
+                }
+                tokio::task::yield_now().await;
+            }
+            seen
+        })
+    };
+    let mut granted = std::collections::HashMap::new();
+    for round in 0..30 {
+        let through = if round % 2 == 0 { &backend } else { &another };
+        let owner = OwnerId::random().expect("random");
+        let identity = format!("replica-{round}");
+        let token = take_as(through, &key, &owner, &identity, Duration::from_secs(30)).await;
+        granted.insert(token, identity);
+        sleep(Duration::from_millis(2)).await;
+        assert_eq!(
+            release_as(through, &key, &owner).await,
+            crate::ReleaseOutcome::Released
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let seen = within(20, "the holder reader", reader)
+        .await
+        .expect("reader");
+    for holding in &seen {
+        match (&holding.token, &holding.identity) {
+            (Some(token), Some(identity)) => assert_eq!(
+                granted.get(token),
+                Some(identity),
+                "token {token} was read with identity {identity:?}"
+            ),
+            (None, None) => {}
+            (token, identity) => panic!(
+                "every lease here recorded an identity: read {identity:?} with token {token:?}"
+            ),
+        }
+    }
+}
+
+/// A lease with an identity that runs out unrenewed reads as free.
+pub async fn holder_is_none_once_the_lease_expires(backend: Arc<dyn Backend>) {
+    let key = fresh_key("holder-expiry");
+    let owner = OwnerId::random().expect("random");
+    take_as(
+        &backend,
+        &key,
+        &owner,
+        "short-lived",
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(
+        backend.holder(&key).await.expect("holder").is_some(),
+        "held"
+    );
+    sleep(Duration::from_millis(700)).await;
+    assert_eq!(
+        backend.holder(&key).await.expect("holder"),
+        None,
+        "the lease ran out"
+    );
+}
+
+/// A holder watch registered on a free key wakes (or says to look again) when another instance takes the key with an identity, and one registered while it is held wakes when it is released: a reader that waits on it then reads the change.
+pub async fn a_holder_watch_wakes_on_an_identity_acquisition_and_on_release(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let key = fresh_key("holder-watch");
+    let owner = OwnerId::random().expect("random");
+    for round in 0..3 {
+        let notice = another.watch_holder(&key).await.expect("watch");
+        assert_eq!(another.holder(&key).await.expect("holder"), None, "free");
+        let taker = {
+            let (backend, key) = (backend.clone(), key.clone());
+            tokio::spawn(async move {
+                sleep(Duration::from_millis(20)).await;
+                take_as(&backend, &key, &owner, "leader", Duration::from_secs(30)).await
+            })
+        };
+        watched(notice, "an acquisition with an identity").await;
+        let token = within(10, "the acquisition", taker).await.expect("taker");
+        let mut read = another.holder(&key).await.expect("holder");
+        // A notice with a recheck may come back before the acquisition.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while read.as_ref().and_then(|h| h.token) != Some(token) && Instant::now() < deadline {
+            sleep(Duration::from_millis(10)).await;
+            read = another.holder(&key).await.expect("holder");
+        }
+        let read = read.expect("held after the acquisition");
+        assert_eq!(
+            (read.token, read.identity.as_deref()),
+            (Some(token), Some("leader"))
+        );
+
+        let notice = another.watch_holder(&key).await.expect("watch");
+        assert!(
+            another.holder(&key).await.expect("holder").is_some(),
+            "round {round}: held"
+        );
+        let releaser = {
+            let (backend, key) = (backend.clone(), key.clone());
+            tokio::spawn(async move {
+                sleep(Duration::from_millis(20)).await;
+                release_as(&backend, &key, &owner).await
+            })
+        };
+        watched(notice, "a release").await;
+        let released = within(10, "the release", releaser).await.expect("releaser");
+        assert_eq!(released, crate::ReleaseOutcome::Released);
+        assert_eq!(
+            another.holder(&key).await.expect("holder"),
+            None,
+            "released"
+        );
     }
 }

@@ -6,10 +6,12 @@
 //! - `NAME.lock`: locked (OS file lock, exclusive) only for the few
 //!   microseconds it takes to read and rewrite the state, so every operation
 //!   on a key is one atomic step across processes.
-//! - `NAME.state`: the fencing counter, the current owner and when its lease
-//!   expires (wall clock). Rewritten through a temporary file and a rename;
-//!   made durable before a token is handed out, so tokens keep rising across
-//!   process restarts and host crashes.
+//! - `NAME.state`: the fencing counter (the last token drawn, so the current
+//!   holder's: only an acquisition draws), the current owner, when its lease
+//!   expires (wall clock) and the identity the owner gave, if any. Rewritten
+//!   through a temporary file and a rename; made durable before a token is
+//!   handed out, so tokens keep rising across process restarts and host
+//!   crashes.
 //! - `NAME.OWNER.alive`: locked exclusively by the holder's process for as
 //!   long as it holds the lease. The OS drops that lock the moment the
 //!   process dies, so a holder killed with SIGKILL frees the key at once: a
@@ -39,7 +41,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
     ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
@@ -55,6 +57,10 @@ const KIND: &str = "file";
 /// How often a waiter looks again at a key whose holder's alive file is
 /// missing, so cannot tell of its release.
 const UNWATCHED_RECHECK: Duration = Duration::from_millis(500);
+
+/// How often a holder watch on a free key looks again: nothing announces an
+/// acquisition.
+const FREE_RECHECK: Duration = Duration::from_millis(50);
 
 /// How a waiter hears of a holder's release.
 enum HolderWatch {
@@ -224,10 +230,12 @@ impl Inner {
     }
 
     /// Whether `owner`'s process may still hold its lease. A file that can
-    /// be locked belongs to a dead holder: it is removed. A missing file is
-    /// no proof of death (anything may have removed it while its process
-    /// holds it open): the lease's own end decides.
-    fn holder_alive(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
+    /// be locked belongs to a dead holder; `remove_dead` removes it. A
+    /// missing file is no proof of death (anything may have removed it
+    /// while its process holds it open): the lease's own end decides. So
+    /// only a caller that then replaces the holder in the state may remove
+    /// the file: a later reader would take the dead holder for a live one.
+    fn holder_alive(&self, name: &str, owner: &OwnerId, remove_dead: bool) -> io::Result<bool> {
         if self.holds_alive(name, owner) {
             return Ok(true);
         }
@@ -239,12 +247,33 @@ impl Inner {
         };
         match file.try_lock() {
             Ok(()) => {
-                let _ = fs::remove_file(&path);
+                if remove_dead {
+                    let _ = fs::remove_file(&path);
+                }
                 Ok(false)
             }
             Err(TryLockError::WouldBlock) => Ok(true),
             Err(TryLockError::Error(err)) => Err(err),
         }
+    }
+
+    /// The owner that holds the key by `state` at `now`, if any: its lease
+    /// has not run out and its process is not known to be dead. The one
+    /// test of "held" for `try_acquire`, `holder` and the watches, so that
+    /// they never disagree. `remove_dead` removes a dead holder's alive
+    /// file, expired or not (see `holder_alive`).
+    fn live_holder(
+        &self,
+        name: &str,
+        state: &State,
+        now: u64,
+        remove_dead: bool,
+    ) -> io::Result<Option<OwnerId>> {
+        let Some(holder) = state.owner else {
+            return Ok(None);
+        };
+        let alive = self.holder_alive(name, &holder, remove_dead)?;
+        Ok((alive && state.expires_at_us > now).then_some(holder))
     }
 
     /// Drops this process's alive file for a lease, waking its waiters.
@@ -288,35 +317,33 @@ impl Inner {
         key: &str,
         owner: OwnerId,
         ttl: Duration,
+        identity: Option<&str>,
     ) -> io::Result<Attempt> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
         let state = self.read_state(name)?;
-        if let Some(State {
-            owner: Some(holder),
-            expires_at_us,
-            ..
-        }) = &state
-        {
+        if let Some(current) = &state {
             // A retry by the owner that holds it (its first answer was
             // lost): it has the key, with the token already drawn.
-            if *holder == owner
-                && *expires_at_us > now
+            if current.owner == Some(owner)
+                && current.expires_at_us > now
                 && self.holds_alive(name, &owner)
-                && let Some(mut state) = state.clone()
             {
-                state.expires_at_us = expiry_after(now, ttl);
+                let state = State {
+                    expires_at_us: expiry_after(now, ttl),
+                    identity: identity.map(str::to_owned),
+                    ..current.clone()
+                };
                 self.write_state(name, &state, false)?;
                 self.set_alive_expiry(name, &owner, state.expires_at_us);
                 return Ok(Attempt::Acquired(Grant::new(FencingToken::new(
                     state.counter,
                 ))));
             }
-            // For an expired holder this only tidies up a dead one's file.
-            let alive = self.holder_alive(name, holder)?;
-            if alive && *expires_at_us > now {
+            // A dead holder's file can go: the state is rewritten below.
+            if self.live_holder(name, current, now, true)?.is_some() {
                 return Ok(Attempt::Held {
-                    expires_in: Some(Duration::from_micros(expires_at_us - now)),
+                    expires_in: Some(Duration::from_micros(current.expires_at_us - now)),
                 });
             }
         }
@@ -337,6 +364,7 @@ impl Inner {
                 owner: Some(owner),
                 expires_at_us,
                 key: key.to_owned(),
+                identity: identity.map(str::to_owned),
             },
             true,
         );
@@ -440,6 +468,7 @@ impl Inner {
         {
             ours = state.expires_at_us > now;
             state.owner = None;
+            state.identity = None;
             state.expires_at_us = 0;
             self.write_state(name, &state, false)?;
         }
@@ -456,33 +485,46 @@ impl Inner {
         };
         let was_held = state.owner.is_some() && state.expires_at_us > now;
         state.owner = None;
+        state.identity = None;
         state.expires_at_us = 0;
         self.write_state(name, &state, false)?;
         Ok(was_held)
     }
 
-    /// The alive file to wait on, if the key has a live holder now.
-    fn current_alive_file(&self, name: &str) -> io::Result<Option<PathBuf>> {
-        Ok(match self.read_state(name)? {
-            Some(State {
-                owner: Some(owner),
-                expires_at_us,
-                ..
-            }) if expires_at_us > now_us() => Some(self.alive_path(name, &owner)),
-            _ => None,
-        })
+    /// Who holds the key now, read with the key locked: the owner, token
+    /// and identity of one rewrite of the state, so never a holder with an
+    /// earlier lease's token or identity.
+    fn holder(&self, name: &str) -> io::Result<Option<Holding>> {
+        let _guard = self.lock_key(name)?;
+        let now = now_us();
+        let Some(state) = self.read_state(name)? else {
+            return Ok(None);
+        };
+        if self.live_holder(name, &state, now, false)?.is_none() {
+            return Ok(None);
+        }
+        // The counter is the last token drawn, and only an acquisition
+        // draws: it is the holder's token.
+        let holding = Holding::new(Some(FencingToken::new(state.counter)), state.identity)
+            .expiring_in(Duration::from_micros(state.expires_at_us - now));
+        Ok(Some(holding))
     }
 
     /// How a waiter hears of the current holder's release.
-    fn watch_holder(self: &Arc<Self>, name: &str) -> io::Result<HolderWatch> {
+    fn watch_release(self: &Arc<Self>, name: &str) -> io::Result<HolderWatch> {
         // With the key locked: a holder rewrites the state before it
         // removes its alive file, so a file missing while the state names a
         // live holder was removed by someone else, not by a release.
         let _guard = self.lock_key(name)?;
-        let Some(path) = self.current_alive_file(name)? else {
+        let state = self.read_state(name)?;
+        let holder = match &state {
+            Some(state) => self.live_holder(name, state, now_us(), false)?,
+            None => None,
+        };
+        let Some(holder) = holder else {
             return Ok(HolderWatch::Free);
         };
-        Ok(match self.watch_alive(path)? {
+        Ok(match self.watch_alive(self.alive_path(name, &holder))? {
             Some(released) => HolderWatch::Alive(released),
             None => HolderWatch::Unwatchable,
         })
@@ -530,9 +572,10 @@ impl Backend for FileBackend {
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
+        let identity = request.identity.map(str::to_owned);
         let taken = self
             .blocking(Operation::Acquire, key, move |inner| {
-                let attempt = inner.try_acquire(&name, &text, owner, ttl)?;
+                let attempt = inner.try_acquire(&name, &text, owner, ttl, identity.as_deref())?;
                 Ok(Taken {
                     inner: Arc::clone(inner),
                     name,
@@ -567,7 +610,7 @@ impl Backend for FileBackend {
         let name = file_name(key);
         let this = Arc::clone(&self.inner);
         let watch = self
-            .blocking(Operation::Wait, key, move |_| this.watch_holder(&name))
+            .blocking(Operation::Wait, key, move |_| this.watch_release(&name))
             .await?;
         Ok(match watch {
             // Every waiter of the file hears its release.
@@ -590,6 +633,41 @@ impl Backend for FileBackend {
             inner.force_release(&name)
         })
         .await
+    }
+
+    /// Reads the state with the key locked. A holder whose process died
+    /// (its alive file can be locked) holds nothing, as for `try_acquire`.
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+        let name = file_name(key);
+        self.blocking(Operation::Inspect, key, move |inner| inner.holder(&name))
+            .await
+    }
+
+    /// Nothing tells this backend of an acquisition, only of a release
+    /// (the holder's alive file unlocked). So the notice resolves on the
+    /// release while the key is held and its alive file can be watched,
+    /// with no recheck; while the key is free it never resolves and says to
+    /// look again within 50 ms, and while the holder's alive file is
+    /// missing, within the waiters' 500 ms. An observer polls only while
+    /// nobody holds the key; it learns of an expiry from the lease's
+    /// `expires_in` that `holder` reads.
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let name = file_name(key);
+        let this = Arc::clone(&self.inner);
+        let watch = self
+            .blocking(Operation::Wait, key, move |_| this.watch_release(&name))
+            .await?;
+        Ok(match watch {
+            HolderWatch::Alive(mut rx) => ReleaseNotice::new(async move {
+                let _ = rx.wait_for(|released| *released).await;
+            }),
+            HolderWatch::Free => {
+                ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK)
+            }
+            HolderWatch::Unwatchable => {
+                ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+            }
+        })
     }
 }
 
@@ -638,7 +716,7 @@ mod tests {
         let backend = FileBackend::open(&dir).expect("dir");
         let owner = OwnerId::random().expect("random");
         let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
-        let attempt = backend.inner.try_acquire("k", "k", owner, ttl);
+        let attempt = backend.inner.try_acquire("k", "k", owner, ttl, None);
         assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
         let state = backend.inner.read_state("k").expect("readable");
         let _ = fs::remove_dir_all(&dir);
@@ -646,5 +724,43 @@ mod tests {
         // counted from, so the difference is the stored ttl exactly.
         let state = state.expect("written");
         assert_eq!(state.expires_at_us - (state.counter - 1), 10_000_001);
+    }
+
+    #[test]
+    fn the_identity_is_written_with_the_owner_rewritten_by_a_retry_and_cleared_on_release() {
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-file-unit-{}",
+            OwnerId::random().expect("random")
+        ));
+        let backend = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
+        let token = |attempt: io::Result<Attempt>| match attempt {
+            Ok(Attempt::Acquired(grant)) => grant.token,
+            other => panic!("not acquired: {other:?}"),
+        };
+        let identity = || {
+            let state = inner.read_state("k").expect("readable").expect("written");
+            state.identity
+        };
+        let first = token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%")));
+        assert_eq!(identity().as_deref(), Some("a b\n%"));
+        let retried = token(inner.try_acquire("k", "k", owner, ttl, Some("again")));
+        assert_eq!(retried, first, "a retry keeps its token");
+        assert_eq!(identity().as_deref(), Some("again"));
+        let holding = inner.holder("k").expect("readable").expect("held");
+        assert_eq!(
+            (holding.token, holding.identity.as_deref()),
+            (Some(first), Some("again"))
+        );
+        assert!(inner.release("k", owner).expect("released"));
+        assert_eq!(identity(), None, "a release clears it");
+        assert_eq!(inner.holder("k").expect("readable"), None);
+        let other = OwnerId::random().expect("random");
+        let next = token(inner.try_acquire("k", "k", other, ttl, None));
+        assert!(next > first);
+        let holding = inner.holder("k").expect("readable").expect("held");
+        assert_eq!((holding.token, holding.identity), (Some(next), None));
+        let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -1,5 +1,29 @@
 //! The files' names and the state file's format: what every process that
 //! shares a lock directory must agree on, byte for byte.
+//!
+//! `NAME.state` reads:
+//!
+//! ```text
+//! dlock-file-state v1
+//! counter 42
+//! owner 0123456789abcdef0123456789abcdef
+//! expires_us 1700000000000000
+//! key the key as it is, newlines and all
+//! \0identity 0123456789abcdef0123456789abcdef web-3%20(pid%204121)
+//! ```
+//!
+//! The last line (a NUL, then `identity`, the owner that recorded it and
+//! the percent-encoded identity) is there only while an owner that gave an
+//! identity holds the key. It comes after the key so that a state written
+//! without one is byte for byte the format of earlier versions, and an
+//! earlier version reading it takes the line for part of the key (its
+//! parser keeps everything after `key ` as the key, and never compares it)
+//! instead of calling the state corrupt: processes of both versions can
+//! share a directory during a rolling upgrade. A key cannot hold a NUL, so
+//! `\n\0` marks the end of the key unambiguously. An earlier version that
+//! rewrites such a state (a forced release) keeps the line as part of the
+//! key; the owner written in it is why the line is never read as the
+//! identity of a later holder.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -18,6 +42,8 @@ pub(super) struct State {
     pub(super) owner: Option<OwnerId>,
     pub(super) expires_at_us: u64,
     pub(super) key: String,
+    /// Who `owner` said it is when it took the key; only ever with an owner.
+    pub(super) identity: Option<String>,
 }
 
 /// When a lease of `ttl` taken at `now` (µs) ends: the ttl rounded up to
@@ -61,14 +87,24 @@ fn fnv1a_128(bytes: &[u8]) -> u128 {
     })
 }
 
+/// Ends the key (which cannot hold a NUL) and starts a line of its own.
+const FIELD_START: &str = "\n\0";
+
 pub(super) fn render_state(state: &State) -> String {
     let owner = state
         .owner
         .map_or_else(|| "-".to_owned(), |owner| owner.to_string());
-    format!(
+    let mut text = format!(
         "{STATE_HEADER}\ncounter {}\nowner {owner}\nexpires_us {}\nkey {}",
         state.counter, state.expires_at_us, state.key
-    )
+    );
+    if let (Some(owner), Some(identity)) = (state.owner, &state.identity) {
+        text.push_str(&format!(
+            "{FIELD_START}identity {owner} {}",
+            encode(identity)
+        ));
+    }
+    text
 }
 
 pub(super) fn parse_state(text: &str) -> Option<State> {
@@ -82,13 +118,62 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
         hex => Some(OwnerId::parse_hex(hex)?),
     };
     let expires_at_us = lines.next()?.strip_prefix("expires_us ")?.parse().ok()?;
-    let key = lines.next()?.strip_prefix("key ")?.to_owned();
+    let mut fields = lines.next()?.split(FIELD_START);
+    let key = fields.next()?.strip_prefix("key ")?.to_owned();
+    // Only the identity the current owner recorded: one left behind by a
+    // holder before (an earlier version rewrote the state, keeping the
+    // line) is not this owner's. An unreadable one is no identity: the
+    // counter is what must never be lost. Lines a later version may add
+    // are skipped.
+    let identity = fields
+        .filter_map(|field| field.strip_prefix("identity ")?.split_once(' '))
+        .find(|(by, _)| owner.is_some() && OwnerId::parse_hex(by) == owner)
+        .and_then(|(_, encoded)| decode(encoded));
     Some(State {
         counter,
         owner,
         expires_at_us,
         key,
+        identity,
     })
+}
+
+/// Percent-encodes `%`, spaces and control characters, so an identity
+/// stays one field of one line whatever it holds.
+fn encode(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '%' || c == ' ' || c.is_control() {
+            let mut bytes = [0; 4];
+            for byte in c.encode_utf8(&mut bytes).bytes() {
+                encoded.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            encoded.push(c);
+        }
+    }
+    encoded
+}
+
+/// The text `encode` made; `None` if `encoded` is not such text.
+fn decode(encoded: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(encoded.len());
+    let mut rest = encoded.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
+        match byte {
+            b'%' => {
+                let (hex, tail) = rest.split_at_checked(2)?;
+                let digit = |d: u8| char::from(d).to_digit(16);
+                let byte = digit(hex[0])? * 16 + digit(hex[1])?;
+                bytes.push(u8::try_from(byte).ok()?);
+                rest = tail;
+            }
+            b' ' | b'\n' => return None,
+            _ => bytes.push(byte),
+        }
+    }
+    String::from_utf8(bytes).ok()
 }
 
 #[cfg(test)]
@@ -102,8 +187,148 @@ mod tests {
             owner: OwnerId::random().ok(),
             expires_at_us: 1_700_000_000_000_000,
             key: "a\nb key \"quoted\"\nü".into(),
+            identity: None,
         };
         assert_eq!(parse_state(&render_state(&state)), Some(state));
+    }
+
+    fn held_as(identity: &str) -> State {
+        State {
+            counter: 7,
+            owner: OwnerId::random().ok(),
+            expires_at_us: 1_700_000_000_000_000,
+            key: "a\nkey with\nidentity x\nlines".into(),
+            identity: Some(identity.into()),
+        }
+    }
+
+    #[test]
+    fn state_round_trips_with_an_identity() {
+        let state = held_as("web-3 (pid 4121)");
+        assert_eq!(parse_state(&render_state(&state)), Some(state));
+    }
+
+    #[test]
+    fn identities_with_separators_newlines_and_percent_signs_round_trip() {
+        for identity in [
+            "",
+            " ",
+            "a b",
+            "line\nbreak\r\n",
+            "100% %41 %",
+            "\0identity 00 x",
+            "tab\there ü ∑ 🦀",
+            "%%%%",
+        ] {
+            let state = held_as(identity);
+            let text = render_state(&state);
+            assert_eq!(
+                text.lines().count(),
+                state.key.lines().count() + 5,
+                "{identity:?} stays on one line"
+            );
+            assert_eq!(parse_state(&text), Some(state), "{identity:?}");
+        }
+    }
+
+    #[test]
+    fn a_state_of_the_earlier_format_parses_without_identity() {
+        let owner = OwnerId::random().expect("random");
+        let text = format!(
+            "{STATE_HEADER}\ncounter 12\nowner {owner}\nexpires_us 99\nkey a\nb\nidentity {owner} x"
+        );
+        assert_eq!(
+            parse_state(&text),
+            Some(State {
+                counter: 12,
+                owner: Some(owner),
+                expires_at_us: 99,
+                key: format!("a\nb\nidentity {owner} x"),
+                identity: None,
+            })
+        );
+    }
+
+    #[test]
+    fn a_state_without_identity_is_written_in_the_earlier_format() {
+        let owner = OwnerId::random().expect("random");
+        let state = State {
+            counter: 12,
+            owner: Some(owner),
+            expires_at_us: 99,
+            key: "k".into(),
+            identity: None,
+        };
+        assert_eq!(
+            render_state(&state),
+            format!("{STATE_HEADER}\ncounter 12\nowner {owner}\nexpires_us 99\nkey k")
+        );
+    }
+
+    /// The parser of the version before identities, verbatim.
+    fn parse_earlier(text: &str) -> Option<(u64, Option<OwnerId>, u64)> {
+        let mut lines = text.splitn(5, '\n');
+        if lines.next()? != STATE_HEADER {
+            return None;
+        }
+        let counter = lines.next()?.strip_prefix("counter ")?.parse().ok()?;
+        let owner = match lines.next()?.strip_prefix("owner ")? {
+            "-" => None,
+            hex => Some(OwnerId::parse_hex(hex)?),
+        };
+        let expires_at_us = lines.next()?.strip_prefix("expires_us ")?.parse().ok()?;
+        lines.next()?.strip_prefix("key ")?;
+        Some((counter, owner, expires_at_us))
+    }
+
+    #[test]
+    fn an_earlier_version_reads_a_state_with_an_identity() {
+        let state = held_as("leader\nof all");
+        assert_eq!(
+            parse_earlier(&render_state(&state)),
+            Some((state.counter, state.owner, state.expires_at_us))
+        );
+    }
+
+    #[test]
+    fn an_identity_left_by_an_earlier_holder_is_not_the_current_ones() {
+        // An earlier version that rewrites a state keeps the identity line
+        // as part of the key: a forced release, then its own acquisition's
+        // retry, leave it under an owner (or none) that did not record it.
+        let earlier = OwnerId::random().expect("random");
+        let left = format!("\n\0identity {earlier} old-leader");
+        for owner in [OwnerId::random().ok(), None] {
+            let owner_field = owner.map_or_else(|| "-".to_owned(), |o| o.to_string());
+            let text = format!(
+                "{STATE_HEADER}\ncounter 12\nowner {owner_field}\nexpires_us 99\nkey k{left}"
+            );
+            let parsed = parse_state(&text).expect("parses");
+            assert_eq!((parsed.owner, parsed.identity), (owner, None));
+        }
+        let text =
+            format!("{STATE_HEADER}\ncounter 12\nowner {earlier}\nexpires_us 99\nkey k{left}");
+        let parsed = parse_state(&text).expect("parses");
+        assert_eq!(parsed.identity.as_deref(), Some("old-leader"), "its own");
+    }
+
+    #[test]
+    fn an_unreadable_identity_is_no_identity_not_a_corrupt_state() {
+        let owner = OwnerId::random().expect("random");
+        let head = format!("{STATE_HEADER}\ncounter 12\nowner {owner}\nexpires_us 99\nkey k");
+        for line in [
+            "identity",
+            "identity x",
+            &format!("identity {owner} %4"),
+            &format!("identity {owner} %zz"),
+        ] {
+            let parsed = parse_state(&format!("{head}\n\0{line}")).expect("the counter is read");
+            assert_eq!((parsed.counter, parsed.identity), (12, None), "{line:?}");
+        }
+        let later = format!("{head}\n\0mode shared\n\0identity {owner} me");
+        assert_eq!(
+            parse_state(&later).expect("parses").identity.as_deref(),
+            Some("me")
+        );
     }
 
     #[test]

@@ -156,7 +156,7 @@ async fn take(
     let mut unsure = false;
     let outcome = 'attempts: {
         let sent = Instant::now();
-        match attempt(backend, key, *owner, terms.ttl).await {
+        match attempt(backend, key, *owner, terms).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => {}
             Err(err) => {
@@ -191,7 +191,7 @@ async fn take(
                 Err(err) => break 'attempts Err(err),
             };
             let sent = Instant::now();
-            let answer = attempt(backend, key, *owner, terms.ttl).await;
+            let answer = attempt(backend, key, *owner, terms).await;
             if answer.is_ok()
                 && let Some(woken) = woken_by.take()
             {
@@ -243,14 +243,14 @@ fn attempt(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: OwnerId,
-    ttl: Duration,
+    terms: &Terms,
 ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
+        let (ttl, identity) = (terms.ttl, terms.identity.clone());
         async move {
-            backend
-                .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
-                .await
+            let request = AcquireRequest::new(&key, &owner, ttl).with_identity(identity.as_deref());
+            backend.try_acquire(&request).await
         }
     };
     let give_back = GiveBack {

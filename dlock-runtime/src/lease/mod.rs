@@ -42,7 +42,7 @@ use crate::token::FencingToken;
 /// The terms a lease is taken and kept on: what
 /// [`LockOptions`](crate::LockOptions) says about one acquisition, without
 /// the backend's name, which the caller has already resolved.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Terms {
     /// The lease's lifetime unless renewed.
     pub(crate) ttl: Duration,
@@ -52,6 +52,9 @@ pub(crate) struct Terms {
     pub(crate) renew: bool,
     /// How long the key stays held after acquisition even if released.
     pub(crate) min_hold: Duration,
+    /// Who the acquirer says it is, recorded beside the lock (an
+    /// election's campaigner); `None` for plain locks.
+    pub(crate) identity: Option<Arc<str>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -113,7 +113,7 @@ pub(crate) async fn acquire_many(
     order.dedup();
     let mut leases: Vec<Lease> = Vec::with_capacity(order.len());
     for key in &order {
-        match acquire(Arc::clone(&backend), key.clone(), terms, deadline).await {
+        match acquire(Arc::clone(&backend), key.clone(), terms.clone(), deadline).await {
             Ok(lease) => leases.push(lease),
             Err(err) => {
                 for taken in leases.into_iter().rev() {

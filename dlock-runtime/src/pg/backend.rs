@@ -77,9 +77,10 @@ impl Backend for PgBackend {
             owner: *owner,
         };
         let owner = *owner;
+        let identity = request.identity.map(Arc::<str>::from);
         let attempt = {
             let (inner, key) = (Arc::clone(&self.inner), key.clone());
-            async move { inner.acquire_on_server(&key, owner, ttl).await }
+            async move { inner.acquire_on_server(&key, owner, ttl, identity).await }
         };
         match self.inner.home.run_detachable(attempt, give_back).await {
             Ok(outcome) => outcome,
@@ -216,5 +217,13 @@ impl Backend for PgBackend {
             tracing::warn!(key = %key, pid, gone, "force release: ended the PostgreSQL session holding the key");
         }
         Ok(!rows.is_empty())
+    }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<crate::backend::Holding>, LockError> {
+        self.inner.holder(key).await
+    }
+
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.watch_holder(key).await
     }
 }

@@ -23,39 +23,78 @@ impl Inner {
         Attempt::Held { expires_in: None }
     }
 
-    /// Sends the lock statement: the advisory key and the token (None:
-    /// held). A session found dead is replaced once.
+    /// Sends the lock statement (the one that records `identity` too, if
+    /// there is one: see [`sql::TRY_LOCK_RECORDING`]). A session found
+    /// dead is replaced once.
     pub(super) async fn try_lock(
         self: &Arc<Self>,
         key: &LockKey,
+        identity: Option<&str>,
         in_flight: &mut Option<Arc<LockSession>>,
-    ) -> Result<(Arc<LockSession>, i64, Option<i64>), LockError> {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-            [&key.as_str(), &self.options.key_seed];
+    ) -> Result<Locked, LockError> {
+        if identity.is_some() {
+            self.ensure_holders_table(key, false).await?;
+        }
         let mut retried = false;
         let mut restored = false;
         loop {
             let session = self.session().await?;
             *in_flight = Some(Arc::clone(&session));
-            let answer = session.query_one(&session.try_lock, &params).await;
+            // A session that could not tell when it started cannot name
+            // itself in a record: its leases record nothing.
+            let recording = identity.zip(session.started);
+            let answer = match recording {
+                None => session
+                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
+                    .await
+                    .map(|row| (Ok(row), false)),
+                Some((identity, started)) => {
+                    match session
+                        .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
+                        .await
+                    {
+                        Ok(statements) => session
+                            .query_one(
+                                &statements.try_lock,
+                                &[&key.as_str(), &self.options.key_seed, &identity, &started],
+                            )
+                            .await
+                            .map(|row| (Ok(row), true)),
+                        // Preparing runs nothing: there is nothing to undo.
+                        Err(err) => Ok((Err(err), true)),
+                    }
+                }
+            };
             let err = match answer {
-                Ok(row) => {
-                    let parsed = row.try_get(0).and_then(|h| Ok((h, row.try_get(1)?)));
+                Ok((Ok(row), recording)) => {
+                    let parsed = row.try_get(0).and_then(|h| {
+                        let recorded = if recording { row.try_get(2)? } else { false };
+                        Ok((h, row.try_get(1)?, recorded))
+                    });
                     return match parsed {
-                        Ok((advisory_key, token)) => Ok((session, advisory_key, token)),
+                        Ok((advisory_key, token, recorded)) => Ok(Locked {
+                            session,
+                            advisory_key,
+                            token,
+                            recorded,
+                        }),
                         Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
                     };
                 }
-                Err(err) => err,
+                Ok((Err(err), _)) => err,
+                Err(err) => {
+                    // A session lock outlives the statement that took it, so a
+                    // failure after `pg_try_advisory_lock` leaves the lock held.
+                    if !err.is_closed() && !session.is_ended() {
+                        Box::pin(self.undo_failed_lock(&session, key, &err, recording.is_some()))
+                            .await;
+                    }
+                    err
+                }
             };
             if (err.is_closed() || session.is_ended()) && !retried {
                 retried = true;
                 continue;
-            }
-            // A session lock outlives the statement that took it, so a
-            // failure after `pg_try_advisory_lock` leaves the lock held.
-            if !err.is_closed() && !session.is_ended() {
-                Box::pin(self.undo_failed_lock(&session, key, &err)).await;
             }
             *in_flight = None;
             if sql::sequence_missing(&err) && !restored {
@@ -63,7 +102,25 @@ impl Inner {
                 Box::pin(self.restore_objects())
                     .await
                     .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+                if identity.is_some() {
+                    // Or the table of identity records went.
+                    self.ensure_holders_table(key, true).await?;
+                }
                 continue;
+            }
+            if recording.is_some() && err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                let what = format!(
+                    "cannot take `{key}` with its identity recorded: the role needs SELECT, \
+                     INSERT, UPDATE and DELETE on {s}.dlock_holders (and USAGE on \
+                     {s}.dlock_token_seq); the lock was not taken",
+                    s = self.quoted_schema
+                );
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::new(what, err),
+                ));
             }
             if let Some(unfit) = sql::refused_sequence(&err) {
                 let what = super::sequence::refusal(unfit, &self.quoted_schema);
@@ -75,12 +132,22 @@ impl Inner {
                 ));
             }
             if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                let locked = if recording.is_some() {
+                    format!(
+                        "the token sequence {s}.dlock_token_seq or the table {s}.dlock_holders \
+                         is locked by another transaction (an ALTER or a DROP left open?)",
+                        s = self.quoted_schema
+                    )
+                } else {
+                    format!(
+                        "the token sequence {}.dlock_token_seq is locked by another transaction \
+                         (an ALTER SEQUENCE or a DROP left open?)",
+                        self.quoted_schema
+                    )
+                };
                 let what = format!(
-                    "the token sequence {}.dlock_token_seq is locked by another transaction \
-                     (an ALTER SEQUENCE or a DROP left open?) for longer than a lock session \
-                     waits for it ({:?}): the lock was not taken; try again once that \
-                     transaction has ended",
-                    self.quoted_schema,
+                    "{locked} for longer than a lock session waits for it ({:?}): the lock was \
+                     not taken; try again once that transaction has ended",
                     self.lock_timeout()
                 );
                 return Err(LockError::backend(
@@ -99,10 +166,18 @@ impl Inner {
         key: &LockKey,
         owner: OwnerId,
         ttl: Duration,
+        identity: Option<Arc<str>>,
     ) -> Result<Attempt, LockError> {
         let mut unfinished = Unfinished::new(self, key, owner);
-        let attempt = self.try_lock(key, &mut unfinished.in_flight).await;
-        let (session, advisory_key, token) = match attempt {
+        let attempt = self
+            .try_lock(key, identity.as_deref(), &mut unfinished.in_flight)
+            .await;
+        let Locked {
+            session,
+            advisory_key,
+            token,
+            recorded,
+        } = match attempt {
             Ok(answer) => answer,
             Err(err) => {
                 unfinished.finish();
@@ -115,11 +190,14 @@ impl Inner {
             self.forget(key, owner);
             return Ok(self.held_elsewhere());
         };
+        // The record this attempt wrote, to delete with the lock should it
+        // give the lock back.
+        let record = recorded.then_some(token);
         let token = match xact::to_token(token, key.as_str()) {
             Ok(token) => token,
             Err(err) => {
                 self.forget(key, owner);
-                Box::pin(self.give_back(&session, advisory_key)).await;
+                Box::pin(self.give_back(&session, advisory_key, record)).await;
                 unfinished.finish();
                 return Err(err);
             }
@@ -148,6 +226,7 @@ impl Inner {
                         session: Arc::clone(&session),
                         advisory_key,
                         token,
+                        identity: identity.filter(|_| recorded),
                         deadline_slot,
                         deadlines: Arc::clone(&self.deadlines),
                     });
@@ -158,7 +237,7 @@ impl Inner {
         };
         if !held {
             self.forget(key, owner);
-            Box::pin(self.give_back(&session, advisory_key)).await;
+            Box::pin(self.give_back(&session, advisory_key, record)).await;
             unfinished.finish();
             return Ok(Attempt::Held { expires_in: None });
         }
@@ -179,10 +258,11 @@ impl Inner {
         session: &LockSession,
         key: &LockKey,
         err: &tokio_postgres::Error,
+        recording: bool,
     ) {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
-        match sql::lock_left_by(err) {
+        match sql::lock_left_by(err, recording) {
             sql::LockLeft::No => {}
             // This attempt holds the lock (once more, if another lease of
             // the session holds the same advisory key): one unlock drops
@@ -224,15 +304,46 @@ impl Inner {
         }
     }
 
-    /// Drops one hold of `advisory_key` on `session` that no lease owns.
-    pub(super) async fn give_back(&self, session: &LockSession, advisory_key: i64) {
-        if session
-            .query_one(&session.unlock, &[&advisory_key])
-            .await
-            .is_err()
-        {
+    /// Drops one hold of `advisory_key` on `session` that no lease owns,
+    /// with the identity record its lock statement wrote, if it wrote one
+    /// (`record`: its token).
+    pub(super) async fn give_back(
+        &self,
+        session: &LockSession,
+        advisory_key: i64,
+        record: Option<i64>,
+    ) {
+        if self.unlock_on(session, advisory_key, record).await.is_err() {
             session.end("could not give back an unowned lock".to_owned());
         }
+    }
+
+    /// Drops one hold of `advisory_key` on `session`, and, for a lease that
+    /// recorded its identity (`record`: its token), the record with it (see
+    /// [`sql::UNLOCK_RECORDED`]). True when the session held the lock.
+    async fn unlock_on(
+        &self,
+        session: &LockSession,
+        advisory_key: i64,
+        record: Option<i64>,
+    ) -> Result<bool, tokio_postgres::Error> {
+        if let Some(token) = record {
+            let statements = session
+                .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
+                .await?;
+            match session
+                .query_one(&statements.unlock, &[&advisory_key, &token])
+                .await
+            {
+                Ok(row) => return Ok(row.try_get(0).unwrap_or(false)),
+                // The table (or its schema) was dropped: the statement ran
+                // nothing, and no record is left to delete.
+                Err(err) if sql::sequence_missing(&err) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+        Ok(row.try_get(0).unwrap_or(false))
     }
 
     /// Unlocks `key` on its session. `owner: None` is the administrator's
@@ -244,7 +355,7 @@ impl Inner {
         owner: Option<OwnerId>,
         overdue: bool,
     ) -> Result<bool, LockError> {
-        let (session, advisory_key, live, entry_owner) = {
+        let (session, advisory_key, record, live, entry_owner) = {
             let mut keys = self.keys();
             let Some(entry) = keys.get_mut(key) else {
                 return Ok(false);
@@ -262,9 +373,15 @@ impl Inner {
             let State::Held(holding) = std::mem::replace(&mut entry.state, State::Releasing) else {
                 return Ok(false);
             };
+            // The token as drawn: a positive int8.
+            let record = holding
+                .identity
+                .is_some()
+                .then(|| holding.token.get() as i64);
             (
                 Arc::clone(&holding.session),
                 holding.advisory_key,
+                record,
                 live,
                 entry.owner,
             )
@@ -279,11 +396,11 @@ impl Inner {
                 let key = unlocked_key;
                 let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
                 unfinished.in_flight = Some(Arc::clone(&session));
-                let outcome = session.query_one(&session.unlock, &[&advisory_key]).await;
+                let outcome = inner.unlock_on(&session, advisory_key, record).await;
                 unfinished.finish();
                 inner.forget(&key, entry_owner);
                 match outcome {
-                    Ok(row) => Ok(row.try_get::<_, bool>(0).unwrap_or(false)),
+                    Ok(released) => Ok(released),
                     // The session is gone, and every lock it held with it.
                     Err(err) if err.is_closed() || session.is_ended() => Ok(false),
                     Err(err) => {
@@ -306,6 +423,16 @@ impl Inner {
             }
         }
     }
+}
+
+/// What a lock statement answered.
+pub(super) struct Locked {
+    pub(super) session: Arc<LockSession>,
+    pub(super) advisory_key: i64,
+    /// The token drawn; `None` when the key is held by someone else.
+    pub(super) token: Option<i64>,
+    /// Whether it wrote an identity record.
+    pub(super) recorded: bool,
 }
 
 /// Cleans up after work on a key that is dropped before it finished, which

@@ -89,6 +89,34 @@
 //! [`PgOptions::server_idle_timeout`] (PostgreSQL 14+), because its
 //! sessions stop sending their liveness checks.
 //!
+//! # Who holds a key
+//!
+//! [`Backend::holder`](crate::Backend::holder) reads the session that holds
+//! the key's advisory lock from `pg_locks`. A lock taken with an identity
+//! ([`AcquireRequest::identity`](crate::backend::AcquireRequest::identity))
+//! also records it, with its token and its session (pid and start time), in
+//! the table `<schema>.dlock_holders`, in the statement that takes the lock,
+//! and deletes it in the statement that drops it. A reader believes a
+//! record only when it names the session holding the lock; otherwise (a
+//! lock without an identity, a [`TransactionLock`], a record not committed
+//! yet or left by a session that died) the key reads as held by someone
+//! unknown. A reader of another role than the holder's sees the record only
+//! if it is a member of that role or of `pg_read_all_stats` (PostgreSQL
+//! hides when other roles' sessions started). The table is created on the
+//! first acquisition with an identity, never for locks without one; a DBA
+//! can pre-create it:
+//!
+//! ```sql
+//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_holders (
+//!     lock_id int8 PRIMARY KEY, key text NOT NULL, token int8 NOT NULL,
+//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, identity text NOT NULL);
+//! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
+//! ```
+//!
+//! Releases are announced to [`Backend::watch_holder`](crate::Backend::watch_holder)
+//! by the wait probe (below); acquisitions are not, so a watch on a free
+//! key asks its reader to look again every 50 ms.
+//!
 //! # Waiting
 //!
 //! A key held in this process wakes its waiters in process. A key held
@@ -130,6 +158,7 @@
 
 mod backend;
 mod deadlines;
+mod holders;
 mod home;
 mod locks;
 mod objects;
@@ -225,6 +254,15 @@ struct Inner {
     quoted_schema: String,
     try_lock_sql: String,
     terminate_sql: String,
+    /// The statements of identity records ([`holders`]), schema filled in.
+    try_lock_recording_sql: String,
+    unlock_recorded_sql: String,
+    holder_session_sql: String,
+    holder_record_sql: String,
+    /// Whether the table of identity records is known to exist and be
+    /// usable, checked (and created) on the first acquisition with an
+    /// identity, one check at a time.
+    holders_table: AsyncMutex<bool>,
     slots: Vec<SessionSlot>,
     next_slot: AtomicUsize,
     next_session_id: AtomicU64,
@@ -266,6 +304,9 @@ struct Holding {
     advisory_key: i64,
     /// The token drawn for it, for a retry by the same owner.
     token: FencingToken,
+    /// The identity recorded beside the lock, if its lock statement wrote a
+    /// record (which its unlock then deletes).
+    identity: Option<Arc<str>>,
     /// When the backend unlocks the key unless it is extended (the
     /// deadline), and the hold's place in the backend's deadline queue, which
     /// it leaves when the hold ends.
@@ -383,6 +424,11 @@ impl PgBackend {
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
+            try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
+            unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
+            holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
+            holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
+            holders_table: AsyncMutex::new(false),
             slots: (0..options.sessions)
                 .map(|_| SessionSlot::default())
                 .collect(),

@@ -7,12 +7,12 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{OnceCell, oneshot, watch};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::config::Host;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, Config, Row, Statement, ToStatement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -258,6 +258,10 @@ fn describe(config: &Config) -> String {
 pub(super) struct LockSession {
     pub(super) id: u64,
     pub(super) pid: i32,
+    /// When the server started the session (`backend_start`): with the pid,
+    /// what names it in an identity record, as a pid alone may be reused.
+    /// `None` if the server did not say; the session then records nothing.
+    pub(super) started: Option<SystemTime>,
     client: Client,
     /// How many answers the server gave on this session, errors included:
     /// what tells the liveness check that a session whose ping waits behind
@@ -265,6 +269,9 @@ pub(super) struct LockSession {
     answers: AtomicU64,
     pub(super) try_lock: Statement,
     pub(super) unlock: Statement,
+    /// The statements of leases that record an identity, prepared on the
+    /// first such lease (they name a table that only exists from then on).
+    recording: OnceCell<Recording>,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
@@ -306,10 +313,16 @@ impl Drop for SessionEnding {
     }
 }
 
+/// A lock session's statements for leases that record an identity.
+pub(super) struct Recording {
+    pub(super) try_lock: Statement,
+    pub(super) unlock: Statement,
+}
+
 impl LockSession {
     pub(super) fn new(
         id: u64,
-        pid: i32,
+        (pid, started): (i32, Option<SystemTime>),
         client: Client,
         statements: (Statement, Statement),
         ended: watch::Receiver<Option<String>>,
@@ -319,10 +332,12 @@ impl LockSession {
         Self {
             id,
             pid,
+            started,
             client,
             answers: AtomicU64::new(0),
             try_lock: statements.0,
             unlock: statements.1,
+            recording: OnceCell::new(),
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
@@ -374,6 +389,41 @@ impl LockSession {
         let answer = self.client.query(statement, params).await;
         self.count_answer(&answer);
         answer
+    }
+
+    /// Sends a statement with the given parameter types, unprepared: one
+    /// round trip, for statements sent too rarely to keep prepared.
+    pub(super) async fn query_typed(
+        &self,
+        statement: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let answer = self.client.query_typed(statement, params).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// The statements of leases that record an identity (the SQL of
+    /// [`sql::TRY_LOCK_RECORDING`] and [`sql::UNLOCK_RECORDED`] with the
+    /// schema filled in), prepared on first use.
+    pub(super) async fn recording(
+        &self,
+        try_lock_sql: &str,
+        unlock_sql: &str,
+    ) -> Result<&Recording, tokio_postgres::Error> {
+        self.recording
+            .get_or_try_init(|| async {
+                let prepare = |sql| async move {
+                    let prepared = self.client.prepare(sql).await;
+                    self.count_answer(&prepared);
+                    prepared
+                };
+                Ok(Recording {
+                    try_lock: prepare(try_lock_sql).await?,
+                    unlock: prepare(unlock_sql).await?,
+                })
+            })
+            .await
     }
 
     /// One round trip that runs nothing.

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
 
 use super::session::{self, Failure, LockSession, SessionEnding};
 use super::{Inner, KIND, sql};
@@ -99,21 +100,22 @@ impl Inner {
                 .options
                 .server_idle_timeout
                 .map(|idle| idle.as_millis().to_string());
-            let pid: i32 = client
+            let row = client
                 .query_one(sql::LOCK_SESSION_SETUP, &[&idle_ms])
-                .await?
-                .try_get(0)?;
+                .await?;
+            let pid: i32 = row.try_get(0)?;
+            let started: Option<SystemTime> = row.try_get(1)?;
             let try_lock = client.prepare(&self.try_lock_sql).await?;
             let unlock = client.prepare(sql::UNLOCK).await?;
-            Ok::<_, tokio_postgres::Error>((pid, try_lock, unlock))
+            Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock))
         };
-        let (pid, try_lock, unlock) = setup
+        let ((pid, started), try_lock, unlock) = setup
             .await
             .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
         pid_known.store(pid, Ordering::Release);
         let session = Arc::new(LockSession::new(
             id,
-            pid,
+            (pid, started),
             client,
             (try_lock, unlock),
             ended,

@@ -227,7 +227,9 @@ FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
       FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
       OFFSET 0) AS w";
 
-/// Sets up a lock session and returns its server process id.
+/// Sets up a lock session and returns its server process id and when the
+/// session started (`backend_start`: with the pid, what names the session
+/// beside an identity record, see [`TRY_LOCK_RECORDING`]).
 ///
 /// `idle_session_timeout` (`$1`, milliseconds as text, or NULL to leave
 /// the server's setting alone) makes the server end a lock session that
@@ -236,29 +238,43 @@ FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
 /// the setting; older servers skip it.
 pub(super) const LOCK_SESSION_SETUP: &str = "\
 SELECT pg_catalog.pg_backend_pid(),
+       (SELECT a.backend_start
+        FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a),
        CASE WHEN $1::pg_catalog.text IS NOT NULL
              AND pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
                  >= 140000::pg_catalog.int4
             THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
        END";
 
-/// The sessions (other than this one) that hold a key's advisory lock
-/// exclusively, as a query of one column, `pid`, for [`HOLDERS`] and
-/// [`TERMINATE_HOLDERS`]. A `bigint` advisory key shows in `pg_locks` split
-/// into `classid` (high 32 bits) and `objid` (low 32 bits) with
-/// `objsubid = 1`.
-macro_rules! holders {
+/// The condition on a `pg_locks` row `l` that it is a granted exclusive
+/// hold, in this database, of the advisory key `k.h`. A `bigint` advisory
+/// key shows in `pg_locks` split into `classid` (high 32 bits) and `objid`
+/// (low 32 bits) with `objsubid = 1`.
+macro_rules! exclusive_hold {
     () => {
-        "SELECT l.pid
-FROM pg_catalog.pg_locks AS l,
-     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
-WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+        "l.locktype = 'advisory'::pg_catalog.text AND l.granted
   AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
                     WHERE d.datname = pg_catalog.current_database())
   AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
-  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)"
+    };
+}
+
+/// The sessions (other than this one) that hold a key's advisory lock
+/// exclusively, as a query of one column, `pid`, for [`HOLDERS`] and
+/// [`TERMINATE_HOLDERS`] (see `exclusive_hold!`).
+macro_rules! holders {
+    () => {
+        concat!(
+            "SELECT l.pid
+FROM pg_catalog.pg_locks AS l,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+WHERE ",
+            exclusive_hold!(),
+            "
   AND l.pid <> pg_catalog.pg_backend_pid()"
+        )
     };
 }
 
@@ -276,6 +292,152 @@ FROM (",
     holders!(),
     ") AS h"
 );
+
+/// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
+/// does, and, only if it was taken, records who took it in
+/// `{schema}.dlock_holders` ([`CREATE_HOLDERS_TABLE`]), for
+/// [`Backend::holder`](crate::Backend::holder): the key (`$1`), the token,
+/// this session (its pid and its start, `$4`, from
+/// [`LOCK_SESSION_SETUP`]) and the identity (`$3`). Returns the advisory
+/// key, the token (NULL: held by someone else) and whether it recorded.
+///
+/// One statement, so no lease is ever taken with an identity that is not
+/// written with it, nor written without the lease. The record is visible
+/// at commit and the lock at once, so for an instant a reader sees the
+/// lock and an older record (or none): a record names its session, and a
+/// reader believes it only when that session holds the lock (see
+/// [`HOLDER_SESSION`]). A record of a session that died stays (the server
+/// drops the lock, not the row) until the key's next recorded acquisition
+/// overwrites it; the session's start keeps a later session that happens
+/// to get the same pid from being taken for it.
+///
+/// `already`: advisory locks are re-entrant, so `pg_try_advisory_lock`
+/// also says yes when this session already holds the advisory key for a
+/// lease of another key with the same 64-bit hash (which the backend then
+/// refuses in process and gives back). Nothing is recorded then: the
+/// record would name a lease that does not exist, over the holder's own.
+/// Read from `pg_locks` before the lock is tried (each CTE reads the one
+/// before it; a CTE that calls a volatile function is computed once, in
+/// order, never folded into the next), which costs a scan of the lock table:
+/// only acquisitions with an identity pay it.
+///
+/// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
+/// and its rows are worth nothing after a crash, which ends every session
+/// and drops every lock with it.
+pub(super) const TRY_LOCK_RECORDING: &str = concat!(
+    "WITH k AS (
+  SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l
+                      WHERE l.pid = pg_catalog.pg_backend_pid() AND ",
+    exclusive_hold!(),
+    ") AS already
+  FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+),
+t AS (
+  SELECT k.h, k.already, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
+    draw_token!(
+        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+              AS commit_mode",
+        ""
+    ),
+    ") END AS token
+  FROM k
+),
+recorded AS (
+  INSERT INTO {schema}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
+  SELECT t.h, $1::pg_catalog.text, t.token, pg_catalog.pg_backend_pid(),
+         $4::pg_catalog.timestamptz, $3::pg_catalog.text
+  FROM t WHERE t.token IS NOT NULL AND NOT t.already
+  ON CONFLICT (lock_id) DO UPDATE
+  SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
+      session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
+  RETURNING r.lock_id
+)
+SELECT t.h, t.token, EXISTS (SELECT FROM recorded) FROM t"
+);
+
+/// Deletes a lease's identity record and drops its lock (`$1`, the
+/// advisory key) in one statement, so no later lease of this session
+/// (sessions carry many leases, and may take the same key again at once)
+/// is ever read with it. Only the lease's own record: its token (`$2`) and
+/// this session. The count consumes the delete before the unlock runs, so
+/// a delete that fails leaves the lock held (and the backend ends the
+/// session, which drops both). Asynchronous commit, as [`TRY_LOCK_RECORDING`].
+pub(super) const UNLOCK_RECORDED: &str = "\
+WITH gone AS (
+  DELETE FROM {schema}.dlock_holders AS r
+  WHERE r.lock_id = $1::pg_catalog.int8 AND r.token = $2::pg_catalog.int8
+    AND r.pid = pg_catalog.pg_backend_pid()
+  RETURNING r.lock_id
+)
+SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8),
+       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
+
+/// The session holding a key's advisory lock exclusively, whichever it is
+/// (this one included): its pid, when it started (NULL when the role
+/// asking may not see it: another role's session, unless the role is a
+/// member of it or of `pg_read_all_stats`), and whether the table of
+/// identity records exists. No row: nobody holds the key.
+///
+/// Read *before* [`HOLDER_RECORD`], in a statement of its own: the record
+/// is read under a snapshot taken after this, so a record found of the
+/// session seen here was written by a lease that held the key at some
+/// moment between the two (one session's leases come one after another,
+/// and each deletes its record with its unlock). Read the other way round,
+/// an old snapshot could still show the record of a lease the session
+/// has since released and followed with another.
+pub(super) const HOLDER_SESSION: &str = concat!(
+    "SELECT l.pid,
+       (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a),
+       pg_catalog.to_regclass('{schema}.dlock_holders'::pg_catalog.text) IS NOT NULL
+FROM pg_catalog.pg_locks AS l,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+WHERE ",
+    exclusive_hold!(),
+    "
+LIMIT 1"
+);
+
+/// The token and identity recorded for a key (`$1`, with its key seed `$2`)
+/// by the session `$3` that started at `$4`, the holder [`HOLDER_SESSION`]
+/// found. A record of another session (one that died holding the key) or
+/// of another key with the same advisory key is not the holder's.
+pub(super) const HOLDER_RECORD: &str = "\
+SELECT r.token, r.identity
+FROM {schema}.dlock_holders AS r
+WHERE r.lock_id = pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
+  AND r.key = $1::pg_catalog.text AND r.pid = $3::pg_catalog.int4
+  AND r.session_start = $4::pg_catalog.timestamptz";
+
+/// Whether the table of identity records exists, and the privileges the
+/// role has on it (SELECT, INSERT, UPDATE, DELETE), and the role.
+pub(super) const INSPECT_HOLDERS_TABLE: &str = "\
+SELECT c.oid IS NOT NULL,
+       COALESCE(pg_catalog.has_table_privilege(c.oid, 'SELECT'::pg_catalog.text), false),
+       COALESCE(pg_catalog.has_table_privilege(c.oid, 'INSERT'::pg_catalog.text), false),
+       COALESCE(pg_catalog.has_table_privilege(c.oid, 'UPDATE'::pg_catalog.text), false),
+       COALESCE(pg_catalog.has_table_privilege(c.oid, 'DELETE'::pg_catalog.text), false),
+       pg_catalog.quote_ident(current_user::pg_catalog.text)
+FROM (SELECT 1) AS one
+LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
+LEFT JOIN pg_catalog.pg_class AS c
+       ON c.relnamespace = n.oid AND c.relname = 'dlock_holders'::pg_catalog.name
+      AND c.relkind = 'r'::pg_catalog.\"char\"";
+
+/// The table of identity records (see [`TRY_LOCK_RECORDING`]), created
+/// only when missing and only by a backend that takes a lock with an
+/// identity. `UNLOGGED`: no WAL for the rows, which a crash would make
+/// worthless anyway (it ends every session, and every lock with it), and
+/// none on a standby, where no lock session runs.
+pub(super) const CREATE_HOLDERS_TABLE: &str = "\
+CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
+    lock_id pg_catalog.int8 PRIMARY KEY,
+    key pg_catalog.text NOT NULL,
+    token pg_catalog.int8 NOT NULL,
+    pid pg_catalog.int4 NOT NULL,
+    session_start pg_catalog.timestamptz NOT NULL,
+    identity pg_catalog.text NOT NULL
+)";
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
@@ -412,9 +574,22 @@ pub(super) enum LockLeft {
     Unknown,
 }
 
-/// Where a failed [`TRY_LOCK`] stopped, from its error code.
-pub(super) fn lock_left_by(err: &tokio_postgres::Error) -> LockLeft {
+/// Where a failed [`TRY_LOCK`] (or, `recording`, [`TRY_LOCK_RECORDING`])
+/// stopped, from its error code.
+pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> LockLeft {
     use tokio_postgres::error::SqlState;
+    if recording {
+        // Its INSERT also waits for locks (the table's, while the statement
+        // is planned, before anything ran; a row's, after the lock) and is
+        // refused in a read-only transaction before anything ran: only the
+        // draw's own failures say for sure.
+        return match err.code() {
+            _ if sequence_missing(err) => LockLeft::No,
+            _ if refused_sequence(err).is_some() => LockLeft::Yes,
+            Some(code) if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED => LockLeft::Yes,
+            _ => LockLeft::Unknown,
+        };
+    }
     match err.code() {
         // Planning names the sequence (a prepared statement is planned
         // again once it is dropped), so this is found before anything ran.
@@ -442,6 +617,19 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error) -> LockLeft {
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement.replace("{schema}", quoted_schema)
+}
+
+/// The DDL a DBA runs to create the table of identity records, for errors.
+pub(super) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
+    format!(
+        "{create}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r};",
+        create = render(CREATE_HOLDERS_TABLE, quoted_schema)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        s = quoted_schema,
+        r = role_hint,
+    )
 }
 
 /// The DDL a DBA runs to pre-create the backend's objects, for errors.

@@ -6,9 +6,10 @@
 //! | --- | --- | --- |
 //! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for |
+//! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
+//! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //!
-//! `{T}` is a Redis Cluster hash tag: both keys hash to the same slot, so
+//! `{T}` is a Redis Cluster hash tag: all the keys hash to the same slot, so
 //! the scripts that touch both are valid on a cluster. Encoding the braces
 //! keeps the tag whole whatever `K` contains (a raw `}` would end it early,
 //! and a key starting with `}` would leave an empty tag and split the two
@@ -46,6 +47,12 @@ impl Keyspace {
 /// script finds the channel from it), without building the other names.
 pub(crate) fn lock_name(key: &LockKey) -> String {
     name(&hash_tag(key.as_str()), "lock")
+}
+
+/// The holder record's name: built only for an acquisition with an
+/// identity and for reading the holder.
+pub(crate) fn holder_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "holder")
 }
 
 /// `dlock:{tag}:suffix`, built without formatting machinery: this runs on

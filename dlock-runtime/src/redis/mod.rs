@@ -113,7 +113,7 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
     ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
@@ -289,6 +289,39 @@ impl RedisBackend {
 
 /// `Held`, with the remaining ttl in ms the acquire script answered
 /// (negative: the key has no expiry, or is gone).
+/// The holder script's reply as a [`Holding`]; `None` for a reply of
+/// another shape.
+fn read_holding(reply: &Value) -> Option<Option<Holding>> {
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok().map(str::to_owned),
+        Value::SimpleString(text) => Some(text.clone()),
+        _ => None,
+    };
+    let parts = match reply {
+        Value::Nil => return Some(None),
+        Value::Array(parts) => parts,
+        _ => return None,
+    };
+    let [Value::Int(remaining), record, fence] = parts.as_slice() else {
+        return None;
+    };
+    let (record, fence) = (text(record)?, text(fence)?);
+    // `<owner id> <token> <identity>`, the identity last (it may hold spaces).
+    let recorded = record.splitn(3, ' ').collect::<Vec<_>>();
+    let (token, identity) = match recorded.as_slice() {
+        [_, token, identity] => (token.parse().ok(), Some((*identity).to_owned())),
+        _ => (fence.parse().ok(), None),
+    };
+    let token = token.filter(|token| *token > 0).map(FencingToken::new);
+    // An identity is only told with its own token.
+    let identity = identity.filter(|_| token.is_some());
+    let holding = Holding::new(token, identity);
+    Some(Some(match u64::try_from(*remaining) {
+        Ok(ms) => holding.expiring_in(Duration::from_millis(ms)),
+        Err(_) => holding,
+    }))
+}
+
 fn held(remaining: i64) -> Attempt {
     Attempt::Held {
         expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
@@ -342,19 +375,28 @@ impl Backend for RedisBackend {
         let names = Keyspace::of(key);
         // Waiters of this process already queued for the key: take it
         // marked, so its release wakes them.
+        // A lease taken with an identity (a leader) is watched by observers
+        // the store cannot see: its release is always published.
         let mark = if self.inner.publish_every_release
+            || request.identity.is_some()
             || self.inner.subscriber.has_waiters(&names.released)
         {
             WAITED_ON
         } else {
             UNWAITED
         };
-        let mut script = scripts::ACQUIRE.prepare_invoke();
+        let mut script = match request.identity {
+            None => scripts::ACQUIRE.prepare_invoke(),
+            Some(_) => scripts::ACQUIRE_AS.prepare_invoke(),
+        };
         script
             .key(&names.lock)
             .key(&names.fence)
             .arg(&held_value(owner, mark)[..])
             .arg(ttl_millis(ttl));
+        if let Some(identity) = request.identity {
+            script.key(keyspace::holder_name(key)).arg(identity);
+        }
         let reply: Value = self.run(Operation::Acquire, key, &script).await?;
         let token = match &reply {
             Value::BulkString(text) => std::str::from_utf8(text)
@@ -513,5 +555,28 @@ impl Backend for RedisBackend {
         script.key(&names.lock).arg(&names.released);
         let deleted: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(deleted == 1)
+    }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+        let names = Keyspace::of(key);
+        let mut script = scripts::HOLDER.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.fence)
+            .key(keyspace::holder_name(key));
+        let reply: Value = self.run(Operation::Inspect, key, &script).await?;
+        read_holding(&reply).ok_or_else(|| {
+            self.error(
+                Operation::Inspect,
+                key,
+                format!("unexpected reply {reply:?} from the holder script"),
+            )
+        })
+    }
+
+    /// Releases of a lease taken with an identity are always published, and
+    /// so are such acquisitions, on the channel waiters listen to.
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.subscribe(key).await
     }
 }

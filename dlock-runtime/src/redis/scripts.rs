@@ -179,7 +179,61 @@ end
 return 0
 ";
 
+/// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
+/// `KEYS[3]` the holder record, `ARGV[3]` the identity. In the same step
+/// that takes the key, it records `<owner id> <token> <identity>` and
+/// announces the acquisition on the release channel, which a leader's
+/// observers listen to (lock waiters woken by it just find the key held).
+/// The caller takes the key with the `+` mark, so its release is published
+/// too, whoever waits.
+///
+/// Why one atomic step: a reader must never see the new holder with the
+/// previous one's identity. The record names its owner id, and a reader
+/// takes it only while that owner holds the lock.
+pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "local function take()\n{ACQUIRE_LUA}\nend\n\
+         local reply = take()\n\
+         if type(reply) == 'string' then\n  \
+           redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[3])\n  \
+           redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
+         end\n\
+         return reply\n"
+    )
+});
+
+/// Reads who holds a key. `KEYS[1]` lock key, `KEYS[2]` fence key,
+/// `KEYS[3]` holder record. Returns `false` when the key is free, else
+/// `{remaining ttl in ms, record, last token}`: the record (owner id, token,
+/// identity) only if the lock's holder wrote it, else an empty string; the
+/// last token drawn for the key (the holder's, as only an acquisition
+/// draws) only for a value dlock wrote, else an empty string.
+///
+/// Why one script: the lock, its record and its token are read as one
+/// state, never a holder with another lease's record.
+pub const HOLDER_LUA: &str = r"
+local held = redis.pcall('GET', KEYS[1])
+if not held then
+  return false
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
+  return {ttl, '', ''}
+end
+local record = redis.pcall('GET', KEYS[3])
+if type(record) ~= 'string' or string.sub(record, 1, 33) ~= string.sub(held, 1, 32) .. ' ' then
+  record = ''
+end
+local fence = redis.pcall('GET', KEYS[2])
+if type(fence) ~= 'string' then
+  fence = ''
+end
+return {ttl, record, fence}
+";
+
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+pub(super) static ACQUIRE_AS: LazyLock<Script> = LazyLock::new(|| Script::new(&ACQUIRE_AS_LUA));
+pub(super) static HOLDER: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_LUA));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(super) static FORCE_RELEASE: LazyLock<Script> =

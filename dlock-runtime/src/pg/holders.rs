@@ -1,0 +1,349 @@
+//! Who holds a key ([`Backend::holder`](crate::Backend::holder)) and
+//! watching it change ([`Backend::watch_holder`](crate::Backend::watch_holder)).
+//!
+//! The holder is the session `pg_locks` shows holding the key's advisory
+//! lock exclusively. A lease taken with an identity records it, with its
+//! token and its session, in `{schema}.dlock_holders`, in the statement that
+//! takes the lock, and deletes it in the statement that drops the lock
+//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`). A record is believed
+//! only when it names the session that holds the lock (its pid and its
+//! start): a record not yet committed, one of a session that died, or one of
+//! another key with the same advisory key leaves the holder unknown
+//! (`Holding::new(None, None)`), never paired with an earlier lease.
+//! Other holders (a lease taken without an identity, a
+//! [`TransactionLock`](super::TransactionLock), any client's advisory lock)
+//! are unknown too, except this process's own leases, whose token, identity
+//! and deadline it knows.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use super::session::{Failure, LockSession};
+use super::{Inner, KIND, UNWATCHED_RECHECK, sql, xact};
+use crate::backend::{self, ReleaseNotice};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+
+/// How soon a reader watching a free key looks again: acquisitions are not
+/// announced (only releases are, by a wait probe, and a free key has none
+/// to wait for), so the reader polls while the key is free.
+const FREE_RECHECK: Duration = Duration::from_millis(50);
+
+/// The session holding a key, as [`sql::HOLDER_SESSION`] reads it.
+struct HolderSession {
+    pid: i32,
+    /// `None` when the role may not see it (another role's session).
+    started: Option<SystemTime>,
+    /// Whether the table of identity records exists.
+    records: bool,
+}
+
+impl Inner {
+    /// Who holds `key`: see the module docs.
+    pub(super) async fn holder(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<Option<backend::Holding>, LockError> {
+        let Some(found) = self.holder_session(key).await? else {
+            return Ok(None);
+        };
+        let unknown = Some(backend::Holding::new(None, None));
+        // Without the session's start, a record naming its pid could be a
+        // dead session's whose pid the server gave to this one.
+        let Some(started) = found.started else {
+            return Ok(unknown);
+        };
+        if let Some(own) = self.own_holding(key, found.pid, started) {
+            return Ok(Some(own));
+        }
+        if !found.records {
+            return Ok(unknown);
+        }
+        let session = self.session().await?;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
+            (&key.as_str(), Type::TEXT),
+            (&self.options.key_seed, Type::INT8),
+            (&found.pid, Type::INT4),
+            (&started, Type::TIMESTAMPTZ),
+        ];
+        let rows = match session.query_typed(&self.holder_record_sql, &params).await {
+            Ok(rows) => rows,
+            // Dropped since: no record to read.
+            Err(err) if sql::sequence_missing(&err) => return Ok(unknown),
+            Err(err) => {
+                return Err(self.failed(
+                    Operation::Inspect,
+                    key,
+                    "cannot read the identity record",
+                    err,
+                ));
+            }
+        };
+        let Some(row) = rows.first() else {
+            return Ok(unknown);
+        };
+        let record = row
+            .try_get::<_, i64>(0)
+            .and_then(|token| Ok((token, row.try_get::<_, String>(1)?)));
+        let (token, identity) =
+            record.map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))?;
+        let token = xact::to_token(token, key.as_str())?;
+        Ok(Some(backend::Holding::new(Some(token), Some(identity))))
+    }
+
+    /// A notice of the next change of `key`'s holder. A release is
+    /// announced: by this process's entry for the key going away, or by a
+    /// wait probe (see the `wait` module). An acquisition is not: while the
+    /// key is free (or being taken or let go here) the notice asks the
+    /// reader to look again within [`FREE_RECHECK`]. A held key changes
+    /// holder only through a release, so its notice needs no recheck.
+    pub(super) async fn watch_holder(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<ReleaseNotice, LockError> {
+        if let Some(entry) = self.keys().get_mut(key) {
+            let settled = entry.holding().is_some();
+            let mut gone = entry
+                .gone
+                .get_or_insert_with(|| watch::channel(()).0)
+                .subscribe();
+            let notice = ReleaseNotice::new(async move {
+                let _ = gone.changed().await;
+            });
+            return Ok(if settled {
+                notice
+            } else {
+                notice.recheck_within(FREE_RECHECK)
+            });
+        }
+        if self.holder_session(key).await?.is_none() {
+            return Ok(ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK));
+        }
+        // Released since the read, the probe is granted at once: the notice
+        // resolves, as it should.
+        Ok(self.waits.watch(key).unwrap_or_else(|| {
+            ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+        }))
+    }
+
+    /// The session holding `key` exclusively, if any.
+    async fn holder_session(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<Option<HolderSession>, LockError> {
+        let session = self.session().await?;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] = [
+            (&key.as_str(), Type::TEXT),
+            (&self.options.key_seed, Type::INT8),
+        ];
+        let rows = session
+            .query_typed(&self.holder_session_sql, &params)
+            .await
+            .map_err(|e| {
+                self.failed(Operation::Inspect, key, "cannot read who holds the key", e)
+            })?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let read = || {
+            Ok::<_, tokio_postgres::Error>(HolderSession {
+                pid: row.try_get(0)?,
+                started: row.try_get(1)?,
+                records: row.try_get(2)?,
+            })
+        };
+        read()
+            .map(Some)
+            .map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))
+    }
+
+    /// This process's lease on `key`, if it holds it on the session the
+    /// server says holds the key: its token, identity and time left.
+    fn own_holding(
+        &self,
+        key: &LockKey,
+        pid: i32,
+        started: SystemTime,
+    ) -> Option<backend::Holding> {
+        let keys = self.keys();
+        let holding = keys.get(key)?.holding()?;
+        let session = &holding.session;
+        if session.pid != pid || session.started != Some(started) || session.is_ended() {
+            return None;
+        }
+        let left = holding.deadline().saturating_duration_since(Instant::now());
+        let identity = holding.identity.as_deref().map(str::to_owned);
+        Some(backend::Holding::new(Some(holding.token), identity).expiring_in(left))
+    }
+
+    /// Makes sure the table of identity records exists and the role may
+    /// use it, creating it if missing, before an acquisition of `key` with
+    /// an identity; checked once per backend (`recheck`: again, as a lock
+    /// statement found it missing).
+    pub(super) async fn ensure_holders_table(
+        self: &Arc<Self>,
+        key: &LockKey,
+        recheck: bool,
+    ) -> Result<(), LockError> {
+        let mut ready = self.holders_table.lock().await;
+        if *ready && !recheck {
+            return Ok(());
+        }
+        *ready = false;
+        // Usually it exists: a look on a lock session, no connection of
+        // its own.
+        let session = self.session().await?;
+        self.check_holders_table(&session)
+            .await
+            .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+        *ready = true;
+        Ok(())
+    }
+
+    async fn check_holders_table(&self, session: &LockSession) -> Result<(), Failure> {
+        let schema = self.options.schema.as_str();
+        let inspect_failed = |e| Failure::new("cannot inspect the table of identity records", e);
+        let rows = session
+            .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+            .await
+            .map_err(inspect_failed)?;
+        let mut found = rows
+            .first()
+            .map(TableInspection::from_row)
+            .transpose()
+            .map_err(inspect_failed)?;
+        if !found.as_ref().is_some_and(|t| t.exists) {
+            self.create_holders_table(found.as_ref().map(|t| t.role.as_str()))
+                .await?;
+            let rows = session
+                .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+                .await
+                .map_err(inspect_failed)?;
+            found = rows
+                .first()
+                .map(TableInspection::from_row)
+                .transpose()
+                .map_err(inspect_failed)?;
+        }
+        let Some(found) = found.filter(|t| t.exists) else {
+            return Err(Failure::msg(format!(
+                "the table {}.dlock_holders vanished while it was being checked",
+                self.quoted_schema
+            )));
+        };
+        let missing = found.missing();
+        if !missing.is_empty() {
+            return Err(Failure::msg(format!(
+                "role {role} lacks {privileges} on {s}.dlock_holders, where a lock taken with an \
+                 identity records who holds it; have a DBA run: GRANT SELECT, INSERT, UPDATE, \
+                 DELETE ON {s}.dlock_holders TO {role};",
+                role = found.role,
+                privileges = missing.join(", "),
+                s = self.quoted_schema,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Creates the table of identity records, on a connection of its own
+    /// (creating needs a transaction, and a lock session carries other
+    /// leases' statements), under the setup lock the schema objects are
+    /// created under.
+    async fn create_holders_table(&self, role: Option<&str>) -> Result<(), Failure> {
+        // Dropping `close` closes the connection.
+        let (close, closed) = oneshot::channel();
+        let mut client = self
+            .connector
+            .open(self.connector.connect_timeout(), closed, |_| {})
+            .await?;
+        let schema = self.options.schema.as_str();
+        let created = async {
+            let tx = client.transaction().await?;
+            // It may wait for another backend creating it at the same
+            // moment, up to the connect timeout.
+            let setup_wait = self
+                .connector
+                .connect_timeout()
+                .as_millis()
+                .max(1)
+                .to_string();
+            tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
+                .await?;
+            tx.query_one(sql::SETUP_LOCK, &[]).await?;
+            // Look again under the lock: CREATE checks the privilege before
+            // IF NOT EXISTS, so a role that may not create must not try
+            // when another has just created it.
+            let exists: bool = tx
+                .query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema])
+                .await?
+                .try_get(0)?;
+            if !exists {
+                tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
+                    .await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        drop(close);
+        created.map_err(|err| {
+            let what = if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                let role = role.unwrap_or("the role");
+                format!(
+                    "role {role} may not create the table {s}.dlock_holders (it needs CREATE on \
+                     schema {s}), where a lock taken with an identity records who holds it; \
+                     have a DBA run: {ddl}",
+                    s = self.quoted_schema,
+                    ddl = sql::holders_ddl_for_dba(&self.quoted_schema, role),
+                )
+            } else {
+                format!(
+                    "cannot create the table {}.dlock_holders",
+                    self.quoted_schema
+                )
+            };
+            Failure::new(what, err)
+        })
+    }
+}
+
+/// A row of [`sql::INSPECT_HOLDERS_TABLE`].
+struct TableInspection {
+    exists: bool,
+    select: bool,
+    insert: bool,
+    update: bool,
+    delete: bool,
+    role: String,
+}
+
+impl TableInspection {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            exists: row.try_get(0)?,
+            select: row.try_get(1)?,
+            insert: row.try_get(2)?,
+            update: row.try_get(3)?,
+            delete: row.try_get(4)?,
+            role: row.try_get(5)?,
+        })
+    }
+
+    /// The privileges the role lacks on the table.
+    fn missing(&self) -> Vec<&'static str> {
+        [
+            (self.select, "SELECT"),
+            (self.insert, "INSERT"),
+            (self.update, "UPDATE"),
+            (self.delete, "DELETE"),
+        ]
+        .into_iter()
+        .filter(|(has, _)| !has)
+        .map(|(_, privilege)| privilege)
+        .collect()
+    }
+}

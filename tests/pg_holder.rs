@@ -1,0 +1,480 @@
+//! Who holds a key on `PgBackend` (`Backend::holder`, `watch_holder`),
+//! against the shared PostgreSQL (127.0.0.1:5432, or `DLOCK_PG_URL`): the
+//! identity and token an acquisition records, read by other instances; a
+//! holder session that dies; leases that follow one another on one
+//! session never read with an earlier one's identity; the table of records
+//! made only by identity acquisitions, and the error a role that may not
+//! create it gets. Each test works in a schema of its own, dropped at the
+//! end.
+
+mod pg_support;
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::backend::{AcquireRequest, Attempt, Holding, OwnerId, ReleaseOutcome, ReleaseRequest};
+use dlock::pg::{PgBackend, PgOptions};
+use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
+use pg_support::{ScratchSchema, colliding_keys, random_id, shared_client, shared_conn};
+use support::within;
+use tokio::time::Instant;
+
+fn fresh_key(label: &str) -> LockKey {
+    LockKey::new(format!("dlock-test:{label}:{}", random_id())).expect("valid key")
+}
+
+async fn connect(options: PgOptions) -> PgBackend {
+    PgBackend::connect_with(&shared_conn(), options)
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
+}
+
+/// Takes `key` for `owner`, recording `identity` if there is one; the token.
+async fn take(
+    backend: &PgBackend,
+    key: &LockKey,
+    owner: &OwnerId,
+    identity: Option<&str>,
+) -> Result<FencingToken, LockError> {
+    let request = AcquireRequest::new(key, owner, Duration::from_secs(30)).with_identity(identity);
+    match backend.try_acquire(&request).await? {
+        Attempt::Acquired(grant) => Ok(grant.token),
+        held => panic!("`{key}` should be free: {held:?}"),
+    }
+}
+
+async fn give_back(backend: &PgBackend, key: &LockKey, owner: &OwnerId) {
+    let outcome = backend
+        .release(&ReleaseRequest::new(key, owner))
+        .await
+        .expect("release");
+    assert_eq!(outcome, ReleaseOutcome::Released);
+}
+
+/// The server process id of the session holding `key`.
+async fn holding_pid(admin: &dlock::pg::tokio_postgres::Client, key: &LockKey) -> i32 {
+    admin
+        .query_one(
+            "SELECT l.pid FROM pg_locks AS l, (SELECT hashtextextended($1::text, 0) AS h) AS k \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.classid::int8 = ((k.h >> 32) & 4294967295) \
+               AND l.objid::int8 = (k.h & 4294967295) AND l.objsubid = 1",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("the key is held")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_acquisition_shows_its_token_and_identity_to_every_reader_until_released() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("identity");
+    assert_eq!(
+        reader.holder(&key).await.expect("read"),
+        None,
+        "free at first"
+    );
+
+    let owner = OwnerId::random().expect("owner");
+    let token = take(&holder, &key, &owner, Some("node-a:4711"))
+        .await
+        .expect("free");
+
+    let seen = reader.holder(&key).await.expect("read").expect("held");
+    assert_eq!(
+        (seen.token, seen.identity.as_deref()),
+        (Some(token), Some("node-a:4711")),
+        "another instance reads the recorded token and identity"
+    );
+    assert_eq!(seen.expires_in, None, "another process cannot see the ttl");
+    let own = holder.holder(&key).await.expect("read").expect("held");
+    assert_eq!(
+        (own.token, own.identity.as_deref()),
+        (Some(token), Some("node-a:4711"))
+    );
+    let left = own
+        .expires_in
+        .expect("the holding process knows its deadline");
+    assert!(
+        left <= Duration::from_secs(30) && left > Duration::from_secs(20),
+        "{left:?}"
+    );
+
+    give_back(&holder, &key, &owner).await;
+    assert_eq!(reader.holder(&key).await.expect("read"), None, "free again");
+    assert_eq!(holder.holder(&key).await.expect("read"), None, "free again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminated_holder_session_leaves_no_holder_and_its_record_is_never_read_again() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let admin = shared_client().await;
+    let key = fresh_key("terminated");
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("doomed"))
+        .await
+        .expect("free");
+    let pid = holding_pid(&admin, &key).await;
+
+    admin
+        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await
+        .expect("terminate");
+    assert_eq!(
+        reader.holder(&key).await.expect("read"),
+        None,
+        "the lock went with its session"
+    );
+    let stale: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.dlock_holders WHERE pid = $1",
+                schema.name
+            ),
+            &[&pid],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(stale, 1, "the dead session's record stays behind");
+
+    // The next holder took the key without an identity: nobody reads it
+    // with the dead session's.
+    let next = OwnerId::random().expect("owner");
+    let token = take(&reader, &key, &next, None).await.expect("free");
+    let seen = holder.holder(&key).await.expect("read").expect("held");
+    assert_eq!(seen, Holding::new(None, None), "held, by whom unknown");
+    let own = reader.holder(&key).await.expect("read").expect("held");
+    assert_eq!((own.token, own.identity), (Some(token), None));
+    give_back(&reader, &key, &next).await;
+}
+
+/// One lease as granted: its token and identity, and when it may have held
+/// the key (from the start of its acquisition to the end of its release).
+struct Granted {
+    token: FencingToken,
+    identity: Option<String>,
+    from: Instant,
+    until: Option<Instant>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leases_that_follow_one_another_on_one_session_are_never_read_with_an_earlier_ones_identity()
+ {
+    let schema = ScratchSchema::new("holder");
+    // One session: every lease of the holder runs on it, each right after
+    // the one before.
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let key = fresh_key("one-session");
+    let mut granted: Vec<Granted> = Vec::new();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    // Readers: every answer, with when it was asked and answered.
+    let readers: Vec<_> = [reader, holder.clone()]
+        .into_iter()
+        .map(|backend| {
+            let (key, done) = (key.clone(), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    let asked = Instant::now();
+                    let holding = backend.holder(&key).await.expect("read");
+                    seen.push((asked, holding, Instant::now()));
+                }
+                seen
+            })
+        })
+        .collect();
+
+    for round in 0..50 {
+        // Every third lease records nothing: a lease without an identity
+        // right after one with, on the same session, must not be read with it.
+        let identity = (round % 3 != 2).then(|| format!("candidate-{round}"));
+        let owner = OwnerId::random().expect("owner");
+        let from = Instant::now();
+        let token = take(&holder, &key, &owner, identity.as_deref())
+            .await
+            .expect("free");
+        granted.push(Granted {
+            token,
+            identity,
+            from,
+            until: None,
+        });
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        give_back(&holder, &key, &owner).await;
+        granted.last_mut().expect("just pushed").until = Some(Instant::now());
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    let mut named = 0;
+    for reader in readers {
+        for (asked, holding, answered) in reader.await.expect("reader") {
+            let Some(holding) = holding else { continue };
+            if holding.identity.is_none() && holding.token.is_none() {
+                continue;
+            }
+            // A token or an identity belongs to one lease, which held the
+            // key at some moment while the question was out.
+            let lease = granted
+                .iter()
+                .find(|g| Some(g.token) == holding.token)
+                .unwrap_or_else(|| panic!("read a token never granted: {holding:?}"));
+            assert_eq!(
+                lease.identity, holding.identity,
+                "token {} read with another lease's identity",
+                lease.token
+            );
+            assert!(
+                lease.from <= answered && lease.until.is_none_or(|until| asked <= until),
+                "lease {} (`{:?}`) read after it ended or before it began",
+                lease.token,
+                lease.identity
+            );
+            named += usize::from(holding.identity.is_some());
+        }
+    }
+    assert!(named > 0, "the readers saw some identity at all");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_locks_create_no_table_of_identity_records() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("plain");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(holder.clone()), &key)
+        .await
+        .expect("free");
+    assert_eq!(
+        reader.holder(&key).await.expect("read"),
+        Some(Holding::new(None, None)),
+        "held, by whom unknown"
+    );
+    let own = holder.holder(&key).await.expect("read").expect("held");
+    assert_eq!((own.token, own.identity), (Some(lease.token()), None));
+    lease.release().await.expect("release");
+    assert_eq!(reader.holder(&key).await.expect("read"), None);
+    assert!(schema.has_relation(&admin, "dlock_token_seq").await);
+    assert!(
+        !schema.has_relation(&admin, "dlock_holders").await,
+        "nobody recorded an identity, so no table"
+    );
+
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("first"))
+        .await
+        .expect("free");
+    assert!(schema.has_relation(&admin, "dlock_holders").await);
+    give_back(&holder, &key, &owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege_and_the_fix() {
+    let mut schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let role_conn = schema.role_without_create(&admin).await;
+    let backend = PgBackend::connect_with(&role_conn, schema.options())
+        .await
+        .expect("the role connects");
+    let key = fresh_key("no-create");
+    let owner = OwnerId::random().expect("owner");
+    // Plain locks need no table.
+    take(&backend, &key, &owner, None).await.expect("free");
+    give_back(&backend, &key, &owner).await;
+
+    let err = take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the role may not create the table");
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    let table = format!("\"{}\".dlock_holders", schema.name);
+    assert!(
+        text.contains(&format!("may not create the table {table}")),
+        "{text}"
+    );
+    assert!(text.contains("CREATE on schema"), "{text}");
+    assert!(
+        text.contains("CREATE UNLOGGED TABLE IF NOT EXISTS"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("GRANT SELECT, INSERT, UPDATE, DELETE ON {table}")),
+        "{text}"
+    );
+    assert!(
+        reader_sees_free(&backend, &key).await,
+        "the key was not taken"
+    );
+
+    // A table the role may read but not write is refused with what it lacks.
+    let role = schema.role.clone().expect("role");
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
+             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
+             identity text NOT NULL); GRANT SELECT, INSERT, UPDATE ON {table} TO {role};"
+        ))
+        .await
+        .expect("the DBA creates the table");
+    let text = take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the role may not delete records")
+        .to_string();
+    assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
+
+    // Once the DBA granted what the error named, identities are recorded.
+    admin
+        .batch_execute(&format!("GRANT DELETE ON {table} TO {role};"))
+        .await
+        .expect("grant");
+    let token = take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    let seen = connect(schema.options())
+        .await
+        .holder(&key)
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!(
+        (seen.token, seen.identity.as_deref()),
+        (Some(token), Some("node-a"))
+    );
+    let own = backend.holder(&key).await.expect("read").expect("held");
+    assert_eq!(
+        (own.token, own.identity.as_deref()),
+        (Some(token), Some("node-a"))
+    );
+    give_back(&backend, &key, &owner).await;
+}
+
+async fn reader_sees_free(backend: &PgBackend, key: &LockKey) -> bool {
+    backend.holder(key).await.expect("read").is_none()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_sharing_the_advisory_key_of_a_recorded_one_is_never_read_with_its_identity() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (a, b) = colliding_keys(&format!(":{}", random_id()));
+    let (a, b) = (LockKey::new(a).expect("key"), LockKey::new(b).expect("key"));
+    let hashes: (i64, i64) = {
+        let row = admin
+            .query_one(
+                "SELECT hashtextextended($1::text, 0), hashtextextended($2::text, 0)",
+                &[&a.as_str(), &b.as_str()],
+            )
+            .await
+            .expect("hash");
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(hashes.0, hashes.1, "the keys collide");
+    // One session, so the second attempt runs where the first holds the
+    // advisory key, and PostgreSQL's re-entrant lock says yes to it.
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    let token = take(&holder, &a, &owner, Some("owner-of-a"))
+        .await
+        .expect("free");
+    let other = OwnerId::random().expect("owner");
+    let attempt = holder
+        .try_acquire(
+            &AcquireRequest::new(&b, &other, Duration::from_secs(30)).with_identity(Some("b")),
+        )
+        .await
+        .expect("attempt");
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+
+    let seen = reader.holder(&a).await.expect("read").expect("held");
+    assert_eq!(
+        (seen.token, seen.identity.as_deref()),
+        (Some(token), Some("owner-of-a"))
+    );
+    assert_eq!(
+        reader.holder(&b).await.expect("read"),
+        Some(Holding::new(None, None)),
+        "held (by the other key), by whom unknown"
+    );
+    give_back(&holder, &a, &owner).await;
+    assert_eq!(reader.holder(&a).await.expect("read"), None);
+    assert_eq!(reader.holder(&b).await.expect("read"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_a_free_key_asks_for_a_recheck_and_watching_a_held_one_wakes_on_its_release() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, watcher) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let admin = shared_client().await;
+    let key = fresh_key("watch");
+
+    let free = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(
+        free.recheck(),
+        Some(Duration::from_millis(50)),
+        "acquisitions are polled"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), free)
+            .await
+            .is_err(),
+        "nothing happened to the key"
+    );
+
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    let held = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(held.recheck(), None, "a release is announced");
+    let released_at = Instant::now();
+    let releasing = {
+        let (holder, key) = (holder.clone(), key.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            give_back(&holder, &key, &owner).await;
+        })
+    };
+    within(5, "the notice of the release", held).await;
+    assert!(released_at.elapsed() >= Duration::from_millis(100));
+    releasing.await.expect("release");
+    assert_eq!(watcher.holder(&key).await.expect("read"), None);
+
+    // A holder whose session is ended announces nothing; the server's
+    // wait probe hears it all the same.
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("node-b"))
+        .await
+        .expect("free");
+    let held = watcher.watch_holder(&key).await.expect("watch");
+    let own = holder.watch_holder(&key).await.expect("watch");
+    assert_eq!(own.recheck(), None);
+    let pid = holding_pid(&admin, &key).await;
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .expect("terminate");
+    within(5, "the notice of the ended session", held).await;
+    within(5, "the holding process's notice", own).await;
+    assert_eq!(watcher.holder(&key).await.expect("read"), None);
+}

@@ -51,7 +51,9 @@ pub use dlock_runtime::{
     Backend, FencingToken, FencingTokens, IntoLockKey, KeyBuilder, Lease, LeaseSet, LockError,
     LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
 };
-pub use dlock_runtime::{backend, error, fence, file, key, lease, memory, options, token};
+pub use dlock_runtime::{
+    backend, election, error, fence, file, key, lease, memory, options, token,
+};
 #[cfg(feature = "conformance")]
 pub use dlock_runtime::{conformance, conformance_suite};
 

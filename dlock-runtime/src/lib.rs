@@ -11,6 +11,7 @@
 //!   backend name) and `acquire`/`acquire_many`.
 //! - [`registry()`]: backends by name.
 //! - [`fence`]: resource-side checks that reject stale tokens.
+//! - [`election`]: leader election on any backend.
 //! - Backends: [`memory`] and [`file`](mod@file).
 
 #![warn(missing_docs)]
@@ -23,6 +24,7 @@ pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod detach;
+pub mod election;
 pub mod error;
 mod fallback;
 pub mod fence;

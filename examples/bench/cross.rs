@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dlock::{Backend, LockOptions};
 use tokio::io::AsyncReadExt as _;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 
 use crate::stats::Measured;
 use crate::{Config, Res};
@@ -34,7 +34,9 @@ pub struct Outcome {
     pub per_process: Vec<usize>,
 }
 
-fn now_ns() -> u128 {
+/// Nanoseconds on the host's wall clock (CLOCK_REALTIME), which every
+/// process of the host reads alike.
+pub fn now_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
@@ -76,9 +78,22 @@ pub async fn child(
     Ok(())
 }
 
+/// Starts this program again with `args` (a child's role and its
+/// arguments), on the same servers, its stdout piped back. The child is
+/// killed if its handle is dropped.
+pub fn spawn_self(cfg: &Config, args: &[&str], stdin: Stdio) -> Res<Child> {
+    Ok(Command::new(std::env::current_exe()?)
+        .args(args)
+        .env("DLOCK_REDIS_URL", &cfg.redis_url)
+        .env("DLOCK_PG_URL", &cfg.pg_conn)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
 /// Starts the processes on `backend` and merges what they saw.
 pub async fn run(cfg: &Config, backend: &str, time: Duration) -> Res<Outcome> {
-    let exe = std::env::current_exe()?;
     let dir = std::env::temp_dir().join(format!("dlock-bench-{}", cfg.run));
     std::fs::create_dir_all(&dir)?;
     let key = format!("bench:{}:cross:{backend}", cfg.run);
@@ -92,20 +107,18 @@ pub async fn run(cfg: &Config, backend: &str, time: Duration) -> Res<Outcome> {
     let end_ns = start_ns + time.as_nanos();
     let mut children = Vec::new();
     for _ in 0..PROCESSES {
-        let child = Command::new(&exe)
-            .args([
+        let child = spawn_self(
+            cfg,
+            &[
                 "--child",
                 backend,
                 &key,
                 &dir.display().to_string(),
                 &start_ns.to_string(),
                 &end_ns.to_string(),
-            ])
-            .env("DLOCK_REDIS_URL", &cfg.redis_url)
-            .env("DLOCK_PG_URL", &cfg.pg_conn)
-            .stdout(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()?;
+            ],
+            Stdio::inherit(),
+        )?;
         children.push(child);
     }
     let mut intervals: Vec<(u128, u128, usize)> = Vec::new();

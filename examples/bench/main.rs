@@ -3,10 +3,11 @@
 //! local Redis and PostgreSQL, in one run. Writes `BENCHMARKS.md`.
 //!
 //! ```sh
-//! cargo run --release --example bench                 # full run (~6 min), writes BENCHMARKS.md
-//! cargo run --example bench -- --smoke                # ~10 s, writes target/bench-smoke.md
+//! cargo run --release --example bench                 # full run (~7 min), writes BENCHMARKS.md
+//! cargo run --example bench -- --smoke                # ~20 s, writes target/bench-smoke.md
 //! cargo run --release --example bench -- --only cycle,handoff   # some scenarios
 //! cargo run --release --example bench -- --only server         # Redis server CPU per cycle
+//! cargo run --release --example bench -- --only election --out /tmp/election.md
 //! ```
 //!
 //! Servers: `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`) and
@@ -15,6 +16,7 @@
 
 mod cross;
 mod cycle;
+mod election;
 mod handoff;
 mod heap;
 mod held;
@@ -73,24 +75,39 @@ pub struct Config {
     pub server_cycles: u64,
     /// Rounds of the server-CPU scenario.
     pub server_rounds: usize,
+    /// Resignations timed per backend in the election scenario.
+    pub election_resignations: usize,
+    /// Leaders killed per backend in the election scenario.
+    pub election_kills: usize,
+}
+
+/// What this process is: the benchmark, or a copy of it the benchmark
+/// started.
+enum Role {
+    Bench,
+    /// `--child`: a contender of the cross-process scenario.
+    Child(Vec<String>),
+    /// `--campaigner`: a campaigner of the election scenario.
+    Campaigner(Vec<String>),
 }
 
 impl Config {
-    fn from_args() -> Res<(Self, Option<Vec<String>>)> {
+    fn from_args() -> Res<(Self, Role)> {
         let mut args = std::env::args().skip(1);
         let mut smoke = false;
         let mut out = None;
         let mut only = Vec::new();
-        let mut child = None;
+        let mut role = Role::Bench;
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--smoke" => smoke = true,
                 "--out" => out = args.next().map(PathBuf::from),
                 "--only" => only = args.next().unwrap_or_default().split(',').map(str::to_owned).collect(),
-                "--child" => child = Some(args.by_ref().collect()),
+                "--child" => role = Role::Child(args.by_ref().collect()),
+                "--campaigner" => role = Role::Campaigner(args.by_ref().collect()),
                 // `cargo bench` passes this to every bench target.
                 "--bench" => {}
-                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server)").into()),
+                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server,election)").into()),
             }
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -139,8 +156,10 @@ impl Config {
             },
             server_cycles: if smoke { 1_000 } else { 20_000 },
             server_rounds: if smoke { 1 } else { 5 },
+            election_resignations: if smoke { 3 } else { 20 },
+            election_kills: if smoke { 1 } else { 5 },
         };
-        Ok((cfg, child))
+        Ok((cfg, role))
     }
 
     fn wants(&self, scenario: &str) -> bool {
@@ -149,26 +168,44 @@ impl Config {
 }
 
 fn main() -> Res<()> {
-    let (cfg, child) = Config::from_args()?;
+    let (cfg, role) = Config::from_args()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        if let Some(child) = child {
-            return match child.as_slice() {
-                [backend, key, dir, start, end] => {
-                    cross::child(
-                        &cfg,
-                        backend,
-                        key,
-                        dir.as_ref(),
-                        start.parse()?,
-                        end.parse()?,
-                    )
-                    .await
-                }
-                _ => Err("--child BACKEND KEY DIR START_NS END_NS".into()),
-            };
+        match role {
+            Role::Bench => {}
+            Role::Child(args) => {
+                return match args.as_slice() {
+                    [backend, key, dir, start, end] => {
+                        cross::child(
+                            &cfg,
+                            backend,
+                            key,
+                            dir.as_ref(),
+                            start.parse()?,
+                            end.parse()?,
+                        )
+                        .await
+                    }
+                    _ => Err("--child BACKEND KEY DIR START_NS END_NS".into()),
+                };
+            }
+            Role::Campaigner(args) => {
+                return match args.as_slice() {
+                    [backend, name, dir, ttl_ms] => {
+                        election::campaigner(
+                            &cfg,
+                            backend,
+                            name,
+                            dir.as_ref(),
+                            Duration::from_millis(ttl_ms.parse()?),
+                        )
+                        .await
+                    }
+                    _ => Err("--campaigner BACKEND NAME DIR TTL_MS".into()),
+                };
+            }
         }
         let report = report::run_all(&cfg).await?;
         std::fs::write(&cfg.out, &report)?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use dlock::Backend;
 
 use crate::stats::{show, show_rate};
-use crate::{Config, Res, cross, cycle, handoff, held, overhead, server};
+use crate::{Config, Res, cross, cycle, election, handoff, held, overhead, server};
 
 /// Concurrency levels of the uncontended cycle.
 const CONCURRENCY: [usize; 2] = [1, 64];
@@ -449,6 +449,60 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
                 yes(ratio <= 1.4),
             ));
         }
+    }
+
+    if cfg.wants("election") {
+        eprintln!("scenario 7: leader election failover");
+        let _ = writeln!(
+            body,
+            "## 7. Leader election failover\n\n{} campaigner processes (this program started again with `--campaigner`, each with a backend of its own) lead a fresh election per backend with `Election::lead` (ttl {:?}, so the leader renews every {:.0} ms); each prints the instant its leader's work starts. *Resignation* ({} per backend): the leader is told on its stdin to end its work, which notes the instant it returns, just before `lead` calls `resign()`; it campaigns again only once another process leads, so the next leader is always one of the two that were waiting. *Kill* ({} per backend): the benchmark notes the instant just before it sends the leader SIGKILL, the kills spread evenly over the leader's renewal period, then starts a new campaigner so that three campaign again. A figure runs from that instant to the instant the next leader's work starts, both read from CLOCK_REALTIME (`SystemTime`), which the processes of one host share. *Round trip* is the median Redis PING / PostgreSQL prepared `SELECT 1` above (the file backend has no server); *one campaign* is the median of {} uncontended `Election::campaign` calls on the same backend from one process, for context.\n",
+            election::CAMPAIGNERS,
+            election::TTL,
+            (election::TTL / 3).as_secs_f64() * 1e3,
+            cfg.election_resignations,
+            cfg.election_kills,
+            election::SOLO_CAMPAIGNS
+        );
+        let _ = writeln!(
+            body,
+            "| backend | event | failovers | median | p90 | max | round trip | one campaign | bounded by |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
+        );
+        for name in ["file", "redis", "pg"] {
+            let o = election::run(cfg, name, cfg.election_resignations, cfg.election_kills).await?;
+            let (round_trip, resign_bound, kill_bound) = match name {
+                "file" => (
+                    "—".to_owned(),
+                    "release (state rewritten, alive file unlocked) + the waiter's wake-up + one campaign",
+                    "the OS drops the dead process's alive-file lock at once + wake-up + one campaign",
+                ),
+                "redis" => (
+                    show(redis_rtt),
+                    "release (publishes to the waiters) + pub/sub wake-up + one campaign",
+                    "the ttl left since the last renewal (2/3 ttl to ttl: 1.33–2 s) + one campaign",
+                ),
+                _ => (
+                    show(pg_rtt),
+                    "unlock + the waiter's server-side probe granted + one campaign",
+                    "the server ends the dead client's session (its socket closed) + probe granted + one campaign",
+                ),
+            };
+            for (event, m, bound) in [
+                ("resignation", &o.resigned, resign_bound),
+                ("kill (SIGKILL)", &o.killed, kill_bound),
+            ] {
+                let _ = writeln!(
+                    body,
+                    "| {name} | {event} | {} | {} | {} | {} | {round_trip} | {} | {bound} |",
+                    m.samples.len(),
+                    show(m.median()),
+                    show(m.quantile(0.9)),
+                    show(m.quantile(1.0)),
+                    show(o.campaign.median())
+                );
+            }
+        }
+        let _ = writeln!(body);
+        clean_redis(cfg).await?;
     }
 
     let mut out = String::new();

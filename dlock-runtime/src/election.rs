@@ -68,6 +68,9 @@ const MAX_NAP: Duration = Duration::from_secs(10);
 /// Added to a leader's remaining lifetime before reading again, so the
 /// read lands after its expiry rather than just before it.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
+/// How soon a leader whose store could not be read looks again (and
+/// renews its term again): the store may be back without the term.
+const GUARD_RETRY: Duration = Duration::from_millis(100);
 /// The first and the longest pause before reading again a key that is held
 /// without a recorded leader (an acquisition still being recorded, or a
 /// plain lock on the election's key).
@@ -207,8 +210,11 @@ impl Election {
     /// Waits until this process is elected, and returns its leadership.
     ///
     /// It waits as a lock waiter does: woken by the backend when the leader
-    /// steps down or its session ends, and when its term runs out; a
-    /// backend that fails meanwhile is retried with backoff. Cancel it (a
+    /// steps down or its session ends, and when its term runs out. A
+    /// backend that fails meanwhile (a server restarting, a privilege the
+    /// role lacks) is retried with backoff, each failure logged as a
+    /// warning, so a campaign outlives an outage and picks up a fixed grant
+    /// without a restart; it never gives up on its own. Cancel it (a
     /// `select!`, a timeout) to stop campaigning: nothing stays held.
     pub async fn campaign(&self) -> Result<Leadership, LockError> {
         let backend = self.store()?;
@@ -231,9 +237,15 @@ impl Election {
                         token = %lease.token(),
                         "elected"
                     );
+                    let watching = tokio::spawn(guard(
+                        Arc::clone(&backend),
+                        self.key.clone(),
+                        lease.lost_signal(),
+                    ));
                     return Ok(Leadership {
                         lease,
                         identity: Arc::clone(&self.identity),
+                        _guard: Guard(watching.abort_handle()),
                     });
                 }
                 // Thirty days without a term: campaign on.
@@ -304,7 +316,17 @@ impl Election {
             let lost = match outcome {
                 Ok(output) => match leadership.check() {
                     Ok(()) => {
-                        leadership.resign().await?;
+                        // The work is done: its output is not lost to a
+                        // failed resignation, which the ttl (or the end
+                        // of the session) completes.
+                        if let Err(err) = leadership.resign().await {
+                            tracing::warn!(
+                                election = %self.key,
+                                identity = %self.identity,
+                                error = %err,
+                                "resigning failed; the term ends with its ttl"
+                            );
+                        }
                         return Ok(Some(output));
                     }
                     Err(lost) => lost,
@@ -388,12 +410,70 @@ impl Reading {
     }
 }
 
+/// Watches the election while this process leads, until the term ends.
+/// When a read shows another holder or none (a forced release, a server
+/// that restarted without its data), or the store cannot be read, the term
+/// is renewed at once rather than at its time: a term the store lost is
+/// told now, not up to a renewal interval later, while campaigners
+/// elsewhere may already be elected.
+async fn guard(backend: Arc<dyn Backend>, key: LockKey, term: LostSignal) {
+    let watch = async {
+        loop {
+            let read = async {
+                let notice = backend.watch_holder(&key).await?;
+                let holding = backend.holder(&key).await?;
+                Ok::<_, LockError>((notice, holding))
+            };
+            match read.await {
+                Ok((notice, holding)) => {
+                    let token = holding.as_ref().map(|h| h.token);
+                    // Free, or held with another token: not this term.
+                    // (Held by someone unknown is left to the renewal.)
+                    if token.is_none_or(|t| t.is_some_and(|t| t != term.token())) {
+                        term.recheck();
+                    }
+                    let nap = [
+                        holding
+                            .and_then(|h| h.expires_in)
+                            .map(|left| left + EXPIRY_SLACK),
+                        notice.recheck(),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .fold(MAX_NAP, Duration::min);
+                    let _ = timeout(nap, notice).await;
+                }
+                Err(_) => {
+                    term.recheck();
+                    sleep(GUARD_RETRY).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = term.lost() => {}
+        () = watch => {}
+    }
+}
+
 /// This process's term as leader: a lease on the election's key. Dropped
 /// unresigned, it steps down in the background.
 #[derive(Debug)]
 pub struct Leadership {
     lease: Lease,
     identity: Arc<str>,
+    /// The task that watches the election for this term.
+    _guard: Guard,
+}
+
+/// Stops the [`guard`] task of a term when the term's leadership goes.
+#[derive(Debug)]
+struct Guard(tokio::task::AbortHandle);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Leadership {

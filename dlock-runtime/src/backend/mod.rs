@@ -284,12 +284,29 @@ pub struct Renewal<'a> {
     pub owner: &'a OwnerId,
     /// The lifetime to set.
     pub ttl: Duration,
+    /// The identity the lease was taken with, if any, and its token: a
+    /// store that keeps the identity apart from the lock (Redis, PostgreSQL)
+    /// writes the record again if it went missing (an operator deleted it,
+    /// a table was truncated), so a lost record hides a leader for at most
+    /// one renewal interval.
+    pub recorded: Option<(&'a str, FencingToken)>,
 }
 
 impl<'a> Renewal<'a> {
     /// A renewal of `owner`'s lease on `key` for `ttl`.
     pub fn new(key: &'a LockKey, owner: &'a OwnerId, ttl: Duration) -> Self {
-        Self { key, owner, ttl }
+        Self {
+            key,
+            owner,
+            ttl,
+            recorded: None,
+        }
+    }
+
+    /// The same renewal, of a lease taken with `identity` that drew `token`.
+    pub fn recording(mut self, identity: &'a str, token: FencingToken) -> Self {
+        self.recorded = Some((identity, token));
+        self
     }
 }
 

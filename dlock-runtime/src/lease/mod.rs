@@ -79,6 +79,11 @@ struct Shared {
     token: FencingToken,
     owner: OwnerId,
     backend: Arc<dyn Backend>,
+    /// The identity the lease was taken with, recorded beside the lock.
+    identity: Option<Arc<str>>,
+    /// The lease's place in its renewal scheduler, once registered: what a
+    /// loss group's recheck renews at once.
+    renewal: std::sync::OnceLock<(Weak<renewal::Renewer>, u64)>,
     /// Until when the lease is known valid (nanoseconds since [`EPOCH`]):
     /// counted from when the acquisition, or the last renewal the store
     /// confirmed, was sent, so never later than the store's own expiry.
@@ -101,6 +106,14 @@ impl LossSink for Shared {
     fn lost(&self, reason: LostReason) {
         self.mark_lost(reason);
     }
+
+    fn recheck(&self) {
+        if let Some((renewer, id)) = self.renewal.get()
+            && let Some(renewer) = renewer.upgrade()
+        {
+            renewer.renew_now(*id);
+        }
+    }
 }
 
 impl Shared {
@@ -109,6 +122,7 @@ impl Shared {
         token: FencingToken,
         owner: OwnerId,
         backend: Arc<dyn Backend>,
+        identity: Option<Arc<str>>,
         valid_until: Instant,
     ) -> Self {
         Self {
@@ -116,6 +130,8 @@ impl Shared {
             token,
             owner,
             backend,
+            identity,
+            renewal: std::sync::OnceLock::new(),
             valid_until: AtomicU64::new(since_epoch(valid_until)),
             state: Mutex::new(State::Held),
             ended: AtomicBool::new(false),
@@ -588,6 +604,12 @@ impl LostSignal {
     pub fn token(&self) -> FencingToken {
         self.shared.token
     }
+
+    /// Renews the lease now rather than at its time, so that a lease the
+    /// store lost is told now (see [`LossGroup::recheck`]).
+    pub(crate) fn recheck(&self) {
+        LossSink::recheck(&*self.shared);
+    }
 }
 
 impl std::fmt::Debug for LostSignal {
@@ -613,6 +635,7 @@ fn start(
         grant.token,
         owner,
         backend,
+        terms.identity.clone(),
         sent + terms.ttl,
     ));
     // Renewal, and the lost signal when the ttl runs out, come from the

@@ -108,6 +108,29 @@ impl Renewer {
     fn schedule(&self) -> MutexGuard<'_, Schedule> {
         self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Renews lease `id` now rather than at its time: its backend suspects
+    /// the store lost it (a broken link to a server that may have
+    /// restarted), and a lease the store no longer has must be told lost
+    /// before its next renewal would. A lease with renewal off, or with a
+    /// renewal in flight, is left as it is.
+    pub(super) fn renew_now(&self, id: u64) {
+        let now = Instant::now();
+        let mut schedule = self.schedule();
+        let due = schedule
+            .leases
+            .get(&id)
+            .is_some_and(|entry| entry.renew && entry.next_renewal.is_some_and(|at| at > now));
+        if !due {
+            return;
+        }
+        schedule.set_renewal(id, now);
+        let wake = schedule.wakes_later_than(now);
+        drop(schedule);
+        if wake {
+            self.wake.notify_one();
+        }
+    }
 }
 
 /// A lease's place in its scheduler; [`Registration::cancel`] takes it out.
@@ -163,6 +186,7 @@ pub(super) fn register(
     let id = schedule.next_id;
     schedule.next_id += 1;
     let next_renewal = renew.then(|| valid_until - ttl + ttl / 3);
+    let _ = shared.renewal.set((Arc::downgrade(&renewer), id));
     schedule.leases.insert(
         id,
         Entry {
@@ -331,10 +355,12 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
     };
     let renewals: Vec<Renewal<'_>> = batch
         .iter()
-        .map(|(_, shared, ttl, _)| Renewal {
-            key: &shared.key,
-            owner: &shared.owner,
-            ttl: *ttl,
+        .map(|(_, shared, ttl, _)| {
+            let renewal = Renewal::new(&shared.key, &shared.owner, *ttl);
+            match &shared.identity {
+                Some(identity) => renewal.recording(identity, shared.token),
+                None => renewal,
+            }
         })
         .collect();
     let sent = Instant::now();

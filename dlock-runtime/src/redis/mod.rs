@@ -113,8 +113,8 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
@@ -165,6 +165,9 @@ pub struct RedisBackend {
 struct Inner {
     commands: Commands,
     subscriber: Subscriber,
+    /// Every lease of this backend, renewed at once when the pub/sub
+    /// connection breaks ([`LossGroup::recheck`]); never ended.
+    leases: Arc<LossGroup>,
     /// The URLs with passwords hidden, for `Debug` and errors.
     shown: Vec<String>,
     /// Passwords to scrub from any error text.
@@ -416,7 +419,9 @@ impl Backend for RedisBackend {
             _ => None,
         };
         match token {
-            Some(token) => Ok(Attempt::Acquired(Grant::new(FencingToken::new(token)))),
+            Some(token) => Ok(Attempt::Acquired(
+                Grant::new(FencingToken::new(token)).lost_with(Arc::clone(&self.inner.leases)),
+            )),
             None => Err(self.error(
                 Operation::Acquire,
                 key,
@@ -430,11 +435,20 @@ impl Backend for RedisBackend {
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
-        let mut script = scripts::EXTEND.prepare_invoke();
+        let mut script = match renewal.recorded {
+            None => scripts::EXTEND.prepare_invoke(),
+            Some(_) => scripts::EXTEND_AS.prepare_invoke(),
+        };
         script
             .key(keyspace::lock_name(key))
             .arg(&held_value(owner, UNWAITED)[..])
             .arg(ttl_millis(ttl));
+        if let Some((identity, token)) = renewal.recorded {
+            script
+                .key(keyspace::holder_name(key))
+                .arg(token.get())
+                .arg(identity);
+        }
         let extended: i64 = self.run(Operation::Extend, key, &script).await?;
         Ok(extended == 1)
     }
@@ -453,12 +467,23 @@ impl Backend for RedisBackend {
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
-            pipe.cmd("EVALSHA")
-                .arg(scripts::EXTEND.get_hash())
-                .arg(1)
-                .arg(keyspace::lock_name(lease.key))
-                .arg(&held_value(lease.owner, UNWAITED)[..])
+            let call = pipe.cmd("EVALSHA");
+            match lease.recorded {
+                None => call
+                    .arg(scripts::EXTEND.get_hash())
+                    .arg(1)
+                    .arg(keyspace::lock_name(lease.key)),
+                Some(_) => call
+                    .arg(scripts::EXTEND_AS.get_hash())
+                    .arg(2)
+                    .arg(keyspace::lock_name(lease.key))
+                    .arg(keyspace::holder_name(lease.key)),
+            };
+            call.arg(&held_value(lease.owner, UNWAITED)[..])
                 .arg(ttl_millis(lease.ttl));
+            if let Some((identity, token)) = lease.recorded {
+                call.arg(token.get()).arg(identity);
+            }
         }
         let pipe = &pipe;
         let sent = self
@@ -475,10 +500,9 @@ impl Backend for RedisBackend {
                     })
                 };
                 if answers.iter().any(no_script) {
-                    scripts::EXTEND
-                        .prepare_invoke()
-                        .load_async(&mut conn)
-                        .await?;
+                    for script in [&*scripts::EXTEND, &*scripts::EXTEND_AS] {
+                        script.prepare_invoke().load_async(&mut conn).await?;
+                    }
                     answers = pipe.query_async(&mut conn).await?;
                 }
                 Ok(answers)
@@ -575,8 +599,20 @@ impl Backend for RedisBackend {
     }
 
     /// Releases of a lease taken with an identity are always published, and
-    /// so are such acquisitions, on the channel waiters listen to.
+    /// so are such acquisitions, on the channel waiters listen to. A watch
+    /// hears every message, whoever else of this process waits on it.
     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-        self.subscribe(key).await
+        let names = Keyspace::of(key);
+        match self.inner.subscriber.watch(&names.released).await {
+            Ok(notice) => Ok(notice),
+            Err(err) => {
+                tracing::warn!(
+                    key = %key,
+                    error = %scrub(&err.to_string(), &self.inner.secrets),
+                    "redis pub/sub unavailable; the holder watch polls until it is back"
+                );
+                Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)).recheck_within(DEGRADED_RECHECK))
+            }
+        }
     }
 }

@@ -231,10 +231,32 @@ end
 return {ttl, record, fence}
 ";
 
+/// [`EXTEND_LUA`] for a lease taken with an identity: `KEYS[2]` the holder
+/// record, `ARGV[3]` the lease's token, `ARGV[4]` its identity. A renewal
+/// that finds the caller still holding the key writes the record again if
+/// it is not the caller's (an operator deleted it, eviction took it, a
+/// failover brought back an older one), so a live leader is hidden from
+/// readers for at most one renewal interval. Only the holder writes it, so
+/// it never overwrites a later holder's record.
+pub(super) static EXTEND_AS_LUA: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "local function extend()\n{EXTEND_LUA}\nend\n\
+         local renewed = extend()\n\
+         if renewed == 1 then\n  \
+           local record = string.sub(ARGV[1], 1, 32) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]\n  \
+           if redis.pcall('GET', KEYS[2]) ~= record then\n    \
+             redis.call('SET', KEYS[2], record)\n  \
+           end\n\
+         end\n\
+         return renewed\n"
+    )
+});
+
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(super) static ACQUIRE_AS: LazyLock<Script> = LazyLock::new(|| Script::new(&ACQUIRE_AS_LUA));
 pub(super) static HOLDER: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER_LUA));
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+pub(super) static EXTEND_AS: LazyLock<Script> = LazyLock::new(|| Script::new(&EXTEND_AS_LUA));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(super) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));

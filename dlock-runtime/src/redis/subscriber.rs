@@ -32,7 +32,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::backend::ReleaseNotice;
+use crate::backend::{LossGroup, ReleaseNotice};
 
 /// How often a connection with subscribed channels is checked.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -58,6 +58,9 @@ struct Shared {
     link: tokio::sync::Mutex<Option<Link>>,
     /// When and why opening a connection last failed.
     connect_failed: Mutex<Option<(Instant, RedisError)>>,
+    /// The backend's leases, rechecked when a connection breaks: the
+    /// server may have restarted without its data.
+    leases: Arc<LossGroup>,
 }
 
 #[derive(Default)]
@@ -77,6 +80,9 @@ struct Channel {
     confirmed_in: Option<u64>,
     /// Bumped when the connection breaks: wakes every waiter.
     wake: watch::Sender<u64>,
+    /// Bumped on every message: wakes every holder watch, which, unlike a
+    /// waiter, cannot pass a wake-up on and must hear each one.
+    heard: watch::Sender<u64>,
     /// The waiters in the order they subscribed; a message wakes the first.
     queue: VecDeque<Arc<Ticket>>,
 }
@@ -97,6 +103,7 @@ impl Channel {
             waiters: 0,
             confirmed_in: None,
             wake: watch::channel(0).0,
+            heard: watch::channel(0).0,
             queue: VecDeque::new(),
         }
     }
@@ -181,6 +188,7 @@ impl Subscriber {
         nodes: Vec<Client>,
         connect_timeout: Duration,
         response_timeout: Duration,
+        leases: Arc<LossGroup>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -190,24 +198,39 @@ impl Subscriber {
                 channels: Mutex::default(),
                 link: tokio::sync::Mutex::new(None),
                 connect_failed: Mutex::new(None),
+                leases,
             }),
         }
     }
 
     /// A notice that resolves on the next message on `channel` after this
-    /// returns (or when the connection breaks). Returns once the server has
-    /// confirmed the subscription.
+    /// returns, if this waiter is the longest waiting of the process (or
+    /// when the connection breaks). Returns once the server has confirmed
+    /// the subscription.
     pub(crate) async fn subscribe(&self, channel: &str) -> RedisResult<ReleaseNotice> {
+        self.register(channel, true).await
+    }
+
+    /// A notice that resolves on the next message on `channel` after this
+    /// returns, whoever else waits (or when the connection breaks): for a
+    /// holder watch, which must hear every change.
+    pub(crate) async fn watch(&self, channel: &str) -> RedisResult<ReleaseNotice> {
+        self.register(channel, false).await
+    }
+
+    async fn register(&self, channel: &str, queued: bool) -> RedisResult<ReleaseNotice> {
         let ticket = Arc::new(Ticket::default());
-        let mut wake = {
+        let (mut wake, mut heard) = {
             let mut channels = self.shared.channels();
             let entry = channels
                 .by_name
                 .entry(channel.to_owned())
                 .or_insert_with(Channel::new);
             entry.waiters += 1;
-            entry.queue.push_back(Arc::clone(&ticket));
-            entry.wake.subscribe()
+            if queued {
+                entry.queue.push_back(Arc::clone(&ticket));
+            }
+            (entry.wake.subscribe(), entry.heard.subscribe())
         };
         // From here on, dropping `interest` (on an error, or with the
         // notice) gives the registration back.
@@ -224,6 +247,16 @@ impl Subscriber {
         match timeout(limit, self.shared.confirm(channel)).await {
             Ok(confirmed) => confirmed?,
             Err(_) => return Err(timed_out("subscribing", limit)),
+        }
+        if !queued {
+            return Ok(ReleaseNotice::new(async move {
+                let _interest = interest;
+                // A closed channel (the subscriber is gone) also ends the wait.
+                tokio::select! {
+                    _ = wake.changed() => {}
+                    _ = heard.changed() => {}
+                }
+            }));
         }
         let wait = async move {
             let _interest = interest;
@@ -439,13 +472,19 @@ impl Shared {
     /// `generation`, which is gone: they retry (and subscribe again).
     /// Waiters still subscribing confirm on the next connection instead.
     fn wake_all(&self, generation: u64) {
-        let mut channels = self.channels();
-        for channel in channels.by_name.values_mut() {
-            if channel.confirmed_in == Some(generation) {
-                channel.confirmed_in = None;
-                channel.wake();
+        {
+            let mut channels = self.channels();
+            for channel in channels.by_name.values_mut() {
+                if channel.confirmed_in == Some(generation) {
+                    channel.confirmed_in = None;
+                    channel.wake();
+                }
             }
         }
+        // The server may have restarted without its data, and the waiters
+        // just woken may take keys this process's leases held: renew them
+        // now, so a lost one is told before its next renewal would.
+        self.leases.recheck();
     }
 
     /// Unsubscribes `channel` if nobody waits on it any more.
@@ -547,6 +586,7 @@ async fn read(
         let mut channels = shared.channels();
         if let Some(channel) = channels.by_name.get_mut(message.get_channel_name()) {
             channel.wake_one();
+            channel.heard.send_modify(|n| *n = n.wrapping_add(1));
         }
     }
     broken.store(true, Ordering::SeqCst);

@@ -4,7 +4,9 @@
 //! holder session that dies; leases that follow one another on one
 //! session never read with an earlier one's identity; the table of records
 //! made only by identity acquisitions, and the error a role that may not
-//! create it gets. Each test works in a schema of its own, dropped at the
+//! create it gets; records a DBA truncated, changed or dropped written
+//! again by the next renewal, and a release a revoked DELETE fails. Each
+//! test works in a schema of its own, dropped at the
 //! end.
 
 mod pg_support;
@@ -14,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::backend::{AcquireRequest, Attempt, Holding, OwnerId, ReleaseOutcome, ReleaseRequest};
+use dlock::election::{Election, Leader, Leadership};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
 use pg_support::{ScratchSchema, colliding_keys, random_id, shared_client, shared_conn};
@@ -477,4 +480,212 @@ async fn watching_a_free_key_asks_for_a_recheck_and_watching_a_held_one_wakes_on
     within(5, "the notice of the ended session", held).await;
     within(5, "the holding process's notice", own).await;
     assert_eq!(watcher.holder(&key).await.expect("read"), None);
+}
+
+/// The holder `reader` reads for `key`, once it is `want`: polled for up
+/// to 10 s (a renewal every second writes a lost record again).
+async fn read_again_within_10s(reader: &PgBackend, key: &LockKey, want: &Holding) {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let seen = reader.holder(key).await.expect("read");
+        if seen.as_ref() == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < until,
+            "still {seen:?} 10 s on, instead of {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A leader elected through the core (which renews every second) on
+/// `holder`, read from `reader`.
+async fn elected(holder: &PgBackend, key: &LockKey, identity: &str) -> Leadership {
+    Election::new(key.clone(), identity, Duration::from_secs(3))
+        .expect("election")
+        .on(Arc::new(holder.clone()))
+        .campaign()
+        .await
+        .expect("elected")
+}
+
+fn observer(reader: &PgBackend, key: &LockKey) -> Election {
+    Election::new(key.clone(), "observer", Duration::from_secs(3))
+        .expect("election")
+        .on(Arc::new(reader.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_holders_table_is_written_again_by_the_next_renewal() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("truncated");
+    let leadership = elected(&holder, &key, "node-a:4711").await;
+    let leader = Leader {
+        identity: "node-a:4711".into(),
+        token: leadership.token(),
+    };
+    assert_eq!(
+        observer(&reader, &key).leader().await.expect("read"),
+        Some(leader.clone())
+    );
+
+    admin
+        .batch_execute(&format!("TRUNCATE {}.dlock_holders", schema.name))
+        .await
+        .expect("the DBA truncates the table");
+    let want = Holding::new(Some(leader.token), Some(leader.identity.clone()));
+    read_again_within_10s(&reader, &key, &want).await;
+    assert_eq!(
+        observer(&reader, &key).leader().await.expect("read"),
+        Some(leader.clone()),
+        "observers see the leader again"
+    );
+
+    // A row deleted, or changed to name someone else, is written again too.
+    admin
+        .batch_execute(&format!(
+            "UPDATE {}.dlock_holders SET identity = 'impostor', token = token + 1",
+            schema.name
+        ))
+        .await
+        .expect("the DBA rewrites the row");
+    read_again_within_10s(&reader, &key, &want).await;
+    assert!(!leadership.is_lost(), "the term went on throughout");
+    leadership.resign().await.expect("resign");
+    assert_eq!(reader.holder(&key).await.expect("read"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_holders_table_is_created_again_and_written_by_the_renewals() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("dropped");
+    let leadership = elected(&holder, &key, "node-a").await;
+    let want = Holding::new(Some(leadership.token()), Some("node-a".to_owned()));
+    assert_eq!(reader.holder(&key).await.expect("read"), Some(want.clone()));
+
+    admin
+        .batch_execute(&format!("DROP TABLE {}.dlock_holders", schema.name))
+        .await
+        .expect("the DBA drops the table");
+    read_again_within_10s(&reader, &key, &want).await;
+    assert!(schema.has_relation(&admin, "dlock_holders").await);
+    assert!(!leadership.is_lost(), "no renewal failed for the record");
+
+    // The next election on the same backend records as before, and the
+    // resignation deletes the record with the recreated table's statements.
+    let other = fresh_key("dropped-next");
+    let next = elected(&holder, &other, "node-b").await;
+    assert_eq!(
+        observer(&reader, &other).leader().await.expect("read"),
+        Some(Leader {
+            identity: "node-b".into(),
+            token: next.token()
+        })
+    );
+    next.resign().await.expect("resign");
+    leadership.resign().await.expect("resign");
+    assert_eq!(reader.holder(&key).await.expect("read"), None);
+    let left: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}.dlock_holders", schema.name),
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(left, 0, "every resignation deleted its record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_live_on() {
+    let mut schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let role_conn = schema.role_without_create(&admin).await;
+    let role = schema.role.clone().expect("role");
+    let table = format!("\"{}\".dlock_holders", schema.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
+             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
+             identity text NOT NULL); \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
+        ))
+        .await
+        .expect("the DBA creates the table");
+    // One session: both elections are held on it.
+    let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
+        .await
+        .expect("the role connects");
+    let reader = connect(schema.options()).await;
+    let (first, second) = (fresh_key("resign-first"), fresh_key("resign-second"));
+    let resigning = elected(&holder, &first, "node-a").await;
+    let staying = elected(&holder, &second, "node-a").await;
+
+    admin
+        .batch_execute(&format!("REVOKE DELETE ON {table} FROM {role};"))
+        .await
+        .expect("the DBA revokes DELETE");
+    let err = resigning
+        .resign()
+        .await
+        .expect_err("the record cannot be deleted");
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+    assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
+    assert!(
+        text.contains(&format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
+        )),
+        "{text}"
+    );
+    assert_eq!(
+        reader.holder(&first).await.expect("read"),
+        None,
+        "the lock was dropped all the same"
+    );
+
+    // The other election on the same session lives on, renewed and read.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!staying.is_lost(), "{:?}", staying.check());
+    assert_eq!(
+        observer(&reader, &second).leader().await.expect("read"),
+        Some(Leader {
+            identity: "node-a".into(),
+            token: staying.token()
+        })
+    );
+
+    // The record left behind is never read: the key taken again without
+    // an identity reads as held by someone unknown, not by "node-a".
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &first, &owner, None).await.expect("free");
+    assert_eq!(
+        reader.holder(&first).await.expect("read"),
+        Some(Holding::new(None, None))
+    );
+    give_back(&holder, &first, &owner).await;
+
+    // Until the grant is made, identity acquisitions are refused with it.
+    let text = take(&holder, &first, &owner, Some("node-a"))
+        .await
+        .expect_err("the role may not delete records")
+        .to_string();
+    assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
+    admin
+        .batch_execute(&format!("GRANT DELETE ON {table} TO {role};"))
+        .await
+        .expect("grant");
+    staying.resign().await.expect("resign");
 }

@@ -5,7 +5,8 @@
 //! lock exclusively. A lease taken with an identity records it, with its
 //! token and its session, in `{schema}.dlock_holders`, in the statement that
 //! takes the lock, and deletes it in the statement that drops the lock
-//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`). A record is believed
+//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`); each renewal writes
+//! it again if it went missing (`sql::REWRITE_RECORDS`). A record is believed
 //! only when it names the session that holds the lock (its pid and its
 //! start): a record not yet committed, one of a session that died, or one of
 //! another key with the same advisory key leaves the holder unknown
@@ -15,7 +16,7 @@
 //! are unknown too, except this process's own leases, whose token, identity
 //! and deadline it knows.
 
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
@@ -24,8 +25,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::session::{Failure, LockSession};
-use super::{Inner, KIND, UNWATCHED_RECHECK, sql, xact};
-use crate::backend::{self, ReleaseNotice};
+use super::{Entry, Inner, KIND, UNWATCHED_RECHECK, sql, xact};
+use crate::backend::{self, ReleaseNotice, Renewal};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -33,6 +34,11 @@ use crate::key::LockKey;
 /// announced (only releases are, by a wait probe, and a free key has none
 /// to wait for), so the reader polls while the key is free.
 const FREE_RECHECK: Duration = Duration::from_millis(50);
+
+/// How long renewals that found the table of identity records missing
+/// wait after a failed try to create it before they try again: each try
+/// opens a connection of its own.
+const RECREATE_PAUSE: Duration = Duration::from_secs(10);
 
 /// The session holding a key, as [`sql::HOLDER_SESSION`] reads it.
 struct HolderSession {
@@ -181,6 +187,164 @@ impl Inner {
         Some(backend::Holding::new(Some(holding.token), identity).expiring_in(left))
     }
 
+    /// Renews `leases` on `session` (the renewals of a batch that are on it
+    /// and were taken with an identity), making sure their identity records
+    /// are there and are theirs, and writing again the ones that are not
+    /// ([`sql::REWRITE_RECORDS`]): a DBA who truncates the table, or
+    /// deletes a row, hides a leader for one renewal interval at most. The
+    /// statement stands in for the session check a renewal sends, and
+    /// writes nothing when all is well. `Err` only when the session gave no
+    /// answer: a record that cannot be written is logged, never a failed
+    /// renewal, as the lock itself is held all the same. A missing table is
+    /// created again in the background, as the first acquisition with an
+    /// identity creates it; the next renewal writes the records.
+    pub(super) async fn rewrite_records(
+        self: &Arc<Self>,
+        session: &LockSession,
+        leases: &[&Renewal<'_>],
+    ) -> Result<(), tokio_postgres::Error> {
+        // An unlock deleting a record on this session, or another batch
+        // writing: this renewal only checks the session, the next one looks
+        // at the records.
+        let (Some(started), Ok(_writes)) = (session.started, session.record_writes.try_lock())
+        else {
+            return session.check_connection().await;
+        };
+        // Only leases held at this moment, under the lock an unlock takes
+        // before it deletes: so this write reaches the server before any
+        // of their unlocks.
+        let mut lock_ids = Vec::with_capacity(leases.len());
+        let mut keys = Vec::with_capacity(leases.len());
+        let mut tokens = Vec::with_capacity(leases.len());
+        let mut identities = Vec::with_capacity(leases.len());
+        let mut first = None;
+        {
+            let held = self.keys();
+            for lease in leases {
+                let Some(holding) = held
+                    .get(lease.key)
+                    .filter(|entry| entry.owner == *lease.owner)
+                    .and_then(Entry::holding)
+                    .filter(|holding| holding.session.id == session.id)
+                else {
+                    continue;
+                };
+                let Some(identity) = &holding.identity else {
+                    continue;
+                };
+                first.get_or_insert(lease.key);
+                lock_ids.push(holding.advisory_key);
+                keys.push(lease.key.as_str().to_owned());
+                // The token as drawn: a positive int8.
+                tokens.push(holding.token.get() as i64);
+                identities.push(identity.to_string());
+            }
+        }
+        let Some(first) = first else {
+            return session.check_connection().await;
+        };
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
+            (&lock_ids, Type::INT8_ARRAY),
+            (&keys, Type::TEXT_ARRAY),
+            (&tokens, Type::INT8_ARRAY),
+            (&identities, Type::TEXT_ARRAY),
+            (&started, Type::TIMESTAMPTZ),
+        ];
+        let err = match session
+            .query_typed(&self.rewrite_records_sql, &params)
+            .await
+        {
+            Ok(written) => {
+                if !written.is_empty() {
+                    tracing::warn!(
+                        schema = self.quoted_schema,
+                        records = written.len(),
+                        key = %first,
+                        "identity records of held leases were missing or changed (the table \
+                         truncated, a row deleted?); the renewal wrote them again"
+                    );
+                }
+                return Ok(());
+            }
+            // No answer: the session may be gone.
+            Err(err) if err.as_db_error().is_none() => return Err(err),
+            Err(err) => err,
+        };
+        // The server answered, so the session, and its locks, live.
+        if sql::sequence_missing(&err) {
+            self.recreate_holders_table(first, &err);
+        } else if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+            let lacks = self
+                .holders_privileges(session)
+                .await
+                .unwrap_or_else(|| self.lacks_on_holders("the role", "INSERT or UPDATE"));
+            tracing::warn!(
+                key = %first,
+                error = %err,
+                "a renewal could not write an identity record again: {lacks} (the lock is held \
+                 all the same; until then its holder reads as unknown)"
+            );
+        } else {
+            tracing::warn!(
+                key = %first,
+                error = %err,
+                "a renewal could not write an identity record again (the lock is held all the \
+                 same; the next renewal tries again)"
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates the table of identity records again, in the background
+    /// (`err`: how a renewal of `key` found it, or its schema, missing).
+    /// One try at a time, and, after a try that failed, none for
+    /// [`RECREATE_PAUSE`].
+    fn recreate_holders_table(self: &Arc<Self>, key: &LockKey, err: &tokio_postgres::Error) {
+        let schema_gone = err.code() == Some(&SqlState::INVALID_SCHEMA_NAME);
+        {
+            let mut tried = self
+                .holders_recreated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if tried.is_some_and(|at| at.elapsed() < RECREATE_PAUSE) {
+                return;
+            }
+            *tried = Some(Instant::now());
+        }
+        let (inner, key) = (Arc::clone(self), key.clone());
+        self.home.spawn(async move {
+            let restored = async {
+                if schema_gone {
+                    inner.restore_objects().await.map_err(|e| {
+                        LockError::backend(KIND, Operation::Extend, key.as_str(), e)
+                    })?;
+                }
+                inner.ensure_holders_table(&key, true).await
+            };
+            let restored = restored.await;
+            if restored.is_ok() {
+                *inner
+                    .holders_recreated
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            match restored {
+                Ok(()) => tracing::warn!(
+                    schema = inner.quoted_schema,
+                    "a renewal found the table of identity records missing (dropped while the \
+                     service runs?); it exists again, and the next renewal writes the records"
+                ),
+                Err(err) => tracing::warn!(
+                    schema = inner.quoted_schema,
+                    error = %err,
+                    "a renewal found the table of identity records missing, and it could not \
+                     be created again: holders of keys taken with an identity read as unknown \
+                     (their locks are held all the same)"
+                ),
+            }
+        });
+    }
+
     /// Makes sure the table of identity records exists and the role may
     /// use it, creating it if missing, before an acquisition of `key` with
     /// an identity; checked once per backend (`recheck`: again, as a lock
@@ -238,16 +402,37 @@ impl Inner {
         };
         let missing = found.missing();
         if !missing.is_empty() {
-            return Err(Failure::msg(format!(
-                "role {role} lacks {privileges} on {s}.dlock_holders, where a lock taken with an \
-                 identity records who holds it; have a DBA run: GRANT SELECT, INSERT, UPDATE, \
-                 DELETE ON {s}.dlock_holders TO {role};",
-                role = found.role,
-                privileges = missing.join(", "),
-                s = self.quoted_schema,
-            )));
+            return Err(Failure::msg(
+                self.lacks_on_holders(&found.role, &missing.join(", ")),
+            ));
         }
         Ok(())
+    }
+
+    /// What a role lacks on the table of identity records, and the GRANT
+    /// that gives it, for errors.
+    pub(super) fn lacks_on_holders(&self, role: &str, privileges: &str) -> String {
+        format!(
+            "role {role} lacks {privileges} on {s}.dlock_holders, where a lock taken with an \
+             identity records who holds it; have a DBA run: GRANT SELECT, INSERT, UPDATE, \
+             DELETE ON {s}.dlock_holders TO {role};",
+            s = self.quoted_schema,
+        )
+    }
+
+    /// [`lacks_on_holders`](Self::lacks_on_holders) for this role, read on
+    /// `session`; `None` if the table is missing, the role lacks nothing,
+    /// or it could not be read.
+    pub(super) async fn holders_privileges(&self, session: &LockSession) -> Option<String> {
+        let schema = self.options.schema.as_str();
+        let rows = session
+            .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+            .await
+            .ok()?;
+        let found = TableInspection::from_row(rows.first()?).ok()?;
+        let missing = found.missing();
+        (found.exists && !missing.is_empty())
+            .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
     }
 
     /// Creates the table of identity records, on a connection of its own

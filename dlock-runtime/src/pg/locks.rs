@@ -320,30 +320,77 @@ impl Inner {
 
     /// Drops one hold of `advisory_key` on `session`, and, for a lease that
     /// recorded its identity (`record`: its token), the record with it (see
-    /// [`sql::UNLOCK_RECORDED`]). True when the session held the lock.
+    /// [`sql::UNLOCK_RECORDED`]).
     async fn unlock_on(
         &self,
         session: &LockSession,
         advisory_key: i64,
         record: Option<i64>,
-    ) -> Result<bool, tokio_postgres::Error> {
+    ) -> Result<Unlocked, tokio_postgres::Error> {
         if let Some(token) = record {
             let statements = session
                 .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
                 .await?;
+            // Not while a renewal writes records on this session: its write
+            // must reach the server before this delete, never after.
+            let _writes = session.record_writes.lock().await;
             match session
                 .query_one(&statements.unlock, &[&advisory_key, &token])
                 .await
             {
-                Ok(row) => return Ok(row.try_get(0).unwrap_or(false)),
+                Ok(row) => return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false))),
                 // The table (or its schema) was dropped: the statement ran
                 // nothing, and no record is left to delete.
                 Err(err) if sql::sequence_missing(&err) => {}
+                // The role may not delete the record (a DBA revoked DELETE
+                // on the table): the statement ran nothing, so the lock is
+                // held. The lock goes, the record stays. It names this
+                // session, so the session takes no new lock: no lease of
+                // this key (or of one with the same advisory key) can hold
+                // it here again and be read with this record. Its other
+                // leases live on.
+                Err(err) if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                    session.retire();
+                    let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+                    return Ok(Unlocked {
+                        held: row.try_get(0).unwrap_or(false),
+                        record_left: Some(err),
+                    });
+                }
                 Err(err) => return Err(err),
             }
         }
         let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
-        Ok(row.try_get(0).unwrap_or(false))
+        Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)))
+    }
+
+    /// The error of a release that dropped `key`'s lock but could not
+    /// delete its identity record (`err`): which privileges the role lacks
+    /// and the GRANT that gives them, as an acquisition's error says, read
+    /// on `session`. The next acquisition with an identity checks the
+    /// table again, and is refused until the grant is made.
+    async fn record_left_error(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        err: tokio_postgres::Error,
+    ) -> LockError {
+        *self.holders_table.lock().await = false;
+        let lacks = self
+            .holders_privileges(session)
+            .await
+            .unwrap_or_else(|| self.lacks_on_holders("the role", "DELETE"));
+        let what = format!(
+            "cannot delete the identity record of `{key}`: {lacks} the lock was released all \
+             the same, and the record left is never read (it names a session that takes no new \
+             lock)"
+        );
+        LockError::backend(
+            KIND,
+            Operation::Release,
+            key.as_str(),
+            Failure::new(what, err),
+        )
     }
 
     /// Unlocks `key` on its session. `owner: None` is the administrator's
@@ -400,7 +447,14 @@ impl Inner {
                 unfinished.finish();
                 inner.forget(&key, entry_owner);
                 match outcome {
-                    Ok(released) => Ok(released),
+                    Ok(Unlocked {
+                        held,
+                        record_left: None,
+                    }) => Ok(held),
+                    Ok(Unlocked {
+                        record_left: Some(err),
+                        ..
+                    }) => Err(inner.record_left_error(&session, &key, err).await),
                     // The session is gone, and every lock it held with it.
                     Err(err) if err.is_closed() || session.is_ended() => Ok(false),
                     Err(err) => {
@@ -421,6 +475,24 @@ impl Inner {
                 unlocked_on.end(format!("no runtime left to release `{key}` on"));
                 Err(no_runtime(Operation::Release, key))
             }
+        }
+    }
+}
+
+/// What an unlock did.
+struct Unlocked {
+    /// Whether the session held the lock.
+    held: bool,
+    /// Why the lease's identity record could not be deleted with it, if
+    /// it could not (the lock was dropped all the same).
+    record_left: Option<tokio_postgres::Error>,
+}
+
+impl Unlocked {
+    fn plain(held: bool) -> Self {
+        Self {
+            held,
+            record_left: None,
         }
     }
 }

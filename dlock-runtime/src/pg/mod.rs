@@ -113,6 +113,20 @@
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
 //! ```
 //!
+//! A renewal of a lock taken with an identity makes sure its record is
+//! there and is its own, and writes it again if not, so a DBA who
+//! truncates the table or deletes a row hides the holder for one renewal
+//! interval at most; a dropped table is created again, as the first
+//! acquisition creates it. That costs one statement per session per
+//! renewal batch, in place of the session check, and only on sessions
+//! that hold such a lock: plain locks are renewed as before. A record that
+//! cannot be written fails no renewal (the lock is held all the same): it
+//! is logged as a warning. A release whose role may no longer delete its
+//! record (a DBA revoked DELETE) drops the lock all the same and fails
+//! with the GRANT to run; the record left names the session, which takes
+//! no new lock from then on (its other leases live on), so it is never
+//! read.
+//!
 //! Releases are announced to [`Backend::watch_holder`](crate::Backend::watch_holder)
 //! by the wait probe (below); acquisitions are not, so a watch on a free
 //! key asks its reader to look again every 50 ms.
@@ -257,12 +271,16 @@ struct Inner {
     /// The statements of identity records ([`holders`]), schema filled in.
     try_lock_recording_sql: String,
     unlock_recorded_sql: String,
+    rewrite_records_sql: String,
     holder_session_sql: String,
     holder_record_sql: String,
     /// Whether the table of identity records is known to exist and be
     /// usable, checked (and created) on the first acquisition with an
     /// identity, one check at a time.
     holders_table: AsyncMutex<bool>,
+    /// When renewals last tried to create the table of identity records
+    /// again, if that try is in flight or failed.
+    holders_recreated: Mutex<Option<Instant>>,
     slots: Vec<SessionSlot>,
     next_slot: AtomicUsize,
     next_session_id: AtomicU64,
@@ -426,9 +444,11 @@ impl PgBackend {
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
             unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
+            rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
             holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
             holders_table: AsyncMutex::new(false),
+            holders_recreated: Mutex::new(None),
             slots: (0..options.sessions)
                 .map(|_| SessionSlot::default())
                 .collect(),

@@ -5,11 +5,11 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{OnceCell, oneshot, watch};
+use tokio::sync::{Mutex as AsyncMutex, OnceCell, oneshot, watch};
 use tokio::time::{sleep, timeout};
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
@@ -272,6 +272,13 @@ pub(super) struct LockSession {
     /// The statements of leases that record an identity, prepared on the
     /// first such lease (they name a table that only exists from then on).
     recording: OnceCell<Recording>,
+    /// Held while identity records are written or deleted on this session
+    /// (a renewal writing missing ones again, an unlock deleting one), so
+    /// that a renewal's write is never sent after the lease's unlock.
+    pub(super) record_writes: AsyncMutex<()>,
+    /// Set once the session must take no new locks (see
+    /// [`retire`](Self::retire)).
+    retired: AtomicBool,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
@@ -338,6 +345,8 @@ impl LockSession {
             try_lock: statements.0,
             unlock: statements.1,
             recording: OnceCell::new(),
+            record_writes: AsyncMutex::new(()),
+            retired: AtomicBool::new(false),
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
@@ -446,6 +455,21 @@ impl LockSession {
     /// True once the connection is gone (or going).
     pub(super) fn is_ended(&self) -> bool {
         self.ended.borrow().is_some() || self.client.is_closed()
+    }
+
+    /// Takes the session out of use for new locks, while its leases live
+    /// on: its slot opens another for the next acquisition, and the
+    /// connection closes once the slot has and the last lease on it ended. For a session that
+    /// dropped a lock whose identity record it could not delete: the record
+    /// names this session, so this session must never hold that key again
+    /// (a reader would take the record for the new holder's).
+    pub(super) fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
+    }
+
+    /// True once [`retire`](Self::retire)d.
+    pub(super) fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
     }
 
     /// Closes the connection: the server drops every lock it held, and

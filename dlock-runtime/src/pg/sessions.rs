@@ -26,11 +26,11 @@ impl SessionSlot {
         self.current.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The slot's session, if it is open and alive.
+    /// The slot's session, if it is open and alive, and not retired.
     pub(super) fn live(&self) -> Option<Arc<LockSession>> {
         self.current()
             .as_ref()
-            .filter(|session| !session.is_ended())
+            .filter(|session| !session.is_ended() && !session.is_retired())
             .map(Arc::clone)
     }
 }

@@ -373,6 +373,39 @@ SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8),
        pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
 FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
 
+/// Writes again the identity records of leases this session holds, when
+/// they are missing or not theirs (a DBA truncated the table, deleted a
+/// row): sent at a renewal, on the leases' own session, in place of its
+/// liveness check, only when the batch renews a lease that recorded one.
+/// One row per lease: its advisory key (`$1`), key (`$2`), token (`$3`) and
+/// identity (`$4`), with this session (its pid, and its start `$5`).
+/// Returns the advisory keys written.
+///
+/// The `NOT EXISTS` keeps records already right out of the `INSERT`, so
+/// when all is well the statement writes nothing: no transaction id, no
+/// row lock, one index probe a lease. A conflicting row left is another
+/// session's or another lease's, never a live one (this session holds the
+/// advisory key), and is overwritten as [`TRY_LOCK_RECORDING`] does. The
+/// backend sends it only for leases it holds at that moment, under the
+/// session's lock that [`UNLOCK_RECORDED`] is sent under too, so it never
+/// runs after a lease's unlock and writes back a record nobody deletes.
+pub(super) const REWRITE_RECORDS: &str = "\
+INSERT INTO {schema}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
+SELECT w.lock_id, w.key, w.token, pg_catalog.pg_backend_pid(), $5::pg_catalog.timestamptz,
+       w.identity
+FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.text[]),
+                pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($4::pg_catalog.text[]))
+     AS w(lock_id, key, token, identity)
+WHERE NOT EXISTS (
+  SELECT FROM {schema}.dlock_holders AS h
+  WHERE h.lock_id = w.lock_id AND h.key = w.key AND h.token = w.token
+    AND h.pid = pg_catalog.pg_backend_pid() AND h.session_start = $5::pg_catalog.timestamptz
+    AND h.identity = w.identity)
+ON CONFLICT (lock_id) DO UPDATE
+SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
+    session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
+RETURNING r.lock_id";
+
 /// The session holding a key's advisory lock exclusively, whichever it is
 /// (this one included): its pid, when it started (NULL when the role
 /// asking may not see it: another role's session, unless the role is a

@@ -26,11 +26,29 @@
 //! "memory/file" uses the file backend (`tests/fence.rs` plays the article's
 //! timeline on memory locks and a `FencedCell`).
 //!
-//! Each short run takes about 60 s. The seed is printed at the start;
-//! `DLOCK_FAULT_SEED=<seed>` replays the same fault schedule. The long run:
+//! The election scenario runs on the same stores, register and driver: the
+//! workers campaign in one election with `Election::lead` (the lock's key
+//! names it), each with an identity of its own, and the leader increments
+//! the register step after step under its term's token, checking its term
+//! before every read and write (`fault::election`). The driver pauses
+//! leaders past the ttl, kills and restarts them, breaks their lock on the
+//! server's side and partitions them, as in the lock runs. Besides the
+//! lock runs' checks, the checker proves that every leader paused past its
+//! ttl and deposed meanwhile learned of its loss after resuming (a `LOST`
+//! line, from `Term::check` or the lost signal) before any write of its own
+//! got through, that every write it still attempted (the one it had on its
+//! way is sent anyway) was refused by the fence, and that no two terms'
+//! accepted writes interleave.
+//!
+//! Each short lock run takes about 60 s, each election run about 30 s. The
+//! seed is printed at the start; `DLOCK_FAULT_SEED=<seed>` replays the same
+//! fault schedule, and `DLOCK_FAULT_SECS` sets the length of every run. The
+//! long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the default, or `election`):
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=election DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
@@ -38,10 +56,13 @@ mod fault;
 mod redis_support;
 mod support;
 
-use fault::run::{Fault, Lock, Report, Settings, run};
+use fault::run::{Fault, Lock, Register, Report, Settings, run};
 
-/// How long a short run lasts unless `DLOCK_FAULT_SECS` says otherwise.
+/// How long a short lock run lasts unless `DLOCK_FAULT_SECS` says otherwise.
 const SHORT_RUN_SECS: u64 = 60;
+/// How long a short election run lasts unless `DLOCK_FAULT_SECS` says
+/// otherwise.
+const SHORT_ELECTION_RUN_SECS: u64 = 30;
 
 /// The child side: a worker process (see `fault::worker`). Ignored in
 /// normal runs; the harness starts the test binary as
@@ -56,9 +77,8 @@ fn fault_worker_entry() {
     fault::worker::main(config);
 }
 
-/// The acceptance of a fenced run: every kind of fault of the run's list
-/// hit at least once, and the checker found nothing.
-fn assert_fenced_run_is_safe(report: &Report) {
+/// Every kind of fault of the run's list hit at least once.
+fn assert_every_fault_hit(report: &Report) {
     for &kind in &report.settings.faults {
         assert!(
             report.hits(kind) >= 1,
@@ -67,6 +87,12 @@ fn assert_fenced_run_is_safe(report: &Report) {
             report.injected
         );
     }
+}
+
+/// The acceptance of a fenced run: every kind of fault of the run's list
+/// hit at least once, and the checker found nothing.
+fn assert_fenced_run_is_safe(report: &Report) {
+    assert_every_fault_hit(report);
     // Pauses past the ttl made two workers believe they held the lock at
     // once: the lock alone did not keep the register right, the fence did.
     assert!(
@@ -101,13 +127,111 @@ fn pg_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_n
     assert_fenced_run_is_safe(&run(Settings::from_env(Lock::Pg, SHORT_RUN_SECS)));
 }
 
+/// The acceptance of an election run: every kind of fault hit, a pause
+/// past the ttl deposed a leader at least once, every deposed leader was
+/// told after resuming, and the checker found nothing (no write of a
+/// deposed leader accepted, no stale write, no lost increment, no two
+/// terms writing at once).
+fn assert_election_run_is_safe(report: &Report) {
+    assert_every_fault_hit(report);
+    let election = report
+        .verdict
+        .election
+        .as_ref()
+        .expect("an election run has an election verdict");
+    assert!(
+        election.deposed_by_pause >= 1,
+        "no pause past the ttl let another campaigner win the term of the leader it stopped: {report}"
+    );
+    assert_eq!(
+        election.noticed_lost + election.killed_before_noticing,
+        election.deposed_by_pause,
+        "every deposed leader learns of its loss after resuming: {report}"
+    );
+    // Paused between its read and its write, a leader resumes with a write
+    // on its way, and sends it: the fence must refuse it.
+    assert!(
+        election.deposed_writes_refused >= 1,
+        "no deposed leader's write was refused: {report}"
+    );
+    assert!(
+        report.verdict.writes_accepted > 0,
+        "no write was accepted at all: {report}"
+    );
+    assert!(
+        report.verdict.is_safe(),
+        "seed {}: {:?}",
+        report.settings.seed,
+        report.verdict.violations
+    );
+    assert_eq!(
+        (
+            election.deposed_writes_accepted,
+            report.verdict.stale_writes_accepted,
+            election.terms_overlapping
+        ),
+        (0, 0, 0)
+    );
+}
+
+#[test]
+fn file_election_under_pauses_kills_breaks_partitions_tells_and_fences_off_deposed_leaders() {
+    let settings = Settings::from_env(Lock::File, SHORT_ELECTION_RUN_SECS).election();
+    assert_election_run_is_safe(&run(settings));
+}
+
+#[test]
+fn redis_election_under_pauses_kills_restarts_partitions_tells_and_fences_off_deposed_leaders() {
+    let settings = Settings::from_env(Lock::Redis, SHORT_ELECTION_RUN_SECS).election();
+    assert_election_run_is_safe(&run(settings));
+}
+
+#[test]
+fn pg_election_under_pauses_kills_terminations_partitions_tells_and_fences_off_deposed_leaders() {
+    let settings = Settings::from_env(Lock::Pg, SHORT_ELECTION_RUN_SECS).election();
+    assert_election_run_is_safe(&run(settings));
+}
+
+/// The election checks can fail: with leaders that ignore their term and
+/// the fence off, a leader paused past its ttl resumes without noticing
+/// its loss, and the write it had on its way lands on top of its
+/// successor's; the checker reports both.
+#[test]
+fn with_fencing_off_and_terms_ignored_the_election_checker_catches_a_deposed_leaders_write() {
+    let mut settings = Settings::from_env(Lock::File, 20).election();
+    settings.register = Register::Redis;
+    settings.fenced = false;
+    settings.heeds_term = false;
+    settings.faults = vec![Fault::Pause];
+    let report = run(settings);
+    let election = report
+        .verdict
+        .election
+        .as_ref()
+        .expect("an election run has an election verdict");
+    assert!(
+        election.deposed_by_pause >= 1,
+        "no pause deposed a leader: {report}"
+    );
+    assert!(
+        election.unnoticed >= 1,
+        "a leader that ignores its term never records its loss, and the checker must see it: {report}"
+    );
+    assert!(
+        election.deposed_writes_accepted >= 1
+            && report.verdict.stale_writes_accepted > 0
+            && !report.verdict.is_safe(),
+        "without fencing a deposed leader's write must get through, and the checker must see it: {report}"
+    );
+}
+
 /// The checker can fail: with the fence switched off (plain reads and
 /// writes of the register) and holders paused past the ttl mid-update, a
 /// stale write is accepted and an increment lost, and the checker says so.
 #[test]
 fn with_fencing_off_the_checker_catches_an_accepted_stale_write() {
     let mut settings = Settings::from_env(Lock::File, 20);
-    settings.register = fault::run::Register::Redis;
+    settings.register = Register::Redis;
     settings.fenced = false;
     settings.faults = vec![Fault::Pause];
     let report = run(settings);
@@ -118,7 +242,8 @@ fn with_fencing_off_the_checker_catches_an_accepted_stale_write() {
     );
 }
 
-/// The long run: `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
+/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election; default lock),
+/// `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
 /// `DLOCK_FAULT_SECS` (default 600), `DLOCK_FAULT_SEED` (default random,
 /// printed).
 #[test]
@@ -131,6 +256,9 @@ fn long_run() {
         Ok(other) => panic!("DLOCK_FAULT_BACKEND must be file, redis or pg, not {other:?}"),
     };
     let settings = Settings::from_env(lock, 600);
-    let report = run(settings);
-    assert_fenced_run_is_safe(&report);
+    match std::env::var("DLOCK_FAULT_SCENARIO").as_deref() {
+        Ok("lock") | Err(_) => assert_fenced_run_is_safe(&run(settings)),
+        Ok("election") => assert_election_run_is_safe(&run(settings.election())),
+        Ok(other) => panic!("DLOCK_FAULT_SCENARIO must be lock or election, not {other:?}"),
+    }
 }

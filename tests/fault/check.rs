@@ -1,13 +1,19 @@
 //! The checker: reads the history the workers printed, the driver's kill
-//! times and the register's final value, and says whether any stale write
-//! was accepted, whether accepted tokens rose strictly, whether any
-//! increment was lost — and how often two workers both believed they held
-//! the lock.
+//! and pause times and the register's final value, and says whether any
+//! stale write was accepted, whether accepted tokens rose strictly, whether
+//! any increment was lost — and how often two workers both believed they
+//! held the lock.
 //!
-//! "Accepted tokens strictly increase" is checked per write: each lease
-//! reads once and writes once, so every accepted write carries its own
-//! token, and along the order in which writes were accepted (each accepted
-//! write read the value of the one before it) the tokens must rise.
+//! The unit of work is a step: a read of the register, then one write of
+//! `count + 1` built on it. A lease of the lock scenario makes one step; a
+//! term of the election scenario makes one after another under its one
+//! token, numbered from 1, so every write is told apart by its token and
+//! step (`<token>/<step>` in the events and in the values it writes).
+//!
+//! "Accepted tokens strictly increase" is checked per write: along the
+//! order in which writes were accepted (each accepted write read the value
+//! of the one before it), the token rises, or stays with a later step of
+//! the same term.
 //!
 //! That order cannot see a token source that went back (a rewound counter,
 //! a restored sequence): the rewound holder's read is refused as stale, and
@@ -17,9 +23,17 @@
 //! another, so each lease's token must be above that process's previous
 //! lease's token. No clocks are compared, only the order of one process's
 //! own lines (a restarted worker is a new process).
+//!
+//! The election scenario adds what an election promises (see
+//! [`ElectionVerdict`]): a leader paused past its ttl and deposed meanwhile
+//! learns of its loss after resuming, not by a write of its own getting
+//! through; every write it still attempts is refused; and the terms'
+//! accepted writes never interleave.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
+
+use super::worker::TTL;
 
 /// One line a worker printed.
 #[derive(Clone, Debug)]
@@ -29,25 +43,48 @@ pub struct Event {
     pub t_us: u64,
     pub what: String,
     pub token: u64,
+    /// The step of a term (election scenario); 0 in the lock scenario,
+    /// where a lease makes a single step.
+    pub step: u64,
     pub detail: String,
 }
 
 impl Event {
-    /// Parses `EV <µs> <WHAT> <token> [detail]`.
+    /// Parses `EV <µs> <WHAT> <token>[/<step>] [detail]`.
     pub fn parse(process: usize, line: &str) -> Option<Self> {
         let mut words = line.strip_prefix("EV ")?.splitn(4, ' ');
         let t_us = words.next()?.parse().ok()?;
         let what = words.next()?.to_owned();
-        let token = words.next()?.parse().ok()?;
+        let (token, step) = parse_token(words.next()?)?;
         let detail = words.next().unwrap_or_default().to_owned();
         Some(Self {
             process,
             t_us,
             what,
             token,
+            step,
             detail,
         })
     }
+}
+
+/// `<token>` or `<token>/<step>`.
+fn parse_token(text: &str) -> Option<(u64, u64)> {
+    match text.split_once('/') {
+        Some((token, step)) => Some((token.parse().ok()?, step.parse().ok()?)),
+        None => Some((text.parse().ok()?, 0)),
+    }
+}
+
+/// A pause the driver made: the process was stopped (SIGSTOP) from
+/// `stopped_us` until `resumed_us` (SIGCONT), for longer than the ttl.
+#[derive(Clone, Copy, Debug)]
+pub struct Pause {
+    pub process: usize,
+    pub stopped_us: u64,
+    /// Taken just before SIGCONT: every line the resumed process prints is
+    /// later.
+    pub resumed_us: u64,
 }
 
 /// What the checker reads.
@@ -56,22 +93,41 @@ pub struct History {
     pub events: Vec<Event>,
     /// When the driver SIGKILLed a process: its belief ends there.
     pub killed_at: HashMap<usize, u64>,
+    /// The driver's pauses past the ttl.
+    pub pauses: Vec<Pause>,
     /// When the run ended (belief of anyone still holding ends there).
     pub end_us: u64,
     /// The register's value after every worker has stopped.
     pub final_value: String,
+    /// The election scenario: check what an election promises too.
+    pub election: bool,
 }
 
+/// A lease (lock scenario) or a term (election scenario) of one process.
 #[derive(Debug, Default)]
 struct Lease {
     process: usize,
     token: u64,
     begin: u64,
+    /// A `BEGIN` line was printed (an election's term: elected).
+    began: bool,
     believe_end: Option<u64>,
-    read: Option<String>,
+    /// The first `LOST` line: when, and how (`check`, `signal`).
+    noticed: Option<(u64, String)>,
+}
+
+/// One step: a read, and the write built on it.
+#[derive(Debug, Default)]
+struct Attempt {
+    read: Option<(u64, String)>,
     send: Option<(u64, String)>,
+    /// Sent by a leader that had already lost its term (`LATE`).
+    late: bool,
     outcome: Option<(u64, &'static str)>,
 }
+
+/// (process, token, step)
+type StepId = (usize, u64, u64);
 
 /// The checker's findings.
 #[derive(Debug, Default)]
@@ -88,9 +144,12 @@ pub struct Verdict {
     /// Stale writes the fence refused (and stale reads).
     pub stale_writes_rejected: usize,
     pub stale_reads_rejected: usize,
-    /// Accepted writes whose token is lower than one accepted before them.
+    /// Accepted writes sent after the register had answered a higher token
+    /// (a read, which records its token, or a write), or built on a value
+    /// written under a higher token.
     pub stale_writes_accepted: usize,
-    /// Accepted writes whose token is not above the one they overwrote.
+    /// Accepted writes whose token and step are not above the ones of the
+    /// write they overwrote.
     pub tokens_not_increasing: usize,
     /// Leases whose token is not above the token of the previous lease of
     /// the same process: the lock store handed out a token it had passed.
@@ -106,13 +165,16 @@ pub struct Verdict {
     /// body's end, or the process's death) overlap. A holder paused past
     /// its ttl overlaps every lease taken while it was stopped.
     pub double_belief: usize,
+    /// The election scenario's findings.
+    pub election: Option<ElectionVerdict>,
     pub violations: Vec<String>,
 }
 
 impl Verdict {
     /// No stale write accepted, tokens rising (along the accepted writes
-    /// and within each process), no increment lost, and the register equal
-    /// to the number of accepted writes.
+    /// and within each process), no increment lost, the register equal to
+    /// the number of accepted writes, and (elections) every deposed leader
+    /// told and refused.
     pub fn is_safe(&self) -> bool {
         self.violations.is_empty()
     }
@@ -140,16 +202,110 @@ impl fmt::Display for Verdict {
             self.lost_increments,
             self.phantom_reads,
             self.final_count,
+        )?;
+        if let Some(election) = &self.election {
+            write!(f, "\n  {election}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the election scenario promises, checked over every pause past the
+/// ttl that stopped a leader mid-term:
+///
+/// 1. Every write the paused leader attempted after resuming (its own, or
+///    a late one: see `fault::election`) is refused once a newer term has
+///    read or written the register before it resumed — and the refusal is
+///    the fence's, since the checker counts what the register accepted.
+/// 2. If another was elected while it was stopped, it learned of its loss
+///    (a `LOST` line: `Term::check` failed, or the lost signal fired) after
+///    resuming, and before any write of its own was accepted.
+/// 3. At most one term writes at a time as the fence accepts them: no
+///    write of an older term is accepted after a newer term's (this
+///    follows from the fence; the stale-write checks find each such pair).
+#[derive(Debug, Default)]
+pub struct ElectionVerdict {
+    /// Terms (`BEGIN` lines), and how many had a write accepted.
+    pub terms: usize,
+    pub terms_written: usize,
+    /// Pauses past the ttl that stopped a process mid-term.
+    pub paused_leaders: usize,
+    /// Of those, the ones whose term another process won before the pause
+    /// ended.
+    pub deposed_by_pause: usize,
+    /// Deposed paused leaders that printed `LOST` after resuming, by
+    /// `Term::check` or by the lost signal.
+    pub noticed_lost: usize,
+    pub noticed_by_check: usize,
+    pub noticed_by_signal: usize,
+    /// The longest wait from a resume to its `LOST` line.
+    pub slowest_notice_us: u64,
+    /// Deposed paused leaders that never printed `LOST` (a violation).
+    pub unnoticed: usize,
+    /// Deposed paused leaders killed within a ttl of resuming, before they
+    /// printed anything: nothing to check.
+    pub killed_before_noticing: usize,
+    /// Steps a deposed paused leader had read for before the pause and
+    /// whose write it did not send as its own after resuming (check() or
+    /// the lost signal stopped it).
+    pub steps_stopped: usize,
+    /// Writes deposed paused leaders attempted after resuming (late ones
+    /// included), and what became of them.
+    pub deposed_writes: usize,
+    pub deposed_writes_refused: usize,
+    /// Accepted although a newer term had read or written the register
+    /// before the resume (a violation).
+    pub deposed_writes_accepted: usize,
+    /// Accepted with no newer term's read or write answered before: the
+    /// fence had nothing to refuse them by (the new leader had not yet
+    /// touched the register).
+    pub deposed_writes_let_through: usize,
+    /// Every `LATE` write of the run (losses of any kind), and how many the
+    /// register refused.
+    pub late_writes: usize,
+    pub late_writes_refused: usize,
+    /// Pairs of terms whose accepted writes interleave (a violation).
+    pub terms_overlapping: usize,
+}
+
+impl fmt::Display for ElectionVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "election: terms {} ({} wrote), pauses of a leader past the ttl {} ({} deposed meanwhile: \
+             {} noticed the loss after resuming ({} by check(), {} by the lost signal, slowest {:.1} ms), \
+             {} never did, {} killed first), steps cut short {}, deposed leaders' writes after resuming {} \
+             ({} refused, {} accepted, {} let through before any newer term touched the register), \
+             late writes {} ({} refused), overlapping terms {}",
+            self.terms,
+            self.terms_written,
+            self.paused_leaders,
+            self.deposed_by_pause,
+            self.noticed_lost,
+            self.noticed_by_check,
+            self.noticed_by_signal,
+            self.slowest_notice_us as f64 / 1000.0,
+            self.unnoticed,
+            self.killed_before_noticing,
+            self.steps_stopped,
+            self.deposed_writes,
+            self.deposed_writes_refused,
+            self.deposed_writes_accepted,
+            self.deposed_writes_let_through,
+            self.late_writes,
+            self.late_writes_refused,
+            self.terms_overlapping,
         )
     }
 }
 
-fn token_of(value: &str) -> u64 {
+/// The token and step of the write that wrote `value` (`"0:0"`: none).
+fn written_by(value: &str) -> (u64, u64) {
     value
         .split(':')
         .nth(1)
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0)
+        .and_then(parse_token)
+        .unwrap_or((0, 0))
 }
 
 fn count_of(value: &str) -> u64 {
@@ -160,10 +316,32 @@ fn count_of(value: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// "token 7", or "token 7 step 3" for a step of an election's term.
+fn write_name(token: u64, step: u64) -> String {
+    if step == 0 {
+        format!("token {token}")
+    } else {
+        format!("token {token} step {step}")
+    }
+}
+
+/// An accepted write.
+struct Write<'a> {
+    id: StepId,
+    sent: u64,
+    acked: Option<u64>,
+    read: &'a str,
+    value: &'a str,
+}
+
 pub fn check(history: &History) -> Verdict {
     let mut verdict = Verdict::default();
-    // Leases by (process, token), in the order they began.
+    // Leases by (process, token), steps by (process, token, step).
     let mut leases: BTreeMap<(usize, u64), Lease> = BTreeMap::new();
+    let mut attempts: BTreeMap<StepId, Attempt> = BTreeMap::new();
+    // Every answer the register gave a token (a read records it, a write
+    // sets it): (when, token).
+    let mut answered: Vec<(u64, u64)> = Vec::new();
     for ev in &history.events {
         if ev.token == 0 {
             continue; // set-up errors, not tied to a lease
@@ -176,45 +354,56 @@ pub fn check(history: &History) -> Verdict {
                 begin: ev.t_us,
                 ..Lease::default()
             });
+        let id = (ev.process, ev.token, ev.step);
         match ev.what.as_str() {
-            "BEGIN" => lease.begin = ev.t_us,
-            "READ" => lease.read = Some(ev.detail.clone()),
-            "RSTALE" => verdict.stale_reads_rejected += 1,
-            "SEND" => lease.send = Some((ev.t_us, ev.detail.clone())),
-            "OK" => lease.outcome = Some((ev.t_us, "accepted")),
-            "STALE" => {
-                lease.outcome = Some((ev.t_us, "stale"));
-                verdict.stale_writes_rejected += 1;
+            "BEGIN" => {
+                lease.begin = ev.t_us;
+                lease.began = true;
             }
-            "WERR" => lease.outcome = Some((ev.t_us, "unknown")),
             "LOST" | "END" => {
                 lease.believe_end = Some(lease.believe_end.map_or(ev.t_us, |t| t.min(ev.t_us)));
+                if ev.what == "LOST" && lease.noticed.is_none() {
+                    lease.noticed = Some((ev.t_us, ev.detail.clone()));
+                }
             }
+            "READ" => {
+                attempts.entry(id).or_default().read = Some((ev.t_us, ev.detail.clone()));
+                answered.push((ev.t_us, ev.token));
+            }
+            "RSTALE" => verdict.stale_reads_rejected += 1,
+            "SEND" | "LATE" => {
+                let attempt = attempts.entry(id).or_default();
+                attempt.send = Some((ev.t_us, ev.detail.clone()));
+                attempt.late = ev.what == "LATE";
+            }
+            "OK" => {
+                attempts.entry(id).or_default().outcome = Some((ev.t_us, "accepted"));
+                answered.push((ev.t_us, ev.token));
+            }
+            "STALE" => {
+                attempts.entry(id).or_default().outcome = Some((ev.t_us, "stale"));
+                verdict.stale_writes_rejected += 1;
+            }
+            "WERR" => attempts.entry(id).or_default().outcome = Some((ev.t_us, "unknown")),
             _ => {}
         }
     }
     verdict.leases = leases.len();
+    answered.sort_unstable();
 
     // Which writes the register accepted.
-    let seen: HashSet<&str> = leases
+    let seen: HashSet<&str> = attempts
         .values()
-        .filter_map(|l| l.read.as_deref())
+        .filter_map(|a| a.read.as_ref().map(|(_, v)| v.as_str()))
         .chain(std::iter::once(history.final_value.as_str()))
         .collect();
-    struct Write<'a> {
-        token: u64,
-        sent: u64,
-        acked: Option<u64>,
-        read: &'a str,
-        value: &'a str,
-    }
     let mut accepted: Vec<Write<'_>> = Vec::new();
-    for lease in leases.values() {
-        let Some((sent, value)) = &lease.send else {
+    for (&id, attempt) in &attempts {
+        let Some((sent, value)) = &attempt.send else {
             continue;
         };
         verdict.writes_sent += 1;
-        let acked = match lease.outcome {
+        let acked = match attempt.outcome {
             Some((t, "accepted")) => Some(t),
             Some((_, "stale")) => continue,
             _ => {
@@ -228,66 +417,73 @@ pub fn check(history: &History) -> Verdict {
             }
         };
         accepted.push(Write {
-            token: lease.token,
+            id,
             sent: *sent,
             acked,
-            read: lease.read.as_deref().unwrap_or("0:0"),
+            read: attempt.read.as_ref().map_or("0:0", |(_, v)| v.as_str()),
             value,
         });
     }
     verdict.writes_accepted = accepted.len();
 
-    // 1. Stale writes accepted, by the clock: sent after a write with a
-    // higher token was acknowledged.
-    let mut by_ack: Vec<(u64, u64)> = accepted
-        .iter()
-        .filter_map(|w| w.acked.map(|a| (a, w.token)))
-        .collect();
-    by_ack.sort_unstable();
+    // 1. Stale writes accepted, by the clock: sent after the register had
+    // answered a higher token (a fenced read records its token, so a write
+    // under a lower one must be refused from then on).
     let mut by_send: Vec<&Write<'_>> = accepted.iter().collect();
     by_send.sort_by_key(|w| w.sent);
     let (mut next, mut highest) = (0, 0u64);
-    let mut stale: HashSet<(u64, &str)> = HashSet::new();
+    let mut stale: HashSet<StepId> = HashSet::new();
+    // (older token, newer token) of writes that interleave.
+    let mut overlapping: BTreeSet<(u64, u64)> = BTreeSet::new();
     for w in &by_send {
-        while next < by_ack.len() && by_ack[next].0 < w.sent {
-            highest = highest.max(by_ack[next].1);
+        while next < answered.len() && answered[next].0 < w.sent {
+            highest = highest.max(answered[next].1);
             next += 1;
         }
-        if w.token < highest {
-            stale.insert((w.token, w.value));
+        let (_, token, step) = w.id;
+        if token < highest {
+            stale.insert(w.id);
+            overlapping.insert((token, highest));
             verdict.violations.push(format!(
-                "stale write accepted: token {} wrote {:?} after token {highest} had been accepted",
-                w.token, w.value
+                "stale write accepted: {} wrote {:?} after the register had answered token {highest}",
+                write_name(token, step),
+                w.value
             ));
         }
     }
 
     // 2. Along the order of acceptance (each accepted write read its
-    // predecessor's value): tokens rise, no two writes build on one value.
+    // predecessor's value): tokens and steps rise, no two writes build on
+    // one value.
     let values: HashSet<&str> = accepted.iter().map(|w| w.value).collect();
     let mut successors: HashMap<&str, Vec<u64>> = HashMap::new();
     for w in &accepted {
-        successors.entry(w.read).or_default().push(w.token);
-        let before = token_of(w.read);
-        if w.token < before {
-            if stale.insert((w.token, w.value)) {
+        let (_, token, step) = w.id;
+        successors.entry(w.read).or_default().push(token);
+        let (before, before_step) = written_by(w.read);
+        if token < before {
+            overlapping.insert((token, before));
+            if stale.insert(w.id) {
                 verdict.violations.push(format!(
-                    "stale write accepted: token {} overwrote {:?}, written under the higher token {before}",
-                    w.token, w.read
+                    "stale write accepted: {} overwrote {:?}, written under the higher token {before}",
+                    write_name(token, step),
+                    w.read
                 ));
             }
-        } else if w.token == before {
+        } else if token == before && step <= before_step {
             verdict.tokens_not_increasing += 1;
             verdict.violations.push(format!(
-                "accepted tokens not strictly increasing: token {} overwrote its own {:?}",
-                w.token, w.read
+                "accepted tokens not strictly increasing: {} overwrote {:?}, written under the same token",
+                write_name(token, step),
+                w.read
             ));
         }
         if w.read != "0:0" && !values.contains(w.read) {
             verdict.phantom_reads += 1;
             verdict.violations.push(format!(
-                "token {} read {:?}, which no accepted write wrote",
-                w.token, w.read
+                "{} read {:?}, which no accepted write wrote",
+                write_name(token, step),
+                w.read
             ));
         }
     }
@@ -312,8 +508,9 @@ pub fn check(history: &History) -> Verdict {
     }
 
     // 4. Within one process, leases follow one another (`BEGIN`: the
-    // macro's body starts; `TAKE`: an acquisition of an abandon round that
-    // completed in time), so their tokens must rise in the order printed.
+    // macro's body starts, or a term; `TAKE`: an acquisition of an abandon
+    // round that completed in time), so their tokens must rise in the
+    // order printed.
     let mut previous: HashMap<usize, u64> = HashMap::new();
     for ev in &history.events {
         if !matches!(ev.what.as_str(), "BEGIN" | "TAKE") {
@@ -348,12 +545,191 @@ pub fn check(history: &History) -> Verdict {
         verdict.double_belief += active.iter().filter(|&&(_, p)| p != process).count();
         active.push((end, process));
     }
+
+    if history.election {
+        let first_pass = FirstPass {
+            leases: &leases,
+            attempts: &attempts,
+            accepted: accepted.iter().map(|w| w.id).collect(),
+            answered: &answered,
+        };
+        verdict.election = Some(check_election(
+            history,
+            &first_pass,
+            &overlapping,
+            &mut verdict.violations,
+        ));
+    }
+    verdict
+}
+
+/// What the election checks read of the first pass.
+struct FirstPass<'a> {
+    leases: &'a BTreeMap<(usize, u64), Lease>,
+    attempts: &'a BTreeMap<StepId, Attempt>,
+    accepted: HashSet<StepId>,
+    answered: &'a [(u64, u64)],
+}
+
+fn check_election(
+    history: &History,
+    pass: &FirstPass<'_>,
+    overlapping: &BTreeSet<(u64, u64)>,
+    violations: &mut Vec<String>,
+) -> ElectionVerdict {
+    let mut verdict = ElectionVerdict {
+        terms: pass.leases.values().filter(|l| l.began).count(),
+        terms_written: pass
+            .accepted
+            .iter()
+            .map(|&(_, token, _)| token)
+            .collect::<HashSet<_>>()
+            .len(),
+        ..ElectionVerdict::default()
+    };
+    for (id, attempt) in pass.attempts {
+        if attempt.late && attempt.send.is_some() {
+            verdict.late_writes += 1;
+            if !pass.accepted.contains(id) {
+                verdict.late_writes_refused += 1;
+            }
+        }
+    }
+
+    for pause in &history.pauses {
+        let process = pause.process;
+        // The term the process led when it was stopped.
+        let Some(term) = pass
+            .leases
+            .values()
+            .filter(|l| l.process == process && l.began && l.begin < pause.stopped_us)
+            .filter(|l| l.believe_end.is_none_or(|end| end >= pause.stopped_us))
+            .max_by_key(|l| l.begin)
+        else {
+            continue;
+        };
+        verdict.paused_leaders += 1;
+        // Another process won a newer term before this one resumed.
+        let Some(successor) = pass
+            .leases
+            .values()
+            .filter(|l| l.process != process && l.began && l.token > term.token)
+            .filter(|l| l.begin < pause.resumed_us)
+            .min_by_key(|l| l.begin)
+        else {
+            continue;
+        };
+        verdict.deposed_by_pause += 1;
+        let token = term.token;
+        let what = format!(
+            "process {process}'s term {token}, stopped for {:.1} s while term {} was elected",
+            pause.resumed_us.saturating_sub(pause.stopped_us) as f64 / 1e6,
+            successor.token
+        );
+
+        // (2) It learned of its loss after resuming.
+        let notice = term
+            .noticed
+            .as_ref()
+            .filter(|(t, _)| *t >= pause.stopped_us);
+        match notice {
+            Some((t, how)) => {
+                verdict.noticed_lost += 1;
+                if how == "check" {
+                    verdict.noticed_by_check += 1;
+                } else {
+                    verdict.noticed_by_signal += 1;
+                }
+                verdict.slowest_notice_us = verdict
+                    .slowest_notice_us
+                    .max(t.saturating_sub(pause.resumed_us));
+            }
+            None if history
+                .killed_at
+                .get(&process)
+                .is_some_and(|&k| k < pause.resumed_us + TTL.as_micros() as u64) =>
+            {
+                verdict.killed_before_noticing += 1;
+            }
+            None => {
+                verdict.unnoticed += 1;
+                violations.push(format!(
+                    "deposed leader never told: {what}; after resuming it never learned it had lost"
+                ));
+            }
+        }
+
+        // (1) Every write it attempted after resuming is refused once a
+        // newer term had been answered by the register.
+        let newer_answered = pass
+            .answered
+            .iter()
+            .take_while(|&&(at, _)| at < pause.resumed_us)
+            .map(|&(_, answered)| answered)
+            .filter(|&answered| answered > token)
+            .max();
+        for (&id, attempt) in pass
+            .attempts
+            .range((process, token, 0)..=(process, token, u64::MAX))
+        {
+            let Some((sent, value)) = &attempt.send else {
+                if attempt
+                    .read
+                    .as_ref()
+                    .is_some_and(|(t, _)| *t < pause.stopped_us)
+                {
+                    verdict.steps_stopped += 1;
+                }
+                continue;
+            };
+            if *sent < pause.resumed_us {
+                continue;
+            }
+            if attempt.late
+                && attempt
+                    .read
+                    .as_ref()
+                    .is_some_and(|(t, _)| *t < pause.stopped_us)
+            {
+                verdict.steps_stopped += 1;
+            }
+            verdict.deposed_writes += 1;
+            if !pass.accepted.contains(&id) {
+                verdict.deposed_writes_refused += 1;
+                continue;
+            }
+            let name = write_name(token, id.2);
+            if notice.is_none_or(|(t, _)| *sent < *t) {
+                violations.push(format!(
+                    "deposed leader learned of its loss only by writing: {what}; its write {value:?} ({name}) was accepted before it noticed"
+                ));
+            }
+            match newer_answered {
+                Some(newer) => {
+                    verdict.deposed_writes_accepted += 1;
+                    violations.push(format!(
+                        "deposed leader's write accepted: {what}; after resuming it wrote {value:?} ({name}), \
+                         although the register had answered token {newer} before"
+                    ));
+                }
+                None => verdict.deposed_writes_let_through += 1,
+            }
+        }
+    }
+
+    // (3) One term at a time: pairs found by the stale-write checks.
+    verdict.terms_overlapping = overlapping.len();
+    for (older, newer) in overlapping {
+        violations.push(format!(
+            "two terms wrote at once: term {older} had a write accepted after term {newer} was answered"
+        ));
+    }
     verdict
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Event, History, check};
+    use super::{Event, History, Pause, check};
 
     fn history(lines: &[(usize, &str)], final_value: &str) -> History {
         History {
@@ -516,5 +892,94 @@ mod tests {
         assert_eq!(verdict.stale_writes_accepted, 0);
         assert_eq!(verdict.lost_increments, 0);
         assert_eq!(verdict.stale_reads_rejected, 1);
+    }
+
+    /// Process 0 leads term 7 and is stopped mid-step (it read `1:7/1`);
+    /// process 1 wins term 9 meanwhile and increments; then what process 0
+    /// prints after resuming.
+    fn deposed_leader(after_resume: &[&'static str], final_value: &str) -> History {
+        let mut lines = vec![
+            (0, "EV 10 BEGIN 7"),
+            (0, "EV 11 READ 7/1 0:0"),
+            (0, "EV 12 SEND 7/1 1:7/1"),
+            (0, "EV 13 OK 7/1"),
+            (0, "EV 14 READ 7/2 1:7/1"),
+            (1, "EV 30 BEGIN 9"),
+            (1, "EV 31 READ 9/1 1:7/1"),
+            (1, "EV 32 SEND 9/1 2:9/1"),
+            (1, "EV 33 OK 9/1"),
+        ];
+        lines.extend(after_resume.iter().map(|line| (0, *line)));
+        let mut h = history(&lines, final_value);
+        h.pauses = vec![Pause {
+            process: 0,
+            stopped_us: 15,
+            resumed_us: 40,
+        }];
+        h.election = true;
+        h
+    }
+
+    #[test]
+    fn checker_passes_a_deposed_leader_told_after_resuming_whose_late_write_is_refused() {
+        let h = deposed_leader(
+            &[
+                "EV 41 LOST 7 check",
+                "EV 42 LATE 7/2 2:7/2",
+                "EV 43 STALE 7/2 9",
+            ],
+            "2:9/1",
+        );
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        let election = verdict.election.expect("an election verdict");
+        assert_eq!((election.terms, election.terms_written), (2, 2));
+        assert_eq!(
+            (
+                election.paused_leaders,
+                election.deposed_by_pause,
+                election.noticed_by_check
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(
+            (
+                election.deposed_writes,
+                election.deposed_writes_refused,
+                election.steps_stopped
+            ),
+            (1, 1, 1)
+        );
+        assert_eq!(election.terms_overlapping, 0);
+    }
+
+    #[test]
+    fn checker_catches_a_deposed_leader_never_told_whose_late_write_gets_through() {
+        // No fence: the late write lands on top of term 9's increment.
+        let h = deposed_leader(
+            &["EV 42 LATE 7/2 2:7/2", "EV 43 OK 7/2", "EV 44 END 7"],
+            "2:7/2",
+        );
+        let verdict = check(&h);
+        let election = verdict.election.as_ref().expect("an election verdict");
+        assert_eq!((election.deposed_by_pause, election.unnoticed), (1, 1));
+        assert_eq!(election.deposed_writes_accepted, 1);
+        assert_eq!(election.terms_overlapping, 1);
+        assert_eq!(
+            (verdict.stale_writes_accepted, verdict.lost_increments),
+            (1, 1)
+        );
+        for expected in [
+            "deposed leader never told",
+            "deposed leader learned of its loss only by writing",
+            "deposed leader's write accepted",
+            "two terms wrote at once: term 7",
+        ] {
+            assert!(
+                verdict.violations.iter().any(|v| v.contains(expected)),
+                "no {expected:?} in {:?}",
+                verdict.violations
+            );
+        }
     }
 }

@@ -1,25 +1,33 @@
 //! The fault-injection harness: N worker processes take one lock through
-//! `#[distributed_lock]` and read-modify-write one fenced register, while a
-//! fault driver pauses, kills, partitions and breaks things at moments drawn
-//! from a seed; afterwards a checker reads the history.
+//! `#[distributed_lock]` (the lock scenario) or campaign in one election
+//! with `Election::lead` (the election scenario), and read-modify-write one
+//! fenced register, while a fault driver pauses, kills, partitions and
+//! breaks things at moments drawn from a seed; afterwards a checker reads
+//! the history.
 //!
 //! - [`rng`]: the seeded generator; the seed fixes the fault schedule.
 //! - `support::proxy`: a loopback TCP proxy per worker and link that the
 //!   driver can freeze (stop forwarding, sockets kept open) and cut.
-//! - [`worker`]: what one worker process does and prints.
+//! - [`worker`]: what one worker process does and prints (lock scenario),
+//!   and its set-up shared by both scenarios.
+//! - [`election`]: what one worker process does and prints as a
+//!   campaigner and leader (election scenario).
 //! - [`check`]: the checker over the printed history and the final register.
 //! - [`run`]: servers, processes, the driver, the report.
 //!
-//! The register holds `"<count>:<token of the write>"`. Every lease reads it
-//! once and writes `count + 1` once, so each accepted write has a value no
-//! other write has, and an accepted write is visible to the next reader:
-//! that lets the checker settle writes whose answer never came back (the
-//! writer was killed, or its connection cut) — accepted if and only if some
-//! later read saw its value or it is the final value.
+//! The register holds `"<count>:<token of the write>"` (election scenario:
+//! `"<count>:<token>/<step>"`, a term writing many times). Every step (a
+//! lease, or one step of a term) reads it once and writes `count + 1` once,
+//! so each accepted write has a value no other write has, and an accepted
+//! write is visible to the next reader: that lets the checker settle writes
+//! whose answer never came back (the writer was killed, or its connection
+//! cut) — accepted if and only if some later read saw its value or it is
+//! the final value.
 
 #![allow(dead_code)]
 
 pub mod check;
+pub mod election;
 pub mod rng;
 pub mod run;
 pub mod worker;

@@ -22,12 +22,22 @@ use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
-use super::check::{self, Event, History, Verdict};
+use super::check::{self, Event, History, Pause, Verdict};
 use super::rng::Rng;
 use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
 use crate::support::proxy::Proxy;
+
+/// What the workers do with the run's lock store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Take the lock through `#[distributed_lock]`, one increment a lease.
+    Lock,
+    /// Campaign with `Election::lead` (the lock's key names the election);
+    /// the leader increments step after step under its term's token.
+    Election,
+}
 
 /// Where the locks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +101,17 @@ impl fmt::Display for Fault {
     }
 }
 
-/// The faults a run on `lock` drives.
+/// The faults an election run drives, on every lock store: those that
+/// take a leader's term away (a pause, a kill, the server-side break of the
+/// run's store, a partition of the lock link; on the file backend, which
+/// has no link, of the register link). Abandon and rewind are faults of
+/// acquisitions and of the token source, which an election shares with the
+/// lock, and the lock runs cover them.
+pub fn election_faults() -> Vec<Fault> {
+    vec![Fault::Pause, Fault::Kill, Fault::Server, Fault::Partition]
+}
+
+/// The faults a lock run on `lock` drives.
 pub fn faults_for(lock: Lock) -> Vec<Fault> {
     let mut faults = vec![
         Fault::Pause,
@@ -108,6 +128,7 @@ pub fn faults_for(lock: Lock) -> Vec<Fault> {
 
 #[derive(Clone, Debug)]
 pub struct Settings {
+    pub scenario: Scenario,
     pub lock: Lock,
     pub register: Register,
     pub seed: u64,
@@ -115,12 +136,15 @@ pub struct Settings {
     pub workers: usize,
     /// Off: workers read and write the register plainly (the negative run).
     pub fenced: bool,
+    /// Election scenario, off: leaders neither check their term nor record
+    /// its loss (the negative run).
+    pub heeds_term: bool,
     pub faults: Vec<Fault>,
 }
 
 impl Settings {
-    /// The settings of a run on `lock`, overridable through the environment
-    /// (`DLOCK_FAULT_SEED`, `DLOCK_FAULT_SECS`).
+    /// The settings of a lock run on `lock`, overridable through the
+    /// environment (`DLOCK_FAULT_SEED`, `DLOCK_FAULT_SECS`).
     pub fn from_env(lock: Lock, default_secs: u64) -> Self {
         let seed = std::env::var("DLOCK_FAULT_SEED")
             .ok()
@@ -131,6 +155,7 @@ impl Settings {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default_secs);
         Self {
+            scenario: Scenario::Lock,
             lock,
             register: match lock {
                 Lock::File | Lock::Redis => Register::Pg,
@@ -140,8 +165,16 @@ impl Settings {
             duration: Duration::from_secs(secs),
             workers: 5,
             fenced: true,
+            heeds_term: true,
             faults: faults_for(lock),
         }
+    }
+
+    /// The same run in the election scenario, with its faults.
+    pub fn election(mut self) -> Self {
+        self.scenario = Scenario::Election;
+        self.faults = election_faults();
+        self
     }
 }
 
@@ -274,10 +307,12 @@ impl fmt::Display for Report {
         };
         write!(
             f,
-            "fault run {:?} locks, {:?} register, fencing {}, seed {}, {:?} ({} workers):\n  faults: {}{}\n  {}",
+            "fault run {:?} on {:?} locks, {:?} register, fencing {}{}, seed {}, {:?} ({} workers):\n  faults: {}{}\n  {}",
+            self.settings.scenario,
             self.settings.lock,
             self.settings.register,
             if self.settings.fenced { "on" } else { "OFF" },
+            heeds_term_note(&self.settings),
             self.settings.seed,
             self.elapsed,
             self.settings.workers,
@@ -285,6 +320,15 @@ impl fmt::Display for Report {
             notes,
             self.verdict,
         )
+    }
+}
+
+/// ", leaders ignore their term" for the election's negative run.
+fn heeds_term_note(settings: &Settings) -> &'static str {
+    if settings.scenario == Scenario::Election && !settings.heeds_term {
+        ", leaders IGNORE their term"
+    } else {
+        ""
     }
 }
 
@@ -393,9 +437,11 @@ impl Workers {
     }
 
     /// A slot whose process holds the lock, preferring one between its read
-    /// and its write; waits up to `patience` for one.
-    fn holder(&self, patience: Duration) -> Option<usize> {
-        let deadline = Instant::now() + patience;
+    /// and its write (waiting up to `for_working` for one); waits up to
+    /// `patience` for any.
+    fn holder(&self, patience: Duration, for_working: Duration) -> Option<usize> {
+        let started = Instant::now();
+        let deadline = started + patience;
         loop {
             let best = {
                 let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
@@ -408,7 +454,10 @@ impl Workers {
                         })
                         .map(|(slot, _)| *slot)
                 };
-                pick(Phase::Working).or_else(|| pick(Phase::Holding))
+                match pick(Phase::Working) {
+                    None if started.elapsed() >= for_working => pick(Phase::Holding),
+                    working => working,
+                }
             };
             match best {
                 Some(slot) if self.slots[slot].is_some() => return Some(slot),
@@ -602,11 +651,13 @@ pub fn run(settings: Settings) -> Report {
         })
         .collect();
     println!(
-        "fault run: {:?} locks, {:?} register, fencing {}, {} workers, {:?}, seed {} \
+        "fault run: {:?} on {:?} locks, {:?} register, fencing {}{}, {} workers, {:?}, seed {} \
          (DLOCK_FAULT_SEED={} reproduces this schedule)\n  schedule: {}",
+        settings.scenario,
         settings.lock,
         settings.register,
         if settings.fenced { "on" } else { "OFF" },
+        heeds_term_note(&settings),
         settings.workers,
         settings.duration,
         settings.seed,
@@ -698,6 +749,11 @@ pub fn run(settings: Settings) -> Report {
     let deadline_us = now_us() + settings.duration.as_micros() as u64;
     let configs = (0..settings.workers)
         .map(|slot| worker::Config {
+            scenario: match settings.scenario {
+                Scenario::Lock => "lock",
+                Scenario::Election => "election",
+            }
+            .to_owned(),
             lock: match settings.lock {
                 Lock::File => "file",
                 Lock::Redis => "redis",
@@ -727,6 +783,7 @@ pub fn run(settings: Settings) -> Report {
             run: run_id.clone(),
             slot,
             fenced: settings.fenced,
+            heeds_term: settings.heeds_term,
             deadline_us,
             seed: settings.seed,
             pg_schema: pg_schema.clone(),
@@ -749,6 +806,7 @@ pub fn run(settings: Settings) -> Report {
     // The driver.
     let begun = Instant::now();
     let mut injected = Vec::new();
+    let mut pauses = Vec::new();
     for planned in &schedule {
         let wait = planned.at.saturating_sub(begun.elapsed());
         std::thread::sleep(wait);
@@ -756,10 +814,15 @@ pub fn run(settings: Settings) -> Report {
             break;
         }
         // An abandon order goes to any worker (its acquisitions are the
-        // target, not its lease); every other fault waits for a holder.
-        let target = match planned.kind {
-            Fault::Abandon => None,
-            _ => workers.holder(Duration::from_secs(3)),
+        // target, not its lease); every other fault waits for a holder. An
+        // election's leader is paused between its read and its write, so
+        // that it resumes with a write on its way.
+        let target = match (planned.kind, settings.scenario) {
+            (Fault::Abandon, _) => None,
+            (Fault::Pause, Scenario::Election) => {
+                workers.holder(Duration::from_secs(3), Duration::from_secs(1))
+            }
+            _ => workers.holder(Duration::from_secs(3), Duration::ZERO),
         };
         let slot = target.unwrap_or(planned.fallback_slot);
         let on_holder = target.is_some();
@@ -769,8 +832,19 @@ pub fn run(settings: Settings) -> Report {
                 if !workers.signal(slot, libc::SIGSTOP) {
                     continue;
                 }
+                let stopped_us = now_us();
                 std::thread::sleep(planned.length);
+                // Read before SIGCONT: every line printed after the resume
+                // is later.
+                let resumed_us = now_us();
                 workers.signal(slot, libc::SIGCONT);
+                if planned.length > TTL {
+                    pauses.push(Pause {
+                        process: workers.process_of[slot],
+                        stopped_us,
+                        resumed_us,
+                    });
+                }
                 on_holder
             }
             Fault::Kill => {
@@ -954,8 +1028,10 @@ pub fn run(settings: Settings) -> Report {
                 .events,
         ),
         killed_at: std::mem::take(&mut workers.killed_at),
+        pauses,
         end_us,
         final_value,
+        election: settings.scenario == Scenario::Election,
     };
     let verdict = check::check(&history);
     let report = Report {

@@ -1,5 +1,6 @@
 //! One worker process: until its deadline, take the run's lock through
-//! `#[distributed_lock]` and read-modify-write the register under it,
+//! `#[distributed_lock]` and read-modify-write the register under it (the
+//! lock scenario; the election scenario's worker is `fault::election`),
 //! printing every step as `EV <µs> <WHAT> <token> [detail]` on stdout:
 //!
 //! | what | when |
@@ -57,6 +58,8 @@ pub const PG_REGISTER_TABLE: &str = "dlock_fault_register";
 /// A worker's configuration, passed through [`WORKER_ENV`].
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// `lock` or `election`.
+    pub scenario: String,
     pub lock: String,
     pub lock_target: String,
     pub register: String,
@@ -64,6 +67,9 @@ pub struct Config {
     pub run: String,
     pub slot: usize,
     pub fenced: bool,
+    /// Election scenario: a leader checks its term before each step and
+    /// records when it learns of a loss (off: the negative run).
+    pub heeds_term: bool,
     pub deadline_us: u64,
     pub seed: u64,
     /// PostgreSQL locks: the schema of the token sequence, the run's own.
@@ -75,6 +81,7 @@ pub struct Config {
 impl Config {
     pub fn encode(&self) -> String {
         [
+            self.scenario.clone(),
             self.lock.clone(),
             self.lock_target.clone(),
             self.register.clone(),
@@ -82,6 +89,7 @@ impl Config {
             self.run.clone(),
             self.slot.to_string(),
             u8::from(self.fenced).to_string(),
+            u8::from(self.heeds_term).to_string(),
             self.deadline_us.to_string(),
             self.seed.to_string(),
             self.pg_schema.clone(),
@@ -93,6 +101,7 @@ impl Config {
     pub fn decode(text: &str) -> Option<Self> {
         let parts: Vec<&str> = text.split('\u{1f}').collect();
         let [
+            scenario,
             lock,
             lock_target,
             register,
@@ -100,6 +109,7 @@ impl Config {
             run,
             slot,
             fenced,
+            heeds_term,
             deadline,
             seed,
             pg_schema,
@@ -109,6 +119,7 @@ impl Config {
             return None;
         };
         Some(Self {
+            scenario: scenario.to_string(),
             lock: lock.to_string(),
             lock_target: lock_target.to_string(),
             register: register.to_string(),
@@ -116,6 +127,7 @@ impl Config {
             run: run.to_string(),
             slot: slot.parse().ok()?,
             fenced: *fenced == "1",
+            heeds_term: *heeds_term == "1",
             deadline_us: deadline.parse().ok()?,
             seed: seed.parse().ok()?,
             pg_schema: pg_schema.to_string(),
@@ -192,7 +204,8 @@ async fn abandon_round(run: &str, give_up_after: &[Duration]) {
     ));
 }
 
-fn say(line: &str) {
+/// Prints one event line, `EV <µs> <line>`.
+pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "EV {} {line}", now_us());
     let _ = out.flush();
@@ -471,7 +484,7 @@ async fn lease_body(register: &Register, work: Duration, token: FencingToken) {
     }
 }
 
-fn one_line(text: &str) -> String {
+pub fn one_line(text: &str) -> String {
     text.replace(['\n', '\r'], " ")
 }
 
@@ -485,43 +498,8 @@ pub fn main(config: Config) {
     runtime.block_on(async move {
         // A restarted worker may come up while its server is down or its
         // link frozen: it keeps trying until the deadline.
-        loop {
-            let registered = match config.lock.as_str() {
-                "file" => FileBackend::open(&config.lock_target).map(|b| {
-                    registry().register("fault", b);
-                }),
-                "redis" => RedisBackend::builder(&config.lock_target)
-                    .connect_timeout(Duration::from_secs(1))
-                    .response_timeout(Duration::from_millis(500))
-                    .connect()
-                    .await
-                    .map(|b| {
-                        registry().register("fault", b);
-                    }),
-                "pg" => PgBackend::connect_with(
-                    &config.lock_target,
-                    PgOptions::new()
-                        .schema(config.pg_schema.as_str())
-                        .sessions(1)
-                        .wait_sessions(1)
-                        .connect_timeout(Duration::from_secs(2))
-                        .liveness_interval(Duration::from_millis(500))
-                        .server_idle_timeout(Some(Duration::from_millis(1500))),
-                )
-                .await
-                .map(|b| {
-                    registry().register("fault", b);
-                }),
-                other => panic!("unknown lock backend {other}"),
-            };
-            match registered {
-                Ok(()) => break,
-                Err(_) if now_us() >= config.deadline_us => return,
-                Err(err) => {
-                    say(&format!("LERR 0 {}", one_line(&err.to_string())));
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
+        if !register_lock_backend(&config).await {
+            return;
         }
         let register = loop {
             match Register::connect(&config).await {
@@ -533,21 +511,72 @@ pub fn main(config: Config) {
                 Err(_) => return,
             }
         };
-        let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
-        while now_us() < config.deadline_us {
-            if let Some(give_up_after) = take_abandon_order(&config) {
-                abandon_round(&config.run, &give_up_after).await;
-            }
-            let work = Duration::from_millis(rng.range(30, 90));
-            match increment(config.run.clone(), register.clone(), work).await {
-                Ok(()) => {}
-                Err(err) if err.is_contention() => {}
-                Err(err) => {
-                    say(&format!("LERR 0 {}", one_line(&err.to_string())));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(rng.range(0, 20))).await;
+        match config.scenario.as_str() {
+            "election" => super::election::campaign(&config, register).await,
+            _ => take_leases(&config, register).await,
         }
     });
+}
+
+/// Registers the run's lock backend as `"fault"`, retrying until the
+/// deadline; false if the deadline came first.
+async fn register_lock_backend(config: &Config) -> bool {
+    loop {
+        let registered = match config.lock.as_str() {
+            "file" => FileBackend::open(&config.lock_target).map(|b| {
+                registry().register("fault", b);
+            }),
+            "redis" => RedisBackend::builder(&config.lock_target)
+                .connect_timeout(Duration::from_secs(1))
+                .response_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .map(|b| {
+                    registry().register("fault", b);
+                }),
+            "pg" => PgBackend::connect_with(
+                &config.lock_target,
+                PgOptions::new()
+                    .schema(config.pg_schema.as_str())
+                    .sessions(1)
+                    .wait_sessions(1)
+                    .connect_timeout(Duration::from_secs(2))
+                    .liveness_interval(Duration::from_millis(500))
+                    .server_idle_timeout(Some(Duration::from_millis(1500))),
+            )
+            .await
+            .map(|b| {
+                registry().register("fault", b);
+            }),
+            other => panic!("unknown lock backend {other}"),
+        };
+        match registered {
+            Ok(()) => return true,
+            Err(_) if now_us() >= config.deadline_us => return false,
+            Err(err) => {
+                say(&format!("LERR 0 {}", one_line(&err.to_string())));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// The lock scenario: lease after lease until the deadline.
+async fn take_leases(config: &Config, register: Arc<Register>) {
+    let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
+    while now_us() < config.deadline_us {
+        if let Some(give_up_after) = take_abandon_order(config) {
+            abandon_round(&config.run, &give_up_after).await;
+        }
+        let work = Duration::from_millis(rng.range(30, 90));
+        match increment(config.run.clone(), register.clone(), work).await {
+            Ok(()) => {}
+            Err(err) if err.is_contention() => {}
+            Err(err) => {
+                say(&format!("LERR 0 {}", one_line(&err.to_string())));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(0, 20))).await;
+    }
 }

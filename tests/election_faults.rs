@@ -1,7 +1,8 @@
 //! Leader election when operations happen to the store: a Redis server
 //! that restarts without its data, a holder record an operator deleted, a
-//! campaigner of the observer's own process that hears the same news, and
-//! a resignation that fails after the leader's work is done.
+//! campaigner of the observer's own process that hears the same news, a
+//! resignation that fails after the leader's work is done, and what the
+//! election's watching costs the server when pub/sub is refused or flaps.
 //!
 //! The bounds below are an order of magnitude above what each fix needs
 //! and below what the fault would take without it (a renewal interval of
@@ -19,8 +20,8 @@ use dlock::backend::{
 use dlock::election::Election;
 use dlock::memory::MemoryBackend;
 use dlock::redis::RedisBackend;
-use dlock::{Backend, LockError, LockKey};
-use redis_support::RedisServer;
+use dlock::{Backend, LockError, LockKey, LockOptions};
+use redis_support::{RedisServer, create_user};
 use tokio::time::{Instant, sleep, timeout};
 
 /// A long ttl: its renewal interval (20 s) is what the old leader would
@@ -211,4 +212,100 @@ async fn lead_returns_the_work_output_when_the_resignation_fails() {
     .await
     .expect("lead returned");
     assert!(output.is_ok(), "the finished work's output: {output:?}");
+}
+
+/// How many scripts the server has run (`EVALSHA`), from `INFO commandstats`.
+fn scripts_run(server: &RedisServer) -> u64 {
+    server
+        .cli(&["INFO", "commandstats"])
+        .lines()
+        .find(|line| line.starts_with("cmdstat_evalsha:"))
+        .and_then(|line| line.split("calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 300 plain locks (ttl 60 s, so renewed every 20 s), one leader and one
+/// observer on one backend.
+async fn busy_process(backend: &Arc<dyn Backend>, name: &str) -> Vec<dlock::Lease> {
+    let mut leases = Vec::new();
+    for i in 0..300 {
+        leases.push(
+            LockOptions::new(LONG_TTL)
+                .acquire_on(backend.clone(), format!("{name}-plain-{i}"))
+                .await
+                .expect("plain lock"),
+        );
+    }
+    leases
+}
+
+/// A Redis user without SUBSCRIBE (the least-privilege ACL minus pub/sub:
+/// waiters and watches poll): a leader's guard and an observer polling
+/// cost a few scripts a poll, never a renewal of every lease of the
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn polling_watches_without_subscribe_do_not_renew_every_lease() {
+    let server = RedisServer::start(&[]);
+    let target = ["-p", &server.port.to_string()];
+    let rules: Vec<&str> = redis_support::LEAST_PRIVILEGE_ACL
+        .split_whitespace()
+        .filter(|rule| !rule.contains("subscribe"))
+        .collect();
+    create_user(&target, "nosub", "pw", rules);
+    let url = format!("redis://nosub:pw@127.0.0.1:{}", server.port);
+    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("redis"));
+    let _leases = busy_process(&backend, "nosub").await;
+    let election = Election::new("election-nosub", "leader", LONG_TTL)
+        .expect("election")
+        .on(backend.clone());
+    let term = election.campaign().await.expect("elected");
+    let mut watch = election.observe().expect("observe");
+    let observer = tokio::spawn(async move {
+        loop {
+            if watch.changed().await.is_err() {
+                sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    sleep(Duration::from_millis(500)).await;
+    let before = scripts_run(&server);
+    sleep(Duration::from_secs(5)).await;
+    let scripts = scripts_run(&server) - before;
+    observer.abort();
+    term.resign().await.expect("resign");
+    // 300 leases due every 20 s: ~75 renewals in 5 s, plus the polls'
+    // holder reads (two watches, one read each per 500 ms poll).
+    assert!(
+        scripts < 500,
+        "{scripts} scripts in 5 s: the polls renewed every lease of the process"
+    );
+}
+
+/// A pub/sub link cut every 200 ms (a flapping proxy, a server killing
+/// pub/sub clients over their output buffer): the leader rechecks its own
+/// term, and the process's 300 plain locks keep their renewal schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flapping_pubsub_link_does_not_renew_every_lease_on_each_break() {
+    let server = RedisServer::start(&[]);
+    let backend = redis(&server).await;
+    let _leases = busy_process(&backend, "flap").await;
+    let election = Election::new("election-flap", "leader", LONG_TTL)
+        .expect("election")
+        .on(backend.clone());
+    let term = election.campaign().await.expect("elected");
+    sleep(Duration::from_millis(500)).await;
+    let before = scripts_run(&server);
+    for _ in 0..25 {
+        server.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+        sleep(Duration::from_millis(200)).await;
+    }
+    let scripts = scripts_run(&server) - before;
+    term.check().expect("the leader still leads");
+    term.resign().await.expect("resign");
+    assert!(
+        scripts < 2000,
+        "{scripts} scripts in 5 s for 300 leases due every 20 s: each break renewed them all"
+    );
 }

@@ -32,9 +32,6 @@ struct GroupState {
 pub(crate) trait LossSink: Send + Sync {
     /// The lease is lost for `reason` (a no-op if it already ended).
     fn lost(&self, reason: LostReason);
-
-    /// The lease may be gone: renew it now.
-    fn recheck(&self);
 }
 
 impl LossGroup {
@@ -63,19 +60,6 @@ impl LossGroup {
         // Told outside the lock: marking a lease lost logs and wakes tasks.
         for member in members.into_values().filter_map(|m| m.upgrade()) {
             member.lost(reason.clone());
-        }
-    }
-
-    /// The backend suspects the store may have lost the group's leases
-    /// without telling (a broken link to a server that may have restarted
-    /// without its data): every attached lease is renewed now instead of at
-    /// its time, so one the store no longer has is lost as soon as the
-    /// store answers, not a renewal interval later. Leases whose renewal is
-    /// off are left to their ttl. May be called any number of times.
-    pub fn recheck(&self) {
-        let members: Vec<_> = self.state().members.values().cloned().collect();
-        for member in members.into_iter().filter_map(|m| m.upgrade()) {
-            member.recheck();
         }
     }
 

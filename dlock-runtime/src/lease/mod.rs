@@ -81,8 +81,8 @@ struct Shared {
     backend: Arc<dyn Backend>,
     /// The identity the lease was taken with, recorded beside the lock.
     identity: Option<Arc<str>>,
-    /// The lease's place in its renewal scheduler, once registered: what a
-    /// loss group's recheck renews at once.
+    /// The lease's place in its renewal scheduler, once registered: what
+    /// [`LostSignal::recheck`] renews at once.
     renewal: std::sync::OnceLock<(Weak<renewal::Renewer>, u64)>,
     /// Until when the lease is known valid (nanoseconds since [`EPOCH`]):
     /// counted from when the acquisition, or the last renewal the store
@@ -105,14 +105,6 @@ struct Shared {
 impl LossSink for Shared {
     fn lost(&self, reason: LostReason) {
         self.mark_lost(reason);
-    }
-
-    fn recheck(&self) {
-        if let Some((renewer, id)) = self.renewal.get()
-            && let Some(renewer) = renewer.upgrade()
-        {
-            renewer.renew_now(*id);
-        }
     }
 }
 
@@ -606,9 +598,16 @@ impl LostSignal {
     }
 
     /// Renews the lease now rather than at its time, so that a lease the
-    /// store lost is told now (see [`LossGroup::recheck`]).
+    /// store lost is told as soon as the store answers, not a renewal
+    /// interval later (an election's guard, which watches the store, asks
+    /// for it). A lease with renewal off, or with a renewal in flight, is
+    /// left as it is.
     pub(crate) fn recheck(&self) {
-        LossSink::recheck(&*self.shared);
+        if let Some((renewer, id)) = self.shared.renewal.get()
+            && let Some(renewer) = renewer.upgrade()
+        {
+            renewer.renew_now(*id);
+        }
     }
 }
 

@@ -15,7 +15,6 @@ use super::commands::Commands;
 use super::redact::{redact_url, scrub, secrets_of};
 use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
-use crate::backend::LossGroup;
 use crate::error::{LockError, Operation};
 
 /// The first pause before connecting again when a server refused or
@@ -254,17 +253,10 @@ impl RedisBuilder {
             "standalone"
         };
         tracing::debug!(urls = ?shown, topology, "redis backend connected");
-        let leases = LossGroup::new();
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 commands,
-                subscriber: Subscriber::new(
-                    clients,
-                    self.connect_timeout,
-                    self.response_timeout,
-                    Arc::clone(&leases),
-                ),
-                leases,
+                subscriber: Subscriber::new(clients, self.connect_timeout, self.response_timeout),
                 shown,
                 secrets,
                 connect_timeout: self.connect_timeout,

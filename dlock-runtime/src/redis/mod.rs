@@ -113,8 +113,8 @@ use async_trait::async_trait;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::key::LockKey;
@@ -165,9 +165,6 @@ pub struct RedisBackend {
 struct Inner {
     commands: Commands,
     subscriber: Subscriber,
-    /// Every lease of this backend, renewed at once when the pub/sub
-    /// connection breaks ([`LossGroup::recheck`]); never ended.
-    leases: Arc<LossGroup>,
     /// The URLs with passwords hidden, for `Debug` and errors.
     shown: Vec<String>,
     /// Passwords to scrub from any error text.
@@ -419,9 +416,7 @@ impl Backend for RedisBackend {
             _ => None,
         };
         match token {
-            Some(token) => Ok(Attempt::Acquired(
-                Grant::new(FencingToken::new(token)).lost_with(Arc::clone(&self.inner.leases)),
-            )),
+            Some(token) => Ok(Attempt::Acquired(Grant::new(FencingToken::new(token)))),
             None => Err(self.error(
                 Operation::Acquire,
                 key,

@@ -32,7 +32,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::backend::{LossGroup, ReleaseNotice};
+use crate::backend::ReleaseNotice;
 
 /// How often a connection with subscribed channels is checked.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -58,9 +58,6 @@ struct Shared {
     link: tokio::sync::Mutex<Option<Link>>,
     /// When and why opening a connection last failed.
     connect_failed: Mutex<Option<(Instant, RedisError)>>,
-    /// The backend's leases, rechecked when a connection breaks: the
-    /// server may have restarted without its data.
-    leases: Arc<LossGroup>,
 }
 
 #[derive(Default)]
@@ -188,7 +185,6 @@ impl Subscriber {
         nodes: Vec<Client>,
         connect_timeout: Duration,
         response_timeout: Duration,
-        leases: Arc<LossGroup>,
     ) -> Self {
         Self {
             shared: Arc::new(Shared {
@@ -198,7 +194,6 @@ impl Subscriber {
                 channels: Mutex::default(),
                 link: tokio::sync::Mutex::new(None),
                 connect_failed: Mutex::new(None),
-                leases,
             }),
         }
     }
@@ -472,19 +467,13 @@ impl Shared {
     /// `generation`, which is gone: they retry (and subscribe again).
     /// Waiters still subscribing confirm on the next connection instead.
     fn wake_all(&self, generation: u64) {
-        {
-            let mut channels = self.channels();
-            for channel in channels.by_name.values_mut() {
-                if channel.confirmed_in == Some(generation) {
-                    channel.confirmed_in = None;
-                    channel.wake();
-                }
+        let mut channels = self.channels();
+        for channel in channels.by_name.values_mut() {
+            if channel.confirmed_in == Some(generation) {
+                channel.confirmed_in = None;
+                channel.wake();
             }
         }
-        // The server may have restarted without its data, and the waiters
-        // just woken may take keys this process's leases held: renew them
-        // now, so a lost one is told before its next renewal would.
-        self.leases.recheck();
     }
 
     /// Unsubscribes `channel` if nobody waits on it any more.

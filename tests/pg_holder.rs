@@ -689,3 +689,95 @@ async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_li
         .expect("grant");
     staying.resign().await.expect("resign");
 }
+
+/// A DBA holds a lock on the table of identity records that every write
+/// waits for (an ALTER TABLE, a VACUUM FULL, a TRUNCATE: ACCESS EXCLUSIVE)
+/// for 4 s. The leader's session and advisory lock live throughout, so its
+/// term must too, although its record cannot be checked meanwhile; and
+/// other leases on the same session are served as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dba_lock_on_the_holders_table_does_not_depose_a_leader() {
+    let schema = ScratchSchema::new("holder");
+    // One session: the leader and the plain locks below share it.
+    let backend = Arc::new(connect(schema.options().sessions(1)).await);
+    let key = fresh_key("dba-lock");
+    let leadership = Election::new(key.clone(), "node-a", Duration::from_millis(1500))
+        .expect("election")
+        .on(backend.clone())
+        .campaign()
+        .await
+        .expect("elected");
+
+    let dba = shared_client().await;
+    dba.batch_execute(&format!(
+        "BEGIN; LOCK TABLE {}.dlock_holders IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("the DBA locks the table");
+    let locked_until = Instant::now() + Duration::from_secs(4);
+    let mut plain = 0;
+    while Instant::now() < locked_until {
+        let other = fresh_key("dba-lock-plain");
+        within(5, "a plain acquire and release on the session", async {
+            LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend.clone(), other.as_str())
+                .await
+                .expect("plain lock")
+                .release()
+                .await
+                .expect("release");
+        })
+        .await;
+        plain += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    dba.batch_execute("ROLLBACK")
+        .await
+        .expect("the DBA lets go");
+
+    assert!(plain > 0);
+    assert!(
+        !leadership.is_lost(),
+        "the term ended though its lock lived: {:?}",
+        leadership.check()
+    );
+    // And its record is there for other instances to read.
+    let reader = connect(schema.options()).await;
+    let want = Holding::new(Some(leadership.token()), Some("node-a".to_owned()));
+    read_again_within_10s(&reader, &key, &want).await;
+    leadership.resign().await.expect("resign");
+}
+
+/// A record written again after a truncation carries the key and the
+/// identity as they were, whatever characters they hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_written_again_keeps_its_key_and_identity_as_they_were() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("quote'\"\\ ünï 🦀 $1 {rows}");
+    let identity = "node 'ä'; \\x00 -- \"🦀\"";
+    let leadership = elected(&holder, &key, identity).await;
+    let want = Holding::new(Some(leadership.token()), Some(identity.to_owned()));
+    assert_eq!(reader.holder(&key).await.expect("read"), Some(want.clone()));
+
+    admin
+        .batch_execute(&format!("TRUNCATE {}.dlock_holders", schema.name))
+        .await
+        .expect("the DBA truncates the table");
+    read_again_within_10s(&reader, &key, &want).await;
+    let written: String = admin
+        .query_one(
+            &format!("SELECT key FROM {}.dlock_holders", schema.name),
+            &[],
+        )
+        .await
+        .expect("the record")
+        .get(0);
+    assert_eq!(written, key.as_str());
+    leadership.resign().await.expect("resign");
+}

@@ -101,9 +101,9 @@ impl Backend for PgBackend {
     /// A lock lives exactly as long as its session, so one round trip on a
     /// session proves every lease on it: the batch costs one check per
     /// session, however many leases it renews. On a session where the batch
-    /// renews a lease taken with an identity, the check is the statement
-    /// that makes sure the identity records are there (see
-    /// `Inner::rewrite_records`).
+    /// renewed a lease taken with an identity, the check is followed by a
+    /// statement that makes sure the identity records are there (see
+    /// `Inner::rewrite_records_later`), which no renewal waits for.
     async fn extend_many(&self, leases: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let held_on: Vec<Option<Arc<LockSession>>> = {
             let keys = self.inner.keys();
@@ -119,22 +119,19 @@ impl Backend for PgBackend {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
-            // A lease taken with an identity has its record looked at (and
-            // written again if need be) by the statement that checks the
-            // session; a session with none gets the bare check.
-            let recorded: Vec<&Renewal<'_>> = leases
-                .iter()
-                .zip(&held_on)
-                .filter(|(lease, on)| {
-                    lease.recorded.is_some() && on.as_ref().is_some_and(|on| on.id == session.id)
-                })
-                .map(|(lease, _)| lease)
-                .collect();
-            let answered = if recorded.is_empty() {
-                session.check_connection().await
-            } else {
-                self.inner.rewrite_records(session, &recorded).await
-            };
+            let answered = session.check_connection().await;
+            if answered.is_ok() {
+                let recorded = leases
+                    .iter()
+                    .zip(&held_on)
+                    .filter(|(lease, on)| {
+                        lease.recorded.is_some()
+                            && on.as_ref().is_some_and(|on| on.id == session.id)
+                    })
+                    .map(|(lease, _)| (lease.key.clone(), *lease.owner))
+                    .collect();
+                self.inner.rewrite_records_later(session, recorded);
+            }
             let failure = match answered {
                 Ok(()) => None,
                 Err(err) => {

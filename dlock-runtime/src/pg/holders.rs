@@ -21,12 +21,13 @@ use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
+use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::session::{Failure, LockSession};
 use super::{Entry, Inner, KIND, UNWATCHED_RECHECK, sql, xact};
-use crate::backend::{self, ReleaseNotice, Renewal};
+use crate::backend::{self, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
@@ -34,6 +35,16 @@ use crate::key::LockKey;
 /// announced (only releases are, by a wait probe, and a free key has none
 /// to wait for), so the reader polls while the key is free.
 const FREE_RECHECK: Duration = Duration::from_millis(50);
+
+/// How long a renewal's write of identity records ([`sql::REWRITE_RECORDS`])
+/// waits for a lock on their table before it gives up: every statement
+/// sent after it on the session (renewals' checks included) waits as long.
+const REWRITE_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// How long a session sends no write of identity records after one failed:
+/// a table a DBA holds locked costs each session one wait of
+/// [`REWRITE_LOCK_WAIT`] per pause, however many renewals it sends.
+const REWRITE_PAUSE: Duration = Duration::from_secs(10);
 
 /// How long renewals that found the table of identity records missing
 /// wait after a failed try to create it before they try again: each try
@@ -187,92 +198,130 @@ impl Inner {
         Some(backend::Holding::new(Some(holding.token), identity).expiring_in(left))
     }
 
-    /// Renews `leases` on `session` (the renewals of a batch that are on it
-    /// and were taken with an identity), making sure their identity records
-    /// are there and are theirs, and writing again the ones that are not
-    /// ([`sql::REWRITE_RECORDS`]): a DBA who truncates the table, or
-    /// deletes a row, hides a leader for one renewal interval at most. The
-    /// statement stands in for the session check a renewal sends, and
-    /// writes nothing when all is well. `Err` only when the session gave no
-    /// answer: a record that cannot be written is logged, never a failed
-    /// renewal, as the lock itself is held all the same. A missing table is
-    /// created again in the background, as the first acquisition with an
-    /// identity creates it; the next renewal writes the records.
-    pub(super) async fn rewrite_records(
+    /// After a renewal checked `session`, makes sure the identity records
+    /// of `leases` (the leases of the batch that are on it and were taken
+    /// with an identity) are there and are theirs, and writes again the
+    /// ones that are not ([`sql::REWRITE_RECORDS`]): a DBA who truncates
+    /// the table, or deletes a row, hides a leader for one renewal interval
+    /// at most. In a task of its own, so no renewal ever waits for it, and
+    /// best effort: a record that cannot be written is logged, never a
+    /// failed renewal, as the lock itself is held all the same.
+    pub(super) fn rewrite_records_later(
+        self: &Arc<Self>,
+        session: &Arc<LockSession>,
+        leases: Vec<(LockKey, OwnerId)>,
+    ) {
+        // A session that could not tell when it started records nothing.
+        if leases.is_empty() || session.started.is_none() || !session.may_rewrite() {
+            return;
+        }
+        let (inner, session) = (Arc::clone(self), Arc::clone(session));
+        self.home.spawn(async move {
+            inner.rewrite_records(&session, &leases).await;
+        });
+    }
+
+    /// See [`rewrite_records_later`](Self::rewrite_records_later). Bounds
+    /// what a write that waits costs the session, whose other statements
+    /// queue behind it: it waits at most [`REWRITE_LOCK_WAIT`] for a lock,
+    /// one at a time per session, and after one failed the session sends
+    /// none for [`REWRITE_PAUSE`]. A missing table is created again in the
+    /// background, as the first acquisition with an identity creates it;
+    /// the next renewal writes the records.
+    async fn rewrite_records(
         self: &Arc<Self>,
         session: &LockSession,
-        leases: &[&Renewal<'_>],
-    ) -> Result<(), tokio_postgres::Error> {
-        // An unlock deleting a record on this session, or another batch
-        // writing: this renewal only checks the session, the next one looks
-        // at the records.
-        let (Some(started), Ok(_writes)) = (session.started, session.record_writes.try_lock())
-        else {
-            return session.check_connection().await;
+        leases: &[(LockKey, OwnerId)],
+    ) {
+        // An unlock deleting a record on this session, or another write
+        // in flight: the next renewal looks at the records.
+        let Ok(_writes) = session.record_writes.try_lock() else {
+            return;
         };
+        if session.is_ended() || !session.may_rewrite() {
+            return;
+        }
         // Only leases held at this moment, under the lock an unlock takes
         // before it deletes: so this write reaches the server before any
         // of their unlocks.
-        let mut lock_ids = Vec::with_capacity(leases.len());
-        let mut keys = Vec::with_capacity(leases.len());
-        let mut tokens = Vec::with_capacity(leases.len());
-        let mut identities = Vec::with_capacity(leases.len());
-        let mut first = None;
-        {
-            let held = self.keys();
-            for lease in leases {
-                let Some(holding) = held
-                    .get(lease.key)
-                    .filter(|entry| entry.owner == *lease.owner)
-                    .and_then(Entry::holding)
-                    .filter(|holding| holding.session.id == session.id)
-                else {
-                    continue;
-                };
-                let Some(identity) = &holding.identity else {
-                    continue;
-                };
-                first.get_or_insert(lease.key);
-                lock_ids.push(holding.advisory_key);
-                keys.push(lease.key.as_str().to_owned());
-                // The token as drawn: a positive int8.
-                tokens.push(holding.token.get() as i64);
-                identities.push(identity.to_string());
-            }
-        }
-        let Some(first) = first else {
-            return session.check_connection().await;
+        let held: Vec<(&LockKey, i64, i64, Arc<str>)> = {
+            let keys = self.keys();
+            leases
+                .iter()
+                .filter_map(|(key, owner)| {
+                    let holding = keys
+                        .get(key)
+                        .filter(|entry| entry.owner == *owner)
+                        .and_then(Entry::holding)
+                        .filter(|holding| holding.session.id == session.id)?;
+                    let identity = Arc::clone(holding.identity.as_ref()?);
+                    // The token as drawn: a positive int8.
+                    Some((
+                        key,
+                        holding.advisory_key,
+                        holding.token.get() as i64,
+                        identity,
+                    ))
+                })
+                .collect()
         };
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 5] = [
-            (&lock_ids, Type::INT8_ARRAY),
-            (&keys, Type::TEXT_ARRAY),
-            (&tokens, Type::INT8_ARRAY),
-            (&identities, Type::TEXT_ARRAY),
-            (&started, Type::TIMESTAMPTZ),
-        ];
-        let err = match session
-            .query_typed(&self.rewrite_records_sql, &params)
-            .await
-        {
-            Ok(written) => {
-                if !written.is_empty() {
+        let Some(&(first, ..)) = held.first() else {
+            return;
+        };
+        let rows: Vec<sql::RecordRow<'_>> = held
+            .iter()
+            .map(|(key, lock_id, token, identity)| sql::RecordRow {
+                lock_id: *lock_id,
+                key: key.as_str(),
+                token: *token,
+                identity,
+            })
+            .collect();
+        let wait = REWRITE_LOCK_WAIT.min(self.lock_timeout());
+        let statement = sql::rewrite_records(&self.rewrite_records_sql, wait, &rows);
+        let err = match session.simple_query(&statement).await {
+            Ok(answers) => {
+                let written = answers.iter().rev().find_map(|answer| match answer {
+                    SimpleQueryMessage::CommandComplete(rows) => Some(*rows),
+                    _ => None,
+                });
+                if written.is_some_and(|rows| rows > 0) {
                     tracing::warn!(
                         schema = self.quoted_schema,
-                        records = written.len(),
+                        records = written,
                         key = %first,
                         "identity records of held leases were missing or changed (the table \
                          truncated, a row deleted?); the renewal wrote them again"
                     );
                 }
-                return Ok(());
+                return;
             }
-            // No answer: the session may be gone.
-            Err(err) if err.as_db_error().is_none() => return Err(err),
+            // No answer: the session may be gone, which its liveness
+            // check and the next renewal see.
+            Err(err) if err.as_db_error().is_none() => {
+                tracing::debug!(key = %first, error = %err, "no answer to a write of identity records");
+                return;
+            }
             Err(err) => err,
         };
         // The server answered, so the session, and its locks, live.
         if sql::sequence_missing(&err) {
+            // Fails before it waits for anything; the recreation has a
+            // pause of its own.
             self.recreate_holders_table(first, &err);
+            return;
+        }
+        session.pause_rewrites(REWRITE_PAUSE);
+        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            tracing::warn!(
+                key = %first,
+                error = %err,
+                "a renewal could not write an identity record again: the table {s}.dlock_holders \
+                 is locked by another transaction (an ALTER TABLE, VACUUM FULL, TRUNCATE or LOCK \
+                 TABLE) for longer than the write waits ({wait:?}); the lock is held all the \
+                 same, and this session tries again in {REWRITE_PAUSE:?}",
+                s = self.quoted_schema,
+            );
         } else if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
             let lacks = self
                 .holders_privileges(session)
@@ -282,17 +331,17 @@ impl Inner {
                 key = %first,
                 error = %err,
                 "a renewal could not write an identity record again: {lacks} (the lock is held \
-                 all the same; until then its holder reads as unknown)"
+                 all the same; until then its holder reads as unknown, and this session tries \
+                 again every {REWRITE_PAUSE:?})"
             );
         } else {
             tracing::warn!(
                 key = %first,
                 error = %err,
                 "a renewal could not write an identity record again (the lock is held all the \
-                 same; the next renewal tries again)"
+                 same; this session tries again in {REWRITE_PAUSE:?})"
             );
         }
-        Ok(())
     }
 
     /// Creates the table of identity records again, in the background

@@ -118,14 +118,18 @@
 //! truncates the table or deletes a row hides the holder for one renewal
 //! interval at most; a dropped table is created again, as the first
 //! acquisition creates it. That costs one statement per session per
-//! renewal batch, in place of the session check, and only on sessions
-//! that hold such a lock: plain locks are renewed as before. A record that
-//! cannot be written fails no renewal (the lock is held all the same): it
-//! is logged as a warning. A release whose role may no longer delete its
-//! record (a DBA revoked DELETE) drops the lock all the same and fails
-//! with the GRANT to run; the record left names the session, which takes
-//! no new lock from then on (its other leases live on), so it is never
-//! read.
+//! renewal batch, sent after the session check that answers the renewal,
+//! and only on sessions that hold such a lock: plain locks are renewed as
+//! before. No renewal waits for it, and a record that cannot be written
+//! fails no renewal (the lock is held all the same): it is logged as a
+//! warning. It waits at most 100 ms for a lock on the table (a DBA's
+//! `ALTER TABLE`, `VACUUM FULL` or `TRUNCATE` holds one while it runs),
+//! as the session's other statements queue behind it, and after one
+//! failed the session sends none for 10 s. A release whose role may no
+//! longer delete its record (a DBA revoked DELETE) drops the lock all the
+//! same and fails with the GRANT to run; the record left names the
+//! session, which takes no new lock from then on (its other leases live
+//! on), so it is never read.
 //!
 //! Releases are announced to [`Backend::watch_holder`](crate::Backend::watch_holder)
 //! by the wait probe (below); acquisitions are not, so a watch on a free

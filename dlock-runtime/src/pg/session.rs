@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{Mutex as AsyncMutex, OnceCell, oneshot, watch};
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, Row, Statement, ToStatement};
+use tokio_postgres::{Client, Config, Row, SimpleQueryMessage, Statement, ToStatement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::home::{Home, NoRuntime};
@@ -276,6 +276,10 @@ pub(super) struct LockSession {
     /// (a renewal writing missing ones again, an unlock deleting one), so
     /// that a renewal's write is never sent after the lease's unlock.
     pub(super) record_writes: AsyncMutex<()>,
+    /// Until when renewals write no identity records again on this
+    /// session: set after such a write failed (see
+    /// `Inner::rewrite_records`).
+    rewrites_paused_until: Mutex<Option<Instant>>,
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
     retired: AtomicBool,
@@ -346,6 +350,7 @@ impl LockSession {
             unlock: statements.1,
             recording: OnceCell::new(),
             record_writes: AsyncMutex::new(()),
+            rewrites_paused_until: Mutex::new(None),
             retired: AtomicBool::new(false),
             ended,
             kill: Mutex::new(Some(kill)),
@@ -410,6 +415,36 @@ impl LockSession {
         let answer = self.client.query_typed(statement, params).await;
         self.count_answer(&answer);
         answer
+    }
+
+    /// Sends statements as one simple query, without parameters: the
+    /// server runs them in one transaction, with no other statement of
+    /// the session between them.
+    pub(super) async fn simple_query(
+        &self,
+        statements: &str,
+    ) -> Result<Vec<SimpleQueryMessage>, tokio_postgres::Error> {
+        let answer = self.client.simple_query(statements).await;
+        self.count_answer(&answer);
+        answer
+    }
+
+    /// Whether renewals may write identity records again on this session
+    /// (none failed within the pause set by
+    /// [`pause_rewrites`](Self::pause_rewrites)).
+    pub(super) fn may_rewrite(&self) -> bool {
+        self.rewrites_paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none_or(|until| until <= Instant::now())
+    }
+
+    /// No renewal writes identity records again on this session for `pause`.
+    pub(super) fn pause_rewrites(&self, pause: Duration) {
+        *self
+            .rewrites_paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + pause);
     }
 
     /// The statements of leases that record an identity (the SQL of

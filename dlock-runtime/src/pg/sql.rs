@@ -3,7 +3,8 @@
 //! `{schema}` stands for the quoted schema name set by
 //! [`PgOptions::schema`](super::PgOptions::schema) and is filled in once, at
 //! connect time, from a validated identifier: keys are never part of the SQL
-//! text, they are always bound parameters.
+//! text, they are bound parameters (or, in the one statement sent as a
+//! simple query, [`REWRITE_RECORDS`], hex digits the server decodes).
 //!
 //! # Names are never looked up on the search path
 //!
@@ -375,11 +376,12 @@ FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
 
 /// Writes again the identity records of leases this session holds, when
 /// they are missing or not theirs (a DBA truncated the table, deleted a
-/// row): sent at a renewal, on the leases' own session, in place of its
-/// liveness check, only when the batch renews a lease that recorded one.
-/// One row per lease: its advisory key (`$1`), key (`$2`), token (`$3`) and
-/// identity (`$4`), with this session (its pid, and its start `$5`).
-/// Returns the advisory keys written.
+/// row): sent after a renewal checked the leases' session, on that
+/// session, only when the batch renewed a lease that recorded one. One row
+/// per lease in `{rows}` ([`rewrite_records`] fills it in): its advisory
+/// key, key, token and identity, with this session (its pid, and its start
+/// as [`LOCK_SESSION_SETUP`] read it). Its command tag counts the records
+/// written.
 ///
 /// The `NOT EXISTS` keeps records already right out of the `INSERT`, so
 /// when all is well the statement writes nothing: no transaction id, no
@@ -389,22 +391,85 @@ FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
 /// backend sends it only for leases it holds at that moment, under the
 /// session's lock that [`UNLOCK_RECORDED`] is sent under too, so it never
 /// runs after a lease's unlock and writes back a record nobody deletes.
+///
+/// Its wait for a lock is bounded by `{wait}` (milliseconds), far below
+/// the session's `lock_timeout`: a DBA's `ALTER TABLE`, `VACUUM FULL` or
+/// `TRUNCATE` holds the table for as long as it runs, and every statement
+/// sent on the session after this one (renewals' checks, other leases'
+/// locks and unlocks) queues behind it. The table's lock is taken while
+/// the `INSERT` is planned, before anything in it runs, so the bound must
+/// be set by an earlier statement, and only for this one: the two go as
+/// one simple query, which the server runs as one transaction, with no
+/// other statement between them (a `SET` of its own would apply to
+/// whatever other leases send next on the shared connection), and
+/// `set_config(…, true)` ends with that transaction. A simple query takes
+/// no parameters, so the rows are literals: numbers, and the key and the
+/// identity as hex digits of their UTF-8, decoded by the server. Nothing
+/// the caller wrote is ever SQL text.
 pub(super) const REWRITE_RECORDS: &str = "\
+SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{wait}'::pg_catalog.text, true);
 INSERT INTO {schema}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
-SELECT w.lock_id, w.key, w.token, pg_catalog.pg_backend_pid(), $5::pg_catalog.timestamptz,
-       w.identity
-FROM ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]), pg_catalog.unnest($2::pg_catalog.text[]),
-                pg_catalog.unnest($3::pg_catalog.int8[]), pg_catalog.unnest($4::pg_catalog.text[]))
-     AS w(lock_id, key, token, identity)
+SELECT w.lock_id, w.key, w.token, pg_catalog.pg_backend_pid(), w.started, w.identity
+FROM (SELECT v.lock_id, v.token,
+             pg_catalog.convert_from(pg_catalog.decode(v.key, 'hex'::pg_catalog.text),
+                                     'UTF8'::pg_catalog.name) AS key,
+             pg_catalog.convert_from(pg_catalog.decode(v.identity, 'hex'::pg_catalog.text),
+                                     'UTF8'::pg_catalog.name) AS identity,
+             (SELECT a.backend_start
+              FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a) AS started
+      FROM (VALUES {rows}) AS v(lock_id, key, token, identity)) AS w
 WHERE NOT EXISTS (
   SELECT FROM {schema}.dlock_holders AS h
   WHERE h.lock_id = w.lock_id AND h.key = w.key AND h.token = w.token
-    AND h.pid = pg_catalog.pg_backend_pid() AND h.session_start = $5::pg_catalog.timestamptz
+    AND h.pid = pg_catalog.pg_backend_pid() AND h.session_start = w.started
     AND h.identity = w.identity)
 ON CONFLICT (lock_id) DO UPDATE
 SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
-    session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
-RETURNING r.lock_id";
+    session_start = EXCLUDED.session_start, identity = EXCLUDED.identity";
+
+/// A record [`REWRITE_RECORDS`] writes again.
+pub(super) struct RecordRow<'a> {
+    pub(super) lock_id: i64,
+    pub(super) key: &'a str,
+    pub(super) token: i64,
+    pub(super) identity: &'a str,
+}
+
+/// [`REWRITE_RECORDS`] (its schema already filled in: `rendered`) with
+/// `wait` and `rows` filled in. Numbers go in quoted (`'-1'::int8`: a
+/// bare `-9223372036854775808::int8` would cast before negating, and
+/// overflow), strings as hex digits: no character of them can end a
+/// literal.
+pub(super) fn rewrite_records(
+    rendered: &str,
+    wait: std::time::Duration,
+    rows: &[RecordRow<'_>],
+) -> String {
+    use std::fmt::Write as _;
+    fn hex(out: &mut String, text: &str) {
+        for byte in text.bytes() {
+            let _ = write!(out, "{byte:02x}");
+        }
+    }
+    let mut values = String::new();
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            values.push_str(", ");
+        }
+        let _ = write!(values, "('{}'::pg_catalog.int8, '", row.lock_id);
+        hex(&mut values, row.key);
+        let _ = write!(
+            values,
+            "'::pg_catalog.text, '{}'::pg_catalog.int8, '",
+            row.token
+        );
+        hex(&mut values, row.identity);
+        values.push_str("'::pg_catalog.text)");
+    }
+    rendered
+        .replace("{wait}", &wait.as_millis().max(1).to_string())
+        .replace("{rows}", &values)
+}
 
 /// The session holding a key's advisory lock exclusively, whichever it is
 /// (this one included): its pid, when it started (NULL when the role

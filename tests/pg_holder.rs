@@ -13,9 +13,14 @@ mod pg_support;
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dlock::backend::{AcquireRequest, Attempt, Holding, OwnerId, ReleaseOutcome, ReleaseRequest};
+use async_trait::async_trait;
+use dlock::backend::{
+    AcquireRequest, Attempt, Holding, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
+    Renewal,
+};
 use dlock::election::{Election, Leader, Leadership};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
@@ -422,7 +427,8 @@ async fn a_key_sharing_the_advisory_key_of_a_recorded_one_is_never_read_with_its
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watching_a_free_key_asks_for_a_recheck_and_watching_a_held_one_wakes_on_its_release() {
+async fn watching_a_free_key_waits_without_a_recheck_and_watching_a_held_one_wakes_on_its_release()
+{
     let schema = ScratchSchema::new("holder");
     let (holder, watcher) = (
         connect(schema.options()).await,
@@ -432,11 +438,7 @@ async fn watching_a_free_key_asks_for_a_recheck_and_watching_a_held_one_wakes_on
     let key = fresh_key("watch");
 
     let free = watcher.watch_holder(&key).await.expect("watch");
-    assert_eq!(
-        free.recheck(),
-        Some(Duration::from_millis(50)),
-        "acquisitions are polled"
-    );
+    assert_eq!(free.recheck(), None, "acquisitions are announced");
     assert!(
         tokio::time::timeout(Duration::from_millis(200), free)
             .await
@@ -480,6 +482,207 @@ async fn watching_a_free_key_asks_for_a_recheck_and_watching_a_held_one_wakes_on
     within(5, "the notice of the ended session", held).await;
     within(5, "the holding process's notice", own).await;
     assert_eq!(watcher.holder(&key).await.expect("read"), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_free_key_wakes_when_another_instance_takes_it_with_an_identity() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, watcher) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let (key, other_key) = (fresh_key("announced"), fresh_key("announced-other"));
+
+    let mut notice = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(
+        notice.recheck(),
+        None,
+        "an acquisition is announced: the reader need not poll"
+    );
+    // Another key's acquisition is announced too, but not to this watch.
+    let other = OwnerId::random().expect("owner");
+    take(&holder, &other_key, &other, Some("node-b"))
+        .await
+        .expect("free");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut notice)
+            .await
+            .is_err(),
+        "nothing happened to the watched key"
+    );
+
+    let owner = OwnerId::random().expect("owner");
+    let token = take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    // Well below the 10 s an observer naps without a notice.
+    within(3, "the announced acquisition", notice).await;
+    let seen = watcher.holder(&key).await.expect("read").expect("held");
+    assert_eq!(
+        (seen.token, seen.identity.as_deref()),
+        (Some(token), Some("node-a")),
+        "woken once the record can be read"
+    );
+    give_back(&holder, &key, &owner).await;
+    give_back(&holder, &other_key, &other).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_listening_connection_wakes_its_watches_and_the_next_watch_listens_again() {
+    let schema = ScratchSchema::new("holder");
+    let holder = connect(schema.options()).await;
+    // A name of its own, to find its listening connection by.
+    let name = format!("dlock-watcher-{}", random_id());
+    let conn = shared_conn();
+    let conn = if conn.contains("://") {
+        let glue = if conn.contains('?') { '&' } else { '?' };
+        format!("{conn}{glue}application_name={name}")
+    } else {
+        format!("{conn} application_name={name}")
+    };
+    let watcher = PgBackend::connect_with(&conn, schema.options())
+        .await
+        .expect("connect");
+    let admin = shared_client().await;
+    let key = fresh_key("relisten");
+
+    let notice = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(notice.recheck(), None);
+    let sessions = watcher.session_pids().await;
+    let ended: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity \
+             WHERE application_name = $1 AND pid <> ALL($2)",
+            &[&name, &sessions],
+        )
+        .await
+        .expect("terminate")
+        .get(0);
+    assert_eq!(ended, 1, "one listening connection");
+    within(3, "the watch on the broken connection", notice).await;
+
+    let notice = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(notice.recheck(), None, "listening again");
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    within(3, "the announced acquisition", notice).await;
+    give_back(&holder, &key, &owner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_free_key_rechecks_when_no_listening_connection_can_be_opened() {
+    let mut schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let role_conn = schema.role_without_create(&admin).await;
+    let role = schema.role.clone().expect("a role");
+    // Room for the one lock session, none for a listening connection.
+    admin
+        .batch_execute(&format!("ALTER ROLE {role} CONNECTION LIMIT 1"))
+        .await
+        .expect("limit");
+    let watcher = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
+        .await
+        .expect("the role connects");
+    let key = fresh_key("unheard");
+
+    let notice = watcher.watch_holder(&key).await.expect("watch");
+    assert_eq!(
+        notice.recheck(),
+        Some(Duration::from_millis(50)),
+        "read again on a timer"
+    );
+    let again = within(
+        1,
+        "a watch while opening pauses",
+        watcher.watch_holder(&key),
+    )
+    .await
+    .expect("watch");
+    assert_eq!(again.recheck(), Some(Duration::from_millis(50)));
+}
+
+/// A backend that counts the reads of who holds a key and passes every
+/// call to the PostgreSQL backend.
+struct CountingReads {
+    inner: PgBackend,
+    holder_reads: AtomicUsize,
+}
+
+#[async_trait]
+impl Backend for CountingReads {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        self.inner.try_acquire(request).await
+    }
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        self.inner.extend(renewal).await
+    }
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+        self.holder_reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.holder(key).await
+    }
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        self.inner.watch_holder(key).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_of_a_vacant_election_does_not_poll_and_hears_the_new_leader() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, reader) = (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    );
+    let key = fresh_key("vacant");
+    let counting = Arc::new(CountingReads {
+        inner: reader,
+        holder_reads: AtomicUsize::new(0),
+    });
+    let mut watch = Election::new(key.clone(), "observer", Duration::from_secs(3))
+        .expect("election")
+        .on(Arc::clone(&counting) as Arc<dyn Backend>)
+        .observe()
+        .expect("observe");
+    assert_eq!(watch.changed().await.expect("read"), None, "vacant");
+
+    let before = counting.holder_reads.load(Ordering::SeqCst);
+    let next = tokio::spawn(async move { watch.changed().await });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reads = counting.holder_reads.load(Ordering::SeqCst) - before;
+    // Polling every 50 ms would read about 40 times.
+    assert!(
+        reads <= 3,
+        "{reads} reads of the holder in 2 s of vacancy: the observer polls"
+    );
+
+    let leadership = elected(&holder, &key, "node-a").await;
+    // Well below the 10 s an observer naps without a notice.
+    let leader = within(3, "the observer hearing the new leader", next)
+        .await
+        .expect("the observer task")
+        .expect("read")
+        .expect("a leader");
+    assert_eq!(
+        leader,
+        Leader {
+            identity: "node-a".to_owned(),
+            token: leadership.token(),
+        }
+    );
+    leadership.resign().await.expect("resign");
 }
 
 /// The holder `reader` reads for `key`, once it is `want`: polled for up

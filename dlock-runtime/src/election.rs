@@ -562,9 +562,10 @@ impl Term {
 /// Follows the leader of an election ([`Election::observe`]).
 ///
 /// It reads the leader after every change the backend announces (every
-/// backend announces a leader's resignation or loss; memory and Redis
-/// announce a new leader too, PostgreSQL and file are read again every
-/// 50 ms while nobody leads), and when the leader's term runs out. Changes
+/// backend announces a leader's resignation or loss; memory, Redis and
+/// PostgreSQL announce a new leader too, file is read again every 50 ms
+/// while nobody leads, and so is PostgreSQL when it cannot listen for the
+/// announcements), and when the leader's term runs out. Changes
 /// closer together than one read come as the last of them, as with any
 /// watch: what [`LeaderWatch::changed`] returns is always the leader at
 /// that moment, and tokens only rise from one leader to the next.

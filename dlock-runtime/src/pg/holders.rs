@@ -31,9 +31,11 @@ use crate::backend::{self, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
-/// How soon a reader watching a free key looks again: acquisitions are not
-/// announced (only releases are, by a wait probe, and a free key has none
-/// to wait for), so the reader polls while the key is free.
+/// How soon a reader watching a key looks again when no announcement of
+/// its acquisition can reach the watch: while this process is taking or
+/// letting go of the key (its entry's end wakes the watch, but the
+/// server's state moves on its own), or while no listening connection
+/// could be opened (see the `listen` module).
 const FREE_RECHECK: Duration = Duration::from_millis(50);
 
 /// How long a renewal's write of identity records ([`sql::REWRITE_RECORDS`])
@@ -115,10 +117,18 @@ impl Inner {
 
     /// A notice of the next change of `key`'s holder. A release is
     /// announced: by this process's entry for the key going away, or by a
-    /// wait probe (see the `wait` module). An acquisition is not: while the
-    /// key is free (or being taken or let go here) the notice asks the
-    /// reader to look again within [`FREE_RECHECK`]. A held key changes
-    /// holder only through a release, so its notice needs no recheck.
+    /// wait probe (see the `wait` module). An acquisition with an identity
+    /// is announced with `NOTIFY`, which the backend's listening connection
+    /// hears (see the `listen` module): a free key's notice waits for it,
+    /// and, if no connection could listen, asks the reader to look again
+    /// within [`FREE_RECHECK`], as does the notice of a key being taken or
+    /// let go here. A held key changes holder only through a release, so
+    /// its notice needs no recheck.
+    ///
+    /// The watch of a free key is made after the read that found it free:
+    /// an acquisition in between is not announced to it, but it came
+    /// before the reader's own read, which comes after this returns, and
+    /// shows it.
     pub(super) async fn watch_holder(
         self: &Arc<Self>,
         key: &LockKey,
@@ -138,14 +148,49 @@ impl Inner {
                 notice.recheck_within(FREE_RECHECK)
             });
         }
-        if self.holder_session(key).await?.is_none() {
-            return Ok(ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK));
+        let (lock_id, held) = self.key_held(key).await?;
+        if !held {
+            return Ok(match self.listener.watch(lock_id).await {
+                Some(notice) => notice,
+                None => ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK),
+            });
         }
         // Released since the read, the probe is granted at once: the notice
         // resolves, as it should.
         Ok(self.waits.watch(key).unwrap_or_else(|| {
             ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
         }))
+    }
+
+    /// `key`'s advisory key, and whether a session holds it exclusively.
+    async fn key_held(self: &Arc<Self>, key: &LockKey) -> Result<(i64, bool), LockError> {
+        let session = self.session().await?;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] = [
+            (&key.as_str(), Type::TEXT),
+            (&self.options.key_seed, Type::INT8),
+        ];
+        let rows = session
+            .query_typed(sql::KEY_HELD, &params)
+            .await
+            .map_err(|e| {
+                self.failed(
+                    Operation::Inspect,
+                    key,
+                    "cannot read whether the key is held",
+                    e,
+                )
+            })?;
+        let Some(row) = rows.first() else {
+            let what = Failure::msg("no answer to whether the key is held");
+            return Err(LockError::backend(
+                KIND,
+                Operation::Inspect,
+                key.as_str(),
+                what,
+            ));
+        };
+        let read = || Ok::<_, tokio_postgres::Error>((row.try_get(0)?, row.try_get(1)?));
+        read().map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))
     }
 
     /// The session holding `key` exclusively, if any.

@@ -131,9 +131,22 @@
 //! session, which takes no new lock from then on (its other leases live
 //! on), so it is never read.
 //!
-//! Releases are announced to [`Backend::watch_holder`](crate::Backend::watch_holder)
-//! by the wait probe (below); acquisitions are not, so a watch on a free
-//! key asks its reader to look again every 50 ms.
+//! [`Backend::watch_holder`](crate::Backend::watch_holder) hears of
+//! releases from the wait probe (below), and of acquisitions with an
+//! identity from PostgreSQL itself: the statement that takes such a lock
+//! also sends `NOTIFY` on the channel `dlock_holders_<schema>` (for a
+//! schema longer than 49 bytes, its first 32 bytes and a hash of it), with
+//! the advisory key as payload, which the server delivers when the
+//! statement commits. The backend listens on one more connection of its
+//! own, opened like the lock sessions by the first watch of a free key,
+//! checked every [`PgOptions::liveness_interval`] and closed 30 s after
+//! the last watch: an observer of a vacant election waits for the next
+//! leader instead of polling. `LISTEN` and `NOTIFY` need no privilege; a
+//! `NOTIFY` costs the acquiring commit a brief turn at PostgreSQL's one
+//! cluster-wide lock of notifying commits. Should the listening connection
+//! not open, watches of free keys read again every 50 ms (a warning says
+//! so), and it is tried again 10 s later. An acquisition without an
+//! identity is not announced: a reader hears of it at its next read.
 //!
 //! # Waiting
 //!
@@ -178,6 +191,7 @@ mod backend;
 mod deadlines;
 mod holders;
 mod home;
+mod listen;
 mod locks;
 mod objects;
 mod options;
@@ -209,6 +223,7 @@ use tokio_postgres::Config;
 
 use self::deadlines::{Deadlines, Slot};
 use self::home::Home;
+use self::listen::Listener;
 use self::session::{Connector, Failure, LockSession};
 use self::wait::Waits;
 use crate::backend::OwnerId;
@@ -295,6 +310,8 @@ struct Inner {
     keys: Mutex<HashMap<LockKey, Entry>>,
     deadlines: Arc<Deadlines>,
     waits: Waits,
+    /// Hears acquisitions announced, for watches of free keys.
+    listener: Listener,
     /// Whether `warn_other_schemas` has spoken.
     warned_other_schemas: AtomicBool,
 }
@@ -443,10 +460,19 @@ impl PgBackend {
             options.key_seed,
             options.wait_sessions,
         );
+        let listener = Listener::new(
+            connector.clone(),
+            &options.schema,
+            options.liveness_interval,
+        );
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
-            try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
+            try_lock_recording_sql: sql::render_announcing(
+                sql::TRY_LOCK_RECORDING,
+                &quoted_schema,
+                listener.channel(),
+            ),
             unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
             rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
@@ -463,6 +489,7 @@ impl PgBackend {
             keys: Mutex::default(),
             deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
             waits,
+            listener,
             warned_other_schemas: AtomicBool::new(false),
             home,
             connector,

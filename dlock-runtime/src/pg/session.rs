@@ -7,13 +7,18 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Poll, ready};
 use std::time::{Duration, SystemTime};
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell, oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, Config, Row, SimpleQueryMessage, Statement, ToStatement};
+use tokio_postgres::{
+    AsyncMessage, Client, Config, Connection, Notification, Row, SimpleQueryMessage, Statement,
+    ToStatement,
+};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::home::{Home, NoRuntime};
@@ -142,9 +147,37 @@ impl Connector {
         kill: oneshot::Receiver<String>,
         on_end: impl FnOnce(String) + Send + 'static,
     ) -> Result<Client, Failure> {
+        self.open_with(lock_timeout, kill, on_end, None).await
+    }
+
+    /// [`open`](Self::open), for a connection that `LISTEN`s: its driver
+    /// hands every notification the server sends to `on_notification`
+    /// (called in the driver's task, so it must not block).
+    pub(super) async fn open_listening(
+        &self,
+        lock_timeout: Duration,
+        kill: oneshot::Receiver<String>,
+        on_end: impl FnOnce(String) + Send + 'static,
+        on_notification: OnNotification,
+    ) -> Result<Client, Failure> {
+        self.open_with(lock_timeout, kill, on_end, Some(on_notification))
+            .await
+    }
+
+    async fn open_with(
+        &self,
+        lock_timeout: Duration,
+        kill: oneshot::Receiver<String>,
+        on_end: impl FnOnce(String) + Send + 'static,
+        on_notification: Option<OnNotification>,
+    ) -> Result<Client, Failure> {
         let connector = self.clone();
         self.home
-            .run(async move { connector.open_here(lock_timeout, kill, on_end).await })
+            .run(async move {
+                connector
+                    .open_here(lock_timeout, kill, on_end, on_notification)
+                    .await
+            })
             .await
             .unwrap_or_else(|NoRuntime| {
                 Err(Failure::msg(format!(
@@ -160,6 +193,7 @@ impl Connector {
         lock_timeout: Duration,
         kill: oneshot::Receiver<String>,
         on_end: impl FnOnce(String) + Send + 'static,
+        on_notification: Option<OnNotification>,
     ) -> Result<Client, Failure> {
         let connecting = self.config.connect(self.tls.clone());
         let (client, connection) = match timeout(self.timeout, connecting).await {
@@ -177,7 +211,10 @@ impl Connector {
                 )));
             }
         };
-        tokio::spawn(drive(connection, kill, on_end));
+        match on_notification {
+            None => tokio::spawn(drive(connection, kill, on_end)),
+            Some(forward) => tokio::spawn(drive(forwarding(connection, forward), kill, on_end)),
+        };
         // First of all, before any statement that names a function.
         let lock_timeout_ms = lock_timeout.as_millis().max(1).to_string();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_timeout_ms];
@@ -217,6 +254,37 @@ where
         why = kill => why.unwrap_or_else(|_| "the backend closed the session".to_owned()),
     };
     on_end.call(reason);
+}
+
+/// Where a listening connection's driver hands the notifications it gets.
+pub(super) type OnNotification = Box<dyn FnMut(Notification) + Send + 'static>;
+
+/// Drives `connection` as its own `Future` does, and hands each
+/// notification to `forward` (that `Future` drops them).
+async fn forwarding<S, T>(
+    mut connection: Connection<S, T>,
+    mut forward: OnNotification,
+) -> Result<(), tokio_postgres::Error>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    std::future::poll_fn(move |cx| {
+        loop {
+            match ready!(connection.poll_message(cx)) {
+                Some(Ok(AsyncMessage::Notification(notification))) => forward(notification),
+                Some(Ok(AsyncMessage::Notice(notice))) => tracing::info!(
+                    severity = notice.severity(),
+                    "PostgreSQL notice on a listening connection: {}",
+                    notice.message()
+                ),
+                Some(Ok(_)) => {}
+                Some(Err(err)) => return Poll::Ready(Err(err)),
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+    })
+    .await
 }
 
 /// Calls its function once: with the given reason, or when dropped.

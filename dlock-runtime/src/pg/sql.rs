@@ -325,6 +325,20 @@ FROM (",
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session
 /// and drops every lock with it.
+///
+/// A record written announces the acquisition, for watches of a free key
+/// (see the `listen` module): `pg_notify` on the schema's channel
+/// (`{channel}`, see [`holders_channel`]) with the advisory key as text,
+/// in the `RETURNING` list, which runs once for each row written (a
+/// data-modifying CTE always runs to the end, read or not). PostgreSQL
+/// delivers it when the statement's transaction commits, after the record
+/// became visible, so a reader woken by it reads the record; an
+/// asynchronous commit delays the WAL flush, not the delivery. A `NOTIFY`
+/// needs no privilege. Its cost: the commit takes PostgreSQL's one
+/// cluster-wide lock of notifying commits for the moment it queues the
+/// notification (under the session's `lock_timeout`, as the statement's
+/// other locks), and the notification goes into the server's queue whether
+/// or not anyone listens.
 pub(super) const TRY_LOCK_RECORDING: &str = concat!(
     "WITH k AS (
   SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l
@@ -351,9 +365,54 @@ recorded AS (
   ON CONFLICT (lock_id) DO UPDATE
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
-  RETURNING r.lock_id
+  RETURNING r.lock_id,
+            pg_catalog.pg_notify('{channel}'::pg_catalog.text, r.lock_id::pg_catalog.text)
 )
 SELECT t.h, t.token, EXISTS (SELECT FROM recorded) FROM t"
+);
+
+/// The channel [`TRY_LOCK_RECORDING`] announces acquisitions on for the
+/// schema `schema`: `dlock_holders_<schema>`, or, for a schema too long
+/// for a channel name's 63 bytes, `dlock_holders_`, the schema's first 32
+/// bytes, `_` and 16 hex digits of a hash of it (FNV-1a, the same in every
+/// process and every version). A schema is a plain lowercase identifier,
+/// so the channel has only `[a-z0-9_]` and goes into SQL as it is, in a
+/// literal as in a quoted identifier. Two schemas that share a channel
+/// would only wake each other's watches for nothing.
+pub(super) fn holders_channel(schema: &str) -> String {
+    const PREFIX: &str = "dlock_holders_";
+    const MAX: usize = 63;
+    if PREFIX.len() + schema.len() <= MAX {
+        return format!("{PREFIX}{schema}");
+    }
+    let hash = schema
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    // ASCII only, so any byte is a character boundary.
+    let head = schema.get(..32).unwrap_or(schema);
+    format!("{PREFIX}{head}_{hash:016x}")
+}
+
+/// Fills `{schema}` and `{channel}` (see [`holders_channel`]) in a statement.
+pub(super) fn render_announcing(statement: &str, quoted_schema: &str, channel: &str) -> String {
+    render(statement, quoted_schema).replace("{channel}", channel)
+}
+
+/// Listens on the channel acquisitions are announced on (`{channel}`, see
+/// [`holders_channel`]), on the backend's listening connection.
+pub(super) const LISTEN: &str = "LISTEN \"{channel}\"";
+
+/// The advisory key of a key, and whether a session holds it exclusively
+/// (see `exclusive_hold!`): what a watch of the key's holder needs to know
+/// which wake-up to wait for. An announced acquisition names its advisory
+/// key.
+pub(super) const KEY_HELD: &str = concat!(
+    "SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l WHERE ",
+    exclusive_hold!(),
+    ")
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
 /// Deletes a lease's identity record and drops its lock (`$1`, the
@@ -740,4 +799,32 @@ pub(super) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
         s = quoted_schema,
         r = role_hint,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holders_channel;
+
+    #[test]
+    fn a_holders_channel_fits_a_channel_name_and_tells_long_schemas_apart() {
+        assert_eq!(holders_channel("dlock"), "dlock_holders_dlock");
+        let fits = "s".repeat(49);
+        assert_eq!(holders_channel(&fits), format!("dlock_holders_{fits}"));
+        let (long, other) = ("a".repeat(63), format!("{}b", "a".repeat(62)));
+        let channel = holders_channel(&long);
+        assert_eq!(channel.len(), 63, "{channel}");
+        assert!(channel.starts_with(&format!("dlock_holders_{}_", "a".repeat(32))));
+        assert!(
+            channel
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+            "{channel}"
+        );
+        assert_ne!(channel, holders_channel(&other));
+        // Every process, of every version, must name the same channel.
+        assert_eq!(
+            channel,
+            format!("dlock_holders_{}_51c1e07b2aee9066", "a".repeat(32))
+        );
+    }
 }

@@ -82,8 +82,9 @@ fn boxes_an_async_move_block(call: &ExprCall) -> bool {
 
 /// The patterns async-trait moved from the signature into the future: it
 /// writes a parameter `(a, b): (u32, u32)` as `__arg1: (u32, u32)`, and
-/// `let (a, b) = { let __arg1 = __arg1; __arg1 };` in the future. Returns
-/// `(__arg1, (a, b))` for each.
+/// `let (a, b) = { let __arg1 = __arg1; __arg1 };` in the future (a `_`
+/// parameter as `__arg1` and `let __arg1 = __arg1;`). Returns
+/// `(__arg1, (a, b))` (or `(__arg1, _)`) for each.
 pub fn moved_patterns(future: &ExprAsync) -> Vec<(Ident, Pat)> {
     future
         .block
@@ -93,17 +94,55 @@ pub fn moved_patterns(future: &ExprAsync) -> Vec<(Ident, Pat)> {
             let Stmt::Local(local) = stmt else {
                 return None;
             };
-            let Expr::Block(init) = &*local.init.as_ref()?.expr else {
-                return None;
-            };
-            let [Stmt::Local(rebind), Stmt::Expr(Expr::Path(value), None)] = &init.block.stmts[..]
-            else {
-                return None;
-            };
-            let name = rebound(rebind)?;
-            (value.path.get_ident() == Some(name)).then(|| (name.clone(), local.pat.clone()))
+            if let Some((name, pat)) = destructuring(local) {
+                return Some((name.clone(), pat.clone()));
+            }
+            let name = rebound(local)?;
+            is_positional(name).then(|| {
+                let wild = Pat::Wild(syn::PatWild {
+                    attrs: Vec::new(),
+                    underscore_token: syn::Token![_](name.span()),
+                });
+                (name.clone(), wild)
+            })
         })
         .collect()
+}
+
+/// Takes out of the future the statements that destructure a moved
+/// pattern for which `wanted` holds, to run them before the key is built:
+/// an `async fn` binds its parameter patterns before its body runs, and so
+/// does the lock then.
+pub fn take_destructurings(future: &mut ExprAsync, wanted: impl Fn(&Pat) -> bool) -> Vec<Stmt> {
+    let (taken, kept): (Vec<Stmt>, Vec<Stmt>) = std::mem::take(&mut future.block.stmts)
+        .into_iter()
+        .partition(|stmt| match stmt {
+            Stmt::Local(local) => destructuring(local).is_some_and(|(_, pat)| wanted(pat)),
+            _ => false,
+        });
+    future.block.stmts = kept;
+    taken
+}
+
+/// `(__arg1, PAT)` for `let PAT = { let __arg1 = __arg1; __arg1 };`.
+fn destructuring(local: &Local) -> Option<(&Ident, &Pat)> {
+    let Expr::Block(init) = &*local.init.as_ref()?.expr else {
+        return None;
+    };
+    let [Stmt::Local(rebind), Stmt::Expr(Expr::Path(value), None)] = &init.block.stmts[..] else {
+        return None;
+    };
+    let name = rebound(rebind)?;
+    (value.path.get_ident() == Some(name)).then_some((name, &local.pat))
+}
+
+/// `__arg1`: the name async-trait gives a parameter it moved the pattern
+/// of. (Its hygiene keeps it from the user's names, which a user could
+/// only clash with by writing this very name.)
+fn is_positional(name: &Ident) -> bool {
+    name.to_string()
+        .strip_prefix("__arg")
+        .is_some_and(|index| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Marks async-trait's `let tenant = tenant;` as allowed to go unused when
@@ -203,4 +242,53 @@ fn is_box_pin(func: &Expr) -> bool {
     };
     let segments: Vec<_> = path.path.segments.iter().map(|s| &s.ident).collect();
     matches!(segments.as_slice(), [.., boxed, pin] if *boxed == "Box" && *pin == "pin")
+}
+
+#[cfg(test)]
+mod tests {
+    use quote::quote;
+    use syn::{ExprAsync, Pat};
+
+    use super::*;
+
+    /// The future async-trait writes for `(&self, (a, b): (u32, u32), _: u32, c: u32)`.
+    fn future() -> ExprAsync {
+        syn::parse2(quote! {
+            async move {
+                let __self = self;
+                let (a, b) = {
+                    let __arg1 = __arg1;
+                    __arg1
+                };
+                let __arg2 = __arg2;
+                let c = c;
+                let __ret: u32 = { a + b + c };
+                __ret
+            }
+        })
+        .expect("a future")
+    }
+
+    #[test]
+    fn moved_patterns_are_found_with_wildcards() {
+        let moved = moved_patterns(&future());
+        let moved: Vec<(String, bool)> = moved
+            .iter()
+            .map(|(name, pat)| (name.to_string(), matches!(pat, Pat::Wild(_))))
+            .collect();
+        assert_eq!(
+            moved,
+            [("__arg1".to_owned(), false), ("__arg2".to_owned(), true)]
+        );
+    }
+
+    #[test]
+    fn only_the_wanted_destructurings_are_taken() {
+        let mut future = future();
+        let before = future.block.stmts.len();
+        assert!(take_destructurings(&mut future, |_| false).is_empty());
+        let taken = take_destructurings(&mut future, |_| true);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(future.block.stmts.len(), before - 1);
+    }
 }

@@ -109,14 +109,23 @@ fn expand(func: Function, lock: &Lock) -> TokenStream {
             },
         mut boxed,
     } = func;
-    if let Some(boxed) = &mut boxed {
-        let read_by_key: Vec<&str> = lock
-            .keys
-            .iter()
-            .flat_map(|key| key.params.iter().map(String::as_str))
-            .collect();
-        async_trait::allow_unused_rebindings(&mut boxed.future, &read_by_key);
-    }
+    // async-trait moved the parameter patterns into the future it boxes;
+    // those the key reads are destructured before the key is built, as an
+    // `async fn` destructures them before its body runs.
+    let destructure = match &mut boxed {
+        None => Vec::new(),
+        Some(boxed) => {
+            let read_by_key: Vec<&str> = lock
+                .keys
+                .iter()
+                .flat_map(|key| key.params.iter().map(String::as_str))
+                .collect();
+            async_trait::allow_unused_rebindings(&mut boxed.future, &read_by_key);
+            async_trait::take_destructurings(&mut boxed.future, |pat| {
+                params::binds_any(pat, &read_by_key)
+            })
+        }
+    };
     let (inner_attrs, outer_attrs): (Vec<Attribute>, Vec<Attribute>) = attrs
         .into_iter()
         .partition(|attr| matches!(attr.style, AttrStyle::Inner(_)));
@@ -250,6 +259,7 @@ fn expand(func: Function, lock: &Lock) -> TokenStream {
     };
     let locked = quote! {
         #outer_output
+        #(#destructure)*
         // Built before the body takes the parameters.
         let #key = #key_value;
         let #options = #options_expr;

@@ -10,7 +10,8 @@
 //! - `args.rs`: parses the attribute's `name = value` options (syntax only).
 //! - `async_trait.rs`: recognises a method `#[async_trait]` already rewrote.
 //! - `params.rs`: the function's parameters: the ones the lock provides and
-//!   the ones key placeholders may name.
+//!   the names key placeholders may read (parameters, and bindings inside
+//!   parameter patterns).
 //! - `template.rs`: the key-template language, resolved against `params`.
 //! - `valid.rs`: checks the options against the function, into a `Lock`.
 //! - `expand.rs`: writes the locked function (or the item plus its errors).
@@ -60,21 +61,31 @@ mod valid;
 ///
 /// # Key templates
 ///
-/// Every `{...}` names a parameter of the function (or `self` in a method),
-/// optionally followed by field or tuple-index accesses: `{tenant}`,
-/// `{req.user.id}`, `{pair.0}`, `{self.id}`. Values are formatted with
-/// `Display` and escaped, so `a:{x}:{y}` cannot give the same key for
-/// different `(x, y)`. Two placeholders need a separator such as `:` between
-/// them. Literal text is ASCII letters, digits and punctuation other than
-/// `{ } " ' \ %` and backtick. A placeholder may only name a parameter bound
-/// to a plain identifier (`name: Type`).
+/// Every `{...}` names a parameter of the function (or `self` in a method)
+/// or a binding inside a parameter's pattern, optionally followed by field
+/// or tuple-index accesses: `{tenant}`, `{req.user.id}`, `{pair.0}`,
+/// `{self.id}`; with `Path(id): Path<u64>` and `Json(body): Json<Order>`,
+/// `{id}` and `{body.customer}`. Values are formatted with `Display` and
+/// escaped, so `a:{x}:{y}` cannot give the same key for different `(x, y)`.
+/// Two placeholders need a separator such as `:` between them. Literal text
+/// is ASCII letters, digits and punctuation other than `{ } " ' \ %` and
+/// backtick.
+///
+/// Bindings inside patterns (tuples, tuple structs, structs, nested, `ref`,
+/// `mut`, `name @ ...`) are read as the function's own destructuring bound
+/// them, before the body runs: the key borrows them, and the body then gets
+/// them as it would without the attribute (a non-`Copy` binding is still
+/// moved into it). `_` and `..` bind nothing a key could name.
 ///
 /// # The function
 ///
 /// - It must be an `async fn` returning `Result<T, E>` (or an alias of it)
 ///   with `E: From<dlock::LockError>`: a lock that cannot be had is an `Err`.
 /// - A parameter of type `FencingToken` is removed from the signature and
-///   bound to the lease's token inside the body; with `keys`, take
+///   bound to the lease's token inside the body (only a parameter whose
+///   whole type is `FencingToken`: one inside another type, such as
+///   `Extension(token): Extension<FencingToken>`, is the caller's, an
+///   extractor's, and a key may name it like any value); with `keys`, take
 ///   `FencingTokens` instead (one token per key, in the order written). A
 ///   `LostSignal` parameter (single key) is bound to the lease's lost signal.
 ///   Callers pass neither.

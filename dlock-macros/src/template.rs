@@ -7,10 +7,10 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote_spanned};
-use syn::{Error, Ident, Index, LitStr, Member, Pat};
+use syn::{Error, Ident, Index, LitStr, Member};
 
 use crate::errors::Errors;
-use crate::params::Params;
+use crate::params::{NearMiss, Params};
 
 /// The longest key the runtime accepts, in bytes (the runtime's `MAX_KEY_LEN`).
 const MAX_KEY_LEN: usize = 1024;
@@ -18,7 +18,8 @@ const MAX_KEY_LEN: usize = 1024;
 /// A key template split into literal text and values to interpolate.
 pub struct Template {
     pub parts: Vec<Part>,
-    /// The parameters (other than `self`) its placeholders read.
+    /// The names its placeholders read, other than `self`: parameters and
+    /// bindings inside parameter patterns.
     pub params: Vec<String>,
 }
 
@@ -263,22 +264,30 @@ fn resolve(placeholder: &Placeholder, params: &Params, span: Span) -> Result<Tok
         }
         Ident::new("self", span).into_token_stream()
     } else {
-        let Some(param) = params.named.iter().find(|name| *name == root) else {
+        // A binding inside a parameter's pattern is read like a parameter:
+        // the function's own destructuring has bound it before the key is
+        // built (by move or by reference, as the pattern says), and the
+        // key only borrows it.
+        let Some(param) = params.find(root) else {
             return Err(unknown_root(placeholder, params));
         };
         let mut param = param.clone();
         param.set_span(span);
         param.into_token_stream()
     };
+    // Located on the key, so a missing field is reported there; resolved at
+    // the macro's mixed site, which field access ignores, so that rustc does
+    // not offer to replace the whole key literal by a field's name.
+    let member_span = span.resolved_at(Span::mixed_site());
     let members = members.iter().map(|member| match member {
         Member::Named(ident) => {
             let mut ident = ident.clone();
-            ident.set_span(span);
+            ident.set_span(member_span);
             Member::Named(ident)
         }
         Member::Unnamed(index) => Member::Unnamed(Index {
             index: index.index,
-            span,
+            span: member_span,
         }),
     });
     // The `&` too: a value that is not `Display` is then reported on the key.
@@ -288,26 +297,68 @@ fn resolve(placeholder: &Placeholder, params: &Params, span: Span) -> Result<Tok
 fn unknown_root(placeholder: &Placeholder, params: &Params) -> String {
     let Placeholder { text, root, .. } = placeholder;
     let fn_name = &params.fn_name;
-    if let Some(binding) = params.bindings.iter().find(|b| match &*b.pat {
-        Pat::Ident(ident) => ident.ident == root,
-        _ => false,
-    }) {
+    if let Some(binding) = params.provided(root) {
         return format!(
             "`{{{text}}}` names the `{}` parameter, which the lock provides once it is held: it cannot be part of the key",
             binding.kind.name()
         );
     }
-    if let Some((_, pattern)) = params.in_patterns.iter().find(|(name, _)| name == root) {
-        return format!(
-            "`{{{text}}}` names `{root}`, a binding inside the pattern `{pattern}`; a placeholder must name an identifier parameter: bind the whole value to a name (`name: Type`) and write `{{name.field}}`"
-        );
+    let rest = &text[root.len()..];
+    match params.near_miss(root) {
+        Some(NearMiss::Renamed { pattern, bound }) => {
+            return format!(
+                "`{{{text}}}`: the field `{root}` is bound as `{bound}` in the pattern `{pattern}`: write `{{{bound}{rest}}}`"
+            );
+        }
+        Some(NearMiss::Nested {
+            pattern,
+            field_pat,
+            names,
+        }) => {
+            let names: Vec<String> = names.iter().map(|name| format!("`{name}`")).collect();
+            return format!(
+                "`{{{text}}}`: the field `{root}` is destructured by `{field_pat}` in the pattern `{pattern}` and binds no `{root}`: name one of its bindings ({}) or bind the field whole",
+                names.join(", ")
+            );
+        }
+        Some(NearMiss::Unbound { pattern, field_pat }) => {
+            return format!(
+                "`{{{text}}}`: the field `{root}` is matched by `{field_pat}` in the pattern `{pattern}`, which binds nothing: write `{root}` instead of `{root}: {field_pat}` to bind it"
+            );
+        }
+        None => {}
     }
     let usable = params.usable();
-    if usable.is_empty() {
-        format!("`{{{text}}}` names no parameter of `{fn_name}`: this function has no parameters")
-    } else {
-        format!("`{{{text}}}` names no parameter of `{fn_name}`; parameters: {usable}")
+    let in_patterns = params.usable_in_patterns();
+    let mut msg = match (usable.is_empty(), in_patterns.is_empty()) {
+        (true, true) if params.destructured.is_empty() => {
+            return format!(
+                "`{{{text}}}` names no parameter of `{fn_name}`: this function has no parameters"
+            );
+        }
+        (true, true) => {
+            format!("`{{{text}}}` names no parameter of `{fn_name}`: its parameters bind no names")
+        }
+        (false, true) => format!(
+            "`{{{text}}}` names no parameter of `{fn_name}`; parameters: {}",
+            usable.join(", ")
+        ),
+        (true, false) => format!(
+            "`{{{text}}}` names no parameter of `{fn_name}` and no binding in its parameters' patterns; bindings: {}",
+            in_patterns.join(", ")
+        ),
+        (false, false) => format!(
+            "`{{{text}}}` names no parameter of `{fn_name}` and no binding in its parameters' patterns; parameters: {}; bindings: {}",
+            usable.join(", "),
+            in_patterns.join(", ")
+        ),
+    };
+    if params.has_wildcards() {
+        msg.push_str(
+            "; `_` and `..` bind nothing: to use a value in the key, name it in the pattern",
+        );
     }
+    msg
 }
 
 #[cfg(test)]

@@ -1,0 +1,13 @@
+use dlock::{LockError, distributed_lock};
+
+pub struct Point {
+    pub x: i32,
+    pub y: i32,
+}
+
+#[distributed_lock(key = "cell:{x}:{y}", ttl = "30s")]
+pub async fn paint(Point { x, y: why }: Point) -> Result<i32, LockError> {
+    Ok(x + why)
+}
+
+fn main() {}

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::time::{Instant, timeout};
-use tracing::Instrument as _;
+use tracing::{Instrument as _, Span};
 
-use super::{Lease, Terms, start};
+use super::metrics::{self, Meters, Outcome};
+use super::{Hold, Lease, Terms, start};
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
@@ -32,32 +33,114 @@ const MIN_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Acquires one key, waiting until `deadline` if it is held.
+///
+/// Counts the acquisition under its outcome (one that its caller cancels
+/// under none) and opens the hold's span, which the lease then carries;
+/// see [`metrics`].
 pub(crate) async fn acquire(
     backend: Arc<dyn Backend>,
     key: LockKey,
     terms: Terms,
     deadline: Instant,
 ) -> Result<Lease, LockError> {
-    let Ok(runtime) = Handle::try_current() else {
-        return Err(LockError::NoRuntime {
-            key: key.to_string(),
-        });
+    let started = Instant::now();
+    let meters = Meters::of(backend.kind());
+    let acquiring = Acquiring {
+        span: Some(metrics::hold_span(&key, backend.kind())),
+        started,
     };
-    let span = tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind());
+    let Ok(runtime) = Handle::try_current() else {
+        let err = LockError::NoRuntime {
+            key: key.to_string(),
+        };
+        acquiring.failed(meters, &err);
+        return Err(err);
+    };
+    let span = acquiring
+        .in_scope(|| tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind()));
     async move {
-        let started = Instant::now();
-        let owner = OwnerId::random()?;
-        let (grant, sent) = take(&backend, &key, &owner, &terms, deadline, started).await?;
+        let taken = match OwnerId::random() {
+            Ok(owner) => take(&backend, &key, &owner, &terms, deadline, started)
+                .await
+                .map(|(grant, sent)| (owner, grant, sent)),
+            Err(err) => Err(err),
+        };
+        let (owner, grant, sent) = match taken {
+            Ok(taken) => taken,
+            Err(err) => {
+                acquiring.failed(meters, &err);
+                return Err(err);
+            }
+        };
+        let hold = acquiring.acquired(meters, grant.token, sent);
         tracing::debug!(
             token = %grant.token,
-            waited_ms = started.elapsed().as_millis() as u64,
+            waited_ms = metrics::millis(hold.since - started),
             "lock acquired"
         );
         warn_if_ahead_of_clock(backend.kind(), &key, grant.token);
-        Ok(start(runtime, backend, key, owner, grant, sent, &terms))
+        Ok(start(runtime, backend, key, owner, grant, &terms, hold))
     }
     .instrument(span)
     .await
+}
+
+/// An acquisition under way, with the span of the hold it may become. One
+/// its caller gives up on (the future dropped) is marked `cancelled` on
+/// the span and counted under no outcome.
+struct Acquiring {
+    /// Taken out when the acquisition ends.
+    span: Option<Span>,
+    started: Instant,
+}
+
+impl Acquiring {
+    fn in_scope<T>(&self, f: impl FnOnce() -> T) -> T {
+        match &self.span {
+            Some(span) => span.in_scope(f),
+            None => f(),
+        }
+    }
+
+    /// Ends the acquisition: its wait, and its span with `wait_ms`.
+    fn end(mut self) -> (Span, Duration, Instant) {
+        let now = Instant::now();
+        let wait = now - self.started;
+        let span = self.span.take().unwrap_or_else(Span::none);
+        span.record("wait_ms", metrics::millis(wait));
+        (span, wait, now)
+    }
+
+    /// The key was had with `token`, by a request sent at `sent`: the
+    /// hold begins.
+    fn acquired(self, meters: &'static Meters, token: FencingToken, sent: Instant) -> Hold {
+        let (span, wait, since) = self.end();
+        meters.acquired(wait);
+        span.record("token", tracing::field::display(token));
+        Hold {
+            sent,
+            since,
+            meters,
+            span,
+        }
+    }
+
+    /// The acquisition failed with `err`; its span closes here.
+    fn failed(self, meters: &Meters, err: &LockError) {
+        let outcome = Outcome::of_error(err);
+        let (span, wait, _) = self.end();
+        meters.failed(outcome, wait);
+        span.record("outcome", outcome.label());
+    }
+}
+
+impl Drop for Acquiring {
+    fn drop(&mut self) {
+        if let Some(span) = self.span.take() {
+            span.record("wait_ms", metrics::millis(self.started.elapsed()));
+            span.record("outcome", "cancelled");
+        }
+    }
 }
 
 /// How far ahead of the wall clock (in µs) a token may be before its
@@ -155,7 +238,10 @@ async fn take(
     // Whether an attempt failed in a way that may have taken the key anyway.
     let mut unsure = false;
     let outcome = 'attempts: {
-        let sent = Instant::now();
+        // The first attempt goes out just after the call began: its start
+        // serves as the instant the attempt was sent (a little early, so
+        // the lease's lifetime is, if anything, counted short).
+        let sent = started;
         match attempt(backend, key, *owner, terms).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => {}

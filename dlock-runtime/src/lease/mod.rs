@@ -11,6 +11,9 @@
 //! - **expire** / **expiry**: a lease's known validity ran out, so the core
 //!   marks it lost. A store that enforces a ttl itself (PostgreSQL session
 //!   locks do not expire on their own) *enforces the deadline*.
+//!
+//! What the lifecycle records (metrics, and a span per hold) is told in
+//! [`metrics`].
 
 use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -21,8 +24,10 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Span;
 
 mod acquire;
+pub mod metrics;
 mod renewal;
 mod set;
 
@@ -38,6 +43,7 @@ use crate::error::{LockError, LostReason};
 use crate::fallback::{self, Work};
 use crate::key::LockKey;
 use crate::token::FencingToken;
+use metrics::Meters;
 
 /// The terms a lease is taken and kept on: what
 /// [`LockOptions`](crate::LockOptions) says about one acquisition, without
@@ -57,11 +63,34 @@ pub(crate) struct Terms {
     pub(crate) identity: Option<Arc<str>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 enum State {
-    Held,
+    /// Held, with the hold's span (see [`metrics`]): whoever ends the hold
+    /// takes it out, records how the hold ended and closes it.
+    Held(Span),
     Lost(LostReason),
     Released,
+}
+
+impl State {
+    /// The hold's span if the lease was still held, or a disabled one.
+    fn into_span(self) -> Span {
+        match self {
+            State::Held(span) => span,
+            State::Lost(_) | State::Released => Span::none(),
+        }
+    }
+}
+
+/// How a hold began: when, and what it is measured and traced with.
+struct Hold {
+    /// When the request that was granted was sent: the lease's lifetime
+    /// counts from it (never later than the store's).
+    sent: Instant,
+    /// When the acquisition returned: the hold's start, for its metric.
+    since: Instant,
+    meters: &'static Meters,
+    span: Span,
 }
 
 /// The instant lease deadlines are counted from, so that a deadline fits in
@@ -81,6 +110,10 @@ struct Shared {
     backend: Arc<dyn Backend>,
     /// The identity the lease was taken with, recorded beside the lock.
     identity: Option<Arc<str>>,
+    /// The metrics of the backend's kind.
+    meters: &'static Meters,
+    /// When the acquisition returned: the hold's start, for its metric.
+    held_since: Instant,
     /// The lease's place in its renewal scheduler, once registered: what
     /// [`LostSignal::recheck`] renews at once.
     renewal: std::sync::OnceLock<(Weak<renewal::Renewer>, u64)>,
@@ -109,6 +142,9 @@ impl LossSink for Shared {
 }
 
 impl Shared {
+    /// A held lease. It counts as held (the `dlock_leases_held` gauge)
+    /// from its acquisition until [`Shared::mark_released`] or
+    /// [`Shared::mark_lost`] ends it: every lease ends exactly once.
     fn new(
         key: LockKey,
         token: FencingToken,
@@ -116,6 +152,7 @@ impl Shared {
         backend: Arc<dyn Backend>,
         identity: Option<Arc<str>>,
         valid_until: Instant,
+        hold: Hold,
     ) -> Self {
         Self {
             key,
@@ -123,9 +160,11 @@ impl Shared {
             owner,
             backend,
             identity,
+            meters: hold.meters,
+            held_since: hold.since,
             renewal: std::sync::OnceLock::new(),
             valid_until: AtomicU64::new(since_epoch(valid_until)),
-            state: Mutex::new(State::Held),
+            state: Mutex::new(State::Held(hold.span)),
             ended: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
             wake: Notify::new(),
@@ -187,7 +226,7 @@ impl Shared {
 
     fn error_for(&self, state: &State) -> Option<LockError> {
         match state {
-            State::Held => None,
+            State::Held(_) => None,
             State::Lost(reason) => Some(self.lost_error(reason.clone())),
             State::Released => Some(self.lost_error(LostReason::Released)),
         }
@@ -203,25 +242,35 @@ impl Shared {
         }
     }
 
-    /// Marks the lease released and returns the state it had.
-    fn mark_released(&self) -> State {
+    /// Marks the lease released `at` and returns the state it had. A
+    /// lease still held ends its hold here; its span, still open, comes
+    /// back in the state for the caller to record the outcome on and close
+    /// once the release is done.
+    fn mark_released(&self, at: Instant) -> State {
         let prior = std::mem::replace(&mut *self.state(), State::Released);
         self.end();
+        if matches!(prior, State::Held(_)) {
+            self.meters
+                .lease_ended(at.saturating_duration_since(self.held_since), None);
+        }
         prior
     }
 
     /// Marks the lease lost unless it already ended; true if this call did.
     fn mark_lost(&self, reason: LostReason) -> bool {
-        let marked = {
+        let span = {
             let mut state = self.state();
-            let held = *state == State::Held;
-            if held {
-                *state = State::Lost(reason.clone());
+            if !matches!(*state, State::Held(_)) {
+                return false;
             }
-            held
+            std::mem::replace(&mut *state, State::Lost(reason.clone())).into_span()
         };
-        if marked {
-            self.end();
+        self.end();
+        self.meters
+            .lease_ended(self.held_since.elapsed(), Some(&reason));
+        span.record("outcome", "lost");
+        span.record("reason", metrics::reason_label(&reason));
+        span.in_scope(|| {
             tracing::warn!(
                 key = %self.key,
                 backend = self.backend.kind(),
@@ -229,8 +278,26 @@ impl Shared {
                 %reason,
                 "lease lost"
             );
+        });
+        true
+    }
+
+    /// Records on the hold's span how a release its holder awaited ended,
+    /// and counts a release that found the key gone as a loss.
+    fn record_release(&self, span: &Span, result: &Result<(), LockError>) {
+        match result {
+            Ok(()) => {
+                span.record("outcome", "released");
+            }
+            Err(LockError::LeaseLost { reason, .. }) => {
+                self.meters.lost(reason);
+                span.record("outcome", "lost");
+                span.record("reason", metrics::reason_label(reason));
+            }
+            Err(_) => {
+                span.record("outcome", "error");
+            }
         }
-        marked
     }
 
     /// Resolves, with the error that says why, once the lease has ended.
@@ -281,6 +348,13 @@ impl Shared {
 /// before the fallback thread is done (it never holds the process up, nor
 /// a runtime's shutdown), or when the store cannot be reached from there
 /// within 10 s, which is logged as a warning.
+///
+/// # Metrics and the span
+///
+/// A lease counts in the `dlock_leases_held` gauge from its acquisition
+/// until it is released or lost, and its hold is one `dlock.hold` span,
+/// closed when the release is done or the loss is noticed: see
+/// [`metrics`] for the names, labels and fields.
 #[must_use = "a lease is released as soon as it is dropped"]
 pub struct Lease {
     shared: Arc<Shared>,
@@ -374,12 +448,30 @@ impl Lease {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.finished = true;
         self.stop_watching();
-        let prior = self.shared.mark_released();
+        // One clock read: the hold's end, the minimum hold's remainder, and
+        // when the release was sent (read just before it is).
         let sent = Instant::now();
-        let outcome = finish_detached(&self.shared, self.keep_for()).await;
-        if let State::Lost(reason) = prior {
+        let (span, lost) = match self.shared.mark_released(sent) {
+            State::Held(span) => (span, None),
+            State::Lost(reason) => (Span::none(), Some(reason)),
+            State::Released => (Span::none(), None),
+        };
+        let outcome = finish_detached(&self.shared, self.keep_for(sent), sent, &span).await;
+        if let Some(reason) = lost {
             return Err(self.shared.lost_error(reason));
         }
+        let result = self.judge(outcome, sent);
+        self.shared.record_release(&span, &result);
+        result
+    }
+
+    /// What the backend's answer to a release, sent at `sent`, means to
+    /// its holder.
+    fn judge(
+        &self,
+        outcome: Result<ReleaseOutcome, LockError>,
+        sent: Instant,
+    ) -> Result<(), LockError> {
         match outcome {
             Ok(ReleaseOutcome::Released) => Ok(()),
             // The first request's reply was lost and the retry found the key
@@ -405,8 +497,10 @@ impl Lease {
     async fn release_unused(mut self) {
         self.finished = true;
         self.stop_watching();
-        self.shared.mark_released();
-        if let Err(err) = finish_detached(&self.shared, Duration::ZERO).await {
+        let now = Instant::now();
+        let span = self.shared.mark_released(now).into_span();
+        span.record("outcome", "released");
+        if let Err(err) = finish_detached(&self.shared, Duration::ZERO, now, &span).await {
             tracing::warn!(key = %self.shared.key, error = %err, "releasing an unused lease failed; its ttl will free it");
         }
     }
@@ -419,9 +513,10 @@ impl Lease {
         }
     }
 
-    /// How much longer the minimum hold keeps the key.
-    fn keep_for(&self) -> Duration {
-        self.min_hold.saturating_sub(self.acquired_at.elapsed())
+    /// How much longer, from `now`, the minimum hold keeps the key.
+    fn keep_for(&self, now: Instant) -> Duration {
+        self.min_hold
+            .saturating_sub(now.saturating_duration_since(self.acquired_at))
     }
 }
 
@@ -429,7 +524,13 @@ impl Lease {
 /// still running, shortens it to `keep_for` and releases it when that is
 /// over (which lets backends whose locks do not expire by themselves, and
 /// those that keep per-lease resources, let go).
-async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutcome, LockError> {
+///
+/// `span` is the hold's, closed by the caller once this is done.
+async fn finish(
+    shared: &Arc<Shared>,
+    keep_for: Duration,
+    span: &Span,
+) -> Result<ReleaseOutcome, LockError> {
     let outcome = if keep_for.is_zero() {
         shared
             .backend
@@ -457,14 +558,16 @@ async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutco
         }
         kept.map(ReleaseOutcome::from_released)
     };
-    tracing::debug!(
-        key = %shared.key,
-        backend = shared.backend.kind(),
-        token = %shared.token,
-        kept_for_ms = keep_for.as_millis() as u64,
-        outcome = ?outcome.as_ref().ok(),
-        "lease released"
-    );
+    span.in_scope(|| {
+        tracing::debug!(
+            key = %shared.key,
+            backend = shared.backend.kind(),
+            token = %shared.token,
+            kept_for_ms = keep_for.as_millis() as u64,
+            outcome = ?outcome.as_ref().ok(),
+            "lease released"
+        );
+    });
     outcome
 }
 
@@ -473,13 +576,19 @@ async fn finish(shared: &Arc<Shared>, keep_for: Duration) -> Result<ReleaseOutco
 fn finish_detached(
     shared: &Arc<Shared>,
     keep_for: Duration,
+    now: Instant,
+    span: &Span,
 ) -> impl Future<Output = Result<ReleaseOutcome, LockError>> + Send + 'static {
     let release = Release {
         shared: Arc::clone(shared),
-        hold_until: Instant::now() + keep_for,
+        hold_until: now + keep_for,
+        span: span.clone(),
     };
-    let shared = Arc::clone(shared);
-    Detachable::new(async move { finish(&shared, keep_for).await }, release)
+    let (shared, span) = (Arc::clone(shared), span.clone());
+    Detachable::new(
+        async move { finish(&shared, keep_for, &span).await },
+        release,
+    )
 }
 
 /// A lease's release that nobody waits for (a drop, a caller that gave up
@@ -489,13 +598,15 @@ struct Release {
     shared: Arc<Shared>,
     /// Until when the minimum hold keeps the key.
     hold_until: Instant,
+    /// The hold's span, closed when the release is done.
+    span: Span,
 }
 
 impl Release {
     fn run(self) -> Work {
         Box::pin(async move {
             let keep_for = self.hold_until.saturating_duration_since(Instant::now());
-            if let Err(err) = finish(&self.shared, keep_for).await {
+            if let Err(err) = finish(&self.shared, keep_for, &self.span).await {
                 self.failed(err);
             }
         })
@@ -523,6 +634,7 @@ impl Release {
         Self {
             shared: Arc::clone(&self.shared),
             hold_until: self.hold_until,
+            span: self.span.clone(),
         }
     }
 }
@@ -545,10 +657,13 @@ impl Drop for Lease {
             return;
         }
         self.stop_watching();
-        self.shared.mark_released();
+        let now = Instant::now();
+        let span = self.shared.mark_released(now).into_span();
+        span.record("outcome", "released");
         let release = Release {
             shared: Arc::clone(&self.shared),
-            hold_until: Instant::now() + self.keep_for(),
+            hold_until: now + self.keep_for(now),
+            span,
         };
         // Early return, `?`, panic or cancellation: release in the
         // background, on the fallback runtime should this one be gone or
@@ -626,9 +741,10 @@ fn start(
     key: LockKey,
     owner: OwnerId,
     grant: Grant,
-    sent: Instant,
     terms: &Terms,
+    hold: Hold,
 ) -> Lease {
+    let sent = hold.sent;
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
@@ -636,6 +752,7 @@ fn start(
         backend,
         terms.identity.clone(),
         sent + terms.ttl,
+        hold,
     ));
     // Renewal, and the lost signal when the ttl runs out, come from the
     // backend's renewal scheduler; a backend that can tell of a loss by

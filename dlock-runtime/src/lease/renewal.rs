@@ -373,7 +373,12 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
     )
     .await;
     drop(renewals);
+    let meters = batch.first().map(|(_, shared, ..)| shared.meters);
     let Ok(answers) = answers else {
+        // No answer in time: every renewal of the batch failed.
+        if let Some(meters) = meters {
+            meters.renewals_failed(batch.len());
+        }
         return;
     };
     let now = Instant::now();
@@ -426,6 +431,9 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
         renewer.wake.notify_one();
     }
     if let Some((count, error)) = failed {
+        if let Some(meters) = meters {
+            meters.renewals_failed(count);
+        }
         tracing::warn!(
             backend = backend.kind(),
             leases = count,

@@ -564,7 +564,8 @@ impl Term {
 /// It reads the leader after every change the backend announces (every
 /// backend announces a leader's resignation or loss; memory, Redis and
 /// PostgreSQL announce a new leader too, file is read again every 50 ms
-/// while nobody leads, and so is PostgreSQL when it cannot listen for the
+/// while nobody leads, and PostgreSQL every second, for a new leader that
+/// was not announced, or every 50 ms when it cannot listen for the
 /// announcements), and when the leader's term runs out. Changes
 /// closer together than one read come as the last of them, as with any
 /// watch: what [`LeaderWatch::changed`] returns is always the leader at

@@ -38,15 +38,33 @@ use crate::key::LockKey;
 /// could be opened (see the `listen` module).
 const FREE_RECHECK: Duration = Duration::from_millis(50);
 
+/// How soon a reader watching a free key looks again although the
+/// listening connection would wake it: an acquisition that was not
+/// announced (by a dlock that predates announcements, as in a rolling
+/// upgrade, or whose announcement failed, see the `announce` module)
+/// would otherwise go unseen until the reader's own timer, 10 s for an
+/// election's observer. One read a second for each such watch, where
+/// [`FREE_RECHECK`] costs twenty.
+pub(super) const ANNOUNCED_RECHECK: Duration = Duration::from_secs(1);
+
 /// How long a renewal's write of identity records ([`sql::REWRITE_RECORDS`])
 /// waits for a lock on their table before it gives up: every statement
 /// sent after it on the session (renewals' checks included) waits as long.
 const REWRITE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
-/// How long a session sends no write of identity records after one failed:
-/// a table a DBA holds locked costs each session one wait of
-/// [`REWRITE_LOCK_WAIT`] per pause, however many renewals it sends.
+/// How long a session sends no write of identity records after one failed
+/// for another reason than waiting too long for a lock (a missing
+/// privilege, say), which the next renewals would only meet again. A write
+/// that waited too long is tried again at the next renewal: a DBA's lock
+/// on the table ends by itself, and then the next renewal writes the
+/// record, each try costing the session one wait of [`REWRITE_LOCK_WAIT`]
+/// meanwhile.
 const REWRITE_PAUSE: Duration = Duration::from_secs(10);
+
+/// At most one warning every this long of writes of identity records that
+/// waited too long for the table, which every renewal meets while a DBA
+/// holds it locked.
+pub(super) const REWRITE_LOCK_WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// How long renewals that found the table of identity records missing
 /// wait after a failed try to create it before they try again: each try
@@ -118,12 +136,14 @@ impl Inner {
     /// A notice of the next change of `key`'s holder. A release is
     /// announced: by this process's entry for the key going away, or by a
     /// wait probe (see the `wait` module). An acquisition with an identity
-    /// is announced with `NOTIFY`, which the backend's listening connection
-    /// hears (see the `listen` module): a free key's notice waits for it,
-    /// and, if no connection could listen, asks the reader to look again
-    /// within [`FREE_RECHECK`], as does the notice of a key being taken or
-    /// let go here. A held key changes holder only through a release, so
-    /// its notice needs no recheck.
+    /// is announced with `NOTIFY` (see the `announce` module), which the
+    /// backend's listening connection hears (see the `listen` module): a
+    /// free key's notice resolves on it, and asks the reader to look again
+    /// within [`ANNOUNCED_RECHECK`] all the same, for an acquisition that
+    /// was not announced; if no connection could listen, within
+    /// [`FREE_RECHECK`], as does the notice of a key being taken or let go
+    /// here. A held key changes holder only through a release, so its
+    /// notice needs no recheck.
     ///
     /// The watch of a free key is made after the read that found it free:
     /// an acquisition in between is not announced to it, but it came
@@ -151,7 +171,7 @@ impl Inner {
         let (lock_id, held) = self.key_held(key).await?;
         if !held {
             return Ok(match self.listener.watch(lock_id).await {
-                Some(notice) => notice,
+                Some(notice) => notice.recheck_within(ANNOUNCED_RECHECK),
                 None => ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK),
             });
         }
@@ -248,9 +268,10 @@ impl Inner {
     /// with an identity) are there and are theirs, and writes again the
     /// ones that are not ([`sql::REWRITE_RECORDS`]): a DBA who truncates
     /// the table, or deletes a row, hides a leader for one renewal interval
-    /// at most. In a task of its own, so no renewal ever waits for it, and
-    /// best effort: a record that cannot be written is logged, never a
-    /// failed renewal, as the lock itself is held all the same.
+    /// at most after the DBA's transaction ends. In a task of its own, so
+    /// no renewal ever waits for it, and best effort: a record that cannot
+    /// be written is logged, never a failed renewal, as the lock itself is
+    /// held all the same.
     pub(super) fn rewrite_records_later(
         self: &Arc<Self>,
         session: &Arc<LockSession>,
@@ -269,7 +290,8 @@ impl Inner {
     /// See [`rewrite_records_later`](Self::rewrite_records_later). Bounds
     /// what a write that waits costs the session, whose other statements
     /// queue behind it: it waits at most [`REWRITE_LOCK_WAIT`] for a lock,
-    /// one at a time per session, and after one failed the session sends
+    /// one at a time per session, and is tried again at the next renewal
+    /// if it waited longer; after it failed otherwise the session sends
     /// none for [`REWRITE_PAUSE`]. A missing table is created again in the
     /// background, as the first acquisition with an identity creates it;
     /// the next renewal writes the records.
@@ -356,18 +378,27 @@ impl Inner {
             self.recreate_holders_table(first, &err);
             return;
         }
-        session.pause_rewrites(REWRITE_PAUSE);
         if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            // No pause: the next renewal tries again, so the record is
+            // back one renewal interval after the DBA's lock ends.
+            if !self.rewrite_lock_warnings.due() {
+                tracing::debug!(key = %first, error = %err, "an identity record still waits for its table");
+                return;
+            }
             tracing::warn!(
                 key = %first,
                 error = %err,
                 "a renewal could not write an identity record again: the table {s}.dlock_holders \
                  is locked by another transaction (an ALTER TABLE, VACUUM FULL, TRUNCATE or LOCK \
                  TABLE) for longer than the write waits ({wait:?}); the lock is held all the \
-                 same, and this session tries again in {REWRITE_PAUSE:?}",
+                 same, and the next renewal tries again (further such warnings within \
+                 {REWRITE_LOCK_WARN_EVERY:?} are logged at debug level)",
                 s = self.quoted_schema,
             );
-        } else if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+            return;
+        }
+        session.pause_rewrites(REWRITE_PAUSE);
+        if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
             let lacks = self
                 .holders_privileges(session)
                 .await

@@ -1,12 +1,13 @@
 //! Hearing acquisitions announced: the listening connection behind
 //! [`Backend::watch_holder`](crate::Backend::watch_holder) on a free key.
 //!
-//! An acquisition with an identity announces itself with `NOTIFY` on the
-//! schema's channel, the advisory key as payload, delivered when its
-//! statement commits (see [`TRY_LOCK_RECORDING`](super::sql::TRY_LOCK_RECORDING)).
-//! A backend opens one connection that `LISTEN`s on that channel, the
-//! first time a watch of a free key needs it, and wakes the watches of the
-//! advisory key each notification names. A watch registers only on a
+//! An acquisition with an identity is announced with `NOTIFY` on the
+//! schema's channel, the advisory key as payload, once its statement
+//! committed (see the `announce` module: best effort, so a watch of a
+//! free key also reads again on a slow timer). A backend opens one
+//! connection that `LISTEN`s on that channel, the first time a watch of a
+//! free key needs it, and wakes the watches of the advisory key each
+//! notification names. A watch registers only on a
 //! connection whose `LISTEN` the server has confirmed, so an acquisition
 //! committed after the watch was made wakes it.
 //!
@@ -17,7 +18,7 @@
 //! opens another connection). It is closed once no watch was made on it
 //! for [`IDLE_CLOSE`]. A connection that cannot be opened is tried again
 //! only after [`OPEN_RETRY_PAUSE`]; until then watches are told to recheck
-//! on a timer, as they were before acquisitions were announced.
+//! on a fast timer, as they were before acquisitions were announced.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -132,10 +132,23 @@ impl Inner {
                 ));
             }
             if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                let locked = if recording.is_some() {
+                // A wait for a row names it in the error's context; a
+                // wait for a relation names nothing.
+                let on_record = err
+                    .as_db_error()
+                    .and_then(|db| db.where_())
+                    .is_some_and(|context| context.contains("relation \"dlock_holders\""));
+                let locked = if recording.is_some() && on_record {
+                    format!(
+                        "the identity record of `{key}` in {}.dlock_holders is locked by another \
+                         transaction (an UPDATE, a DELETE or a SELECT … FOR UPDATE left open?)",
+                        self.quoted_schema
+                    )
+                } else if recording.is_some() {
                     format!(
                         "the token sequence {s}.dlock_token_seq or the table {s}.dlock_holders \
-                         is locked by another transaction (an ALTER or a DROP left open?)",
+                         (an ALTER, a TRUNCATE or a DROP left open?), or another lock the \
+                         statement needed, is held by another transaction",
                         s = self.quoted_schema
                     )
                 } else {
@@ -242,6 +255,10 @@ impl Inner {
             return Ok(Attempt::Held { expires_in: None });
         }
         unfinished.finish();
+        if recorded {
+            // For watches of the free key, in other processes too.
+            self.announce_later(&session, key, advisory_key);
+        }
         Ok(Attempt::Acquired(
             Grant::new(token).lost_with(session.loss_group()),
         ))

@@ -116,37 +116,43 @@
 //! A renewal of a lock taken with an identity makes sure its record is
 //! there and is its own, and writes it again if not, so a DBA who
 //! truncates the table or deletes a row hides the holder for one renewal
-//! interval at most; a dropped table is created again, as the first
-//! acquisition creates it. That costs one statement per session per
-//! renewal batch, sent after the session check that answers the renewal,
-//! and only on sessions that hold such a lock: plain locks are renewed as
-//! before. No renewal waits for it, and a record that cannot be written
-//! fails no renewal (the lock is held all the same): it is logged as a
-//! warning. It waits at most 100 ms for a lock on the table (a DBA's
-//! `ALTER TABLE`, `VACUUM FULL` or `TRUNCATE` holds one while it runs),
-//! as the session's other statements queue behind it, and after one
-//! failed the session sends none for 10 s. A release whose role may no
-//! longer delete its record (a DBA revoked DELETE) drops the lock all the
-//! same and fails with the GRANT to run; the record left names the
-//! session, which takes no new lock from then on (its other leases live
-//! on), so it is never read.
+//! interval at most after the DBA's transaction ends; a dropped table is
+//! created again, as the first acquisition creates it. That costs one
+//! statement per session per renewal batch, sent after the session check
+//! that answers the renewal, and only on sessions that hold such a lock:
+//! plain locks are renewed as before. No renewal waits for it, and a
+//! record that cannot be written fails no renewal (the lock is held all
+//! the same): it is logged as a warning. It waits at most 100 ms for a
+//! lock on the table (a DBA's `ALTER TABLE`, `VACUUM FULL` or `TRUNCATE`
+//! holds one while it runs), as the session's other statements queue
+//! behind it: one that waited longer is tried again at the next renewal,
+//! and after any other failure the session sends none for 10 s. A release
+//! whose role may no longer delete its record (a DBA revoked DELETE) drops
+//! the lock all the same and fails with the GRANT to run; the record left
+//! names the session, which takes no new lock from then on (its other
+//! leases live on), so it is never read.
 //!
 //! [`Backend::watch_holder`](crate::Backend::watch_holder) hears of
 //! releases from the wait probe (below), and of acquisitions with an
-//! identity from PostgreSQL itself: the statement that takes such a lock
-//! also sends `NOTIFY` on the channel `dlock_holders_<schema>` (for a
-//! schema longer than 49 bytes, its first 32 bytes and a hash of it), with
-//! the advisory key as payload, which the server delivers when the
-//! statement commits. The backend listens on one more connection of its
-//! own, opened like the lock sessions by the first watch of a free key,
-//! checked every [`PgOptions::liveness_interval`] and closed 30 s after
-//! the last watch: an observer of a vacant election waits for the next
-//! leader instead of polling. `LISTEN` and `NOTIFY` need no privilege; a
-//! `NOTIFY` costs the acquiring commit a brief turn at PostgreSQL's one
-//! cluster-wide lock of notifying commits. Should the listening connection
-//! not open, watches of free keys read again every 50 ms (a warning says
-//! so), and it is tried again 10 s later. An acquisition without an
-//! identity is not announced: a reader hears of it at its next read.
+//! identity from PostgreSQL itself: once the statement that takes such a
+//! lock committed, the session sends `NOTIFY` on the channel
+//! `dlock_holders_<schema>` (for a schema longer than 49 bytes, its first
+//! 32 bytes and a hash of it), with the advisory key as payload. The
+//! backend listens on one more connection of its own, opened like the
+//! lock sessions by the first watch of a free key, checked every
+//! [`PgOptions::liveness_interval`] and closed 30 s after the last watch:
+//! an observer of a vacant election hears the next leader at once, and
+//! reads again only once a second, for an acquisition that was not
+//! announced. `LISTEN` and `NOTIFY` need no privilege. The announcement
+//! is best effort and never part of the acquisition: its commit needs
+//! PostgreSQL's one cluster-wide lock of notifying commits, which another
+//! application's `NOTIFY` holds while its commit waits (for a synchronous
+//! standby that is down, say); it waits at most 100 ms for it, and a
+//! failure is a warning, not a failed acquisition. Should the listening
+//! connection not open, watches of free keys read again every 50 ms (a
+//! warning says so), and it is tried again 10 s later. An acquisition
+//! without an identity is not announced, nor is one by a dlock that
+//! predates announcements: a reader hears of it at its next read.
 //!
 //! # Waiting
 //!
@@ -187,6 +193,7 @@
 //! Behind *transaction* pooling use [`TransactionLock`], which locks inside
 //! the caller's own transaction.
 
+mod announce;
 mod backend;
 mod deadlines;
 mod holders;
@@ -312,8 +319,41 @@ struct Inner {
     waits: Waits,
     /// Hears acquisitions announced, for watches of free keys.
     listener: Listener,
+    /// Paces the warnings of announcements that failed (see `announce`)
+    /// and of renewals' writes of identity records that waited too long
+    /// for the table (see `holders`): both can recur with every
+    /// acquisition or renewal.
+    announce_warnings: WarningPace,
+    rewrite_lock_warnings: WarningPace,
     /// Whether `warn_other_schemas` has spoken.
     warned_other_schemas: AtomicBool,
+}
+
+/// Paces a warning that can recur: at most one every `every`, the others
+/// logged at debug level.
+struct WarningPace {
+    every: Duration,
+    last: Mutex<Option<Instant>>,
+}
+
+impl WarningPace {
+    fn new(every: Duration) -> Self {
+        Self {
+            every,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// Whether the warning is due now; if it is, the next one is due
+    /// `every` later.
+    fn due(&self) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.is_some_and(|at| at.elapsed() < self.every) {
+            return false;
+        }
+        *last = Some(Instant::now());
+        true
+    }
 }
 
 /// What this process knows of one key it holds or is taking.
@@ -468,11 +508,7 @@ impl PgBackend {
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
-            try_lock_recording_sql: sql::render_announcing(
-                sql::TRY_LOCK_RECORDING,
-                &quoted_schema,
-                listener.channel(),
-            ),
+            try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
             unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
             rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
@@ -490,6 +526,8 @@ impl PgBackend {
             deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
             waits,
             listener,
+            announce_warnings: WarningPace::new(announce::WARN_EVERY),
+            rewrite_lock_warnings: WarningPace::new(holders::REWRITE_LOCK_WARN_EVERY),
             warned_other_schemas: AtomicBool::new(false),
             home,
             connector,

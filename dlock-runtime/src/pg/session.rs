@@ -21,6 +21,7 @@ use tokio_postgres::{
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::announce::Announcements;
 use super::home::{Home, NoRuntime};
 use super::sql;
 use crate::backend::LossGroup;
@@ -348,6 +349,9 @@ pub(super) struct LockSession {
     /// session: set after such a write failed (see
     /// `Inner::rewrite_records`).
     rewrites_paused_until: Mutex<Option<Instant>>,
+    /// Acquisitions on this session waiting to be announced (see the
+    /// `announce` module).
+    pub(super) announcements: Mutex<Announcements>,
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
     retired: AtomicBool,
@@ -419,6 +423,7 @@ impl LockSession {
             recording: OnceCell::new(),
             record_writes: AsyncMutex::new(()),
             rewrites_paused_until: Mutex::new(None),
+            announcements: Mutex::default(),
             retired: AtomicBool::new(false),
             ended,
             kill: Mutex::new(Some(kill)),

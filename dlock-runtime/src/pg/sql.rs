@@ -326,19 +326,12 @@ FROM (",
 /// and its rows are worth nothing after a crash, which ends every session
 /// and drops every lock with it.
 ///
-/// A record written announces the acquisition, for watches of a free key
-/// (see the `listen` module): `pg_notify` on the schema's channel
-/// (`{channel}`, see [`holders_channel`]) with the advisory key as text,
-/// in the `RETURNING` list, which runs once for each row written (a
-/// data-modifying CTE always runs to the end, read or not). PostgreSQL
-/// delivers it when the statement's transaction commits, after the record
-/// became visible, so a reader woken by it reads the record; an
-/// asynchronous commit delays the WAL flush, not the delivery. A `NOTIFY`
-/// needs no privilege. Its cost: the commit takes PostgreSQL's one
-/// cluster-wide lock of notifying commits for the moment it queues the
-/// notification (under the session's `lock_timeout`, as the statement's
-/// other locks), and the notification goes into the server's queue whether
-/// or not anyone listens.
+/// It announces nothing: a commit that notifies needs PostgreSQL's one
+/// cluster-wide lock of notifying commits, which another application's
+/// notifying commit holds for as long as that commit waits (for a
+/// synchronous standby that is down, say), and every acquisition with an
+/// identity would then fail. The acquisition is announced after it, by a
+/// statement of its own that may fail ([`ANNOUNCE`]).
 pub(super) const TRY_LOCK_RECORDING: &str = concat!(
     "WITH k AS (
   SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l
@@ -365,13 +358,12 @@ recorded AS (
   ON CONFLICT (lock_id) DO UPDATE
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
-  RETURNING r.lock_id,
-            pg_catalog.pg_notify('{channel}'::pg_catalog.text, r.lock_id::pg_catalog.text)
+  RETURNING r.lock_id
 )
 SELECT t.h, t.token, EXISTS (SELECT FROM recorded) FROM t"
 );
 
-/// The channel [`TRY_LOCK_RECORDING`] announces acquisitions on for the
+/// The channel [`ANNOUNCE`] announces acquisitions on for the
 /// schema `schema`: `dlock_holders_<schema>`, or, for a schema too long
 /// for a channel name's 63 bytes, `dlock_holders_`, the schema's first 32
 /// bytes, `_` and 16 hex digits of a hash of it (FNV-1a, the same in every
@@ -395,10 +387,31 @@ pub(super) fn holders_channel(schema: &str) -> String {
     format!("{PREFIX}{head}_{hash:016x}")
 }
 
-/// Fills `{schema}` and `{channel}` (see [`holders_channel`]) in a statement.
-pub(super) fn render_announcing(statement: &str, quoted_schema: &str, channel: &str) -> String {
-    render(statement, quoted_schema).replace("{channel}", channel)
-}
+/// Announces acquisitions with an identity this session made, for watches
+/// of a free key (see the `listen` module): `pg_notify` on the schema's
+/// channel (`$2`, see [`holders_channel`]) with each advisory key of `$3`
+/// as text. Sent after [`TRY_LOCK_RECORDING`] committed, so a reader woken
+/// by it reads the record; PostgreSQL delivers the notifications when this
+/// statement's own transaction commits. A `NOTIFY` needs no privilege, and
+/// goes into the server's queue whether or not anyone listens.
+///
+/// Best effort, and bounded: the commit takes PostgreSQL's one
+/// cluster-wide lock of notifying commits, which another transaction may
+/// hold for long (a notifying commit that waits for a synchronous standby
+/// holds it until the standby answers), and the session's other
+/// statements queue behind this one. So it waits at most `$1`
+/// milliseconds for that lock, far below the session's `lock_timeout`,
+/// and then fails, which costs an announcement, never a lock: a watch of
+/// a free key reads again on a timer as well. `set_config(…, true)` ends
+/// with the statement's own transaction, so nothing else runs under the
+/// short wait. The commit is asynchronous, as [`TRY_LOCK`]'s: one that
+/// waited for a standby would hold the lock of notifying commits, and the
+/// session, while it waits, beyond any `lock_timeout`.
+pub(super) const ANNOUNCE: &str = "\
+SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true),
+       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true),
+       (SELECT pg_catalog.count(pg_catalog.pg_notify($2::pg_catalog.text, k.h::pg_catalog.text))
+        FROM pg_catalog.unnest($3::pg_catalog.int8[]) AS k(h))";
 
 /// Listens on the channel acquisitions are announced on (`{channel}`, see
 /// [`holders_channel`]), on the backend's listening connection.

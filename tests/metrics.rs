@@ -93,33 +93,26 @@ fn recorded(kind: &'static str) -> Recorded {
                 .extend(vs.into_iter().map(|v| v.into_inner())),
         }
     }
-    let mine = |series: &Series| {
-        series
-            .1
-            .iter()
-            .any(|(k, v)| k == "backend" && v.as_str() == kind)
-    };
     Recorded {
         kind,
-        counters: captured
-            .counters
-            .iter()
-            .filter(|(s, _)| mine(s))
-            .map(|(s, v)| (s.clone(), *v))
-            .collect(),
-        gauges: captured
-            .gauges
-            .iter()
-            .filter(|(s, _)| mine(s))
-            .map(|(s, v)| (s.clone(), *v))
-            .collect(),
-        histograms: captured
-            .histograms
-            .iter()
-            .filter(|(s, _)| mine(s))
-            .map(|(s, v)| (s.clone(), v.clone()))
-            .collect(),
+        counters: of_kind(&captured.counters, kind),
+        gauges: of_kind(&captured.gauges, kind),
+        histograms: of_kind(&captured.histograms, kind),
     }
+}
+
+/// The series of `values` labelled with backend `kind`.
+fn of_kind<V: Clone>(values: &HashMap<Series, V>, kind: &str) -> HashMap<Series, V> {
+    values
+        .iter()
+        .filter(|(series, _)| {
+            series
+                .1
+                .iter()
+                .any(|(k, v)| k == "backend" && v.as_str() == kind)
+        })
+        .map(|(series, value)| (series.clone(), value.clone()))
+        .collect()
 }
 
 impl Recorded {

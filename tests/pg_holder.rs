@@ -43,6 +43,14 @@ async fn connect(options: PgOptions) -> PgBackend {
         .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
 }
 
+/// Two instances on `schema`, as two processes would have.
+async fn two_instances(schema: &ScratchSchema) -> (PgBackend, PgBackend) {
+    (
+        connect(schema.options()).await,
+        connect(schema.options()).await,
+    )
+}
+
 /// Takes `key` for `owner`, recording `identity` if there is one; the token.
 async fn take(
     backend: &PgBackend,
@@ -83,10 +91,7 @@ async fn holding_pid(admin: &dlock::pg::tokio_postgres::Client, key: &LockKey) -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identity_acquisition_shows_its_token_and_identity_to_every_reader_until_released() {
     let schema = ScratchSchema::new("holder");
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("identity");
     assert_eq!(
         reader.holder(&key).await.expect("read"),
@@ -127,10 +132,7 @@ async fn an_identity_acquisition_shows_its_token_and_identity_to_every_reader_un
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_terminated_holder_session_leaves_no_holder_and_its_record_is_never_read_again() {
     let schema = ScratchSchema::new("holder");
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let admin = shared_client().await;
     let key = fresh_key("terminated");
     let owner = OwnerId::random().expect("owner");
@@ -265,10 +267,7 @@ async fn leases_that_follow_one_another_on_one_session_are_never_read_with_an_ea
 async fn plain_locks_create_no_table_of_identity_records() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("plain");
     let lease = LockOptions::new(Duration::from_secs(30))
         .acquire_on(Arc::new(holder.clone()), &key)
@@ -435,10 +434,7 @@ async fn a_key_sharing_the_advisory_key_of_a_recorded_one_is_never_read_with_its
 async fn watching_a_free_key_rechecks_only_every_second_and_watching_a_held_one_wakes_on_its_release()
  {
     let schema = ScratchSchema::new("holder");
-    let (holder, watcher) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, watcher) = two_instances(&schema).await;
     let admin = shared_client().await;
     let key = fresh_key("watch");
 
@@ -496,10 +492,7 @@ async fn watching_a_free_key_rechecks_only_every_second_and_watching_a_held_one_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_free_key_wakes_when_another_instance_takes_it_with_an_identity() {
     let schema = ScratchSchema::new("holder");
-    let (holder, watcher) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, watcher) = two_instances(&schema).await;
     let (key, other_key) = (fresh_key("announced"), fresh_key("announced-other"));
 
     let mut notice = watcher.watch_holder(&key).await.expect("watch");
@@ -656,10 +649,7 @@ impl Backend for CountingReads {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_observer_of_a_vacant_election_does_not_poll_and_hears_the_new_leader() {
     let schema = ScratchSchema::new("holder");
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("vacant");
     let counting = Arc::new(CountingReads {
         inner: reader,
@@ -708,10 +698,7 @@ async fn an_observer_of_a_vacant_election_does_not_poll_and_hears_the_new_leader
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_that_was_not_announced_reaches_an_observer_within_the_recheck() {
     let schema = ScratchSchema::new("holder");
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     // The table of records, as any acquisition with an identity makes it.
     let (warm, owner) = (
         fresh_key("unannounced-warm"),
@@ -920,6 +907,20 @@ async fn elected(holder: &PgBackend, key: &LockKey, identity: &str) -> Leadershi
         .expect("elected")
 }
 
+/// A leader elected on `key` through `holder` as `identity`, and the
+/// holding `reader` must read for it, checked once.
+async fn elected_and_read(
+    holder: &PgBackend,
+    reader: &PgBackend,
+    key: &LockKey,
+    identity: &str,
+) -> (Leadership, Holding) {
+    let leadership = elected(holder, key, identity).await;
+    let want = Holding::new(Some(leadership.token()), Some(identity.to_owned()));
+    assert_eq!(reader.holder(key).await.expect("read"), Some(want.clone()));
+    (leadership, want)
+}
+
 fn observer(reader: &PgBackend, key: &LockKey) -> Election {
     Election::new(key.clone(), "observer", Duration::from_secs(3))
         .expect("election")
@@ -930,10 +931,7 @@ fn observer(reader: &PgBackend, key: &LockKey) -> Election {
 async fn a_truncated_holders_table_is_written_again_by_the_next_renewal() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("truncated");
     let leadership = elected(&holder, &key, "node-a:4711").await;
     let leader = Leader {
@@ -975,14 +973,9 @@ async fn a_truncated_holders_table_is_written_again_by_the_next_renewal() {
 async fn a_dropped_holders_table_is_created_again_and_written_by_the_renewals() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("dropped");
-    let leadership = elected(&holder, &key, "node-a").await;
-    let want = Holding::new(Some(leadership.token()), Some("node-a".to_owned()));
-    assert_eq!(reader.holder(&key).await.expect("read"), Some(want.clone()));
+    let (leadership, want) = elected_and_read(&holder, &reader, &key, "node-a").await;
 
     admin
         .batch_execute(&format!("DROP TABLE {}.dlock_holders", schema.name))
@@ -1168,14 +1161,9 @@ async fn a_dba_lock_on_the_holders_table_does_not_depose_a_leader() {
 async fn a_slow_truncate_hides_the_leader_for_about_one_renewal_interval_after_it_commits() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("slow-truncate");
-    let leadership = elected(&holder, &key, "node-a").await;
-    let want = Holding::new(Some(leadership.token()), Some("node-a".to_owned()));
-    assert_eq!(reader.holder(&key).await.expect("read"), Some(want.clone()));
+    let (leadership, want) = elected_and_read(&holder, &reader, &key, "node-a").await;
 
     admin
         .batch_execute(&format!(
@@ -1277,15 +1265,10 @@ async fn an_identity_acquisition_that_waits_too_long_for_a_lock_says_what_it_wai
 async fn a_record_written_again_keeps_its_key_and_identity_as_they_were() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
-    let (holder, reader) = (
-        connect(schema.options()).await,
-        connect(schema.options()).await,
-    );
+    let (holder, reader) = two_instances(&schema).await;
     let key = fresh_key("quote'\"\\ ünï 🦀 $1 {rows}");
     let identity = "node 'ä'; \\x00 -- \"🦀\"";
-    let leadership = elected(&holder, &key, identity).await;
-    let want = Holding::new(Some(leadership.token()), Some(identity.to_owned()));
-    assert_eq!(reader.holder(&key).await.expect("read"), Some(want.clone()));
+    let (leadership, want) = elected_and_read(&holder, &reader, &key, identity).await;
 
     admin
         .batch_execute(&format!("TRUNCATE {}.dlock_holders", schema.name))

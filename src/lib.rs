@@ -43,6 +43,8 @@
 #![warn(missing_docs)]
 
 pub use dlock_macros::distributed_lock;
+#[cfg(feature = "axum")]
+pub use dlock_runtime::http;
 #[cfg(feature = "pg")]
 pub use dlock_runtime::pg;
 #[cfg(feature = "redis")]

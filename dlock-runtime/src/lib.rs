@@ -13,6 +13,7 @@
 //! - [`fence`]: resource-side checks that reject stale tokens.
 //! - [`election`]: leader election on any backend.
 //! - Backends: [`memory`] and [`file`](mod@file).
+//! - With the `axum` feature, `http`: `LockError` as an HTTP response.
 
 #![warn(missing_docs)]
 
@@ -29,6 +30,8 @@ pub mod error;
 mod fallback;
 pub mod fence;
 pub mod file;
+#[cfg(feature = "axum")]
+pub mod http;
 pub mod key;
 pub mod lease;
 pub mod memory;

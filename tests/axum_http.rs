@@ -23,8 +23,9 @@ use tokio::net::{TcpListener, TcpStream};
 mod service;
 
 /// Holds its key far longer than any test waits, so only a release on
-/// cancellation can free it in time.
-#[distributed_lock(key = "slow:{id}", ttl = "30s")]
+/// cancellation can free it in time. It waits for the key: the test's probes
+/// (`quick`) may hold it for a moment when it arrives.
+#[distributed_lock(key = "slow:{id}", ttl = "30s", wait = "5s")]
 async fn slow(Path(id): Path<u64>) -> Result<String, LockError> {
     tokio::time::sleep(Duration::from_secs(20)).await;
     Ok(format!("slow {id} done\n"))

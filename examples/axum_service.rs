@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Path;
-use axum::routing::{get, post};
+use axum::routing::post;
 use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
 
 /// Pays an order: one payment per order at a time, across every replica
@@ -38,7 +38,7 @@ async fn ship(Path(id): Path<u64>) -> Result<String, LockError> {
 pub fn app() -> Router {
     Router::new()
         .route("/orders/{id}/pay", post(pay))
-        .route("/orders/{id}/ship", get(ship).post(ship))
+        .route("/orders/{id}/ship", post(ship))
 }
 
 #[allow(dead_code)] // tests/axum_http.rs includes this file for `app`

@@ -215,7 +215,7 @@ fn each_error_gets_its_documented_status_and_retry_after() {
             500,
             None,
         ),
-        (LockError::invalid_key("", "empty"), 500, None),
+        (LockError::invalid_key("", "empty"), 400, None),
         (
             LockError::InvalidOption {
                 option: "ttl",
@@ -243,4 +243,40 @@ fn each_error_gets_its_documented_status_and_retry_after() {
             "{message}"
         );
     }
+}
+
+/// A failed backend's message names its user, host and database: a 5xx
+/// body is a fixed sentence and tells an anonymous client none of it,
+/// while a 4xx body says which key it was about.
+#[tokio::test]
+async fn a_server_error_body_tells_the_client_nothing_of_the_backend() {
+    use dlock::error::Operation;
+    let detail = "cannot connect to billing_admin@10.255.255.1:6543/payments";
+    for error in [
+        LockError::backend("pg", Operation::Connect, "order:7", detail),
+        LockError::UnknownBackend {
+            name: "pg".into(),
+            registered: "billing-primary, billing-replica".into(),
+        },
+    ] {
+        let body = axum::body::to_bytes(error.into_response().into_body(), 4096)
+            .await
+            .expect("body");
+        let body = String::from_utf8(body.to_vec()).expect("text");
+        for secret in [
+            "billing_admin",
+            "10.255.255.1",
+            "payments",
+            "billing-primary",
+        ] {
+            assert!(!body.contains(secret), "{secret:?} in the body {body:?}");
+        }
+    }
+    let held = LockError::Held {
+        key: "order:7".into(),
+    };
+    let body = axum::body::to_bytes(held.into_response().into_body(), 4096)
+        .await
+        .expect("body");
+    assert!(String::from_utf8_lossy(&body).contains("order:7"));
 }

@@ -3,8 +3,11 @@
 //! A handler annotated with `#[distributed_lock]` may return
 //! `Result<T, LockError>`: axum turns the error into a response through
 //! [`IntoResponse`], with the status a client can act on and, when waiting
-//! helps, a `Retry-After` header. The body is the error's message as plain
-//! text, the same scrubbed message `Display` prints (no URL passwords).
+//! helps, a `Retry-After` header. A 4xx body is the error's message as
+//! plain text (the key, built from the request's own values); a 5xx body is
+//! a fixed sentence, and the whole error goes to the log (`tracing`, at
+//! `warn`): a backend's message names users, hosts and databases, which
+//! are no business of an anonymous client.
 //!
 //! | error | status | `Retry-After` |
 //! | --- | --- | --- |
@@ -12,7 +15,8 @@
 //! | [`StaleToken`](LockError::StaleToken) | 409 Conflict | — |
 //! | [`Timeout`](LockError::Timeout) | 503 Service Unavailable | [`RETRY_AFTER`] |
 //! | [`LeaseLost`](LockError::LeaseLost), [`Backend`](LockError::Backend) | 503 Service Unavailable | — |
-//! | [`UnknownBackend`](LockError::UnknownBackend), [`InvalidKey`](LockError::InvalidKey), [`InvalidOption`](LockError::InvalidOption), [`NoRuntime`](LockError::NoRuntime) | 500 Internal Server Error | — |
+//! | [`InvalidKey`](LockError::InvalidKey) | 400 Bad Request | — |
+//! | [`UnknownBackend`](LockError::UnknownBackend), [`InvalidOption`](LockError::InvalidOption), [`NoRuntime`](LockError::NoRuntime) | 500 Internal Server Error | — |
 //!
 //! Why, in the terms of RFC 9110:
 //!
@@ -35,10 +39,17 @@
 //! - **A lease lost mid-request and a backend that failed are 503** as well:
 //!   temporary conditions of the server's dependencies that the client did
 //!   not cause. No `Retry-After`, since nothing says when the backend is back.
-//! - **An unknown backend, an invalid key or option, a lock outside a Tokio
+//! - **An invalid key is 400 Bad Request** (§15.5.1): the key template is
+//!   checked at compile time, so a key is refused at run time only for its
+//!   values (too long, say, once escaped), and in a handler those come from
+//!   the request. Bound them in the extractor to answer sooner.
+//! - **An unknown backend, an invalid option, a lock outside a Tokio
 //!   runtime are 500 Internal Server Error** (§15.6.1): the server's code or
 //!   configuration is wrong, whatever the client sends; a 4xx would blame the
 //!   client, and a 503 would promise that retrying helps.
+//! - **A lease lost mid-request** may come after the handler's body did part
+//!   of its work: clients and proxies that retry a 503 on their own should
+//!   only do so for idempotent requests, as RFC 9110 §9.2.2 has it.
 //!
 //! `Retry-After` is whole seconds, rounded up. `LockError::Held` and
 //! `LockError::Timeout` do not carry the holder's remaining ttl, so both
@@ -68,8 +79,8 @@ impl LockError {
             LockError::Timeout { .. } | LockError::LeaseLost { .. } | LockError::Backend { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            LockError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
             LockError::UnknownBackend { .. }
-            | LockError::InvalidKey { .. }
             | LockError::InvalidOption { .. }
             | LockError::NoRuntime { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -93,7 +104,19 @@ impl IntoResponse for LockError {
     fn into_response(self) -> Response {
         let status = self.status();
         let retry_after = self.retry_after();
-        let mut response = (status, format!("{self}\n")).into_response();
+        let body = if status.is_server_error() {
+            tracing::warn!(error = %self, status = status.as_u16(), "a locked request failed");
+            match self {
+                LockError::Timeout { .. } => "timed out waiting for a lock; try again\n",
+                LockError::LeaseLost { .. } => "the lock was lost while the request ran\n",
+                LockError::Backend { .. } => "the lock service is unavailable\n",
+                _ => "internal server error\n",
+            }
+            .to_owned()
+        } else {
+            format!("{self}\n")
+        };
+        let mut response = (status, body).into_response();
         if let Some(delay) = retry_after {
             response
                 .headers_mut()

@@ -573,18 +573,7 @@ impl Inner {
             .await?;
         let schema = self.options.schema.as_str();
         let created = async {
-            let tx = client.transaction().await?;
-            // It may wait for another backend creating it at the same
-            // moment, up to the connect timeout.
-            let setup_wait = self
-                .connector
-                .connect_timeout()
-                .as_millis()
-                .max(1)
-                .to_string();
-            tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
-                .await?;
-            tx.query_one(sql::SETUP_LOCK, &[]).await?;
+            let tx = self.setup_transaction(&mut client).await?;
             // Look again under the lock: CREATE checks the privilege before
             // IF NOT EXISTS, so a role that may not create must not try
             // when another has just created it.

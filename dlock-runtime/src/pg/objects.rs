@@ -10,6 +10,28 @@ use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 
 impl Inner {
+    /// A transaction that creates the backend's objects: it holds the
+    /// setup lock, so backends creating at the same moment take turns. A
+    /// lock session waits for locks only briefly (see
+    /// `sql::SESSION_DEFAULTS`); this waits for another backend's setup up
+    /// to the connect timeout.
+    pub(super) async fn setup_transaction<'a>(
+        &self,
+        client: &'a mut tokio_postgres::Client,
+    ) -> Result<tokio_postgres::Transaction<'a>, tokio_postgres::Error> {
+        let tx = client.transaction().await?;
+        let setup_wait = self
+            .connector
+            .connect_timeout()
+            .as_millis()
+            .max(1)
+            .to_string();
+        tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
+            .await?;
+        tx.query_one(sql::SETUP_LOCK, &[]).await?;
+        Ok(tx)
+    }
+
     /// Creates the schema and the token sequence when missing, checks the
     /// privileges on them, and refuses a sequence whose settings cannot give
     /// rising tokens.
@@ -35,20 +57,7 @@ impl Inner {
         let mut found = Inspection::from_row(&row).map_err(inspect_failed)?;
         if !found.schema_exists || !found.sequence_exists {
             let created = async {
-                let tx = client.transaction().await?;
-                // A lock session waits for locks only briefly (see
-                // `sql::SESSION_DEFAULTS`); creating may wait for another
-                // backend creating at the same moment, up to the connect
-                // timeout.
-                let setup_wait = self
-                    .connector
-                    .connect_timeout()
-                    .as_millis()
-                    .max(1)
-                    .to_string();
-                tx.query_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[&setup_wait])
-                    .await?;
-                tx.query_one(sql::SETUP_LOCK, &[]).await?;
+                let tx = self.setup_transaction(&mut *client).await?;
                 // Look again under the lock: another backend may just have
                 // created them, and CREATE checks privileges before IF NOT EXISTS.
                 let again = Inspection::from_row(&tx.query_one(inspect_sql, &[&schema]).await?)?;

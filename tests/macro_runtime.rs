@@ -72,7 +72,7 @@ async fn held_key_fails_the_second_call_with_held_without_running_its_body() {
     let (_second_leave, leave) = oneshot::channel();
     let second = held_report(7, entered, leave).await;
     assert!(
-        matches!(&second, Err(LockError::Held { key }) if key == "report:7"),
+        matches!(&second, Err(LockError::Held { key, .. }) if key == "report:7"),
         "{second:?}"
     );
     assert_eq!(HELD_RUNS.load(Ordering::SeqCst), 1, "the second body ran");
@@ -499,7 +499,7 @@ async fn an_async_trait_method_called_through_dyn_holds_the_key_and_gets_its_tok
     let (_second_leave, leave) = oneshot::channel();
     let second = exporter.export(7, entered, leave).await;
     assert!(
-        matches!(&second, Err(LockError::Held { key: held }) if held == key),
+        matches!(&second, Err(LockError::Held { key: held, .. }) if held == key),
         "{second:?}"
     );
     assert_eq!(
@@ -550,7 +550,7 @@ async fn a_locked_default_method_of_an_async_trait_holds_the_key_and_gets_its_to
         .expect("free key");
     let refused = auditor.audit(3).await;
     assert!(
-        matches!(&refused, Err(LockError::Held { key }) if key == "audit:3"),
+        matches!(&refused, Err(LockError::Held { key, .. }) if key == "audit:3"),
         "{refused:?}"
     );
     let held_token = held.token();

@@ -366,6 +366,7 @@ impl Election {
                 Reading::Unknown if started.elapsed() >= UNKNOWN_HOLDER_WAIT => {
                     return Err(LockError::Held {
                         key: self.key.to_string(),
+                        holder: None,
                     });
                 }
                 Reading::Unknown => {

@@ -4,6 +4,7 @@ use std::error::Error as StdError;
 use std::fmt;
 use std::time::Duration;
 
+use crate::backend::Holding;
 use crate::token::FencingToken;
 
 /// A boxed error from a backend's client library, kept as the source.
@@ -17,10 +18,19 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum LockError {
     /// The key is held by another owner and the call was not allowed to wait.
-    #[error("lock `{key}` is held by someone else")]
+    ///
+    /// The message names the holder when the store could tell:
+    /// ``lock `export:7` is held by web-3 (pid 4121, label "billing") since
+    /// 12.4 s, expires in 17.6 s``.
+    #[error("lock `{key}` is held by {}", held_by(holder.as_deref()))]
     Held {
         /// The key that was held.
         key: String,
+        /// Who held it, as the store answered just after the refusal
+        /// ([`crate::Backend::holder`]): `None` when it could not tell (it
+        /// was released meanwhile, the store keeps no record, the read
+        /// failed).
+        holder: Option<Box<Holding>>,
     },
 
     /// The key stayed held for the whole time the call was allowed to wait.
@@ -146,6 +156,29 @@ impl LockError {
     }
 }
 
+/// The holder in a [`LockError::Held`] message: `web-3 (pid 4121, label
+/// "billing") since 12.4 s, expires in 17.6 s`, the parts the store could
+/// tell, or `someone else`.
+fn held_by(holding: Option<&Holding>) -> String {
+    let Some(holding) = holding else {
+        return "someone else".to_owned();
+    };
+    let mut text = match &holding.holder {
+        Some(holder) => holder.to_string(),
+        None => "someone else".to_owned(),
+    };
+    if let Some(identity) = &holding.identity {
+        text.push_str(&format!(" as {identity:?}"));
+    }
+    if let Some(held_for) = holding.holder.as_ref().and_then(|h| h.held_for) {
+        text.push_str(&format!(" since {:.1} s", held_for.as_secs_f64()));
+    }
+    if let Some(expires_in) = holding.expires_in {
+        text.push_str(&format!(", expires in {:.1} s", expires_in.as_secs_f64()));
+    }
+    text
+}
+
 /// " `key`" for a message, or nothing when the operation had no key.
 fn for_key(key: &str) -> String {
     if key.is_empty() {
@@ -173,6 +206,8 @@ pub enum Operation {
     Fence,
     /// Reading who holds a key.
     Inspect,
+    /// Listing the held keys under a prefix (the key is the prefix).
+    List,
 }
 
 impl fmt::Display for Operation {
@@ -185,6 +220,7 @@ impl fmt::Display for Operation {
             Operation::Wait => "wait for",
             Operation::Fence => "fence a write to",
             Operation::Inspect => "read the holder of",
+            Operation::List => "list the held keys under",
         })
     }
 }

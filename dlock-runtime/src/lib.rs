@@ -30,6 +30,7 @@ pub mod error;
 mod fallback;
 pub mod fence;
 pub mod file;
+pub mod holder;
 #[cfg(feature = "axum")]
 pub mod http;
 pub mod key;
@@ -47,6 +48,7 @@ pub use backend::{
     Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
 };
 pub use error::{BoxError, LockError, LostReason, Operation};
+pub use holder::HolderInfo;
 pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseSet, LostSignal};
 pub use options::{IntoLockKey, LockOptions, MAX_DURATION};

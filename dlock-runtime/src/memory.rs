@@ -18,6 +18,7 @@ use crate::backend::{
     ReleaseRequest, Renewal,
 };
 use crate::error::LockError;
+use crate::holder::HolderInfo;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -56,6 +57,9 @@ pub struct MemoryBackend {
 struct Inner {
     entries: Mutex<Entries>,
     counter: AtomicU64,
+    /// The label acquisitions record, over the process's
+    /// ([`MemoryBackend::with_label`]).
+    label: Option<String>,
 }
 
 #[derive(Default)]
@@ -78,6 +82,17 @@ struct Holder {
     token: FencingToken,
     expires_at: Instant,
     identity: Option<String>,
+    /// Who took it (host, pid, label), and when.
+    info: HolderInfo,
+    since: Instant,
+}
+
+impl Holder {
+    fn holding(&self, now: Instant) -> Holding {
+        Holding::new(Some(self.token), self.identity.clone())
+            .expiring_in(self.expires_at - now)
+            .held_by(Some(self.info.clone().held_for(now - self.since)))
+    }
 }
 
 impl Entry {
@@ -126,8 +141,22 @@ impl MemoryBackend {
             inner: Arc::new(Inner {
                 entries: Mutex::default(),
                 counter: AtomicU64::new(seed),
+                label: None,
             }),
         }
+    }
+
+    /// An empty backend whose acquisitions record `label` as their
+    /// application label, over the process's
+    /// ([`Registry::set_label`](crate::Registry::set_label)). Refused if
+    /// [`check_label`](crate::holder::check_label) refuses it.
+    pub fn with_label(label: &str) -> Result<Self, LockError> {
+        crate::holder::check_label(label)?;
+        let mut backend = Self::new();
+        Arc::get_mut(&mut backend.inner)
+            .expect("a new backend is not shared yet")
+            .label = Some(label.to_owned());
+        Ok(backend)
     }
 
     /// How many keys the backend tracks (held or waited on), for tests of
@@ -205,11 +234,14 @@ impl Backend for MemoryBackend {
         // The token is drawn under the same mutex that sets the holder, so
         // token order is acquisition order.
         let token = self.next_token();
+        let label = self.inner.label.as_deref().or(request.label);
         entry.holder = Some(Holder {
             owner: *owner,
             token,
             expires_at: now + ttl,
             identity: request.identity.map(str::to_owned),
+            info: HolderInfo::this_process(label),
+            since: now,
         });
         entry.announce_change();
         Ok(Attempt::Acquired(Grant::new(token)))
@@ -276,10 +308,23 @@ impl Backend for MemoryBackend {
             .by_key
             .get(key)
             .and_then(|entry| entry.live_holder(now))
-            .map(|holder| {
-                Holding::new(Some(holder.token), holder.identity.clone())
-                    .expiring_in(holder.expires_at - now)
-            }))
+            .map(|holder| holder.holding(now)))
+    }
+
+    async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+        let now = Instant::now();
+        let entries = self.lock();
+        let mut held: Vec<(String, Holding)> = entries
+            .by_key
+            .iter()
+            .filter(|(key, _)| key.as_str().starts_with(prefix))
+            .filter_map(|(key, entry)| {
+                let holder = entry.live_holder(now)?;
+                Some((key.to_string(), holder.holding(now)))
+            })
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(held)
     }
 
     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {

@@ -95,6 +95,28 @@ impl Registry {
         })
     }
 
+    /// Sets the application label every acquisition in this process
+    /// records beside the lock with its host and pid (see
+    /// [`crate::holder`]), or clears it with `None`. A backend that carries
+    /// a label of its own records that one instead. Refused
+    /// ([`LockError::InvalidOption`]) if longer than
+    /// [`MAX_LABEL_LEN`](crate::holder::MAX_LABEL_LEN) bytes, empty, or
+    /// with a control character.
+    ///
+    /// ```
+    /// dlock_runtime::registry().set_label(Some("billing"))?;
+    /// # dlock_runtime::registry().set_label(None)?;
+    /// # Ok::<(), dlock_runtime::LockError>(())
+    /// ```
+    pub fn set_label(&self, label: Option<&str>) -> Result<(), LockError> {
+        crate::holder::set_process_label(label)
+    }
+
+    /// The label [`Registry::set_label`] set, if any.
+    pub fn label(&self) -> Option<String> {
+        crate::holder::process_label().map(|label| label.to_string())
+    }
+
     /// The registered names, sorted.
     pub fn names(&self) -> Vec<String> {
         let backends = self.backends.read().unwrap_or_else(PoisonError::into_inner);

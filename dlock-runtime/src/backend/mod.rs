@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::error::LockError;
+use crate::error::{LockError, Operation};
+use crate::holder::HolderInfo;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -203,6 +204,28 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancel safe: a registration dropped before it returned, or a notice
     /// dropped unresolved, leaves nothing registered.
     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
+
+    /// Every key held now whose name starts with `prefix` (all of them for
+    /// `""`), each with its [`Backend::holder`] answer, sorted by key. The
+    /// `dlock list` inspector reads it. A store that cannot enumerate its
+    /// locks answers an error ([`Operation::Inspect`]), never a short list:
+    /// the default does, so a backend that overrides nothing says so.
+    ///
+    /// A lock whose key name the store does not keep (a PostgreSQL advisory
+    /// lock taken without a record) cannot be listed; each backend's module
+    /// says which those are.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+        Err(LockError::backend(
+            self.kind(),
+            Operation::Inspect,
+            prefix,
+            format!("the {} backend cannot list the keys it holds", self.kind()),
+        ))
+    }
 }
 
 /// Who holds a key, as [`Backend::holder`] reads it.
@@ -215,6 +238,9 @@ pub struct Holding {
     pub identity: Option<String>,
     /// How long its lease has left unless renewed, when the store knows.
     pub expires_in: Option<Duration>,
+    /// The host, pid and label its acquisition recorded, and how long it
+    /// has held the key, when the store keeps them (see [`crate::holder`]).
+    pub holder: Option<HolderInfo>,
 }
 
 impl Holding {
@@ -224,12 +250,19 @@ impl Holding {
             token,
             identity,
             expires_in: None,
+            holder: None,
         }
     }
 
     /// The same holding, whose lease has `expires_in` left.
     pub fn expiring_in(mut self, expires_in: Duration) -> Self {
         self.expires_in = Some(expires_in);
+        self
+    }
+
+    /// The same holding, whose acquisition recorded `holder`.
+    pub fn held_by(mut self, holder: Option<HolderInfo>) -> Self {
+        self.holder = holder;
         self
     }
 }
@@ -254,6 +287,10 @@ pub struct AcquireRequest<'a> {
     /// at most [`MAX_IDENTITY_LEN`] bytes, no control characters. `None`
     /// records nothing.
     pub identity: Option<&'a str>,
+    /// The application label of the acquiring process
+    /// ([`crate::Registry::set_label`]), recorded with its host and pid
+    /// unless the backend carries a label of its own.
+    pub label: Option<&'a str>,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -264,6 +301,7 @@ impl<'a> AcquireRequest<'a> {
             owner,
             ttl,
             identity: None,
+            label: None,
         }
     }
 
@@ -271,6 +309,19 @@ impl<'a> AcquireRequest<'a> {
     pub fn with_identity(mut self, identity: Option<&'a str>) -> Self {
         self.identity = identity;
         self
+    }
+
+    /// The same request, from a process labelled `label`.
+    pub fn with_label(mut self, label: Option<&'a str>) -> Self {
+        self.label = label;
+        self
+    }
+
+    /// The holder record to keep beside the lock ([`HolderInfo::encode`]):
+    /// this process's host and pid, and `backend_label` if the backend has
+    /// one, else the request's label.
+    pub fn holder_record(&self, backend_label: Option<&str>) -> String {
+        HolderInfo::this_process(backend_label.or(self.label)).encode()
     }
 }
 

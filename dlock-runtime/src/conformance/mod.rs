@@ -103,6 +103,9 @@ macro_rules! conformance_suite {
             holder_never_pairs_a_holder_with_an_earlier_leases_identity,
             holder_is_none_once_the_lease_expires,
             a_holder_watch_wakes_on_an_identity_acquisition_and_on_release,
+            every_acquisition_records_its_holders_host_pid_and_label,
+            a_refused_caller_is_told_who_holds_the_key,
+            held_lists_exactly_the_held_keys_under_a_prefix,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -814,7 +817,7 @@ pub async fn multi_key_failure_releases_taken_keys(backend: Arc<dyn Backend>) {
         .acquire_many_on(backend.clone(), [&b, &a])
         .await;
     match set {
-        Err(LockError::Held { key }) => assert_eq!(key, b.to_string()),
+        Err(LockError::Held { key, .. }) => assert_eq!(key, b.to_string()),
         other => panic!("expected b held, got {other:?}"),
     }
     let a_again = options(10_000).acquire_on(backend.clone(), &a).await;
@@ -1456,5 +1459,176 @@ pub async fn a_holder_watch_wakes_on_an_identity_acquisition_and_on_release(
             None,
             "released"
         );
+    }
+}
+
+/// Every acquisition, with an identity or without, records this process's
+/// host and pid and the request's label beside the lock, read back through
+/// another instance with how long the key has been held. (A backend under
+/// test carries no label of its own.)
+pub async fn every_acquisition_records_its_holders_host_pid_and_label(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let me = crate::HolderInfo::this_process(Some("conformance"));
+    for identity in [None, Some("web-3")] {
+        let key = fresh_key("recorded");
+        let owner = OwnerId::random().expect("random");
+        let request = AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+            .with_identity(identity)
+            .with_label(Some("conformance"));
+        let Attempt::Acquired(grant) = backend.try_acquire(&request).await.expect("acquire") else {
+            panic!("`{key}` must be free");
+        };
+        let holding = another
+            .holder(&key)
+            .await
+            .expect("holder")
+            .expect("the key is held");
+        assert!(
+            holding.token.is_none() || holding.token == Some(grant.token),
+            "the holder's own token: {:?} for {}",
+            holding.token,
+            grant.token
+        );
+        let holder = holding
+            .holder
+            .unwrap_or_else(|| panic!("no holder recorded for `{key}` ({identity:?})"));
+        assert_eq!(
+            (holder.host.as_str(), holder.pid, holder.label.as_deref()),
+            (me.host.as_str(), me.pid, Some("conformance")),
+            "the recorded holder"
+        );
+        if let Some(held_for) = holder.held_for {
+            assert!(
+                held_for < Duration::from_secs(30),
+                "held for {held_for:?} right after a 30 s lease was taken"
+            );
+        }
+        assert_eq!(
+            release_as(&backend, &key, &owner).await,
+            crate::ReleaseOutcome::Released
+        );
+        assert_eq!(another.holder(&key).await.expect("holder"), None);
+    }
+}
+
+/// A caller that would not wait and finds the key held gets a
+/// [`LockError::Held`] naming the holder (its host, pid and token) in its
+/// field and in its message.
+pub async fn a_refused_caller_is_told_who_holds_the_key(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let key = fresh_key("refused");
+    let options = LockOptions::new(Duration::from_secs(30));
+    let lease = options
+        .acquire_on(Arc::clone(&backend), key.clone())
+        .await
+        .expect("a fresh key is free");
+    let refused = options.acquire_on(another, key.clone()).await;
+    let Err(err @ LockError::Held { .. }) = refused else {
+        panic!("the second caller must be refused as held: {refused:?}");
+    };
+    let message = err.to_string();
+    let LockError::Held { holder, .. } = err else {
+        unreachable!()
+    };
+    let holding = holder.unwrap_or_else(|| panic!("the refusal names no holder: {message}"));
+    assert!(
+        holding.token.is_none() || holding.token == Some(lease.token()),
+        "the refusal names the holder's token: {:?} for {}",
+        holding.token,
+        lease.token()
+    );
+    let info = holding
+        .holder
+        .unwrap_or_else(|| panic!("the refusal names no host or pid: {message}"));
+    assert_eq!(info.pid, std::process::id(), "{message}");
+    assert!(
+        message.contains(&format!("{} (pid {}", info.host, info.pid)),
+        "the message names host and pid: {message}"
+    );
+    lease.release().await.expect("release");
+}
+
+/// `held` lists exactly the live locks whose keys start with a prefix,
+/// sorted, with their tokens, through another instance: not a key beside
+/// the prefix, not a released one, and keys with the characters stores
+/// treat as patterns (`*?[]%_`) are data.
+pub async fn held_lists_exactly_the_held_keys_under_a_prefix(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    let base = fresh_key("list");
+    let prefix = format!("{base}:*?[a]%_:");
+    let names = [
+        format!("{prefix}b"),
+        format!("{prefix}a"),
+        format!("{prefix}odd*?[x]%_\\"),
+    ];
+    let beside = format!("{base}:*?[a]%_x");
+    let glob_lookalike = format!("{base}:xx[a]%_:a");
+    let like_lookalike = format!("{base}:*?[a]ab:a");
+    let options = LockOptions::new(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for name in names
+        .iter()
+        .chain([&beside, &glob_lookalike, &like_lookalike])
+    {
+        let key = LockKey::new(name.clone()).expect("valid key");
+        leases.push(
+            options
+                .acquire_on(Arc::clone(&backend), key)
+                .await
+                .expect("a fresh key is free"),
+        );
+    }
+    let listed = another.held(&prefix).await.expect("held");
+    let mut expected: Vec<(String, crate::FencingToken)> = names
+        .iter()
+        .zip(&leases)
+        .map(|(name, lease)| (name.clone(), lease.token()))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect::<Vec<_>>(),
+        expected
+            .iter()
+            .map(|(key, _)| key.clone())
+            .collect::<Vec<_>>(),
+        "the keys under {prefix:?}, sorted"
+    );
+    for ((key, holding), (_, token)) in listed.iter().zip(&expected) {
+        assert!(
+            holding.token.is_none() || holding.token == Some(*token),
+            "`{key}` lists its own holder's token: {:?} for {token}",
+            holding.token
+        );
+    }
+    let mut leases = leases.into_iter();
+    let first = leases.next().expect("a lease");
+    first.release().await.expect("release");
+    let after: Vec<String> = another
+        .held(&prefix)
+        .await
+        .expect("held")
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert!(
+        !after.contains(&names[0]) && after.len() == names.len() - 1,
+        "a released key is not listed: {after:?}"
+    );
+    assert_eq!(
+        another.held(&format!("{base}:none:")).await.expect("held"),
+        Vec::new(),
+        "nothing is held under a prefix of no key"
+    );
+    for lease in leases {
+        lease.release().await.expect("release");
     }
 }

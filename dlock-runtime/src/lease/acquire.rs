@@ -13,11 +13,13 @@ use tracing::{Instrument as _, Span};
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest,
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::LockError;
 use crate::fallback::{self, Work};
+use crate::holder;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -67,6 +69,14 @@ pub(crate) async fn acquire(
         };
         let (owner, grant, sent) = match taken {
             Ok(taken) => taken,
+            Err(LockError::Held { key: name, .. }) => {
+                let err = LockError::Held {
+                    key: name,
+                    holder: describe_holder(&backend, &key).await,
+                };
+                acquiring.failed(meters, &err);
+                return Err(err);
+            }
             Err(err) => {
                 acquiring.failed(meters, &err);
                 return Err(err);
@@ -83,6 +93,26 @@ pub(crate) async fn acquire(
     }
     .instrument(span)
     .await
+}
+
+/// The longest a refused caller waits to learn who holds the key, on top
+/// of the refusal: a store that is slow to answer costs the message its
+/// holder, never the caller its prompt "held".
+const DESCRIBE_HOLDER_WITHIN: Duration = Duration::from_millis(500);
+
+/// Who holds `key`, for the [`LockError::Held`] a caller that would not
+/// wait gets: one read of the store after the refusal. `None` when the key
+/// was freed meanwhile, or the read failed or took longer than
+/// [`DESCRIBE_HOLDER_WITHIN`].
+async fn describe_holder(backend: &Arc<dyn Backend>, key: &LockKey) -> Option<Box<Holding>> {
+    match timeout(DESCRIBE_HOLDER_WITHIN, backend.holder(key)).await {
+        Ok(Ok(holding)) => holding.map(Box::new),
+        Ok(Err(err)) => {
+            tracing::debug!(key = %key, error = %err, "could not read who holds a refused key");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// An acquisition under way, with the span of the hold it may become. One
@@ -224,6 +254,7 @@ async fn take(
         if terms.wait.is_zero() {
             LockError::Held {
                 key: key.to_string(),
+                holder: None,
             }
         } else {
             LockError::Timeout {
@@ -335,7 +366,10 @@ fn attempt(
         let (backend, key) = (Arc::clone(backend), key.clone());
         let (ttl, identity) = (terms.ttl, terms.identity.clone());
         async move {
-            let request = AcquireRequest::new(&key, &owner, ttl).with_identity(identity.as_deref());
+            let label = holder::process_label();
+            let request = AcquireRequest::new(&key, &owner, ttl)
+                .with_identity(identity.as_deref())
+                .with_label(label.as_deref());
             backend.try_acquire(&request).await
         }
     };

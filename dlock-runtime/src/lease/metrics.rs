@@ -384,7 +384,10 @@ mod tests {
     /// The outcome label follows the error's kind.
     #[test]
     fn outcomes_follow_the_error() {
-        let held = LockError::Held { key: "k".into() };
+        let held = LockError::Held {
+            key: "k".into(),
+            holder: None,
+        };
         let timeout = LockError::Timeout {
             key: "k".into(),
             waited: Duration::from_secs(1),

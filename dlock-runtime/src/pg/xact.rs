@@ -167,6 +167,7 @@ impl TransactionLock {
                 Some(token) => to_token(token, key.as_str()),
                 None => Err(LockError::Held {
                     key: key.to_string(),
+                    holder: None,
                 }),
             };
         }

@@ -50,11 +50,11 @@ pub use dlock_runtime::pg;
 #[cfg(feature = "redis")]
 pub use dlock_runtime::redis;
 pub use dlock_runtime::{
-    Backend, FencingToken, FencingTokens, IntoLockKey, KeyBuilder, Lease, LeaseSet, LockError,
-    LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
+    Backend, FencingToken, FencingTokens, HolderInfo, Holding, IntoLockKey, KeyBuilder, Lease,
+    LeaseSet, LockError, LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
 };
 pub use dlock_runtime::{
-    backend, election, error, fence, file, key, lease, memory, options, token,
+    backend, election, error, fence, file, holder, key, lease, memory, options, token,
 };
 #[cfg(feature = "conformance")]
 pub use dlock_runtime::{conformance, conformance_suite};

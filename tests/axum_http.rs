@@ -52,6 +52,9 @@ async fn serve() -> SocketAddr {
     addr
 }
 
+/// The ttl of the example's `pay` handler.
+const PAY_TTL_SECS: u64 = 30;
+
 #[derive(Debug)]
 struct Reply {
     status: u16,
@@ -105,8 +108,19 @@ async fn concurrent_requests_for_one_key_get_one_200_and_409s_with_retry_after()
     assert!(ok[0].body.starts_with("order 1 paid"), "{:?}", ok[0].body);
     for held in replies.iter().filter(|r| r.status != 200) {
         assert_eq!(held.status, 409, "a held key is 409 Conflict: {held:?}");
-        assert_eq!(held.retry_after.as_deref(), Some("1"), "{held:?}");
-        assert_eq!(held.body, "lock `order:1` is held by someone else\n");
+        let retry_after: u64 = held
+            .retry_after
+            .as_deref()
+            .and_then(|secs| secs.parse().ok())
+            .unwrap_or_else(|| panic!("a 409 without a Retry-After: {held:?}"));
+        assert!(
+            (1..=PAY_TTL_SECS).contains(&retry_after),
+            "Retry-After is the holder's remaining ttl: {held:?}"
+        );
+        assert_eq!(
+            held.body,
+            "lock `order:1` is held by another request; try again later\n"
+        );
     }
 }
 
@@ -146,7 +160,23 @@ async fn a_client_that_disconnects_releases_its_handlers_lock() {
     })
     .await
     .expect("the slow handler never took its lock");
-    assert_eq!(held.retry_after.as_deref(), Some("1"));
+    // `slow` holds its key with a 30 s ttl, renewed every 10 s: the time
+    // left is over 20 s whenever it is read, so a Retry-After of the
+    // holder's remaining ttl is well above the 1 s sent when unknown.
+    let retry_after: u64 = held
+        .retry_after
+        .as_deref()
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("a 409 without a Retry-After: {held:?}"));
+    assert!(
+        (20..=30).contains(&retry_after),
+        "Retry-After is the slow holder's remaining ttl: {held:?}"
+    );
+    let me = dlock::HolderInfo::this_process(None);
+    assert!(
+        !held.body.contains(&me.host) && !held.body.contains(&me.pid.to_string()),
+        "a 409 body tells a client nothing of the holder's host or pid: {held:?}"
+    );
 
     // Closing the connection makes hyper drop the handler's future, and with
     // it the lease, which releases the key: well before the handler's 20 s.
@@ -175,7 +205,14 @@ async fn a_client_that_disconnects_releases_its_handlers_lock() {
 fn each_error_gets_its_documented_status_and_retry_after() {
     use dlock::error::{LostReason, Operation};
     let cases = [
-        (LockError::Held { key: "k".into() }, 409, Some("1")),
+        (
+            LockError::Held {
+                key: "k".into(),
+                holder: None,
+            },
+            409,
+            Some("1"),
+        ),
         (
             LockError::Timeout {
                 key: "k".into(),
@@ -272,11 +309,23 @@ async fn a_server_error_body_tells_the_client_nothing_of_the_backend() {
             assert!(!body.contains(secret), "{secret:?} in the body {body:?}");
         }
     }
+    // A held key's 409 names the key, and nothing of the holder's fleet.
+    let holder = dlock::HolderInfo::decode("1\tweb-3.internal\t4121\tbilling-team")
+        .expect("a holder record");
     let held = LockError::Held {
         key: "order:7".into(),
+        holder: Some(Box::new(
+            dlock::Holding::new(None, Some("leader-9".into()))
+                .expiring_in(Duration::from_secs(17))
+                .held_by(Some(holder)),
+        )),
     };
     let body = axum::body::to_bytes(held.into_response().into_body(), 4096)
         .await
         .expect("body");
-    assert!(String::from_utf8_lossy(&body).contains("order:7"));
+    let body = String::from_utf8_lossy(&body);
+    assert!(body.contains("order:7"), "{body:?}");
+    for secret in ["web-3.internal", "4121", "billing-team", "leader-9"] {
+        assert!(!body.contains(secret), "{secret:?} in the body {body:?}");
+    }
 }

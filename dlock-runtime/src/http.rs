@@ -3,15 +3,17 @@
 //! A handler annotated with `#[distributed_lock]` may return
 //! `Result<T, LockError>`: axum turns the error into a response through
 //! [`IntoResponse`], with the status a client can act on and, when waiting
-//! helps, a `Retry-After` header. A 4xx body is the error's message as
-//! plain text (the key, built from the request's own values); a 5xx body is
-//! a fixed sentence, and the whole error goes to the log (`tracing`, at
-//! `warn`): a backend's message names users, hosts and databases, which
-//! are no business of an anonymous client.
+//! helps, a `Retry-After` header. A 4xx body is plain text naming the key
+//! (built from the request's own values), and for a held key nothing of
+//! its holder: the host, pid and label in [`LockError::Held`] describe the
+//! fleet, which is no business of an anonymous client, so they go to the
+//! log (`tracing`, at `debug`). A 5xx body is a fixed sentence, and the
+//! whole error goes to the log (at `warn`): a backend's message names
+//! users, hosts and databases.
 //!
 //! | error | status | `Retry-After` |
 //! | --- | --- | --- |
-//! | [`Held`](LockError::Held) | 409 Conflict | [`RETRY_AFTER`] |
+//! | [`Held`](LockError::Held) | 409 Conflict | the holder's remaining ttl, else [`RETRY_AFTER`] |
 //! | [`StaleToken`](LockError::StaleToken) | 409 Conflict | — |
 //! | [`Timeout`](LockError::Timeout) | 503 Service Unavailable | [`RETRY_AFTER`] |
 //! | [`LeaseLost`](LockError::LeaseLost), [`Backend`](LockError::Backend) | 503 Service Unavailable | — |
@@ -51,13 +53,17 @@
 //!   of its work: clients and proxies that retry a 503 on their own should
 //!   only do so for idempotent requests, as RFC 9110 §9.2.2 has it.
 //!
-//! `Retry-After` is whole seconds, rounded up. `LockError::Held` and
-//! `LockError::Timeout` do not carry the holder's remaining ttl, so both
-//! send [`RETRY_AFTER`], one second: a locked handler usually holds its key
-//! for the length of one request, and an early retry costs one more 409
-//! while a late one costs the client time. An application that knows its
-//! holds are longer can write its own header from [`LockError::status`] and
-//! its own delay.
+//! `Retry-After` is whole seconds, rounded up. For a held key it is the
+//! holder's remaining ttl as the store read it just after the refusal
+//! ([`Holding::expires_in`](crate::Holding::expires_in)): the time by which
+//! the key is free even if the holder never lets go, unless it renews. A
+//! holder usually releases sooner (a handler holds its key for one
+//! request), so a client that can afford it may come back earlier; the
+//! header promises only that waiting that long is not wasted on a lease
+//! that cannot have ended. When the store could not tell (no holder
+//! record, a timed-out wait), it is [`RETRY_AFTER`], one second. An
+//! application that knows better can write its own header from
+//! [`LockError::status`] and its own delay.
 
 use std::time::Duration;
 
@@ -66,8 +72,9 @@ use http::{HeaderValue, StatusCode, header};
 
 use crate::error::LockError;
 
-/// The `Retry-After` sent with a held key or a wait that timed out: the
-/// errors do not carry the holder's remaining ttl (see the module docs).
+/// The `Retry-After` sent with a wait that timed out, and with a held key
+/// whose holder's remaining ttl the store did not tell (see the module
+/// docs).
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl LockError {
@@ -87,9 +94,19 @@ impl LockError {
     }
 
     /// How long a client should wait before it asks again, when waiting is
-    /// what helps: a held key or a wait that timed out.
+    /// what helps: a held key (its holder's remaining ttl when known) or a
+    /// wait that timed out.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.is_contention().then_some(RETRY_AFTER)
+        match self {
+            LockError::Held { holder, .. } => Some(
+                holder
+                    .as_ref()
+                    .and_then(|holding| holding.expires_in)
+                    .unwrap_or(RETRY_AFTER),
+            ),
+            LockError::Timeout { .. } => Some(RETRY_AFTER),
+            _ => None,
+        }
     }
 }
 
@@ -113,6 +130,9 @@ impl IntoResponse for LockError {
                 _ => "internal server error\n",
             }
             .to_owned()
+        } else if let LockError::Held { key, .. } = &self {
+            tracing::debug!(error = %self, "a locked request found its key held");
+            format!("lock `{key}` is held by another request; try again later\n")
         } else {
             format!("{self}\n")
         };
@@ -129,6 +149,27 @@ impl IntoResponse for LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_key_retries_after_the_holders_remaining_ttl() {
+        let holder = crate::HolderInfo::this_process(Some("billing"));
+        let holding = crate::Holding::new(None, None)
+            .expiring_in(Duration::from_millis(17_600))
+            .held_by(Some(holder.clone()));
+        let held = LockError::Held {
+            key: "pay:7".into(),
+            holder: Some(Box::new(holding)),
+        };
+        assert_eq!(held.retry_after(), Some(Duration::from_millis(17_600)));
+        let response = held.into_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "18");
+        let unknown = LockError::Held {
+            key: "pay:7".into(),
+            holder: None,
+        };
+        assert_eq!(unknown.retry_after(), Some(RETRY_AFTER));
+    }
 
     #[test]
     fn retry_after_rounds_up_to_whole_seconds() {

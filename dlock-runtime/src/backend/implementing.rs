@@ -46,6 +46,13 @@
 //!    earlier lease's; `watch_holder` resolves on each release and each
 //!    acquisition that recorded an identity, or says how soon to look
 //!    again.
+//! 9. **Every acquisition records who holds it**: the record
+//!    `AcquireRequest::holder_record` gives (host, pid, label), kept in the
+//!    same step as the holder, read back by `holder` with how long the key
+//!    has been held by the store's clock ([`HolderInfo`](crate::HolderInfo));
+//!    `held(prefix)` lists the live holders under a prefix, or fails: a
+//!    store that cannot enumerate its locks must say so, never answer a
+//!    short list.
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
@@ -67,7 +74,7 @@
 //!     AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
 //!     ReleaseRequest, Renewal,
 //! };
-//! use dlock_runtime::{FencingToken, LockError, LockKey};
+//! use dlock_runtime::{FencingToken, HolderInfo, LockError, LockKey};
 //! use tokio::sync::watch;
 //! use tokio::time::Instant;
 //!
@@ -81,6 +88,8 @@
 //!     holder: Option<(OwnerId, FencingToken, Instant)>,
 //!     /// The identity the holder's acquisition recorded.
 //!     identity: Option<String>,
+//!     /// The holder record (host, pid, label) and when it was taken.
+//!     recorded: Option<(String, Instant)>,
 //!     /// The last token drawn for the key.
 //!     last_token: u64,
 //!     /// Bumped on every release and every acquisition; each waiter and
@@ -89,12 +98,28 @@
 //!     released: watch::Sender<u64>,
 //! }
 //!
+//! impl Slot {
+//!     /// The live holder as `holder` answers it (rules 8 and 9).
+//!     fn holding(&self, now: Instant) -> Option<Holding> {
+//!         let (_, token, until) = self.holder?;
+//!         let holder = self.recorded.as_ref().and_then(|(record, since)| {
+//!             Some(HolderInfo::decode(record)?.held_for(now - *since))
+//!         });
+//!         Some(
+//!             Holding::new(Some(token), self.identity.clone())
+//!                 .expiring_in(until - now)
+//!                 .held_by(holder),
+//!         )
+//!     }
+//! }
+//!
 //! impl Skeleton {
 //!     fn with_slot<T>(&self, key: &LockKey, f: impl FnOnce(&mut Slot, Instant) -> T) -> T {
 //!         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
 //!         let slot = keys.entry(key.clone()).or_insert_with(|| Slot {
 //!             holder: None,
 //!             identity: None,
+//!             recorded: None,
 //!             last_token: 0,
 //!             released: watch::channel(0).0,
 //!         });
@@ -133,8 +158,10 @@
 //!                 slot.last_token = (slot.last_token + 1).max(clock);
 //!                 let token = FencingToken::new(slot.last_token);
 //!                 slot.holder = Some((owner, token, now + ttl));
-//!                 // Rule 8: the identity in the same step as the holder.
+//!                 // Rules 8 and 9: the identity and the holder record in
+//!                 // the same step as the holder.
 //!                 slot.identity = request.identity.map(str::to_owned);
+//!                 slot.recorded = Some((request.holder_record(None), now));
 //!                 slot.released.send_modify(|n| *n += 1);
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
@@ -181,10 +208,23 @@
 //!     }
 //!
 //!     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
-//!         Ok(self.with_slot(key, |slot, now| {
-//!             let (_, token, until) = slot.holder?;
-//!             Some(Holding::new(Some(token), slot.identity.clone()).expiring_in(until - now))
-//!         }))
+//!         Ok(self.with_slot(key, |slot, now| slot.holding(now)))
+//!     }
+//!
+//!     async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+//!         let keys: Vec<LockKey> = {
+//!             let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+//!             keys.keys().filter(|k| k.as_str().starts_with(prefix)).cloned().collect()
+//!         };
+//!         let mut held: Vec<(String, Holding)> = keys
+//!             .into_iter()
+//!             .filter_map(|key| {
+//!                 let holding = self.with_slot(&key, |slot, now| slot.holding(now))?;
+//!                 Some((key.to_string(), holding))
+//!             })
+//!             .collect();
+//!         held.sort_by(|a, b| a.0.cmp(&b.0));
+//!         Ok(held)
 //!     }
 //!
 //!     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {

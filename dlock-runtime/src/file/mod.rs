@@ -8,7 +8,8 @@
 //!   on a key is one atomic step across processes.
 //! - `NAME.state`: the fencing counter (the last token drawn, so the current
 //!   holder's: only an acquisition draws), the current owner, when its lease
-//!   expires (wall clock) and the identity the owner gave, if any. Rewritten
+//!   expires (wall clock), the identity the owner gave, if any, and who the
+//!   owner is (host, pid, label) and when it took the key. Rewritten
 //!   through a temporary file and a rename; made durable before a token is
 //!   handed out, so tokens keep rising across process restarts and host
 //!   crashes.
@@ -28,7 +29,9 @@
 //!
 //! Expiry uses the host's wall clock, which every process on the host shares:
 //! a clock stepped forward by more than a ttl ends leases early (fencing
-//! tokens still protect the resource).
+//! tokens still protect the resource). The time a holder has held its key
+//! ([`HolderInfo::held_for`]) is read from that clock too: a step forward
+//! makes it look longer, a step back shorter, down to zero, never negative.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -45,12 +48,13 @@ use crate::backend::{
     ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
+use crate::holder::{HolderInfo, check_label};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
 mod state;
 
-use state::{State, expiry_after, file_name, now_us, parse_state, render_state};
+use state::{HolderRecord, State, expiry_after, file_name, now_us, parse_state, render_state};
 
 const KIND: &str = "file";
 
@@ -94,6 +98,9 @@ enum HolderWatch {
 #[derive(Clone)]
 pub struct FileBackend {
     inner: Arc<Inner>,
+    /// The label acquisitions record, over the process's
+    /// ([`FileBackend::with_label`]).
+    label: Option<Arc<str>>,
 }
 
 struct Inner {
@@ -132,7 +139,31 @@ impl FileBackend {
                 alive: Mutex::default(),
                 watchers: Mutex::default(),
             }),
+            label: None,
         })
+    }
+
+    /// The same backend, whose acquisitions record `label` as their
+    /// application label, over the process's
+    /// ([`Registry::set_label`](crate::Registry::set_label)). Refused if
+    /// [`check_label`] refuses it.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::file::FileBackend;
+    ///
+    /// let dir = std::env::temp_dir().join(format!("dlock-doc-label-{}", std::process::id()));
+    /// let backend = FileBackend::open(&dir)?.with_label("billing")?;
+    /// assert!(FileBackend::open(&dir)?.with_label("two\nlines").is_err());
+    /// # drop(backend);
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_label(mut self, label: &str) -> Result<Self, LockError> {
+        check_label(label)?;
+        self.label = Some(label.into());
+        Ok(self)
     }
 
     /// The directory the locks live in.
@@ -144,18 +175,18 @@ impl FileBackend {
     async fn blocking<T: Send + 'static>(
         &self,
         operation: Operation,
-        key: &LockKey,
+        key: &str,
         work: impl FnOnce(&Arc<Inner>) -> io::Result<T> + Send + 'static,
     ) -> Result<T, LockError> {
         let inner = Arc::clone(&self.inner);
         let joined = tokio::task::spawn_blocking(move || work(&inner)).await;
         match joined {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(LockError::backend(KIND, operation, key.as_str(), err)),
+            Ok(Err(err)) => Err(LockError::backend(KIND, operation, key, err)),
             Err(join) => Err(LockError::backend(
                 KIND,
                 operation,
-                key.as_str(),
+                key,
                 io::Error::other(format!("file operation did not finish: {join}")),
             )),
         }
@@ -166,6 +197,7 @@ impl std::fmt::Debug for FileBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FileBackend")
             .field("dir", &self.inner.dir)
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -318,9 +350,15 @@ impl Inner {
         owner: OwnerId,
         ttl: Duration,
         identity: Option<&str>,
+        record: &str,
     ) -> io::Result<Attempt> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
+        // Who takes the key, and when, in the step that takes it.
+        let holder = HolderRecord {
+            record: record.to_owned(),
+            since_us: now,
+        };
         let state = self.read_state(name)?;
         if let Some(current) = &state {
             // A retry by the owner that holds it (its first answer was
@@ -329,9 +367,12 @@ impl Inner {
                 && current.expires_at_us > now
                 && self.holds_alive(name, &owner)
             {
+                // The same acquisition: it has held the key since its first
+                // answer was written.
                 let state = State {
                     expires_at_us: expiry_after(now, ttl),
                     identity: identity.map(str::to_owned),
+                    holder: current.holder.clone().or(Some(holder)),
                     ..current.clone()
                 };
                 self.write_state(name, &state, false)?;
@@ -365,6 +406,7 @@ impl Inner {
                 expires_at_us,
                 key: key.to_owned(),
                 identity: identity.map(str::to_owned),
+                holder: Some(holder),
             },
             true,
         );
@@ -469,6 +511,7 @@ impl Inner {
             ours = state.expires_at_us > now;
             state.owner = None;
             state.identity = None;
+            state.holder = None;
             state.expires_at_us = 0;
             self.write_state(name, &state, false)?;
         }
@@ -486,15 +529,16 @@ impl Inner {
         let was_held = state.owner.is_some() && state.expires_at_us > now;
         state.owner = None;
         state.identity = None;
+        state.holder = None;
         state.expires_at_us = 0;
         self.write_state(name, &state, false)?;
         Ok(was_held)
     }
 
-    /// Who holds the key now, read with the key locked: the owner, token
-    /// and identity of one rewrite of the state, so never a holder with an
-    /// earlier lease's token or identity.
-    fn holder(&self, name: &str) -> io::Result<Option<Holding>> {
+    /// Who holds the key now, read with the key locked: the owner, token,
+    /// identity and holder record of one rewrite of the state, so never a
+    /// holder with an earlier lease's. With the key the state names.
+    fn holding(&self, name: &str) -> io::Result<Option<(String, Holding)>> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
         let Some(state) = self.read_state(name)? else {
@@ -505,9 +549,24 @@ impl Inner {
         }
         // The counter is the last token drawn, and only an acquisition
         // draws: it is the holder's token.
-        let holding = Holding::new(Some(FencingToken::new(state.counter)), state.identity)
-            .expiring_in(Duration::from_micros(state.expires_at_us - now));
-        Ok(Some(holding))
+        let token = FencingToken::new(state.counter);
+        // A holder an earlier version recorded has no record; one this
+        // version cannot decode (a later version's) reads as none too.
+        let holder = state.holder.as_ref().and_then(|held| {
+            let info = HolderInfo::decode(&held.record)?;
+            // The writer's clock is this host's, as the reader's: only a
+            // clock stepped back since the acquisition makes it negative.
+            let held_for = Duration::from_micros(now.saturating_sub(held.since_us));
+            Some(info.held_for(held_for))
+        });
+        let holding = Holding::new(Some(token), state.identity)
+            .expiring_in(Duration::from_micros(state.expires_at_us - now))
+            .held_by(holder);
+        Ok(Some((state.key, holding)))
+    }
+
+    fn holder(&self, name: &str) -> io::Result<Option<Holding>> {
+        Ok(self.holding(name)?.map(|(_, holding)| holding))
     }
 
     /// How a waiter hears of the current holder's release.
@@ -573,9 +632,11 @@ impl Backend for FileBackend {
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
         let identity = request.identity.map(str::to_owned);
+        let record = request.holder_record(self.label.as_deref());
         let taken = self
-            .blocking(Operation::Acquire, key, move |inner| {
-                let attempt = inner.try_acquire(&name, &text, owner, ttl, identity.as_deref())?;
+            .blocking(Operation::Acquire, key.as_str(), move |inner| {
+                let attempt =
+                    inner.try_acquire(&name, &text, owner, ttl, identity.as_deref(), &record)?;
                 Ok(Taken {
                     inner: Arc::clone(inner),
                     name,
@@ -590,7 +651,7 @@ impl Backend for FileBackend {
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let (name, owner) = (file_name(key), *owner);
-        self.blocking(Operation::Extend, key, move |inner| {
+        self.blocking(Operation::Extend, key.as_str(), move |inner| {
             inner.extend(&name, owner, ttl)
         })
         .await
@@ -599,7 +660,7 @@ impl Backend for FileBackend {
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
         let (name, owner) = (file_name(key), *owner);
-        self.blocking(Operation::Release, key, move |inner| {
+        self.blocking(Operation::Release, key.as_str(), move |inner| {
             inner.release(&name, owner)
         })
         .await
@@ -610,7 +671,9 @@ impl Backend for FileBackend {
         let name = file_name(key);
         let this = Arc::clone(&self.inner);
         let watch = self
-            .blocking(Operation::Wait, key, move |_| this.watch_release(&name))
+            .blocking(Operation::Wait, key.as_str(), move |_| {
+                this.watch_release(&name)
+            })
             .await?;
         Ok(match watch {
             // Every waiter of the file hears its release.
@@ -629,7 +692,7 @@ impl Backend for FileBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
         let name = file_name(key);
-        self.blocking(Operation::Release, key, move |inner| {
+        self.blocking(Operation::Release, key.as_str(), move |inner| {
             inner.force_release(&name)
         })
         .await
@@ -639,8 +702,10 @@ impl Backend for FileBackend {
     /// (its alive file can be locked) holds nothing, as for `try_acquire`.
     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
         let name = file_name(key);
-        self.blocking(Operation::Inspect, key, move |inner| inner.holder(&name))
-            .await
+        self.blocking(Operation::Inspect, key.as_str(), move |inner| {
+            inner.holder(&name)
+        })
+        .await
     }
 
     /// Nothing tells this backend of an acquisition, only of a release
@@ -655,7 +720,9 @@ impl Backend for FileBackend {
         let name = file_name(key);
         let this = Arc::clone(&self.inner);
         let watch = self
-            .blocking(Operation::Wait, key, move |_| this.watch_release(&name))
+            .blocking(Operation::Wait, key.as_str(), move |_| {
+                this.watch_release(&name)
+            })
             .await?;
         Ok(match watch {
             HolderWatch::Alive(mut rx) => ReleaseNotice::new(async move {
@@ -707,6 +774,13 @@ impl Drop for Taken {
 mod tests {
     use super::*;
 
+    fn unit_dir() -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "dlock-file-unit-{}",
+            OwnerId::random().expect("random")
+        ))
+    }
+
     #[test]
     fn a_ttl_with_a_fraction_of_a_microsecond_is_rounded_up_in_the_state() {
         let dir = std::env::temp_dir().join(format!(
@@ -716,7 +790,7 @@ mod tests {
         let backend = FileBackend::open(&dir).expect("dir");
         let owner = OwnerId::random().expect("random");
         let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
-        let attempt = backend.inner.try_acquire("k", "k", owner, ttl, None);
+        let attempt = backend.inner.try_acquire("k", "k", owner, ttl, None, "");
         assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
         let state = backend.inner.read_state("k").expect("readable");
         let _ = fs::remove_dir_all(&dir);
@@ -743,9 +817,9 @@ mod tests {
             let state = inner.read_state("k").expect("readable").expect("written");
             state.identity
         };
-        let first = token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%")));
+        let first = token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%"), ""));
         assert_eq!(identity().as_deref(), Some("a b\n%"));
-        let retried = token(inner.try_acquire("k", "k", owner, ttl, Some("again")));
+        let retried = token(inner.try_acquire("k", "k", owner, ttl, Some("again"), ""));
         assert_eq!(retried, first, "a retry keeps its token");
         assert_eq!(identity().as_deref(), Some("again"));
         let holding = inner.holder("k").expect("readable").expect("held");
@@ -757,10 +831,73 @@ mod tests {
         assert_eq!(identity(), None, "a release clears it");
         assert_eq!(inner.holder("k").expect("readable"), None);
         let other = OwnerId::random().expect("random");
-        let next = token(inner.try_acquire("k", "k", other, ttl, None));
+        let next = token(inner.try_acquire("k", "k", other, ttl, None, ""));
         assert!(next > first);
         let holding = inner.holder("k").expect("readable").expect("held");
         assert_eq!((holding.token, holding.identity), (Some(next), None));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_holder_record_is_written_with_the_key_kept_by_a_retry_and_cleared_on_release() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
+        let me = HolderInfo::this_process(Some("unit"));
+        let recorded = || {
+            inner
+                .read_state("k")
+                .expect("readable")
+                .expect("written")
+                .holder
+        };
+        let before = now_us();
+        let first = inner.try_acquire("k", "k", owner, ttl, None, &me.encode());
+        assert!(matches!(first, Ok(Attempt::Acquired(_))), "{first:?}");
+        let written = recorded().expect("every acquisition records its holder");
+        assert_eq!(written.record, me.encode());
+        assert!(written.since_us >= before && written.since_us <= now_us());
+        let retried = inner.try_acquire("k", "k", owner, ttl, None, "1\tother\t1\t");
+        assert!(matches!(retried, Ok(Attempt::Acquired(_))), "{retried:?}");
+        assert_eq!(recorded(), Some(written), "a retry is the same acquisition");
+        assert!(inner.extend("k", owner, ttl).expect("extend"));
+        let holding = inner.holder("k").expect("readable").expect("held");
+        let holder = holding.holder.expect("recorded");
+        assert_eq!(
+            (holder.host, holder.pid, holder.label),
+            (me.host, me.pid, me.label)
+        );
+        assert!(inner.release("k", owner).expect("released"));
+        assert_eq!(recorded(), None, "a release clears it");
+        let other = OwnerId::random().expect("random");
+        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t");
+        assert!(matches!(next, Ok(Attempt::Acquired(_))), "{next:?}");
+        assert!(inner.force_release("k").expect("forced"));
+        assert_eq!(recorded(), None, "a forced release clears it");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_since_the_acquisition_reads_as_no_time_held() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
+        let record = HolderInfo::this_process(None).encode();
+        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record);
+        assert!(matches!(taken, Ok(Attempt::Acquired(_))), "{taken:?}");
+        let mut state = inner.read_state("k").expect("readable").expect("written");
+        if let Some(holder) = &mut state.holder {
+            // As if the clock read an hour later when the key was taken.
+            holder.since_us += 3_600_000_000;
+        }
+        inner.write_state("k", &state, false).expect("rewrite");
+        let holding = inner.holder("k").expect("readable").expect("held");
+        assert_eq!(
+            holding.holder.and_then(|holder| holder.held_for),
+            Some(Duration::ZERO)
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -10,20 +10,37 @@
 //! expires_us 1700000000000000
 //! key the key as it is, newlines and all
 //! \0identity 0123456789abcdef0123456789abcdef web-3%20(pid%204121)
+//! \0holder 0123456789abcdef0123456789abcdef 1699999970000000 1%09web-3%094121%09billing
 //! ```
 //!
-//! The last line (a NUL, then `identity`, the owner that recorded it and
-//! the percent-encoded identity) is there only while an owner that gave an
-//! identity holds the key. It comes after the key so that a state written
-//! without one is byte for byte the format of earlier versions, and an
-//! earlier version reading it takes the line for part of the key (its
-//! parser keeps everything after `key ` as the key, and never compares it)
-//! instead of calling the state corrupt: processes of both versions can
-//! share a directory during a rolling upgrade. A key cannot hold a NUL, so
-//! `\n\0` marks the end of the key unambiguously. An earlier version that
-//! rewrites such a state (a forced release) keeps the line as part of the
-//! key; the owner written in it is why the line is never read as the
-//! identity of a later holder.
+//! The lines after the key are fields, each started by a NUL: the key
+//! cannot hold one, so `\n\0` marks the end of the key unambiguously.
+//! Each names the owner that wrote it, and is there only while that owner
+//! holds the key:
+//!
+//! - `identity`: the percent-encoded identity the owner gave, if any.
+//! - `holder`: who took the key (the [`HolderInfo`](crate::HolderInfo)
+//!   record, percent-encoded: host, pid and label) and when, in wall-clock
+//!   microseconds since the Unix epoch. Every acquisition of this version
+//!   writes it.
+//!
+//! Fields come after the key so that a state written without any is byte
+//! for byte the format of the first version, and earlier versions read
+//! them without calling the state corrupt: processes of every version can
+//! share a directory during a rolling upgrade, both ways.
+//!
+//! - The first version keeps everything after `key ` as the key, and never
+//!   compares it: it takes the fields for part of the key.
+//! - The version that added `identity` reads the key up to the first field
+//!   and skips fields it does not know, such as `holder`.
+//! - This version reads a state of either without a `holder` field: its
+//!   holder is unknown (`None`), never a corrupt state, and unknown fields
+//!   a later version adds are skipped the same way.
+//!
+//! An earlier version that rewrites a state (a forced release, a retry by
+//! the owner) may keep the fields as part of the key; the owner written in
+//! each is why such a left-over line is never read as the identity or the
+//! holder of a later holder.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,6 +61,18 @@ pub(super) struct State {
     pub(super) key: String,
     /// Who `owner` said it is when it took the key; only ever with an owner.
     pub(super) identity: Option<String>,
+    /// Which process `owner` is and when it took the key; only ever with
+    /// an owner, and `None` for one an earlier version took.
+    pub(super) holder: Option<HolderRecord>,
+}
+
+/// The `holder` field: the owner's encoded [`HolderInfo`](crate::HolderInfo)
+/// record, kept as written (a reader decodes it), and when it took the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct HolderRecord {
+    pub(super) record: String,
+    /// When the key was taken: wall clock, µs since the Unix epoch.
+    pub(super) since_us: u64,
 }
 
 /// When a lease of `ttl` taken at `now` (µs) ends: the ttl rounded up to
@@ -104,6 +133,13 @@ pub(super) fn render_state(state: &State) -> String {
             encode(identity)
         ));
     }
+    if let (Some(owner), Some(holder)) = (state.owner, &state.holder) {
+        text.push_str(&format!(
+            "{FIELD_START}holder {owner} {} {}",
+            holder.since_us,
+            encode(&holder.record)
+        ));
+    }
     text
 }
 
@@ -120,21 +156,33 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
     let expires_at_us = lines.next()?.strip_prefix("expires_us ")?.parse().ok()?;
     let mut fields = lines.next()?.split(FIELD_START);
     let key = fields.next()?.strip_prefix("key ")?.to_owned();
-    // Only the identity the current owner recorded: one left behind by a
-    // holder before (an earlier version rewrote the state, keeping the
-    // line) is not this owner's. An unreadable one is no identity: the
-    // counter is what must never be lost. Lines a later version may add
-    // are skipped.
-    let identity = fields
-        .filter_map(|field| field.strip_prefix("identity ")?.split_once(' '))
-        .find(|(by, _)| owner.is_some() && OwnerId::parse_hex(by) == owner)
-        .and_then(|(_, encoded)| decode(encoded));
+    // Only the fields the current owner wrote: one left behind by a holder
+    // before (an earlier version rewrote the state, keeping the line) is
+    // not this owner's. An unreadable one is no field: the counter is what
+    // must never be lost. Lines a later version may add are skipped.
+    let owners_field = |name: &str| {
+        let prefix = format!("{name} ");
+        fields
+            .clone()
+            .filter_map(move |field| field.strip_prefix(prefix.as_str())?.split_once(' '))
+            .find(|(by, _)| owner.is_some() && OwnerId::parse_hex(by) == owner)
+            .map(|(_, value)| value)
+    };
+    let identity = owners_field("identity").and_then(decode);
+    let holder = owners_field("holder").and_then(|value| {
+        let (since_us, encoded) = value.split_once(' ')?;
+        Some(HolderRecord {
+            record: decode(encoded)?,
+            since_us: since_us.parse().ok()?,
+        })
+    });
     Some(State {
         counter,
         owner,
         expires_at_us,
         key,
         identity,
+        holder,
     })
 }
 
@@ -188,6 +236,7 @@ mod tests {
             expires_at_us: 1_700_000_000_000_000,
             key: "a\nb key \"quoted\"\nü".into(),
             identity: None,
+            holder: None,
         };
         assert_eq!(parse_state(&render_state(&state)), Some(state));
     }
@@ -199,6 +248,7 @@ mod tests {
             expires_at_us: 1_700_000_000_000_000,
             key: "a\nkey with\nidentity x\nlines".into(),
             identity: Some(identity.into()),
+            holder: None,
         }
     }
 
@@ -245,6 +295,7 @@ mod tests {
                 expires_at_us: 99,
                 key: format!("a\nb\nidentity {owner} x"),
                 identity: None,
+                holder: None,
             })
         );
     }
@@ -258,6 +309,7 @@ mod tests {
             expires_at_us: 99,
             key: "k".into(),
             identity: None,
+            holder: None,
         };
         assert_eq!(
             render_state(&state),
@@ -287,6 +339,155 @@ mod tests {
         assert_eq!(
             parse_earlier(&render_state(&state)),
             Some((state.counter, state.owner, state.expires_at_us))
+        );
+    }
+
+    /// A state as this version writes it for a holder that gave an
+    /// identity (or none), with a record that needs encoding.
+    fn recorded(identity: Option<&str>) -> State {
+        State {
+            identity: identity.map(str::to_owned),
+            holder: Some(HolderRecord {
+                record: "1\tweb 3\t4121\t100% billing".into(),
+                since_us: 1_699_999_970_000_000,
+            }),
+            ..held_as("")
+        }
+    }
+
+    #[test]
+    fn state_round_trips_with_a_holder_record() {
+        for identity in [None, Some("leader 1")] {
+            let state = recorded(identity);
+            let text = render_state(&state);
+            assert_eq!(
+                text.lines().count(),
+                state.key.lines().count() + 5 + usize::from(identity.is_some()),
+                "one line a field"
+            );
+            assert_eq!(parse_state(&text), Some(state), "{identity:?}");
+        }
+    }
+
+    /// The parser of the version that added identities (before holder
+    /// records), verbatim but for the field it did not have.
+    fn parse_identity_era(text: &str) -> Option<State> {
+        let mut lines = text.splitn(5, '\n');
+        if lines.next()? != STATE_HEADER {
+            return None;
+        }
+        let counter = lines.next()?.strip_prefix("counter ")?.parse().ok()?;
+        let owner = match lines.next()?.strip_prefix("owner ")? {
+            "-" => None,
+            hex => Some(OwnerId::parse_hex(hex)?),
+        };
+        let expires_at_us = lines.next()?.strip_prefix("expires_us ")?.parse().ok()?;
+        let mut fields = lines.next()?.split(FIELD_START);
+        let key = fields.next()?.strip_prefix("key ")?.to_owned();
+        let identity = fields
+            .filter_map(|field| field.strip_prefix("identity ")?.split_once(' '))
+            .find(|(by, _)| owner.is_some() && OwnerId::parse_hex(by) == owner)
+            .and_then(|(_, encoded)| decode(encoded));
+        Some(State {
+            counter,
+            owner,
+            expires_at_us,
+            key,
+            identity,
+            holder: None,
+        })
+    }
+
+    #[test]
+    fn earlier_versions_read_a_state_with_a_holder_record() {
+        for identity in [None, Some("leader\nof all")] {
+            let state = recorded(identity);
+            let text = render_state(&state);
+            assert_eq!(
+                parse_earlier(&text),
+                Some((state.counter, state.owner, state.expires_at_us)),
+                "the first version"
+            );
+            assert_eq!(
+                parse_identity_era(&text),
+                Some(State {
+                    holder: None,
+                    ..state
+                }),
+                "the version with identities reads its key and identity as before"
+            );
+        }
+    }
+
+    #[test]
+    fn a_state_an_earlier_version_wrote_parses_without_holder() {
+        let owner = OwnerId::random().expect("random");
+        let head = format!("{STATE_HEADER}\ncounter 12\nowner {owner}\nexpires_us 99\nkey k");
+        let first = parse_state(&head).expect("the first version's state");
+        assert_eq!((first.key.as_str(), first.holder), ("k", None));
+        let with_identity = format!("{head}\n\0identity {owner} leader%201");
+        let parsed = parse_state(&with_identity).expect("the identity version's state");
+        assert_eq!(
+            (
+                parsed.key.as_str(),
+                parsed.identity.as_deref(),
+                parsed.holder
+            ),
+            ("k", Some("leader 1"), None)
+        );
+    }
+
+    #[test]
+    fn a_holder_record_left_by_an_earlier_holder_is_not_the_current_ones() {
+        // The first version, rewriting a state, keeps the holder line as
+        // part of the key, under an owner (or none) that did not write it.
+        let earlier = OwnerId::random().expect("random");
+        let left = format!("\n\0holder {earlier} 5 1%09old%091%09");
+        for owner in [OwnerId::random().ok(), None] {
+            let owner_field = owner.map_or_else(|| "-".to_owned(), |o| o.to_string());
+            let text = format!(
+                "{STATE_HEADER}\ncounter 12\nowner {owner_field}\nexpires_us 99\nkey k{left}"
+            );
+            let parsed = parse_state(&text).expect("parses");
+            assert_eq!((parsed.owner, parsed.holder), (owner, None));
+        }
+        let text =
+            format!("{STATE_HEADER}\ncounter 12\nowner {earlier}\nexpires_us 99\nkey k{left}");
+        let parsed = parse_state(&text).expect("parses");
+        assert_eq!(
+            parsed.holder,
+            Some(HolderRecord {
+                record: "1\told\t1\t".into(),
+                since_us: 5
+            }),
+            "its own"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_holder_record_is_no_holder_not_a_corrupt_state() {
+        let owner = OwnerId::random().expect("random");
+        let head = format!("{STATE_HEADER}\ncounter 12\nowner {owner}\nexpires_us 99\nkey k");
+        for line in [
+            "holder",
+            "holder x",
+            &format!("holder {owner}"),
+            &format!("holder {owner} 12"),
+            &format!("holder {owner} soon 1%09h%091%09"),
+            &format!("holder {owner} -5 1%09h%091%09"),
+            &format!("holder {owner} 12 1%0"),
+            &format!("holder {owner} 12 1%09h%091%09 more"),
+        ] {
+            let parsed = parse_state(&format!("{head}\n\0{line}")).expect("the counter is read");
+            assert_eq!((parsed.counter, parsed.holder), (12, None), "{line:?}");
+        }
+        let later = format!("{head}\n\0mode shared\n\0holder {owner} 7 rec");
+        assert_eq!(
+            parse_state(&later).expect("parses").holder,
+            Some(HolderRecord {
+                record: "rec".into(),
+                since_us: 7
+            })
         );
     }
 

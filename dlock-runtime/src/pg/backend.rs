@@ -78,9 +78,14 @@ impl Backend for PgBackend {
         };
         let owner = *owner;
         let identity = request.identity.map(Arc::<str>::from);
+        let holder = request.holder_record(self.inner.options.label.as_deref());
         let attempt = {
             let (inner, key) = (Arc::clone(&self.inner), key.clone());
-            async move { inner.acquire_on_server(&key, owner, ttl, identity).await }
+            async move {
+                inner
+                    .acquire_on_server(&key, owner, ttl, identity, holder)
+                    .await
+            }
         };
         match self.inner.home.run_detachable(attempt, give_back).await {
             Ok(outcome) => outcome,
@@ -241,5 +246,12 @@ impl Backend for PgBackend {
 
     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
         self.inner.watch_holder(key).await
+    }
+
+    async fn held(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, crate::backend::Holding)>, LockError> {
+        self.inner.held(prefix).await
     }
 }

@@ -16,7 +16,8 @@
 //! are unknown too, except this process's own leases, whose token, identity
 //! and deadline it knows.
 
-use std::sync::{Arc, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
@@ -29,6 +30,7 @@ use super::session::{Failure, LockSession};
 use super::{Entry, Inner, KIND, UNWATCHED_RECHECK, sql, xact};
 use crate::backend::{self, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
+use crate::holder::HolderInfo;
 use crate::key::LockKey;
 
 /// How soon a reader watching a key looks again when no announcement of
@@ -95,11 +97,9 @@ impl Inner {
         let Some(started) = found.started else {
             return Ok(unknown);
         };
-        if let Some(own) = self.own_holding(key, found.pid, started) {
-            return Ok(Some(own));
-        }
+        let own = self.own_holding(key, found.pid, started);
         if !found.records {
-            return Ok(unknown);
+            return Ok(own.or(unknown));
         }
         let session = self.session().await?;
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
@@ -111,26 +111,67 @@ impl Inner {
         let rows = match session.query_typed(&self.holder_record_sql, &params).await {
             Ok(rows) => rows,
             // Dropped since: no record to read.
-            Err(err) if sql::sequence_missing(&err) => return Ok(unknown),
+            Err(err) if sql::sequence_missing(&err) => return Ok(own.or(unknown)),
             Err(err) => {
                 return Err(self.failed(
                     Operation::Inspect,
                     key,
-                    "cannot read the identity record",
+                    "cannot read the holder record",
                     err,
                 ));
             }
         };
         let Some(row) = rows.first() else {
-            return Ok(unknown);
+            return Ok(own.or(unknown));
         };
-        let record = row
-            .try_get::<_, i64>(0)
-            .and_then(|token| Ok((token, row.try_get::<_, String>(1)?)));
-        let (token, identity) =
-            record.map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))?;
-        let token = xact::to_token(token, key.as_str())?;
-        Ok(Some(backend::Holding::new(Some(token), Some(identity))))
+        let record = Record::from_row(row, 0)
+            .map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))?;
+        Ok(Some(record.holding(key, own)?))
+    }
+
+    /// Every key held now whose name starts with `prefix`, as
+    /// [`Backend::held`](crate::Backend::held) answers: the keys the table
+    /// of holder records names, each believed as [`holder`](Self::holder)
+    /// believes a record ([`sql::HELD`]), sorted by key. A key held
+    /// without a record is not listed (see the module docs).
+    pub(super) async fn held(
+        self: &Arc<Self>,
+        prefix: &str,
+    ) -> Result<Vec<(String, backend::Holding)>, LockError> {
+        let failed = |what: &str, err: tokio_postgres::Error| {
+            LockError::backend(KIND, Operation::Inspect, prefix, Failure::new(what, err))
+        };
+        let session = self.session().await?;
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&prefix, Type::TEXT), (&self.options.key_seed, Type::INT8)];
+        let rows = match session.query_typed(&self.held_sql, &params).await {
+            Ok(rows) => rows,
+            // No table (or schema): nothing was ever recorded.
+            Err(err) if sql::sequence_missing(&err) => return Ok(Vec::new()),
+            Err(err) => return Err(failed("cannot list the holder records", err)),
+        };
+        let mut held = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let read = || {
+                Ok::<_, tokio_postgres::Error>((
+                    row.try_get::<_, String>(0)?,
+                    Record::from_row(row, 1)?,
+                    row.try_get::<_, i32>(5)?,
+                    row.try_get::<_, SystemTime>(6)?,
+                ))
+            };
+            let (name, record, pid, started) =
+                read().map_err(|e| failed("unexpected answer", e))?;
+            // The table holds keys of every client of the schema: one
+            // that is not a valid key here is not one of dlock's.
+            let Ok(key) = LockKey::new(name.clone()) else {
+                continue;
+            };
+            let own = self.own_holding(&key, pid, started);
+            held.push((name, record.holding(&key, own)?));
+        }
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(held)
     }
 
     /// A notice of the next change of `key`'s holder. A release is
@@ -259,7 +300,7 @@ impl Inner {
             return None;
         }
         let left = holding.deadline().saturating_duration_since(Instant::now());
-        let identity = holding.identity.as_deref().map(str::to_owned);
+        let identity = holding.identity.as_ref().map(|i| i.identity.to_string());
         Some(backend::Holding::new(Some(holding.token), identity).expiring_in(left))
     }
 
@@ -311,7 +352,7 @@ impl Inner {
         // Only leases held at this moment, under the lock an unlock takes
         // before it deletes: so this write reaches the server before any
         // of their unlocks.
-        let held: Vec<(&LockKey, i64, i64, Arc<str>)> = {
+        let held: Vec<(&LockKey, i64, i64, RewriteOf)> = {
             let keys = self.keys();
             leases
                 .iter()
@@ -321,14 +362,14 @@ impl Inner {
                         .filter(|entry| entry.owner == *owner)
                         .and_then(Entry::holding)
                         .filter(|holding| holding.session.id == session.id)?;
-                    let identity = Arc::clone(holding.identity.as_ref()?);
+                    let identified = holding.identity.as_ref()?;
+                    let of = RewriteOf {
+                        identity: Arc::clone(&identified.identity),
+                        holder: identified.holder.clone(),
+                        since_us: identified.since_us,
+                    };
                     // The token as drawn: a positive int8.
-                    Some((
-                        key,
-                        holding.advisory_key,
-                        holding.token.get() as i64,
-                        identity,
-                    ))
+                    Some((key, holding.advisory_key, holding.token.get() as i64, of))
                 })
                 .collect()
         };
@@ -337,11 +378,13 @@ impl Inner {
         };
         let rows: Vec<sql::RecordRow<'_>> = held
             .iter()
-            .map(|(key, lock_id, token, identity)| sql::RecordRow {
+            .map(|(key, lock_id, token, of)| sql::RecordRow {
                 lock_id: *lock_id,
                 key: key.as_str(),
                 token: *token,
-                identity,
+                identity: &of.identity,
+                holder: &of.holder,
+                since_us: of.since_us,
             })
             .collect();
         let wait = REWRITE_LOCK_WAIT.min(self.lock_timeout());
@@ -470,10 +513,10 @@ impl Inner {
         });
     }
 
-    /// Makes sure the table of identity records exists and the role may
-    /// use it, creating it if missing, before an acquisition of `key` with
-    /// an identity; checked once per backend (`recheck`: again, as a lock
-    /// statement found it missing).
+    /// Makes sure the table of holder records exists, has this version's
+    /// shape and the role may use it, creating or migrating it if needed,
+    /// before an acquisition of `key` that records; checked once per
+    /// backend (`recheck`: again, as a lock statement found it missing).
     pub(super) async fn ensure_holders_table(
         self: &Arc<Self>,
         key: &LockKey,
@@ -484,6 +527,7 @@ impl Inner {
             return Ok(());
         }
         *ready = false;
+        self.holders_state.set_unchecked();
         // Usually it exists: a look on a lock session, no connection of
         // its own.
         let session = self.session().await?;
@@ -491,12 +535,53 @@ impl Inner {
             .await
             .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
         *ready = true;
+        self.holders_state.set_usable();
         Ok(())
+    }
+
+    /// Whether an acquisition of `key` without an identity records its
+    /// holder: yes once the table is usable ([`ensure_holders_table`](Self::ensure_holders_table)).
+    /// A table that is not (a role that may not create it, nor migrate an
+    /// older dlock's, nor write it) costs such leases their record, never
+    /// their lock: they lock without one, their holder reads as unknown,
+    /// one warning says why, and the table is looked at again after
+    /// [`UNUSABLE_RECHECK`] (or at once by an acquisition with an
+    /// identity, which needs it).
+    pub(super) async fn may_record(self: &Arc<Self>, key: &LockKey) -> bool {
+        if !self.options.record_holders {
+            return false;
+        }
+        if let Some(known) = self.holders_state.known() {
+            return known;
+        }
+        match self.ensure_holders_table(key, false).await {
+            Ok(()) => true,
+            Err(err) => {
+                self.records_unusable(&err);
+                false
+            }
+        }
+    }
+
+    /// Leases without an identity record nothing for a while (see
+    /// [`may_record`](Self::may_record)), because of `err`.
+    pub(super) fn records_unusable(&self, err: &dyn std::fmt::Display) {
+        if self.holders_state.set_unusable() {
+            tracing::warn!(
+                schema = self.quoted_schema,
+                error = %err,
+                "locks without an identity are taken without a holder record: their holder \
+                 reads as unknown and `held` does not list them until the table \
+                 {s}.dlock_holders is usable (looked at again every {UNUSABLE_RECHECK:?}); \
+                 the locks themselves work as ever",
+                s = self.quoted_schema,
+            );
+        }
     }
 
     async fn check_holders_table(&self, session: &LockSession) -> Result<(), Failure> {
         let schema = self.options.schema.as_str();
-        let inspect_failed = |e| Failure::new("cannot inspect the table of identity records", e);
+        let inspect_failed = |e| Failure::new("cannot inspect the table of holder records", e);
         let rows = session
             .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
             .await
@@ -506,7 +591,7 @@ impl Inner {
             .map(TableInspection::from_row)
             .transpose()
             .map_err(inspect_failed)?;
-        if !found.as_ref().is_some_and(|t| t.exists) {
+        if !found.as_ref().is_some_and(|t| t.exists && t.shaped) {
             self.create_holders_table(found.as_ref().map(|t| t.role.as_str()))
                 .await?;
             let rows = session
@@ -519,9 +604,9 @@ impl Inner {
                 .transpose()
                 .map_err(inspect_failed)?;
         }
-        let Some(found) = found.filter(|t| t.exists) else {
+        let Some(found) = found.filter(|t| t.exists && t.shaped) else {
             return Err(Failure::msg(format!(
-                "the table {}.dlock_holders vanished while it was being checked",
+                "the table {}.dlock_holders vanished or changed while it was being checked",
                 self.quoted_schema
             )));
         };
@@ -560,10 +645,10 @@ impl Inner {
             .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
     }
 
-    /// Creates the table of identity records, on a connection of its own
-    /// (creating needs a transaction, and a lock session carries other
-    /// leases' statements), under the setup lock the schema objects are
-    /// created under.
+    /// Creates the table of holder records, or brings an older dlock's to
+    /// this version's shape, on a connection of its own (that needs a
+    /// transaction, and a lock session carries other leases' statements),
+    /// under the setup lock the schema objects are created under.
     async fn create_holders_table(&self, role: Option<&str>) -> Result<(), Failure> {
         // Dropping `close` closes the connection.
         let (close, closed) = oneshot::channel();
@@ -572,32 +657,59 @@ impl Inner {
             .open(self.connector.connect_timeout(), closed, |_| {})
             .await?;
         let schema = self.options.schema.as_str();
+        let mut migrating = false;
         let created = async {
             let tx = self.setup_transaction(&mut client).await?;
             // Look again under the lock: CREATE checks the privilege before
             // IF NOT EXISTS, so a role that may not create must not try
-            // when another has just created it.
-            let exists: bool = tx
-                .query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema])
-                .await?
-                .try_get(0)?;
+            // when another has just created it (nor migrate one another
+            // has just migrated: only the owner may).
+            let again = tx.query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema]).await?;
+            let exists: bool = again.try_get(0)?;
+            let shaped = again.try_get::<_, Option<bool>>(6)?.unwrap_or(false);
             if !exists {
                 tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
                     .await?;
+            } else if !shaped {
+                migrating = true;
+                tx.batch_execute(&sql::render(
+                    sql::MIGRATE_HOLDERS_TABLE,
+                    &self.quoted_schema,
+                ))
+                .await?;
             }
             tx.commit().await
         }
         .await;
         drop(close);
+        if created.is_ok() && migrating {
+            tracing::info!(
+                schema = self.quoted_schema,
+                "the table of holder records of an older dlock now has the columns of the \
+                 holder record (holder, holder_token, since; identity nullable)"
+            );
+        }
         created.map_err(|err| {
-            let what = if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
-                let role = role.unwrap_or("the role");
+            let denied = err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
+            let role = role.unwrap_or("the role");
+            let what = if denied && migrating {
+                format!(
+                    "role {role} may not bring the table {s}.dlock_holders of an older dlock to \
+                     this version's shape (only its owner may); have its owner run: {ddl}",
+                    s = self.quoted_schema,
+                    ddl = sql::holders_migration_ddl_for_dba(&self.quoted_schema),
+                )
+            } else if denied {
                 format!(
                     "role {role} may not create the table {s}.dlock_holders (it needs CREATE on \
-                     schema {s}), where a lock taken with an identity records who holds it; \
-                     have a DBA run: {ddl}",
+                     schema {s}), where a lock records who holds it; have a DBA run: {ddl}",
                     s = self.quoted_schema,
                     ddl = sql::holders_ddl_for_dba(&self.quoted_schema, role),
+                )
+            } else if migrating {
+                format!(
+                    "cannot bring the table {}.dlock_holders to this version's shape",
+                    self.quoted_schema
                 )
             } else {
                 format!(
@@ -610,6 +722,130 @@ impl Inner {
     }
 }
 
+/// A holder record as [`sql::HOLDER_RECORD`] and [`sql::HELD`] read it.
+struct Record {
+    token: i64,
+    /// NULL for a lease without one.
+    identity: Option<String>,
+    /// The encoded holder record, if the row's acquisition wrote one.
+    holder: Option<String>,
+    /// How long ago it was taken, by the server's clock, in microseconds.
+    held_for_us: Option<i64>,
+}
+
+impl Record {
+    /// Reads the record's four columns, from the `first`.
+    fn from_row(row: &tokio_postgres::Row, first: usize) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            token: row.try_get(first)?,
+            identity: row.try_get(first + 1)?,
+            holder: row.try_get(first + 2)?,
+            held_for_us: row.try_get(first + 3)?,
+        })
+    }
+
+    /// The holding it tells of `key`; `own`, this process's lease on the
+    /// session the record names, knows the token, the identity and the
+    /// time left, and gets the holder record when it is its own.
+    fn holding(
+        self,
+        key: &LockKey,
+        own: Option<backend::Holding>,
+    ) -> Result<backend::Holding, LockError> {
+        let held_for = self
+            .held_for_us
+            .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        let info = self
+            .holder
+            .as_deref()
+            .and_then(HolderInfo::decode)
+            .map(|info| match held_for {
+                Some(held_for) => info.held_for(held_for),
+                None => info,
+            });
+        match own {
+            Some(own) if own.token.is_some_and(|t| t.get() as i64 == self.token) => {
+                Ok(own.held_by(info))
+            }
+            Some(own) => Ok(own),
+            None => {
+                let token = xact::to_token(self.token, key.as_str())?;
+                Ok(backend::Holding::new(Some(token), self.identity).held_by(info))
+            }
+        }
+    }
+}
+
+/// What a renewal writes again of a lease taken with an identity.
+struct RewriteOf {
+    identity: Arc<str>,
+    holder: Box<str>,
+    since_us: i64,
+}
+
+/// How long leases without an identity go without a record after the
+/// table of holder records was found unusable (missing and not creatable,
+/// of an old shape the role may not change, short of a privilege) before
+/// an acquisition looks at it again: each look may open a connection.
+const UNUSABLE_RECHECK: Duration = Duration::from_secs(60);
+
+/// Whether acquisitions without an identity record their holder, as the
+/// last look at the table found it: read on every such acquisition, so
+/// an atomic, and a look only when it is unknown or due again.
+#[derive(Default)]
+pub(super) struct TableState {
+    /// [`UNCHECKED`], [`USABLE`] or [`UNUSABLE`].
+    state: AtomicU8,
+    /// When it was found unusable.
+    unusable_at: Mutex<Option<Instant>>,
+    /// Whether the warning that leases record nothing has been logged
+    /// since the table was last usable.
+    warned: AtomicBool,
+}
+
+const UNCHECKED: u8 = 0;
+const USABLE: u8 = 1;
+const UNUSABLE: u8 = 2;
+
+impl TableState {
+    pub(super) fn set_usable(&self) {
+        self.state.store(USABLE, Ordering::Release);
+        self.warned.store(false, Ordering::Relaxed);
+    }
+
+    pub(super) fn set_unchecked(&self) {
+        let _ = self
+            .state
+            .compare_exchange(USABLE, UNCHECKED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Marks it unusable; true if the warning is due.
+    fn set_unusable(&self) -> bool {
+        *self
+            .unusable_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        self.state.store(UNUSABLE, Ordering::Release);
+        !self.warned.swap(true, Ordering::Relaxed)
+    }
+
+    /// `Some(answer)` when no look at the table is needed.
+    fn known(&self) -> Option<bool> {
+        match self.state.load(Ordering::Acquire) {
+            USABLE => Some(true),
+            UNUSABLE => {
+                let at = *self
+                    .unusable_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                at.is_some_and(|at| at.elapsed() < UNUSABLE_RECHECK)
+                    .then_some(false)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// A row of [`sql::INSPECT_HOLDERS_TABLE`].
 struct TableInspection {
     exists: bool,
@@ -618,6 +854,8 @@ struct TableInspection {
     update: bool,
     delete: bool,
     role: String,
+    /// Whether it has this version's shape ([`sql::MIGRATE_HOLDERS_TABLE`]).
+    shaped: bool,
 }
 
 impl TableInspection {
@@ -629,6 +867,7 @@ impl TableInspection {
             update: row.try_get(3)?,
             delete: row.try_get(4)?,
             role: row.try_get(5)?,
+            shaped: row.try_get::<_, Option<bool>>(6)?.unwrap_or(false),
         })
     }
 

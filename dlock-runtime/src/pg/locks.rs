@@ -3,7 +3,7 @@
 //! back a lock nobody owns, and the clean-up of work cut short.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::home::NoRuntime;
 use super::session::{Failure, LockSession};
@@ -23,18 +23,25 @@ impl Inner {
         Attempt::Held { expires_in: None }
     }
 
-    /// Sends the lock statement (the one that records `identity` too, if
-    /// there is one: see [`sql::TRY_LOCK_RECORDING`]). A session found
-    /// dead is replaced once.
+    /// Sends the lock statement: the one that records the holder
+    /// (`holder`, the encoded [`crate::HolderInfo`]) and `identity` with
+    /// the lock (see [`sql::TRY_LOCK_RECORDING`]) when the lease has an
+    /// identity, or has none and the table of holder records is usable
+    /// (see `Inner::may_record`); else the plain one. A session found dead
+    /// is replaced once.
     pub(super) async fn try_lock(
         self: &Arc<Self>,
         key: &LockKey,
         identity: Option<&str>,
+        holder: &str,
         in_flight: &mut Option<Arc<LockSession>>,
     ) -> Result<Locked, LockError> {
-        if identity.is_some() {
+        let mut record = if identity.is_some() {
             self.ensure_holders_table(key, false).await?;
-        }
+            true
+        } else {
+            self.may_record(key).await
+        };
         let mut retried = false;
         let mut restored = false;
         loop {
@@ -42,13 +49,13 @@ impl Inner {
             *in_flight = Some(Arc::clone(&session));
             // A session that could not tell when it started cannot name
             // itself in a record: its leases record nothing.
-            let recording = identity.zip(session.started);
+            let recording = session.started.filter(|_| record);
             let answer = match recording {
                 None => session
                     .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
                     .await
                     .map(|row| (Ok(row), false)),
-                Some((identity, started)) => {
+                Some(started) => {
                     match session
                         .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
                         .await
@@ -56,7 +63,13 @@ impl Inner {
                         Ok(statements) => session
                             .query_one(
                                 &statements.try_lock,
-                                &[&key.as_str(), &self.options.key_seed, &identity, &started],
+                                &[
+                                    &key.as_str(),
+                                    &self.options.key_seed,
+                                    &identity,
+                                    &started,
+                                    &holder,
+                                ],
                             )
                             .await
                             .map(|row| (Ok(row), true)),
@@ -68,15 +81,15 @@ impl Inner {
             let err = match answer {
                 Ok((Ok(row), recording)) => {
                     let parsed = row.try_get(0).and_then(|h| {
-                        let recorded = if recording { row.try_get(2)? } else { false };
-                        Ok((h, row.try_get(1)?, recorded))
+                        let since = if recording { row.try_get(2)? } else { None };
+                        Ok((h, row.try_get(1)?, since))
                     });
                     return match parsed {
-                        Ok((advisory_key, token, recorded)) => Ok(Locked {
+                        Ok((advisory_key, token, since)) => Ok(Locked {
                             session,
                             advisory_key,
                             token,
-                            recorded,
+                            since,
                         }),
                         Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
                     };
@@ -103,9 +116,29 @@ impl Inner {
                     .await
                     .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
                 if identity.is_some() {
-                    // Or the table of identity records went.
+                    // Or the table of holder records went.
                     self.ensure_holders_table(key, true).await?;
+                } else if recording.is_some() {
+                    self.holders_state.set_unchecked();
+                    record = self.may_record(key).await;
                 }
+                continue;
+            }
+            // A lease without an identity never fails for its record: what
+            // stopped the recording statement (a privilege revoked, the
+            // table locked by a DBA or changed), the plain one does not
+            // meet. The failed statement was undone above.
+            if identity.is_none()
+                && recording.is_some()
+                && err.as_db_error().is_some()
+                && sql::refused_sequence(&err).is_none()
+            {
+                if err.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                    self.records_unusable(&err);
+                } else {
+                    tracing::debug!(key = %key, error = %err, "a holder record waited too long for its table; locking without one");
+                }
+                record = false;
                 continue;
             }
             if recording.is_some() && err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
@@ -180,16 +213,17 @@ impl Inner {
         owner: OwnerId,
         ttl: Duration,
         identity: Option<Arc<str>>,
+        holder: String,
     ) -> Result<Attempt, LockError> {
         let mut unfinished = Unfinished::new(self, key, owner);
         let attempt = self
-            .try_lock(key, identity.as_deref(), &mut unfinished.in_flight)
+            .try_lock(key, identity.as_deref(), &holder, &mut unfinished.in_flight)
             .await;
         let Locked {
             session,
             advisory_key,
             token,
-            recorded,
+            since,
         } = match attempt {
             Ok(answer) => answer,
             Err(err) => {
@@ -205,6 +239,7 @@ impl Inner {
         };
         // The record this attempt wrote, to delete with the lock should it
         // give the lock back.
+        let recorded = since.is_some();
         let record = recorded.then_some(token);
         let token = match xact::to_token(token, key.as_str()) {
             Ok(token) => token,
@@ -216,6 +251,7 @@ impl Inner {
             }
         };
         let deadline = Instant::now() + ttl;
+        let held_with_identity = recorded && identity.is_some();
         let held = {
             let mut keys = self.keys();
             match keys.get_mut(key) {
@@ -239,7 +275,14 @@ impl Inner {
                         session: Arc::clone(&session),
                         advisory_key,
                         token,
-                        identity: identity.filter(|_| recorded),
+                        recorded,
+                        identity: identity.zip(since).map(|(identity, since)| {
+                            Box::new(super::Identified {
+                                identity,
+                                holder: holder.into_boxed_str(),
+                                since_us: micros_since_1970(since),
+                            })
+                        }),
                         deadline_slot,
                         deadlines: Arc::clone(&self.deadlines),
                     });
@@ -255,7 +298,7 @@ impl Inner {
             return Ok(Attempt::Held { expires_in: None });
         }
         unfinished.finish();
-        if recorded {
+        if held_with_identity {
             // For watches of the free key, in other processes too.
             self.announce_later(&session, key, advisory_key);
         }
@@ -393,6 +436,7 @@ impl Inner {
         err: tokio_postgres::Error,
     ) -> LockError {
         *self.holders_table.lock().await = false;
+        self.holders_state.set_unchecked();
         let lacks = self
             .holders_privileges(session)
             .await
@@ -438,10 +482,7 @@ impl Inner {
                 return Ok(false);
             };
             // The token as drawn: a positive int8.
-            let record = holding
-                .identity
-                .is_some()
-                .then(|| holding.token.get() as i64);
+            let record = holding.recorded.then(|| holding.token.get() as i64);
             (
                 Arc::clone(&holding.session),
                 holding.advisory_key,
@@ -520,8 +561,16 @@ pub(super) struct Locked {
     pub(super) advisory_key: i64,
     /// The token drawn; `None` when the key is held by someone else.
     pub(super) token: Option<i64>,
-    /// Whether it wrote an identity record.
-    pub(super) recorded: bool,
+    /// When it wrote a holder record, by the server's clock, if it wrote one.
+    pub(super) since: Option<SystemTime>,
+}
+
+/// `at` in microseconds since 1970 (negative before).
+fn micros_since_1970(at: SystemTime) -> i64 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
+    }
 }
 
 /// Cleans up after work on a key that is dropped before it finished, which

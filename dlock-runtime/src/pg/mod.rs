@@ -300,10 +300,14 @@ struct Inner {
     rewrite_records_sql: String,
     holder_session_sql: String,
     holder_record_sql: String,
-    /// Whether the table of identity records is known to exist and be
-    /// usable, checked (and created) on the first acquisition with an
-    /// identity, one check at a time.
+    held_sql: String,
+    /// Whether the table of holder records is known to exist, have this
+    /// version's shape and be usable, checked (created, migrated) on the
+    /// first acquisition that records, one check at a time; and, for
+    /// leases without an identity, whether it was found unusable, and when
+    /// (see `holders`).
     holders_table: AsyncMutex<bool>,
+    holders_state: holders::TableState,
     /// When renewals last tried to create the table of identity records
     /// again, if that try is in flight or failed.
     holders_recreated: Mutex<Option<Instant>>,
@@ -383,14 +387,28 @@ struct Holding {
     advisory_key: i64,
     /// The token drawn for it, for a retry by the same owner.
     token: FencingToken,
-    /// The identity recorded beside the lock, if its lock statement wrote a
-    /// record (which its unlock then deletes).
-    identity: Option<Arc<str>>,
+    /// Whether its lock statement wrote a holder record (which its unlock
+    /// then deletes).
+    recorded: bool,
+    /// The identity recorded beside the lock, with what a renewal writes
+    /// again should the record go missing, if its lock statement wrote a
+    /// record with an identity.
+    identity: Option<Box<Identified>>,
     /// When the backend unlocks the key unless it is extended (the
     /// deadline), and the hold's place in the backend's deadline queue, which
     /// it leaves when the hold ends.
     deadline_slot: Slot,
     deadlines: Arc<Deadlines>,
+}
+
+/// The record of a lease taken with an identity, as its lock statement
+/// wrote it: what a renewal writes again (see `holders`).
+struct Identified {
+    identity: Arc<str>,
+    /// The holder record ([`crate::HolderInfo::encode`]).
+    holder: Box<str>,
+    /// The server's time of acquisition, in microseconds since 1970.
+    since_us: i64,
 }
 
 impl Holding {
@@ -513,7 +531,9 @@ impl PgBackend {
             rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
             holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
+            held_sql: sql::render(sql::HELD, &quoted_schema),
             holders_table: AsyncMutex::new(false),
+            holders_state: holders::TableState::default(),
             holders_recreated: Mutex::new(None),
             slots: (0..options.sessions)
                 .map(|_| SessionSlot::default())

@@ -28,6 +28,8 @@ pub struct PgOptions {
     pub(super) liveness_interval: Duration,
     pub(super) server_idle_timeout: Option<Duration>,
     pub(super) tls: TlsVerification,
+    pub(super) label: Option<String>,
+    pub(super) record_holders: bool,
 }
 
 impl Default for PgOptions {
@@ -39,7 +41,8 @@ impl Default for PgOptions {
 impl PgOptions {
     /// Two lock sessions, up to four wait sessions, schema `dlock`, key
     /// seed 0, a 5 s connect timeout, a liveness check every 2 s, a 15 s
-    /// server idle timeout, and libpq's TLS behaviour.
+    /// server idle timeout, libpq's TLS behaviour, no label of its own,
+    /// and every acquisition's holder recorded.
     pub fn new() -> Self {
         Self {
             sessions: 2,
@@ -50,6 +53,8 @@ impl PgOptions {
             liveness_interval: Duration::from_secs(2),
             server_idle_timeout: Some(Duration::from_secs(15)),
             tls: TlsVerification::default(),
+            label: None,
+            record_holders: true,
         }
     }
 
@@ -125,8 +130,35 @@ impl PgOptions {
         self
     }
 
+    /// The application label every acquisition through this backend
+    /// records with its host and pid ([`HolderInfo`](crate::HolderInfo)),
+    /// over the process's ([`Registry::set_label`](crate::Registry::set_label)).
+    /// Checked by [`check_label`](crate::holder::check_label) when the
+    /// backend connects: at most 64 bytes, not empty, no control characters.
+    pub fn label(mut self, label: impl Into<String>) -> Self {
+        self.label = Some(label.into());
+        self
+    }
+
+    /// Whether acquisitions without an identity record their holder (on
+    /// by default). Each then writes a row of the `UNLOGGED` table
+    /// `<schema>.dlock_holders` in its lock statement and deletes it in its
+    /// unlock, and the lock statement reads `pg_locks` once: see the
+    /// [module docs](super#who-holds-a-key) for what that costs. Off, such
+    /// leases cost what they did before holder records, and
+    /// [`Backend::holder`](crate::Backend::holder) reads their holder as
+    /// unknown and [`Backend::held`](crate::Backend::held) does not list
+    /// them. Acquisitions with an identity (elections) always record.
+    pub fn record_holders(mut self, record: bool) -> Self {
+        self.record_holders = record;
+        self
+    }
+
     pub(super) fn validate(&self) -> Result<String, LockError> {
         let bad = |option, reason: String| Err(LockError::InvalidOption { option, reason });
+        if let Some(label) = &self.label {
+            crate::holder::check_label(label)?;
+        }
         if !(1..=64).contains(&self.sessions) {
             return bad(
                 "sessions",

@@ -297,13 +297,25 @@ FROM (",
 /// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
 /// does, and, only if it was taken, records who took it in
 /// `{schema}.dlock_holders` ([`CREATE_HOLDERS_TABLE`]), for
-/// [`Backend::holder`](crate::Backend::holder): the key (`$1`), the token,
+/// [`Backend::holder`](crate::Backend::holder) and
+/// [`Backend::held`](crate::Backend::held): the key (`$1`), the token,
 /// this session (its pid and its start, `$4`, from
-/// [`LOCK_SESSION_SETUP`]) and the identity (`$3`). Returns the advisory
-/// key, the token (NULL: held by someone else) and whether it recorded.
+/// [`LOCK_SESSION_SETUP`]), the identity (`$3`, NULL for a lease without
+/// one), the holder record (`$5`: the client's host, pid and label,
+/// [`HolderInfo::encode`](crate::HolderInfo::encode)) and the server's time
+/// of acquisition (`now()`, the statement's start). Returns the advisory
+/// key, the token (NULL: held by someone else) and the time it recorded
+/// (NULL: it recorded nothing).
 ///
-/// One statement, so no lease is ever taken with an identity that is not
-/// written with it, nor written without the lease. The record is visible
+/// `holder_token` repeats the token, for a reader to tell a holder record
+/// this statement wrote from one left behind: a dlock that predates the
+/// holder record writes its rows without `holder`, `holder_token` and
+/// `since`, and its upsert over an older row keeps that row's values of
+/// them, which belong to another lease. A reader believes them only when
+/// `holder_token` is the row's token (see [`HOLDER_RECORD`]).
+///
+/// One statement, so no lease is ever taken without its record, nor
+/// recorded without the lease. The record is visible
 /// at commit and the lock at once, so for an instant a reader sees the
 /// lock and an older record (or none): a record names its session, and a
 /// reader believes it only when that session holds the lock (see
@@ -319,8 +331,8 @@ FROM (",
 /// record would name a lease that does not exist, over the holder's own.
 /// Read from `pg_locks` before the lock is tried (each CTE reads the one
 /// before it; a CTE that calls a volatile function is computed once, in
-/// order, never folded into the next), which costs a scan of the lock table:
-/// only acquisitions with an identity pay it.
+/// order, never folded into the next), which costs a scan of the lock
+/// table on every acquisition.
 ///
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session
@@ -351,16 +363,19 @@ t AS (
   FROM k
 ),
 recorded AS (
-  INSERT INTO {schema}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
+  INSERT INTO {schema}.dlock_holders AS r
+         (lock_id, key, token, pid, session_start, identity, holder, holder_token, since)
   SELECT t.h, $1::pg_catalog.text, t.token, pg_catalog.pg_backend_pid(),
-         $4::pg_catalog.timestamptz, $3::pg_catalog.text
+         $4::pg_catalog.timestamptz, $3::pg_catalog.text, $5::pg_catalog.text, t.token,
+         pg_catalog.now()
   FROM t WHERE t.token IS NOT NULL AND NOT t.already
   ON CONFLICT (lock_id) DO UPDATE
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
-      session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
-  RETURNING r.lock_id
+      session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
+      holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
+  RETURNING r.since
 )
-SELECT t.h, t.token, EXISTS (SELECT FROM recorded) FROM t"
+SELECT t.h, t.token, (SELECT recorded.since FROM recorded) FROM t"
 );
 
 /// The channel [`ANNOUNCE`] announces acquisitions on for the
@@ -428,7 +443,7 @@ pub(super) const KEY_HELD: &str = concat!(
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
-/// Deletes a lease's identity record and drops its lock (`$1`, the
+/// Deletes a lease's holder record and drops its lock (`$1`, the
 /// advisory key) in one statement, so no later lease of this session
 /// (sessions carry many leases, and may take the same key again at once)
 /// is ever read with it. Only the lease's own record: its token (`$2`) and
@@ -480,24 +495,33 @@ FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
 /// the caller wrote is ever SQL text.
 pub(super) const REWRITE_RECORDS: &str = "\
 SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{wait}'::pg_catalog.text, true);
-INSERT INTO {schema}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
-SELECT w.lock_id, w.key, w.token, pg_catalog.pg_backend_pid(), w.started, w.identity
+INSERT INTO {schema}.dlock_holders AS r
+       (lock_id, key, token, pid, session_start, identity, holder, holder_token, since)
+SELECT w.lock_id, w.key, w.token, pg_catalog.pg_backend_pid(), w.started, w.identity,
+       w.holder, w.token, w.since
 FROM (SELECT v.lock_id, v.token,
              pg_catalog.convert_from(pg_catalog.decode(v.key, 'hex'::pg_catalog.text),
                                      'UTF8'::pg_catalog.name) AS key,
              pg_catalog.convert_from(pg_catalog.decode(v.identity, 'hex'::pg_catalog.text),
                                      'UTF8'::pg_catalog.name) AS identity,
+             pg_catalog.convert_from(pg_catalog.decode(v.holder, 'hex'::pg_catalog.text),
+                                     'UTF8'::pg_catalog.name) AS holder,
+             'epoch'::pg_catalog.timestamptz OPERATOR(pg_catalog.+)
+             ('1 microsecond'::pg_catalog.interval OPERATOR(pg_catalog.*)
+              v.since::pg_catalog.float8) AS since,
              (SELECT a.backend_start
               FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a) AS started
-      FROM (VALUES {rows}) AS v(lock_id, key, token, identity)) AS w
+      FROM (VALUES {rows}) AS v(lock_id, key, token, identity, holder, since)) AS w
 WHERE NOT EXISTS (
   SELECT FROM {schema}.dlock_holders AS h
   WHERE h.lock_id = w.lock_id AND h.key = w.key AND h.token = w.token
     AND h.pid = pg_catalog.pg_backend_pid() AND h.session_start = w.started
-    AND h.identity = w.identity)
+    AND h.identity = w.identity AND h.holder = w.holder AND h.holder_token = w.token
+    AND h.since = w.since)
 ON CONFLICT (lock_id) DO UPDATE
 SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
-    session_start = EXCLUDED.session_start, identity = EXCLUDED.identity";
+    session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
+    holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since";
 
 /// A record [`REWRITE_RECORDS`] writes again.
 pub(super) struct RecordRow<'a> {
@@ -505,6 +529,11 @@ pub(super) struct RecordRow<'a> {
     pub(super) key: &'a str,
     pub(super) token: i64,
     pub(super) identity: &'a str,
+    /// The holder record ([`HolderInfo::encode`](crate::HolderInfo::encode)).
+    pub(super) holder: &'a str,
+    /// When the lock was taken, by the server's clock: microseconds since
+    /// 1970.
+    pub(super) since_us: i64,
 }
 
 /// [`REWRITE_RECORDS`] (its schema already filled in: `rendered`) with
@@ -536,7 +565,13 @@ pub(super) fn rewrite_records(
             row.token
         );
         hex(&mut values, row.identity);
-        values.push_str("'::pg_catalog.text)");
+        values.push_str("'::pg_catalog.text, '");
+        hex(&mut values, row.holder);
+        let _ = write!(
+            values,
+            "'::pg_catalog.text, '{}'::pg_catalog.int8)",
+            row.since_us
+        );
     }
     rendered
         .replace("{wait}", &wait.as_millis().max(1).to_string())
@@ -568,37 +603,102 @@ WHERE ",
 LIMIT 1"
 );
 
-/// The token and identity recorded for a key (`$1`, with its key seed `$2`)
-/// by the session `$3` that started at `$4`, the holder [`HOLDER_SESSION`]
-/// found. A record of another session (one that died holding the key) or
-/// of another key with the same advisory key is not the holder's.
-pub(super) const HOLDER_RECORD: &str = "\
-SELECT r.token, r.identity
+/// The holder record of a row `r` and how long ago it was taken (in
+/// microseconds, by the server's clock, never below 0), as two columns,
+/// each NULL unless the statement that wrote the row's token wrote them
+/// too (see [`TRY_LOCK_RECORDING`] on `holder_token`).
+macro_rules! believed_holder {
+    () => {
+        "CASE WHEN r.holder_token OPERATOR(pg_catalog.=) r.token THEN r.holder END,
+       CASE WHEN r.holder_token OPERATOR(pg_catalog.=) r.token THEN
+            greatest(0::pg_catalog.int8,
+                     (EXTRACT(epoch FROM pg_catalog.now() OPERATOR(pg_catalog.-) r.since)
+                      OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8)
+       END"
+    };
+}
+
+/// The record of a key (`$1`, with its key seed `$2`) written by the
+/// session `$3` that started at `$4`, the holder [`HOLDER_SESSION`] found:
+/// its token, its identity (NULL: a lease without one), and, when the
+/// acquisition that wrote the row wrote them (see [`TRY_LOCK_RECORDING`]
+/// on `holder_token`), the holder record and how long ago it was taken in
+/// microseconds, by the server's clock alone. A record of another session
+/// (one that died holding the key) or of another key with the same
+/// advisory key is not the holder's.
+pub(super) const HOLDER_RECORD: &str = concat!(
+    "SELECT r.token, r.identity, ",
+    believed_holder!(),
+    "
 FROM {schema}.dlock_holders AS r
 WHERE r.lock_id = pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
   AND r.key = $1::pg_catalog.text AND r.pid = $3::pg_catalog.int4
-  AND r.session_start = $4::pg_catalog.timestamptz";
+  AND r.session_start = $4::pg_catalog.timestamptz"
+);
 
-/// Whether the table of identity records exists, and the privileges the
-/// role has on it (SELECT, INSERT, UPDATE, DELETE), and the role.
+/// Every key recorded in `{schema}.dlock_holders` whose name starts with
+/// `$1` (`starts_with`: the prefix is data, `%` and `_` included) and whose
+/// record is believed as [`HOLDER_RECORD`] believes one: the session it
+/// names (pid and start) holds the key's advisory lock exclusively now,
+/// and the advisory key is the key's under this backend's key seed (`$2`).
+/// One row a key: the key, the token, the identity, the holder record and
+/// how long it has been held (see `believed_holder!`), and the session's
+/// pid and start. Unsorted: the caller sorts by the key's bytes.
+///
+/// A key held without a record (by a dlock that predates records for
+/// every lease, with recording off, by a [`TransactionLock`](super::TransactionLock)
+/// or any other client) is not listed: only the record keeps its name.
+pub(super) const HELD: &str = concat!(
+    "SELECT r.key, r.token, r.identity, ",
+    believed_holder!(),
+    ", r.pid, r.session_start
+FROM {schema}.dlock_holders AS r
+WHERE pg_catalog.starts_with(r.key, $1::pg_catalog.text)
+  AND r.lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended(r.key, $2::pg_catalog.int8)
+  AND r.session_start OPERATOR(pg_catalog.=)
+      (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(r.pid) AS a)
+  AND (r.pid, (r.lock_id >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8,
+       r.lock_id & 4294967295::pg_catalog.int8) IN (
+    SELECT l.pid, l.classid::pg_catalog.int8, l.objid::pg_catalog.int8
+    FROM pg_catalog.pg_locks AS l
+    WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+      AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                        WHERE d.datname = pg_catalog.current_database()))"
+);
+
+/// Whether the table of holder records exists, and the privileges the
+/// role has on it (SELECT, INSERT, UPDATE, DELETE), the role, and whether
+/// the table has this version's shape ([`MIGRATE_HOLDERS_TABLE`]: the
+/// columns of the holder record, and `identity` nullable).
 pub(super) const INSPECT_HOLDERS_TABLE: &str = "\
 SELECT c.oid IS NOT NULL,
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'SELECT'::pg_catalog.text), false),
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'INSERT'::pg_catalog.text), false),
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'UPDATE'::pg_catalog.text), false),
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'DELETE'::pg_catalog.text), false),
-       pg_catalog.quote_ident(current_user::pg_catalog.text)
+       pg_catalog.quote_ident(current_user::pg_catalog.text),
+       (SELECT pg_catalog.count(*) = 3
+        FROM pg_catalog.pg_attribute AS a
+        WHERE a.attrelid = c.oid AND NOT a.attisdropped
+          AND a.attname IN ('holder'::pg_catalog.name, 'holder_token'::pg_catalog.name,
+                            'since'::pg_catalog.name))
+       AND NOT COALESCE((SELECT a.attnotnull FROM pg_catalog.pg_attribute AS a
+                         WHERE a.attrelid = c.oid AND NOT a.attisdropped
+                           AND a.attname = 'identity'::pg_catalog.name), true)
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
 LEFT JOIN pg_catalog.pg_class AS c
        ON c.relnamespace = n.oid AND c.relname = 'dlock_holders'::pg_catalog.name
       AND c.relkind = 'r'::pg_catalog.\"char\"";
 
-/// The table of identity records (see [`TRY_LOCK_RECORDING`]), created
-/// only when missing and only by a backend that takes a lock with an
-/// identity. `UNLOGGED`: no WAL for the rows, which a crash would make
-/// worthless anyway (it ends every session, and every lock with it), and
-/// none on a standby, where no lock session runs.
+/// The table of holder records (see [`TRY_LOCK_RECORDING`]), created
+/// only when missing, by the first acquisition that records. `UNLOGGED`:
+/// no WAL for the rows, which a crash would make worthless anyway (it
+/// ends every session, and every lock with it), and none on a standby,
+/// where no lock session runs. `identity` is NULL for a lease without
+/// one; `holder`, `holder_token` and `since` are NULL in rows written by
+/// a dlock that predates them.
 pub(super) const CREATE_HOLDERS_TABLE: &str = "\
 CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
     lock_id pg_catalog.int8 PRIMARY KEY,
@@ -606,8 +706,25 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
     token pg_catalog.int8 NOT NULL,
     pid pg_catalog.int4 NOT NULL,
     session_start pg_catalog.timestamptz NOT NULL,
-    identity pg_catalog.text NOT NULL
+    identity pg_catalog.text,
+    holder pg_catalog.text,
+    holder_token pg_catalog.int8,
+    since pg_catalog.timestamptz
 )";
+
+/// Brings a table of holder records made by a dlock that recorded only
+/// leases with an identity to this version's shape: the holder record's
+/// columns, and `identity` nullable for leases without one. Sent in the
+/// setup transaction, only when [`INSPECT_HOLDERS_TABLE`] says the shape
+/// is old; it takes the table's `ACCESS EXCLUSIVE` lock for an instant
+/// (no rewrite: the new columns have no default). Rows of an older dlock
+/// keep working: it names the columns it writes, and reads only those.
+pub(super) const MIGRATE_HOLDERS_TABLE: &str = "\
+ALTER TABLE {schema}.dlock_holders
+    ADD COLUMN IF NOT EXISTS holder pg_catalog.text,
+    ADD COLUMN IF NOT EXISTS holder_token pg_catalog.int8,
+    ADD COLUMN IF NOT EXISTS since pg_catalog.timestamptz,
+    ALTER COLUMN identity DROP NOT NULL";
 
 /// Which of the backend's objects exist and are usable (the schema, the
 /// token sequence, the privileges on them), the role asking, and the
@@ -789,7 +906,17 @@ pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement.replace("{schema}", quoted_schema)
 }
 
-/// The DDL a DBA runs to create the table of identity records, for errors.
+/// The DDL a DBA runs to bring a table of holder records of an older dlock
+/// to this version's shape (as the table's owner), for errors.
+pub(super) fn holders_migration_ddl_for_dba(quoted_schema: &str) -> String {
+    render(MIGRATE_HOLDERS_TABLE, quoted_schema)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+        + ";"
+}
+
+/// The DDL a DBA runs to create the table of holder records, for errors.
 pub(super) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
         "{create}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r};",

@@ -32,6 +32,10 @@
 //! tokens still protect the resource). The time a holder has held its key
 //! ([`HolderInfo::held_for`]) is read from that clock too: a step forward
 //! makes it look longer, a step back shorter, down to zero, never negative.
+//!
+//! [`Backend::held`] reads the directory: every state file whose key starts
+//! with the prefix and whose holder is live. Files that are not state files
+//! of this backend are skipped.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -569,6 +573,73 @@ impl Inner {
         Ok(self.holding(name)?.map(|(_, holding)| holding))
     }
 
+    /// Every live holder of a key starting with `prefix`, sorted by key.
+    ///
+    /// Each state file is first read without a lock (a rename replaces it
+    /// whole, so a read sees one version of it): files that are not state
+    /// files of this backend, and keys that are free or not under the
+    /// prefix, are passed over without touching their lock. A key that
+    /// looks held is read again as `holder` reads it, with its lock taken
+    /// for that one read, never two at once: testing whether its holder is
+    /// alive locks the holder's alive file for a moment, and an acquisition
+    /// testing the same file then would take a dead holder for a live one.
+    fn held(&self, prefix: &str) -> io::Result<Vec<(String, Holding)>> {
+        let unreadable = |e: io::Error| {
+            io::Error::new(e.kind(), format!("cannot read {}: {e}", self.dir.display()))
+        };
+        let mut held = Vec::new();
+        for entry in fs::read_dir(&self.dir).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
+            let file_name = entry.file_name();
+            let Some(name) = file_name.to_str().and_then(|n| n.strip_suffix(".state")) else {
+                continue;
+            };
+            if !entry.file_type()?.is_file() {
+                continue;
+            }
+            let Some(state) = self.peek_state(name)? else {
+                continue;
+            };
+            if !self.is_state_of(name, &state, prefix)
+                || state.owner.is_none()
+                || state.expires_at_us <= now_us()
+            {
+                continue;
+            }
+            if let Some((key, holding)) = self.holding(name)?
+                && key.starts_with(prefix)
+            {
+                held.push((key, holding));
+            }
+        }
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(held)
+    }
+
+    /// `NAME.state` read without a lock, or `None` if it is gone or is not
+    /// a state file (not UTF-8, not in the format).
+    fn peek_state(&self, name: &str) -> io::Result<Option<State>> {
+        let path = self.path(name, "state");
+        match fs::read(&path) {
+            Ok(bytes) => Ok(String::from_utf8(bytes)
+                .ok()
+                .and_then(|text| parse_state(&text))),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(err) => Err(io::Error::new(
+                err.kind(),
+                format!("cannot read {}: {err}", path.display()),
+            )),
+        }
+    }
+
+    /// Whether `state` is the state of a key under `prefix` that this
+    /// backend keeps in `NAME.state`: a state file copied or renamed by
+    /// hand names a key of another file, whose holder it cannot tell.
+    fn is_state_of(&self, name: &str, state: &State, prefix: &str) -> bool {
+        state.key.starts_with(prefix)
+            && LockKey::new(state.key.as_str()).is_ok_and(|key| file_name(&key) == name)
+    }
+
     /// How a waiter hears of the current holder's release.
     fn watch_release(self: &Arc<Self>, name: &str) -> io::Result<HolderWatch> {
         // With the key locked: a holder rewrites the state before it
@@ -735,6 +806,17 @@ impl Backend for FileBackend {
                 ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
             }
         })
+    }
+
+    /// Reads the directory: every state file whose key starts with
+    /// `prefix` and whose holder is live (as `holder` tells it). Files that
+    /// are not this backend's state files are skipped; a directory that
+    /// cannot be read is an error. Holders are never waited on: a key
+    /// that looks held has its lock taken for one read of its state.
+    async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+        let owned = prefix.to_owned();
+        self.blocking(Operation::List, prefix, move |inner| inner.held(&owned))
+            .await
     }
 }
 

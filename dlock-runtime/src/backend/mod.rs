@@ -208,7 +208,7 @@ pub trait Backend: Send + Sync + 'static {
     /// Every key held now whose name starts with `prefix` (all of them for
     /// `""`), each with its [`Backend::holder`] answer, sorted by key. The
     /// `dlock list` inspector reads it. A store that cannot enumerate its
-    /// locks answers an error ([`Operation::Inspect`]), never a short list:
+    /// locks answers an error ([`Operation::List`]), never a short list:
     /// the default does, so a backend that overrides nothing says so.
     ///
     /// A lock whose key name the store does not keep (a PostgreSQL advisory
@@ -221,7 +221,7 @@ pub trait Backend: Send + Sync + 'static {
     async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
         Err(LockError::backend(
             self.kind(),
-            Operation::Inspect,
+            Operation::List,
             prefix,
             format!("the {} backend cannot list the keys it holds", self.kind()),
         ))

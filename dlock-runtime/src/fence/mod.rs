@@ -37,6 +37,19 @@
 //! [`pg::PgFence`], call `accept` in the transaction that reads as well as in
 //! the one that writes (or do both in one transaction). [`FencedCell::write`]
 //! reads and writes in one step, so it needs nothing more.
+//!
+// Without the backend features the PostgreSQL and Redis fences are not
+// compiled, so the links above point to the facade's documentation, which
+// is built with both.
+#![cfg_attr(
+    not(feature = "pg"),
+    doc = "[`pg::PgFence`]: https://docs.rs/dlock/latest/dlock/fence/pg/struct.PgFence.html"
+)]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[`redis::RedisFence`]: https://docs.rs/dlock/latest/dlock/fence/redis/struct.RedisFence.html",
+    doc = "[`redis::RedisFence::read`]: https://docs.rs/dlock/latest/dlock/fence/redis/struct.RedisFence.html#method.read"
+)]
 
 #[cfg(feature = "pg")]
 pub mod pg;

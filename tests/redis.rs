@@ -277,7 +277,7 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
         .expect("free");
     let name = format!("\"{}\"", lock_name(&key));
     // (number of keys, ttl argument) of the acquire script, then of the
-    // first renewal's extend script: both end with the ttl in ms.
+    // first renewal's extend script: both take the ttl in ms as ARGV[2].
     let mut sent = Vec::new();
     while sent.len() < 2 {
         let line = lines
@@ -287,7 +287,8 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
             continue;
         }
         let args: Vec<&str> = line.split('"').skip(1).step_by(2).collect();
-        sent.push((args[2].to_owned(), args[args.len() - 1].to_owned()));
+        let keys: usize = args[2].parse().expect("the number of keys");
+        sent.push((args[2].to_owned(), args[3 + keys + 1].to_owned()));
     }
     lease.release().await.expect("release");
     let _ = watch.kill();
@@ -295,8 +296,8 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
     assert_eq!(
         sent,
         [
-            ("2".to_owned(), "301".to_owned()),
-            ("1".to_owned(), "301".to_owned())
+            ("3".to_owned(), "301".to_owned()),
+            ("2".to_owned(), "301".to_owned())
         ],
         "a ttl of 300.5 ms must reach the server as 301 ms (acquire, then extend)"
     );
@@ -683,4 +684,115 @@ async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
             && text.contains(key.as_str()),
         "no warning about the counter ahead of the clock:\n{text}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// The holder info key beside each lock.
+
+fn info_name(key: &LockKey) -> String {
+    format!("dlock:{{{key}}}:info")
+}
+
+/// The absolute expiry of `name` in ms (`PEXPIRETIME`), as redis-cli
+/// prints it: -2 for no such key, -1 for no expiry.
+fn expires_at(name: &str) -> i64 {
+    cli(&["PEXPIRETIME", name])
+        .parse()
+        .unwrap_or_else(|err| panic!("PEXPIRETIME {name}: {err}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_holder_info_key_is_taken_renewed_and_released_with_the_lock() {
+    use dlock::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("info-with-lock");
+    let (lock, info) = (lock_name(&key), info_name(&key));
+    let owner = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(&key, &owner, Duration::from_secs(60));
+    assert!(matches!(
+        backend.try_acquire(&request).await,
+        Ok(Attempt::Acquired(_))
+    ));
+    // `<owner id> <server µs> <record>`, expiring when the lock does (read
+    // with redis-rs: redis-cli's output loses the empty label's tab).
+    let mut conn = redis::Client::open(redis_url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    let value: String = redis::cmd("GET")
+        .arg(&info)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    let mut fields = value.splitn(3, ' ');
+    assert_eq!(
+        fields.next(),
+        Some(&cli(&["GET", &lock])[..32]),
+        "{value:?}"
+    );
+    assert!(
+        fields
+            .next()
+            .is_some_and(|micros| micros.parse::<u64>().is_ok()),
+        "{value:?}"
+    );
+    let record = fields.next().expect("a record");
+    let me = dlock::HolderInfo::this_process(None);
+    assert_eq!(dlock::HolderInfo::decode(record), Some(me), "{value:?}");
+    let taken = expires_at(&lock);
+    assert!(taken > 0, "the lock has an expiry: {taken}");
+    assert_eq!(
+        expires_at(&info),
+        taken,
+        "the info key expires with the lock"
+    );
+
+    let renewal = Renewal::new(&key, &owner, Duration::from_secs(120));
+    assert!(backend.extend(&renewal).await.expect("renew"));
+    let renewed = expires_at(&lock);
+    assert!(renewed > taken, "renewed: {renewed} after {taken}");
+    assert_eq!(expires_at(&info), renewed, "renewed with the lock");
+    // The batch renewal (one pipeline) too.
+    let renewal = Renewal::new(&key, &owner, Duration::from_secs(180));
+    let batch = backend.extend_many(&[renewal]).await;
+    assert!(matches!(batch.as_slice(), [Ok(true)]), "{batch:?}");
+    let renewed_again = expires_at(&lock);
+    assert!(renewed_again > renewed);
+    assert_eq!(expires_at(&info), renewed_again, "renewed with the lock");
+
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(cli(&["EXISTS", &lock, &info]), "0", "both deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_left_to_expire_leaves_no_holder_info_behind() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("info-expires");
+    let (lock, info) = (lock_name(&key), info_name(&key));
+    let lease = LockOptions::new(Duration::from_millis(300))
+        .renew(false)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert_eq!(cli(&["EXISTS", &info]), "1", "recorded");
+    within(10, "the lock's ttl running out", async {
+        while cli(&["EXISTS", &lock]) != "0" {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        cli(&["EXISTS", &info]),
+        "0",
+        "the info key outlived the lock it describes"
+    );
+    assert_eq!(backend.holder(&key).await.expect("holder"), None);
+    drop(lease);
 }

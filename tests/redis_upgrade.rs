@@ -255,3 +255,198 @@ async fn with_publish_every_release_a_previous_waiter_is_woken_by_a_new_holder()
     assert!(token > 0);
     assert_eq!(previous.release(&key).await, 1);
 }
+
+/// The protocol just before the holder info key: values with the waiter
+/// mark, no info key written, renewed or deleted. Its scripts, word for
+/// word.
+const UNRECORDED_ACQUIRE: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local held = redis.pcall('GET', KEYS[1])
+  if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
+      and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
+    if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
+      local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
+      if type(marked) == 'table' then
+        return {redis.call('PTTL', KEYS[1]), marked.err}
+      end
+    end
+    return redis.call('PTTL', KEYS[1])
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
+    redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
+  end
+end
+local now = redis.call('TIME')
+local clock = now[2]
+if #clock < 6 then
+  clock = string.rep('0', 6 - #clock) .. clock
+end
+clock = now[1] .. clock
+local last = redis.pcall('SET', KEYS[2], clock, 'GET')
+if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
+  return clock
+end
+if type(last) == 'string' then
+  redis.call('SET', KEYS[2], last)
+end
+local token = redis.pcall('INCR', KEYS[2])
+if type(token) == 'table' then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
+end
+if token < tonumber(clock) then
+  redis.call('SET', KEYS[2], clock)
+  return clock
+end
+return redis.call('GET', KEYS[2])
+";
+const UNRECORDED_RELEASE: &str = r"
+local held = redis.pcall('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if type(held) == 'string' and #held == #ARGV[1]
+    and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  return 1
+end
+return 0
+";
+const UNRECORDED_FORCE_RELEASE: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], 'released')
+  return 1
+end
+return 0
+";
+
+/// A replica on the protocol before the holder info key, by hand.
+struct Unrecorded {
+    conn: MultiplexedConnection,
+    /// The owner id with the "nobody waits" mark.
+    value: String,
+}
+
+impl Unrecorded {
+    async fn new(owner: char) -> Self {
+        let conn = redis::Client::open(redis_url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let mut value: String = std::iter::repeat_n(owner, 32).collect();
+        value.push('-');
+        Self { conn, value }
+    }
+
+    /// The token when taken; `None` when held.
+    async fn acquire(&mut self, key: &LockKey, ttl_ms: u64) -> Option<u64> {
+        let reply: redis::Value = Script::new(UNRECORDED_ACQUIRE)
+            .key(lock_name(key))
+            .key(format!("dlock:{{{key}}}:fence"))
+            .arg(&self.value)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the unrecorded acquire script");
+        match reply {
+            redis::Value::BulkString(token) => Some(
+                String::from_utf8(token)
+                    .expect("text")
+                    .parse()
+                    .expect("a token"),
+            ),
+            _ => None,
+        }
+    }
+
+    async fn release(&mut self, key: &LockKey) -> i64 {
+        Script::new(UNRECORDED_RELEASE)
+            .key(lock_name(key))
+            .arg(&self.value)
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the unrecorded release script")
+    }
+
+    /// `dlock release --force` of that version: deletes the lock alone.
+    async fn force_release(&mut self, key: &LockKey) -> i64 {
+        Script::new(UNRECORDED_FORCE_RELEASE)
+            .key(lock_name(key))
+            .arg(format!("dlock:{{{key}}}:released"))
+            .invoke_async(&mut self.conn)
+            .await
+            .expect("the unrecorded force-release script")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_protocol() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("upgrade-info-left");
+    let info = format!("dlock:{{{key}}}:info");
+    let mut older = Unrecorded::new('d').await;
+    let me = dlock::HolderInfo::this_process(None);
+
+    // A new holder records itself; an older replica's force release
+    // deletes its lock and leaves the info key.
+    let lease = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let recorded = backend
+        .holder(&key)
+        .await
+        .expect("holder")
+        .and_then(|holding| holding.holder)
+        .expect("a new holder is recorded");
+    assert_eq!(
+        (recorded.host.as_str(), recorded.pid),
+        (me.host.as_str(), me.pid)
+    );
+    assert_eq!(older.force_release(&key).await, 1);
+    // The broken lease's own release finds another value (none): it
+    // deletes nothing, and says so.
+    assert!(lease.release().await.is_err(), "a broken lease released");
+    assert_eq!(
+        cli(&["EXISTS", &info]),
+        "1",
+        "the older force release left it"
+    );
+
+    // An older holder takes the key: it is held, by an unknown holder, and
+    // never paired with the info record left behind.
+    let token = older.acquire(&key, 60_000).await.expect("free again");
+    let holding = backend
+        .holder(&key)
+        .await
+        .expect("holder")
+        .expect("the older replica holds it");
+    assert_eq!(holding.token.map(|t| t.get()), Some(token));
+    assert_eq!(
+        holding.holder, None,
+        "the older holder must not be named as the new one"
+    );
+
+    // Its release leaves the info key too: nobody holds the key.
+    assert_eq!(older.release(&key).await, 1);
+    assert_eq!(cli(&["EXISTS", &info]), "1", "the older release left it");
+    assert_eq!(backend.holder(&key).await.expect("holder"), None);
+    assert_eq!(backend.held(key.as_str()).await.expect("held"), Vec::new());
+
+    // The next new holder records itself over it, and its release deletes
+    // both.
+    let lease = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free again");
+    assert!(lease.token().get() > token);
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(holding.holder.map(|h| h.pid), Some(me.pid));
+    lease.release().await.expect("release");
+    assert_eq!(cli(&["EXISTS", &lock_name(&key), &info]), "0");
+}

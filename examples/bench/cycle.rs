@@ -3,7 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use dlock::pg::tokio_postgres::{self, NoTls, Statement};
@@ -222,8 +222,14 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
     Ok(vec![floor, dlock_row, rslock_row, bare])
 }
 
+/// The holder record dlock's acquisitions write beside the lock: this
+/// process's host and pid, no label (the bench sets none).
+static HOLDER_RECORD: LazyLock<String> =
+    LazyLock::new(|| dlock::HolderInfo::this_process(None).encode());
+
 /// One cycle of the Redis floor: dlock's acquire and release scripts sent
-/// by hand on the keys dlock would use for `tag`.
+/// by hand on the keys dlock would use for `tag`, with the arguments dlock
+/// sends (the holder info key and record too).
 pub async fn floor_cycle(
     conn: &mut MultiplexedConnection,
     acquire: &Script,
@@ -231,9 +237,10 @@ pub async fn floor_cycle(
     tag: &str,
     owner: &str,
 ) -> Res<()> {
-    let (lock, fence) = (
+    let (lock, fence, info) = (
         format!("dlock:{{{tag}}}:lock"),
         format!("dlock:{{{tag}}}:fence"),
+        format!("dlock:{{{tag}}}:info"),
     );
     // The protocol's value: the owner id and the "nobody waits" mark.
     let value = format!("{owner}-");
@@ -241,14 +248,21 @@ pub async fn floor_cycle(
     let got: redis::Value = acquire
         .key(&lock)
         .key(&fence)
+        .key(&info)
         .arg(&value)
         .arg(TTL.as_millis() as u64)
+        .arg(HOLDER_RECORD.as_str())
         .invoke_async(conn)
         .await?;
     if !matches!(&got, redis::Value::BulkString(token) if !token.is_empty()) {
         return Err(format!("floor: {lock} was held: {got:?}").into());
     }
-    let released: i64 = release.key(&lock).arg(&value).invoke_async(conn).await?;
+    let released: i64 = release
+        .key(&lock)
+        .key(&info)
+        .arg(&value)
+        .invoke_async(conn)
+        .await?;
     if released != 1 {
         return Err(format!("floor: {lock} was not ours").into());
     }

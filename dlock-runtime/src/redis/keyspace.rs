@@ -6,6 +6,7 @@
 //! | --- | --- | --- |
 //! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
+//! | `dlock:{T}:info` | string, with the lock's `PX` expiry | who took the lock: its owner id (32 hex digits), the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]), space-separated; written by every acquisition, stretched by every renewal and deleted by the release, together with the lock; read only while that owner holds the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //!
@@ -29,6 +30,8 @@ pub(crate) struct Keyspace {
     pub(crate) fence: String,
     /// The channel a release is announced on.
     pub(crate) released: String,
+    /// Who took the lock, and when.
+    pub(crate) info: String,
 }
 
 impl Keyspace {
@@ -39,14 +42,16 @@ impl Keyspace {
             lock: name(&tag, "lock"),
             fence: name(&tag, "fence"),
             released: name(&tag, "released"),
+            info: name(&tag, "info"),
         }
     }
 }
 
-/// The lock key's name alone: all a renewal or a release sends (the release
-/// script finds the channel from it), without building the other names.
-pub(crate) fn lock_name(key: &LockKey) -> String {
-    name(&hash_tag(key.as_str()), "lock")
+/// The lock key's and the holder info key's names, all a renewal or a
+/// release sends, from one encoding of the key.
+pub(crate) fn lock_and_info_names(key: &LockKey) -> (String, String) {
+    let tag = hash_tag(key.as_str());
+    (name(&tag, "lock"), name(&tag, "info"))
 }
 
 /// The holder record's name: built only for an acquisition with an
@@ -141,10 +146,23 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_name_alone_is_the_one_of_the_full_layout() {
+    fn the_lock_and_info_names_alone_are_the_ones_of_the_full_layout() {
         for key in ["plain", "}", "a}b{c", "%7D"] {
             let key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(lock_name(&key), Keyspace::of(&key).lock);
+            let names = Keyspace::of(&key);
+            assert_eq!(lock_and_info_names(&key), (names.lock, names.info));
+        }
+    }
+
+    #[test]
+    fn the_info_key_shares_the_locks_hash_tag() {
+        for key in ["plain", "}", "a}b{c", "ü}🔒{"] {
+            let names = names(key);
+            assert_eq!(
+                cluster_hash_part(&names.info),
+                cluster_hash_part(&names.lock),
+                "{key:?}"
+            );
         }
     }
 
@@ -154,5 +172,6 @@ mod tests {
         assert_eq!(names.lock, "dlock:{job:%7B42%7D}:lock");
         assert_eq!(names.fence, "dlock:{job:%7B42%7D}:fence");
         assert_eq!(names.released, "dlock:{job:%7B42%7D}:released");
+        assert_eq!(names.info, "dlock:{job:%7B42%7D}:info");
     }
 }

@@ -39,11 +39,23 @@
 //! | --- | --- | --- |
 //! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
+//! | `dlock:{T}:info` | string with the lock's `PX` expiry | who took the lock: the owner id, the server time of the acquisition in µs, and the holder's host, pid and label ([`crate::holder`]); written, renewed and deleted in the same scripts as the lock |
+//! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
 //!
-//! `{T}` is a Redis Cluster hash tag, so both keys live in one slot and the
-//! scripts are valid on a cluster. Fence keys are small and kept forever;
-//! deleting one is safe (the next token restarts from the clock).
+//! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
+//! the scripts are valid on a cluster. Fence keys are small and kept
+//! forever; deleting one is safe (the next token restarts from the clock).
+//! An info key or identity record is read only while the owner id it
+//! starts with holds the lock, so one left behind (the lock deleted by
+//! hand, or by an older dlock, which writes no info) never names a later
+//! holder; a lock taken by an older dlock reads as held by an unknown
+//! holder (`holder: None`).
+//!
+//! ## Who holds what
+//!
+//! [`Backend::holder`] reads the lock, its token and its info in one
+//! script, and times the hold by the server's clock (`TIME`).
 //!
 //! ## URLs
 //!
@@ -117,6 +129,7 @@ use crate::backend::{
     ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
+use crate::holder::HolderInfo;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
@@ -282,13 +295,15 @@ impl RedisBackend {
     }
 
     fn error(&self, operation: Operation, key: &LockKey, text: String) -> LockError {
+        self.error_at(operation, key.as_str(), text)
+    }
+
+    fn error_at(&self, operation: Operation, key: &str, text: String) -> LockError {
         let source: BoxError = scrub(&text, &self.inner.secrets).into();
-        LockError::backend(KIND, operation, key.as_str(), source)
+        LockError::backend(KIND, operation, key, source)
     }
 }
 
-/// `Held`, with the remaining ttl in ms the acquire script answered
-/// (negative: the key has no expiry, or is gone).
 /// The holder script's reply as a [`Holding`]; `None` for a reply of
 /// another shape.
 fn read_holding(reply: &Value) -> Option<Option<Holding>> {
@@ -302,10 +317,17 @@ fn read_holding(reply: &Value) -> Option<Option<Holding>> {
         Value::Array(parts) => parts,
         _ => return None,
     };
-    let [Value::Int(remaining), record, fence] = parts.as_slice() else {
+    let [
+        Value::Int(remaining),
+        record,
+        fence,
+        info,
+        Value::Int(held_for),
+    ] = parts.as_slice()
+    else {
         return None;
     };
-    let (record, fence) = (text(record)?, text(fence)?);
+    let (record, fence, info) = (text(record)?, text(fence)?, text(info)?);
     // `<owner id> <token> <identity>`, the identity last (it may hold spaces).
     let recorded = record.splitn(3, ' ').collect::<Vec<_>>();
     let (token, identity) = match recorded.as_slice() {
@@ -315,13 +337,21 @@ fn read_holding(reply: &Value) -> Option<Option<Holding>> {
     let token = token.filter(|token| *token > 0).map(FencingToken::new);
     // An identity is only told with its own token.
     let identity = identity.filter(|_| token.is_some());
-    let holding = Holding::new(token, identity);
+    // `<host>\t<pid>\t<label>` and how long ago it was taken, when the
+    // holder's acquisition recorded it (an older dlock's did not).
+    let holder = HolderInfo::decode(&info).map(|holder| match u64::try_from(*held_for) {
+        Ok(micros) => holder.held_for(Duration::from_micros(micros)),
+        Err(_) => holder,
+    });
+    let holding = Holding::new(token, identity).held_by(holder);
     Some(Some(match u64::try_from(*remaining) {
         Ok(ms) => holding.expiring_in(Duration::from_millis(ms)),
         Err(_) => holding,
     }))
 }
 
+/// `Held`, with the remaining ttl in ms the acquire script answered
+/// (negative: the key has no expiry, or is gone).
 fn held(remaining: i64) -> Attempt {
     Attempt::Held {
         expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
@@ -392,8 +422,10 @@ impl Backend for RedisBackend {
         script
             .key(&names.lock)
             .key(&names.fence)
+            .key(&names.info)
             .arg(&held_value(owner, mark)[..])
-            .arg(ttl_millis(ttl));
+            .arg(ttl_millis(ttl))
+            .arg(request.holder_record(None));
         if let Some(identity) = request.identity {
             script.key(keyspace::holder_name(key)).arg(identity);
         }
@@ -434,8 +466,10 @@ impl Backend for RedisBackend {
             None => scripts::EXTEND.prepare_invoke(),
             Some(_) => scripts::EXTEND_AS.prepare_invoke(),
         };
+        let (lock, info) = keyspace::lock_and_info_names(key);
         script
-            .key(keyspace::lock_name(key))
+            .key(lock)
+            .key(info)
             .arg(&held_value(owner, UNWAITED)[..])
             .arg(ttl_millis(ttl));
         if let Some((identity, token)) = renewal.recorded {
@@ -463,15 +497,18 @@ impl Backend for RedisBackend {
         pipe.ignore_errors();
         for lease in leases {
             let call = pipe.cmd("EVALSHA");
+            let (lock, info) = keyspace::lock_and_info_names(lease.key);
             match lease.recorded {
                 None => call
                     .arg(scripts::EXTEND.get_hash())
-                    .arg(1)
-                    .arg(keyspace::lock_name(lease.key)),
+                    .arg(2)
+                    .arg(lock)
+                    .arg(info),
                 Some(_) => call
                     .arg(scripts::EXTEND_AS.get_hash())
-                    .arg(2)
-                    .arg(keyspace::lock_name(lease.key))
+                    .arg(3)
+                    .arg(lock)
+                    .arg(info)
                     .arg(keyspace::holder_name(lease.key)),
             };
             call.arg(&held_value(lease.owner, UNWAITED)[..])
@@ -538,8 +575,10 @@ impl Backend for RedisBackend {
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
         let mut script = scripts::RELEASE.prepare_invoke();
+        let (lock, info) = keyspace::lock_and_info_names(key);
         script
-            .key(keyspace::lock_name(key))
+            .key(lock)
+            .key(info)
             .arg(&held_value(owner, UNWAITED)[..]);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
@@ -571,7 +610,10 @@ impl Backend for RedisBackend {
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
         let names = Keyspace::of(key);
         let mut script = scripts::FORCE_RELEASE.prepare_invoke();
-        script.key(&names.lock).arg(&names.released);
+        script
+            .key(&names.lock)
+            .key(&names.info)
+            .arg(&names.released);
         let deleted: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(deleted == 1)
     }
@@ -582,7 +624,8 @@ impl Backend for RedisBackend {
         script
             .key(&names.lock)
             .key(&names.fence)
-            .key(keyspace::holder_name(key));
+            .key(keyspace::holder_name(key))
+            .key(&names.info);
         let reply: Value = self.run(Operation::Inspect, key, &script).await?;
         read_holding(&reply).ok_or_else(|| {
             self.error(
@@ -609,5 +652,56 @@ impl Backend for RedisBackend {
                 Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)).recheck_within(DEGRADED_RECHECK))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_holder_reply_with_info_names_the_holder_and_how_long_it_held() {
+        let me = HolderInfo::this_process(Some("billing"));
+        let reply = Value::Array(vec![
+            Value::Int(12_000),
+            bulk(""),
+            bulk("1700000000000042"),
+            bulk(&me.encode()),
+            Value::Int(2_500_000),
+        ]);
+        let holding = read_holding(&reply).expect("a holder reply").expect("held");
+        assert_eq!(
+            holding.token,
+            Some(FencingToken::new(1_700_000_000_000_042))
+        );
+        assert_eq!(holding.expires_in, Some(Duration::from_secs(12)));
+        assert_eq!(
+            holding.holder,
+            Some(me.held_for(Duration::from_millis(2_500)))
+        );
+    }
+
+    #[test]
+    fn a_holder_reply_without_info_or_with_a_damaged_one_names_nobody() {
+        for info in ["", "2\tweb\t1\t", "garbage"] {
+            let reply = Value::Array(vec![
+                Value::Int(5),
+                bulk(""),
+                bulk("7"),
+                bulk(info),
+                Value::Int(-1),
+            ]);
+            let holding = read_holding(&reply).expect("a holder reply").expect("held");
+            assert_eq!(holding.token, Some(FencingToken::new(7)), "{info:?}");
+            assert_eq!(holding.holder, None, "{info:?}");
+        }
+        assert!(matches!(read_holding(&Value::Nil), Some(None)));
+        // The shape before the info: not this script's answer.
+        let short = Value::Array(vec![Value::Int(5), bulk(""), bulk("7")]);
+        assert!(read_holding(&short).is_none());
     }
 }

@@ -12,18 +12,28 @@ use std::sync::LazyLock;
 
 use ::redis::Script;
 
-/// Takes a free key and draws its fencing token.
+/// Takes a free key, records who took it and draws its fencing token.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key; `ARGV[1]` the value to hold the
-/// key with (the owner id and a waiter mark, see below), `ARGV[2]` ttl in
-/// milliseconds. Returns the token as a bulk string (exact as u64) when the
-/// caller now holds the key, the holder's remaining ttl in ms as an integer
-/// (negative if it has none) when someone else does.
+/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder info key;
+/// `ARGV[1]` the value to hold the key with (the owner id and a waiter
+/// mark, see below), `ARGV[2]` ttl in milliseconds, `ARGV[3]` the holder
+/// record ([`crate::HolderInfo::encode`]: host, pid, label). Returns the
+/// token as a bulk string (exact as u64) when the caller now holds the key,
+/// the holder's remaining ttl in ms as an integer (negative if it has none)
+/// when someone else does.
 ///
 /// Why one atomic step: setting the owner and drawing the token must not be
 /// split, or two acquisitions could interleave and hand out tokens in an
 /// order that differs from the order they took the key (and a client dying
 /// between the steps would leave a held key without a token).
+///
+/// **The holder info.** The acquisition writes `<owner id> <server time in
+/// µs> <record>` to the info key with the lock's own `PX`, in this same
+/// step, so the key never is held without it (but by an older dlock, which
+/// writes none) and it expires with the lock; renewals stretch both,
+/// releases delete both. A reader ([`HOLDER_LUA`]) takes it only if its
+/// owner id is the lock's: an info key left behind (a lock deleted by hand
+/// or by an older dlock's force release) never names a later holder.
 ///
 /// The token is `max(last token + 1, server time in microseconds)`: a fence
 /// key lost with the data (a restart without persistence, a failover to a
@@ -98,6 +108,7 @@ if #clock < 6 then
   clock = string.rep('0', 6 - #clock) .. clock
 end
 clock = now[1] .. clock
+redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. clock .. ' ' .. ARGV[3], 'PX', ARGV[2])
 local last = redis.pcall('SET', KEYS[2], clock, 'GET')
 if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
   return clock
@@ -107,7 +118,7 @@ if type(last) == 'string' then
 end
 local token = redis.pcall('INCR', KEYS[2])
 if type(token) == 'table' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[3])
   redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
 end
@@ -118,10 +129,12 @@ end
 return redis.call('GET', KEYS[2])
 ";
 
-/// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` the owner id with the
-/// `-` mark, `ARGV[2]` ttl in milliseconds. Returns 1 if renewed, 0 if the
-/// caller is not the owner. The owner id is compared, whichever mark the
-/// value carries now.
+/// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
+/// `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` ttl in
+/// milliseconds. Returns 1 if renewed, 0 if the caller is not the owner.
+/// The owner id is compared, whichever mark the value carries now. The
+/// info key the caller's acquisition wrote gets the same new expiry, so it
+/// lives exactly as long as the lock.
 ///
 /// Why one atomic step: checked apart, the lease could expire and be taken
 /// by a new owner between the check and the `PEXPIRE`, which would then
@@ -130,13 +143,15 @@ pub const EXTEND_LUA: &str = r"
 local held = redis.pcall('GET', KEYS[1])
 if held == ARGV[1] or type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 ";
 
 /// Releases a lease and announces it to whoever may wait. `KEYS[1]` lock
-/// key (`…:lock`); `ARGV[1]` the owner id with the `-` mark. The release
+/// key (`…:lock`), `KEYS[2]` holder info key (deleted with the lock, in
+/// the same `DEL`); `ARGV[1]` the owner id with the `-` mark. The release
 /// channel is the lock key with `lock` replaced by `released`, made here
 /// only when it is published on (an argument costs the server on every
 /// call). Returns 1 if released, 0 if the caller was not the owner
@@ -154,25 +169,28 @@ return 0
 pub const RELEASE_LUA: &str = r"
 local held = redis.pcall('GET', KEYS[1])
 if held == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   return 1
 end
 if type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return 1
 end
 return 0
 ";
 
-/// Breaks a lock whoever holds it. `KEYS[1]` lock key; `ARGV[1]` release
-/// channel. Returns 1 if a lock was deleted.
+/// Breaks a lock whoever holds it. `KEYS[1]` lock key, `KEYS[2]` holder
+/// info key (deleted too, held or not: without its lock it names nobody);
+/// `ARGV[1]` release channel. Returns 1 if a lock was deleted.
 ///
 /// Why one atomic step: the announcement goes out for exactly the deletion
 /// that happened, so waiters retry when the key is really free.
 pub(super) const FORCE_RELEASE_LUA: &str = r"
-if redis.call('DEL', KEYS[1]) == 1 then
+local held = redis.call('PTTL', KEYS[1]) ~= -2
+redis.call('DEL', KEYS[1], KEYS[2])
+if held then
   redis.call('PUBLISH', ARGV[1], 'released')
   return 1
 end
@@ -180,7 +198,7 @@ return 0
 ";
 
 /// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
-/// `KEYS[3]` the holder record, `ARGV[3]` the identity. In the same step
+/// `KEYS[4]` the identity record, `ARGV[4]` the identity. In the same step
 /// that takes the key, it records `<owner id> <token> <identity>` and
 /// announces the acquisition on the release channel, which a leader's
 /// observers listen to (lock waiters woken by it just find the key held).
@@ -195,7 +213,7 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
         "local function take()\n{ACQUIRE_LUA}\nend\n\
          local reply = take()\n\
          if type(reply) == 'string' then\n  \
-           redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[3])\n  \
+           redis.call('SET', KEYS[4], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
            redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
          end\n\
          return reply\n"
@@ -203,14 +221,19 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Reads who holds a key. `KEYS[1]` lock key, `KEYS[2]` fence key,
-/// `KEYS[3]` holder record. Returns `false` when the key is free, else
-/// `{remaining ttl in ms, record, last token}`: the record (owner id, token,
-/// identity) only if the lock's holder wrote it, else an empty string; the
-/// last token drawn for the key (the holder's, as only an acquisition
-/// draws) only for a value dlock wrote, else an empty string.
+/// `KEYS[3]` identity record, `KEYS[4]` holder info key. Returns `false`
+/// when the key is free, else `{remaining ttl in ms, record, last token,
+/// info, held for in µs}`: the record (owner id, token, identity) only if
+/// the lock's holder wrote it, else an empty string; the last token drawn
+/// for the key (the holder's, as only an acquisition draws) only for a
+/// value dlock wrote, else an empty string; the holder info record (host,
+/// pid, label: [`crate::HolderInfo::decode`] reads it) only if the lock's
+/// holder wrote it, else an empty string, and then how long ago its
+/// acquisition was by the server's clock (`TIME` now less the time it
+/// recorded, never below 0; -1 without info). No client clock is involved.
 ///
-/// Why one script: the lock, its record and its token are read as one
-/// state, never a holder with another lease's record.
+/// Why one script: the lock, its records and its token are read as one
+/// state, never a holder with another lease's record or info.
 pub const HOLDER_LUA: &str = r"
 local held = redis.pcall('GET', KEYS[1])
 if not held then
@@ -218,21 +241,32 @@ if not held then
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
-  return {ttl, '', ''}
+  return {ttl, '', '', '', -1}
 end
+local owner = string.sub(held, 1, 32) .. ' '
 local record = redis.pcall('GET', KEYS[3])
-if type(record) ~= 'string' or string.sub(record, 1, 33) ~= string.sub(held, 1, 32) .. ' ' then
+if type(record) ~= 'string' or string.sub(record, 1, 33) ~= owner then
   record = ''
 end
 local fence = redis.pcall('GET', KEYS[2])
 if type(fence) ~= 'string' then
   fence = ''
 end
-return {ttl, record, fence}
+local info, held_for = '', -1
+local recorded = redis.pcall('GET', KEYS[4])
+if type(recorded) == 'string' and string.sub(recorded, 1, 33) == owner then
+  local since, rest = string.match(recorded, '^(%d+) (.*)$', 34)
+  if since and #since <= 16 then
+    local now = redis.call('TIME')
+    local micros = tonumber(now[1]) * 1000000 + tonumber(now[2]) - tonumber(since)
+    info, held_for = rest, math.max(micros, 0)
+  end
+end
+return {ttl, record, fence, info, held_for}
 ";
 
-/// [`EXTEND_LUA`] for a lease taken with an identity: `KEYS[2]` the holder
-/// record, `ARGV[3]` the lease's token, `ARGV[4]` its identity. A renewal
+/// [`EXTEND_LUA`] for a lease taken with an identity: `KEYS[3]` the
+/// identity record, `ARGV[3]` the lease's token, `ARGV[4]` its identity. A renewal
 /// that finds the caller still holding the key writes the record again if
 /// it is not the caller's (an operator deleted it, eviction took it, a
 /// failover brought back an older one), so a live leader is hidden from
@@ -244,8 +278,8 @@ pub(super) static EXTEND_AS_LUA: LazyLock<String> = LazyLock::new(|| {
          local renewed = extend()\n\
          if renewed == 1 then\n  \
            local record = string.sub(ARGV[1], 1, 32) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]\n  \
-           if redis.pcall('GET', KEYS[2]) ~= record then\n    \
-             redis.call('SET', KEYS[2], record)\n  \
+           if redis.pcall('GET', KEYS[3]) ~= record then\n    \
+             redis.call('SET', KEYS[3], record)\n  \
            end\n\
          end\n\
          return renewed\n"

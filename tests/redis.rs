@@ -796,3 +796,57 @@ async fn a_lease_left_to_expire_leaves_no_holder_info_behind() {
     assert_eq!(backend.holder(&key).await.expect("holder"), None);
     drop(lease);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_label_set_on_the_builder_wins_over_the_requests() {
+    use dlock::backend::{AcquireRequest, Attempt, ReleaseRequest};
+    let labelled: Arc<dyn Backend> = Arc::new(
+        RedisBackend::builder(&redis_url())
+            .label("billing")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let unlabelled = backend().await;
+    for (backend, expected) in [(&labelled, "billing"), (&unlabelled, "web")] {
+        let key = dlock_runtime::conformance::fresh_key("builder-label");
+        let owner = OwnerId::random().expect("random");
+        let request =
+            AcquireRequest::new(&key, &owner, Duration::from_secs(30)).with_label(Some("web"));
+        assert!(matches!(
+            backend.try_acquire(&request).await,
+            Ok(Attempt::Acquired(_))
+        ));
+        let holder = unlabelled
+            .holder(&key)
+            .await
+            .expect("holder")
+            .and_then(|holding| holding.holder)
+            .expect("recorded");
+        assert_eq!(holder.label.as_deref(), Some(expected));
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("release");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_label_the_check_refuses_is_an_error_when_the_backend_is_built() {
+    for bad in ["", "a\tb", &"x".repeat(dlock::holder::MAX_LABEL_LEN + 1)] {
+        let built = RedisBackend::builder(&redis_url())
+            .label(bad)
+            .connect()
+            .await;
+        assert!(
+            matches!(
+                built,
+                Err(LockError::InvalidOption {
+                    option: "label",
+                    ..
+                })
+            ),
+            "{bad:?}: {built:?}"
+        );
+    }
+}

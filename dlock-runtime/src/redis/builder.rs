@@ -60,6 +60,8 @@ pub struct RedisBuilder {
     /// system's.
     tls_root: Option<Vec<u8>>,
     publish_every_release: bool,
+    /// The label acquisitions record, over the process's.
+    label: Option<String>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -71,6 +73,7 @@ impl fmt::Debug for RedisBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .field("tls_root_certificate", &self.tls_root.is_some())
+            .field("label", &self.label)
             .finish()
     }
 }
@@ -85,6 +88,7 @@ impl RedisBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             tls_root: None,
             publish_every_release: false,
+            label: None,
         }
     }
 
@@ -140,6 +144,19 @@ impl RedisBuilder {
         self
     }
 
+    /// Records `label` as the application label of every acquisition
+    /// through this backend (see [`crate::holder`]), over the process's
+    /// ([`Registry::set_label`](crate::Registry::set_label)): for a backend
+    /// one part of an application uses on its own. Checked when connecting:
+    /// a label [`check_label`](crate::holder::check_label) refuses (empty,
+    /// over [`MAX_LABEL_LEN`](crate::holder::MAX_LABEL_LEN) bytes, with a
+    /// control character) makes [`RedisBuilder::connect`] fail with
+    /// [`LockError::InvalidOption`], before anything is sent.
+    pub fn label(mut self, label: &str) -> Self {
+        self.label = Some(label.to_owned());
+        self
+    }
+
     /// Connects, detecting a cluster unless told.
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
         let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
@@ -156,6 +173,9 @@ impl RedisBuilder {
                 option: "timeout",
                 reason: "the connect and response timeouts must be greater than zero".into(),
             });
+        }
+        if let Some(label) = &self.label {
+            crate::holder::check_label(label)?;
         }
         let mut clients = Vec::with_capacity(self.urls.len());
         for (url, shown) in self.urls.iter().zip(&shown) {
@@ -263,6 +283,7 @@ impl RedisBuilder {
                 response_timeout: self.response_timeout,
                 warned_unmarked: AtomicBool::new(false),
                 publish_every_release: self.publish_every_release,
+                label: self.label,
             }),
         })
     }

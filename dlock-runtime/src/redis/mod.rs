@@ -56,6 +56,8 @@
 //!
 //! [`Backend::holder`] reads the lock, its token and its info in one
 //! script, and times the hold by the server's clock (`TIME`).
+//! A backend labelled with [`RedisBuilder::label`] records that label,
+//! over the process's.
 //!
 //! ## URLs
 //!
@@ -189,6 +191,9 @@ struct Inner {
     /// Take every key marked, so every release publishes
     /// ([`RedisBuilder::publish_every_release`]).
     publish_every_release: bool,
+    /// The label acquisitions record, over the process's
+    /// ([`RedisBuilder::label`]).
+    label: Option<String>,
 }
 
 impl RedisBackend {
@@ -425,7 +430,7 @@ impl Backend for RedisBackend {
             .key(&names.info)
             .arg(&held_value(owner, mark)[..])
             .arg(ttl_millis(ttl))
-            .arg(request.holder_record(None));
+            .arg(request.holder_record(self.inner.label.as_deref()));
         if let Some(identity) = request.identity {
             script.key(keyspace::holder_name(key)).arg(identity);
         }

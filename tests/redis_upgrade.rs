@@ -431,6 +431,9 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
         holding.holder, None,
         "the older holder must not be named as the new one"
     );
+    let listed = backend.held(key.as_str()).await.expect("held");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].1.holder, None);
 
     // Its release leaves the info key too: nobody holds the key.
     assert_eq!(older.release(&key).await, 1);

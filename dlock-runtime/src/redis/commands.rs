@@ -23,6 +23,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::timeout;
 
@@ -82,6 +83,23 @@ impl ConnectionLike for Connection {
         match self {
             Connection::Standalone(conn) => conn.get_db(),
             Connection::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
+impl Connection {
+    /// Sends `cmd` to the primary that serves `slot`, on a cluster: for a
+    /// command without a key (`SCAN`), which the cluster client would send
+    /// to any node. On a single server, to the server.
+    pub(super) async fn query_at(&mut self, cmd: &Cmd, slot: u16) -> RedisResult<Value> {
+        match self {
+            Connection::Standalone(conn) => cmd.query_async(conn).await,
+            Connection::Cluster(conn) => {
+                let primary =
+                    SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+                conn.route_command(cmd.clone(), RoutingInfo::SingleNode(primary))
+                    .await
+            }
         }
     }
 }

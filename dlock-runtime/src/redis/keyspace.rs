@@ -15,6 +15,13 @@
 //! keeps the tag whole whatever `K` contains (a raw `}` would end it early,
 //! and a key starting with `}` would leave an empty tag and split the two
 //! keys across slots); encoding `%` too keeps the mapping one-to-one.
+//!
+//! **Listing.** Encoding works character by character, so the keys that
+//! start with a prefix `P` are exactly those whose tag starts with `P`'s
+//! tag: [`Backend::held`](crate::Backend::held) finds them with `SCAN …
+//! MATCH dlock:{<P's tag>*}:lock` ([`scan_pattern`], with the glob's
+//! `*?[]\` escaped), decodes each name back ([`key_of_lock_name`]) and
+//! still checks the prefix on the decoded key, so no pattern can widen it.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
@@ -52,6 +59,49 @@ impl Keyspace {
 pub(crate) fn lock_and_info_names(key: &LockKey) -> (String, String) {
     let tag = hash_tag(key.as_str());
     (name(&tag, "lock"), name(&tag, "info"))
+}
+
+/// The `SCAN … MATCH` pattern of the lock names of every key that starts
+/// with `prefix`: the prefix's tag with the glob's special characters
+/// (`*?[]\`) escaped, then anything up to the tag's end. It may match
+/// more than those (never fewer): check each name with
+/// [`key_of_lock_name`] and the prefix.
+pub(crate) fn scan_pattern(prefix: &str) -> String {
+    let tag = hash_tag(prefix);
+    let mut pattern = String::with_capacity(tag.len() + 16);
+    pattern.push_str("dlock:{");
+    for c in tag.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            pattern.push('\\');
+        }
+        pattern.push(c);
+    }
+    pattern.push_str("*}:lock");
+    pattern
+}
+
+/// The lock key whose lock name is `name` (`dlock:{T}:lock`), or `None`
+/// for a name dlock does not make that way.
+pub(crate) fn key_of_lock_name(name: &str) -> Option<String> {
+    let tag = name.strip_prefix("dlock:{")?.strip_suffix("}:lock")?;
+    if tag.contains(['{', '}']) {
+        return None;
+    }
+    let mut key = String::with_capacity(tag.len());
+    let mut rest = tag;
+    while let Some(at) = rest.find('%') {
+        key.push_str(&rest[..at]);
+        let escaped = rest.get(at + 1..at + 3)?;
+        key.push(match escaped {
+            "25" => '%',
+            "7B" => '{',
+            "7D" => '}',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    key.push_str(rest);
+    Some(key)
 }
 
 /// The holder record's name: built only for an acquisition with an
@@ -164,6 +214,79 @@ mod tests {
                 "{key:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_lock_name_decodes_back_to_its_key() {
+        for key in [
+            "plain",
+            "}",
+            "}{",
+            "a}b{c",
+            "{}",
+            "%7D",
+            "%",
+            "ü}🔒{",
+            "*?[a]%_\\",
+        ] {
+            assert_eq!(
+                key_of_lock_name(&names(key).lock).as_deref(),
+                Some(key),
+                "{key:?}"
+            );
+        }
+        for name in [
+            "dlock:{a}:fence",
+            "other:{a}:lock",
+            "dlock:{a%}:lock",
+            "dlock:{a%2}:lock",
+            "dlock:{a%7b}:lock",
+            "dlock:{a%41}:lock",
+            "dlock:{a}b}:lock",
+        ] {
+            assert_eq!(key_of_lock_name(name), None, "{name:?}");
+        }
+    }
+
+    /// Redis's glob, as `SCAN … MATCH` applies it, for the subset the
+    /// pattern uses: literals, `\` escapes and `*`.
+    fn glob_matches(pattern: &[char], text: &[char]) -> bool {
+        match pattern.split_first() {
+            None => text.is_empty(),
+            Some(('*', rest)) => (0..=text.len()).any(|i| glob_matches(rest, &text[i..])),
+            Some(('\\', rest)) => match (rest.split_first(), text.split_first()) {
+                (Some((p, rest)), Some((t, text))) => p == t && glob_matches(rest, text),
+                _ => false,
+            },
+            Some((p, rest)) => {
+                !matches!(p, '?' | '[' | ']')
+                    && text
+                        .split_first()
+                        .is_some_and(|(t, text)| p == t && glob_matches(rest, text))
+            }
+        }
+    }
+
+    #[test]
+    fn the_scan_pattern_matches_the_lock_names_under_a_prefix_and_escapes_globs() {
+        let matches = |prefix: &str, key: &str| {
+            let pattern: Vec<char> = scan_pattern(prefix).chars().collect();
+            let name: Vec<char> = names(key).lock.chars().collect();
+            glob_matches(&pattern, &name)
+        };
+        for (prefix, key) in [
+            ("", "a"),
+            ("job:", "job:1"),
+            ("*?[a]%_\\:", "*?[a]%_\\:x"),
+            ("a{", "a{b}"),
+            ("a", "a"),
+        ] {
+            assert!(matches(prefix, key), "{prefix:?} must match {key:?}");
+        }
+        for (prefix, key) in [("job:", "jobs:1"), ("*", "x"), ("[a]", "a"), ("a?", "ab")] {
+            assert!(!matches(prefix, key), "{prefix:?} must not match {key:?}");
+        }
+        assert_eq!(scan_pattern("a*{"), "dlock:{a\\*%7B*}:lock");
     }
 
     #[test]

@@ -56,8 +56,15 @@
 //!
 //! [`Backend::holder`] reads the lock, its token and its info in one
 //! script, and times the hold by the server's clock (`TIME`).
-//! A backend labelled with [`RedisBuilder::label`] records that label,
-//! over the process's.
+//! [`Backend::held`] lists the held keys under a prefix: it `SCAN`s the
+//! keyspace (every primary of a cluster) for the lock names whose tag
+//! starts with the prefix's (`MATCH dlock:{<tag>*}:lock`, `COUNT 1000` a
+//! step, the glob's `*?[]\` escaped), checks the prefix again on each
+//! decoded name, reads each found key's holder (the reads go out together
+//! on the multiplexed connection) and drops the keys freed meanwhile. It
+//! costs a pass over the whole keyspace: it is for operators (the `dlock
+//! list` inspector), not for a hot path. A backend labelled with
+//! [`RedisBuilder::label`] records that label, over the process's.
 //!
 //! ## URLs
 //!
@@ -93,7 +100,9 @@
 //! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
-//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0.
+//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0,
+//! and `+scan` for listing the held keys ([`Backend::held`], the `dlock
+//! list` inspector; on a cluster it finds the primaries with `CLUSTER SLOTS`).
 //! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
 //! and ignores a refusal.)
 //!
@@ -124,6 +133,7 @@ use std::time::Duration;
 
 use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind, Value};
 use async_trait::async_trait;
+use futures_util::StreamExt as _;
 use tokio::time::sleep;
 
 use crate::backend::{
@@ -151,6 +161,11 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How soon a waiter looks again when the pub/sub connection cannot be
 /// opened (the commands may still work): polling, as a last resort.
 const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
+/// How many names one `SCAN` step of a listing looks at, on each node: a
+/// listing never keeps a server busy for long at a time.
+const SCAN_COUNT: usize = 1000;
+/// How many holder reads a listing keeps in flight at once.
+const LIST_READS_IN_FLIGHT: usize = 64;
 
 /// Locks in Redis or a Redis Cluster.
 ///
@@ -307,6 +322,104 @@ impl RedisBackend {
         let source: BoxError = scrub(&text, &self.inner.secrets).into();
         LockError::backend(KIND, operation, key, source)
     }
+
+    /// The names matching `pattern` on the server, or on every primary of
+    /// a cluster: `SCAN` steps of [`SCAN_COUNT`] until each node's cursor
+    /// comes back to 0. A name may come twice (a key moved or rehashed
+    /// during the scan); names that are not UTF-8 are not dlock's.
+    async fn scan(&self, prefix: &str, pattern: &str) -> Result<Vec<String>, LockError> {
+        let slots = if self.is_cluster() {
+            self.primary_slots(prefix).await?
+        } else {
+            vec![0]
+        };
+        let mut names = Vec::new();
+        for slot in slots {
+            let mut cursor = 0_u64;
+            loop {
+                let mut scan = ::redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT);
+                let scan = &scan;
+                let (reply, _) = self
+                    .inner
+                    .commands
+                    .send(self.call_limit(), |mut conn| async move {
+                        conn.query_at(scan, slot).await
+                    })
+                    .await
+                    .map_err(|failure| {
+                        self.error_at(Operation::List, prefix, self.describe(&failure))
+                    })?;
+                let (next, batch): (u64, Vec<Vec<u8>>) =
+                    ::redis::from_redis_value(reply).map_err(|err| {
+                        self.error_at(
+                            Operation::List,
+                            prefix,
+                            format!("unexpected reply to SCAN: {err}"),
+                        )
+                    })?;
+                names.extend(
+                    batch
+                        .into_iter()
+                        .filter_map(|name| String::from_utf8(name).ok()),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(names)
+    }
+
+    /// A slot of each primary of the cluster, to send it a command without
+    /// a key ([`commands::Connection::query_at`]).
+    async fn primary_slots(&self, prefix: &str) -> Result<Vec<u16>, LockError> {
+        let slots = ::redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+        let slots = &slots;
+        let (reply, _): (Value, bool) = self
+            .inner
+            .commands
+            .send(self.call_limit(), |mut conn| async move {
+                slots.query_async(&mut conn).await
+            })
+            .await
+            .map_err(|failure| self.error_at(Operation::List, prefix, self.describe(&failure)))?;
+        primary_slots(&reply).ok_or_else(|| {
+            self.error_at(
+                Operation::List,
+                prefix,
+                format!("unexpected reply {reply:?} to CLUSTER SLOTS"),
+            )
+        })
+    }
+}
+
+/// The first slot of each primary in a `CLUSTER SLOTS` reply (ranges of
+/// `[first slot, last slot, [host, port, …], replicas…]`); `None` for a
+/// reply of another shape.
+fn primary_slots(reply: &Value) -> Option<Vec<u16>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut primaries: Vec<(&[Value], u16)> = Vec::new();
+    for range in ranges {
+        let Value::Array(parts) = range else {
+            return None;
+        };
+        let [Value::Int(first), _, Value::Array(primary), ..] = parts.as_slice() else {
+            return None;
+        };
+        let address = primary.get(..2)?;
+        if !primaries.iter().any(|(known, _)| *known == address) {
+            primaries.push((address, u16::try_from(*first).ok()?));
+        }
+    }
+    Some(primaries.into_iter().map(|(_, slot)| slot).collect())
 }
 
 /// The holder script's reply as a [`Holding`]; `None` for a reply of
@@ -641,6 +754,35 @@ impl Backend for RedisBackend {
         })
     }
 
+    /// A `SCAN` of the whole keyspace (of every primary of a cluster) for
+    /// the lock names under `prefix`, then one holder read per key found,
+    /// all in flight together (up to [`LIST_READS_IN_FLIGHT`]); keys freed
+    /// meanwhile are left out. See the [module docs](self).
+    async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+        let mut keys: Vec<String> = self
+            .scan(prefix, &keyspace::scan_pattern(prefix))
+            .await?
+            .iter()
+            .filter_map(|name| keyspace::key_of_lock_name(name))
+            .filter(|key| key.starts_with(prefix))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let reads = keys
+            .into_iter()
+            .filter_map(|key| LockKey::new(key).ok())
+            .map(|key| async move {
+                let holding = self.holder(&key).await?;
+                Ok(holding.map(|holding| (key.as_str().to_owned(), holding)))
+            });
+        let read: Vec<Result<Option<(String, Holding)>, LockError>> =
+            futures_util::stream::iter(reads)
+                .buffered(LIST_READS_IN_FLIGHT)
+                .collect()
+                .await;
+        read.into_iter().filter_map(Result::transpose).collect()
+    }
+
     /// Releases of a lease taken with an identity are always published, and
     /// so are such acquisitions, on the channel waiters listen to. A watch
     /// hears every message, whoever else of this process waits on it.
@@ -708,5 +850,23 @@ mod tests {
         // The shape before the info: not this script's answer.
         let short = Value::Array(vec![Value::Int(5), bulk(""), bulk("7")]);
         assert!(read_holding(&short).is_none());
+    }
+
+    #[test]
+    fn cluster_slots_give_one_slot_a_primary() {
+        let node =
+            |port: i64, id: &str| Value::Array(vec![bulk("127.0.0.1"), Value::Int(port), bulk(id)]);
+        let range = |first: i64, last: i64, primary: Value, replica: Value| {
+            Value::Array(vec![Value::Int(first), Value::Int(last), primary, replica])
+        };
+        let reply = Value::Array(vec![
+            range(0, 5460, node(7000, "a"), node(7003, "d")),
+            range(5461, 10922, node(7001, "b"), node(7004, "e")),
+            range(10923, 12000, node(7002, "c"), node(7005, "f")),
+            // A second range of the first primary adds no node.
+            range(12001, 16383, node(7000, "a"), node(7003, "d")),
+        ]);
+        assert_eq!(primary_slots(&reply), Some(vec![0, 5461, 10923]));
+        assert_eq!(primary_slots(&Value::Int(1)), None);
     }
 }

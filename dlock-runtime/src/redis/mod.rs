@@ -756,7 +756,7 @@ impl Backend for RedisBackend {
 
     /// A `SCAN` of the whole keyspace (of every primary of a cluster) for
     /// the lock names under `prefix`, then one holder read per key found,
-    /// all in flight together (up to [`LIST_READS_IN_FLIGHT`]); keys freed
+    /// all in flight together (up to `LIST_READS_IN_FLIGHT`); keys freed
     /// meanwhile are left out. See the [module docs](self).
     async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
         let mut keys: Vec<String> = self

@@ -31,7 +31,7 @@ use ::redis::Script;
 /// µs> <record>` to the info key with the lock's own `PX`, in this same
 /// step, so the key never is held without it (but by an older dlock, which
 /// writes none) and it expires with the lock; renewals stretch both,
-/// releases delete both. A reader ([`HOLDER_LUA`]) takes it only if its
+/// releases delete both. A reader (`HOLDER_LUA`) takes it only if its
 /// owner id is the lock's: an info key left behind (a lock deleted by hand
 /// or by an older dlock's force release) never names a later holder.
 ///

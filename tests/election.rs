@@ -736,7 +736,7 @@ async fn a_plain_lock_on_the_election_name_reads_as_held_not_as_a_leader() {
         .await
         .expect("plain lock");
     match timeout(Duration::from_secs(10), election.leader()).await {
-        Ok(Err(LockError::Held { key })) => assert_eq!(key, name),
+        Ok(Err(LockError::Held { key, .. })) => assert_eq!(key, name),
         other => panic!("a plain lock must read as held: {other:?}"),
     }
     let mut watch = election.observe().expect("observe");

@@ -80,7 +80,7 @@ async fn a_key_from_pattern_bindings_is_the_key_plain_parameters_give() {
         from_struct(Path(Cell { x, y })).await.expect("free key"),
     ] {
         assert!(
-            matches!(&inner, Err(LockError::Held { key }) if key == expected),
+            matches!(&inner, Err(LockError::Held { key, .. }) if key == expected),
             "{inner:?}"
         );
     }
@@ -115,7 +115,7 @@ async fn pattern_bindings_are_escaped_so_different_values_never_share_a_key() {
         .await
         .expect("free key");
     assert!(
-        matches!(&inner, Err(LockError::Held { key }) if key == "pair:1%3A2:3"),
+        matches!(&inner, Err(LockError::Held { key, .. }) if key == "pair:1%3A2:3"),
         "{inner:?}"
     );
 }
@@ -218,7 +218,7 @@ async fn methods_and_async_trait_methods_lock_the_key_their_bindings_give() {
         .expect("free key");
     let refused = shop.order(Path(3)).await;
     assert!(
-        matches!(&refused, Err(LockError::Held { key }) if key == "shop:corner:3"),
+        matches!(&refused, Err(LockError::Held { key, .. }) if key == "shop:corner:3"),
         "{refused:?}"
     );
     held.release().await.expect("release");
@@ -236,7 +236,7 @@ async fn methods_and_async_trait_methods_lock_the_key_their_bindings_give() {
         .expect("free key");
     let refused = checkout.checkout(Path(4), Json(order())).await;
     assert!(
-        matches!(&refused, Err(LockError::Held { key }) if key == "checkout:corner:4:bob"),
+        matches!(&refused, Err(LockError::Held { key, .. }) if key == "checkout:corner:4:bob"),
         "{refused:?}"
     );
     held.release().await.expect("release");

@@ -713,9 +713,15 @@ pub fn run(settings: Settings) -> Report {
     match settings.register {
         Register::Pg => runtime.block_on(async {
             PgFence::new().create_table(&pg_admin).await.expect("fence table");
+            // Fault runs start in parallel: `CREATE TABLE IF NOT EXISTS`
+            // alone races another run's (a duplicate row type), so the
+            // creations take turns under an advisory lock.
             pg_admin
                 .batch_execute(&format!(
-                    "CREATE TABLE IF NOT EXISTS {PG_REGISTER_TABLE} (resource text PRIMARY KEY, value text NOT NULL)"
+                    "BEGIN; \
+                     SELECT pg_advisory_xact_lock(hashtext('{PG_REGISTER_TABLE}')); \
+                     CREATE TABLE IF NOT EXISTS {PG_REGISTER_TABLE} (resource text PRIMARY KEY, value text NOT NULL); \
+                     COMMIT"
                 ))
                 .await
                 .expect("register table");

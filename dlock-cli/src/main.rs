@@ -417,7 +417,7 @@ async fn watch(
                 at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 event,
                 key: key.to_string(),
-                holding: holding.cloned(),
+                holding,
             };
             let mut out = io::stdout().lock();
             if json {
@@ -441,18 +441,28 @@ async fn watch(
 }
 
 /// The lines a new reading makes: the state at the first, then a release
-/// and an acquisition (a new holder between two reads makes both).
-fn changes<'a>(
-    last: Option<&'a Option<HoldingView>>,
-    now: Option<&'a HoldingView>,
-) -> Vec<(&'static str, Option<&'a HoldingView>)> {
+/// and an acquisition (a new holder between two reads makes both). A
+/// release names the lease that ended, without the times of its last
+/// reading, which no longer hold.
+fn changes(
+    last: Option<&Option<HoldingView>>,
+    now: Option<&HoldingView>,
+) -> Vec<(&'static str, Option<HoldingView>)> {
+    let ended = |was: &HoldingView| HoldingView {
+        held_for_ms: None,
+        ttl_left_ms: None,
+        ..was.clone()
+    };
     match (last, now) {
-        (None, Some(now)) => vec![("held", Some(now))],
+        (None, Some(now)) => vec![("held", Some(now.clone()))],
         (None, None) => vec![("free", None)],
-        (Some(None), Some(now)) => vec![("acquired", Some(now))],
-        (Some(Some(was)), None) => vec![("released", Some(was))],
+        (Some(None), Some(now)) => vec![("acquired", Some(now.clone()))],
+        (Some(Some(was)), None) => vec![("released", Some(ended(was)))],
         (Some(Some(was)), Some(now)) if !was.same_lease(now) => {
-            vec![("released", Some(was)), ("acquired", Some(now))]
+            vec![
+                ("released", Some(ended(was))),
+                ("acquired", Some(now.clone())),
+            ]
         }
         (Some(_), _) => Vec::new(),
     }
@@ -477,7 +487,14 @@ mod tests {
     fn events(last: Option<&Option<HoldingView>>, now: Option<&HoldingView>) -> Vec<String> {
         changes(last, now)
             .into_iter()
-            .map(|(event, h)| format!("{event}{}", h.map_or(0, |h| h.token.unwrap_or(0))))
+            .map(|(event, h)| {
+                let times = h.as_ref().map(|h| (h.held_for_ms, h.ttl_left_ms));
+                let token = h.and_then(|h| h.token).unwrap_or(0);
+                if event == "released" {
+                    assert_eq!(times, Some((None, None)), "a release carries no times");
+                }
+                format!("{event}{token}")
+            })
             .collect::<Vec<_>>()
     }
 

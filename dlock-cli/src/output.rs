@@ -244,8 +244,10 @@ pub fn show_text(key: &str, h: &HoldingView) -> String {
         ("held for", duration_ms(h.held_for_ms)),
         ("ttl left", duration_ms(h.ttl_left_ms)),
     ];
-    if h.token.is_none() {
-        lines[2].1 = "- (the store does not keep it)".into();
+    for (_, value) in &mut lines[2..] {
+        if value == "-" {
+            value.push_str(" (not kept by the store)");
+        }
     }
     let mut text = String::new();
     for (name, value) in lines {

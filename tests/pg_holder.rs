@@ -28,7 +28,8 @@ use dlock::election::{Election, Leader, Leadership};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
 use pg_support::{
-    OwnServer, PASSWORD, ScratchSchema, colliding_keys, random_id, shared_client, shared_conn,
+    OwnServer, PASSWORD, ScratchSchema, colliding_keys, free_on_the_server, random_id,
+    shared_client, shared_conn,
 };
 use support::within;
 use tokio::time::Instant;
@@ -168,7 +169,11 @@ async fn a_terminated_holder_session_leaves_no_holder_and_its_record_is_never_re
     let next = OwnerId::random().expect("owner");
     let token = take(&reader, &key, &next, None).await.expect("free");
     let seen = holder.holder(&key).await.expect("read").expect("held");
-    assert_eq!(seen, Holding::new(None, None), "held, by whom unknown");
+    assert_eq!(
+        (seen.token, seen.identity),
+        (Some(token), None),
+        "held by its own record, without the dead session's identity"
+    );
     let own = reader.holder(&key).await.expect("read").expect("held");
     assert_eq!((own.token, own.identity), (Some(token), None));
     give_back(&reader, &key, &next).await;
@@ -264,11 +269,48 @@ async fn leases_that_follow_one_another_on_one_session_are_never_read_with_an_ea
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_locks_create_no_table_of_identity_records() {
+async fn plain_locks_record_their_holder_and_create_the_table() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
     let (holder, reader) = two_instances(&schema).await;
+    assert!(
+        !schema.has_relation(&admin, "dlock_holders").await,
+        "connecting creates no table"
+    );
     let key = fresh_key("plain");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(holder.clone()), &key)
+        .await
+        .expect("free");
+    assert!(schema.has_relation(&admin, "dlock_holders").await);
+    let seen = reader.holder(&key).await.expect("read").expect("held");
+    assert_eq!((seen.token, seen.identity), (Some(lease.token()), None));
+    let me = dlock::HolderInfo::this_process(None);
+    let info = seen.holder.expect("the holder recorded");
+    assert_eq!((&info.host, info.pid), (&me.host, me.pid));
+    let own = holder.holder(&key).await.expect("read").expect("held");
+    assert_eq!((own.token, own.identity), (Some(lease.token()), None));
+    assert_eq!(own.holder.map(|h| h.pid), Some(me.pid), "its own, too");
+    lease.release().await.expect("release");
+    assert_eq!(reader.holder(&key).await.expect("read"), None);
+    let rows: i64 = admin
+        .query_one(
+            &format!("SELECT count(*) FROM {}.dlock_holders", schema.name),
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 0, "the release deleted the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_holder_records_off_plain_locks_record_nothing_and_are_not_listed() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let holder = connect(schema.options().record_holders(false)).await;
+    let reader = connect(schema.options()).await;
+    let key = fresh_key("unrecorded");
     let lease = LockOptions::new(Duration::from_secs(30))
         .acquire_on(Arc::new(holder.clone()), &key)
         .await
@@ -278,22 +320,9 @@ async fn plain_locks_create_no_table_of_identity_records() {
         Some(Holding::new(None, None)),
         "held, by whom unknown"
     );
-    let own = holder.holder(&key).await.expect("read").expect("held");
-    assert_eq!((own.token, own.identity), (Some(lease.token()), None));
+    assert_eq!(reader.held(key.as_str()).await.expect("list"), Vec::new());
+    assert!(!schema.has_relation(&admin, "dlock_holders").await);
     lease.release().await.expect("release");
-    assert_eq!(reader.holder(&key).await.expect("read"), None);
-    assert!(schema.has_relation(&admin, "dlock_token_seq").await);
-    assert!(
-        !schema.has_relation(&admin, "dlock_holders").await,
-        "nobody recorded an identity, so no table"
-    );
-
-    let owner = OwnerId::random().expect("owner");
-    take(&holder, &key, &owner, Some("first"))
-        .await
-        .expect("free");
-    assert!(schema.has_relation(&admin, "dlock_holders").await);
-    give_back(&holder, &key, &owner).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,9 +335,29 @@ async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege
         .expect("the role connects");
     let key = fresh_key("no-create");
     let owner = OwnerId::random().expect("owner");
-    // Plain locks need no table.
+    // Plain locks need no table: they lock, and record nothing, so
+    // another instance reads their holder as unknown and lists nothing.
+    let reader = connect(schema.options()).await;
     take(&backend, &key, &owner, None).await.expect("free");
+    assert!(!schema.has_relation(&admin, "dlock_holders").await);
+    assert_eq!(
+        reader.holder(&key).await.expect("read"),
+        Some(Holding::new(None, None)),
+        "held, by whom unknown"
+    );
+    assert_eq!(reader.held(key.as_str()).await.expect("list"), Vec::new());
+    let other = OwnerId::random().expect("owner");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &other, Duration::from_secs(30)))
+        .await
+        .expect("attempt");
+    assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
     give_back(&backend, &key, &owner).await;
+    let second = fresh_key("no-create");
+    take(&backend, &second, &owner, None)
+        .await
+        .expect("and so does the next one");
+    give_back(&backend, &second, &owner).await;
 
     let err = take(&backend, &key, &owner, Some("node-a"))
         .await
@@ -335,7 +384,8 @@ async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege
         "the key was not taken"
     );
 
-    // A table the role may read but not write is refused with what it lacks.
+    // A table of an older dlock's shape, which only its owner may bring
+    // to this version's, is refused with the ALTER TABLE to run.
     let role = schema.role.clone().expect("role");
     admin
         .batch_execute(&format!(
@@ -345,6 +395,28 @@ async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege
         ))
         .await
         .expect("the DBA creates the table");
+    let text = take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the role may not migrate the table")
+        .to_string();
+    assert!(text.contains("only its owner may"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS holder"
+        )),
+        "{text}"
+    );
+
+    // Migrated, a table the role may read but not write is refused with
+    // what it lacks.
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS holder text, \
+             ADD COLUMN IF NOT EXISTS holder_token int8, \
+             ADD COLUMN IF NOT EXISTS since timestamptz, ALTER COLUMN identity DROP NOT NULL"
+        ))
+        .await
+        .expect("the owner migrates the table");
     let text = take(&backend, &key, &owner, Some("node-a"))
         .await
         .expect_err("the role may not delete records")
@@ -885,7 +957,7 @@ async fn read_again_within_10s(reader: &PgBackend, key: &LockKey, want: &Holding
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         let seen = reader.holder(key).await.expect("read");
-        if seen.as_ref() == Some(want) {
+        if seen.as_ref().map(token_and_identity).as_ref() == Some(want) {
             return;
         }
         assert!(
@@ -917,8 +989,15 @@ async fn elected_and_read(
 ) -> (Leadership, Holding) {
     let leadership = elected(holder, key, identity).await;
     let want = Holding::new(Some(leadership.token()), Some(identity.to_owned()));
-    assert_eq!(reader.holder(key).await.expect("read"), Some(want.clone()));
+    let seen = reader.holder(key).await.expect("read");
+    assert_eq!(seen.as_ref().map(token_and_identity), Some(want.clone()));
     (leadership, want)
+}
+
+/// A holding as far as its token and identity go (not its holder record,
+/// whose time held moves on, nor its time left).
+fn token_and_identity(holding: &Holding) -> Holding {
+    Holding::new(holding.token, holding.identity.clone())
 }
 
 fn observer(reader: &PgBackend, key: &LockKey) -> Election {
@@ -1021,7 +1100,7 @@ async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_li
         .batch_execute(&format!(
             "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
              token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
-             identity text NOT NULL); \
+             identity text, holder text, holder_token int8, since timestamptz); \
              GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
         ))
         .await
@@ -1175,7 +1254,7 @@ async fn a_slow_truncate_hides_the_leader_for_about_one_renewal_interval_after_i
     let committed = Instant::now();
     loop {
         let seen = reader.holder(&key).await.expect("read");
-        if seen.as_ref() == Some(&want) {
+        if seen.as_ref().map(token_and_identity).as_ref() == Some(&want) {
             break;
         }
         assert!(
@@ -1285,4 +1364,247 @@ async fn a_record_written_again_keeps_its_key_and_identity_as_they_were() {
         .get(0);
     assert_eq!(written, key.as_str());
     leadership.resign().await.expect("resign");
+}
+
+/// What a dlock that recorded only leases with an identity sent to take a
+/// key with one: the lock, and its record in the old table's columns only
+/// (an upsert that leaves any other column of the row as it was). On
+/// `client`'s own session; the token.
+async fn take_as_an_older_dlock(
+    client: &dlock::pg::tokio_postgres::Client,
+    schema: &ScratchSchema,
+    key: &str,
+    identity: &str,
+) -> i64 {
+    let taken: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock(hashtextextended($1::text, 0))",
+            &[&key],
+        )
+        .await
+        .expect("lock")
+        .get(0);
+    assert!(taken, "`{key}` must be free");
+    client
+        .query_one(
+            &format!(
+                "INSERT INTO {s}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
+                 SELECT hashtextextended($1::text, 0), $1::text, nextval('{s}.dlock_token_seq'),
+                        pg_backend_pid(),
+                        (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a),
+                        $2::text
+                 ON CONFLICT (lock_id) DO UPDATE
+                 SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
+                     session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
+                 RETURNING r.token",
+                s = schema.name
+            ),
+            &[&key, &identity],
+        )
+        .await
+        .expect("an older dlock's record")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_dlocks_table_is_migrated_and_its_rows_read_without_a_holder() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (holder, reader) = two_instances(&schema).await;
+    let table = format!("{}.dlock_holders", schema.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
+             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
+             identity text NOT NULL)"
+        ))
+        .await
+        .expect("an older dlock's table");
+    let prefix = format!("dlock-test:migrated:{}:", random_id());
+    let name = |suffix: &str| LockKey::new(format!("{prefix}{suffix}")).expect("valid key");
+    let (old_key, new_key, stale_key) = (name("old"), name("new"), name("stale"));
+
+    // An older dlock holds a key, recorded in the old shape.
+    let older = shared_client().await;
+    let old_token = take_as_an_older_dlock(&older, &schema, old_key.as_str(), "old-node").await;
+
+    // This version's first acquisition brings the table to its shape.
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(holder.clone()), &new_key)
+        .await
+        .expect("free");
+    let shape: Vec<(String, bool)> = admin
+        .query(
+            "SELECT attname::text, attnotnull FROM pg_attribute \
+             WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped \
+             ORDER BY attnum",
+            &[&table],
+        )
+        .await
+        .expect("columns")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let column = |name: &str| shape.iter().find(|(n, _)| n == name).map(|(_, nn)| *nn);
+    assert_eq!(
+        (
+            column("identity"),
+            column("holder"),
+            column("holder_token"),
+            column("since")
+        ),
+        (Some(false), Some(false), Some(false), Some(false)),
+        "{shape:?}"
+    );
+    let me = dlock::HolderInfo::this_process(None);
+    let seen = reader.holder(&new_key).await.expect("read").expect("held");
+    assert_eq!(seen.token, Some(lease.token()));
+    assert_eq!(seen.holder.as_ref().map(|h| h.pid), Some(me.pid));
+
+    // The older dlock's row reads as it did, with no holder record.
+    let seen = reader.holder(&old_key).await.expect("read").expect("held");
+    assert_eq!(
+        (
+            seen.token.map(|t| t.get() as i64),
+            seen.identity.as_deref(),
+            seen.holder
+        ),
+        (Some(old_token), Some("old-node"), None)
+    );
+
+    // A row this version left behind (its session died) and an older
+    // dlock then overwrote keeps this version's columns: they are never
+    // read as the older dlock's.
+    let doomed = connect(schema.options()).await;
+    let doomed_lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::new(doomed.clone()), &stale_key)
+        .await
+        .expect("free");
+    let pid = holding_pid(&admin, &stale_key).await;
+    admin
+        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await
+        .expect("end the holder's session");
+    within(10, "the dead session's lock to go", async {
+        while !free_on_the_server(&admin, &stale_key).await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    drop(doomed_lease);
+    let stale_token =
+        take_as_an_older_dlock(&older, &schema, stale_key.as_str(), "old-again").await;
+    let seen = reader
+        .holder(&stale_key)
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!(
+        (
+            seen.token.map(|t| t.get() as i64),
+            seen.identity.as_deref(),
+            seen.holder
+        ),
+        (Some(stale_token), Some("old-again"), None),
+        "never the dead lease's holder record"
+    );
+
+    // All three are listed, sorted, each with what its row tells.
+    let listed = reader.held(&prefix).await.expect("list");
+    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [new_key.as_str(), old_key.as_str(), stale_key.as_str()]
+    );
+    assert_eq!(
+        listed
+            .iter()
+            .map(|(_, h)| h.holder.as_ref().map(|h| h.pid))
+            .collect::<Vec<_>>(),
+        [Some(me.pid), None, None]
+    );
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backends_label_wins_over_the_processes_and_a_bad_one_fails_the_connect() {
+    let schema = ScratchSchema::new("holder");
+    let labelled = connect(schema.options().label("billing")).await;
+    let (plain, reader) = two_instances(&schema).await;
+    for (backend, want) in [(&labelled, "billing"), (&plain, "from-the-process")] {
+        let key = fresh_key("label");
+        let owner = OwnerId::random().expect("owner");
+        let request = AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+            .with_label(Some("from-the-process"));
+        let Attempt::Acquired(grant) = backend.try_acquire(&request).await.expect("attempt") else {
+            panic!("`{key}` must be free");
+        };
+        let seen = reader.holder(&key).await.expect("read").expect("held");
+        assert_eq!(seen.token, Some(grant.token));
+        let info = seen.holder.expect("recorded");
+        assert_eq!(info.label.as_deref(), Some(want));
+        let held_for = info.held_for.expect("the server's time of acquisition");
+        assert!(held_for < Duration::from_secs(30), "{held_for:?}");
+        give_back(backend, &key, &owner).await;
+    }
+
+    for bad in ["", "tab\there", &"x".repeat(65)] {
+        let err = PgBackend::connect_with(&shared_conn(), schema.options().label(bad))
+            .await
+            .expect_err("a bad label is refused");
+        assert!(
+            matches!(
+                err,
+                LockError::InvalidOption {
+                    option: "label",
+                    ..
+                }
+            ),
+            "{bad:?}: {err:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_takes_like_wildcards_and_backslashes_in_the_prefix_as_data() {
+    let schema = ScratchSchema::new("holder");
+    let (holder, reader) = two_instances(&schema).await;
+    let base = format!("dlock-test:like:{}", random_id());
+    let prefix = format!("{base}:50%_off\\:");
+    let under = [format!("{prefix}b"), format!("{prefix}a%")];
+    let lookalikes = [
+        format!("{base}:50xyoff\\:a"),
+        format!("{base}:50%_off\\x"),
+        format!("{base}:50%_off\\"),
+        format!("{base}:50%Xoff\\:a"),
+    ];
+    let options = LockOptions::new(Duration::from_secs(30));
+    let mut leases = Vec::new();
+    for name in under.iter().chain(&lookalikes) {
+        let key = LockKey::new(name.clone()).expect("valid key");
+        leases.push(
+            options
+                .acquire_on(Arc::new(holder.clone()), key)
+                .await
+                .expect("free"),
+        );
+    }
+    let listed: Vec<String> = reader
+        .held(&prefix)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    let mut want = under.to_vec();
+    want.sort();
+    assert_eq!(listed, want);
+    assert_eq!(
+        reader.held(&format!("{base}:")).await.expect("list").len(),
+        under.len() + lookalikes.len(),
+        "a plain prefix lists them all"
+    );
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
 }

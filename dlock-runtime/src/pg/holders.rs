@@ -1,20 +1,28 @@
-//! Who holds a key ([`Backend::holder`](crate::Backend::holder)) and
-//! watching it change ([`Backend::watch_holder`](crate::Backend::watch_holder)).
+//! Who holds a key ([`Backend::holder`](crate::Backend::holder)), the keys
+//! held under a prefix ([`Backend::held`](crate::Backend::held)) and
+//! watching a key's holder change
+//! ([`Backend::watch_holder`](crate::Backend::watch_holder)).
 //!
 //! The holder is the session `pg_locks` shows holding the key's advisory
-//! lock exclusively. A lease taken with an identity records it, with its
-//! token and its session, in `{schema}.dlock_holders`, in the statement that
-//! takes the lock, and deletes it in the statement that drops the lock
-//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`); each renewal writes
-//! it again if it went missing (`sql::REWRITE_RECORDS`). A record is believed
+//! lock exclusively. Every lease records, in `{schema}.dlock_holders`, in
+//! the statement that takes the lock, its key, token, session, identity (if
+//! any), holder record (host, pid, label) and the server's time of
+//! acquisition, and deletes the row in the statement that drops the lock
+//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`); each renewal of a
+//! lease taken with an identity writes its record again if it went missing
+//! (`sql::REWRITE_RECORDS`; a lease without one is not rewritten, so a
+//! truncated table hides it until it is taken again). A record is believed
 //! only when it names the session that holds the lock (its pid and its
-//! start): a record not yet committed, one of a session that died, or one of
-//! another key with the same advisory key leaves the holder unknown
-//! (`Holding::new(None, None)`), never paired with an earlier lease.
-//! Other holders (a lease taken without an identity, a
+//! start): a record not yet committed, one of a session that died, or one
+//! of another key with the same advisory key leaves the holder unknown
+//! (`Holding::new(None, None)`), never paired with an earlier lease. Other
+//! holders (a lease whose record could not be written, a
 //! [`TransactionLock`](super::TransactionLock), any client's advisory lock)
 //! are unknown too, except this process's own leases, whose token, identity
 //! and deadline it knows.
+//!
+//! A table the role cannot use costs leases without an identity their
+//! record, never their lock (see [`Inner::may_record`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -566,7 +574,7 @@ impl Inner {
     /// Leases without an identity record nothing for a while (see
     /// [`may_record`](Self::may_record)), because of `err`.
     pub(super) fn records_unusable(&self, err: &dyn std::fmt::Display) {
-        if self.holders_state.set_unusable() {
+        if self.holders_state.set_unusable(UNUSABLE_RECHECK) {
             tracing::warn!(
                 schema = self.quoted_schema,
                 error = %err,
@@ -574,6 +582,25 @@ impl Inner {
                  reads as unknown and `held` does not list them until the table \
                  {s}.dlock_holders is usable (looked at again every {UNUSABLE_RECHECK:?}); \
                  the locks themselves work as ever",
+                s = self.quoted_schema,
+            );
+        }
+    }
+
+    /// Leases without an identity record nothing for [`LOCKED_PAUSE`]:
+    /// one waited the session's `lock_timeout` for the table (`err`), which
+    /// a DBA's `ALTER TABLE`, `VACUUM FULL`, `TRUNCATE` or `LOCK TABLE`
+    /// holds. Every statement sent on the session meanwhile (renewals'
+    /// checks, other leases' locks) waits as long, so the next ones lock
+    /// without a record rather than wait again.
+    pub(super) fn records_locked(&self, key: &LockKey, err: &tokio_postgres::Error) {
+        if self.holders_state.set_unusable(LOCKED_PAUSE) {
+            tracing::warn!(
+                key = %key,
+                error = %err,
+                "the table {s}.dlock_holders is locked by another transaction for longer than \
+                 a lock session waits: locks without an identity are taken without a holder \
+                 record for the next {LOCKED_PAUSE:?}",
                 s = self.quoted_schema,
             );
         }
@@ -789,6 +816,10 @@ struct RewriteOf {
 /// an acquisition looks at it again: each look may open a connection.
 const UNUSABLE_RECHECK: Duration = Duration::from_secs(60);
 
+/// How long leases without an identity record nothing after one waited
+/// too long for the table of holder records (see `Inner::records_locked`).
+const LOCKED_PAUSE: Duration = Duration::from_secs(10);
+
 /// Whether acquisitions without an identity record their holder, as the
 /// last look at the table found it: read on every such acquisition, so
 /// an atomic, and a look only when it is unknown or due again.
@@ -819,12 +850,16 @@ impl TableState {
             .compare_exchange(USABLE, UNCHECKED, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    /// Marks it unusable; true if the warning is due.
-    fn set_unusable(&self) -> bool {
+    /// Marks it unusable for `pause`; true if the warning is due.
+    fn set_unusable(&self, pause: Duration) -> bool {
+        // Due again `UNUSABLE_RECHECK` after the instant recorded.
+        let at = Instant::now()
+            .checked_sub(UNUSABLE_RECHECK.saturating_sub(pause))
+            .unwrap_or_else(Instant::now);
         *self
             .unusable_at
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
         self.state.store(UNUSABLE, Ordering::Release);
         !self.warned.swap(true, Ordering::Relaxed)
     }

@@ -92,26 +92,66 @@
 //! # Who holds a key
 //!
 //! [`Backend::holder`](crate::Backend::holder) reads the session that holds
-//! the key's advisory lock from `pg_locks`. A lock taken with an identity
-//! ([`AcquireRequest::identity`](crate::backend::AcquireRequest::identity))
-//! also records it, with its token and its session (pid and start time), in
-//! the table `<schema>.dlock_holders`, in the statement that takes the lock,
-//! and deletes it in the statement that drops it. A reader believes a
-//! record only when it names the session holding the lock; otherwise (a
-//! lock without an identity, a [`TransactionLock`], a record not committed
-//! yet or left by a session that died) the key reads as held by someone
-//! unknown. A reader of another role than the holder's sees the record only
-//! if it is a member of that role or of `pg_read_all_stats` (PostgreSQL
-//! hides when other roles' sessions started). The table is created on the
-//! first acquisition with an identity, never for locks without one; a DBA
+//! the key's advisory lock from `pg_locks`. Every acquisition also records
+//! who took it in the table `<schema>.dlock_holders`, in the statement that
+//! takes the lock, and deletes the row in the statement that drops it: the
+//! key, its token, the session (pid and start time), the identity (NULL
+//! for a lock without one), the holder record (this process's host and pid
+//! and the label, [`PgOptions::label`] over the process's, see
+//! [`HolderInfo`](crate::HolderInfo)) and `since`, the server's time of
+//! acquisition, from which a reader computes how long the key has been held
+//! by the server's clock alone. A reader believes a record only when it
+//! names the session holding the lock; otherwise (a [`TransactionLock`], a
+//! record not committed yet or left by a session that died) the key reads
+//! as held by someone unknown. A reader of another role than the holder's
+//! sees the record only if it is a member of that role or of
+//! `pg_read_all_stats` (PostgreSQL hides when other roles' sessions
+//! started). [`Backend::held`](crate::Backend::held) lists the keys whose
+//! records are believed so, in one query (`starts_with`, so `%` and `_` in
+//! a prefix are data): a key held without a record — by an older dlock
+//! without an identity, with [`PgOptions::record_holders`] off, by a
+//! [`TransactionLock`] or any other client — cannot be listed, as no one
+//! keeps its name.
+//!
+//! The table is created on the first acquisition, never at connect; a DBA
 //! can pre-create it:
 //!
 //! ```sql
 //! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_holders (
 //!     lock_id int8 PRIMARY KEY, key text NOT NULL, token int8 NOT NULL,
-//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, identity text NOT NULL);
+//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, identity text,
+//!     holder text, holder_token int8, since timestamptz);
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
 //! ```
+//!
+//! A table made by an older dlock (which recorded only locks with an
+//! identity) is brought to this shape in the same setup transaction, by
+//! `ALTER TABLE … ADD COLUMN IF NOT EXISTS` and `ALTER COLUMN identity DROP
+//! NOT NULL` (only its owner may). An older dlock goes on writing its rows
+//! without the new columns, and they read with no holder record
+//! (`holder: None`); `holder_token` keeps a holder record a newer dlock left
+//! in a row from being read as the older one's. An older dlock that reads
+//! the row of a newer one's lock without an identity finds its identity
+//! NULL, and its `holder` answers an error for that key until it is
+//! upgraded.
+//!
+//! A role that may not create the table (nor migrate it, nor write it)
+//! still locks: locks without an identity are then taken without a record
+//! (their holder reads as unknown and `held` does not list them), one
+//! warning says why, and the table is looked at again a minute later.
+//! Locks with an identity (elections) need their record, and fail with the
+//! DDL or GRANT a DBA must run. A lock without an identity whose recording
+//! statement fails for its record (a privilege revoked, the table locked
+//! by a DBA's `ALTER TABLE` for longer than a lock session waits) is taken
+//! again at once without one.
+//!
+//! Recording costs every cycle an upsert and a delete of an `UNLOGGED` row
+//! (no WAL flush: the commits are asynchronous, as the token's) and a scan
+//! of `pg_locks` before the lock is tried (which tells a re-entrant grant
+//! of a colliding key on the same session, that must record nothing);
+//! `BENCHMARKS.md` gives the uncontended cycle with it.
+//! [`PgOptions::record_holders`]`(false)` takes locks without an identity
+//! as before holder records, at the price of the holder and the listing.
 //!
 //! A renewal of a lock taken with an identity makes sure its record is
 //! there and is its own, and writes it again if not, so a DBA who
@@ -212,10 +252,14 @@ mod xact;
 
 /// The statements the backend sends, word for word, for tools that must
 /// speak the same protocol (the benchmark's raw tokio-postgres floor issues
-/// exactly these; `{schema}` stands for the quoted schema). Not a stable API.
+/// exactly these; `{schema}` stands for the quoted schema). A lease takes
+/// its lock with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING) and
+/// drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED), or, with
+/// holder records off or unusable, [`TRY_LOCK`](protocol::TRY_LOCK) and
+/// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
-    pub use super::sql::{TRY_LOCK, UNLOCK};
+    pub use super::sql::{TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_RECORDED};
 }
 
 use std::collections::HashMap;

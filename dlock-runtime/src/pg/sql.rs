@@ -344,7 +344,7 @@ FROM (",
 /// synchronous standby that is down, say), and every acquisition with an
 /// identity would then fail. The acquisition is announced after it, by a
 /// statement of its own that may fail ([`ANNOUNCE`]).
-pub(super) const TRY_LOCK_RECORDING: &str = concat!(
+pub const TRY_LOCK_RECORDING: &str = concat!(
     "WITH k AS (
   SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l
                       WHERE l.pid = pg_catalog.pg_backend_pid() AND ",
@@ -450,7 +450,7 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// this session. The count consumes the delete before the unlock runs, so
 /// a delete that fails leaves the lock held (and the backend ends the
 /// session, which drops both). Asynchronous commit, as [`TRY_LOCK_RECORDING`].
-pub(super) const UNLOCK_RECORDED: &str = "\
+pub const UNLOCK_RECORDED: &str = "\
 WITH gone AS (
   DELETE FROM {schema}.dlock_holders AS r
   WHERE r.lock_id = $1::pg_catalog.int8 AND r.token = $2::pg_catalog.int8
@@ -900,6 +900,20 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         _ => LockLeft::Unknown,
     }
 }
+
+/// After a recording lock statement ([`TRY_LOCK_RECORDING`]) waited too
+/// long for a lock that its error does not name, what another transaction
+/// holds now: a lock on the table of holder records that its `INSERT`
+/// waits for (taken when the statement starts, before anything in it ran),
+/// and one on the token sequence that the draw waits for (after the
+/// advisory lock was taken). See `Inner::undo_failed_lock`.
+pub(super) const WHICH_LOCKED: &str = "\
+SELECT pg_catalog.bool_or(l.relation = pg_catalog.to_regclass('{schema}.dlock_holders'::pg_catalog.text)),
+       pg_catalog.bool_or(l.relation = pg_catalog.to_regclass('{schema}.dlock_token_seq'::pg_catalog.text))
+FROM pg_catalog.pg_locks AS l
+WHERE l.locktype = 'relation'::pg_catalog.text AND l.granted
+  AND l.pid <> pg_catalog.pg_backend_pid()
+  AND l.mode = ANY ('{ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])";
 
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {

@@ -287,13 +287,16 @@ pub async fn bare_cycle(conn: &mut MultiplexedConnection, key: &str, owner: &str
 }
 
 /// A raw connection with the statements the PostgreSQL rows send: dlock's
-/// lock and unlock, and the hand-written pair.
+/// lock and unlock (the ones that record the holder, as every dlock
+/// acquisition does by default), and the hand-written pair; and when the
+/// session started, which dlock's lock statement records.
 type PgSession = (
     tokio_postgres::Client,
     Statement,
     Statement,
     Statement,
     Statement,
+    std::time::SystemTime,
 );
 
 /// A plain client connection driven in its own task.
@@ -312,44 +315,70 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
     let mut clients = Vec::new();
     for _ in 0..sessions {
         let client = pg_client(&cfg.pg_conn).await?;
+        let schema = |sql: &str| sql.replace("{schema}", "\"dlock\"");
         let try_lock = client
-            .prepare(&dlock::pg::protocol::TRY_LOCK.replace("{schema}", "\"dlock\""))
+            .prepare(&schema(dlock::pg::protocol::TRY_LOCK_RECORDING))
             .await?;
-        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        let unlock = client
+            .prepare(&schema(dlock::pg::protocol::UNLOCK_RECORDED))
+            .await?;
+        let started = client
+            .query_one(
+                "SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())",
+                &[],
+            )
+            .await?
+            .try_get(0)?;
         let pair_lock = client
             .prepare("SELECT pg_try_advisory_lock($1::bigint)")
             .await?;
         let pair_unlock = client
             .prepare("SELECT pg_advisory_unlock($1::bigint)")
             .await?;
-        clients.push(Arc::new((client, try_lock, unlock, pair_lock, pair_unlock)));
+        clients.push(Arc::new((
+            client,
+            try_lock,
+            unlock,
+            pair_lock,
+            pair_unlock,
+            started,
+        )));
     }
     let clients: Arc<Vec<Arc<PgSession>>> = Arc::new(clients);
     let run = cfg.run.clone();
 
+    // What dlock records beside each lock: this process's host and pid,
+    // no label (the benchmark sets none).
+    let holder: Arc<str> = dlock::HolderInfo::this_process(None).encode().into();
     let floor = {
         let (clients, run) = (clients.clone(), run.clone());
         Row::new(
             format!(
-                "floor: dlock's lock + unlock statements by hand (prepared, {sessions} connections, raw tokio-postgres)"
+                "floor: dlock's lock + unlock statements by hand (holder recorded; prepared, {sessions} connections, raw tokio-postgres)"
             ),
             move |tasks, deadline| {
-                let (clients, run) = (clients.clone(), run.clone());
+                let (clients, run, holder) = (clients.clone(), run.clone(), holder.clone());
                 async move {
                     spawn_all(tasks, |i| {
                         let session = clients[i % clients.len()].clone();
                         let key = format!("bench:{run}:pgfloor:{i}");
+                        let holder = holder.clone();
                         async move {
-                            let (client, try_lock, unlock, _, _) = &*session;
+                            let (client, try_lock, unlock, _, _, started) = &*session;
+                            let identity: Option<&str> = None;
                             timed!(deadline, {
-                                let row =
-                                    client.query_one(try_lock, &[&key.as_str(), &0i64]).await?;
+                                let row = client
+                                    .query_one(
+                                        try_lock,
+                                        &[&key.as_str(), &0i64, &identity, started, &&*holder],
+                                    )
+                                    .await?;
                                 let (advisory, token): (i64, Option<i64>) =
                                     (row.try_get(0)?, row.try_get(1)?);
-                                if token.is_none() {
+                                let Some(token) = token else {
                                     return Err(format!("pg floor: {key} was held").into());
-                                }
-                                client.query_one(unlock, &[&advisory]).await?;
+                                };
+                                client.query_one(unlock, &[&advisory, &token]).await?;
                             })
                         }
                     })
@@ -372,7 +401,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
                     let session = clients[i % clients.len()].clone();
                     let advisory = seed.wrapping_add(i as i64);
                     async move {
-                        let (client, _, _, lock, unlock) = &*session;
+                        let (client, _, _, lock, unlock, _) = &*session;
                         timed!(deadline, {
                             let row = client.query_one(lock, &[&advisory]).await?;
                             if !row.try_get::<_, bool>(0)? {

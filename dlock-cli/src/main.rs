@@ -7,9 +7,12 @@
 //! dlock --backend URL watch KEY            every acquisition and release
 //! ```
 //!
-//! Each takes `--json`. The exit status is 0 on success, 1 on an error (or
-//! a refusal), 2 on a usage error, and 3 when `show` or `release` finds the
-//! key free, so a script can tell "free" from "could not ask".
+//! Each takes `--json`; a failure then also prints `{"error": …,
+//! "exit_status": …}` on stdout. The exit status is 0 on success (and for
+//! `watch` stopped with Ctrl-C, its normal end), 1 on an error (or a
+//! refusal), 2 on a usage error (a key no lock can have included), and 3
+//! when `show` or `release` finds the key free, so a script can tell "free"
+//! from "could not ask".
 
 mod connect;
 mod output;
@@ -98,8 +101,8 @@ enum Command {
         /// The lock key
         key: String,
         /// Read the key at least this often, for changes the store does
-        /// not announce (a lock taken on Redis is not)
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+        /// not announce (a lock taken on Redis is not); at least 100ms
+        #[arg(long, default_value = "1s", value_parser = parse_every, value_name = "DURATION")]
         every: Duration,
     },
 }
@@ -162,8 +165,24 @@ impl From<io::Error> for Failure {
     }
 }
 
+/// The shortest `watch --every`: a shorter one would read the store in a
+/// busy loop.
+const MIN_EVERY: Duration = Duration::from_millis(100);
+
+fn parse_every(text: &str) -> Result<Duration, String> {
+    let every = humantime::parse_duration(text).map_err(|err| err.to_string())?;
+    if every < MIN_EVERY {
+        return Err(format!(
+            "{text} is too short: at least {} (a shorter one reads the store in a busy loop)",
+            humantime::format_duration(MIN_EVERY)
+        ));
+    }
+    Ok(every)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.json;
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -179,6 +198,15 @@ fn main() -> ExitCode {
         Err(failure) => {
             if !failure.message.is_empty() {
                 eprintln!("dlock: {failure}");
+                if json {
+                    // A script reading stdout gets a document for the
+                    // failure too, not nothing.
+                    let document = output::ErrorView {
+                        error: &failure.message,
+                        exit_status: failure.code,
+                    };
+                    let _ = json_line(&mut io::stdout().lock(), &document);
+                }
             }
             failure.code
         }
@@ -195,7 +223,8 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     let key = match &cli.command {
         Command::List { .. } => None,
         Command::Show { key } | Command::Release { key, .. } | Command::Watch { key, .. } => {
-            Some(LockKey::new(key.as_str())?)
+            // A key no lock can have is the command line's fault: status 2.
+            Some(LockKey::new(key.as_str()).map_err(|err| Failure::usage(err.to_string()))?)
         }
     };
     if let Command::Release { force: false, .. } = cli.command {

@@ -108,6 +108,14 @@ pub struct ShowView {
     pub holding: Option<HoldingView>,
 }
 
+/// `--json` when the command failed: the message also on stderr, and the
+/// exit status the process ends with.
+#[derive(Debug, Serialize)]
+pub struct ErrorView<'a> {
+    pub error: &'a str,
+    pub exit_status: u8,
+}
+
 /// `release --json`: the holder's fields are those of the lease released.
 #[derive(Debug, Serialize)]
 pub struct ReleaseView {

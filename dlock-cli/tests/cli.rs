@@ -588,3 +588,59 @@ fn a_file_store_that_does_not_exist_is_not_created() {
     );
     assert!(!dir.exists());
 }
+
+#[test]
+fn json_failures_print_an_error_document_on_stdout_too() {
+    let store = Store {
+        kind: "none",
+        url: "redis://app:s3cret-pw@127.0.0.1:1".to_owned(),
+        dir: None,
+    };
+    let output = dlock(&store, &["show", "k", "--json"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let doc = json(&output);
+    assert_eq!(doc["exit_status"], 1, "{doc}");
+    let error = doc["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("connect") && !error.contains("s3cret-pw"),
+        "{doc}"
+    );
+}
+
+#[test]
+fn a_key_no_lock_can_have_is_a_usage_error() {
+    let dir = std::env::temp_dir().join(format!("dlock-cli-badkey-{}", unique()));
+    std::fs::create_dir_all(&dir).expect("a lock directory");
+    let store = Store {
+        kind: "file",
+        url: format!("file://{}", dir.display()),
+        dir: None,
+    };
+    for args in [
+        &["show", ""][..],
+        &["watch", ""],
+        &["release", "", "--force"],
+    ] {
+        let output = dlock(&store, args);
+        assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+    }
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}
+
+#[test]
+fn watch_refuses_an_interval_that_would_busy_loop() {
+    let store = Store {
+        kind: "none",
+        url: "file:///nonexistent-dlock-dir".to_owned(),
+        dir: None,
+    };
+    for every in ["0s", "1ms", "99ms"] {
+        let output = dlock(&store, &["watch", "k", "--every", every]);
+        assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("too short"),
+            "{}",
+            describe(&output)
+        );
+    }
+}

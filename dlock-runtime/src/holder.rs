@@ -80,7 +80,9 @@ impl HolderInfo {
         let host = fields.next()?;
         let pid = fields.next()?.parse().ok()?;
         let label = fields.next()?;
-        if host.is_empty() || label.contains(char::is_control) {
+        // Whoever can write to the store can write a record: no control
+        // character (a terminal or log escape) gets into a message.
+        if host.is_empty() || host.contains(char::is_control) || label.contains(char::is_control) {
             return None;
         }
         Some(Self {
@@ -203,7 +205,15 @@ mod tests {
 
     #[test]
     fn a_record_of_another_version_or_shape_reads_as_none() {
-        for record in ["", "2\tweb\t1\t", "1\tweb\tx\t", "1\tweb", "1\t\t1\t"] {
+        for record in [
+            "",
+            "2\tweb\t1\t",
+            "1\tweb\tx\t",
+            "1\tweb",
+            "1\t\t1\t",
+            "1\tweb\x1b[2J\t1\t",
+            "1\tweb\t1\tbill\x1b]0;x\x07",
+        ] {
             assert_eq!(HolderInfo::decode(record), None, "{record:?}");
         }
     }

@@ -293,15 +293,123 @@ async fn plain_locks_record_their_holder_and_create_the_table() {
     assert_eq!(own.holder.map(|h| h.pid), Some(me.pid), "its own, too");
     lease.release().await.expect("release");
     assert_eq!(reader.holder(&key).await.expect("read"), None);
-    let rows: i64 = admin
+    // The record stays for its session's batch delete, and is never read.
+    assert_eq!(rows_under(&admin, &schema, "dlock-test:plain:").await, 1);
+    assert!(
+        holder
+            .held("dlock-test:plain:")
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}
+
+/// How many rows of the table of holder records name a key under `prefix`.
+async fn rows_under(
+    admin: &dlock::pg::tokio_postgres::Client,
+    schema: &ScratchSchema,
+    prefix: &str,
+) -> i64 {
+    admin
         .query_one(
-            &format!("SELECT count(*) FROM {}.dlock_holders", schema.name),
-            &[],
+            &format!(
+                "SELECT count(*) FROM {}.dlock_holders WHERE starts_with(key, $1)",
+                schema.name
+            ),
+            &[&prefix],
         )
         .await
         .expect("count")
-        .get(0);
-    assert_eq!(rows, 0, "the release deleted the record");
+        .get(0)
+}
+
+/// A plain lease's release leaves its record, and its session deletes
+/// the records it left in batches: after 64 releases none is left, and a
+/// release a second after the last batch deletes what came since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_records_are_deleted_in_batches() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let holder = connect(schema.options().sessions(1)).await;
+    let prefix = format!("dlock-test:batch:{}:", random_id());
+    let owner = OwnerId::random().expect("owner");
+    let mut left = Vec::new();
+    for i in 0..64 {
+        let key = LockKey::new(format!("{prefix}{i}")).expect("key");
+        take(&holder, &key, &owner, None).await.expect("free");
+        give_back(&holder, &key, &owner).await;
+        left.push(rows_under(&admin, &schema, &prefix).await);
+    }
+    assert_eq!(left[0], 1, "the first release left its record");
+    assert_eq!(left[62], 63, "63 releases left theirs");
+    assert_eq!(left[63], 0, "the 64th release deleted them all");
+
+    // The same key taken again and released overwrites its own record.
+    let again = LockKey::new(format!("{prefix}again")).expect("key");
+    for _ in 0..3 {
+        take(&holder, &again, &owner, None).await.expect("free");
+        give_back(&holder, &again, &owner).await;
+    }
+    assert_eq!(rows_under(&admin, &schema, &prefix).await, 1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let last = LockKey::new(format!("{prefix}last")).expect("key");
+    take(&holder, &last, &owner, None).await.expect("free");
+    give_back(&holder, &last, &owner).await;
+    assert_eq!(
+        rows_under(&admin, &schema, &prefix).await,
+        0,
+        "a release a second after the first record left deletes them"
+    );
+}
+
+/// A record left by a released lease is never read for a later holder:
+/// not while the key is free, not for the same session taking it again
+/// (its new record replaces it), not for another instance's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_left_behind_is_never_read_for_a_later_holder() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let holder = connect(schema.options().sessions(1)).await;
+    let other = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let key = fresh_key("left");
+    let owner = OwnerId::random().expect("owner");
+    let first = take(&holder, &key, &owner, None).await.expect("free");
+    give_back(&holder, &key, &owner).await;
+    assert_eq!(rows_under(&admin, &schema, key.as_str()).await, 1, "left");
+    assert_eq!(reader.holder(&key).await.expect("read"), None);
+    assert!(reader.held(key.as_str()).await.expect("list").is_empty());
+
+    // Another instance takes the key without a record: held, by whom
+    // unknown, never by the record left.
+    let unrecorded = connect(schema.options().record_holders(false)).await;
+    let third = OwnerId::random().expect("owner");
+    take(&unrecorded, &key, &third, None).await.expect("free");
+    assert_eq!(
+        reader.holder(&key).await.expect("read"),
+        Some(Holding::new(None, None))
+    );
+    give_back(&unrecorded, &key, &third).await;
+
+    // Another instance takes it with a record.
+    let theirs = take(&other, &key, &owner, None).await.expect("free");
+    assert!(theirs > first);
+    let seen = reader.holder(&key).await.expect("read").expect("held");
+    assert_eq!(seen.token, Some(theirs));
+    give_back(&other, &key, &owner).await;
+
+    // The first session takes it again, many times: every read names the
+    // lease holding it then.
+    for _ in 0..20 {
+        let token = take(&holder, &key, &owner, None).await.expect("free");
+        let seen = reader.holder(&key).await.expect("read").expect("held");
+        assert_eq!(seen.token, Some(token));
+        let listed = reader.held(key.as_str()).await.expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].1.token, Some(token));
+        give_back(&holder, &key, &owner).await;
+        assert_eq!(reader.holder(&key).await.expect("read"), None);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -500,6 +608,51 @@ async fn a_key_sharing_the_advisory_key_of_a_recorded_one_is_never_read_with_its
     give_back(&holder, &a, &owner).await;
     assert_eq!(reader.holder(&a).await.expect("read"), None);
     assert_eq!(reader.holder(&b).await.expect("read"), None);
+}
+
+/// The same collision for plain leases, once the session has seen the
+/// second key's advisory key: the backend then tells the lock statement in
+/// process that the session holds it already, and nothing is recorded
+/// over the holder's record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_colliding_plain_lease_known_in_process_records_nothing() {
+    let schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (a, b) = colliding_keys(&format!(":{}", random_id()));
+    let (a, b) = (LockKey::new(a).expect("key"), LockKey::new(b).expect("key"));
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    // The session learns `b`'s advisory key.
+    take(&holder, &b, &owner, None).await.expect("free");
+    give_back(&holder, &b, &owner).await;
+    let token = take(&holder, &a, &owner, None).await.expect("free");
+    for _ in 0..3 {
+        let other = OwnerId::random().expect("owner");
+        let attempt = holder
+            .try_acquire(&AcquireRequest::new(&b, &other, Duration::from_secs(30)))
+            .await
+            .expect("attempt");
+        assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    }
+    let seen = reader.holder(&a).await.expect("read").expect("held");
+    assert_eq!(seen.token, Some(token));
+    assert!(seen.holder.is_some(), "the holder's own record");
+    let keys: Vec<String> = admin
+        .query(
+            &format!(
+                "SELECT key FROM {}.dlock_holders WHERE key IN ($1, $2)",
+                schema.name
+            ),
+            &[&a.as_str(), &b.as_str()],
+        )
+        .await
+        .expect("rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(keys, vec![a.as_str().to_owned()], "one row, the holder's");
+    give_back(&holder, &a, &owner).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

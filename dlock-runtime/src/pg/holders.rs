@@ -7,8 +7,13 @@
 //! lock exclusively. Every lease records, in `{schema}.dlock_holders`, in
 //! the statement that takes the lock, its key, token, session, identity (if
 //! any), holder record (host, pid, label) and the server's time of
-//! acquisition, and deletes the row in the statement that drops the lock
-//! (`sql::TRY_LOCK_RECORDING`, `sql::UNLOCK_RECORDED`); each renewal of a
+//! acquisition (`sql::TRY_LOCK_RECORDING`); a lease with an identity
+//! deletes the row in the statement that drops the lock
+//! (`sql::UNLOCK_RECORDED`), a plain one leaves it for its session's next
+//! batch delete (`sql::DELETE_RELEASED`). While the statement that took
+//! the lock has not committed, its session holds the key's `rewriting`
+//! mark, and the record read may be an earlier lease's: the holder is read
+//! again, and reads as unknown if the mark stays. Each renewal of a
 //! lease taken with an identity writes its record again if it went missing
 //! (`sql::REWRITE_RECORDS`; a lease without one is not rewritten, so a
 //! truncated table hides it until it is taken again). A record is believed
@@ -88,6 +93,9 @@ struct HolderSession {
     started: Option<SystemTime>,
     /// Whether the table of identity records exists.
     records: bool,
+    /// Whether the session's lock statement of the key is still running
+    /// (see [`sql::HOLDER_SESSION`]): its record may not be visible yet.
+    rewriting: bool,
 }
 
 impl Inner {
@@ -96,10 +104,25 @@ impl Inner {
         self: &Arc<Self>,
         key: &LockKey,
     ) -> Result<Option<backend::Holding>, LockError> {
-        let Some(found) = self.holder_session(key).await? else {
+        let mut found = self.holder_session(key).await?;
+        // A lock statement commits within microseconds: read again a few
+        // times rather than report the holder unknown.
+        for _ in 0..3 {
+            match &found {
+                Some(session) if session.rewriting => {
+                    tokio::task::yield_now().await;
+                    found = self.holder_session(key).await?;
+                }
+                _ => break,
+            }
+        }
+        let Some(found) = found else {
             return Ok(None);
         };
         let unknown = Some(backend::Holding::new(None, None));
+        if found.rewriting {
+            return Ok(unknown);
+        }
         // Without the session's start, a record naming its pid could be a
         // dead session's whose pid the server gave to this one.
         let Some(started) = found.started else {
@@ -286,6 +309,7 @@ impl Inner {
                 pid: row.try_get(0)?,
                 started: row.try_get(1)?,
                 records: row.try_get(2)?,
+                rewriting: row.try_get(3)?,
             })
         };
         read()

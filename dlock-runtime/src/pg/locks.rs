@@ -50,6 +50,20 @@ impl Inner {
             // A session that could not tell when it started cannot name
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
+            if recording.is_none()
+                && session.left_record_of(key.as_str())
+                && !self.delete_released(&session).await
+            {
+                // A record this session left of a released lease could be
+                // read for a lease it takes now without one: it takes
+                // none (see `delete_released`).
+                session.retire();
+                if !retried {
+                    retried = true;
+                    continue;
+                }
+            }
+            let mut flight = None;
             let answer = match recording {
                 None => session
                     .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
@@ -57,22 +71,31 @@ impl Inner {
                     .map(|row| (Ok(row), false)),
                 Some(started) => {
                     match session
-                        .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
+                        .recording(
+                            &self.try_lock_recording_sql,
+                            &self.unlock_recorded_sql,
+                            &self.delete_released_sql,
+                        )
                         .await
                     {
-                        Ok(statements) => session
-                            .query_one(
-                                &statements.try_lock,
-                                &[
-                                    &key.as_str(),
-                                    &self.options.key_seed,
-                                    &identity,
-                                    &started,
-                                    &holder,
-                                ],
-                            )
-                            .await
-                            .map(|row| (Ok(row), true)),
+                        Ok(statements) => {
+                            let (already, flying) = session.already_holds(key.as_str());
+                            flight = Some(flying);
+                            session
+                                .query_one(
+                                    &statements.try_lock,
+                                    &[
+                                        &key.as_str(),
+                                        &self.options.key_seed,
+                                        &identity,
+                                        &started,
+                                        &holder,
+                                        &already,
+                                    ],
+                                )
+                                .await
+                                .map(|row| (Ok(row), true))
+                        }
                         // Preparing runs nothing: there is nothing to undo.
                         Err(err) => Ok((Err(err), true)),
                     }
@@ -85,12 +108,16 @@ impl Inner {
                         Ok((h, row.try_get(1)?, since))
                     });
                     return match parsed {
-                        Ok((advisory_key, token, since)) => Ok(Locked {
-                            session,
-                            advisory_key,
-                            token,
-                            since,
-                        }),
+                        Ok((advisory_key, token, since)) => {
+                            session.learn_advisory_key(key.as_str(), advisory_key);
+                            Ok(Locked {
+                                session,
+                                advisory_key,
+                                token,
+                                since,
+                                in_flight: flight,
+                            })
+                        }
                         Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
                     };
                 }
@@ -224,6 +251,7 @@ impl Inner {
             advisory_key,
             token,
             since,
+            in_flight: _in_flight,
         } = match attempt {
             Ok(answer) => answer,
             Err(err) => {
@@ -415,7 +443,11 @@ impl Inner {
         advisory_key: i64,
         record: Option<i64>,
     ) {
-        if self.unlock_on(session, advisory_key, record).await.is_err() {
+        if self
+            .unlock_on(session, advisory_key, record, true)
+            .await
+            .is_err()
+        {
             session.end("could not give back an unowned lock".to_owned());
         }
     }
@@ -423,15 +455,31 @@ impl Inner {
     /// Drops one hold of `advisory_key` on `session`, and, for a lease that
     /// recorded its identity (`record`: its token), the record with it (see
     /// [`sql::UNLOCK_RECORDED`]).
+    ///
+    /// A plain lease's record stays (unless `immediate`) and goes in its
+    /// session's next batch delete ([`sql::DELETE_RELEASED`]); a lease
+    /// with an identity deletes its record with the unlock.
     async fn unlock_on(
         &self,
         session: &LockSession,
         advisory_key: i64,
         record: Option<i64>,
+        immediate: bool,
     ) -> Result<Unlocked, tokio_postgres::Error> {
+        if let Some(token) = record.filter(|_| !immediate) {
+            let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+            if let Some(batch) = session.released(advisory_key, token) {
+                self.delete_batch(session, batch).await;
+            }
+            return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
+        }
         if let Some(token) = record {
             let statements = session
-                .recording(&self.try_lock_recording_sql, &self.unlock_recorded_sql)
+                .recording(
+                    &self.try_lock_recording_sql,
+                    &self.unlock_recorded_sql,
+                    &self.delete_released_sql,
+                )
                 .await?;
             // Not while a renewal writes records on this session: its write
             // must reach the server before this delete, never after.
@@ -464,6 +512,43 @@ impl Inner {
         }
         let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
         Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)))
+    }
+
+    /// Deletes the records of released leases `batch` of `session` (see
+    /// [`sql::DELETE_RELEASED`]). A failure leaves them: they are never
+    /// read, and the key's next recorded acquisition overwrites each.
+    async fn delete_batch(&self, session: &LockSession, batch: super::session::Released) {
+        let (Some(started), Some(statements)) = (session.started, session.recording_prepared())
+        else {
+            return;
+        };
+        let _ = session
+            .query_one(
+                &statements.delete_released,
+                &[&batch.lock_ids, &batch.tokens, &started],
+            )
+            .await;
+    }
+
+    /// Deletes every record `session` left of a released lease, before a
+    /// lock statement that records nothing: a lease it takes then of the
+    /// same advisory key would otherwise be read with the old record.
+    /// False if some may be left.
+    pub(super) async fn delete_released(&self, session: &LockSession) -> bool {
+        let Some(batch) = session.take_released() else {
+            return true;
+        };
+        let (Some(started), Some(statements)) = (session.started, session.recording_prepared())
+        else {
+            return false;
+        };
+        session
+            .query_one(
+                &statements.delete_released,
+                &[&batch.lock_ids, &batch.tokens, &started],
+            )
+            .await
+            .is_ok()
     }
 
     /// The error of a release that dropped `key`'s lock but could not
@@ -505,7 +590,7 @@ impl Inner {
         owner: Option<OwnerId>,
         overdue: bool,
     ) -> Result<bool, LockError> {
-        let (session, advisory_key, record, live, entry_owner) = {
+        let (session, advisory_key, record, immediate, live, entry_owner) = {
             let mut keys = self.keys();
             let Some(entry) = keys.get_mut(key) else {
                 return Ok(false);
@@ -525,10 +610,12 @@ impl Inner {
             };
             // The token as drawn: a positive int8.
             let record = holding.recorded.then(|| holding.token.get() as i64);
+            let immediate = holding.identity.is_some();
             (
                 Arc::clone(&holding.session),
                 holding.advisory_key,
                 record,
+                immediate,
                 live,
                 entry.owner,
             )
@@ -543,7 +630,9 @@ impl Inner {
                 let key = unlocked_key;
                 let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
                 unfinished.in_flight = Some(Arc::clone(&session));
-                let outcome = inner.unlock_on(&session, advisory_key, record).await;
+                let outcome = inner
+                    .unlock_on(&session, advisory_key, record, immediate)
+                    .await;
                 unfinished.finish();
                 inner.forget(&key, entry_owner);
                 match outcome {
@@ -605,6 +694,8 @@ pub(super) struct Locked {
     pub(super) token: Option<i64>,
     /// When it wrote a holder record, by the server's clock, if it wrote one.
     pub(super) since: Option<SystemTime>,
+    /// Counts the statement in flight until the lease claimed its key.
+    pub(super) in_flight: Option<super::session::InFlight>,
 }
 
 /// `at` in microseconds since 1970 (negative before).

@@ -94,7 +94,9 @@
 //! [`Backend::holder`](crate::Backend::holder) reads the session that holds
 //! the key's advisory lock from `pg_locks`. Every acquisition also records
 //! who took it in the table `<schema>.dlock_holders`, in the statement that
-//! takes the lock, and deletes the row in the statement that drops it: the
+//! takes the lock (a lock with an identity deletes the row in the statement
+//! that drops it; a plain lock's row stays until its session deletes the
+//! rows of its released leases, in batches, see below): the
 //! key, its token, the session (pid and start time), the identity (NULL
 //! for a lock without one), the holder record (this process's host and pid
 //! and the label, [`PgOptions::label`] over the process's, see
@@ -145,11 +147,22 @@
 //! by a DBA's `ALTER TABLE` for longer than a lock session waits) is taken
 //! again at once without one.
 //!
-//! Recording costs every cycle an upsert and a delete of an `UNLOGGED` row
-//! (no WAL flush: the commits are asynchronous, as the token's) and a scan
-//! of `pg_locks` before the lock is tried (which tells a re-entrant grant
-//! of a colliding key on the same session, that must record nothing);
-//! `BENCHMARKS.md` gives the uncontended cycle with it.
+//! Recording costs every cycle an upsert of an `UNLOGGED` row (no WAL
+//! flush: the commits are asynchronous, as the token's). A plain lock's
+//! release sends the plain unlock and leaves its row: a row is believed
+//! only while the session it names holds the lock and its `holder_token`
+//! is its token, so a released one is never read. Each session remembers
+//! the rows it left and deletes them in one statement when 64 have come,
+//! or with the first release a second after the oldest (only its own
+//! released rows: a row a later lease overwrote has another token or
+//! session). The rows of a session that died stay until the key's next
+//! recorded acquisition overwrites them, as before: at most one a key held
+//! (or released and not yet deleted) at a crash. Whether the session
+//! already holds the key's advisory key (a re-entrant grant of a colliding
+//! key, that must record nothing) is decided in process, from the keys its
+//! leases hold; only a key the session has not locked before has the lock
+//! statement scan `pg_locks` for it. `examples/bench/notes.md` gives the
+//! uncontended cycle with it.
 //! [`PgOptions::record_holders`]`(false)` takes locks without an identity
 //! as before holder records, at the price of the holder and the listing.
 //!
@@ -259,7 +272,7 @@ mod xact;
 /// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
-    pub use super::sql::{TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_RECORDED};
+    pub use super::sql::{DELETE_RELEASED, TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_RECORDED};
 }
 
 use std::collections::HashMap;
@@ -341,6 +354,7 @@ struct Inner {
     /// The statements of identity records ([`holders`]), schema filled in.
     try_lock_recording_sql: String,
     unlock_recorded_sql: String,
+    delete_released_sql: String,
     rewrite_records_sql: String,
     holder_session_sql: String,
     holder_record_sql: String,
@@ -432,7 +446,7 @@ struct Holding {
     /// The token drawn for it, for a retry by the same owner.
     token: FencingToken,
     /// Whether its lock statement wrote a holder record (which its unlock
-    /// then deletes).
+    /// deletes with an identity, or leaves for the session's batch delete).
     recorded: bool,
     /// The identity recorded beside the lock, with what a renewal writes
     /// again should the record go missing, if its lock statement wrote a
@@ -572,6 +586,7 @@ impl PgBackend {
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
             unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
+            delete_released_sql: sql::render(sql::DELETE_RELEASED, &quoted_schema),
             rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
             holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),

@@ -142,8 +142,8 @@ impl PgOptions {
 
     /// Whether acquisitions without an identity record their holder (on
     /// by default). Each then writes a row of the `UNLOGGED` table
-    /// `<schema>.dlock_holders` in its lock statement and deletes it in its
-    /// unlock, and the lock statement reads `pg_locks` once: see the
+    /// `<schema>.dlock_holders` in its lock statement, and its session
+    /// deletes the rows of its released leases in batches: see the
     /// [module docs](super#who-holds-a-key) for what that costs. Off, such
     /// leases cost what they did before holder records, and
     /// [`Backend::holder`](crate::Backend::holder) reads their holder as

@@ -2,7 +2,7 @@
 //! session advisory locks, and the plumbing every connection shares
 //! (connect with a timeout, a driver task that reports how it ended).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -362,6 +362,16 @@ pub(super) struct LockSession {
     /// the index behind the backend's collision check, so it costs one
     /// lookup instead of a scan of every key held.
     claimed: Mutex<HashSet<i64>>,
+    /// The advisory keys of keys locked on this session before, so the
+    /// lock statement can be told whether the session already holds a
+    /// key's advisory key (see [`already_holds`](Self::already_holds)).
+    advisory_keys: Mutex<HashMap<String, i64>>,
+    /// Holder records of plain leases released on this session, not yet
+    /// deleted (see [`sql::DELETE_RELEASED`]).
+    released: Mutex<Released>,
+    /// The lock statements in flight on this session (see
+    /// [`already_holds`](Self::already_holds)).
+    in_flight: Mutex<Flying>,
     /// Every lease on this session, lost together when it ends.
     loss: Arc<LossGroup>,
 }
@@ -400,6 +410,64 @@ impl Drop for SessionEnding {
 pub(super) struct Recording {
     pub(super) try_lock: Statement,
     pub(super) unlock: Statement,
+    pub(super) delete_released: Statement,
+}
+
+/// How many released records a session keeps before it deletes them.
+pub(super) const RELEASED_BATCH: usize = 64;
+
+/// How long the oldest released record waits for its batch, at most
+/// until the next release after that.
+pub(super) const RELEASED_WAIT: Duration = Duration::from_secs(1);
+
+/// How many advisory keys a session remembers (see
+/// [`LockSession::already_holds`]); it forgets them all past that.
+const ADVISORY_KEYS_KEPT: usize = 4096;
+
+/// Lock statements in flight on a session: how many of each known
+/// advisory key, and how many of keys not seen before.
+#[derive(Default)]
+struct Flying {
+    keys: HashMap<i64, usize>,
+    unknown: usize,
+}
+
+/// A lock statement counted in flight on its session until dropped (see
+/// [`LockSession::already_holds`]): dropped once its lease claimed its
+/// advisory key, or gave it back.
+pub(super) struct InFlight {
+    session: Arc<LockSession>,
+    advisory_key: Option<i64>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut flying = self
+            .session
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match self.advisory_key {
+            Some(h) => {
+                if let Some(count) = flying.keys.get_mut(&h) {
+                    *count -= 1;
+                    if *count == 0 {
+                        flying.keys.remove(&h);
+                    }
+                }
+            }
+            None => flying.unknown = flying.unknown.saturating_sub(1),
+        }
+    }
+}
+
+/// The released records of a session waiting for their batch delete:
+/// advisory keys and tokens, pairwise, and when the first came.
+#[derive(Default)]
+pub(super) struct Released {
+    pub(super) lock_ids: Vec<i64>,
+    pub(super) tokens: Vec<i64>,
+    pub(super) since: Option<Instant>,
 }
 
 impl LockSession {
@@ -428,6 +496,9 @@ impl LockSession {
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
+            advisory_keys: Mutex::default(),
+            released: Mutex::default(),
+            in_flight: Mutex::default(),
             loss,
         }
     }
@@ -440,6 +511,97 @@ impl LockSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(advisory_key)
+    }
+
+    /// Whether this session holds `key`'s advisory key already (for a
+    /// lease of another key with the same hash), decided in process, for
+    /// a lock statement about to be sent: `Some` when the session has seen
+    /// the key's advisory key before and no lock statement of an unknown
+    /// one is in flight (true also when another lock statement of it is in
+    /// flight: its lease may be the holder by the time this one runs),
+    /// `None` (the statement reads `pg_locks`) otherwise. Until the
+    /// returned mark is dropped, the statement counts as in flight.
+    pub(super) fn already_holds(self: &Arc<Self>, key: &str) -> (Option<bool>, InFlight) {
+        let known = self
+            .advisory_keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied();
+        let claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut flying = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let answer = match known {
+            Some(h) if flying.unknown == 0 => {
+                Some(claimed.contains(&h) || flying.keys.contains_key(&h))
+            }
+            _ => None,
+        };
+        match known {
+            Some(h) => *flying.keys.entry(h).or_default() += 1,
+            None => flying.unknown += 1,
+        }
+        (
+            answer,
+            InFlight {
+                session: Arc::clone(self),
+                advisory_key: known,
+            },
+        )
+    }
+
+    /// Remembers the advisory key of `key`, as the server computed it.
+    pub(super) fn learn_advisory_key(&self, key: &str, advisory_key: i64) {
+        let mut known = self
+            .advisory_keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if known.get(key) == Some(&advisory_key) {
+            return;
+        }
+        if known.len() >= ADVISORY_KEYS_KEPT {
+            known.clear();
+        }
+        known.insert(key.to_owned(), advisory_key);
+    }
+
+    /// Keeps the record of a plain lease released on this session for its
+    /// batch delete, and hands back the batch when one is due: when
+    /// [`RELEASED_BATCH`] have come, or the first came [`RELEASED_WAIT`] ago.
+    pub(super) fn released(&self, advisory_key: i64, token: i64) -> Option<Released> {
+        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        released.lock_ids.push(advisory_key);
+        released.tokens.push(token);
+        let first = *released.since.get_or_insert_with(Instant::now);
+        let due = released.lock_ids.len() >= RELEASED_BATCH || first.elapsed() >= RELEASED_WAIT;
+        due.then(|| std::mem::take(&mut *released))
+    }
+
+    /// Whether a record this session left of a released lease may be
+    /// `key`'s (a record of another key with the same advisory key names
+    /// that key, and is never read for this one): true when its advisory
+    /// key is among them, or is not known while some are left.
+    pub(super) fn left_record_of(&self, key: &str) -> bool {
+        let known = self
+            .advisory_keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .copied();
+        let released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        match known {
+            Some(h) => released.lock_ids.contains(&h),
+            None => !released.lock_ids.is_empty(),
+        }
+    }
+
+    /// Every released record waiting for its batch, handed back (the
+    /// caller deletes them), if there are any.
+    pub(super) fn take_released(&self) -> Option<Released> {
+        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        (!released.lock_ids.is_empty()).then(|| std::mem::take(&mut *released))
     }
 
     /// Undoes a [`claim`](Self::claim) when the hold ends.
@@ -527,6 +689,7 @@ impl LockSession {
         &self,
         try_lock_sql: &str,
         unlock_sql: &str,
+        delete_released_sql: &str,
     ) -> Result<&Recording, tokio_postgres::Error> {
         self.recording
             .get_or_try_init(|| async {
@@ -538,9 +701,15 @@ impl LockSession {
                 Ok(Recording {
                     try_lock: prepare(try_lock_sql).await?,
                     unlock: prepare(unlock_sql).await?,
+                    delete_released: prepare(delete_released_sql).await?,
                 })
             })
             .await
+    }
+
+    /// The recording statements, if they were prepared.
+    pub(super) fn recording_prepared(&self) -> Option<&Recording> {
+        self.recording.get()
     }
 
     /// One round trip that runs nothing.

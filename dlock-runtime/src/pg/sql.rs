@@ -296,11 +296,11 @@ FROM (",
 
 /// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
 /// does, and, only if it was taken, records who took it in
-/// `{schema}.dlock_holders` ([`CREATE_HOLDERS_TABLE`]), for
+/// `{schema}.dlock_holders` (`CREATE_HOLDERS_TABLE`), for
 /// [`Backend::holder`](crate::Backend::holder) and
 /// [`Backend::held`](crate::Backend::held): the key (`$1`), the token,
 /// this session (its pid and its start, `$4`, from
-/// [`LOCK_SESSION_SETUP`]), the identity (`$3`, NULL for a lease without
+/// `LOCK_SESSION_SETUP`), the identity (`$3`, NULL for a lease without
 /// one), the holder record (`$5`: the client's host, pid and label,
 /// [`HolderInfo::encode`](crate::HolderInfo::encode)) and the server's time
 /// of acquisition (`now()`, the statement's start). Returns the advisory
@@ -312,27 +312,41 @@ FROM (",
 /// holder record writes its rows without `holder`, `holder_token` and
 /// `since`, and its upsert over an older row keeps that row's values of
 /// them, which belong to another lease. A reader believes them only when
-/// `holder_token` is the row's token (see [`HOLDER_RECORD`]).
+/// `holder_token` is the row's token (see `HOLDER_RECORD`).
 ///
 /// One statement, so no lease is ever taken without its record, nor
 /// recorded without the lease. The record is visible
 /// at commit and the lock at once, so for an instant a reader sees the
 /// lock and an older record (or none): a record names its session, and a
 /// reader believes it only when that session holds the lock (see
-/// [`HOLDER_SESSION`]). A record of a session that died stays (the server
+/// `HOLDER_SESSION`). A record of a session that died stays (the server
 /// drops the lock, not the row) until the key's next recorded acquisition
 /// overwrites it; the session's start keeps a later session that happens
 /// to get the same pid from being taken for it.
 ///
-/// `already`: advisory locks are re-entrant, so `pg_try_advisory_lock`
-/// also says yes when this session already holds the advisory key for a
-/// lease of another key with the same 64-bit hash (which the backend then
-/// refuses in process and gives back). Nothing is recorded then: the
-/// record would name a lease that does not exist, over the holder's own.
-/// Read from `pg_locks` before the lock is tried (each CTE reads the one
-/// before it; a CTE that calls a volatile function is computed once, in
-/// order, never folded into the next), which costs a scan of the lock
-/// table on every acquisition.
+/// `already` (`$6`): advisory locks are re-entrant, so
+/// `pg_try_advisory_lock` also says yes when this session already holds
+/// the advisory key for a lease of another key with the same 64-bit hash
+/// (which the backend then refuses in process and gives back). Nothing is
+/// recorded then: the record would name a lease that does not exist, over
+/// the holder's own. The backend knows which advisory keys its leases hold
+/// on the session, and, once it has seen a key's advisory key, passes the
+/// answer; NULL (a key not seen yet) has the statement read it from
+/// `pg_locks` before the lock is tried, a scan of the lock table that
+/// takes every partition of it (each CTE reads the one before it; a CTE
+/// that calls a volatile function is computed once, in order, never
+/// folded into the next; `COALESCE` reads no further than its first
+/// value that is not NULL).
+///
+/// `rewriting`: a shared transaction-level advisory lock on the key's two
+/// halves (the `(int4, int4)` form, `objsubid` 2: never one of dlock's
+/// keys), taken before the key's lock and held until the statement
+/// commits, which makes its record visible first and drops the mark
+/// after. A released lease's record stays until its session deletes it in
+/// a batch ([`DELETE_RELEASED`]), so when the same session takes the key
+/// again a reader could see the new lock with the old lease's record for
+/// an instant; it sees the mark too, and does not believe the record (see
+/// `HOLDER_SESSION`).
 ///
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session
@@ -343,17 +357,23 @@ FROM (",
 /// notifying commit holds for as long as that commit waits (for a
 /// synchronous standby that is down, say), and every acquisition with an
 /// identity would then fail. The acquisition is announced after it, by a
-/// statement of its own that may fail ([`ANNOUNCE`]).
+/// statement of its own that may fail (`ANNOUNCE`).
 pub const TRY_LOCK_RECORDING: &str = concat!(
     "WITH k AS (
-  SELECT k.h, EXISTS (SELECT FROM pg_catalog.pg_locks AS l
-                      WHERE l.pid = pg_catalog.pg_backend_pid() AND ",
+  SELECT k.h, COALESCE($6::pg_catalog.bool,
+                       EXISTS (SELECT FROM pg_catalog.pg_locks AS l
+                               WHERE l.pid = pg_catalog.pg_backend_pid() AND ",
     exclusive_hold!(),
-    ") AS already
+    ")) AS already,
+         pg_catalog.pg_advisory_xact_lock_shared(
+             (k.h OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4,
+             ((k.h OPERATOR(pg_catalog.<<) 32::pg_catalog.int4)
+              OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4) AS rewriting
   FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
 ),
 t AS (
-  SELECT k.h, k.already, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
+  SELECT k.h, k.already, CASE WHEN k.rewriting IS NOT NULL
+                               AND pg_catalog.pg_try_advisory_lock(k.h) THEN (",
     draw_token!(
         ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
               AS commit_mode",
@@ -444,7 +464,9 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 );
 
 /// Deletes a lease's holder record and drops its lock (`$1`, the
-/// advisory key) in one statement, so no later lease of this session
+/// advisory key) in one statement: sent for leases with an identity,
+/// whose records election readers and watches read; a plain lease's
+/// record is deleted later, in a batch ([`DELETE_RELEASED`]). In one statement, so no later lease of this session
 /// (sessions carry many leases, and may take the same key again at once)
 /// is ever read with it. Only the lease's own record: its token (`$2`) and
 /// this session. The count consumes the delete before the unlock runs, so
@@ -460,6 +482,29 @@ WITH gone AS (
 SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8),
        pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
 FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
+
+/// Deletes, in one statement, holder records of leases this session
+/// released: the advisory keys `$1` and tokens `$2` (pairwise), of this
+/// session (its pid, and its start `$3`). A plain lease's release sends
+/// only [`UNLOCK`] and leaves its record: a record is believed only while
+/// the session it names holds the key and its token is the row's (see
+/// `HOLDER_SESSION`), so a released one is never read, and deleting it
+/// with every unlock cost a third of an uncontended cycle. The session
+/// keeps the released records and deletes them in batches. A record a
+/// later lease overwrote has another token or another session, and is
+/// never deleted here. Asynchronous commit, as [`TRY_LOCK_RECORDING`].
+pub const DELETE_RELEASED: &str = "\
+WITH gone AS (
+  DELETE FROM {schema}.dlock_holders AS r
+  USING ROWS FROM (pg_catalog.unnest($1::pg_catalog.int8[]),
+                  pg_catalog.unnest($2::pg_catalog.int8[])) AS g(lock_id, token)
+  WHERE r.lock_id = g.lock_id AND r.token = g.token
+    AND r.pid = pg_catalog.pg_backend_pid() AND r.session_start = $3::pg_catalog.timestamptz
+  RETURNING r.lock_id
+)
+SELECT pg_catalog.count(*),
+       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+FROM gone";
 
 /// Writes again the identity records of leases this session holds, when
 /// they are missing or not theirs (a DBA truncated the table, deleted a
@@ -587,14 +632,23 @@ pub(super) fn rewrite_records(
 /// Read *before* [`HOLDER_RECORD`], in a statement of its own: the record
 /// is read under a snapshot taken after this, so a record found of the
 /// session seen here was written by a lease that held the key at some
-/// moment between the two (one session's leases come one after another,
-/// and each deletes its record with its unlock). Read the other way round,
+/// moment between the two, or by an earlier lease of that session, left
+/// until its batch delete ([`DELETE_RELEASED`]). The fourth column says
+/// which: whether the session holds the key's `rewriting` mark (see
+/// [`TRY_LOCK_RECORDING`]), read with the lock (`pg_locks` reads the whole
+/// lock table at one instant). Without the mark, the statement that took
+/// the lock has committed, and its record (or a later one) is what the
+/// next snapshot sees; with it, the record may be the earlier lease's. Read the other way round,
 /// an old snapshot could still show the record of a lease the session
 /// has since released and followed with another.
 pub(super) const HOLDER_SESSION: &str = concat!(
     "SELECT l.pid,
        (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a),
-       pg_catalog.to_regclass('{schema}.dlock_holders'::pg_catalog.text) IS NOT NULL
+       pg_catalog.to_regclass('{schema}.dlock_holders'::pg_catalog.text) IS NOT NULL,
+       EXISTS (SELECT FROM pg_catalog.pg_locks AS m
+               WHERE m.pid = l.pid AND m.locktype = 'advisory'::pg_catalog.text
+                 AND m.objsubid = 2::pg_catalog.int2 AND m.database = l.database
+                 AND m.classid = l.classid AND m.objid = l.objid)
 FROM pg_catalog.pg_locks AS l,
      (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
 WHERE ",

@@ -287,9 +287,10 @@ pub async fn bare_cycle(conn: &mut MultiplexedConnection, key: &str, owner: &str
 }
 
 /// A raw connection with the statements the PostgreSQL rows send: dlock's
-/// lock and unlock (the ones that record the holder, as every dlock
-/// acquisition does by default), and the hand-written pair; and when the
-/// session started, which dlock's lock statement records.
+/// lock (the one that records the holder, as every dlock acquisition does
+/// by default), its plain unlock and its batch delete of released records,
+/// and the hand-written pair; when the session started, which dlock's lock
+/// statement records; and the records released and not yet deleted.
 type PgSession = (
     tokio_postgres::Client,
     Statement,
@@ -297,7 +298,12 @@ type PgSession = (
     Statement,
     Statement,
     std::time::SystemTime,
+    Statement,
+    std::sync::Mutex<(Vec<i64>, Vec<i64>)>,
 );
+
+/// How many released records a session deletes at once, as dlock does.
+const RELEASED_BATCH: usize = 64;
 
 /// A plain client connection driven in its own task.
 pub async fn pg_client(conn: &str) -> Res<tokio_postgres::Client> {
@@ -319,8 +325,9 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
         let try_lock = client
             .prepare(&schema(dlock::pg::protocol::TRY_LOCK_RECORDING))
             .await?;
-        let unlock = client
-            .prepare(&schema(dlock::pg::protocol::UNLOCK_RECORDED))
+        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        let delete_released = client
+            .prepare(&schema(dlock::pg::protocol::DELETE_RELEASED))
             .await?;
         let started = client
             .query_one(
@@ -342,6 +349,8 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
             pair_lock,
             pair_unlock,
             started,
+            delete_released,
+            std::sync::Mutex::default(),
         )));
     }
     let clients: Arc<Vec<Arc<PgSession>>> = Arc::new(clients);
@@ -354,7 +363,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
         let (clients, run) = (clients.clone(), run.clone());
         Row::new(
             format!(
-                "floor: dlock's lock + unlock statements by hand (holder recorded; prepared, {sessions} connections, raw tokio-postgres)"
+                "floor: dlock's lock + unlock statements by hand (holder recorded, released records deleted per 64; prepared, {sessions} connections, raw tokio-postgres)"
             ),
             move |tasks, deadline| {
                 let (clients, run, holder) = (clients.clone(), run.clone(), holder.clone());
@@ -364,13 +373,25 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
                         let key = format!("bench:{run}:pgfloor:{i}");
                         let holder = holder.clone();
                         async move {
-                            let (client, try_lock, unlock, _, _, started) = &*session;
+                            let (client, try_lock, unlock, _, _, started, delete, released) =
+                                &*session;
                             let identity: Option<&str> = None;
+                            // What dlock passes for a key it has locked on
+                            // the session before and that no lease of it
+                            // holds there: not held already.
+                            let already = Some(false);
                             timed!(deadline, {
                                 let row = client
                                     .query_one(
                                         try_lock,
-                                        &[&key.as_str(), &0i64, &identity, started, &&*holder],
+                                        &[
+                                            &key.as_str(),
+                                            &0i64,
+                                            &identity,
+                                            started,
+                                            &&*holder,
+                                            &already,
+                                        ],
                                     )
                                     .await?;
                                 let (advisory, token): (i64, Option<i64>) =
@@ -378,7 +399,19 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
                                 let Some(token) = token else {
                                     return Err(format!("pg floor: {key} was held").into());
                                 };
-                                client.query_one(unlock, &[&advisory, &token]).await?;
+                                client.query_one(unlock, &[&advisory]).await?;
+                                let batch = {
+                                    let mut left = released
+                                        .lock()
+                                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                                    left.0.push(advisory);
+                                    left.1.push(token);
+                                    (left.0.len() >= RELEASED_BATCH)
+                                        .then(|| std::mem::take(&mut *left))
+                                };
+                                if let Some((ids, tokens)) = batch {
+                                    client.query_one(delete, &[&ids, &tokens, started]).await?;
+                                }
                             })
                         }
                     })
@@ -401,7 +434,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
                     let session = clients[i % clients.len()].clone();
                     let advisory = seed.wrapping_add(i as i64);
                     async move {
-                        let (client, _, _, lock, unlock, _) = &*session;
+                        let (client, _, _, lock, unlock, ..) = &*session;
                         timed!(deadline, {
                             let row = client.query_one(lock, &[&advisory]).await?;
                             if !row.try_get::<_, bool>(0)? {

@@ -422,7 +422,19 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
     };
 
     let backend: Arc<dyn Backend> = Arc::new(backend);
-    let dlock_row = dlock_row("PgBackend", backend, &run, "pgdlock");
+    let recorded_row = dlock_row("PgBackend", backend, &run, "pgdlock");
+    // The same without holder records: what recording costs.
+    let unrecorded = dlock::pg::PgBackend::connect_with(
+        &cfg.pg_conn,
+        dlock::pg::PgOptions::default().record_holders(false),
+    )
+    .await?;
+    let unrecorded_row = dlock_row(
+        "PgBackend, record_holders(false)",
+        Arc::new(unrecorded),
+        &run,
+        "pgplain",
+    );
 
     let seed = cfg.run_seed;
     let pair = Row::new(
@@ -448,5 +460,5 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
             }
         },
     );
-    Ok(vec![floor, dlock_row, pair])
+    Ok(vec![floor, recorded_row, unrecorded_row, pair])
 }

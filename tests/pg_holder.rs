@@ -1336,7 +1336,11 @@ async fn a_dba_lock_on_the_holders_table_does_not_depose_a_leader() {
     // One session: the leader and the plain locks below share it.
     let backend = Arc::new(connect(schema.options().sessions(1)).await);
     let key = fresh_key("dba-lock");
-    let leadership = Election::new(key.clone(), "node-a", Duration::from_millis(1500))
+    // A ttl of 3 s: a plain acquisition that finds the table locked waits
+    // the session's lock_timeout (1 s) once before it locks without a
+    // record, and the leader's renewals on the same session queue behind
+    // it; 1.5 s left a loaded machine no room for a renewal between.
+    let leadership = Election::new(key.clone(), "node-a", Duration::from_secs(3))
         .expect("election")
         .on(backend.clone())
         .campaign()
@@ -1760,4 +1764,57 @@ async fn held_takes_like_wildcards_and_backslashes_in_the_prefix_as_data() {
     for lease in leases {
         lease.release().await.expect("release");
     }
+}
+
+/// A leader that resigns while a DBA holds the table of records locked
+/// past the session's lock_timeout drops its lock without its record (the
+/// session deletes it later), and the session lives on: a plain lease on
+/// it is not lost. The release used to end the session on the lock
+/// timeout, which lost every other lease on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_a_dba_locks_the_table_ends_no_session() {
+    let schema = ScratchSchema::new("holder");
+    let backend = Arc::new(connect(schema.options().sessions(1)).await);
+    let plain = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), fresh_key("dba-release-plain").as_str())
+        .await
+        .expect("plain lock");
+    let key = fresh_key("dba-release");
+    let owner = OwnerId::random().expect("random");
+    take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect("an identity lease");
+
+    let dba = shared_client().await;
+    dba.batch_execute(&format!(
+        "BEGIN; LOCK TABLE {}.dlock_holders IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("the DBA locks the table");
+    let outcome = within(10, "the release under the DBA's lock", async {
+        backend.release(&ReleaseRequest::new(&key, &owner)).await
+    })
+    .await;
+    dba.batch_execute("ROLLBACK")
+        .await
+        .expect("the DBA lets go");
+
+    assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
+    assert!(
+        free_on_the_server(&dba, &key).await,
+        "the identity lease's lock was dropped"
+    );
+    assert!(
+        !plain.is_lost(),
+        "a plain lease on the same session was lost: {:?}",
+        plain.check()
+    );
+    let reader = connect(schema.options()).await;
+    assert_eq!(
+        reader.holder(&key).await.expect("holder"),
+        None,
+        "the record left behind names nobody"
+    );
+    plain.release().await.expect("release");
 }

@@ -499,6 +499,21 @@ impl Inner {
                 // this key (or of one with the same advisory key) can hold
                 // it here again and be read with this record. Its other
                 // leases live on.
+                // The table was locked past the session's lock_timeout (a
+                // DBA's TRUNCATE, LOCK TABLE, ALTER, a non-concurrent
+                // CREATE INDEX): the statement ran nothing, so the lock is
+                // held. It goes as a plain lease's does, and the record
+                // with the session's next batch: a record left is never
+                // read once its session lets go of the key. Ending the
+                // session here would lose every other lease on it for
+                // the sake of a record.
+                Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+                    if let Some(batch) = session.released(advisory_key, token) {
+                        self.delete_batch(session, batch).await;
+                    }
+                    return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
+                }
                 Err(err) if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
                     session.retire();
                     let row = session.query_one(&session.unlock, &[&advisory_key]).await?;

@@ -143,6 +143,12 @@ impl Inner {
             Ok(rows) => rows,
             // Dropped since: no record to read.
             Err(err) if sql::sequence_missing(&err) => return Ok(own.or(unknown)),
+            // A table of an earlier dlock that this role may not bring to
+            // this version's shape (only its owner may): the lock works, and
+            // its holder is unknown, as without a table.
+            Err(err) if err.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
+                return Ok(own.or(unknown));
+            }
             Err(err) => {
                 return Err(self.failed(
                     Operation::Inspect,
@@ -170,7 +176,7 @@ impl Inner {
         prefix: &str,
     ) -> Result<Vec<(String, backend::Holding)>, LockError> {
         let failed = |what: &str, err: tokio_postgres::Error| {
-            LockError::backend(KIND, Operation::Inspect, prefix, Failure::new(what, err))
+            LockError::backend(KIND, Operation::List, prefix, Failure::new(what, err))
         };
         let session = self.session().await?;
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =

@@ -234,6 +234,33 @@ fn file_acquisitions_cut_off_by_their_runtime_shutting_down_leave_no_key_held_an
 #[cfg(unix)]
 #[test]
 fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fallback() {
+    // fork() copies only the calling thread: a lock another test's thread
+    // of this process held at that instant (a backend's, the allocator's)
+    // stays locked in the child forever, and the child hangs instead of
+    // releasing. So the fork happens in a process of its own, this test
+    // binary run again for this one test alone.
+    const ALONE: &str = "DLOCK_FORK_TEST_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let name =
+            "a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fallback";
+        let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([name, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ALONE, "1")
+            .output()
+            .expect("the test binary runs again");
+        assert!(
+            output.status.success(),
+            "the fork test, alone in its process, failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&output.stdout).contains("1 passed"),
+            "the fork test did not run alone: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        return;
+    }
     // The parent's fallback thread runs; a forked child inherits its queue
     // but not the thread, and must start its own.
     let dir = fresh_dir("fork");

@@ -16,6 +16,7 @@ mod kw {
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(wait);
     syn::custom_keyword!(renew);
+    syn::custom_keyword!(fair);
     syn::custom_keyword!(min_hold);
     syn::custom_keyword!(backend);
     syn::custom_keyword!(on_lost);
@@ -23,7 +24,7 @@ mod kw {
 
 /// The option names, as listed in error messages.
 const KNOWN: &str =
-    "`key`, `keys`, `ttl`, `wait`, `renew`, `min_hold`, `backend`, `on_lost`, `crate`";
+    "`key`, `keys`, `ttl`, `wait`, `renew`, `fair`, `min_hold`, `backend`, `on_lost`, `crate`";
 
 /// An option's value together with the span of its name.
 pub struct Opt<T> {
@@ -46,6 +47,7 @@ pub struct Args {
     pub ttl: Option<Opt<LitStr>>,
     pub wait: Option<Opt<LitStr>>,
     pub renew: Option<Opt<LitBool>>,
+    pub fair: Option<Opt<LitBool>>,
     pub min_hold: Option<Opt<LitStr>>,
     pub backend: Option<Opt<LitStr>>,
     pub on_lost: Option<Opt<LitStr>>,
@@ -59,6 +61,7 @@ enum Name {
     Ttl,
     Wait,
     Renew,
+    Fair,
     MinHold,
     Backend,
     OnLost,
@@ -73,6 +76,7 @@ impl Name {
             Name::Ttl => "ttl",
             Name::Wait => "wait",
             Name::Renew => "renew",
+            Name::Fair => "fair",
             Name::MinHold => "min_hold",
             Name::Backend => "backend",
             Name::OnLost => "on_lost",
@@ -89,6 +93,7 @@ impl Name {
             (input.peek(kw::ttl), Name::Ttl),
             (input.peek(kw::wait), Name::Wait),
             (input.peek(kw::renew), Name::Renew),
+            (input.peek(kw::fair), Name::Fair),
             (input.peek(kw::min_hold), Name::MinHold),
             (input.peek(kw::backend), Name::Backend),
             (input.peek(kw::on_lost), Name::OnLost),
@@ -101,6 +106,7 @@ impl Name {
                 Name::Ttl => input.parse::<kw::ttl>()?.span,
                 Name::Wait => input.parse::<kw::wait>()?.span,
                 Name::Renew => input.parse::<kw::renew>()?.span,
+                Name::Fair => input.parse::<kw::fair>()?.span,
                 Name::MinHold => input.parse::<kw::min_hold>()?.span,
                 Name::Backend => input.parse::<kw::backend>()?.span,
                 Name::OnLost => input.parse::<kw::on_lost>()?.span,
@@ -161,6 +167,7 @@ impl Args {
             Name::Wait => string(&value, duration).map(|v| store(&mut self.wait, span, v)),
             Name::MinHold => string(&value, duration).map(|v| store(&mut self.min_hold, span, v)),
             Name::Renew => boolean(&value).map(|v| store(&mut self.renew, span, v)),
+            Name::Fair => boolean(&value).map(|v| store(&mut self.fair, span, v)),
             Name::Backend => string(&value, "expected a backend name string like \"pg\"")
                 .map(|v| store(&mut self.backend, span, v)),
             Name::OnLost => string(&value, "expected \"abort\" or \"finish\"")

@@ -328,6 +328,9 @@ fn options_expr(private: &TokenStream, lock: &Lock) -> TokenStream {
     if let Some(renew) = lock.renew {
         setters.push(quote!(.renew(#renew)));
     }
+    if lock.fair {
+        setters.push(quote!(.fair(true)));
+    }
     if let Some(min_hold) = lock.min_hold {
         let min_hold = duration(private, min_hold);
         setters.push(quote!(.min_hold(#min_hold)));

@@ -54,6 +54,7 @@ mod valid;
 /// | `ttl = "30s"` | required | How long a lease lives unless renewed (humantime syntax, checked at compile time; 10ms to 30 days). |
 /// | `wait = "5s"` | no wait | How long to wait for a held key. Without it the call fails at once with `LockError::Held`; after waiting, with `LockError::Timeout`. |
 /// | `renew = true` | `true` | Whether the lease is renewed in the background while the body runs (every third of the ttl). Off, the lease is lost when the ttl runs out. |
+/// | `fair = true` | `false` | Fair mode: waiters queue in arrival order and a release hands the key straight to the first (`LockOptions::fair`). Needs a `wait`. |
 /// | `min_hold = "10s"` | none | Keep the key held at least this long after acquisition, even if the body ends sooner (ShedLock's `lockAtLeastFor`). At most the ttl. |
 /// | `backend = "pg"` | `"default"` | The name the backend was registered under in `dlock::registry()`. |
 /// | `on_lost = "abort"` | `"abort"` | What happens when the lease is lost while the body runs: `"abort"` cancels the body and returns `LockError::LeaseLost`; `"finish"` lets it finish and returns its result. |

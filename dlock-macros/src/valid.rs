@@ -34,6 +34,7 @@ pub struct Lock {
     pub ttl: Duration,
     pub wait: Option<Duration>,
     pub renew: Option<bool>,
+    pub fair: bool,
     pub min_hold: Option<Duration>,
     pub backend: Option<LitStr>,
     pub on_lost: OnLost,
@@ -189,6 +190,17 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
         check_backend(&backend.value, &mut errors);
         backend.value.clone()
     });
+    let fair = args.fair.as_ref().is_some_and(|fair| fair.value.value);
+    if let Some(fair_opt) = args.fair.as_ref().filter(|_| fair)
+        && wait
+            .as_ref()
+            .is_none_or(|wait| wait.is_some_and(|wait| wait.is_zero()))
+    {
+        errors.push(Error::new(
+            fair_opt.name,
+            "`fair = true` needs a `wait`: a caller that does not wait never queues, so fairness would do nothing; add e.g. `wait = \"10s\"`",
+        ));
+    }
     let on_lost = match &args.on_lost {
         None => Some(OnLost::Abort),
         Some(on_lost) => match on_lost.value.value().as_str() {
@@ -229,6 +241,7 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
                 ttl,
                 wait: wait.flatten(),
                 renew: args.renew.as_ref().map(|renew| renew.value.value),
+                fair,
                 min_hold: min_hold.flatten(),
                 backend,
                 on_lost,

@@ -4,18 +4,18 @@
 //! is checked against: it keeps the full semantics (ttl expiry, fencing
 //! tokens, waiting without polling, owner-checked release and extend).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::LockError;
 use crate::holder::HolderInfo;
@@ -75,6 +75,22 @@ struct Entry {
     /// Bumped on every release and acquisition; holder watchers hold
     /// receivers.
     changed: watch::Sender<u64>,
+    /// Fair waiters, in arrival order.
+    queue: VecDeque<Queued>,
+    /// Where each fair waiter hears of its handoff
+    /// ([`Backend::subscribe_handoff`]).
+    handoffs: HashMap<OwnerId, oneshot::Sender<Grant>>,
+}
+
+/// A fair waiter's entry in a key's queue.
+struct Queued {
+    owner: OwnerId,
+    /// The ttl its attempt asked for: a handoff holds the key that long.
+    ttl: std::time::Duration,
+    identity: Option<String>,
+    label: Option<String>,
+    /// Skipped from then on, unless refreshed.
+    expires_at: Instant,
 }
 
 struct Holder {
@@ -101,7 +117,46 @@ impl Entry {
             holder: None,
             released: watch::channel(0).0,
             changed: watch::channel(0).0,
+            queue: VecDeque::new(),
+            handoffs: HashMap::new(),
         }
+    }
+
+    /// Drops the queue's expired entries.
+    fn drop_expired_waiters(&mut self, now: Instant) {
+        self.queue.retain(|queued| queued.expires_at > now);
+    }
+
+    /// Whether `owner` may take the free key: no live entry ahead of it.
+    fn first_in_line(&self, owner: &OwnerId) -> bool {
+        self.queue.front().is_none_or(|first| first.owner == *owner)
+    }
+
+    /// Puts `owner` at the end of the queue, or refreshes its place.
+    fn join_queue(
+        &mut self,
+        request: &AcquireRequest<'_>,
+        entry_ttl: std::time::Duration,
+        now: Instant,
+    ) {
+        if let Some(queued) = self.queue.iter_mut().find(|q| q.owner == *request.owner) {
+            queued.expires_at = now + entry_ttl;
+            queued.ttl = request.ttl;
+            return;
+        }
+        self.queue.push_back(Queued {
+            owner: *request.owner,
+            ttl: request.ttl,
+            identity: request.identity.map(str::to_owned),
+            label: request.label.map(str::to_owned),
+            expires_at: now + entry_ttl,
+        });
+    }
+
+    /// Removes `owner`'s entry and its handoff registration.
+    fn leave_queue(&mut self, owner: &OwnerId) {
+        self.queue.retain(|queued| queued.owner != *owner);
+        self.handoffs.remove(owner);
     }
 
     /// The live holder, if any (an expired lease holds nothing).
@@ -120,6 +175,8 @@ impl Entry {
 
     fn idle(&self, now: Instant) -> bool {
         self.live_holder(now).is_none()
+            && self.queue.is_empty()
+            && self.handoffs.is_empty()
             && self.released.receiver_count() == 0
             && self.changed.receiver_count() == 0
     }
@@ -175,6 +232,38 @@ impl MemoryBackend {
     fn next_token(&self) -> FencingToken {
         FencingToken::new(self.inner.counter.fetch_add(1, Ordering::SeqCst) + 1)
     }
+
+    /// Hands the just-released key of `entry` to its first live fair
+    /// waiter: expired entries, and waiters no longer listening (gone, or
+    /// never registered), are skipped. `false` when nobody took it.
+    fn hand_over(&self, entry: &mut Entry, now: Instant) -> bool {
+        while let Some(next) = entry.queue.pop_front() {
+            let Some(sender) = entry.handoffs.remove(&next.owner) else {
+                continue;
+            };
+            if next.expires_at <= now || sender.is_closed() {
+                continue;
+            }
+            let token = self.next_token();
+            let label = self.inner.label.as_deref().or(next.label.as_deref());
+            entry.holder = Some(Holder {
+                owner: next.owner,
+                token,
+                expires_at: now + next.ttl,
+                identity: next.identity,
+                info: HolderInfo::this_process(label),
+                since: now,
+            });
+            if sender.send(Grant::new(token)).is_err() {
+                // It stopped listening this instant: take the key back.
+                entry.holder = None;
+                continue;
+            }
+            entry.announce_change();
+            return true;
+        }
+        false
+    }
 }
 
 impl Entries {
@@ -227,9 +316,26 @@ impl Backend for MemoryBackend {
                 holder.identity = request.identity.map(str::to_owned);
                 return Ok(Attempt::Acquired(Grant::new(holder.token)));
             }
-            return Ok(Attempt::Held {
-                expires_in: Some(holder.expires_at - now),
-            });
+            let expires_in = Some(holder.expires_at - now);
+            if let Queue::Join { entry_ttl } = request.queue {
+                entry.drop_expired_waiters(now);
+                entry.join_queue(request, entry_ttl, now);
+            }
+            return Ok(Attempt::Held { expires_in });
+        }
+        if request.queue.is_fair() {
+            entry.drop_expired_waiters(now);
+            let in_line = match request.queue {
+                Queue::Join { .. } => entry.first_in_line(owner),
+                _ => entry.queue.is_empty(),
+            };
+            if !in_line {
+                if let Queue::Join { entry_ttl } = request.queue {
+                    entry.join_queue(request, entry_ttl, now);
+                }
+                return Ok(Attempt::Held { expires_in: None });
+            }
+            entry.leave_queue(owner);
         }
         // The token is drawn under the same mutex that sets the holder, so
         // token order is acquisition order.
@@ -273,10 +379,35 @@ impl Backend for MemoryBackend {
             .is_some_and(|holder| holder.owner == *owner);
         if ours {
             entry.holder = None;
-            entry.announce_release();
-            entries.forget_if_idle(key);
+            if !self.hand_over(entry, now) {
+                entry.announce_release();
+            }
+        } else {
+            entry.leave_queue(owner);
         }
+        entries.forget_if_idle(key);
         Ok(ReleaseOutcome::from_released(ours))
+    }
+
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    async fn subscribe_handoff(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+    ) -> Result<Handoff, LockError> {
+        let (sender, receiver) = oneshot::channel();
+        self.lock().entry(key).handoffs.insert(*owner, sender);
+        Ok(Handoff::new(async move {
+            match receiver.await {
+                Ok(grant) => grant,
+                // Left the queue (or the backend dropped): no handoff will
+                // come; the waiter's next attempt decides.
+                Err(_) => std::future::pending().await,
+            }
+        }))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {

@@ -39,6 +39,7 @@ pub struct LockOptions {
     pub(crate) wait: Duration,
     pub(crate) renew: bool,
     pub(crate) min_hold: Duration,
+    pub(crate) fair: bool,
     pub(crate) backend: Cow<'static, str>,
 }
 
@@ -51,6 +52,7 @@ impl LockOptions {
             wait: Duration::ZERO,
             renew: true,
             min_hold: Duration::ZERO,
+            fair: false,
             backend: Cow::Borrowed(DEFAULT_BACKEND),
         }
     }
@@ -87,6 +89,45 @@ impl LockOptions {
     /// that exits right after releasing ends its hold with it.
     pub const fn min_hold(mut self, min_hold: Duration) -> Self {
         self.min_hold = min_hold;
+        self
+    }
+
+    /// Fair mode (off by default): waiters queue in arrival order, and a
+    /// release hands the key straight to the first live one, which holds it
+    /// without another attempt (one round trip from release to the next
+    /// holder, where a plain lock's woken waiters race for it). A releaser
+    /// that loops back joins the end of the queue.
+    ///
+    /// A waiter that dies, gives up or is cancelled never blocks the queue:
+    /// it leaves the queue as it goes, and an entry whose waiter vanished
+    /// without a word lives [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)
+    /// at most. Fencing, renewal, the lost signal and release on drop are
+    /// as for any lease; a handed-over key's token is greater than its
+    /// previous holder's.
+    ///
+    /// Every shipped backend has it; a backend without it refuses the
+    /// acquisition with [`LockError::InvalidOption`]. Plain callers on the
+    /// same key are not queued: they take a free key whoever waits, so use
+    /// one mode per key.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_runtime::{registry, memory::MemoryBackend, LockOptions};
+    ///
+    /// registry().register("doc-fair", MemoryBackend::new());
+    /// let options = LockOptions::new(Duration::from_secs(30))
+    ///     .backend("doc-fair")
+    ///     .wait(Duration::from_secs(5))
+    ///     .fair(true);
+    /// let lease = options.acquire("payouts").await?;
+    /// lease.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub const fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
         self
     }
 
@@ -201,6 +242,7 @@ impl LockOptions {
             renew: self.renew,
             min_hold: self.min_hold,
             identity: None,
+            fair: self.fair,
         }
     }
 

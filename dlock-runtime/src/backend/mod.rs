@@ -17,10 +17,12 @@ use crate::holder::HolderInfo;
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+mod handoff;
 mod loss;
 mod notice;
 mod owner;
 
+pub use handoff::{Handoff, QUEUE_ENTRY_TTL, Queue};
 pub use loss::LossGroup;
 pub(crate) use loss::LossSink;
 pub use notice::ReleaseNotice;
@@ -70,6 +72,28 @@ pub mod implementing;
 /// may have reached the store anyway, is given back with an owner-checked
 /// `release`. Each method's `# Cancel safety` section says what a backend
 /// must still guarantee when it is called directly and dropped.
+///
+/// # Fair mode
+///
+/// A backend that keeps a queue of waiters per key says so with
+/// [`Backend::supports_fair`], and then keeps these rules too:
+///
+/// - **F1. First come, first served.** `try_acquire` reads
+///    [`AcquireRequest::queue`] ([`Queue`]): a fair attempt never takes a
+///    key past a live queued entry ahead of it, and a [`Queue::Join`] that
+///    does not take the key keeps its owner's place, or joins at the end.
+/// - **F2. A release hands over.** A holder's `release` gives the key to the
+///    first live entry in one atomic step: its owner holds it, with a token
+///    drawn as an acquisition's (rule 2) and the ttl its attempt asked for
+///    (or less, said by [`Grant::valid_for`]), and the waiter's
+///    [`Backend::subscribe_handoff`] notice resolves with the grant. An
+///    expired entry is skipped; so is one whose waiter the store sees is
+///    gone.
+/// - **F3. Leaving the queue.** A `release` by an owner that does not hold the
+///    key but has an entry removes the entry (and answers `NotOwner`): the
+///    core sends it for every fair waiter that gives up, times out or is
+///    cancelled, so a handoff that came after the waiter left is passed on
+///    by the same call (the owner then holds the key and releases it).
 ///
 /// [`implementing`]: crate::backend::implementing
 #[async_trait]
@@ -160,6 +184,40 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancel safe: a subscription dropped before it returned, or a notice
     /// dropped unresolved, leaves nothing registered.
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
+
+    /// Whether this backend keeps fair queues (rules F1 to F3, and
+    /// [`Backend::subscribe_handoff`]). The core refuses a fair acquisition
+    /// on a backend that answers `false` (the default) with
+    /// [`LockError::InvalidOption`], rather than lock unfairly.
+    fn supports_fair(&self) -> bool {
+        false
+    }
+
+    /// Fair mode: registers interest in a release handing `key` to `owner`,
+    /// before the [`Queue::Join`] attempt that queues it (so no handoff is
+    /// missed between the two). The notice resolves with the grant of the
+    /// handed-over lease. The default answers an error: only backends that
+    /// [support fair mode](Backend::supports_fair) are asked.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a registration dropped before it returned, or a notice
+    /// dropped unresolved, leaves nothing registered. A notice dropped after
+    /// a handoff reached it leaves the key held by the owner: the core then
+    /// releases it (rule F3).
+    async fn subscribe_handoff(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+    ) -> Result<Handoff, LockError> {
+        let _ = owner;
+        Err(LockError::backend(
+            self.kind(),
+            Operation::Wait,
+            key.as_str(),
+            format!("the {} backend has no fair mode", self.kind()),
+        ))
+    }
 
     /// Administrative: releases `key` whoever holds it. Its holder finds out
     /// at its next renewal (or at once, through its loss group) and sees its
@@ -291,6 +349,9 @@ pub struct AcquireRequest<'a> {
     /// ([`crate::Registry::set_label`]), recorded with its host and pid
     /// unless the backend carries a label of its own.
     pub label: Option<&'a str>,
+    /// How the attempt stands toward the key's queue of fair waiters
+    /// (rules F1 to F3); [`Queue::Barge`] for a plain lock.
+    pub queue: Queue,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -302,7 +363,14 @@ impl<'a> AcquireRequest<'a> {
             ttl,
             identity: None,
             label: None,
+            queue: Queue::Barge,
         }
+    }
+
+    /// The same request, standing toward the key's queue as `queue` says.
+    pub fn with_queue(mut self, queue: Queue) -> Self {
+        self.queue = queue;
+        self
     }
 
     /// The same request, recording `identity` beside the lock.
@@ -416,12 +484,28 @@ pub struct Grant {
     /// that the lease is gone, before renewal would (`None` when only
     /// renewal can tell).
     pub loss: Option<Arc<LossGroup>>,
+    /// A handed-over lease that the store keeps for less than the ttl until
+    /// its first renewal (so that a handoff to a waiter that has gone ends
+    /// soon): how long, from the waiter's latest attempt answered `Held`.
+    /// `None`: the ttl.
+    pub valid_for: Option<Duration>,
 }
 
 impl Grant {
     /// A grant whose loss only renewal can detect.
     pub fn new(token: FencingToken) -> Self {
-        Self { token, loss: None }
+        Self {
+            token,
+            loss: None,
+            valid_for: None,
+        }
+    }
+
+    /// The same grant, of a handed-over lease the store keeps `valid_for`
+    /// until its first renewal.
+    pub fn valid_for(mut self, valid_for: Duration) -> Self {
+        self.valid_for = Some(valid_for);
+        self
     }
 
     /// A grant whose loss the backend announces through `group` (every

@@ -110,6 +110,7 @@ pub struct CountingBackend {
     attempts: std::sync::atomic::AtomicUsize,
     failures: std::sync::atomic::AtomicUsize,
     hang_next: std::sync::atomic::AtomicBool,
+    joined: std::sync::atomic::AtomicUsize,
 }
 
 impl CountingBackend {
@@ -126,6 +127,7 @@ impl CountingBackend {
             attempts: std::sync::atomic::AtomicUsize::new(0),
             failures: std::sync::atomic::AtomicUsize::new(failures),
             hang_next: std::sync::atomic::AtomicBool::new(false),
+            joined: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -138,6 +140,13 @@ impl CountingBackend {
     /// How many acquisition attempts went through so far.
     pub fn attempts(&self) -> usize {
         self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many fair waiters' [`Queue::Join`](crate::backend::Queue::Join)
+    /// attempts were answered `Held` so far: each one has an entry in the
+    /// queue once this counts it.
+    pub fn joined(&self) -> usize {
+        self.joined.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -167,7 +176,23 @@ impl crate::Backend for CountingBackend {
                 "connection refused",
             ));
         }
-        self.inner.try_acquire(request).await
+        let answer = self.inner.try_acquire(request).await;
+        if matches!(request.queue, crate::backend::Queue::Join { .. })
+            && matches!(answer, Ok(crate::backend::Attempt::Held { .. }))
+        {
+            self.joined.fetch_add(1, Ordering::SeqCst);
+        }
+        answer
+    }
+    fn supports_fair(&self) -> bool {
+        self.inner.supports_fair()
+    }
+    async fn subscribe_handoff(
+        &self,
+        key: &crate::LockKey,
+        owner: &crate::backend::OwnerId,
+    ) -> Result<crate::backend::Handoff, crate::LockError> {
+        self.inner.subscribe_handoff(key, owner).await
     }
     async fn extend(
         &self,

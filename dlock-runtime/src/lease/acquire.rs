@@ -13,8 +13,8 @@ use tracing::{Instrument as _, Span};
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest,
+    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, QUEUE_ENTRY_TTL, Queue,
+    ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::LockError;
@@ -62,6 +62,9 @@ pub(crate) async fn acquire(
         .in_scope(|| tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind()));
     async move {
         let taken = match OwnerId::random() {
+            Ok(owner) if terms.fair => take_fair(&backend, &key, &owner, &terms, deadline, started)
+                .await
+                .map(|(grant, sent)| (owner, grant, sent)),
             Ok(owner) => take(&backend, &key, &owner, &terms, deadline, started)
                 .await
                 .map(|(grant, sent)| (owner, grant, sent)),
@@ -273,7 +276,7 @@ async fn take(
         // serves as the instant the attempt was sent (a little early, so
         // the lease's lifetime is, if anything, counted short).
         let sent = started;
-        match attempt(backend, key, *owner, terms).await {
+        match attempt(backend, key, *owner, terms, Queue::Barge).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => {}
             Err(err) => {
@@ -308,7 +311,7 @@ async fn take(
                 Err(err) => break 'attempts Err(err),
             };
             let sent = Instant::now();
-            let answer = attempt(backend, key, *owner, terms).await;
+            let answer = attempt(backend, key, *owner, terms, Queue::Barge).await;
             if answer.is_ok()
                 && let Some(woken) = woken_by.take()
             {
@@ -354,6 +357,151 @@ async fn take(
     outcome
 }
 
+/// The attempt loop of a fair acquisition ([`Terms::fair`]): one
+/// [`Queue::Respect`] try, which costs what a plain one does when nobody
+/// holds or waits for the key; then the handoff notice, and a
+/// [`Queue::Join`] attempt that queues this owner, repeated every third of
+/// [`QUEUE_ENTRY_TTL`] to keep its entry alive (and to take the key as the
+/// first live entry should its holder's lease run out rather than be
+/// released). The release that hands the key over resolves the notice, and
+/// the caller holds the key without another attempt.
+///
+/// Returns the grant and the instant its lease counts from: for a handoff,
+/// the send of the latest attempt answered `Held`, since the handoff came
+/// after it was answered.
+///
+/// However it ends without the key (deadline, failure, the caller dropping
+/// the future), the owner leaves the queue through a release (rule F3),
+/// which also passes on a handoff that arrived as it gave up.
+async fn take_fair(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: &OwnerId,
+    terms: &Terms,
+    deadline: Instant,
+    started: Instant,
+) -> Result<(Grant, Instant), LockError> {
+    if !backend.supports_fair() {
+        return Err(LockError::InvalidOption {
+            option: "fair",
+            reason: format!(
+                "the {} backend has no fair mode: it cannot queue waiters",
+                backend.kind()
+            ),
+        });
+    }
+    let contended = |now: Instant| {
+        if terms.wait.is_zero() {
+            LockError::Held {
+                key: key.to_string(),
+                holder: None,
+            }
+        } else {
+            LockError::Timeout {
+                key: key.to_string(),
+                waited: now - started,
+            }
+        }
+    };
+    let may_retry =
+        |err: &LockError| !terms.wait.is_zero() && matches!(err, LockError::Backend { .. });
+    // Armed until the key is had: dropped armed (an error, the deadline,
+    // the caller gone), it leaves the queue and gives back any handoff.
+    let mut leave = LeaveQueue {
+        give_back: Some((Arc::clone(backend), key.clone(), *owner)),
+    };
+    let taken = match attempt(backend, key, *owner, terms, Queue::Respect).await {
+        Ok(Attempt::Acquired(grant)) => Some((grant, started)),
+        Ok(Attempt::Held { .. }) => None,
+        Err(err) if may_retry(&err) => None,
+        Err(err) => return Err(err),
+    };
+    if let Some(taken) = taken {
+        leave.disarm();
+        return Ok(taken);
+    }
+    let join = Queue::Join {
+        entry_ttl: QUEUE_ENTRY_TTL,
+    };
+    let mut backoff = MIN_BACKOFF;
+    let mut failure: Option<LockError> = None;
+    let mut handoff = None;
+    let outcome = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break Err(failure.unwrap_or_else(|| contended(now)));
+        }
+        if let Some(err) = &failure {
+            tracing::warn!(key = %key, error = %err, "lock backend failed while queued; retrying");
+            tokio::time::sleep(backoff.min(deadline - now)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+        // Registered before the attempt that queues: a handoff right after
+        // it reaches the notice.
+        if handoff.is_none() {
+            match backend.subscribe_handoff(key, owner).await {
+                Ok(notice) => handoff = Some(notice),
+                Err(err) if may_retry(&err) => {
+                    failure = Some(err);
+                    continue;
+                }
+                Err(err) => break Err(err),
+            }
+        }
+        let sent = Instant::now();
+        let expires_in = match attempt(backend, key, *owner, terms, join).await {
+            Ok(Attempt::Acquired(grant)) => break Ok((grant, sent)),
+            Ok(Attempt::Held { expires_in }) => expires_in,
+            Err(err) if may_retry(&err) => {
+                failure = Some(err);
+                continue;
+            }
+            Err(err) => break Err(err),
+        };
+        failure = None;
+        backoff = MIN_BACKOFF;
+        let now = Instant::now();
+        if now >= deadline {
+            break Err(contended(now));
+        }
+        let nap = [expires_in.map(|expires_in| expires_in + EXPIRY_SLACK)]
+            .into_iter()
+            .flatten()
+            .fold(QUEUE_ENTRY_TTL / 3, Duration::min)
+            .min(deadline - now);
+        if let Some(notice) = handoff.as_mut()
+            && let Ok(grant) = timeout(nap, notice).await
+        {
+            break Ok((grant, sent));
+        }
+    };
+    if outcome.is_ok() {
+        leave.disarm();
+    }
+    outcome
+}
+
+/// A fair waiter's way out of the queue: dropped armed, it releases the
+/// owner's key in the background, which removes its entry (rule F3) and
+/// gives back a handoff that reached it as it gave up.
+struct LeaveQueue {
+    give_back: Option<(Arc<dyn Backend>, LockKey, OwnerId)>,
+}
+
+impl LeaveQueue {
+    fn disarm(&mut self) {
+        self.give_back = None;
+    }
+}
+
+impl Drop for LeaveQueue {
+    fn drop(&mut self) {
+        if let Some((backend, key, owner)) = self.give_back.take() {
+            spawn_give_back(&backend, &key, owner);
+        }
+    }
+}
+
 /// One `try_acquire`, carried on in the background if the caller stops
 /// waiting half-way; whatever it was granted then is given back.
 fn attempt(
@@ -361,6 +509,7 @@ fn attempt(
     key: &LockKey,
     owner: OwnerId,
     terms: &Terms,
+    queue: Queue,
 ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
@@ -369,7 +518,8 @@ fn attempt(
             let label = holder::process_label();
             let request = AcquireRequest::new(&key, &owner, ttl)
                 .with_identity(identity.as_deref())
-                .with_label(label.as_deref());
+                .with_label(label.as_deref())
+                .with_queue(queue);
             backend.try_acquire(&request).await
         }
     };
@@ -377,6 +527,7 @@ fn attempt(
         backend: Arc::clone(backend),
         key: key.clone(),
         owner,
+        queued: matches!(queue, Queue::Join { .. }),
     };
     Detachable::new(work, give_back)
 }
@@ -390,6 +541,9 @@ struct GiveBack {
     backend: Arc<dyn Backend>,
     key: LockKey,
     owner: OwnerId,
+    /// The attempt was a fair waiter's [`Queue::Join`]: answered `Held`, it
+    /// left an entry in the queue, which the release removes (rule F3).
+    queued: bool,
 }
 
 impl GiveBack {
@@ -430,7 +584,7 @@ impl GiveBack {
 
 impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
     async fn handle(self, outcome: Result<Attempt, LockError>) {
-        if !matches!(outcome, Ok(Attempt::Held { .. })) {
+        if self.queued || !matches!(outcome, Ok(Attempt::Held { .. })) {
             self.release().await;
         }
     }
@@ -441,12 +595,14 @@ impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
     }
 }
 
-/// Gives `owner`'s possible hold of `key` back in the background.
+/// Gives `owner`'s possible hold of `key` back in the background (and,
+/// for a fair waiter, its place in the queue: rule F3).
 fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
     let give_back = GiveBack {
         backend: Arc::clone(backend),
         key: key.clone(),
         owner,
+        queued: false,
     };
     fallback::spawn(give_back.clone().release(), give_back.release());
 }

@@ -61,6 +61,9 @@ pub(crate) struct Terms {
     /// Who the acquirer says it is, recorded beside the lock (an
     /// election's campaigner); `None` for plain locks.
     pub(crate) identity: Option<Arc<str>>,
+    /// Whether waiters queue in arrival order and a release hands the key
+    /// to the first ([`crate::LockOptions::fair`]).
+    pub(crate) fair: bool,
 }
 
 #[derive(Debug)]
@@ -745,13 +748,20 @@ fn start(
     hold: Hold,
 ) -> Lease {
     let sent = hold.sent;
+    // A handed-over lease the store keeps for less than the ttl until its
+    // first renewal is valid that long (and renewed at once, as its
+    // first renewal falls due at once).
+    let valid_until = sent
+        + grant
+            .valid_for
+            .map_or(terms.ttl, |for_| for_.min(terms.ttl));
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
         owner,
         backend,
         terms.identity.clone(),
-        sent + terms.ttl,
+        valid_until,
         hold,
     ));
     // Renewal, and the lost signal when the ttl runs out, come from the
@@ -761,7 +771,7 @@ fn start(
     let renewal = renewal::register(
         &runtime,
         Arc::clone(&shared),
-        sent + terms.ttl,
+        valid_until,
         terms.ttl,
         terms.renew,
     );

@@ -185,7 +185,13 @@ pub(super) fn register(
     let mut schedule = renewer.schedule();
     let id = schedule.next_id;
     schedule.next_id += 1;
-    let next_renewal = renew.then(|| valid_until - ttl + ttl / 3);
+    // A third of the ttl into the lease; at once for a handed-over lease
+    // valid for less than that (`Grant::valid_for`).
+    let next_renewal = renew.then(|| {
+        valid_until
+            .checked_sub(ttl - ttl / 3)
+            .unwrap_or_else(Instant::now)
+    });
     let _ = shared.renewal.set((Arc::downgrade(&renewer), id));
     schedule.leases.insert(
         id,

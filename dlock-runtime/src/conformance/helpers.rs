@@ -110,7 +110,7 @@ pub struct CountingBackend {
     attempts: std::sync::atomic::AtomicUsize,
     failures: std::sync::atomic::AtomicUsize,
     hang_next: std::sync::atomic::AtomicBool,
-    joined: std::sync::atomic::AtomicUsize,
+    joined: std::sync::Mutex<std::collections::HashSet<crate::backend::OwnerId>>,
 }
 
 impl CountingBackend {
@@ -127,7 +127,7 @@ impl CountingBackend {
             attempts: std::sync::atomic::AtomicUsize::new(0),
             failures: std::sync::atomic::AtomicUsize::new(failures),
             hang_next: std::sync::atomic::AtomicBool::new(false),
-            joined: std::sync::atomic::AtomicUsize::new(0),
+            joined: std::sync::Mutex::default(),
         })
     }
 
@@ -142,11 +142,14 @@ impl CountingBackend {
         self.attempts.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// How many fair waiters' [`Queue::Join`](crate::backend::Queue::Join)
-    /// attempts were answered `Held` so far: each one has an entry in the
-    /// queue once this counts it.
+    /// How many owners had a fair waiter's
+    /// [`Queue::Join`](crate::backend::Queue::Join) attempt answered `Held`
+    /// so far: each has had an entry in the queue once this counts it.
     pub fn joined(&self) -> usize {
-        self.joined.load(std::sync::atomic::Ordering::SeqCst)
+        self.joined
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 }
 
@@ -180,7 +183,10 @@ impl crate::Backend for CountingBackend {
         if matches!(request.queue, crate::backend::Queue::Join { .. })
             && matches!(answer, Ok(crate::backend::Attempt::Held { .. }))
         {
-            self.joined.fetch_add(1, Ordering::SeqCst);
+            self.joined
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(*request.owner);
         }
         answer
     }

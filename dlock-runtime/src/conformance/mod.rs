@@ -106,6 +106,13 @@ macro_rules! conformance_suite {
             every_acquisition_records_its_holders_host_pid_and_label,
             a_refused_caller_is_told_who_holds_the_key,
             held_lists_exactly_the_held_keys_under_a_prefix,
+            fair_waiters_are_served_in_arrival_order_with_rising_tokens,
+            fair_a_cancelled_waiter_in_the_middle_does_not_hold_up_the_queue,
+            fair_an_expired_entry_is_skipped_by_the_release,
+            fair_a_handoff_to_a_waiter_that_never_listens_comes_back_within_its_entry_ttl,
+            fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on,
+            fair_no_waiter_starves_among_sixteen_looping_tasks,
+            fair_a_handed_over_lease_renews_and_hands_on_when_dropped,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -1631,4 +1638,399 @@ pub async fn held_lists_exactly_the_held_keys_under_a_prefix(
     for lease in leases {
         lease.release().await.expect("release");
     }
+}
+
+// Fair mode (`LockOptions::fair`, rules F1 to F3 on the `Backend` trait).
+// A backend without it must refuse a fair acquisition rather than lock
+// unfairly: on such a backend each fair property checks that refusal.
+
+/// Fair options: `ttl_ms`, waiting up to `wait`.
+fn fair(ttl_ms: u64, wait: Duration) -> LockOptions {
+    options(ttl_ms).wait(wait).fair(true)
+}
+
+/// True if `backend` keeps fair queues; if it does not, checks that it
+/// refuses a fair acquisition with `InvalidOption` (and false).
+async fn keeps_fair_queues(backend: &Arc<dyn Backend>) -> bool {
+    if backend.supports_fair() {
+        return true;
+    }
+    let refused = fair(1_000, Duration::from_millis(100))
+        .acquire_on(backend.clone(), fresh_key("fair-refused"))
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LockError::InvalidOption { option: "fair", .. })
+        ),
+        "a backend without fair mode refuses a fair acquisition, got {refused:?}"
+    );
+    false
+}
+
+/// A fair waiter task on `backend` that records `(index, token)` in `order`
+/// once it holds the key, holds it for `hold`, and releases it.
+fn spawn_fair_waiter(
+    backend: Arc<dyn Backend>,
+    key: &LockKey,
+    index: usize,
+    hold: Duration,
+    order: &Arc<std::sync::Mutex<Vec<(usize, crate::FencingToken)>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (key, order) = (key.clone(), Arc::clone(order));
+    tokio::spawn(async move {
+        let lease = fair(30_000, Duration::from_secs(30))
+            .acquire_on(backend, key)
+            .await
+            .expect("a fair waiter is served");
+        order.lock().expect("order").push((index, lease.token()));
+        sleep(hold).await;
+        lease.release().await.expect("release");
+    })
+}
+
+/// Waits until `counting` has seen `owners` distinct fair waiters queue.
+async fn until_queued(counting: &[&CountingBackend], owners: usize, what: &str) {
+    within(10, what, async {
+        while counting.iter().map(|c| c.joined()).sum::<usize>() < owners {
+            sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+/// Fair waiters that queued at distinct times, through two instances of
+/// the store, are served in arrival order, each by a handoff with a token
+/// above the one before; a fair caller that would not wait is refused at
+/// once and takes no place in the queue.
+pub async fn fair_waiters_are_served_in_arrival_order_with_rising_tokens(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-order");
+    let holder = fair(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a free key is taken by a fair caller at once");
+    let (one, two) = (
+        CountingBackend::new(backend.clone()),
+        CountingBackend::new(another.clone()),
+    );
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for index in 0..5 {
+        let via: Arc<dyn Backend> = if index % 2 == 0 {
+            one.clone()
+        } else {
+            two.clone()
+        };
+        waiters.push(spawn_fair_waiter(
+            via,
+            &key,
+            index,
+            Duration::from_millis(5),
+            &order,
+        ));
+        until_queued(&[&one, &two], index + 1, "the waiter joins the queue").await;
+        if index == 2 {
+            let impatient = fair(30_000, Duration::ZERO)
+                .acquire_on(backend.clone(), &key)
+                .await;
+            assert!(
+                matches!(impatient, Err(LockError::Held { .. })),
+                "a fair caller that would not wait is refused at once: {impatient:?}"
+            );
+        }
+    }
+    let first = holder.token();
+    holder.release().await.expect("release");
+    for waiter in waiters {
+        within(20, "the queued waiters", waiter)
+            .await
+            .expect("waiter task");
+    }
+    let order = order.lock().expect("order").clone();
+    let served: Vec<usize> = order.iter().map(|(index, _)| *index).collect();
+    assert_eq!(served, vec![0, 1, 2, 3, 4], "served in arrival order");
+    let mut previous = first;
+    for (index, token) in order {
+        assert!(
+            token > previous,
+            "waiter {index}'s token {token} is above the previous holder's {previous}"
+        );
+        previous = token;
+    }
+}
+
+/// A fair waiter cancelled in the middle of the queue does not hold it up:
+/// the one behind it is served right after the one ahead, well within the
+/// life of a queue entry, and the cancelled one never holds the key.
+pub async fn fair_a_cancelled_waiter_in_the_middle_does_not_hold_up_the_queue(
+    backend: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-cancel");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let counting = CountingBackend::new(backend.clone());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ahead = spawn_fair_waiter(counting.clone(), &key, 0, Duration::ZERO, &order);
+    until_queued(&[&counting], 1, "the first waiter joins").await;
+    let cancelled = spawn_fair_waiter(counting.clone(), &key, 1, Duration::ZERO, &order);
+    until_queued(&[&counting], 2, "the second waiter joins").await;
+    let behind = spawn_fair_waiter(counting.clone(), &key, 2, Duration::ZERO, &order);
+    until_queued(&[&counting], 3, "the third waiter joins").await;
+    cancelled.abort();
+    assert!(
+        cancelled.await.expect_err("cancelled").is_cancelled(),
+        "the middle waiter was cancelled while queued"
+    );
+    let released_at = Instant::now();
+    holder.release().await.expect("release");
+    within(20, "the first waiter", ahead).await.expect("task");
+    within(20, "the waiter behind the cancelled one", behind)
+        .await
+        .expect("task");
+    let waited = released_at.elapsed();
+    let served: Vec<usize> = order.lock().expect("order").iter().map(|o| o.0).collect();
+    assert_eq!(
+        served,
+        vec![0, 2],
+        "the cancelled waiter never held the key"
+    );
+    assert!(
+        waited < crate::backend::QUEUE_ENTRY_TTL * 2 / 3,
+        "the waiter behind a cancelled one waited {waited:?} after the release: the \
+         cancelled waiter's entry held the queue up"
+    );
+}
+
+/// An entry whose waiter vanished without a word (a killed process: it
+/// never listens for its handoff and never refreshes its entry) is skipped
+/// once it expired: the release hands the key straight to the live waiter
+/// behind it.
+pub async fn fair_an_expired_entry_is_skipped_by_the_release(backend: Arc<dyn Backend>) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-expired");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let vanished = OwnerId::random().expect("owner");
+    let entry_ttl = Duration::from_millis(300);
+    let queued = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &vanished, Duration::from_secs(30))
+                .with_queue(crate::backend::Queue::Join { entry_ttl }),
+        )
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(queued, Attempt::Held { .. }),
+        "a waiter joins the queue of a held key: {queued:?}"
+    );
+    let counting = CountingBackend::new(backend.clone());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let live = spawn_fair_waiter(counting.clone(), &key, 0, Duration::ZERO, &order);
+    until_queued(&[&counting], 1, "the live waiter joins").await;
+    sleep(entry_ttl + Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    holder.release().await.expect("release");
+    within(20, "the live waiter", live).await.expect("task");
+    let waited = released_at.elapsed();
+    assert!(
+        waited < crate::backend::QUEUE_ENTRY_TTL / 3,
+        "the live waiter waited {waited:?} after the release: it was not handed the key \
+         past the expired entry"
+    );
+    assert_eq!(
+        release_as(&backend, &key, &vanished).await,
+        crate::backend::ReleaseOutcome::NotOwner,
+        "the vanished waiter never held the key"
+    );
+}
+
+/// A handoff to a waiter that never listens (it died after refreshing its
+/// entry) is taken back by the time its entry would have expired: the
+/// live waiter behind it gets the key soon after.
+pub async fn fair_a_handoff_to_a_waiter_that_never_listens_comes_back_within_its_entry_ttl(
+    backend: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-deaf");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let deaf = OwnerId::random().expect("owner");
+    let entry_ttl = Duration::from_millis(800);
+    let queued = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &deaf, Duration::from_secs(30))
+                .with_queue(crate::backend::Queue::Join { entry_ttl }),
+        )
+        .await
+        .expect("backend answers");
+    assert!(matches!(queued, Attempt::Held { .. }), "{queued:?}");
+    let counting = CountingBackend::new(backend.clone());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let live = spawn_fair_waiter(counting.clone(), &key, 0, Duration::ZERO, &order);
+    until_queued(&[&counting], 1, "the live waiter joins").await;
+    let released_at = Instant::now();
+    holder.release().await.expect("release");
+    within(20, "the live waiter", live).await.expect("task");
+    let waited = released_at.elapsed();
+    // The entry's life, then the live waiter's next look (a third of a
+    // queue entry's life at most), with as much again to spare.
+    let bound = (entry_ttl + crate::backend::QUEUE_ENTRY_TTL / 3) * 2;
+    assert!(
+        waited < bound,
+        "the live waiter waited {waited:?} (bound {bound:?}): a handoff to a waiter \
+         that never listened kept the key"
+    );
+}
+
+/// A handoff that reached a waiter as it gave up is passed on by the
+/// release the giving-up waiter sends (rule F3): the next waiter holds the
+/// key, with a token above both earlier holders'.
+pub async fn fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on(
+    backend: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-late");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let late = OwnerId::random().expect("owner");
+    let notice = backend
+        .subscribe_handoff(&key, &late)
+        .await
+        .expect("handoff notice");
+    let queued = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &late, Duration::from_secs(30)).with_queue(
+                crate::backend::Queue::Join {
+                    entry_ttl: crate::backend::QUEUE_ENTRY_TTL,
+                },
+            ),
+        )
+        .await
+        .expect("backend answers");
+    assert!(matches!(queued, Attempt::Held { .. }), "{queued:?}");
+    let counting = CountingBackend::new(backend.clone());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let next = spawn_fair_waiter(counting.clone(), &key, 0, Duration::ZERO, &order);
+    until_queued(&[&counting], 1, "the next waiter joins").await;
+    let first = holder.token();
+    holder.release().await.expect("release");
+    let handed = within(10, "the handoff to the first waiter", notice).await;
+    assert!(
+        handed.token > first,
+        "a handed-over key's token {} is above its previous holder's {first}",
+        handed.token
+    );
+    // The waiter gave up as the handoff arrived: its way out is a release.
+    let released_at = Instant::now();
+    assert_eq!(
+        release_as(&backend, &key, &late).await,
+        crate::backend::ReleaseOutcome::Released,
+        "the waiter that gave up held the handed-over key, and released it"
+    );
+    within(20, "the next waiter", next).await.expect("task");
+    let waited = released_at.elapsed();
+    let (_, token) = order.lock().expect("order")[0];
+    assert!(token > handed.token, "{token} is above {}", handed.token);
+    assert!(
+        waited < crate::backend::QUEUE_ENTRY_TTL / 3,
+        "the next waiter waited {waited:?}: the given-up handoff was not passed on"
+    );
+}
+
+/// No fair waiter starves: 16 tasks loop on one key, and between asking
+/// for the key and getting it, none waits more than about 16 turns of the
+/// others (counted, not timed).
+pub async fn fair_no_waiter_starves_among_sixteen_looping_tasks(backend: Arc<dyn Backend>) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    const TASKS: usize = 16;
+    const ROUNDS: usize = 3;
+    let key = fresh_key("fair-starve");
+    let turns = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (backend, key, turns, start) = (
+                backend.clone(),
+                key.clone(),
+                Arc::clone(&turns),
+                Arc::clone(&start),
+            );
+            tokio::spawn(async move {
+                use std::sync::atomic::Ordering;
+                start.wait().await;
+                let mut longest = 0;
+                for _ in 0..ROUNDS {
+                    let asked_at = turns.load(Ordering::SeqCst);
+                    let lease = fair(30_000, Duration::from_secs(60))
+                        .acquire_on(backend.clone(), &key)
+                        .await
+                        .expect("every fair waiter is served");
+                    let turn = turns.fetch_add(1, Ordering::SeqCst);
+                    longest = longest.max(turn - asked_at);
+                    sleep(Duration::from_millis(3)).await;
+                    lease.release().await.expect("release");
+                }
+                longest
+            })
+        })
+        .collect();
+    let mut longest = Vec::new();
+    for task in tasks {
+        longest.push(within(60, "the looping tasks", task).await.expect("task"));
+    }
+    let worst = longest.iter().copied().max().unwrap_or(0);
+    assert!(
+        worst <= TASKS + 2,
+        "a task waited through {worst} turns of others (of {TASKS} tasks): {longest:?}"
+    );
+}
+
+/// A handed-over lease is a lease like any other: it outlives several
+/// ttls by renewal, and dropping it hands the key on to the next waiter.
+pub async fn fair_a_handed_over_lease_renews_and_hands_on_when_dropped(backend: Arc<dyn Backend>) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-renew");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let counting = CountingBackend::new(backend.clone());
+    let first = {
+        let (counting, key) = (counting.clone(), key.clone());
+        tokio::spawn(async move {
+            fair(300, Duration::from_secs(20))
+                .acquire_on(counting, key)
+                .await
+        })
+    };
+    until_queued(&[&counting], 1, "the waiter joins").await;
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let second = spawn_fair_waiter(counting.clone(), &key, 1, Duration::ZERO, &order);
+    until_queued(&[&counting], 2, "the second waiter joins").await;
+    holder.release().await.expect("release");
+    let lease = within(20, "the handoff", first)
+        .await
+        .expect("task")
+        .expect("the first waiter is handed the key");
+    sleep(Duration::from_millis(1_000)).await;
+    lease
+        .check()
+        .expect("a handed-over lease is renewed past three ttls");
+    let token = lease.token();
+    drop(lease);
+    within(20, "the second waiter", second).await.expect("task");
+    let (_, next) = order.lock().expect("order")[0];
+    assert!(next > token, "{next} is above {token}");
 }

@@ -563,3 +563,49 @@ async fn a_locked_default_method_of_an_async_trait_holds_the_key_and_gets_its_to
         "{held_token} < {token} < {after}"
     );
 }
+
+static FAIR_ORDER: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+#[distributed_lock(
+    key = "payout",
+    ttl = "30s",
+    wait = "20s",
+    fair = true,
+    backend = "macro-fair"
+)]
+async fn fair_payout(turn: u32) -> Result<(), LockError> {
+    FAIR_ORDER.lock().expect("order").push(turn);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_true_queues_callers_and_serves_them_in_arrival_order() {
+    let backend = MemoryBackend::new();
+    registry().register("macro-fair", backend.clone());
+    let key = LockKey::new("payout").expect("key");
+    let held = LockOptions::new(Duration::from_secs(30))
+        .backend("macro-fair")
+        .acquire(&key)
+        .await
+        .expect("free key");
+    let mut calls = Vec::new();
+    for turn in 0..4 {
+        calls.push(tokio::spawn(fair_payout(turn)));
+        timeout(PATIENCE, async {
+            while backend.queued_waiters(&key) <= turn as usize {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("the call queues behind the holder");
+    }
+    held.release().await.expect("release");
+    for call in calls {
+        timeout(PATIENCE, call)
+            .await
+            .expect("served")
+            .expect("task")
+            .expect("the fair call runs");
+    }
+    assert_eq!(*FAIR_ORDER.lock().expect("order"), vec![0, 1, 2, 3]);
+}

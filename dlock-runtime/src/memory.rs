@@ -222,6 +222,19 @@ impl MemoryBackend {
         self.lock().by_key.len()
     }
 
+    /// How many fair waiters are queued for `key` now (live entries), for
+    /// tests of fair mode.
+    pub fn queued_waiters(&self, key: &LockKey) -> usize {
+        let now = Instant::now();
+        self.lock().by_key.get(key).map_or(0, |entry| {
+            entry
+                .queue
+                .iter()
+                .filter(|queued| queued.expires_at > now)
+                .count()
+        })
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.inner
             .entries

@@ -54,6 +54,18 @@
 //!    store that cannot enumerate its locks must say so, never answer a
 //!    short list.
 //!
+//! Fair mode is optional. A backend that leaves
+//! [`supports_fair`](crate::Backend::supports_fair) at its default `false`
+//! keeps only the rules above, and the core refuses fair acquisitions on it
+//! (the suite's fair properties then check that refusal). One that keeps
+//! queues follows rules F1 to F3 on the [`Backend`](crate::Backend) trait:
+//! attempts read [`AcquireRequest::queue`](crate::backend::AcquireRequest::queue),
+//! the holder's release hands the key to the first live queued owner in the
+//! same atomic step and resolves its
+//! [`subscribe_handoff`](crate::Backend::subscribe_handoff) notice, and a
+//! non-holder's release removes its entry. The memory backend's queue is
+//! the shortest complete example.
+//!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
 //! one test per property. `make_backend` is called once per instance a

@@ -113,6 +113,7 @@ macro_rules! conformance_suite {
             fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on,
             fair_no_waiter_starves_among_sixteen_looping_tasks,
             fair_a_handed_over_lease_renews_and_hands_on_when_dropped,
+            fair_a_handed_over_lease_without_renewal_is_kept_for_its_whole_ttl,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -2033,4 +2034,49 @@ pub async fn fair_a_handed_over_lease_renews_and_hands_on_when_dropped(backend: 
     within(20, "the second waiter", second).await.expect("task");
     let (_, next) = order.lock().expect("order")[0];
     assert!(next > token, "{next} is above {token}");
+}
+
+/// A handed-over lease taken without background renewal is kept by the
+/// store for its whole ttl, not only for the short life a store may give a
+/// handoff until its first renewal ([`crate::backend::Grant::valid_for`]).
+pub async fn fair_a_handed_over_lease_without_renewal_is_kept_for_its_whole_ttl(
+    backend: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-no-renew");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let counting = CountingBackend::new(backend.clone());
+    let ttl = crate::backend::QUEUE_ENTRY_TTL * 4;
+    let waiter = {
+        let (counting, key) = (counting.clone(), key.clone());
+        tokio::spawn(async move {
+            LockOptions::new(ttl)
+                .renew(false)
+                .wait(Duration::from_secs(20))
+                .fair(true)
+                .acquire_on(counting, key)
+                .await
+        })
+    };
+    until_queued(&[&counting], 1, "the waiter joins").await;
+    holder.release().await.expect("release");
+    let lease = within(20, "the handoff", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter is handed the key");
+    let holding = backend
+        .holder(&key)
+        .await
+        .expect("holder")
+        .expect("the handed-over key is held");
+    if let Some(left) = holding.expires_in {
+        assert!(
+            left > crate::backend::QUEUE_ENTRY_TTL * 2,
+            "the store keeps a handed-over lease without renewal for its ttl {ttl:?}, \
+             but it expires in {left:?}"
+        );
+    }
+    lease.release().await.expect("release");
 }

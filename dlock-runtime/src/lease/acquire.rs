@@ -472,13 +472,52 @@ async fn take_fair(
         if let Some(notice) = handoff.as_mut()
             && let Ok(grant) = timeout(nap, notice).await
         {
-            break Ok((grant, sent));
+            break Ok(confirm_handoff(backend, key, owner, terms, grant, sent).await);
         }
     };
     if outcome.is_ok() {
         leave.disarm();
     }
     outcome
+}
+
+/// A handed-over lease that the store keeps for less than the ttl until
+/// its first renewal ([`Grant::valid_for`]) is renewed at once by the
+/// renewal scheduler; one that is not renewed in the background
+/// ([`crate::LockOptions::renew`] off) is extended here, once, so that it
+/// lasts the ttl it asked for. Should that fail, the lease keeps its short
+/// life, and its holder is told when it ends.
+async fn confirm_handoff(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: &OwnerId,
+    terms: &Terms,
+    grant: Grant,
+    sent: Instant,
+) -> (Grant, Instant) {
+    let short = grant
+        .valid_for
+        .is_some_and(|valid_for| valid_for < terms.ttl);
+    if terms.renew || !short {
+        return (grant, sent);
+    }
+    let extended_at = Instant::now();
+    match backend
+        .extend(&crate::backend::Renewal::new(key, owner, terms.ttl))
+        .await
+    {
+        Ok(true) => (
+            Grant {
+                valid_for: None,
+                ..grant
+            },
+            extended_at,
+        ),
+        answer => {
+            tracing::debug!(key = %key, ?answer, "could not extend a handed-over lease to its ttl");
+            (grant, sent)
+        }
+    }
 }
 
 /// A fair waiter's way out of the queue: dropped armed, it releases the

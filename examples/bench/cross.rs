@@ -61,9 +61,12 @@ pub async fn child(
     dir: &Path,
     start_ns: u128,
     end_ns: u128,
+    fair: bool,
 ) -> Res<()> {
     let backend = connect(cfg, backend, dir).await?;
-    let options = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(60));
+    let options = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(60))
+        .fair(fair);
     let wait = start_ns.saturating_sub(now_ns());
     tokio::time::sleep(Duration::from_nanos(wait as u64)).await;
     let mut out = String::new();
@@ -92,11 +95,13 @@ pub fn spawn_self(cfg: &Config, args: &[&str], stdin: Stdio) -> Res<Child> {
         .spawn()?)
 }
 
-/// Starts the processes on `backend` and merges what they saw.
-pub async fn run(cfg: &Config, backend: &str, time: Duration) -> Res<Outcome> {
+/// Starts the processes on `backend` (in fair mode if `fair`) and merges
+/// what they saw.
+pub async fn run(cfg: &Config, backend: &str, time: Duration, fair: bool) -> Res<Outcome> {
     let dir = std::env::temp_dir().join(format!("dlock-bench-{}", cfg.run));
     std::fs::create_dir_all(&dir)?;
-    let key = format!("bench:{}:cross:{backend}", cfg.run);
+    let mode = if fair { "fair" } else { "plain" };
+    let key = format!("bench:{}:cross:{backend}:{mode}", cfg.run);
     // Time for the children to start and connect before the common start.
     let lead = if cfg.smoke {
         500_000_000
@@ -116,6 +121,7 @@ pub async fn run(cfg: &Config, backend: &str, time: Duration) -> Res<Outcome> {
                 &dir.display().to_string(),
                 &start_ns.to_string(),
                 &end_ns.to_string(),
+                mode,
             ],
             Stdio::inherit(),
         )?;

@@ -98,13 +98,21 @@ where
 }
 
 /// dlock on a shared backend: waiting on pub/sub (Redis) or the server-side
-/// probe and in-process wake-ups (PostgreSQL).
-pub async fn dlock(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Res<Outcome> {
+/// probe and in-process wake-ups (PostgreSQL); with `fair`, queued in
+/// arrival order and handed the key by the release.
+pub async fn dlock(
+    backend: Arc<dyn Backend>,
+    key: &str,
+    time: Duration,
+    fair: bool,
+) -> Res<Outcome> {
     let key = LockKey::new(key)?;
     contend(time, |i, deadline, book| {
         let (backend, key) = (backend.clone(), key.clone());
         async move {
-            let options = LockOptions::new(TTL).wait(Duration::from_secs(60));
+            let options = LockOptions::new(TTL)
+                .wait(Duration::from_secs(60))
+                .fair(fair);
             while Instant::now() < deadline {
                 let lease = options.acquire_on(backend.clone(), &key).await?;
                 book.acquired(i);

@@ -177,7 +177,7 @@ fn main() -> Res<()> {
             Role::Bench => {}
             Role::Child(args) => {
                 return match args.as_slice() {
-                    [backend, key, dir, start, end] => {
+                    [backend, key, dir, start, end, mode] => {
                         cross::child(
                             &cfg,
                             backend,
@@ -185,10 +185,11 @@ fn main() -> Res<()> {
                             dir.as_ref(),
                             start.parse()?,
                             end.parse()?,
+                            mode == "fair",
                         )
                         .await
                     }
-                    _ => Err("--child BACKEND KEY DIR START_NS END_NS".into()),
+                    _ => Err("--child BACKEND KEY DIR START_NS END_NS fair|plain".into()),
                 };
             }
             Role::Campaigner(args) => {

@@ -189,7 +189,11 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         let rows = [
             (
                 "dlock RedisBackend (pub/sub wake-up)",
-                handoff::dlock(redis, &key("dlock"), cfg.handoff_time).await?,
+                handoff::dlock(redis.clone(), &key("dlock"), cfg.handoff_time, false).await?,
+            ),
+            (
+                "dlock RedisBackend, fair (queue, handoff in the release)",
+                handoff::dlock(redis, &key("dlock-fair"), cfg.handoff_time, true).await?,
             ),
             (
                 "rslock 0.10, default retry (3 tries, 0-200 ms apart)",
@@ -201,7 +205,11 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             ),
             (
                 "dlock PgBackend (context; in-process wake-up)",
-                handoff::dlock(pg, &key("pg"), cfg.handoff_time).await?,
+                handoff::dlock(pg.clone(), &key("pg"), cfg.handoff_time, false).await?,
+            ),
+            (
+                "dlock PgBackend, fair (context; PostgreSQL's lock queue)",
+                handoff::dlock(pg, &key("pg-fair"), cfg.handoff_time, true).await?,
             ),
         ];
         let rtt_after = handoff::redis_round_trip(cfg, pings).await?;
@@ -233,7 +241,7 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         }
         let _ = writeln!(body);
         let rtt = (redis_rtt + rtt_after) / 2;
-        let (dl, rs) = (&rows[0].1, &rows[1].1);
+        let (dl, fair, rs) = (&rows[0].1, &rows[1].1, &rows[2].1);
         let per_rtt = dl.handoff.median().as_secs_f64() / rtt.as_secs_f64();
         targets.push((
             "Redis contended handoff: median <= 3 x round trip".into(),
@@ -253,6 +261,33 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
                 show_rate(rs.handoffs_per_s)
             ),
             yes(vs >= 10.0),
+        ));
+        let fair_per_rtt = fair.handoff.median().as_secs_f64() / rtt.as_secs_f64();
+        targets.push((
+            "Redis fair handoff: median <= 1.3 x round trip".into(),
+            format!(
+                "{} = {fair_per_rtt:.2} x {}",
+                show(fair.handoff.median()),
+                show(rtt)
+            ),
+            yes(fair_per_rtt <= 1.3),
+        ));
+        let fair_vs = fair.handoffs_per_s / dl.handoffs_per_s.max(1e-9);
+        targets.push((
+            "Redis fair handoff: handoffs/s >= 1.5 x non-fair".into(),
+            format!(
+                "{} vs {} = {fair_vs:.2} x",
+                show_rate(fair.handoffs_per_s),
+                show_rate(dl.handoffs_per_s)
+            ),
+            yes(fair_vs >= 1.5),
+        ));
+        let every = fair.handoff.samples.len();
+        let turns = fair.turn.samples.len();
+        targets.push((
+            "Redis fair handoff: every turn is a handoff".into(),
+            format!("{every} of {turns} turns"),
+            yes(every == turns),
         ));
         clean_redis(cfg).await?;
     }
@@ -378,9 +413,21 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             body,
             "| backend | acquisitions/s | cross-process handoffs/s | handoff median | handoff p99 | acquisitions per process | overlaps |\n| --- | ---: | ---: | ---: | ---: | --- | ---: |"
         );
-        for name in ["file", "redis", "pg"] {
-            let o = cross::run(cfg, name, cfg.cross_time).await?;
+        for (name, fair) in [
+            ("file", false),
+            ("file", true),
+            ("redis", false),
+            ("redis", true),
+            ("pg", false),
+            ("pg", true),
+        ] {
+            let o = cross::run(cfg, name, cfg.cross_time, fair).await?;
             let per: Vec<String> = o.per_process.iter().map(usize::to_string).collect();
+            let name = if fair {
+                format!("{name}, fair")
+            } else {
+                name.to_owned()
+            };
             let _ = writeln!(
                 body,
                 "| {name} | {} | {} | {} | {} | {} | {} |",

@@ -9,6 +9,8 @@
 //! | `dlock:{T}:info` | string, with the lock's `PX` expiry | who took the lock: its owner id (32 hex digits), the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]), space-separated; written by every acquisition, stretched by every renewal and deleted by the release, together with the lock; read only while that owner holds the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
+//! | `dlock:{T}:queue` | string, with the `PX` of its latest entry | only while fair waiters queue: one line per waiter in arrival order, its owner id, the server time in ms its entry dies at unless refreshed, the ttl it asked for and its holder record (see the scripts) |
+//! | `dlock:{T}:handoff:<owner id>` | pub/sub channel | the one message a release sends a fair waiter it hands the key to: `<token> <ms the lease lasts>` |
 //!
 //! `{T}` is a Redis Cluster hash tag: all the keys hash to the same slot, so
 //! the scripts that touch both are valid on a cluster. Encoding the braces
@@ -102,6 +104,34 @@ pub(crate) fn key_of_lock_name(name: &str) -> Option<String> {
     }
     key.push_str(rest);
     Some(key)
+}
+
+/// The names a release sends: the lock, the holder info, the queue of
+/// fair waiters and the fence (for the token of a handoff), from one
+/// encoding of the key.
+pub(crate) fn release_names(key: &LockKey) -> [String; 4] {
+    let tag = hash_tag(key.as_str());
+    [
+        name(&tag, "lock"),
+        name(&tag, "info"),
+        name(&tag, "queue"),
+        name(&tag, "fence"),
+    ]
+}
+
+/// The name of `key`'s queue of fair waiters: built only for a fair
+/// attempt (and by [`release_names`]).
+pub(crate) fn queue_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "queue")
+}
+
+/// The channel a release that hands `key` to the fair waiter `owner_hex`
+/// (its owner id's 32 hex digits) publishes the grant on. The release
+/// script builds the same name from the lock name and the queued owner id.
+pub(crate) fn handoff_channel(key: &LockKey, owner_hex: &[u8; 32]) -> String {
+    let mut channel = name(&hash_tag(key.as_str()), "handoff:");
+    channel.extend(owner_hex.iter().map(|&digit| char::from(digit)));
+    channel
 }
 
 /// The holder record's name: built only for an acquisition with an
@@ -201,6 +231,37 @@ mod tests {
             let key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
             let names = Keyspace::of(&key);
             assert_eq!(lock_and_info_names(&key), (names.lock, names.info));
+        }
+    }
+
+    #[test]
+    fn the_fair_names_share_the_locks_hash_tag_and_the_scripts_find_the_handoff_channel() {
+        for key in ["plain", "}", "a}b{c", "ü}🔒{", "x:lock:queue"] {
+            let lock_key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
+            let names = names(key);
+            let [lock, info, queue, fence] = release_names(&lock_key);
+            assert_eq!(
+                (&lock, &info, &fence),
+                (&names.lock, &names.info, &names.fence)
+            );
+            assert_eq!(queue, queue_name(&lock_key));
+            let owner = *b"0123456789abcdef0123456789abcdef";
+            let channel = handoff_channel(&lock_key, &owner);
+            for name in [&queue, &channel] {
+                assert_eq!(cluster_hash_part(name), cluster_hash_part(&lock), "{key:?}");
+            }
+            // The scripts publish on `string.sub(lock, 1, -5) .. 'handoff:' .. owner`.
+            let stem = lock.strip_suffix("lock").expect("ends in lock");
+            assert_eq!(
+                format!(
+                    "{stem}handoff:{}",
+                    std::str::from_utf8(&owner).expect("hex")
+                ),
+                channel
+            );
+            // Neither is a lock name: a listing never reads one as a held key.
+            assert_eq!(key_of_lock_name(&queue), None);
+            assert_eq!(key_of_lock_name(&channel), None);
         }
     }
 

@@ -42,6 +42,8 @@
 //! | `dlock:{T}:info` | string with the lock's `PX` expiry | who took the lock: the owner id, the server time of the acquisition in µs, and the holder's host, pid and label ([`crate::holder`]); written, renewed and deleted in the same scripts as the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
+//! | `dlock:{T}:queue` | string with the `PX` of its latest entry | only while fair waiters queue: one line per waiter, in arrival order (see [Fair mode](#fair-mode)) |
+//! | `dlock:{T}:handoff:<owner id>` | pub/sub channel | a fair waiter's own: the token of the key a release handed it, and how long that lease lasts |
 //!
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
 //! the scripts are valid on a cluster. Fence keys are small and kept
@@ -51,6 +53,48 @@
 //! hand, or by an older dlock, which writes no info) never names a later
 //! holder; a lock taken by an older dlock reads as held by an unknown
 //! holder (`holder: None`).
+//!
+//! ## Fair mode
+//!
+//! [`LockOptions::fair`](crate::LockOptions::fair) is kept with a queue
+//! beside the lock, in the same hash slot, so every step stays one script
+//! on a cluster too:
+//!
+//! - **The queue** is a plain string, one line per waiter in arrival
+//!   order: its owner id, the server time (ms) its entry dies at unless
+//!   refreshed, the ttl it asked for and its holder record. A string, so
+//!   fair mode needs no command the least-privilege ACL below lacks; its
+//!   `PX` is its latest entry's expiry, so an abandoned queue goes away.
+//!   Each script reads it whole: it is made for queues of tens of
+//!   waiters, not of thousands.
+//! - **Attempts are one round trip.** A fair caller's first try takes the
+//!   key only if it is free and nobody live is queued; a queued waiter's
+//!   attempt (every second, to keep its entry alive) takes it only as the
+//!   first live entry, and otherwise keeps its place or joins at the end,
+//!   marking the holder's value `+` so its release looks at the queue. A
+//!   fair attempt that finds the key free with someone else first (its
+//!   holder's lease ran out) hands it to them rather than leave it idle.
+//! - **A release hands over** in its own script: when the value is marked
+//!   `+` and an entry is alive (by the server's clock), the key becomes
+//!   that waiter's, with a token drawn as an acquisition draws it and its
+//!   holder info written, and the token goes out on the waiter's own
+//!   channel, which it subscribed on the shared pub/sub connection before
+//!   queueing. The lease lasts the smaller of the ttl the waiter asked for
+//!   and what was left of its entry's life (the grant says so,
+//!   [`Grant::valid_for`]): Redis cannot see a waiter die, so a key
+//!   handed to a killed waiter comes back when its entry would have died,
+//!   within [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL). The
+//!   handoff is one message after the release script: about one round
+//!   trip from the release's send to the waiter holding the key.
+//! - **A waiter that gives up** sends an owner-checked release: it removes
+//!   its entry (or, should the key have reached it meanwhile, hands it on).
+//! - **Plain locks are unchanged**: a plain attempt never reads the queue,
+//!   and an unmarked release (`-`, nobody waited) never looks at it
+//!   either. During a rolling upgrade a release by an older dlock frees a
+//!   key without handing it over; the first queued waiter then takes it at
+//!   its next attempt, within a second.
+//! - A fair acquisition with an identity (leader election) is refused
+//!   ([`LockError::InvalidOption`]): a handoff could not record it.
 //!
 //! ## Who holds what
 //!
@@ -137,8 +181,8 @@ use futures_util::StreamExt as _;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::holder::HolderInfo;
@@ -314,6 +358,97 @@ impl RedisBackend {
         );
     }
 
+    /// The waiter mark an attempt takes the key with: `+` when waiters of
+    /// this process already wait for it (so its release wakes them), for a
+    /// lease taken with an identity (a leader, watched by observers the
+    /// store cannot see), or when every release is to be published.
+    fn mark(&self, request: &AcquireRequest<'_>, names: &Keyspace) -> u8 {
+        if self.inner.publish_every_release
+            || request.identity.is_some()
+            || self.inner.subscriber.has_waiters(&names.released)
+        {
+            WAITED_ON
+        } else {
+            UNWAITED
+        }
+    }
+
+    /// A fair attempt ([`Queue::Respect`], [`Queue::Join`]): the fair
+    /// acquire script, which reads and keeps the key's queue in the same
+    /// step (see `scripts::FAIR_ACQUIRE_LUA`). One round trip, as a plain
+    /// attempt.
+    async fn try_acquire_fair(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        if request.identity.is_some() {
+            return Err(LockError::InvalidOption {
+                option: "fair",
+                reason: "the redis backend does not queue an acquisition with an identity \
+                         (a leader election's): its handoff could not record it"
+                    .into(),
+            });
+        }
+        let names = Keyspace::of(key);
+        let entry_ttl = match request.queue {
+            Queue::Join { entry_ttl } => ttl_millis(entry_ttl).to_string(),
+            _ => String::new(),
+        };
+        // The queue is one line per waiter: a record never holds a newline
+        // (labels are checked when set), but a request built by hand might.
+        let record = request
+            .holder_record(self.inner.label.as_deref())
+            .replace(['\n', '\r'], "?");
+        let mut script = scripts::FAIR_ACQUIRE.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.fence)
+            .key(&names.info)
+            .key(keyspace::queue_name(key))
+            .arg(&held_value(owner, self.mark(request, &names))[..])
+            .arg(ttl_millis(ttl))
+            .arg(record)
+            .arg(entry_ttl);
+        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
+        self.read_attempt(key, &names, &reply)
+    }
+
+    /// An acquire script's answer: the token when taken, the holder's
+    /// remaining ttl when held (with the refusal to mark it, if any).
+    fn read_attempt(
+        &self,
+        key: &LockKey,
+        names: &Keyspace,
+        reply: &Value,
+    ) -> Result<Attempt, LockError> {
+        let token = match reply {
+            Value::BulkString(text) => std::str::from_utf8(text)
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+                .filter(|token| *token > 0),
+            Value::Int(remaining) => return Ok(held(*remaining)),
+            // Held, but the holder's value could not be marked: its release
+            // will not be published, and waiters look again at its expiry.
+            Value::Array(parts) => match parts.as_slice() {
+                [Value::Int(remaining), refusal] => {
+                    self.warn_unmarked(key, refusal);
+                    return Ok(held(*remaining));
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        match token {
+            Some(token) => Ok(Attempt::Acquired(Grant::new(FencingToken::new(token)))),
+            None => Err(self.error(
+                Operation::Acquire,
+                key,
+                format!(
+                    "unexpected reply {reply:?} from the acquire script (is `{}` a fencing counter?)",
+                    names.fence
+                ),
+            )),
+        }
+    }
+
     fn error(&self, operation: Operation, key: &LockKey, text: String) -> LockError {
         self.error_at(operation, key.as_str(), text)
     }
@@ -468,6 +603,15 @@ fn read_holding(reply: &Value) -> Option<Option<Holding>> {
     }))
 }
 
+/// The grant a release published on a fair waiter's handoff channel:
+/// `<token> <ms the lease lasts>`; `None` for a message of another shape.
+fn read_handoff(message: &[u8]) -> Option<Grant> {
+    let (token, valid_for) = std::str::from_utf8(message).ok()?.split_once(' ')?;
+    let token = token.parse::<u64>().ok().filter(|token| *token > 0)?;
+    let valid_for = Duration::from_millis(valid_for.parse().ok()?);
+    Some(Grant::new(FencingToken::new(token)).valid_for(valid_for))
+}
+
 /// `Held`, with the remaining ttl in ms the acquire script answered
 /// (negative: the key has no expiry, or is gone).
 fn held(remaining: i64) -> Attempt {
@@ -519,20 +663,11 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        if request.queue.is_fair() {
+            return self.try_acquire_fair(request).await;
+        }
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let names = Keyspace::of(key);
-        // Waiters of this process already queued for the key: take it
-        // marked, so its release wakes them.
-        // A lease taken with an identity (a leader) is watched by observers
-        // the store cannot see: its release is always published.
-        let mark = if self.inner.publish_every_release
-            || request.identity.is_some()
-            || self.inner.subscriber.has_waiters(&names.released)
-        {
-            WAITED_ON
-        } else {
-            UNWAITED
-        };
         let mut script = match request.identity {
             None => scripts::ACQUIRE.prepare_invoke(),
             Some(_) => scripts::ACQUIRE_AS.prepare_invoke(),
@@ -541,41 +676,14 @@ impl Backend for RedisBackend {
             .key(&names.lock)
             .key(&names.fence)
             .key(&names.info)
-            .arg(&held_value(owner, mark)[..])
+            .arg(&held_value(owner, self.mark(request, &names))[..])
             .arg(ttl_millis(ttl))
             .arg(request.holder_record(self.inner.label.as_deref()));
         if let Some(identity) = request.identity {
             script.key(keyspace::holder_name(key)).arg(identity);
         }
         let reply: Value = self.run(Operation::Acquire, key, &script).await?;
-        let token = match &reply {
-            Value::BulkString(text) => std::str::from_utf8(text)
-                .ok()
-                .and_then(|text| text.parse::<u64>().ok())
-                .filter(|token| *token > 0),
-            Value::Int(remaining) => return Ok(held(*remaining)),
-            // Held, but the holder's value could not be marked: its release
-            // will not be published, and waiters look again at its expiry.
-            Value::Array(parts) => match parts.as_slice() {
-                [Value::Int(remaining), refusal] => {
-                    self.warn_unmarked(key, refusal);
-                    return Ok(held(*remaining));
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        match token {
-            Some(token) => Ok(Attempt::Acquired(Grant::new(FencingToken::new(token)))),
-            None => Err(self.error(
-                Operation::Acquire,
-                key,
-                format!(
-                    "unexpected reply {reply:?} from the acquire script (is `{}` a fencing counter?)",
-                    names.fence
-                ),
-            )),
-        }
+        self.read_attempt(key, &names, &reply)
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
@@ -693,10 +801,12 @@ impl Backend for RedisBackend {
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
         let mut script = scripts::RELEASE.prepare_invoke();
-        let (lock, info) = keyspace::lock_and_info_names(key);
+        let [lock, info, queue, fence] = keyspace::release_names(key);
         script
             .key(lock)
             .key(info)
+            .key(queue)
+            .key(fence)
             .arg(&held_value(owner, UNWAITED)[..]);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
@@ -723,6 +833,38 @@ impl Backend for RedisBackend {
                 Ok(ReleaseNotice::new(sleep(DEGRADED_RECHECK)).recheck_within(DEGRADED_RECHECK))
             }
         }
+    }
+
+    /// Fair waiters queue in a string beside the lock, and a release hands
+    /// the key over in its own script (see the [module docs](self)).
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    /// Subscribes to `owner`'s handoff channel on the pub/sub connection
+    /// that serves release notices, confirmed before this returns. The
+    /// notice resolves with the token and the lease's length the release
+    /// published; it subscribes again by itself when the connection breaks,
+    /// and unsubscribes when dropped. Should pub/sub be unavailable, the
+    /// notice is returned all the same and keeps trying to subscribe: the
+    /// waiter's periodic attempt finds a key handed to it meanwhile its own
+    /// (rule 3).
+    async fn subscribe_handoff(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+    ) -> Result<Handoff, LockError> {
+        let channel = keyspace::handoff_channel(key, &owner.to_hex());
+        let (wait, failure) = self.inner.subscriber.handoff(&channel, read_handoff).await;
+        if let Some(err) = failure {
+            tracing::warn!(
+                key = %key,
+                error = %scrub(&err.to_string(), &self.inner.secrets),
+                "redis pub/sub unavailable; a fair waiter relies on its periodic attempts \
+                 until it is back"
+            );
+        }
+        Ok(Handoff::new(wait))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {

@@ -12,6 +12,174 @@ use std::sync::LazyLock;
 
 use ::redis::Script;
 
+/// [`ACQUIRE_LUA`]'s text, as a literal that `concat!` can build on.
+macro_rules! acquire_lua {
+    () => {
+        r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local held = redis.pcall('GET', KEYS[1])
+  if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
+      and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
+    if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
+      local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
+      if type(marked) == 'table' then
+        return {redis.call('PTTL', KEYS[1]), marked.err}
+      end
+    end
+    return redis.call('PTTL', KEYS[1])
+  end
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
+    redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
+  end
+end
+local now = redis.call('TIME')
+local clock = now[2]
+if #clock < 6 then
+  clock = string.rep('0', 6 - #clock) .. clock
+end
+clock = now[1] .. clock
+redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. clock .. ' ' .. ARGV[3], 'PX', ARGV[2])
+local last = redis.pcall('SET', KEYS[2], clock, 'GET')
+if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
+  return clock
+end
+if type(last) == 'string' then
+  redis.call('SET', KEYS[2], last)
+end
+local token = redis.pcall('INCR', KEYS[2])
+if type(token) == 'table' then
+  redis.call('DEL', KEYS[1], KEYS[3])
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
+end
+if token < tonumber(clock) then
+  redis.call('SET', KEYS[2], clock)
+  return clock
+end
+return redis.call('GET', KEYS[2])
+"
+    };
+}
+
+/// The Lua functions of fair mode's queue, shared by [`RELEASE_LUA`] and
+/// `FAIR_ACQUIRE_LUA`. A key's queue (`dlock:{T}:queue`) is a string of
+/// one line per waiter, in arrival order: `<owner id> <expiry> <ttl>
+/// <holder record>\n` (the owner id's 32 hex digits, the server time in ms
+/// at which the entry dies unless refreshed, the ttl its attempt asked for
+/// in ms, and [`crate::HolderInfo::encode`]'s record, which holds no
+/// newline). Strings only, so the commands are the ones a lock already
+/// needs (the least-privilege ACL is unchanged): `GET`, `SET`, `DEL`,
+/// `INCR`, `TIME`, `PUBLISH`. The string's own `PX` is its latest entry's
+/// expiry, so an abandoned queue goes away by itself.
+///
+/// - `server_time()`: the server clock as the µs text tokens are drawn
+///   from, and in whole ms.
+/// - `queued(text, now)`: the live entries of a queue's text, in order,
+///   as `{owner, expiry (a number), ttl, record}`; expired ones (and any
+///   line of another shape) are left out.
+/// - `store(queue, live, now)`: writes the entries back (`DEL` when none).
+/// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
+///   (the fast path when the clock is above the last token, else `INCR`
+///   with the clock as its floor); `nil` when the counter cannot rise.
+/// - `hand_over(live, clock, now, lock, fence, info)`: gives the free key
+///   to the first live entry (see [`RELEASE_LUA`]) and takes it off
+///   `live`; the lease's ms, or `nil` when nobody is queued or the counter
+///   cannot rise (the key is then left free).
+/// - `leave(queue, text, owner)`: removes `owner`'s entry, if any.
+macro_rules! queue_lua {
+    () => {
+        r"
+local function server_time()
+  local now = redis.call('TIME')
+  local micros = now[2]
+  if #micros < 6 then
+    micros = string.rep('0', 6 - #micros) .. micros
+  end
+  return now[1] .. micros, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function queued(text, now)
+  local live, at = {}, 1
+  while true do
+    local owner, expiry, ttl, record, stop =
+      string.match(text, '^(%x+) (%d+) (%d+) ([^\n]*)\n()', at)
+    if not owner then
+      return live
+    end
+    expiry = tonumber(expiry)
+    if #owner == 32 and expiry > now then
+      live[#live + 1] = {owner, expiry, ttl, record}
+    end
+    at = stop
+  end
+end
+local function store(queue, live, now)
+  if #live == 0 then
+    redis.call('DEL', queue)
+    return
+  end
+  local lines, last = {}, now
+  for i, entry in ipairs(live) do
+    lines[i] = entry[1] .. ' ' .. entry[2] .. ' ' .. entry[3] .. ' ' .. entry[4] .. '\n'
+    last = math.max(last, entry[2])
+  end
+  redis.call('SET', queue, table.concat(lines), 'PX', last - now)
+end
+local function draw(fence, clock)
+  local last = redis.pcall('SET', fence, clock, 'GET')
+  if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
+    return clock
+  end
+  if type(last) == 'string' then
+    redis.call('SET', fence, last)
+  end
+  local token = redis.pcall('INCR', fence)
+  if type(token) == 'table' then
+    return nil
+  end
+  if token < tonumber(clock) then
+    redis.call('SET', fence, clock)
+    return clock
+  end
+  return redis.call('GET', fence)
+end
+local function hand_over(live, clock, now, lock, fence, info)
+  local first = live[1]
+  if not first then
+    return nil
+  end
+  local px = first[3]
+  if tonumber(px) > first[2] - now then
+    px = tostring(first[2] - now)
+  end
+  redis.call('SET', lock, first[1] .. '+', 'PX', px)
+  redis.call('SET', info, first[1] .. ' ' .. clock .. ' ' .. first[4], 'PX', px)
+  local token = draw(fence, clock)
+  if not token then
+    redis.call('DEL', lock, info)
+    return nil
+  end
+  table.remove(live, 1)
+  redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff:' .. first[1], token .. ' ' .. px)
+  return px
+end
+local function leave(queue, text, owner)
+  local at = string.find('\n' .. text, '\n' .. owner .. ' ', 1, true)
+  if not at then
+    return
+  end
+  local stop = string.find(text, '\n', at, true) or #text
+  local rest = string.sub(text, 1, at - 1) .. string.sub(text, stop + 1)
+  if rest == '' then
+    redis.call('DEL', queue)
+  else
+    redis.call('SET', queue, rest, 'KEEPTTL')
+  end
+end
+"
+    };
+}
+
 /// Takes a free key, records who took it and draws its fencing token.
 ///
 /// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder info key;
@@ -84,50 +252,7 @@ use ::redis::Script;
 /// the release only for a `+`, so an uncontended release costs the server
 /// no `PUBLISH`. A value without the mark (a holder on an older dlock)
 /// is never touched: older releases publish every time.
-pub const ACQUIRE_LUA: &str = r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local held = redis.pcall('GET', KEYS[1])
-  if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
-      and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
-    if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
-      local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
-      if type(marked) == 'table' then
-        return {redis.call('PTTL', KEYS[1]), marked.err}
-      end
-    end
-    return redis.call('PTTL', KEYS[1])
-  end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
-    redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
-  end
-end
-local now = redis.call('TIME')
-local clock = now[2]
-if #clock < 6 then
-  clock = string.rep('0', 6 - #clock) .. clock
-end
-clock = now[1] .. clock
-redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. clock .. ' ' .. ARGV[3], 'PX', ARGV[2])
-local last = redis.pcall('SET', KEYS[2], clock, 'GET')
-if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
-  return clock
-end
-if type(last) == 'string' then
-  redis.call('SET', KEYS[2], last)
-end
-local token = redis.pcall('INCR', KEYS[2])
-if type(token) == 'table' then
-  redis.call('DEL', KEYS[1], KEYS[3])
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
-  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
-end
-if token < tonumber(clock) then
-  redis.call('SET', KEYS[2], clock)
-  return clock
-end
-return redis.call('GET', KEYS[2])
-";
+pub const ACQUIRE_LUA: &str = acquire_lua!();
 
 /// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
 /// `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` ttl in
@@ -149,13 +274,15 @@ end
 return 0
 ";
 
-/// Releases a lease and announces it to whoever may wait. `KEYS[1]` lock
-/// key (`…:lock`), `KEYS[2]` holder info key (deleted with the lock, in
-/// the same `DEL`); `ARGV[1]` the owner id with the `-` mark. The release
-/// channel is the lock key with `lock` replaced by `released`, made here
-/// only when it is published on (an argument costs the server on every
-/// call). Returns 1 if released, 0 if the caller was not the owner
-/// (nothing is changed then).
+/// Releases a lease, and hands the key to the first live fair waiter or
+/// announces the release to whoever may wait. `KEYS[1]` lock key
+/// (`…:lock`), `KEYS[2]` holder info key (deleted with the lock, in the
+/// same `DEL`), `KEYS[3]` the key's queue of fair waiters, `KEYS[4]` its
+/// fence key (for the token of a handoff); `ARGV[1]` the owner id with the
+/// `-` mark. The release channel is the lock key with `lock` replaced by
+/// `released`, made here only when it is published on (an argument costs
+/// the server on every call). Returns 1 if released (or handed over), 0 if
+/// the caller was not the owner.
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
 /// lock the next owner holds now (the reference article's `releaseScript`).
@@ -165,21 +292,64 @@ return 0
 /// held, so every waiter that could sleep through this release either
 /// marked the value, or its attempt comes after this delete and finds the
 /// key free. A value still at `-` (the common, uncontended case) is
-/// deleted without a `PUBLISH`.
-pub const RELEASE_LUA: &str = r"
+/// deleted without a `PUBLISH`, and without a look at the queue: only the
+/// first two keys are read, so a caller that sends only those (the
+/// benchmark's floor, an uncontended cycle) gets exactly this.
+///
+/// **Fair waiters** (the fair acquire script, `FAIR_ACQUIRE_LUA`). A fair waiter's attempt that
+/// finds the key held marks it `+` too, so a `+` release looks at the
+/// queue: the first live entry (expired ones are dropped, by the server's
+/// clock) gets the key in this same step, as an acquisition would have
+/// taken it: the lock set to its owner id, its holder info written, its
+/// token drawn exactly as [`ACQUIRE_LUA`] draws one (clock floor, `INCR`
+/// path), and the token published on that waiter's own channel
+/// (`dlock:{T}:handoff:<owner id>`) as `<token> <ms>`: the lease lasts
+/// `<ms>`, the smaller of the ttl its attempt asked for and what was left
+/// of its entry's life, so a handoff to a waiter that died while queued
+/// ends when its entry would have (`Grant::valid_for`). The new value
+/// keeps the `+`, so its release looks at the queue again (and publishes
+/// to plain waiters). With nobody live in the queue, the release is the
+/// plain one. A counter that cannot rise fails the handoff, not the
+/// release: the key is freed and announced, and the waiter's own attempt
+/// meets the error.
+///
+/// A caller that does not hold the key leaves the queue instead (rule F3):
+/// its entry, if any, is removed.
+pub const RELEASE_LUA: &str = concat!(
+    r"
 local held = redis.pcall('GET', KEYS[1])
 if held == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   return 1
 end
+",
+    queue_lua!(),
+    r"
+local text = redis.pcall('GET', KEYS[3])
+if type(text) ~= 'string' then
+  text = ''
+end
 if type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
+  if text ~= '' then
+    local clock, now = server_time()
+    local live = queued(text, now)
+    local handed = hand_over(live, clock, now, KEYS[1], KEYS[4], KEYS[2])
+    store(KEYS[3], live, now)
+    if handed then
+      return 1
+    end
+  end
   redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return 1
 end
+if text ~= '' then
+  leave(KEYS[3], text, string.sub(ARGV[1], 1, 32))
+end
 return 0
-";
+"
+);
 
 /// Breaks a lock whoever holds it. `KEYS[1]` lock key, `KEYS[2]` holder
 /// info key (deleted too, held or not: without its lock it names nobody);
@@ -219,6 +389,103 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
          return reply\n"
     )
 });
+
+/// A fair attempt ([`crate::backend::Queue::Respect`] or
+/// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
+/// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
+/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue (see
+/// `queue_lua!`); `ARGV[4]` the entry's life in ms for a `Join`, empty
+/// for a `Respect`. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// known expiry) when the key is free but a live entry that is not the
+/// caller's comes first.
+///
+/// - The key is free and the first live entry is the caller's (a `Join`),
+///   or nobody live is queued: it is taken as [`ACQUIRE_LUA`] takes it,
+///   and the caller's entry and the expired ones are dropped. Live
+///   entries left behind mark the new value `+`, so its release hands on.
+/// - The key is free and someone else's live entry comes first (its
+///   holder's lease ran out, or a plain holder released it unmarked): the
+///   key is handed to that entry, as a release would ([`RELEASE_LUA`]),
+///   rather than left idle until its waiter looks again; the caller is
+///   answered held, for that lease's ms. A `Join` then keeps or takes its
+///   place.
+/// - Someone holds it: [`ACQUIRE_LUA`] answers (and marks the value `+`),
+///   and a `Join` keeps its place in the queue, with its entry's life
+///   renewed, or joins at the end; its entry records the ttl it asks for
+///   and its holder record, for a handoff. A `Respect` joins nothing.
+/// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
+///   an entry of the caller's, if any, is dropped.
+///
+/// Why one atomic step: the queue is read and the key taken together, so
+/// no attempt takes the key past a waiter that queued before it, and a
+/// release that hands over never races a `Join`.
+pub(super) const FAIR_ACQUIRE_LUA: &str = concat!(
+    "local function take()\n",
+    acquire_lua!(),
+    "end\n",
+    queue_lua!(),
+    r"
+local function join(live, owner, expiry)
+  local entry = {owner, expiry, ARGV[2], ARGV[3]}
+  for i, queued in ipairs(live) do
+    if queued[1] == owner then
+      live[i] = entry
+      return
+    end
+  end
+  live[#live + 1] = entry
+end
+local owner = string.sub(ARGV[1], 1, 32)
+local joining = ARGV[4] ~= ''
+local text = redis.pcall('GET', KEYS[4])
+if type(text) ~= 'string' then
+  text = ''
+end
+if not redis.pcall('GET', KEYS[1]) then
+  local clock, now = server_time()
+  local live = queued(text, now)
+  local first = live[1]
+  if first and (not joining or first[1] ~= owner) then
+    local handed = hand_over(live, clock, now, KEYS[1], KEYS[2], KEYS[3])
+    if joining then
+      join(live, owner, now + tonumber(ARGV[4]))
+    end
+    if handed or joining then
+      store(KEYS[4], live, now)
+    end
+    if handed then
+      return tonumber(handed)
+    end
+    return -1
+  end
+  local reply = take()
+  if type(reply) == 'string' then
+    if first then
+      table.remove(live, 1)
+    end
+    if text ~= '' then
+      store(KEYS[4], live, now)
+    end
+    if #live > 0 then
+      redis.call('SETRANGE', KEYS[1], 32, '+')
+    end
+  end
+  return reply
+end
+local reply = take()
+if type(reply) == 'string' then
+  if text ~= '' then
+    leave(KEYS[4], text, owner)
+  end
+elseif joining and not (type(reply) == 'table' and reply.err) then
+  local _, now = server_time()
+  local live = queued(text, now)
+  join(live, owner, now + tonumber(ARGV[4]))
+  store(KEYS[4], live, now)
+end
+return reply
+"
+);
 
 /// Reads who holds a key. `KEYS[1]` lock key, `KEYS[2]` fence key,
 /// `KEYS[3]` identity record, `KEYS[4]` holder info key. Returns `false`
@@ -292,5 +559,6 @@ pub(super) static HOLDER: LazyLock<Script> = LazyLock::new(|| Script::new(HOLDER
 pub(super) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(super) static EXTEND_AS: LazyLock<Script> = LazyLock::new(|| Script::new(&EXTEND_AS_LUA));
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+pub(super) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(FAIR_ACQUIRE_LUA));
 pub(super) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));

@@ -10,6 +10,12 @@
 //! the connection breaks, every waiter is woken (to retry at once) and the
 //! next subscription opens a new connection.
 //!
+//! A fair waiter's handoff notice ([`Subscriber::handoff`]) follows a
+//! channel of its own and resolves with the message on it (the grant a
+//! release handed over), not with a wake-up. It cannot be woken to look
+//! again, so when the connection breaks it subscribes again by itself, on
+//! a new connection, for as long as it lives.
+//!
 //! A connection can also go silent without breaking (a NAT or load
 //! balancer that forgot it, a peer that lost power): its socket stays open
 //! and no release is heard on it, so waiters would sleep until the holder's
@@ -80,6 +86,8 @@ struct Channel {
     /// Bumped on every message: wakes every holder watch, which, unlike a
     /// waiter, cannot pass a wake-up on and must hear each one.
     heard: watch::Sender<u64>,
+    /// The latest message, kept only while a handoff notice listens.
+    message: watch::Sender<Option<Arc<[u8]>>>,
     /// The waiters in the order they subscribed; a message wakes the first.
     queue: VecDeque<Arc<Ticket>>,
 }
@@ -101,6 +109,7 @@ impl Channel {
             confirmed_in: None,
             wake: watch::channel(0).0,
             heard: watch::channel(0).0,
+            message: watch::channel(None).0,
             queue: VecDeque::new(),
         }
     }
@@ -213,32 +222,110 @@ impl Subscriber {
         self.register(channel, false).await
     }
 
-    async fn register(&self, channel: &str, queued: bool) -> RedisResult<ReleaseNotice> {
-        let ticket = Arc::new(Ticket::default());
-        let (mut wake, mut heard) = {
+    /// A notice that resolves with the first message on `channel` after
+    /// this returns that `read` accepts: a fair waiter's handoff, whoever
+    /// else listens. When the connection breaks, or could not be opened to
+    /// begin with, the notice subscribes again by itself (on a new
+    /// connection, trying every [`CONNECT_BACKOFF`] at most) for as long as
+    /// it lives; a message sent while it was not subscribed is lost. The
+    /// error, if the first subscription failed (the notice is returned all
+    /// the same, and keeps trying).
+    pub(crate) async fn handoff<T: Send + 'static>(
+        &self,
+        channel: &str,
+        read: impl Fn(&[u8]) -> Option<T> + Send + 'static,
+    ) -> (impl Future<Output = T> + Send + 'static, Option<RedisError>) {
+        let (interest, mut wake) = self.enroll(channel, None);
+        let mut message = self.shared.channels().by_name[channel].message.subscribe();
+        let limit = self.confirm_limit();
+        let failure = match timeout(limit, self.shared.confirm(channel)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(err)) => Some(err),
+            Err(_) => Some(timed_out("subscribing", limit)),
+        };
+        let mut subscribed = failure.is_none();
+        let shared = Arc::clone(&self.shared);
+        let channel = channel.to_owned();
+        let wait = async move {
+            let _interest = interest;
+            loop {
+                if !subscribed {
+                    match timeout(limit, shared.confirm(&channel)).await {
+                        Ok(Ok(())) => subscribed = true,
+                        _ => {
+                            sleep(CONNECT_BACKOFF).await;
+                            continue;
+                        }
+                    }
+                }
+                tokio::select! {
+                    changed = message.changed() => {
+                        if changed.is_err() {
+                            // The subscriber is gone: nothing will come.
+                            return std::future::pending().await;
+                        }
+                        let latest = message.borrow_and_update().clone();
+                        if let Some(value) = latest.as_deref().and_then(&read) {
+                            return value;
+                        }
+                    }
+                    changed = wake.changed() => {
+                        if changed.is_err() {
+                            return std::future::pending().await;
+                        }
+                        // The connection broke: subscribe again.
+                        subscribed = false;
+                    }
+                }
+            }
+        };
+        (wait, failure)
+    }
+
+    /// Registers a waiter on `channel` (queued for wake-ups with `ticket`,
+    /// if given): its interest, which gives the registration back when
+    /// dropped, and the receiver a broken connection wakes.
+    fn enroll(
+        &self,
+        channel: &str,
+        ticket: Option<&Arc<Ticket>>,
+    ) -> (Interest, watch::Receiver<u64>) {
+        let wake = {
             let mut channels = self.shared.channels();
             let entry = channels
                 .by_name
                 .entry(channel.to_owned())
                 .or_insert_with(Channel::new);
             entry.waiters += 1;
-            if queued {
-                entry.queue.push_back(Arc::clone(&ticket));
+            if let Some(ticket) = ticket {
+                entry.queue.push_back(Arc::clone(ticket));
             }
-            (entry.wake.subscribe(), entry.heard.subscribe())
+            entry.wake.subscribe()
         };
-        // From here on, dropping `interest` (on an error, or with the
-        // notice) gives the registration back.
         let interest = Interest {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
-            ticket: Arc::clone(&ticket),
+            ticket: ticket.map_or_else(|| Arc::new(Ticket::default()), Arc::clone),
         };
-        // However long the connection takes to open or to answer, and
-        // however many waiters queue for it: the waiter then polls instead.
+        (interest, wake)
+    }
+
+    /// How long a subscription may take, however long the connection takes
+    /// to open or to answer, and however many waiters queue for it: the
+    /// waiter then polls instead.
+    fn confirm_limit(&self) -> Duration {
         let nodes = u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX);
-        let limit = (self.shared.connect_timeout.saturating_mul(nodes))
-            .saturating_add(self.shared.response_timeout);
+        (self.shared.connect_timeout.saturating_mul(nodes))
+            .saturating_add(self.shared.response_timeout)
+    }
+
+    async fn register(&self, channel: &str, queued: bool) -> RedisResult<ReleaseNotice> {
+        let ticket = Arc::new(Ticket::default());
+        let (interest, mut wake) = self.enroll(channel, queued.then_some(&ticket));
+        let mut heard = self.shared.channels().by_name[channel].heard.subscribe();
+        // From here on, dropping `interest` (on an error, or with the
+        // notice) gives the registration back.
+        let limit = self.confirm_limit();
         match timeout(limit, self.shared.confirm(channel)).await {
             Ok(confirmed) => confirmed?,
             Err(_) => return Err(timed_out("subscribing", limit)),
@@ -576,6 +663,11 @@ async fn read(
         if let Some(channel) = channels.by_name.get_mut(message.get_channel_name()) {
             channel.wake_one();
             channel.heard.send_modify(|n| *n = n.wrapping_add(1));
+            if channel.message.receiver_count() > 0 {
+                channel
+                    .message
+                    .send_replace(Some(message.get_payload_bytes().into()));
+            }
         }
     }
     broken.store(true, Ordering::SeqCst);

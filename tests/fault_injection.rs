@@ -40,15 +40,53 @@
 //! way is sent anyway) was refused by the fence, and that no two terms'
 //! accepted writes interleave.
 //!
-//! Each short lock run takes about 60 s, each election run about 30 s. The
-//! seed is printed at the start; `DLOCK_FAULT_SEED=<seed>` replays the same
-//! fault schedule, and `DLOCK_FAULT_SECS` sets the length of every run. The
-//! long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the default, or `election`):
+//! The fair scenario runs the lock scenario's workers, faults and checks
+//! with the lock taken in fair mode: `#[distributed_lock(fair = true, wait
+//! = "8s")]` around the same body, and fair abandon rounds (a fair waiter
+//! given up on mid-flight leaves the queue). Waiters queue in arrival order
+//! and a release hands the key to the first. Every acquisition that waited
+//! its whole 8 s and timed out prints its wait's window, and the checker
+//! adds, for each one that overlaps no fault on the store's side and no
+//! pause or partition of the waiter itself: the key was held for most of
+//! the wait. The free time (no lease covering the key, a lease whose
+//! holder was killed, stopped, cut off or lost counted to its last word
+//! plus the time the store keeps a silent holder's key) stays within what
+//! the queue's rules allow: a refresh (1 s, `QUEUE_ENTRY_TTL / 3`) for the
+//! wait and for each lease that ran out in it, and for each other waiter
+//! that vanished near it, an entry's life (3 s), a handoff to it (at most
+//! the ttl; PostgreSQL: until the server ends the idle session), and a
+//! refresh; half a second more for the rest. With no fault near, 1.5 s of
+//! an 8 s wait (`fault::check::FairVerdict`). The report gives how many
+//! acquisitions timed out and the largest free time seen, and the same
+//! figures for the waits that got the key (judged alike, not asserted).
+//! The checker's unit tests show the check failing on a history where a
+//! waiter timed out with the key free.
+//!
+//! | run | locks | waits | checked besides the lock runs' checks |
+//! | --- | --- | --- | --- |
+//! | fair file, redis, pg | as the lock run on that store, `fair = true` | 8 s, in arrival order | every timed-out wait not excused by a fault had the key held but for the free time the queue's rules allow |
+//!
+//! Each short lock run lasts 60 s, each election and fair run 30 s. The
+//! runs of the binary overlap (`fault::overlap`): the first run test to
+//! start launches every run test's run that the command line selects (its
+//! filters, `--exact` and `--skip` read as libtest reads them), each in a
+//! thread of its own, and every run test waits for its own run's report,
+//! so the whole binary takes about as long as its longest run rather than
+//! the sum of its runs over libtest's threads; `DLOCK_FAULT_OVERLAP=<n>`
+//! caps how many runs go at once. A test's run prints its schedule and
+//! report when that test gets it (at once with `--nocapture`).
+//!
+//! The seed is printed with the schedule; `DLOCK_FAULT_SEED=<seed>`
+//! replays the same fault schedule, and `DLOCK_FAULT_SECS` sets the length
+//! of every run. The long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the
+//! default, `election` or `fair`):
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! DLOCK_FAULT_SCENARIO=election DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=fair DLOCK_FAULT_BACKEND=file DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
@@ -56,6 +94,7 @@ mod fault;
 mod redis_support;
 mod support;
 
+use fault::overlap;
 use fault::run::{Fault, Lock, Register, Report, Settings, run};
 
 /// How long a short lock run lasts unless `DLOCK_FAULT_SECS` says otherwise.
@@ -63,6 +102,9 @@ const SHORT_RUN_SECS: u64 = 60;
 /// How long a short election run lasts unless `DLOCK_FAULT_SECS` says
 /// otherwise.
 const SHORT_ELECTION_RUN_SECS: u64 = 30;
+/// How long a short fair run lasts unless `DLOCK_FAULT_SECS` says
+/// otherwise.
+const SHORT_FAIR_RUN_SECS: u64 = 30;
 
 /// The child side: a worker process (see `fault::worker`). Ignored in
 /// normal runs; the harness starts the test binary as
@@ -112,19 +154,25 @@ fn assert_fenced_run_is_safe(report: &Report) {
     assert_eq!(report.verdict.stale_writes_accepted, 0);
 }
 
-#[test]
-fn file_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write() {
-    assert_fenced_run_is_safe(&run(Settings::from_env(Lock::File, SHORT_RUN_SECS)));
-}
-
-#[test]
-fn redis_locks_under_pauses_kills_restarts_partitions_abandons_rewinds_accept_no_stale_write() {
-    assert_fenced_run_is_safe(&run(Settings::from_env(Lock::Redis, SHORT_RUN_SECS)));
-}
-
-#[test]
-fn pg_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write() {
-    assert_fenced_run_is_safe(&run(Settings::from_env(Lock::Pg, SHORT_RUN_SECS)));
+/// The acceptance of a fair run: a fenced run's, and no waiter that timed
+/// out did so while the key lay free longer than the queue's rules allow.
+fn assert_fair_run_is_safe(report: &Report) {
+    // A store without fair mode refuses every fair acquisition: say so
+    // first, rather than as a fault that never hit.
+    assert!(
+        report.verdict.leases > 0,
+        "no worker ever held the lock in fair mode: {report}"
+    );
+    assert_fenced_run_is_safe(report);
+    let fair = report
+        .verdict
+        .fair
+        .as_ref()
+        .expect("a fair run has a fair verdict");
+    assert_eq!(
+        fair.starved, 0,
+        "a waiter timed out while the key lay free: {report}"
+    );
 }
 
 /// The acceptance of an election run: every kind of fault hit, a pause
@@ -174,36 +222,11 @@ fn assert_election_run_is_safe(report: &Report) {
     );
 }
 
-#[test]
-fn file_election_under_pauses_kills_breaks_partitions_tells_and_fences_off_deposed_leaders() {
-    let settings = Settings::from_env(Lock::File, SHORT_ELECTION_RUN_SECS).election();
-    assert_election_run_is_safe(&run(settings));
-}
-
-#[test]
-fn redis_election_under_pauses_kills_restarts_partitions_tells_and_fences_off_deposed_leaders() {
-    let settings = Settings::from_env(Lock::Redis, SHORT_ELECTION_RUN_SECS).election();
-    assert_election_run_is_safe(&run(settings));
-}
-
-#[test]
-fn pg_election_under_pauses_kills_terminations_partitions_tells_and_fences_off_deposed_leaders() {
-    let settings = Settings::from_env(Lock::Pg, SHORT_ELECTION_RUN_SECS).election();
-    assert_election_run_is_safe(&run(settings));
-}
-
 /// The election checks can fail: with leaders that ignore their term and
 /// the fence off, a leader paused past its ttl resumes without noticing
 /// its loss, and the write it had on its way lands on top of its
 /// successor's; the checker reports both.
-#[test]
-fn with_fencing_off_and_terms_ignored_the_election_checker_catches_a_deposed_leaders_write() {
-    let mut settings = Settings::from_env(Lock::File, 20).election();
-    settings.register = Register::Redis;
-    settings.fenced = false;
-    settings.heeds_term = false;
-    settings.faults = vec![Fault::Pause];
-    let report = run(settings);
+fn assert_election_checker_caught_a_deposed_leaders_write(report: &Report) {
     let election = report
         .verdict
         .election
@@ -228,13 +251,7 @@ fn with_fencing_off_and_terms_ignored_the_election_checker_catches_a_deposed_lea
 /// The checker can fail: with the fence switched off (plain reads and
 /// writes of the register) and holders paused past the ttl mid-update, a
 /// stale write is accepted and an increment lost, and the checker says so.
-#[test]
-fn with_fencing_off_the_checker_catches_an_accepted_stale_write() {
-    let mut settings = Settings::from_env(Lock::File, 20);
-    settings.register = Register::Redis;
-    settings.fenced = false;
-    settings.faults = vec![Fault::Pause];
-    let report = run(settings);
+fn assert_checker_caught_a_stale_write(report: &Report) {
     assert!(report.hits(Fault::Pause) >= 1, "no pause hit a holder");
     assert!(
         !report.verdict.is_safe() && report.verdict.stale_writes_accepted > 0,
@@ -242,8 +259,81 @@ fn with_fencing_off_the_checker_catches_an_accepted_stale_write() {
     );
 }
 
-/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election; default lock),
-/// `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
+/// The binary's run tests: each `name: settings => acceptance;` is a
+/// `#[test] fn name` asserting `acceptance` on the report of a run of
+/// `settings`, and an entry of the table `RUNS` from which `fault::overlap`
+/// launches the selected runs together (the test's name, spelled once,
+/// names both).
+macro_rules! fault_runs {
+    ($($(#[$attr:meta])* $name:ident: $settings:expr => $accept:ident;)*) => {
+        /// Every run test of the binary, for `fault::overlap`.
+        const RUNS: &[overlap::Entry] = &[$(overlap::Entry {
+            name: stringify!($name),
+            settings: || $settings,
+        }),*];
+        $(
+            $(#[$attr])*
+            #[test]
+            fn $name() {
+                $accept(&overlap::report(stringify!($name), RUNS));
+            }
+        )*
+    };
+}
+
+fault_runs! {
+    file_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write:
+        Settings::from_env(Lock::File, SHORT_RUN_SECS) => assert_fenced_run_is_safe;
+
+    redis_locks_under_pauses_kills_restarts_partitions_abandons_rewinds_accept_no_stale_write:
+        Settings::from_env(Lock::Redis, SHORT_RUN_SECS) => assert_fenced_run_is_safe;
+
+    pg_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write:
+        Settings::from_env(Lock::Pg, SHORT_RUN_SECS) => assert_fenced_run_is_safe;
+
+    fair_file_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write_and_time_out_no_waiter_on_a_free_key:
+        Settings::from_env(Lock::File, SHORT_FAIR_RUN_SECS).fair() => assert_fair_run_is_safe;
+
+    fair_redis_locks_under_pauses_kills_restarts_partitions_abandons_rewinds_accept_no_stale_write_and_time_out_no_waiter_on_a_free_key:
+        Settings::from_env(Lock::Redis, SHORT_FAIR_RUN_SECS).fair() => assert_fair_run_is_safe;
+
+    fair_pg_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_time_out_no_waiter_on_a_free_key:
+        Settings::from_env(Lock::Pg, SHORT_FAIR_RUN_SECS).fair() => assert_fair_run_is_safe;
+
+    file_election_under_pauses_kills_breaks_partitions_tells_and_fences_off_deposed_leaders:
+        Settings::from_env(Lock::File, SHORT_ELECTION_RUN_SECS).election()
+            => assert_election_run_is_safe;
+
+    redis_election_under_pauses_kills_restarts_partitions_tells_and_fences_off_deposed_leaders:
+        Settings::from_env(Lock::Redis, SHORT_ELECTION_RUN_SECS).election()
+            => assert_election_run_is_safe;
+
+    pg_election_under_pauses_kills_terminations_partitions_tells_and_fences_off_deposed_leaders:
+        Settings::from_env(Lock::Pg, SHORT_ELECTION_RUN_SECS).election()
+            => assert_election_run_is_safe;
+
+    /// The election checks can fail (see the acceptance).
+    with_fencing_off_and_terms_ignored_the_election_checker_catches_a_deposed_leaders_write: {
+        let mut settings = Settings::from_env(Lock::File, 20).election();
+        settings.register = Register::Redis;
+        settings.fenced = false;
+        settings.heeds_term = false;
+        settings.faults = vec![Fault::Pause];
+        settings
+    } => assert_election_checker_caught_a_deposed_leaders_write;
+
+    /// The checker can fail (see the acceptance).
+    with_fencing_off_the_checker_catches_an_accepted_stale_write: {
+        let mut settings = Settings::from_env(Lock::File, 20);
+        settings.register = Register::Redis;
+        settings.fenced = false;
+        settings.faults = vec![Fault::Pause];
+        settings
+    } => assert_checker_caught_a_stale_write;
+}
+
+/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair; default
+/// lock), `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
 /// `DLOCK_FAULT_SECS` (default 600), `DLOCK_FAULT_SEED` (default random,
 /// printed).
 #[test]
@@ -259,6 +349,7 @@ fn long_run() {
     match std::env::var("DLOCK_FAULT_SCENARIO").as_deref() {
         Ok("lock") | Err(_) => assert_fenced_run_is_safe(&run(settings)),
         Ok("election") => assert_election_run_is_safe(&run(settings.election())),
-        Ok(other) => panic!("DLOCK_FAULT_SCENARIO must be lock or election, not {other:?}"),
+        Ok("fair") => assert_fair_run_is_safe(&run(settings.fair())),
+        Ok(other) => panic!("DLOCK_FAULT_SCENARIO must be lock, election or fair, not {other:?}"),
     }
 }

@@ -29,9 +29,15 @@
 //! learns of its loss after resuming, not by a write of its own getting
 //! through; every write it still attempts is refused; and the terms'
 //! accepted writes never interleave.
+//!
+//! The fair scenario adds what a fair lock promises a waiter (see
+//! [`FairVerdict`]): one that timed out did so while the key was held, not
+//! while it lay free with the waiter still queued behind nobody alive.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
+
+use dlock::backend::QUEUE_ENTRY_TTL;
 
 use super::worker::TTL;
 
@@ -87,6 +93,15 @@ pub struct Pause {
     pub resumed_us: u64,
 }
 
+/// A partition the driver made: the process's link was frozen from
+/// `from_us` until `to_us` (then cut, or let through).
+#[derive(Clone, Copy, Debug)]
+pub struct Cut {
+    pub process: usize,
+    pub from_us: u64,
+    pub to_us: u64,
+}
+
 /// What the checker reads.
 #[derive(Debug, Default)]
 pub struct History {
@@ -95,12 +110,23 @@ pub struct History {
     pub killed_at: HashMap<usize, u64>,
     /// The driver's pauses past the ttl.
     pub pauses: Vec<Pause>,
+    /// The driver's partitions.
+    pub partitions: Vec<Cut>,
+    /// When the driver broke things on the lock store's side (from, to, in
+    /// µs): a server fault, a rewind of the token source.
+    pub server_faults: Vec<(u64, u64)>,
     /// When the run ended (belief of anyone still holding ends there).
     pub end_us: u64,
     /// The register's value after every worker has stopped.
     pub final_value: String,
     /// The election scenario: check what an election promises too.
     pub election: bool,
+    /// The fair scenario: check the acquisitions that timed out too.
+    pub fair: bool,
+    /// How long the store keeps the key of a holder that went silent
+    /// (killed, stopped, cut off) after its last word: the ttl, or on
+    /// PostgreSQL the server's idle-session timeout.
+    pub silent_hold_us: u64,
 }
 
 /// A lease (lock scenario) or a term (election scenario) of one process.
@@ -167,6 +193,12 @@ pub struct Verdict {
     pub double_belief: usize,
     /// The election scenario's findings.
     pub election: Option<ElectionVerdict>,
+    /// The fair scenario's findings.
+    pub fair: Option<FairVerdict>,
+    /// Acquisitions that failed with an error other than contention
+    /// (`LERR` lines), and the first one's message.
+    pub lock_errors: usize,
+    pub first_lock_error: Option<String>,
     pub violations: Vec<String>,
 }
 
@@ -203,8 +235,19 @@ impl fmt::Display for Verdict {
             self.phantom_reads,
             self.final_count,
         )?;
+        if self.lock_errors > 0 {
+            write!(
+                f,
+                ", lock errors {} (first: {})",
+                self.lock_errors,
+                self.first_lock_error.as_deref().unwrap_or_default()
+            )?;
+        }
         if let Some(election) = &self.election {
             write!(f, "\n  {election}")?;
+        }
+        if let Some(fair) = &self.fair {
+            write!(f, "\n  {fair}")?;
         }
         Ok(())
     }
@@ -343,8 +386,14 @@ pub fn check(history: &History) -> Verdict {
     // sets it): (when, token).
     let mut answered: Vec<(u64, u64)> = Vec::new();
     for ev in &history.events {
+        if ev.what == "LERR" {
+            verdict.lock_errors += 1;
+            if verdict.first_lock_error.is_none() {
+                verdict.first_lock_error = Some(ev.detail.clone());
+            }
+        }
         if ev.token == 0 {
-            continue; // set-up errors, not tied to a lease
+            continue; // set-up errors, timeouts: not tied to a lease
         }
         let lease = leases
             .entry((ev.process, ev.token))
@@ -560,6 +609,9 @@ pub fn check(history: &History) -> Verdict {
             &mut verdict.violations,
         ));
     }
+    if history.fair {
+        verdict.fair = Some(check_fair(history, &leases, &mut verdict.violations));
+    }
     verdict
 }
 
@@ -725,6 +777,332 @@ fn check_election(
         ));
     }
     verdict
+}
+
+/// How often a fair waiter refreshes its queue entry and looks at the key
+/// again (another `Join`): a key that falls free without a handoff (its
+/// holder's lease ran out, the store broke it) is taken by the first live
+/// waiter in the queue within this.
+const REFRESH_US: u64 = QUEUE_ENTRY_TTL.as_micros() as u64 / 3;
+/// How long a waiter's queue entry lives without a refresh: a waiter that
+/// vanished (killed, stopped, cut off) keeps its place ahead of the others
+/// at most this long.
+const ENTRY_TTL_US: u64 = QUEUE_ENTRY_TTL.as_micros() as u64;
+/// How much longer than its `BEGIN` and `END` lines say a lease held the
+/// key: the grant reaches the body (a reply, a handoff notice) before
+/// `BEGIN` is printed, and the release is sent after `END`.
+const LINE_LAG_US: u64 = 100_000;
+/// Room for the rest: round trips, a loaded machine's scheduling.
+const SLACK_US: u64 = 500_000;
+
+/// What a fair lock promises a waiter, checked over every acquisition of
+/// the fair scenario that waited its whole `wait` and timed out (a
+/// `TIMEOUT` line and the moment its wait began): the key was held for most
+/// of the wait, not left free while the waiter queued behind nobody alive.
+/// The waits that got the key (a `BEGIN` line with the moment its wait
+/// began) are judged the same way, for the report.
+///
+/// A lease covers the key from its `BEGIN` to its `END` when it ended
+/// cleanly, and to its holder's last word plus the time the store keeps a
+/// silent holder's key (the ttl; PostgreSQL: the idle-session timeout) when
+/// its holder was killed, stopped or cut off, or its lease was lost: the
+/// store keeps the key until then. Each lease is given [`LINE_LAG_US`]
+/// before its `BEGIN` and, ended cleanly, after its `END`. The free time of
+/// a wait is the part of it no lease covers.
+///
+/// The queue's rules bound the free time of a wait. The key falls free
+/// without a handoff when a lease runs out or is broken; the first live
+/// waiter takes it at its next `Join`, within one refresh
+/// (`QUEUE_ENTRY_TTL / 3`, 1 s): one refresh for the wait, and one for
+/// every lease that ended uncleanly within it. A waiter ahead that vanished
+/// (another process killed, stopped or cut off while not holding) keeps
+/// its place until its entry expires (`QUEUE_ENTRY_TTL`, 3 s), may be
+/// handed the key just before that and hold it as a silent holder does (at
+/// most `min(ttl, entry ttl)`, or PostgreSQL's idle timeout), and then the
+/// next live waiter takes it within a refresh: that much for each such
+/// vanishing near the wait. Plus [`SLACK_US`]. With no fault near, a wait
+/// may see 1.5 s of free time; the fair worker waits 8 s.
+///
+/// A wait that overlaps a fault on the store's side (a server fault, a
+/// rewind; and an entry's life after it, while the queue it disturbed
+/// settles) or a pause or partition of the waiter itself (its entry
+/// expired, it lost its place) is excused: counted, not checked.
+#[derive(Debug, Default)]
+pub struct FairVerdict {
+    /// Acquisitions that timed out.
+    pub timed_out: usize,
+    /// Of those, excused (see above), and checked.
+    pub excused: usize,
+    pub checked: usize,
+    /// The largest free time of a checked wait, and what that wait allowed.
+    pub largest_free_us: u64,
+    pub largest_free_allowed_us: u64,
+    /// The largest free time of any timed-out wait, excused ones included.
+    pub largest_free_any_us: u64,
+    /// Checked waits whose free time passed what they allowed (a violation).
+    pub starved: usize,
+    /// Waits that got the key, judged the same way for the report (not
+    /// asserted: the promise is about waiters that gave up): how many, the
+    /// largest free time of one not excused and what it allowed, and how
+    /// many passed what they allowed.
+    pub granted: usize,
+    pub largest_free_granted_us: u64,
+    pub largest_free_granted_allowed_us: u64,
+    pub granted_past_allowance: usize,
+}
+
+impl fmt::Display for FairVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "fair: acquisitions timed out {} ({} checked, {} excused by a fault on the store's side or of the waiter), \
+             largest free time in a checked wait {:.2} s (allowed {:.2} s), in any {:.2} s, \
+             waiters timed out while the key lay free {}; waits that got the key {}, largest free time in one \
+             {:.2} s (allowed {:.2} s), past what it allowed {}",
+            self.timed_out,
+            self.checked,
+            self.excused,
+            self.largest_free_us as f64 / 1e6,
+            self.largest_free_allowed_us as f64 / 1e6,
+            self.largest_free_any_us as f64 / 1e6,
+            self.starved,
+            self.granted,
+            self.largest_free_granted_us as f64 / 1e6,
+            self.largest_free_granted_allowed_us as f64 / 1e6,
+            self.granted_past_allowance,
+        )
+    }
+}
+
+/// Where the store kept the key for one lease, as the checker reckons it.
+struct Coverage {
+    process: usize,
+    /// From `BEGIN` to the believed end (`END`, `LOST`, the kill, the run's
+    /// end): the process held the key then, and was queued nowhere.
+    begin: u64,
+    believed_end: u64,
+    /// The end of the key's hold on the store's side.
+    store_end: u64,
+    clean: bool,
+}
+
+fn coverage(history: &History, lease: &Lease) -> Coverage {
+    let hold = history.silent_hold_us;
+    let process = lease.process;
+    let killed = history.killed_at.get(&process).copied();
+    let believed_end = lease
+        .believe_end
+        .or(killed)
+        .unwrap_or(history.end_us)
+        .max(lease.begin);
+    // Until its release went out, a disturbance could keep the key held.
+    let window = (lease.begin, believed_end + hold);
+    let overlaps = |from: u64, to: u64| from <= window.1 && to >= window.0;
+    let killed_near = killed.filter(|&k| overlaps(k, k));
+    let paused = history
+        .pauses
+        .iter()
+        .filter(|p| p.process == process && overlaps(p.stopped_us, p.resumed_us))
+        .min_by_key(|p| p.stopped_us);
+    let cut = history
+        .partitions
+        .iter()
+        .any(|c| c.process == process && overlaps(c.from_us, c.to_us));
+    let ended = lease.believe_end.is_some() && lease.noticed.is_none();
+    let clean = ended && killed_near.is_none() && paused.is_none() && !cut;
+    let store_end = if clean {
+        believed_end + LINE_LAG_US
+    } else {
+        // The holder's last word: a stopped process renews nothing, so a
+        // pause longer than the hold ends the key's hold; otherwise the
+        // belief's end, or the kill if later (a release not yet sent).
+        let last = match paused {
+            Some(p)
+                if p.stopped_us >= lease.begin
+                    && p.stopped_us <= believed_end
+                    && p.resumed_us - p.stopped_us >= hold =>
+            {
+                p.stopped_us
+            }
+            _ => believed_end.max(killed_near.unwrap_or(0)),
+        };
+        last + hold
+    };
+    Coverage {
+        process,
+        begin: lease.begin,
+        believed_end,
+        store_end,
+        clean,
+    }
+}
+
+fn check_fair(
+    history: &History,
+    leases: &BTreeMap<(usize, u64), Lease>,
+    violations: &mut Vec<String>,
+) -> FairVerdict {
+    let mut verdict = FairVerdict::default();
+    let judge = Judge::new(history, leases);
+    for ev in &history.events {
+        // A wait's window: from the moment it began to the `TIMEOUT` line,
+        // or to the `BEGIN` line of the lease it got (which carries it).
+        let timed_out = match ev.what.as_str() {
+            "TIMEOUT" => true,
+            "BEGIN" if !ev.detail.is_empty() => false,
+            _ => continue,
+        };
+        let end = ev.t_us;
+        let Ok(start) = ev.detail.trim().parse::<u64>() else {
+            continue;
+        };
+        let start = start.min(end);
+        let wait = judge.wait(ev.process, start, end);
+        if !timed_out {
+            verdict.granted += 1;
+            if let Some(allowed) = wait.allowed {
+                if wait.free > verdict.largest_free_granted_us
+                    || verdict.largest_free_granted_allowed_us == 0
+                {
+                    verdict.largest_free_granted_us = wait.free;
+                    verdict.largest_free_granted_allowed_us = allowed;
+                }
+                if wait.free > allowed {
+                    verdict.granted_past_allowance += 1;
+                }
+            }
+            continue;
+        }
+        verdict.timed_out += 1;
+        verdict.largest_free_any_us = verdict.largest_free_any_us.max(wait.free);
+        let Some(allowed) = wait.allowed else {
+            verdict.excused += 1;
+            continue;
+        };
+        verdict.checked += 1;
+        if wait.free > verdict.largest_free_us || verdict.largest_free_allowed_us == 0 {
+            verdict.largest_free_us = wait.free;
+            verdict.largest_free_allowed_us = allowed;
+        }
+        if wait.free > allowed {
+            verdict.starved += 1;
+            violations.push(format!(
+                "fair waiter timed out while the key lay free: process {} waited {:.2} s and the key was free for \
+                 {:.2} s of it, past the {:.2} s the queue's rules allow ({} leases ran out in the wait, \
+                 {} other waiters vanished near it)",
+                ev.process,
+                (end - start) as f64 / 1e6,
+                wait.free as f64 / 1e6,
+                allowed as f64 / 1e6,
+                wait.lapsed,
+                wait.vanished,
+            ));
+        }
+    }
+    verdict
+}
+
+/// One wait, judged.
+struct Wait {
+    /// The part of the wait no lease covered.
+    free: u64,
+    /// The free time the queue's rules allow it; `None`: excused.
+    allowed: Option<u64>,
+    /// Leases that ran out within it, other waiters that vanished near it.
+    lapsed: u64,
+    vanished: u64,
+}
+
+/// What the fair check knows of the whole run: where leases kept the key,
+/// and who went silent when.
+struct Judge<'a> {
+    history: &'a History,
+    covers: Vec<Coverage>,
+    /// The leases' spans on the store's side, merged.
+    held: Vec<(u64, u64)>,
+    /// Processes gone silent (killed, stopped, cut off): (process, when).
+    vanishings: Vec<(usize, u64)>,
+    /// What one vanished waiter ahead may cost a wait.
+    vanished_us: u64,
+}
+
+impl<'a> Judge<'a> {
+    fn new(history: &'a History, leases: &BTreeMap<(usize, u64), Lease>) -> Self {
+        let covers: Vec<Coverage> = leases.values().map(|l| coverage(history, l)).collect();
+        let mut spans: Vec<(u64, u64)> = covers
+            .iter()
+            .map(|c| (c.begin.saturating_sub(LINE_LAG_US), c.store_end))
+            .collect();
+        spans.sort_unstable();
+        let mut held: Vec<(u64, u64)> = Vec::new();
+        for (from, to) in spans {
+            match held.last_mut() {
+                Some(last) if from <= last.1 => last.1 = last.1.max(to),
+                _ => held.push((from, to)),
+            }
+        }
+        let vanishings = history
+            .killed_at
+            .iter()
+            .map(|(&p, &t)| (p, t))
+            .chain(history.pauses.iter().map(|p| (p.process, p.stopped_us)))
+            .chain(history.partitions.iter().map(|c| (c.process, c.from_us)))
+            .collect();
+        let hold = history.silent_hold_us;
+        Self {
+            history,
+            covers,
+            held,
+            vanishings,
+            vanished_us: ENTRY_TTL_US + hold.min(ENTRY_TTL_US) + REFRESH_US,
+        }
+    }
+
+    /// The wait of `waiter` from `start` to `end`.
+    fn wait(&self, waiter: usize, start: u64, end: u64) -> Wait {
+        let history = self.history;
+        let covered: u64 = self
+            .held
+            .iter()
+            .map(|&(a, b)| b.min(end).saturating_sub(a.max(start)))
+            .sum();
+        let free = (end - start).saturating_sub(covered);
+        let overlaps = |from: u64, to: u64| from <= end && to >= start;
+        let excused = history
+            .server_faults
+            .iter()
+            .any(|&(from, to)| overlaps(from, to + ENTRY_TTL_US))
+            || history
+                .pauses
+                .iter()
+                .any(|p| p.process == waiter && overlaps(p.stopped_us, p.resumed_us))
+            || history
+                .partitions
+                .iter()
+                .any(|c| c.process == waiter && overlaps(c.from_us, c.to_us));
+        let lapsed = self
+            .covers
+            .iter()
+            .filter(|c| !c.clean && start <= c.store_end && c.store_end <= end)
+            .count() as u64;
+        let holding = |process: usize, at: u64| {
+            self.covers
+                .iter()
+                .any(|c| c.process == process && c.begin <= at && at <= c.believed_end)
+        };
+        let vanished = self
+            .vanishings
+            .iter()
+            .filter(|&&(p, t)| p != waiter && !holding(p, t) && overlaps(t, t + self.vanished_us))
+            .count() as u64;
+        let allowed = SLACK_US + REFRESH_US * (1 + lapsed) + self.vanished_us * vanished;
+        Wait {
+            free,
+            allowed: (!excused).then_some(allowed),
+            lapsed,
+            vanished,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -981,5 +1359,108 @@ mod tests {
                 verdict.violations
             );
         }
+    }
+
+    /// A fair run's history: `lines` with times in ms (printed as µs), the
+    /// run ending at 20 s, a silent holder's key kept for the 1 s ttl.
+    fn fair_history(lines: &[(usize, u64, &str)], final_value: &str) -> History {
+        let printed: Vec<(usize, String)> = lines
+            .iter()
+            .map(|(process, ms, rest)| (*process, format!("EV {} {rest}", ms * 1_000)))
+            .collect();
+        let borrowed: Vec<(usize, &str)> = printed.iter().map(|(p, l)| (*p, l.as_str())).collect();
+        let mut h = history(&borrowed, final_value);
+        h.end_us = 20_000_000;
+        h.fair = true;
+        h.silent_hold_us = 1_000_000;
+        h
+    }
+
+    #[test]
+    fn checker_catches_a_fair_waiter_that_timed_out_while_the_key_lay_free() {
+        // Process 0 holds the key from 1.0 s to 1.5 s and releases it;
+        // process 1, waiting since 1.0 s, is never handed it and times out
+        // at 9.0 s, the key free for 7.4 s of its 8 s wait (the lease
+        // covers 0.6 s of it, the lag after its END line included).
+        let h = fair_history(
+            &[
+                (0, 1_000, "BEGIN 7"),
+                (0, 1_100, "READ 7 0:0"),
+                (0, 1_200, "SEND 7 1:7"),
+                (0, 1_300, "OK 7"),
+                (0, 1_500, "END 7"),
+                (1, 9_000, "TIMEOUT 0 1000000"),
+            ],
+            "1:7",
+        );
+        let verdict = check(&h);
+        let fair = verdict.fair.as_ref().expect("a fair verdict");
+        assert_eq!(
+            (fair.timed_out, fair.checked, fair.starved),
+            (1, 1, 1),
+            "{fair}"
+        );
+        assert_eq!(fair.largest_free_us, 7_400_000);
+        assert_eq!(fair.largest_free_allowed_us, 1_500_000);
+        assert!(!verdict.is_safe());
+        assert_eq!(verdict.violations.len(), 1, "{:?}", verdict.violations);
+        assert!(
+            verdict.violations[0]
+                .contains("fair waiter timed out while the key lay free: process 1"),
+            "{:?}",
+            verdict.violations
+        );
+    }
+
+    #[test]
+    fn checker_passes_fair_waiters_that_timed_out_behind_held_keys_and_excuses_a_paused_one() {
+        // Process 0 holds the key from 1 s to 4 s; it is killed at 4 s, so
+        // the store keeps its key a ttl longer (to 5 s), and process 2
+        // holds it from 5.2 s to 9.5 s. Process 1 waited from 1 s to 9 s:
+        // 0.1 s free (5.0 to 5.1 s), as did process 2, whose wait for its
+        // lease had begun at 1 s too. Process 3 waited from 9.5 s to 17.5 s
+        // with the key free, but was itself stopped meanwhile: excused.
+        let mut h = fair_history(
+            &[
+                (0, 1_000, "BEGIN 7"),
+                (0, 1_100, "READ 7 0:0"),
+                (0, 1_200, "SEND 7 1:7"),
+                (0, 1_300, "OK 7"),
+                (2, 5_200, "BEGIN 8 1000000"),
+                (2, 5_300, "READ 8 1:7"),
+                (2, 5_400, "SEND 8 2:8"),
+                (2, 5_500, "OK 8"),
+                (2, 9_500, "END 8"),
+                (1, 9_000, "TIMEOUT 0 1000000"),
+                (3, 17_500, "TIMEOUT 0 9500000"),
+            ],
+            "2:8",
+        );
+        h.killed_at.insert(0, 4_000_000);
+        h.pauses.push(Pause {
+            process: 3,
+            stopped_us: 10_000_000,
+            resumed_us: 12_000_000,
+        });
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        let fair = verdict.fair.as_ref().expect("a fair verdict");
+        assert_eq!(
+            (fair.timed_out, fair.checked, fair.excused, fair.starved),
+            (2, 1, 1, 0),
+            "{fair}"
+        );
+        assert_eq!(fair.largest_free_us, 100_000);
+        // One refresh for the wait, one for the killed holder's lapse.
+        assert_eq!(fair.largest_free_allowed_us, 2_500_000);
+        assert!(fair.largest_free_any_us > 7_000_000, "{fair}");
+        assert_eq!(
+            (
+                fair.granted,
+                fair.largest_free_granted_us,
+                fair.granted_past_allowance
+            ),
+            (1, 100_000, 0)
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! The fault-injection harness: N worker processes take one lock through
-//! `#[distributed_lock]` (the lock scenario) or campaign in one election
-//! with `Election::lead` (the election scenario), and read-modify-write one
+//! `#[distributed_lock]` (the lock scenario; the fair scenario with
+//! `fair = true`) or campaign in one election with `Election::lead` (the
+//! election scenario), and read-modify-write one
 //! fenced register, while a fault driver pauses, kills, partitions and
 //! breaks things at moments drawn from a seed; afterwards a checker reads
 //! the history.
@@ -8,12 +9,14 @@
 //! - [`rng`]: the seeded generator; the seed fixes the fault schedule.
 //! - `support::proxy`: a loopback TCP proxy per worker and link that the
 //!   driver can freeze (stop forwarding, sockets kept open) and cut.
-//! - [`worker`]: what one worker process does and prints (lock scenario),
-//!   and its set-up shared by both scenarios.
+//! - [`worker`]: what one worker process does and prints (lock and fair
+//!   scenarios), and its set-up shared by every scenario.
 //! - [`election`]: what one worker process does and prints as a
 //!   campaigner and leader (election scenario).
 //! - [`check`]: the checker over the printed history and the final register.
 //! - [`run`]: servers, processes, the driver, the report.
+//! - [`overlap`]: the binary's runs launched together, each test waiting
+//!   for its own run's report.
 //!
 //! The register holds `"<count>:<token of the write>"` (election scenario:
 //! `"<count>:<token>/<step>"`, a term writing many times). Every step (a
@@ -28,6 +31,7 @@
 
 pub mod check;
 pub mod election;
+pub mod overlap;
 pub mod rng;
 pub mod run;
 pub mod worker;

@@ -2,6 +2,11 @@
 //! proxies and the worker processes; drive the seeded fault schedule; stop;
 //! read the register; check; clean everything up (drop guards kill every
 //! process the run started and remove its directories).
+//!
+//! A run writes what it says (the schedule first, the report last) to its
+//! [`Report::log`], and to stdout as it goes when [`Settings::echo`] is on
+//! (runs made in a thread of their own, as `fault::overlap` makes them,
+//! print it from the test that asked for it instead).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -22,7 +27,7 @@ use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 
-use super::check::{self, Event, History, Pause, Verdict};
+use super::check::{self, Cut, Event, History, Pause, Verdict};
 use super::rng::Rng;
 use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
@@ -37,6 +42,10 @@ pub enum Scenario {
     /// Campaign with `Election::lead` (the lock's key names the election);
     /// the leader increments step after step under its term's token.
     Election,
+    /// As `Lock`, with `#[distributed_lock(fair = true, wait = "8s")]`:
+    /// waiters queue and a release hands the key to the first. The checker
+    /// also looks at every acquisition that timed out (`check::FairVerdict`).
+    Fair,
 }
 
 /// Where the locks live.
@@ -111,7 +120,18 @@ pub fn election_faults() -> Vec<Fault> {
     vec![Fault::Pause, Fault::Kill, Fault::Server, Fault::Partition]
 }
 
-/// The faults a lock run on `lock` drives.
+/// How long the store keeps the key of a holder that went silent (killed,
+/// stopped, cut off) after its last word: the ttl; on PostgreSQL, until the
+/// server ends the idle session (`idle_session_timeout` 1.5 s in the
+/// workers), with half a second for the server to notice.
+pub fn silent_hold(lock: Lock) -> Duration {
+    match lock {
+        Lock::File | Lock::Redis => TTL,
+        Lock::Pg => Duration::from_secs(2),
+    }
+}
+
+/// The faults a lock run (or a fair run) on `lock` drives.
 pub fn faults_for(lock: Lock) -> Vec<Fault> {
     let mut faults = vec![
         Fault::Pause,
@@ -140,6 +160,8 @@ pub struct Settings {
     /// its loss (the negative run).
     pub heeds_term: bool,
     pub faults: Vec<Fault>,
+    /// Print the run's lines as they come (else only into the report's log).
+    pub echo: bool,
 }
 
 impl Settings {
@@ -167,6 +189,7 @@ impl Settings {
             fenced: true,
             heeds_term: true,
             faults: faults_for(lock),
+            echo: true,
         }
     }
 
@@ -174,6 +197,13 @@ impl Settings {
     pub fn election(mut self) -> Self {
         self.scenario = Scenario::Election;
         self.faults = election_faults();
+        self
+    }
+
+    /// The same run in the fair scenario, on the lock runs' faults.
+    pub fn fair(mut self) -> Self {
+        self.scenario = Scenario::Fair;
+        self.faults = faults_for(self.lock);
         self
     }
 }
@@ -265,9 +295,19 @@ pub struct Report {
     pub injected: Vec<Injected>,
     pub verdict: Verdict,
     pub elapsed: Duration,
+    /// Everything the run said: the schedule, the report, the first
+    /// violations (printed already if `settings.echo`).
+    pub log: String,
 }
 
 impl Report {
+    /// Prints the run's log, unless the run printed it as it went.
+    pub fn print_log(&self) {
+        if !self.settings.echo {
+            print!("{}", self.log);
+        }
+    }
+
     /// How many faults of `kind` hit (pauses: a holder, for longer than the
     /// ttl).
     pub fn hits(&self, kind: Fault) -> usize {
@@ -329,6 +369,22 @@ fn heeds_term_note(settings: &Settings) -> &'static str {
         ", leaders IGNORE their term"
     } else {
         ""
+    }
+}
+
+/// What a run says: kept for the report, printed at once if `echo`.
+struct Log {
+    echo: bool,
+    text: String,
+}
+
+impl Log {
+    fn line(&mut self, line: &str) {
+        if self.echo {
+            println!("{line}");
+        }
+        self.text.push_str(line);
+        self.text.push('\n');
     }
 }
 
@@ -650,7 +706,11 @@ pub fn run(settings: Settings) -> Report {
             )
         })
         .collect();
-    println!(
+    let mut log = Log {
+        echo: settings.echo,
+        text: String::new(),
+    };
+    log.line(&format!(
         "fault run: {:?} on {:?} locks, {:?} register, fencing {}{}, {} workers, {:?}, seed {} \
          (DLOCK_FAULT_SEED={} reproduces this schedule)\n  schedule: {}",
         settings.scenario,
@@ -663,7 +723,7 @@ pub fn run(settings: Settings) -> Report {
         settings.seed,
         settings.seed,
         shown.join("; ")
-    );
+    ));
     let runtime = Runtime::new().expect("runtime");
     let id = OwnerId::random().expect("random");
     let run_id = format!("dlock-fault-{id}");
@@ -757,6 +817,7 @@ pub fn run(settings: Settings) -> Report {
         .map(|slot| worker::Config {
             scenario: match settings.scenario {
                 Scenario::Lock => "lock",
+                Scenario::Fair => "fair",
                 Scenario::Election => "election",
             }
             .to_owned(),
@@ -813,6 +874,8 @@ pub fn run(settings: Settings) -> Report {
     let begun = Instant::now();
     let mut injected = Vec::new();
     let mut pauses = Vec::new();
+    let mut partitions = Vec::new();
+    let mut server_faults = Vec::new();
     for planned in &schedule {
         let wait = planned.at.saturating_sub(begun.elapsed());
         std::thread::sleep(wait);
@@ -821,11 +884,15 @@ pub fn run(settings: Settings) -> Report {
         }
         // An abandon order goes to any worker (its acquisitions are the
         // target, not its lease); every other fault waits for a holder. An
-        // election's leader is paused between its read and its write, so
-        // that it resumes with a write on its way.
+        // election's leader, and the holder of an unfenced (negative) run,
+        // is paused between its read and its write, so that it resumes with
+        // a write on its way: the stale write the negative run must show.
         let target = match (planned.kind, settings.scenario) {
             (Fault::Abandon, _) => None,
             (Fault::Pause, Scenario::Election) => {
+                workers.holder(Duration::from_secs(3), Duration::from_secs(1))
+            }
+            (Fault::Pause, _) if !settings.fenced => {
                 workers.holder(Duration::from_secs(3), Duration::from_secs(1))
             }
             _ => workers.holder(Duration::from_secs(3), Duration::ZERO),
@@ -833,6 +900,7 @@ pub fn run(settings: Settings) -> Report {
         let slot = target.unwrap_or(planned.fallback_slot);
         let on_holder = target.is_some();
         let mut note = String::new();
+        let from_us = now_us();
         let hit = match planned.kind {
             Fault::Pause => {
                 if !workers.signal(slot, libc::SIGSTOP) {
@@ -892,6 +960,7 @@ pub fn run(settings: Settings) -> Report {
                 let Some(proxy) = proxy else {
                     continue;
                 };
+                let frozen_us = now_us();
                 proxy.freeze();
                 std::thread::sleep(planned.length);
                 if planned.cut {
@@ -899,6 +968,11 @@ pub fn run(settings: Settings) -> Report {
                 } else {
                     proxy.thaw();
                 }
+                partitions.push(Cut {
+                    process: workers.process_of[slot],
+                    from_us: frozen_us,
+                    to_us: now_us(),
+                });
                 on_holder
             }
             Fault::Abandon => {
@@ -966,6 +1040,9 @@ pub fn run(settings: Settings) -> Report {
                 rewound && on_holder
             }
         };
+        if matches!(planned.kind, Fault::Server | Fault::Rewind) {
+            server_faults.push((from_us, now_us()));
+        }
         injected.push(Injected {
             kind: planned.kind,
             slot,
@@ -1035,21 +1112,27 @@ pub fn run(settings: Settings) -> Report {
         ),
         killed_at: std::mem::take(&mut workers.killed_at),
         pauses,
+        partitions,
+        server_faults,
         end_us,
         final_value,
         election: settings.scenario == Scenario::Election,
+        fair: settings.scenario == Scenario::Fair,
+        silent_hold_us: silent_hold(settings.lock).as_micros() as u64,
     };
     let verdict = check::check(&history);
-    let report = Report {
+    let mut report = Report {
         settings,
         injected,
         verdict,
         elapsed: started.elapsed(),
+        log: String::new(),
     };
-    println!("{report}");
+    log.line(&report.to_string());
     for violation in report.verdict.violations.iter().take(10) {
-        println!("  violation: {violation}");
+        log.line(&format!("  violation: {violation}"));
     }
+    report.log = log.text;
     drop(workers);
     drop(pg_schema_guard);
     drop(lock_proxies);

@@ -1,11 +1,12 @@
 //! One worker process: until its deadline, take the run's lock through
 //! `#[distributed_lock]` and read-modify-write the register under it (the
-//! lock scenario; the election scenario's worker is `fault::election`),
-//! printing every step as `EV <µs> <WHAT> <token> [detail]` on stdout:
+//! lock scenario, and the fair scenario with `fair = true`; the election
+//! scenario's worker is `fault::election`), printing every step as
+//! `EV <µs> <WHAT> <token> [detail]` on stdout:
 //!
 //! | what | when |
 //! | --- | --- |
-//! | `BEGIN` | the body starts: this worker now believes it holds the lock |
+//! | `BEGIN` | the body starts: this worker now believes it holds the lock (fair scenario: `BEGIN t s`, the wait having begun at `s` µs) |
 //! | `READ v` / `RSTALE h` / `RERR` | the read, refused as stale, or failed |
 //! | `SEND v` | the write of `v` is sent |
 //! | `OK` / `STALE h` / `WERR` | the write was accepted, refused, or its answer lost |
@@ -13,9 +14,15 @@
 //! | `END` | the body is over (or a `TAKE` lease released): belief ends |
 //! | `TAKE` | an acquisition of an abandon round completed in time: held, released at once, the register untouched |
 //! | `ABANDONED 0 n of m` | an abandon round is over: `n` of its `m` acquisitions were given up mid-flight |
+//! | `TIMEOUT 0 s` | fair scenario: an acquisition that began at `s` µs waited its whole `wait` and timed out (the line's time is the end of the wait) |
 //!
 //! `on_lost = "finish"`: a holder that was paused past its ttl carries on
 //! and writes, as a real one would; only the fence can stop it.
+//!
+//! The fair scenario's lease is the lock scenario's ([`increment_fair`]:
+//! the same body, `fair = true` and a longer wait, [`FAIR_WAIT`]), and its
+//! abandon rounds queue as fair waiters too, so that giving up leaves the
+//! queue mid-flight.
 //!
 //! Between leases a worker looks for an abandon order, a file the driver
 //! writes into the run's scratch directory (see [`abandon_order`]): it then
@@ -48,6 +55,12 @@ pub const WORKER_ENV: &str = "DLOCK_FAULT_WORKER";
 pub const TTL: Duration = Duration::from_secs(1);
 /// How long an acquisition waits for the held lock (the macro's `wait`).
 const WAIT: Duration = Duration::from_secs(3);
+/// How long a fair acquisition waits (the fair macro's `wait = "8s"`,
+/// which must say the same): well past
+/// the free time the checker allows a timed-out wait (`fault::check`, about
+/// 1.5 s with no fault near, 6.5 s with a vanished waiter ahead), so that a
+/// waiter left waiting while the key lay free shows.
+pub const FAIR_WAIT: Duration = Duration::from_secs(8);
 /// How long one register operation may take before its answer counts as
 /// lost (the write's outcome is then settled by the checker).
 const OP_TIMEOUT: Duration = Duration::from_millis(1500);
@@ -58,7 +71,7 @@ pub const PG_REGISTER_TABLE: &str = "dlock_fault_register";
 /// A worker's configuration, passed through [`WORKER_ENV`].
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// `lock` or `election`.
+    /// `lock`, `fair` or `election`.
     pub scenario: String,
     pub lock: String,
     pub lock_target: String,
@@ -181,8 +194,15 @@ fn take_abandon_order(config: &Config) -> Option<Vec<Duration>> {
 /// One abandon round: an acquisition of the run's lock per moment, each
 /// given up on (its future dropped) when its moment comes. One that
 /// completes first is released at once, without touching the register.
-async fn abandon_round(run: &str, give_up_after: &[Duration]) {
-    let options = LockOptions::new(TTL).wait(WAIT).backend("fault");
+/// Fair: the acquisitions are the fair macro's (a fair waiter given up on
+/// leaves the queue, or passes on a handoff that reached it meanwhile).
+async fn abandon_round(run: &str, give_up_after: &[Duration], fair: bool) {
+    let options = if fair {
+        LockOptions::new(TTL).wait(FAIR_WAIT).fair(true)
+    } else {
+        LockOptions::new(TTL).wait(WAIT)
+    }
+    .backend("fault");
     let key = lock_key(run);
     let mut abandoned = 0;
     for &moment in give_up_after {
@@ -451,15 +471,52 @@ async fn increment(
     token: FencingToken,
     lost: LostSignal,
 ) -> Result<(), LockError> {
-    say(&format!("BEGIN {token}"));
+    lease(&register, work, token, lost, None).await;
+    Ok(())
+}
+
+/// [`increment`] taken in fair mode: waiters queue in arrival order and a
+/// release hands the key to the first. The wait is [`FAIR_WAIT`].
+#[distributed_lock(
+    key = "dlock-fault:{run}",
+    ttl = "1s",
+    wait = "8s",
+    fair = true,
+    backend = "fault",
+    on_lost = "finish"
+)]
+async fn increment_fair(
+    run: String,
+    register: Arc<Register>,
+    work: Duration,
+    waited_since_us: u64,
+    token: FencingToken,
+    lost: LostSignal,
+) -> Result<(), LockError> {
+    lease(&register, work, token, lost, Some(waited_since_us)).await;
+    Ok(())
+}
+
+/// The body of both: `BEGIN` (with when the wait began, if given), the
+/// step, `END`; `LOST` whenever the lost signal fires meanwhile.
+async fn lease(
+    register: &Register,
+    work: Duration,
+    token: FencingToken,
+    lost: LostSignal,
+    waited_since_us: Option<u64>,
+) {
+    match waited_since_us {
+        Some(since) => say(&format!("BEGIN {token} {since}")),
+        None => say(&format!("BEGIN {token}")),
+    }
     let watcher = tokio::spawn(async move {
         lost.lost().await;
         say(&format!("LOST {}", lost.token()));
     });
-    lease_body(&register, work, token).await;
+    lease_body(register, work, token).await;
     say(&format!("END {token}"));
     watcher.abort();
-    Ok(())
 }
 
 async fn lease_body(register: &Register, work: Duration, token: FencingToken) {
@@ -513,7 +570,8 @@ pub fn main(config: Config) {
         };
         match config.scenario.as_str() {
             "election" => super::election::campaign(&config, register).await,
-            _ => take_leases(&config, register).await,
+            "fair" => take_leases(&config, register, true).await,
+            _ => take_leases(&config, register, false).await,
         }
     });
 }
@@ -561,16 +619,25 @@ async fn register_lock_backend(config: &Config) -> bool {
     }
 }
 
-/// The lock scenario: lease after lease until the deadline.
-async fn take_leases(config: &Config, register: Arc<Register>) {
+/// The lock and fair scenarios: lease after lease until the deadline. A
+/// fair acquisition that timed out prints `TIMEOUT` with the moment its
+/// wait began.
+async fn take_leases(config: &Config, register: Arc<Register>, fair: bool) {
     let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
     while now_us() < config.deadline_us {
         if let Some(give_up_after) = take_abandon_order(config) {
-            abandon_round(&config.run, &give_up_after).await;
+            abandon_round(&config.run, &give_up_after, fair).await;
         }
         let work = Duration::from_millis(rng.range(30, 90));
-        match increment(config.run.clone(), register.clone(), work).await {
+        let began_us = now_us();
+        let taken = if fair {
+            increment_fair(config.run.clone(), register.clone(), work, began_us).await
+        } else {
+            increment(config.run.clone(), register.clone(), work).await
+        };
+        match taken {
             Ok(()) => {}
+            Err(LockError::Timeout { .. }) if fair => say(&format!("TIMEOUT 0 {began_us}")),
             Err(err) if err.is_contention() => {}
             Err(err) => {
                 say(&format!("LERR 0 {}", one_line(&err.to_string())));

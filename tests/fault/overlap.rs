@@ -1,0 +1,247 @@
+//! The runs of the test binary, overlapped. A fault run spends most of its
+//! fixed length waiting (a driver asleep between faults, stopped processes,
+//! ttls running out), so many runs share a small machine well; but libtest
+//! runs only as many tests at once as it has threads (by default the number
+//! of cores: 2 in CI). So the first run test to start launches the run of
+//! every run test this invocation will run, each in a thread of its own, at
+//! once; every run test then waits for its own run's report and asserts on
+//! it. What each test asserts is unchanged; only when its run happens is.
+//!
+//! Which tests will run is read from the command line as libtest reads it:
+//! the free arguments are filters (a test runs if its name contains one,
+//! or equals one with `--exact`; every test runs when there is none),
+//! `--skip` leaves out the tests it matches (the same way), and `--ignored`
+//! without `--include-ignored` runs only ignored tests, which the runs are
+//! not. So `cargo test --test fault_injection redis_locks` starts only the
+//! runs whose tests have `redis_locks` in their names. A test whose run was
+//! not launched (should this reading ever differ from libtest's) makes its
+//! run itself, in its own thread, as before.
+//!
+//! `DLOCK_FAULT_OVERLAP=<n>` lets at most `n` launched runs go at once (the
+//! others wait their turn, in the table's order); unset, all go at once.
+//!
+//! A launched run does not print as it goes (its lines would land in the
+//! output of whichever test launched it): its test prints the run's log
+//! when the report comes, so libtest shows it with that test's result. With
+//! `--nocapture` (or `RUST_TEST_NOCAPTURE`) runs print as they go, each line
+//! as a whole.
+
+use std::collections::HashMap;
+use std::panic::resume_unwind;
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::thread::JoinHandle;
+
+use super::run::{Report, Settings, run};
+
+/// A run test: its name (the test function's) and its run's settings.
+pub struct Entry {
+    pub name: &'static str,
+    pub settings: fn() -> Settings,
+}
+
+/// The launched runs, by test name, taken out by the test that waits.
+static LAUNCHED: OnceLock<Mutex<HashMap<&'static str, JoinHandle<Report>>>> = OnceLock::new();
+
+/// The report of the run of test `name` (an entry of `runs`, the table of
+/// every run test of the binary), its log printed: launched with every
+/// selected run by the first call, or made here if it was not launched.
+pub fn report(name: &str, runs: &[Entry]) -> Report {
+    let launched = LAUNCHED.get_or_init(|| Mutex::new(launch(runs)));
+    let handle = launched
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(name);
+    let report = match handle {
+        // The run's panic was printed in its own thread, into whichever
+        // test's output launched it: say it again here.
+        Some(handle) => handle.join().unwrap_or_else(|panic| {
+            let message = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("(no message)");
+            eprintln!("the run of {name} panicked: {message}");
+            resume_unwind(panic)
+        }),
+        None => {
+            let entry = runs
+                .iter()
+                .find(|entry| entry.name == name)
+                .unwrap_or_else(|| panic!("{name} is not in the table of runs"));
+            run((entry.settings)())
+        }
+    };
+    report.print_log();
+    report
+}
+
+/// Starts the run of every selected test of `runs`, each in a thread named
+/// after its test.
+fn launch(runs: &[Entry]) -> HashMap<&'static str, JoinHandle<Report>> {
+    let command_line = CommandLine::parse(std::env::args().skip(1));
+    let echo =
+        command_line.nocapture || std::env::var("RUST_TEST_NOCAPTURE").is_ok_and(|v| v != "0");
+    let at_once = std::env::var("DLOCK_FAULT_OVERLAP")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(usize::MAX);
+    let gate = Arc::new(Gate {
+        free: Mutex::new(at_once),
+        freed: Condvar::new(),
+    });
+    runs.iter()
+        .filter(|entry| command_line.runs(entry.name))
+        .map(|entry| {
+            let settings = entry.settings;
+            let gate = gate.clone();
+            let handle = std::thread::Builder::new()
+                .name(entry.name.to_owned())
+                .spawn(move || {
+                    let _turn = gate.enter();
+                    let mut settings = settings();
+                    settings.echo = echo;
+                    run(settings)
+                })
+                .expect("start a run's thread");
+            (entry.name, handle)
+        })
+        .collect()
+}
+
+/// At most so many runs at once.
+struct Gate {
+    free: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Gate {
+    fn enter(&self) -> Turn<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self
+                .freed
+                .wait(free)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        *free -= 1;
+        Turn(self)
+    }
+}
+
+/// A run's place at the gate, given back when the run ends (or panics).
+struct Turn<'a>(&'a Gate);
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.freed.notify_one();
+    }
+}
+
+/// What libtest's command line says about which tests run.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct CommandLine {
+    filters: Vec<String>,
+    skips: Vec<String>,
+    exact: bool,
+    /// `--ignored` without `--include-ignored`: only ignored tests run.
+    ignored_only: bool,
+    nocapture: bool,
+}
+
+impl CommandLine {
+    /// Reads libtest's arguments (without the program's name). Options
+    /// that take a value skip it; after `--` every argument is a filter.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Self {
+        /// libtest's options that take a value.
+        const WITH_VALUE: [&str; 6] = [
+            "--logfile",
+            "--test-threads",
+            "--color",
+            "--format",
+            "--shuffle-seed",
+            "-Z",
+        ];
+        let mut line = Self::default();
+        let (mut ignored, mut include_ignored) = (false, false);
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--" => line.filters.extend(args.by_ref()),
+                "--exact" => line.exact = true,
+                "--ignored" => ignored = true,
+                "--include-ignored" => include_ignored = true,
+                "--nocapture" | "--no-capture" => line.nocapture = true,
+                "--skip" => line.skips.extend(args.next()),
+                _ if arg.starts_with("--skip=") => {
+                    line.skips.push(arg["--skip=".len()..].to_owned())
+                }
+                _ if WITH_VALUE.contains(&arg.as_str()) => {
+                    args.next();
+                }
+                _ if arg.starts_with('-') => {}
+                _ => line.filters.push(arg),
+            }
+        }
+        line.ignored_only = ignored && !include_ignored;
+        line
+    }
+
+    /// Whether libtest runs the (not ignored) test `name`.
+    pub fn runs(&self, name: &str) -> bool {
+        let matches = |pattern: &String| {
+            if self.exact {
+                name == pattern
+            } else {
+                name.contains(pattern.as_str())
+            }
+        };
+        !self.ignored_only
+            && (self.filters.is_empty() || self.filters.iter().any(matches))
+            && !self.skips.iter().any(matches)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CommandLine;
+
+    fn line(args: &[&str]) -> CommandLine {
+        CommandLine::parse(args.iter().map(|a| (*a).to_owned()))
+    }
+
+    #[test]
+    fn the_command_line_selects_the_runs_libtest_runs() {
+        let redis = "redis_locks_under_pauses";
+        let fair_redis = "fair_redis_locks_under_pauses";
+        let pg = "pg_locks_under_pauses";
+        // No filter: every test; the harness's own flags change nothing.
+        let all = line(&[
+            "--test-threads",
+            "2",
+            "--nocapture",
+            "-q",
+            "--format=pretty",
+        ]);
+        assert!(all.runs(redis) && all.runs(pg));
+        assert!(all.nocapture);
+        // Filters match by substring, any of them.
+        let some = line(&["redis_locks", "--color", "never"]);
+        assert!(some.runs(redis) && some.runs(fair_redis) && !some.runs(pg));
+        // A value of an option is no filter.
+        assert!(line(&["--test-threads", "2"]).runs(pg));
+        // --exact matches whole names, skips included.
+        let exact = line(&["--exact", redis, pg, "--skip", pg]);
+        assert!(exact.runs(redis) && !exact.runs(fair_redis) && !exact.runs(pg));
+        // --skip by substring.
+        let skipped = line(&["--skip=fair_", "--skip", "pg_"]);
+        assert!(skipped.runs(redis) && !skipped.runs(fair_redis) && !skipped.runs(pg));
+        // --ignored alone runs only ignored tests; with --include-ignored
+        // everything.
+        assert!(!line(&["--ignored", "--exact", "long_run"]).runs(redis));
+        assert!(line(&["--ignored", "--include-ignored"]).runs(redis));
+        // After --, everything is a filter.
+        assert!(!line(&["--", "--exact"]).runs(redis));
+    }
+}

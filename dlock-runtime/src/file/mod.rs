@@ -21,6 +21,28 @@
 //!   alive file proves nothing (a temp-dir cleaner may have removed it): the
 //!   key then stays held until its lease ends, waiters look again now and
 //!   then, and the holder puts the file back at its next renewal.
+//! - `NAME.queue`: the key's fair waiters in arrival order (see the `state`
+//!   module for the format), only while some queue, changed only with the
+//!   key locked. The state's `queued` field says it may hold entries, so a
+//!   plain acquisition or release never opens it when nobody queues.
+//!
+//! A fair waiter ([`LockOptions::fair`](crate::LockOptions::fair)) locks its
+//! own `NAME.OWNER.alive` file from the moment it registers for its handoff
+//! ([`Backend::subscribe_handoff`]) until it drops that notice or its
+//! process dies: a release that finds it can lock a waiter's file (or finds
+//! none) knows the waiter stopped listening and skips its entry at once. A
+//! waiter handed the key holds it with that same file, so a waiter killed
+//! right after its handoff frees the key at once too.
+//!
+//! A holder's release hands the key to the first live entry in the same
+//! locked step: a token drawn as an acquisition draws it (the durable
+//! counter), the ttl the waiter asked for, and the holder record and
+//! identity its entry carries. The release then closes its alive file as
+//! always, which wakes every waiter of the key on the host; the waiter that
+//! now holds it reads the state and has its grant. A waiter that finds the
+//! holder dead (its alive file unlocked by the OS) hands the key to the
+//! first live entry itself, so a killed holder's key goes on at once in fair
+//! mode as well.
 //!
 //! `NAME` is the key with every byte outside `[A-Za-z0-9_-]` percent-encoded,
 //! or, for long keys, a 128-bit FNV-1a hash of it; the state keeps the whole
@@ -41,6 +63,7 @@ use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,8 +71,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::holder::{HolderInfo, check_label};
@@ -58,7 +81,10 @@ use crate::token::FencingToken;
 
 mod state;
 
-use state::{HolderRecord, State, expiry_after, file_name, now_us, parse_state, render_state};
+use state::{
+    HolderRecord, State, Waiter, expiry_after, file_name, micros, now_us, parse_queue, parse_state,
+    render_queue, render_state,
+};
 
 const KIND: &str = "file";
 
@@ -69,6 +95,11 @@ const UNWATCHED_RECHECK: Duration = Duration::from_millis(500);
 /// How often a holder watch on a free key looks again: nothing announces an
 /// acquisition.
 const FREE_RECHECK: Duration = Duration::from_millis(50);
+
+/// How often a fair waiter's handoff notice looks again at a key that
+/// nobody holds and no live waiter queues for (its own entry not written
+/// yet, or expired): its next attempt decides, this only wakes it sooner.
+const HANDOFF_RECHECK: Duration = Duration::from_millis(100);
 
 /// How a waiter hears of a holder's release.
 enum HolderWatch {
@@ -114,14 +145,32 @@ struct Inner {
     /// One watcher thread per (alive file) being waited on, shared by every
     /// waiter of this process.
     watchers: Mutex<HashMap<PathBuf, watch::Receiver<bool>>>,
+    /// Numbers the handoff registrations, so that a notice dropped late
+    /// never ends a later registration of the same owner.
+    registrations: AtomicU64,
 }
 
 /// One alive file this process holds locked, and when its lease runs out
 /// (wall clock, µs), after which it is closed at the next acquisition even
 /// if no release ever comes: a descriptor never outlives its lease for long.
+///
+/// A fair waiter's file, while it only waits, has no lease: it lives as
+/// long as its handoff notice (`waiting` names the registration), and
+/// becomes the lease's file when the waiter is handed or takes the key.
 struct Alive {
     file: File,
     expires_at_us: u64,
+    waiting: Option<u64>,
+}
+
+impl Alive {
+    fn holding(file: File, expires_at_us: u64) -> Self {
+        Self {
+            file,
+            expires_at_us,
+            waiting: None,
+        }
+    }
 }
 
 impl FileBackend {
@@ -142,6 +191,7 @@ impl FileBackend {
                 dir,
                 alive: Mutex::default(),
                 watchers: Mutex::default(),
+                registrations: AtomicU64::new(1),
             }),
             label: None,
         })
@@ -347,6 +397,7 @@ impl Inner {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn try_acquire(
         &self,
         name: &str,
@@ -355,17 +406,14 @@ impl Inner {
         ttl: Duration,
         identity: Option<&str>,
         record: &str,
+        queue: Queue,
     ) -> io::Result<Attempt> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
-        // Who takes the key, and when, in the step that takes it.
-        let holder = HolderRecord {
-            record: record.to_owned(),
-            since_us: now,
-        };
         let state = self.read_state(name)?;
         if let Some(current) = &state {
             // A retry by the owner that holds it (its first answer was
+            // lost, or a release handed it the key and its notice was
             // lost): it has the key, with the token already drawn.
             if current.owner == Some(owner)
                 && current.expires_at_us > now
@@ -373,6 +421,10 @@ impl Inner {
             {
                 // The same acquisition: it has held the key since its first
                 // answer was written.
+                let holder = HolderRecord {
+                    record: record.to_owned(),
+                    since_us: now,
+                };
                 let state = State {
                     expires_at_us: expiry_after(now, ttl),
                     identity: identity.map(str::to_owned),
@@ -385,12 +437,92 @@ impl Inner {
                     state.counter,
                 ))));
             }
-            // A dead holder's file can go: the state is rewritten below.
-            if self.live_holder(name, current, now, true)?.is_some() {
+            if self.live_holder(name, current, now, false)?.is_some() {
+                if let Queue::Join { entry_ttl } = queue {
+                    let mut waiters = self.read_queue(name)?;
+                    let entry = Waiter {
+                        owner,
+                        ttl_us: micros(ttl),
+                        expires_at_us: expiry_after(now, entry_ttl),
+                        record: record.to_owned(),
+                        identity: identity.map(str::to_owned),
+                    };
+                    join(&mut waiters, entry, now);
+                    self.write_queue(name, &waiters)?;
+                    if !current.queued {
+                        let marked = State {
+                            queued: true,
+                            ..current.clone()
+                        };
+                        self.write_state(name, &marked, false)?;
+                    }
+                    self.restore_alive(name, &owner);
+                }
                 return Ok(Attempt::Held {
                     expires_in: Some(Duration::from_micros(current.expires_at_us - now)),
                 });
             }
+        }
+        // Nobody holds the key. A plain attempt takes it whoever queues
+        // (and keeps the `queued` field for them); a fair one takes it only
+        // as the first live entry, or when nobody queues.
+        let mut queued = state.as_ref().is_some_and(|s| s.queued);
+        if queue.is_fair() && (queued || matches!(queue, Queue::Join { .. })) {
+            let mut waiters = self.read_queue(name)?;
+            let mut changed = false;
+            let me = match queue {
+                Queue::Join { entry_ttl } => {
+                    // An expired entry of this owner is no place in line.
+                    let before = waiters.len();
+                    waiters.retain(|w| w.owner != owner || w.expires_at_us > now);
+                    changed = waiters.len() != before;
+                    Some((owner, entry_ttl))
+                }
+                _ => None,
+            };
+            changed |= self.prune_front(name, &mut waiters, now, me.map(|(o, _)| o))?;
+            match waiters.first() {
+                Some(first) if first.owner == owner => {
+                    waiters.remove(0);
+                    changed = true;
+                }
+                Some(_) => {
+                    // A live waiter is first: the free key is its, handed
+                    // over as a release would, and this attempt queues.
+                    if let Some((_, entry_ttl)) = me {
+                        let entry = Waiter {
+                            owner,
+                            ttl_us: micros(ttl),
+                            expires_at_us: expiry_after(now, entry_ttl),
+                            record: record.to_owned(),
+                            identity: identity.map(str::to_owned),
+                        };
+                        join(&mut waiters, entry, now);
+                        self.restore_alive(name, &owner);
+                    }
+                    let mut current = state.unwrap_or_else(|| State {
+                        counter: now,
+                        key: key.to_owned(),
+                        ..State::default()
+                    });
+                    let next = self.hand_over(name, &mut current, &mut waiters, now)?;
+                    return Ok(Attempt::Held {
+                        expires_in: Some(Duration::from_micros(next.ttl_us)),
+                    });
+                }
+                None => {}
+            }
+            if changed {
+                self.write_queue(name, &waiters)?;
+            }
+            queued = !waiters.is_empty();
+        }
+        if let Some(current) = &state
+            && let Some(earlier) = current.owner
+        {
+            // The earlier holder's lease ran out or its process died: a
+            // dead holder's file can go, as the state is rewritten below.
+            self.holder_alive(name, &earlier, true)?;
         }
         // A key never seen (or whose state was deleted) starts its counter
         // at the wall clock in microseconds, so tokens still rise.
@@ -398,9 +530,21 @@ impl Inner {
         let token = counter
             .checked_add(1)
             .ok_or_else(|| io::Error::other("fencing counter exhausted"))?;
+        // A fair waiter's registered file becomes its lease's.
+        let registered = self
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(name.to_owned(), owner));
         let alive_path = self.alive_path(name, &owner);
-        let alive = File::create(&alive_path)?;
-        alive.lock()?;
+        let (alive, registration) = match registered {
+            Some(registered) => (registered.file, registered.waiting),
+            None => {
+                let alive = File::create(&alive_path)?;
+                alive.lock()?;
+                (alive, None)
+            }
+        };
         let expires_at_us = expiry_after(now, ttl);
         let written = self.write_state(
             name,
@@ -410,12 +554,34 @@ impl Inner {
                 expires_at_us,
                 key: key.to_owned(),
                 identity: identity.map(str::to_owned),
-                holder: Some(holder),
+                holder: Some(HolderRecord {
+                    record: record.to_owned(),
+                    since_us: now,
+                }),
+                queued,
             },
             true,
         );
         if let Err(err) = written {
-            let _ = fs::remove_file(&alive_path);
+            match registration {
+                // Still a waiter: it keeps its registration.
+                Some(_) => {
+                    self.alive
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(
+                            (name.to_owned(), owner),
+                            Alive {
+                                file: alive,
+                                expires_at_us: u64::MAX,
+                                waiting: registration,
+                            },
+                        );
+                }
+                None => {
+                    let _ = fs::remove_file(&alive_path);
+                }
+            }
             return Err(err);
         }
         self.close_expired(now);
@@ -424,12 +590,122 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .insert(
                 (name.to_owned(), owner),
-                Alive {
-                    file: alive,
-                    expires_at_us,
-                },
+                Alive::holding(alive, expires_at_us),
             );
         Ok(Attempt::Acquired(Grant::new(FencingToken::new(token))))
+    }
+
+    /// The key's fair waiters, first in line first; none if it has no
+    /// queue file (or one that does not read as a queue).
+    fn read_queue(&self, name: &str) -> io::Result<Vec<Waiter>> {
+        match fs::read(self.path(name, "queue")) {
+            Ok(bytes) => Ok(String::from_utf8(bytes)
+                .map(|text| parse_queue(&text))
+                .unwrap_or_default()),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Rewrites the queue in place (only ever read with the key locked),
+    /// or removes its file once nobody queues.
+    fn write_queue(&self, name: &str, waiters: &[Waiter]) -> io::Result<()> {
+        let path = self.path(name, "queue");
+        if waiters.is_empty() {
+            return match fs::remove_file(&path) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+                _ => Ok(()),
+            };
+        }
+        fs::write(&path, render_queue(waiters))
+    }
+
+    /// Whether `owner`'s fair waiter still listens for its handoff: its
+    /// process holds its registered file locked. Unlike a holder's, a
+    /// missing file means it does not (it never registered, or its notice
+    /// was dropped); one that can be locked belongs to a process that
+    /// died, and is removed.
+    fn waiter_listening(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
+        if self.holds_alive(name, owner) {
+            return Ok(true);
+        }
+        let path = self.alive_path(name, owner);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(err) => return Err(err),
+        };
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = fs::remove_file(&path);
+                Ok(false)
+            }
+            Err(TryLockError::WouldBlock) => Ok(true),
+            Err(TryLockError::Error(err)) => Err(err),
+        }
+    }
+
+    /// Drops entries from the front of `waiters` until the first is live:
+    /// not expired, and its waiter listening (`me`, the caller's own
+    /// owner, listens). True if it dropped any.
+    fn prune_front(
+        &self,
+        name: &str,
+        waiters: &mut Vec<Waiter>,
+        now: u64,
+        me: Option<OwnerId>,
+    ) -> io::Result<bool> {
+        let mut dropped = 0;
+        for waiter in waiters.iter() {
+            let live = waiter.expires_at_us > now
+                && (Some(waiter.owner) == me || self.waiter_listening(name, &waiter.owner)?);
+            if live {
+                break;
+            }
+            dropped += 1;
+        }
+        waiters.drain(..dropped);
+        Ok(dropped > 0)
+    }
+
+    /// Gives the free key to the first of `waiters` (live: the caller
+    /// pruned the front) in one step with the key locked: a token drawn as
+    /// an acquisition draws it, the ttl its attempt asked for, its identity
+    /// and holder record. Writes the queue, then the state, durably.
+    /// Returns the entry handed the key.
+    fn hand_over(
+        &self,
+        name: &str,
+        state: &mut State,
+        waiters: &mut Vec<Waiter>,
+        now: u64,
+    ) -> io::Result<Waiter> {
+        let next = waiters.remove(0);
+        let token = state
+            .counter
+            .max(1)
+            .checked_add(1)
+            .ok_or_else(|| io::Error::other("fencing counter exhausted"))?;
+        if let Some(earlier) = state.owner {
+            // Its lease ran out or its process died (a dead holder's file
+            // can go: the state is rewritten below).
+            self.holder_alive(name, &earlier, true)?;
+        }
+        self.write_queue(name, waiters)?;
+        *state = State {
+            counter: token,
+            owner: Some(next.owner),
+            expires_at_us: now.saturating_add(next.ttl_us),
+            key: std::mem::take(&mut state.key),
+            identity: next.identity.clone(),
+            holder: Some(HolderRecord {
+                record: next.record.clone(),
+                since_us: now,
+            }),
+            queued: !waiters.is_empty(),
+        };
+        self.write_state(name, state, true)?;
+        Ok(next)
     }
 
     fn extend(&self, name: &str, owner: OwnerId, ttl: Duration) -> io::Result<bool> {
@@ -469,8 +745,8 @@ impl Inner {
             Ok(file) => {
                 tracing::warn!(
                     path = %path.display(),
-                    "the alive file of a held lock was removed (a cleaner in the lock \
-                     directory?); it is put back"
+                    "the alive file of a held lock or a fair waiter was removed (a cleaner \
+                     in the lock directory?); it is put back"
                 );
                 // The old file's waiters wake on its close and watch the new one.
                 held.file = file;
@@ -493,7 +769,8 @@ impl Inner {
             .contains_key(&(name.to_owned(), *owner))
     }
 
-    /// Records a renewed lease's new end with its alive file.
+    /// Records a renewed lease's new end with its alive file (a fair
+    /// waiter's registered file is its lease's from then on).
     fn set_alive_expiry(&self, name: &str, owner: &OwnerId, expires_at_us: u64) {
         if let Some(alive) = self
             .alive
@@ -502,22 +779,166 @@ impl Inner {
             .get_mut(&(name.to_owned(), *owner))
         {
             alive.expires_at_us = expires_at_us;
+            alive.waiting = None;
         }
     }
 
+    /// Registers `owner` as a fair waiter listening for its handoff: its
+    /// alive file, locked for as long as the returned registration lives.
+    fn listen(self: &Arc<Self>, name: &str, owner: OwnerId) -> io::Result<Listening> {
+        let number = self.registrations.fetch_add(1, Ordering::Relaxed);
+        let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+        let registration = match alive.get_mut(&(name.to_owned(), owner)) {
+            // Registered again: the new notice takes the file over.
+            Some(held) if held.waiting.is_some() => {
+                held.waiting = Some(number);
+                Some(number)
+            }
+            // It holds the key already: the notice finds it so.
+            Some(_) => None,
+            None => {
+                let file = File::create(self.alive_path(name, &owner))?;
+                file.lock()?;
+                alive.insert(
+                    (name.to_owned(), owner),
+                    Alive {
+                        file,
+                        expires_at_us: u64::MAX,
+                        waiting: Some(number),
+                    },
+                );
+                Some(number)
+            }
+        };
+        Ok(Listening {
+            inner: Arc::clone(self),
+            name: name.to_owned(),
+            owner,
+            registration,
+        })
+    }
+
+    /// Ends a fair waiter's registration, unless it became its lease's.
+    fn stop_listening(&self, name: &str, owner: &OwnerId, registration: u64) {
+        let ended = {
+            let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+            let id = (name.to_owned(), *owner);
+            match alive.get(&id) {
+                Some(held) if held.waiting == Some(registration) => alive.remove(&id),
+                _ => None,
+            }
+        };
+        if let Some(ended) = ended {
+            let _ = fs::remove_file(self.alive_path(name, owner));
+            drop(ended.file);
+        }
+    }
+
+    /// Makes `owner`'s file this process's lease file for a lease that
+    /// ends at `expires_at_us`: its registered file, or a new one if
+    /// something removed it.
+    fn adopt(&self, name: &str, owner: &OwnerId, expires_at_us: u64) -> io::Result<()> {
+        let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = (name.to_owned(), *owner);
+        if let Some(held) = alive.get_mut(&id) {
+            held.expires_at_us = expires_at_us;
+            held.waiting = None;
+            return Ok(());
+        }
+        let file = File::create(self.alive_path(name, owner))?;
+        file.lock()?;
+        alive.insert(id, Alive::holding(file, expires_at_us));
+        Ok(())
+    }
+
+    /// One look of a fair waiter's handoff notice, with the key locked:
+    /// the grant if a release handed `owner` the key; else what to wait
+    /// for. A key nobody holds (its holder's lease ran out or its process
+    /// died) is handed to the first live waiter here and now.
+    fn handoff_step(self: &Arc<Self>, name: &str, owner: OwnerId) -> io::Result<HandoffStep> {
+        let _guard = self.lock_key(name)?;
+        let now = now_us();
+        let Some(mut state) = self.read_state(name)? else {
+            return Ok(HandoffStep::Recheck(HANDOFF_RECHECK));
+        };
+        let granted = |state: &State| -> io::Result<HandoffStep> {
+            self.adopt(name, &owner, state.expires_at_us)?;
+            Ok(HandoffStep::Granted(FencingToken::new(state.counter)))
+        };
+        if state.owner == Some(owner) && state.expires_at_us > now {
+            return granted(&state);
+        }
+        let holder = match self.live_holder(name, &state, now, false)? {
+            Some(holder) => holder,
+            None => {
+                let mut waiters = self.read_queue(name)?;
+                let changed = self.prune_front(name, &mut waiters, now, None)?;
+                if waiters.is_empty() {
+                    if changed {
+                        self.write_queue(name, &waiters)?;
+                    }
+                    return Ok(HandoffStep::Recheck(HANDOFF_RECHECK));
+                }
+                let next = self.hand_over(name, &mut state, &mut waiters, now)?;
+                if next.owner == owner {
+                    return granted(&state);
+                }
+                next.owner
+            }
+        };
+        Ok(match self.watch_alive(self.alive_path(name, &holder))? {
+            Some(released) => HandoffStep::Watch(released),
+            None => HandoffStep::Recheck(UNWATCHED_RECHECK),
+        })
+    }
+
+    /// Releases `owner`'s lease, handing the key to the first live fair
+    /// waiter if any queue; or, for an owner that does not hold the key,
+    /// removes its entry from the queue (rule F3). Either way its alive
+    /// file (lease or registration) is closed, which wakes the key's
+    /// waiters.
     fn release(&self, name: &str, owner: OwnerId) -> io::Result<bool> {
         let guard = self.lock_key(name)?;
         let now = now_us();
         let mut ours = false;
-        if let Some(mut state) = self.read_state(name)?
-            && state.owner == Some(owner)
-        {
-            ours = state.expires_at_us > now;
-            state.owner = None;
-            state.identity = None;
-            state.holder = None;
-            state.expires_at_us = 0;
-            self.write_state(name, &state, false)?;
+        if let Some(mut state) = self.read_state(name)? {
+            let waiters = if state.queued {
+                let mut waiters = self.read_queue(name)?;
+                let before = waiters.len();
+                waiters.retain(|w| w.owner != owner);
+                Some((waiters.len() != before, waiters))
+            } else {
+                None
+            };
+            if state.owner == Some(owner) {
+                ours = state.expires_at_us > now;
+                state.owner = None;
+                state.identity = None;
+                state.holder = None;
+                state.expires_at_us = 0;
+                let mut handed = false;
+                if let Some((mut changed, mut waiters)) = waiters {
+                    changed |= self.prune_front(name, &mut waiters, now, None)?;
+                    if waiters.is_empty() {
+                        state.queued = false;
+                    } else {
+                        self.hand_over(name, &mut state, &mut waiters, now)?;
+                        handed = true;
+                    }
+                    if changed && !handed {
+                        self.write_queue(name, &waiters)?;
+                    }
+                }
+                if !handed {
+                    self.write_state(name, &state, false)?;
+                }
+            } else if let Some((true, waiters)) = waiters {
+                self.write_queue(name, &waiters)?;
+                if waiters.is_empty() {
+                    state.queued = false;
+                    self.write_state(name, &state, false)?;
+                }
+            }
         }
         drop(guard);
         self.drop_alive(name, &owner);
@@ -704,10 +1125,18 @@ impl Backend for FileBackend {
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
         let identity = request.identity.map(str::to_owned);
         let record = request.holder_record(self.label.as_deref());
+        let queue = request.queue;
         let taken = self
             .blocking(Operation::Acquire, key.as_str(), move |inner| {
-                let attempt =
-                    inner.try_acquire(&name, &text, owner, ttl, identity.as_deref(), &record)?;
+                let attempt = inner.try_acquire(
+                    &name,
+                    &text,
+                    owner,
+                    ttl,
+                    identity.as_deref(),
+                    &record,
+                    queue,
+                )?;
                 Ok(Taken {
                     inner: Arc::clone(inner),
                     name,
@@ -759,6 +1188,51 @@ impl Backend for FileBackend {
                 ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
             }
         })
+    }
+
+    /// Fair queues live in the lock directory beside the state: see the
+    /// module documentation.
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    /// Locks the waiter's alive file for as long as the notice lives (so a
+    /// release skips a waiter that stopped listening or died, at once),
+    /// then, while awaited, watches the holder's alive file as plain
+    /// waiters do: its release wakes the notice, which reads the state and
+    /// resolves if the key is now the waiter's. A key it finds with no live
+    /// holder it hands to the first live waiter itself.
+    async fn subscribe_handoff(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+    ) -> Result<Handoff, LockError> {
+        let (name, owner) = (file_name(key), *owner);
+        let listening = self
+            .blocking(Operation::Wait, key.as_str(), move |inner| {
+                inner.listen(&name, owner)
+            })
+            .await?;
+        Ok(Handoff::new(async move {
+            loop {
+                let inner = Arc::clone(&listening.inner);
+                let name = listening.name.clone();
+                let step =
+                    tokio::task::spawn_blocking(move || inner.handoff_step(&name, owner)).await;
+                match step {
+                    Ok(Ok(HandoffStep::Granted(token))) => {
+                        drop(listening);
+                        return Grant::new(token);
+                    }
+                    Ok(Ok(HandoffStep::Watch(mut released))) => {
+                        let _ = released.wait_for(|released| *released).await;
+                    }
+                    Ok(Ok(HandoffStep::Recheck(after))) => tokio::time::sleep(after).await,
+                    // The waiter's next attempt decides; look again later.
+                    Ok(Err(_)) | Err(_) => tokio::time::sleep(UNWATCHED_RECHECK).await,
+                }
+            }
+        }))
     }
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
@@ -820,6 +1294,51 @@ impl Backend for FileBackend {
     }
 }
 
+/// Puts `entry`'s owner at the end of `waiters`, or refreshes the place it
+/// has (its entry's life and the ttl it asks for); expired entries go, as
+/// if they were not there (so an owner whose entry expired joins anew).
+fn join(waiters: &mut Vec<Waiter>, entry: Waiter, now: u64) {
+    waiters.retain(|w| w.expires_at_us > now);
+    match waiters.iter_mut().find(|w| w.owner == entry.owner) {
+        Some(place) => {
+            place.ttl_us = entry.ttl_us;
+            place.expires_at_us = entry.expires_at_us;
+            place.identity = entry.identity;
+        }
+        None => waiters.push(entry),
+    }
+}
+
+/// What a fair waiter's handoff notice does next.
+enum HandoffStep {
+    /// A release handed it the key: the lease's token.
+    Granted(FencingToken),
+    /// Wait for the holder's alive file to be unlocked, then look again.
+    Watch(watch::Receiver<bool>),
+    /// Look again after this long.
+    Recheck(Duration),
+}
+
+/// A fair waiter's registration for its handoff: dropped (with its
+/// notice), it closes and removes the waiter's alive file unless the file
+/// has become its lease's, so a release skips the waiter from then on.
+struct Listening {
+    inner: Arc<Inner>,
+    name: String,
+    owner: OwnerId,
+    /// `None` when the owner held the key already at registration.
+    registration: Option<u64>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        if let Some(registration) = self.registration {
+            self.inner
+                .stop_listening(&self.name, &self.owner, registration);
+        }
+    }
+}
+
 /// An attempt's outcome on its way from the blocking thread to the caller.
 /// A runtime that shuts down does not wait for its blocking threads: the
 /// caller's task may be gone (and its give-back already run, finding
@@ -872,7 +1391,9 @@ mod tests {
         let backend = FileBackend::open(&dir).expect("dir");
         let owner = OwnerId::random().expect("random");
         let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
-        let attempt = backend.inner.try_acquire("k", "k", owner, ttl, None, "");
+        let attempt = backend
+            .inner
+            .try_acquire("k", "k", owner, ttl, None, "", Queue::Barge);
         assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
         let state = backend.inner.read_state("k").expect("readable");
         let _ = fs::remove_dir_all(&dir);
@@ -899,9 +1420,11 @@ mod tests {
             let state = inner.read_state("k").expect("readable").expect("written");
             state.identity
         };
-        let first = token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%"), ""));
+        let first =
+            token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%"), "", Queue::Barge));
         assert_eq!(identity().as_deref(), Some("a b\n%"));
-        let retried = token(inner.try_acquire("k", "k", owner, ttl, Some("again"), ""));
+        let retried =
+            token(inner.try_acquire("k", "k", owner, ttl, Some("again"), "", Queue::Barge));
         assert_eq!(retried, first, "a retry keeps its token");
         assert_eq!(identity().as_deref(), Some("again"));
         let holding = inner.holder("k").expect("readable").expect("held");
@@ -913,7 +1436,7 @@ mod tests {
         assert_eq!(identity(), None, "a release clears it");
         assert_eq!(inner.holder("k").expect("readable"), None);
         let other = OwnerId::random().expect("random");
-        let next = token(inner.try_acquire("k", "k", other, ttl, None, ""));
+        let next = token(inner.try_acquire("k", "k", other, ttl, None, "", Queue::Barge));
         assert!(next > first);
         let holding = inner.holder("k").expect("readable").expect("held");
         assert_eq!((holding.token, holding.identity), (Some(next), None));
@@ -935,12 +1458,12 @@ mod tests {
                 .holder
         };
         let before = now_us();
-        let first = inner.try_acquire("k", "k", owner, ttl, None, &me.encode());
+        let first = inner.try_acquire("k", "k", owner, ttl, None, &me.encode(), Queue::Barge);
         assert!(matches!(first, Ok(Attempt::Acquired(_))), "{first:?}");
         let written = recorded().expect("every acquisition records its holder");
         assert_eq!(written.record, me.encode());
         assert!(written.since_us >= before && written.since_us <= now_us());
-        let retried = inner.try_acquire("k", "k", owner, ttl, None, "1\tother\t1\t");
+        let retried = inner.try_acquire("k", "k", owner, ttl, None, "1\tother\t1\t", Queue::Barge);
         assert!(matches!(retried, Ok(Attempt::Acquired(_))), "{retried:?}");
         assert_eq!(recorded(), Some(written), "a retry is the same acquisition");
         assert!(inner.extend("k", owner, ttl).expect("extend"));
@@ -953,7 +1476,7 @@ mod tests {
         assert!(inner.release("k", owner).expect("released"));
         assert_eq!(recorded(), None, "a release clears it");
         let other = OwnerId::random().expect("random");
-        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t");
+        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t", Queue::Barge);
         assert!(matches!(next, Ok(Attempt::Acquired(_))), "{next:?}");
         assert!(inner.force_release("k").expect("forced"));
         assert_eq!(recorded(), None, "a forced release clears it");
@@ -967,7 +1490,7 @@ mod tests {
         let inner = &backend.inner;
         let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
         let record = HolderInfo::this_process(None).encode();
-        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record);
+        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record, Queue::Barge);
         assert!(matches!(taken, Ok(Attempt::Acquired(_))), "{taken:?}");
         let mut state = inner.read_state("k").expect("readable").expect("written");
         if let Some(holder) = &mut state.holder {

@@ -41,6 +41,31 @@
 //! the owner) may keep the fields as part of the key; the owner written in
 //! each is why such a left-over line is never read as the identity or the
 //! holder of a later holder.
+//!
+//! One field names no owner: `queued` (a bare word), there while the key's
+//! queue of fair waiters (`NAME.queue`, below) may hold entries. It is a
+//! hint, so that a plain release or acquisition never opens the queue file
+//! when nobody queues: a left-over `queued` costs one look at an empty
+//! queue, which then clears it, and a `queued` an earlier version dropped
+//! while rewriting the state only lets that version's own release pass the
+//! waiters by (they take the key at their next attempt), since every
+//! queueing attempt reads the queue file whatever the state says and puts
+//! the field back.
+//!
+//! `NAME.queue` reads, one fair waiter a line, first in line first:
+//!
+//! ```text
+//! dlock-file-queue v1
+//! 0123456789abcdef0123456789abcdef 30000000 1700000003000000 +1%09web-3%094121%09billing -
+//! fedcba9876543210fedcba9876543210 10000000 1700000003500000 +1%09web-4%09977%09 +leader%201
+//! ```
+//!
+//! Each line: the waiter's owner, the ttl its attempt asked for (µs), when
+//! its entry expires unless refreshed (wall clock, µs), its holder record
+//! and its identity (`+` and the percent-encoded text, or `-` for none). It
+//! is rewritten in place with the key locked, never read without that
+//! lock; an unreadable line (a crash mid-write) is no entry, and a waiter
+//! that lost its entry joins again at its next attempt.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -48,6 +73,7 @@ use crate::backend::OwnerId;
 use crate::key::LockKey;
 
 pub(super) const STATE_HEADER: &str = "dlock-file-state v1";
+pub(super) const QUEUE_HEADER: &str = "dlock-file-queue v1";
 /// Encoded names longer than this are replaced by a hash (file names are
 /// limited to 255 bytes on most file systems).
 pub(super) const MAX_PLAIN_NAME: usize = 160;
@@ -64,6 +90,22 @@ pub(super) struct State {
     /// Which process `owner` is and when it took the key; only ever with
     /// an owner, and `None` for one an earlier version took.
     pub(super) holder: Option<HolderRecord>,
+    /// The key's queue file may hold fair waiters (the `queued` field).
+    pub(super) queued: bool,
+}
+
+/// A fair waiter's entry in `NAME.queue`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Waiter {
+    pub(super) owner: OwnerId,
+    /// The ttl its attempt asked for, in µs: a handoff grants that long.
+    pub(super) ttl_us: u64,
+    /// When the entry is skipped unless refreshed: wall clock, µs.
+    pub(super) expires_at_us: u64,
+    /// The holder record a handoff writes for it.
+    pub(super) record: String,
+    /// The identity a handoff records for it.
+    pub(super) identity: Option<String>,
 }
 
 /// The `holder` field: the owner's encoded [`HolderInfo`](crate::HolderInfo)
@@ -79,8 +121,12 @@ pub(super) struct HolderRecord {
 /// whole microseconds, never down, so the key outlives the holder's own
 /// count of its lease rather than ending a fraction before it.
 pub(super) fn expiry_after(now: u64, ttl: Duration) -> u64 {
-    let ttl_us = u64::try_from(ttl.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX);
-    now.saturating_add(ttl_us)
+    now.saturating_add(micros(ttl))
+}
+
+/// `duration` in whole microseconds, rounded up.
+pub(super) fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos().div_ceil(1_000)).unwrap_or(u64::MAX)
 }
 
 pub(super) fn now_us() -> u64 {
@@ -140,8 +186,14 @@ pub(super) fn render_state(state: &State) -> String {
             encode(&holder.record)
         ));
     }
+    if state.queued {
+        text.push_str(&format!("{FIELD_START}{QUEUED_FIELD}"));
+    }
     text
 }
+
+/// The field that says the queue file may hold entries.
+const QUEUED_FIELD: &str = "queued";
 
 pub(super) fn parse_state(text: &str) -> Option<State> {
     let mut lines = text.splitn(5, '\n');
@@ -168,6 +220,7 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
             .find(|(by, _)| owner.is_some() && OwnerId::parse_hex(by) == owner)
             .map(|(_, value)| value)
     };
+    let queued = fields.clone().any(|field| field == QUEUED_FIELD);
     let identity = owners_field("identity").and_then(decode);
     let holder = owners_field("holder").and_then(|value| {
         let (since_us, encoded) = value.split_once(' ')?;
@@ -183,7 +236,59 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
         key,
         identity,
         holder,
+        queued,
     })
+}
+
+pub(super) fn render_queue(waiters: &[Waiter]) -> String {
+    let mut text = String::from(QUEUE_HEADER);
+    for waiter in waiters {
+        let identity = waiter.identity.as_deref().map_or_else(
+            || "-".to_owned(),
+            |identity| format!("+{}", encode(identity)),
+        );
+        text.push_str(&format!(
+            "\n{} {} {} +{} {identity}",
+            waiter.owner,
+            waiter.ttl_us,
+            waiter.expires_at_us,
+            encode(&waiter.record)
+        ));
+    }
+    text
+}
+
+/// The entries of a queue file, in order. A file that is not a queue, and
+/// lines that do not read as entries, hold none: the queue is not precious
+/// (its waiters join again), unlike the state's counter.
+pub(super) fn parse_queue(text: &str) -> Vec<Waiter> {
+    let mut lines = text.split('\n');
+    if lines.next() != Some(QUEUE_HEADER) {
+        return Vec::new();
+    }
+    lines
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            let owner = OwnerId::parse_hex(words.next()?)?;
+            let ttl_us = words.next()?.parse().ok()?;
+            let expires_at_us = words.next()?.parse().ok()?;
+            let record = decode(words.next()?.strip_prefix('+')?)?;
+            let identity = match words.next()? {
+                "-" => None,
+                encoded => Some(decode(encoded.strip_prefix('+')?)?),
+            };
+            if words.next().is_some() {
+                return None;
+            }
+            Some(Waiter {
+                owner,
+                ttl_us,
+                expires_at_us,
+                record,
+                identity,
+            })
+        })
+        .collect()
 }
 
 /// Percent-encodes `%`, spaces and control characters, so an identity
@@ -237,6 +342,7 @@ mod tests {
             key: "a\nb key \"quoted\"\nü".into(),
             identity: None,
             holder: None,
+            queued: false,
         };
         assert_eq!(parse_state(&render_state(&state)), Some(state));
     }
@@ -249,6 +355,7 @@ mod tests {
             key: "a\nkey with\nidentity x\nlines".into(),
             identity: Some(identity.into()),
             holder: None,
+            queued: false,
         }
     }
 
@@ -296,6 +403,7 @@ mod tests {
                 key: format!("a\nb\nidentity {owner} x"),
                 identity: None,
                 holder: None,
+                queued: false,
             })
         );
     }
@@ -310,6 +418,7 @@ mod tests {
             key: "k".into(),
             identity: None,
             holder: None,
+            queued: false,
         };
         assert_eq!(
             render_state(&state),
@@ -395,6 +504,7 @@ mod tests {
             key,
             identity,
             holder: None,
+            queued: false,
         })
     }
 
@@ -530,6 +640,99 @@ mod tests {
             parse_state(&later).expect("parses").identity.as_deref(),
             Some("me")
         );
+    }
+
+    #[test]
+    fn the_queued_field_round_trips_and_earlier_versions_read_past_it() {
+        for identity in [None, Some("leader 1")] {
+            let state = State {
+                queued: true,
+                ..recorded(identity)
+            };
+            let text = render_state(&state);
+            assert_eq!(parse_state(&text), Some(state.clone()), "{identity:?}");
+            assert_eq!(
+                parse_earlier(&text),
+                Some((state.counter, state.owner, state.expires_at_us)),
+                "the first version"
+            );
+            assert_eq!(
+                parse_identity_era(&text),
+                Some(State {
+                    holder: None,
+                    queued: false,
+                    ..state.clone()
+                }),
+                "the version with identities"
+            );
+            // The version with holder records read fields as this one does,
+            // without `queued`: it skips the line and reads the rest.
+            let without = text.replace("\n\0queued", "");
+            assert_eq!(
+                parse_state(&without),
+                Some(State {
+                    queued: false,
+                    ..state
+                })
+            );
+        }
+        let free = State {
+            counter: 3,
+            key: "k".into(),
+            queued: true,
+            ..State::default()
+        };
+        assert_eq!(parse_state(&render_state(&free)), Some(free), "a free key");
+    }
+
+    fn waiter(identity: Option<&str>, record: &str) -> Waiter {
+        Waiter {
+            owner: OwnerId::random().expect("random"),
+            ttl_us: 30_000_001,
+            expires_at_us: 1_700_000_003_000_000,
+            record: record.into(),
+            identity: identity.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_queue_round_trips_in_order_with_odd_identities_and_records() {
+        let waiters = vec![
+            waiter(None, "1\tweb 3\t4121\t100% billing"),
+            waiter(Some(""), ""),
+            waiter(Some("line\nbreak + - %41"), "-"),
+            waiter(Some("-"), "+"),
+        ];
+        let text = render_queue(&waiters);
+        assert_eq!(text.lines().count(), waiters.len() + 1, "one line a waiter");
+        assert_eq!(parse_queue(&text), waiters);
+        assert_eq!(render_queue(&[]), QUEUE_HEADER);
+        assert_eq!(parse_queue(QUEUE_HEADER), Vec::new());
+    }
+
+    #[test]
+    fn unreadable_queue_lines_are_no_entries_and_a_file_that_is_no_queue_holds_none() {
+        let kept = waiter(Some("kept"), "1\th\t1\t");
+        let line = render_queue(std::slice::from_ref(&kept));
+        let line = line.lines().nth(1).expect("the entry");
+        let owner = OwnerId::random().expect("random");
+        let text = [
+            QUEUE_HEADER,
+            "",
+            "garbage",
+            &format!("{owner} 1 2 +rec"),
+            &format!("{owner} 1 2 rec -"),
+            &format!("{owner} x 2 +rec -"),
+            &format!("{owner} 1 2 +rec - more"),
+            &format!("{owner} 1 2 +%zz -"),
+            line,
+            // A crash mid-write: the last line cut short.
+            &line[..line.len() / 2],
+        ]
+        .join("\n");
+        assert_eq!(parse_queue(&text), vec![kept]);
+        assert_eq!(parse_queue(&format!("not a queue\n{line}")), Vec::new());
+        assert_eq!(parse_queue(""), Vec::new());
     }
 
     #[test]

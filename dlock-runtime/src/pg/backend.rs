@@ -10,8 +10,8 @@ use super::locks::{GiveBack, no_runtime};
 use super::session::{Failure, LockSession};
 use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
-    ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, Backend, Grant, Handoff, OwnerId, Queue, ReleaseNotice,
+    ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -39,6 +39,17 @@ impl Backend for PgBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        // A fair waiter waits in the server's queue of the key, on a
+        // session of its own (see `fair`). `Respect` is the plain attempt,
+        // which the server refuses while anyone is queued, after a look at
+        // this process's own waiters (one may be on its way to the queue).
+        match request.queue {
+            Queue::Join { entry_ttl } => return self.inner.join(request, entry_ttl).await,
+            Queue::Respect if self.inner.fair_waiter_queued(request.key) => {
+                return Ok(Attempt::Held { expires_in: None });
+            }
+            _ => {}
+        }
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         {
             // In-process exclusion first: never ask the server for a key
@@ -190,8 +201,23 @@ impl Backend for PgBackend {
 
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
+        // Rule F3: a fair waiter that gives up leaves the queue. A handoff
+        // that reached it first is its lease by now, released below.
+        self.inner.leave_queue(key, owner).await;
         let released = self.inner.unlock(key, Some(*owner), false).await?;
         Ok(ReleaseOutcome::from_released(released))
+    }
+
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
+    async fn subscribe_handoff(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+    ) -> Result<Handoff, LockError> {
+        Ok(self.inner.subscribe_handoff(key, owner))
     }
 
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {

@@ -168,70 +168,77 @@ impl Inner {
                 record = false;
                 continue;
             }
-            if recording.is_some() && err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
-                let what = format!(
-                    "cannot take `{key}` with its identity recorded: the role needs SELECT, \
-                     INSERT, UPDATE and DELETE on {s}.dlock_holders (and USAGE on \
-                     {s}.dlock_token_seq); the lock was not taken",
-                    s = self.quoted_schema
-                );
-                return Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::new(what, err),
-                ));
-            }
-            if let Some(unfit) = sql::refused_sequence(&err) {
-                let what = super::sequence::refusal(unfit, &self.quoted_schema);
-                return Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::msg(what),
-                ));
-            }
-            if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                // A wait for a row names it in the error's context; a
-                // wait for a relation names nothing.
-                let on_record = err
-                    .as_db_error()
-                    .and_then(|db| db.where_())
-                    .is_some_and(|context| context.contains("relation \"dlock_holders\""));
-                let locked = if recording.is_some() && on_record {
-                    format!(
-                        "the identity record of `{key}` in {}.dlock_holders is locked by another \
-                         transaction (an UPDATE, a DELETE or a SELECT … FOR UPDATE left open?)",
-                        self.quoted_schema
-                    )
-                } else if recording.is_some() {
-                    format!(
-                        "the token sequence {s}.dlock_token_seq or the table {s}.dlock_holders \
-                         (an ALTER, a TRUNCATE or a DROP left open?), or another lock the \
-                         statement needed, is held by another transaction",
-                        s = self.quoted_schema
-                    )
-                } else {
-                    format!(
-                        "the token sequence {}.dlock_token_seq is locked by another transaction \
-                         (an ALTER SEQUENCE or a DROP left open?)",
-                        self.quoted_schema
-                    )
-                };
-                let what = format!(
-                    "{locked} for longer than a lock session waits for it ({:?}): the lock was \
-                     not taken; try again once that transaction has ended",
-                    self.lock_timeout()
-                );
-                return Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::new(what, err),
-                ));
-            }
-            return Err(self.failed(Operation::Acquire, key, "lock statement failed", err));
+            return Err(self.lock_error(key, err, recording.is_some()));
         }
+    }
+
+    /// The error of a lock statement (plain, or `recording` the holder)
+    /// that failed with `err` and is not tried again: what it lacked, or
+    /// what held it up, in words a DBA can act on.
+    pub(super) fn lock_error(
+        &self,
+        key: &LockKey,
+        err: tokio_postgres::Error,
+        recording: bool,
+    ) -> LockError {
+        if recording && err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+            let what = format!(
+                "cannot take `{key}` with its identity recorded: the role needs SELECT, \
+                 INSERT, UPDATE and DELETE on {s}.dlock_holders (and USAGE on \
+                 {s}.dlock_token_seq); the lock was not taken",
+                s = self.quoted_schema
+            );
+            return LockError::backend(
+                KIND,
+                Operation::Acquire,
+                key.as_str(),
+                Failure::new(what, err),
+            );
+        }
+        if let Some(unfit) = sql::refused_sequence(&err) {
+            let what = super::sequence::refusal(unfit, &self.quoted_schema);
+            return LockError::backend(KIND, Operation::Acquire, key.as_str(), Failure::msg(what));
+        }
+        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            // A wait for a row names it in the error's context; a
+            // wait for a relation names nothing.
+            let on_record = err
+                .as_db_error()
+                .and_then(|db| db.where_())
+                .is_some_and(|context| context.contains("relation \"dlock_holders\""));
+            let locked = if recording && on_record {
+                format!(
+                    "the identity record of `{key}` in {}.dlock_holders is locked by another \
+                     transaction (an UPDATE, a DELETE or a SELECT … FOR UPDATE left open?)",
+                    self.quoted_schema
+                )
+            } else if recording {
+                format!(
+                    "the token sequence {s}.dlock_token_seq or the table {s}.dlock_holders \
+                     (an ALTER, a TRUNCATE or a DROP left open?), or another lock the \
+                     statement needed, is held by another transaction",
+                    s = self.quoted_schema
+                )
+            } else {
+                format!(
+                    "the token sequence {}.dlock_token_seq is locked by another transaction \
+                     (an ALTER SEQUENCE or a DROP left open?)",
+                    self.quoted_schema
+                )
+            };
+            let what = format!(
+                "{locked} for longer than a lock session waits for it ({:?}): the lock was \
+                 not taken; try again once that transaction has ended",
+                self.lock_timeout()
+            );
+            return LockError::backend(
+                KIND,
+                Operation::Acquire,
+                key.as_str(),
+                Failure::new(what, err),
+            );
+        }
+        self.failed(Operation::Acquire, key, "lock statement failed", err)
     }
 
     pub(super) async fn acquire_on_server(
@@ -459,7 +466,7 @@ impl Inner {
     /// A plain lease's record stays (unless `immediate`) and goes in its
     /// session's next batch delete ([`sql::DELETE_RELEASED`]); a lease
     /// with an identity deletes its record with the unlock.
-    async fn unlock_on(
+    pub(super) async fn unlock_on(
         &self,
         session: &LockSession,
         advisory_key: i64,
@@ -654,7 +661,11 @@ impl Inner {
                     Ok(Unlocked {
                         held,
                         record_left: None,
-                    }) => Ok(held),
+                    }) => {
+                        // A fair session is kept for the next fair waiter.
+                        inner.fair_session_free(&session);
+                        Ok(held)
+                    }
                     Ok(Unlocked {
                         record_left: Some(err),
                         ..
@@ -684,12 +695,12 @@ impl Inner {
 }
 
 /// What an unlock did.
-struct Unlocked {
+pub(super) struct Unlocked {
     /// Whether the session held the lock.
-    held: bool,
+    pub(super) held: bool,
     /// Why the lease's identity record could not be deleted with it, if
     /// it could not (the lock was dropped all the same).
-    record_left: Option<tokio_postgres::Error>,
+    pub(super) record_left: Option<tokio_postgres::Error>,
 }
 
 impl Unlocked {
@@ -714,7 +725,7 @@ pub(super) struct Locked {
 }
 
 /// `at` in microseconds since 1970 (negative before).
-fn micros_since_1970(at: SystemTime) -> i64 {
+pub(super) fn micros_since_1970(at: SystemTime) -> i64 {
     match at.duration_since(SystemTime::UNIX_EPOCH) {
         Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
         Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),

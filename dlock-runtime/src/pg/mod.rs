@@ -239,6 +239,88 @@
 //! close with it — the server frees their locks and their leases are told
 //! — and the next caller's runtime takes over.
 //!
+//! # Fair mode
+//!
+//! A fair acquisition ([`LockOptions::fair`](crate::LockOptions::fair))
+//! waits in PostgreSQL's own queue of the key's advisory lock. The lock
+//! manager queues the sessions that wait for a lock in arrival order and,
+//! when the holder lets go, grants the lock to the first of them itself:
+//! that grant is the handoff, and costs the holder nothing but its unlock.
+//! So each fair waiter that must wait takes a *fair session*, a connection
+//! of its own that carries nothing else while it waits, and sends one
+//! statement on it: `pg_advisory_lock` on the key's advisory key (the one
+//! plain locks take), then, once granted, the token drawn and the holder
+//! recorded as a plain acquisition draws and records them. Its attempt is
+//! answered once the server shows the session queued, so waiters are
+//! served in the order their attempts were answered, across processes;
+//! the waiters of one process are queued in the order their attempts came,
+//! however long each takes to get a connection.
+//! The granted lease lives on that session like any other lease (renewed,
+//! released, lost with its session, listed, its identity announced).
+//!
+//! The queue binds every client of the key: a plain attempt (dlock's, an
+//! older dlock's, any `pg_try_advisory_lock`) is refused while a waiter is
+//! queued, and a release never leaves the key free for an instant while
+//! one is. A fair caller's first try is that plain attempt (refused at
+//! once if a fair waiter of its own process is on its way into the
+//! queue), so an uncontended fair acquisition costs what a plain one
+//! does. A waiter that
+//! gives up leaves the queue before its release returns (a cancel request
+//! to the server, on a connection of its own), as does one whose entry
+//! its process stopped refreshing for
+//! [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL); a handoff that
+//! reached it in the race is passed on. A waiter process that dies closes
+//! its connection: the server finds it closed within
+//! [`PgOptions::liveness_interval`] (`client_connection_check_interval`,
+//! PostgreSQL 14+ on Linux, macOS and the BSDs) and drops it from the
+//! queue; elsewhere the key reaches the dead session, which ends at once
+//! and passes it on. Either way the store sees the death, so a handed-over
+//! lease is kept for its whole ttl.
+//!
+//! The wait is bounded by its waiter only. It runs with `lock_timeout` 0
+//! (dlock's own value again for the token draw), and fair sessions set
+//! `statement_timeout` (and, PostgreSQL 17+, `transaction_timeout`) to 0
+//! whatever a DBA set for the role or the database; they are never idle
+//! in a transaction, so `idle_in_transaction_session_timeout` does not
+//! apply. While a statement waits its session sends no liveness check:
+//! TCP keepalives (every liveness interval, unless the connection string
+//! sets them) find a server gone half-open. A wait cut off all the same (a
+//! DBA's `pg_cancel_backend` or `pg_terminate_backend`, a server restart)
+//! is sent again at once, on the same session or a new one: the waiter
+//! keeps waiting, at the end of the queue. A statement that fails for
+//! another reason is handled as a plain lock statement's failure is, or
+//! answered as an error to the waiter's next attempt, which the
+//! acquisition rides out while it may wait.
+//!
+//! What it costs:
+//!
+//! - One connection per fair waiter while it waits in a queue, and while
+//!   it holds the key a handoff gave it (the lock belongs to that session).
+//!   Connections are kept for the next fair waiter for 30 s after their
+//!   last use, and at most [`PgOptions::fair_sessions`] (32) are open at
+//!   once: a fair waiter that would need one more is answered an error,
+//!   which the acquisition retries while it may wait.
+//! - Per wait, one statement on the fair session and one or a few looks at
+//!   that session's entry in `pg_stat_activity`, on a lock session, until
+//!   it shows the wait queued.
+//! - A waiting statement holds a snapshot, so `VACUUM` cannot remove rows
+//!   deleted after the oldest wait began (`backend_xmin` in
+//!   `pg_stat_activity`). A recording one holds the `ROW EXCLUSIVE` lock
+//!   of `<schema>.dlock_holders` while it waits: a DBA's `ALTER TABLE`,
+//!   `TRUNCATE`, `VACUUM FULL` or `LOCK TABLE` of it waits for the fair
+//!   waiters of the moment (and acquisitions meanwhile lock without a
+//!   record, as they do behind any such lock). With `log_lock_waits` on,
+//!   the server logs every wait longer than `deadlock_timeout`, after
+//!   which it also runs its deadlock check once for it.
+//! - Nothing for plain locks: no statement is added to their acquisition,
+//!   renewal or release, and a release reads one flag in process (once
+//!   fair mode was used, it looks at an empty map).
+//!
+//! No schema object is added: fair waiters use the token sequence and the
+//! table of holder records as they are, and processes of older dlock
+//! versions lock beside them (their plain attempts cannot pass a queued
+//! fair waiter either).
+//!
 //! # PgBouncer
 //!
 //! Session locks need a real server session: point `PgBackend` at
@@ -249,6 +331,7 @@
 mod announce;
 mod backend;
 mod deadlines;
+mod fair;
 mod holders;
 mod home;
 mod listen;
@@ -347,10 +430,16 @@ struct Inner {
     /// Where connections are driven and background work runs.
     home: Arc<Home>,
     connector: Connector,
+    /// The connector of fair sessions: TCP keepalives on (see `fair`).
+    fair_connector: Connector,
     options: PgOptions,
     quoted_schema: String,
     try_lock_sql: String,
     terminate_sql: String,
+    /// A fair waiter's statements ([`sql::FAIR_LOCK`],
+    /// [`sql::FAIR_LOCK_RECORDING`]), schema filled in.
+    fair_lock_sql: String,
+    fair_lock_recording_sql: String,
     /// The statements of identity records ([`holders`]), schema filled in.
     try_lock_recording_sql: String,
     unlock_recorded_sql: String,
@@ -379,6 +468,8 @@ struct Inner {
     keys: Mutex<HashMap<LockKey, Entry>>,
     deadlines: Arc<Deadlines>,
     waits: Waits,
+    /// Fair waiters, their handoff notices and their sessions.
+    fair: Arc<fair::Fair>,
     /// Hears acquisitions announced, for watches of free keys.
     listener: Listener,
     /// Paces the warnings of announcements that failed (see `announce`)
@@ -584,6 +675,8 @@ impl PgBackend {
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
+            fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),
+            fair_lock_recording_sql: sql::render(sql::FAIR_LOCK_RECORDING, &quoted_schema),
             try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
             unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
             delete_released_sql: sql::render(sql::DELETE_RELEASED, &quoted_schema),
@@ -604,11 +697,13 @@ impl PgBackend {
             keys: Mutex::default(),
             deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
             waits,
+            fair: fair::Fair::new(options.fair_sessions),
             listener,
             announce_warnings: WarningPace::new(announce::WARN_EVERY),
             rewrite_lock_warnings: WarningPace::new(holders::REWRITE_LOCK_WARN_EVERY),
             warned_other_schemas: AtomicBool::new(false),
             home,
+            fair_connector: connector.keeping_alive(options.liveness_interval),
             connector,
             options,
             quoted_schema,

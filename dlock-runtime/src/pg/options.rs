@@ -22,6 +22,7 @@ use std::time::Duration;
 pub struct PgOptions {
     pub(super) sessions: usize,
     pub(super) wait_sessions: usize,
+    pub(super) fair_sessions: usize,
     pub(super) schema: String,
     pub(super) key_seed: i64,
     pub(super) connect_timeout: Duration,
@@ -39,7 +40,8 @@ impl Default for PgOptions {
 }
 
 impl PgOptions {
-    /// Two lock sessions, up to four wait sessions, schema `dlock`, key
+    /// Two lock sessions, up to four wait sessions, up to 32 fair
+    /// sessions, schema `dlock`, key
     /// seed 0, a 5 s connect timeout, a liveness check every 2 s, a 15 s
     /// server idle timeout, libpq's TLS behaviour, no label of its own,
     /// and every acquisition's holder recorded.
@@ -47,6 +49,7 @@ impl PgOptions {
         Self {
             sessions: 2,
             wait_sessions: 4,
+            fair_sessions: 32,
             schema: DEFAULT_SCHEMA.to_owned(),
             key_seed: 0,
             connect_timeout: Duration::from_secs(5),
@@ -70,6 +73,20 @@ impl PgOptions {
     /// further waiters recheck once a second instead.
     pub fn wait_sessions(mut self, wait_sessions: usize) -> Self {
         self.wait_sessions = wait_sessions;
+        self
+    }
+
+    /// At most how many connections fair acquisitions
+    /// ([`LockOptions::fair`](crate::LockOptions::fair)) use at once (1 to
+    /// 1024): each fair waiter that queues waits in PostgreSQL's own queue
+    /// of the key on a connection of its own, and holds the key on it once
+    /// a release hands it over, until it releases it. Connections are kept
+    /// for the next fair waiter for 30 s after their last use. A fair
+    /// waiter that would need one more is answered an error, which the
+    /// acquisition rides out (retrying) while it may wait. See the
+    /// [module docs](super#fair-mode).
+    pub fn fair_sessions(mut self, fair_sessions: usize) -> Self {
+        self.fair_sessions = fair_sessions;
         self
     }
 
@@ -169,6 +186,12 @@ impl PgOptions {
             return bad(
                 "wait_sessions",
                 format!("{} is more than 64", self.wait_sessions),
+            );
+        }
+        if !(1..=1024).contains(&self.fair_sessions) {
+            return bad(
+                "fair_sessions",
+                format!("{} is not between 1 and 1024", self.fair_sessions),
             );
         }
         if self.liveness_interval < Duration::from_millis(100) {

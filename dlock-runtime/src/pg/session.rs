@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::task::{Poll, ready};
 use std::time::{Duration, SystemTime};
 
@@ -16,12 +16,13 @@ use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{
-    AsyncMessage, Client, Config, Connection, Notification, Row, SimpleQueryMessage, Statement,
-    ToStatement,
+    AsyncMessage, CancelToken, Client, Config, Connection, Notification, Row, SimpleQueryMessage,
+    Statement, ToStatement,
 };
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::announce::Announcements;
+use super::fair::FairTicket;
 use super::home::{Home, NoRuntime};
 use super::sql;
 use crate::backend::LossGroup;
@@ -131,6 +132,48 @@ impl Connector {
     /// The connect timeout.
     pub(super) fn connect_timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The same connector, whose connections have the kernel probe the
+    /// server every `every` once they are quiet (TCP keepalives: idle
+    /// `every`, then every `every`, given up after two probes without an
+    /// answer), unless the connection string set keepalives of its own.
+    /// For fair sessions, which send nothing while they wait in a key's
+    /// queue, so no liveness check can run on them then: a server gone
+    /// half-open ends the wait within about three times `every`, not the
+    /// kernel's two hours.
+    pub(super) fn keeping_alive(&self, every: Duration) -> Self {
+        let mut connector = self.clone();
+        let config = &mut connector.config;
+        let untouched = config.get_keepalives()
+            && config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60)
+            && config.get_keepalives_interval().is_none()
+            && config.get_keepalives_retries().is_none();
+        if untouched {
+            let every = every.max(Duration::from_secs(1));
+            config
+                .keepalives_idle(every)
+                .keepalives_interval(every)
+                .keepalives_retries(2);
+        }
+        connector
+    }
+
+    /// Asks the server to cancel the statement running on the session of
+    /// `token` (a connection of its own, which the server closes at once),
+    /// within the connect timeout. The server says nothing of the outcome.
+    pub(super) async fn cancel(&self, token: CancelToken) -> Result<(), Failure> {
+        match timeout(self.timeout, token.cancel_query(self.tls.clone())).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Failure::new(
+                format!("cannot send a cancel request to {}", self.target),
+                err,
+            )),
+            Err(_) => Err(Failure::msg(format!(
+                "cannot send a cancel request to {}: no answer within the connect timeout of {:?}",
+                self.target, self.timeout
+            ))),
+        }
     }
 
     /// Opens a connection and drives it in a task of its own. `on_end` gets
@@ -374,6 +417,14 @@ pub(super) struct LockSession {
     in_flight: Mutex<Flying>,
     /// Every lease on this session, lost together when it ends.
     loss: Arc<LossGroup>,
+    /// Set while a fair waiter's statement waits in a key's queue on this
+    /// session: the liveness check sends nothing then (a ping would queue
+    /// behind the wait and get no answer in time).
+    waiting: AtomicBool,
+    /// Set on a fair session (see the `fair` module): the session counts
+    /// against [`PgOptions::fair_sessions`](super::PgOptions::fair_sessions)
+    /// until it is dropped.
+    fair: OnceLock<FairTicket>,
 }
 
 /// Ends a session's [`LossGroup`] with the reason the connection gave, or,
@@ -500,7 +551,42 @@ impl LockSession {
             released: Mutex::default(),
             in_flight: Mutex::default(),
             loss,
+            waiting: AtomicBool::new(false),
+            fair: OnceLock::new(),
         }
+    }
+
+    /// Makes this a fair session, counted by `ticket` until it is dropped.
+    pub(super) fn make_fair(&self, ticket: FairTicket) {
+        let _ = self.fair.set(ticket);
+    }
+
+    /// True for a fair session (see the `fair` module).
+    pub(super) fn is_fair(&self) -> bool {
+        self.fair.get().is_some()
+    }
+
+    /// Marks whether a fair waiter's statement waits on this session (see
+    /// [`check_liveness`]).
+    pub(super) fn set_waiting(&self, waiting: bool) {
+        self.waiting.store(waiting, Ordering::Release);
+    }
+
+    fn is_waiting(&self) -> bool {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// True when no lease of this process holds a lock on this session.
+    pub(super) fn holds_nothing(&self) -> bool {
+        self.claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
+    /// What it takes to cancel the statement running on this session.
+    pub(super) fn cancel_token(&self) -> CancelToken {
+        self.client.cancel_token()
     }
 
     /// Records that a lease now holds `advisory_key` on this session; false
@@ -778,6 +864,11 @@ impl LockSession {
 /// while answers keep coming the session is alive however many wait.
 /// Holds the session weakly, so a dropped backend still closes its
 /// connections.
+///
+/// A fair session whose statement waits in a key's queue gets no ping:
+/// the ping would only be answered after the wait, however long. TCP
+/// keepalives watch it then (see [`Connector::keeping_alive`]), and a ping
+/// sent just before the wait began is not held against it.
 pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duration) {
     loop {
         sleep(interval).await;
@@ -786,6 +877,9 @@ pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duratio
         };
         if session.is_ended() {
             return;
+        }
+        if session.is_waiting() {
+            continue;
         }
         let mut answers = session.answers.load(Ordering::Relaxed);
         let ping = session.client.check_connection();
@@ -799,7 +893,7 @@ pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duratio
                 }
                 Err(_) => {
                     let now = session.answers.load(Ordering::Relaxed);
-                    if now == answers {
+                    if now == answers && !session.is_waiting() {
                         session.end(format!(
                             "no answer to a liveness check within {interval:?} \
                              (half-open connection?)"

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
+use super::fair::FairTicket;
 use super::session::{self, Failure, LockSession, SessionEnding};
 use super::{Inner, KIND, sql};
 use crate::backend::LossGroup;
@@ -75,6 +76,27 @@ impl Inner {
     }
 
     pub(super) async fn open_session(self: &Arc<Self>) -> Result<Arc<LockSession>, Failure> {
+        self.open_session_as(None).await
+    }
+
+    /// Opens a fair session (see the `fair` module), counted by `ticket`:
+    /// a lock session in all but its settings ([`sql::FAIR_SESSION_SETUP`],
+    /// [`sql::CLIENT_CONNECTION_CHECK`]) and its TCP keepalives, in no slot.
+    pub(super) async fn open_fair_session(
+        self: &Arc<Self>,
+        ticket: FairTicket,
+    ) -> Result<Arc<LockSession>, Failure> {
+        self.open_session_as(Some(ticket)).await
+    }
+
+    async fn open_session_as(
+        self: &Arc<Self>,
+        fair: Option<FairTicket>,
+    ) -> Result<Arc<LockSession>, Failure> {
+        let connector = match fair {
+            Some(_) => &self.fair_connector,
+            None => &self.connector,
+        };
         let id = self.next_session_id.fetch_add(1, Ordering::Relaxed);
         let (ended_tx, ended) = watch::channel(None);
         let (kill, killed) = oneshot::channel();
@@ -82,8 +104,7 @@ impl Inner {
         let loss = LossGroup::new();
         let pid_known = Arc::new(AtomicI32::new(0));
         let ending = SessionEnding::new(Arc::clone(&loss), Arc::clone(&pid_known));
-        let mut client = self
-            .connector
+        let mut client = connector
             .open(self.lock_timeout(), killed, move |why| {
                 ended_tx.send_replace(Some(why.clone()));
                 ending.end(&why);
@@ -105,6 +126,9 @@ impl Inner {
                 .await?;
             let pid: i32 = row.try_get(0)?;
             let started: Option<SystemTime> = row.try_get(1)?;
+            if fair.is_some() {
+                client.query_one(sql::FAIR_SESSION_SETUP, &[]).await?;
+            }
             let try_lock = client.prepare(&self.try_lock_sql).await?;
             let unlock = client.prepare(sql::UNLOCK).await?;
             Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock))
@@ -113,6 +137,19 @@ impl Inner {
             .await
             .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
         pid_known.store(pid, Ordering::Release);
+        if fair.is_some() {
+            let every = self.options.liveness_interval.as_millis().to_string();
+            if let Err(err) = client
+                .query_one(sql::CLIENT_CONNECTION_CHECK, &[&every])
+                .await
+            {
+                tracing::debug!(
+                    error = %err,
+                    "the server does not check a fair session's connection while it waits: \
+                     a fair waiter that dies leaves the queue when the key reaches it"
+                );
+            }
+        }
         let session = Arc::new(LockSession::new(
             id,
             (pid, started),
@@ -122,6 +159,9 @@ impl Inner {
             kill,
             loss,
         ));
+        if let Some(ticket) = fair {
+            session.make_fair(ticket);
+        }
         self.home.spawn(session::check_liveness(
             Arc::downgrade(&session),
             self.options.liveness_interval,

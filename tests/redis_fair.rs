@@ -593,7 +593,7 @@ async fn a_handoff_notice_subscribes_again_after_its_connection_breaks() {
         .await
         .expect("join");
     assert!(matches!(answer, Attempt::Held { .. }), "{answer:?}");
-    let channel = format!("dlock:{{{key}}}:handoff:{waiter}");
+    let channel = format!("dlock:{{{key}}}:handoff");
     let subscribers = |server: &RedisServer| {
         server
             .cli(&["PUBSUB", "NUMSUB", &channel])
@@ -695,4 +695,94 @@ async fn fair_mode_needs_no_command_beyond_the_least_privilege_acl() {
             .unwrap_or_else(|err| panic!("{err}; refused: {:?}", refused()));
     }
     assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_that_expired_joins_again_at_the_end_and_the_queue_outlives_every_live_entry() {
+    let backend = backend().await;
+    let mut conn = raw().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-expiry");
+    let ttl = Duration::from_secs(30);
+    let holder = OwnerId::random().expect("id");
+    backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, ttl))
+        .await
+        .expect("acquire");
+    let queue_as = |owner: OwnerId, entry_ttl: Duration| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let answer = backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl).with_queue(join(entry_ttl)))
+                .await
+                .expect("join");
+            assert!(matches!(answer, Attempt::Held { .. }), "{answer:?}");
+        }
+    };
+    let short = Duration::from_millis(300);
+    let (a, b, c) = (
+        OwnerId::random().expect("id"),
+        OwnerId::random().expect("id"),
+        OwnerId::random().expect("id"),
+    );
+    queue_as(a, short).await;
+    queue_as(b, QUEUE_ENTRY_TTL).await;
+    // A short entry joining last must not shorten the queue's life below
+    // the longer entry ahead of it.
+    queue_as(c, short).await;
+    let left = pttl(&mut conn, &queue_name(&key)).await;
+    assert!(
+        left > i64::try_from(short.as_millis()).expect("ms"),
+        "the queue lives as long as its longest-lived entry, not {left} ms"
+    );
+    tokio::time::sleep(short + Duration::from_millis(100)).await;
+    // `a`'s entry expired: its next attempt joins at the end, behind `b`;
+    // `b`'s refresh keeps its place.
+    queue_as(a, QUEUE_ENTRY_TTL).await;
+    queue_as(b, QUEUE_ENTRY_TTL).await;
+    let order = queued(&mut conn, &key).await;
+    let (a, b, c) = (a.to_string(), b.to_string(), c.to_string());
+    // `c` expired too, behind `b`: it stays until it comes first.
+    assert_eq!(
+        order,
+        vec![b.clone(), c, a.clone()],
+        "an expired entry lost its place, and joined again at the end"
+    );
+    // The release hands the key to `b`, the first live entry.
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &holder))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let value: String = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:lock"))
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(value, format!("{b}+"), "the first live entry holds the key");
+    // `b`'s release skips the expired `c`, behind it until now, for `a`.
+    let b: OwnerId = OwnerId::parse_hex(&b).expect("owner id");
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &b))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let value: String = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:lock"))
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(value, format!("{a}+"), "the next live entry holds the key");
+    assert!(
+        queued(&mut conn, &key).await.is_empty(),
+        "the expired entry was dropped as it came first"
+    );
+    let a: OwnerId = OwnerId::parse_hex(&a).expect("owner id");
+    backend
+        .release(&ReleaseRequest::new(&key, &a))
+        .await
+        .expect("release");
 }

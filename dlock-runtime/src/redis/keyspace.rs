@@ -10,7 +10,7 @@
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //! | `dlock:{T}:queue` | string, with the `PX` of its latest entry | only while fair waiters queue: one line per waiter in arrival order, its owner id, the server time in ms its entry dies at unless refreshed, the ttl it asked for and its holder record (see the scripts) |
-//! | `dlock:{T}:handoff:<owner id>` | pub/sub channel | the one message a release sends a fair waiter it hands the key to: `<token> <ms the lease lasts>` |
+//! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
 //!
 //! `{T}` is a Redis Cluster hash tag: all the keys hash to the same slot, so
 //! the scripts that touch both are valid on a cluster. Encoding the braces
@@ -125,13 +125,11 @@ pub(crate) fn queue_name(key: &LockKey) -> String {
     name(&hash_tag(key.as_str()), "queue")
 }
 
-/// The channel a release that hands `key` to the fair waiter `owner_hex`
-/// (its owner id's 32 hex digits) publishes the grant on. The release
-/// script builds the same name from the lock name and the queued owner id.
-pub(crate) fn handoff_channel(key: &LockKey, owner_hex: &[u8; 32]) -> String {
-    let mut channel = name(&hash_tag(key.as_str()), "handoff:");
-    channel.extend(owner_hex.iter().map(|&digit| char::from(digit)));
-    channel
+/// The channel a release that hands `key` to a fair waiter publishes the
+/// grant on, addressed to the waiter's owner id. The release script builds
+/// the same name from the lock name.
+pub(crate) fn handoff_channel(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "handoff")
 }
 
 /// The holder record's name: built only for an acquisition with an
@@ -245,20 +243,13 @@ mod tests {
                 (&names.lock, &names.info, &names.fence)
             );
             assert_eq!(queue, queue_name(&lock_key));
-            let owner = *b"0123456789abcdef0123456789abcdef";
-            let channel = handoff_channel(&lock_key, &owner);
+            let channel = handoff_channel(&lock_key);
             for name in [&queue, &channel] {
                 assert_eq!(cluster_hash_part(name), cluster_hash_part(&lock), "{key:?}");
             }
-            // The scripts publish on `string.sub(lock, 1, -5) .. 'handoff:' .. owner`.
+            // The scripts publish on `string.sub(lock, 1, -5) .. 'handoff'`.
             let stem = lock.strip_suffix("lock").expect("ends in lock");
-            assert_eq!(
-                format!(
-                    "{stem}handoff:{}",
-                    std::str::from_utf8(&owner).expect("hex")
-                ),
-                channel
-            );
+            assert_eq!(format!("{stem}handoff"), channel);
             // Neither is a lock name: a listing never reads one as a held key.
             assert_eq!(key_of_lock_name(&queue), None);
             assert_eq!(key_of_lock_name(&channel), None);

@@ -43,7 +43,7 @@
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
 //! | `dlock:{T}:queue` | string with the `PX` of its latest entry | only while fair waiters queue: one line per waiter, in arrival order (see [Fair mode](#fair-mode)) |
-//! | `dlock:{T}:handoff:<owner id>` | pub/sub channel | a fair waiter's own: the token of the key a release handed it, and how long that lease lasts |
+//! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
 //!
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
 //! the scripts are valid on a cluster. Fence keys are small and kept
@@ -77,9 +77,10 @@
 //! - **A release hands over** in its own script: when the value is marked
 //!   `+` and an entry is alive (by the server's clock), the key becomes
 //!   that waiter's, with a token drawn as an acquisition draws it and its
-//!   holder info written, and the token goes out on the waiter's own
-//!   channel, which it subscribed on the shared pub/sub connection before
-//!   queueing. The lease lasts the smaller of the ttl the waiter asked for
+//!   holder info written, and the token goes out, addressed to the
+//!   waiter, on the key's handoff channel, which the waiter's process
+//!   subscribed on its shared pub/sub connection before the waiter queued
+//!   (once per key, however many of its waiters queue). The lease lasts the smaller of the ttl the waiter asked for
 //!   and what was left of its entry's life (the grant says so,
 //!   [`Grant::valid_for`]): Redis cannot see a waiter die, so a key
 //!   handed to a killed waiter comes back when its entry would have died,
@@ -603,8 +604,9 @@ fn read_holding(reply: &Value) -> Option<Option<Holding>> {
     }))
 }
 
-/// The grant a release published on a fair waiter's handoff channel:
-/// `<token> <ms the lease lasts>`; `None` for a message of another shape.
+/// The grant a release published on the key's handoff channel for this
+/// waiter (after its owner id): `<token> <ms the lease lasts>`; `None` for
+/// a message of another shape.
 fn read_handoff(message: &[u8]) -> Option<Grant> {
     let (token, valid_for) = std::str::from_utf8(message).ok()?.split_once(' ')?;
     let token = token.parse::<u64>().ok().filter(|token| *token > 0)?;
@@ -841,11 +843,14 @@ impl Backend for RedisBackend {
         true
     }
 
-    /// Subscribes to `owner`'s handoff channel on the pub/sub connection
-    /// that serves release notices, confirmed before this returns. The
-    /// notice resolves with the token and the lease's length the release
-    /// published; it subscribes again by itself when the connection breaks,
-    /// and unsubscribes when dropped. Should pub/sub be unavailable, the
+    /// Follows the key's handoff channel on the pub/sub connection that
+    /// serves release notices (subscribed once per key while fair waiters
+    /// of this process wait on it, confirmed before this returns), with a
+    /// mailbox for `owner`. The notice resolves with the token and the
+    /// lease's length a release published for `owner`; it subscribes again
+    /// by itself when the connection breaks, and gives its mailbox (and,
+    /// for the last waiter of the key, the subscription) back when
+    /// dropped. Should pub/sub be unavailable, the
     /// notice is returned all the same and keeps trying to subscribe: the
     /// waiter's periodic attempt finds a key handed to it meanwhile its own
     /// (rule 3).
@@ -854,8 +859,12 @@ impl Backend for RedisBackend {
         key: &LockKey,
         owner: &OwnerId,
     ) -> Result<Handoff, LockError> {
-        let channel = keyspace::handoff_channel(key, &owner.to_hex());
-        let (wait, failure) = self.inner.subscriber.handoff(&channel, read_handoff).await;
+        let channel = keyspace::handoff_channel(key);
+        let (wait, failure) = self
+            .inner
+            .subscriber
+            .handoff(&channel, owner.to_hex(), read_handoff)
+            .await;
         if let Some(err) = failure {
             tracing::warn!(
                 key = %key,

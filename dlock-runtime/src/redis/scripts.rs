@@ -70,22 +70,33 @@ return redis.call('GET', KEYS[2])
 /// in ms, and [`crate::HolderInfo::encode`]'s record, which holds no
 /// newline). Strings only, so the commands are the ones a lock already
 /// needs (the least-privilege ACL is unchanged): `GET`, `SET`, `DEL`,
-/// `INCR`, `TIME`, `PUBLISH`. The string's own `PX` is its latest entry's
-/// expiry, so an abandoned queue goes away by itself.
+/// `PTTL`, `INCR`, `TIME`, `PUBLISH`. The string's own `PX` is never
+/// shorter than its longest-lived entry's, so an abandoned queue goes away
+/// by itself.
+///
+/// The scripts never take the queue apart: they look at its first lines
+/// (expired ones, which they drop, and the first live one), find an
+/// owner's line with a plain search, and cut and join the rest as whole
+/// strings, so a step costs a few Lua operations however many wait (the
+/// copying is Redis's C). An entry that expires behind a live one stays
+/// until it comes first, and is dropped then.
 ///
 /// - `server_time()`: the server clock as the µs text tokens are drawn
 ///   from, and in whole ms.
-/// - `queued(text, now)`: the live entries of a queue's text, in order,
-///   as `{owner, expiry (a number), ttl, record}`; expired ones (and any
-///   line of another shape) are left out.
-/// - `store(queue, live, now)`: writes the entries back (`DEL` when none).
+/// - `first_live(text, now)`: the first live entry of a queue's text, as
+///   `{owner, expiry (a number), ttl, record}`, and the offsets where its
+///   line starts and where the next one does (everything before it has
+///   expired); `nil` and the queue's end when nobody live is first (a line
+///   of another shape ends the queue).
+/// - `write(queue, text, life)`: stores the queue's new text (`DEL` when
+///   empty), keeping its `PX`, or stretching it to at least `life` ms for
+///   an entry that was just written.
 /// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
 ///   (the fast path when the clock is above the last token, else `INCR`
 ///   with the clock as its floor); `nil` when the counter cannot rise.
-/// - `hand_over(live, clock, now, lock, fence, info)`: gives the free key
-///   to the first live entry (see [`RELEASE_LUA`]) and takes it off
-///   `live`; the lease's ms, or `nil` when nobody is queued or the counter
-///   cannot rise (the key is then left free).
+/// - `hand_over(entry, clock, now, lock, fence, info)`: gives the free key
+///   to `entry` (see [`RELEASE_LUA`]); the lease's ms, or `nil` when the
+///   counter cannot rise (the key is then left free).
 /// - `leave(queue, text, owner)`: removes `owner`'s entry, if any.
 macro_rules! queue_lua {
     () => {
@@ -98,32 +109,29 @@ local function server_time()
   end
   return now[1] .. micros, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
-local function queued(text, now)
-  local live, at = {}, 1
+local function first_live(text, now)
+  local at = 1
   while true do
     local owner, expiry, ttl, record, stop =
       string.match(text, '^(%x+) (%d+) (%d+) ([^\n]*)\n()', at)
-    if not owner then
-      return live
+    if not owner or #owner ~= 32 then
+      return nil, #text + 1
     end
     expiry = tonumber(expiry)
-    if #owner == 32 and expiry > now then
-      live[#live + 1] = {owner, expiry, ttl, record}
+    if expiry > now then
+      return {owner, expiry, ttl, record}, at, stop
     end
     at = stop
   end
 end
-local function store(queue, live, now)
-  if #live == 0 then
+local function write(queue, text, life)
+  if text == '' then
     redis.call('DEL', queue)
-    return
+  elseif life then
+    redis.call('SET', queue, text, 'PX', math.max(redis.call('PTTL', queue), life))
+  else
+    redis.call('SET', queue, text, 'KEEPTTL')
   end
-  local lines, last = {}, now
-  for i, entry in ipairs(live) do
-    lines[i] = entry[1] .. ' ' .. entry[2] .. ' ' .. entry[3] .. ' ' .. entry[4] .. '\n'
-    last = math.max(last, entry[2])
-  end
-  redis.call('SET', queue, table.concat(lines), 'PX', last - now)
 end
 local function draw(fence, clock)
   local last = redis.pcall('SET', fence, clock, 'GET')
@@ -143,24 +151,19 @@ local function draw(fence, clock)
   end
   return redis.call('GET', fence)
 end
-local function hand_over(live, clock, now, lock, fence, info)
-  local first = live[1]
-  if not first then
-    return nil
+local function hand_over(entry, clock, now, lock, fence, info)
+  local px = entry[3]
+  if tonumber(px) > entry[2] - now then
+    px = tostring(entry[2] - now)
   end
-  local px = first[3]
-  if tonumber(px) > first[2] - now then
-    px = tostring(first[2] - now)
-  end
-  redis.call('SET', lock, first[1] .. '+', 'PX', px)
-  redis.call('SET', info, first[1] .. ' ' .. clock .. ' ' .. first[4], 'PX', px)
+  redis.call('SET', lock, entry[1] .. '+', 'PX', px)
+  redis.call('SET', info, entry[1] .. ' ' .. clock .. ' ' .. entry[4], 'PX', px)
   local token = draw(fence, clock)
   if not token then
     redis.call('DEL', lock, info)
     return nil
   end
-  table.remove(live, 1)
-  redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff:' .. first[1], token .. ' ' .. px)
+  redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
   return px
 end
 local function leave(queue, text, owner)
@@ -169,12 +172,7 @@ local function leave(queue, text, owner)
     return
   end
   local stop = string.find(text, '\n', at, true) or #text
-  local rest = string.sub(text, 1, at - 1) .. string.sub(text, stop + 1)
-  if rest == '' then
-    redis.call('DEL', queue)
-  else
-    redis.call('SET', queue, rest, 'KEEPTTL')
-  end
+  write(queue, string.sub(text, 1, at - 1) .. string.sub(text, stop + 1))
 end
 "
     };
@@ -302,8 +300,8 @@ return 0
 /// clock) gets the key in this same step, as an acquisition would have
 /// taken it: the lock set to its owner id, its holder info written, its
 /// token drawn exactly as [`ACQUIRE_LUA`] draws one (clock floor, `INCR`
-/// path), and the token published on that waiter's own channel
-/// (`dlock:{T}:handoff:<owner id>`) as `<token> <ms>`: the lease lasts
+/// path), and the token published on the key's handoff channel
+/// (`dlock:{T}:handoff`) as `<owner id> <token> <ms>`: the lease lasts
 /// `<ms>`, the smaller of the ttl its attempt asked for and what was left
 /// of its entry's life, so a handoff to a waiter that died while queued
 /// ends when its entry would have (`Grant::valid_for`). The new value
@@ -333,11 +331,13 @@ if type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
   if text ~= '' then
     local clock, now = server_time()
-    local live = queued(text, now)
-    local handed = hand_over(live, clock, now, KEYS[1], KEYS[4], KEYS[2])
-    store(KEYS[3], live, now)
-    if handed then
+    local entry, start, stop = first_live(text, now)
+    if entry and hand_over(entry, clock, now, KEYS[1], KEYS[4], KEYS[2]) then
+      write(KEYS[3], string.sub(text, stop))
       return 1
+    end
+    if start > 1 then
+      write(KEYS[3], string.sub(text, start))
     end
   end
   redis.call('DEL', KEYS[1], KEYS[2])
@@ -425,33 +425,38 @@ pub(super) const FAIR_ACQUIRE_LUA: &str = concat!(
     "end\n",
     queue_lua!(),
     r"
-local function join(live, owner, expiry)
-  local entry = {owner, expiry, ARGV[2], ARGV[3]}
-  for i, queued in ipairs(live) do
-    if queued[1] == owner then
-      live[i] = entry
-      return
-    end
+local function joined(text, owner, now)
+  local expiry = now + tonumber(ARGV[4])
+  local line = owner .. ' ' .. expiry .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. '\n'
+  local at = string.find('\n' .. text, '\n' .. owner .. ' ', 1, true)
+  if not at then
+    return text .. line
   end
-  live[#live + 1] = entry
+  local stop = string.find(text, '\n', at, true) or #text
+  local before, after = string.sub(text, 1, at - 1), string.sub(text, stop + 1)
+  local old = tonumber(string.match(text, '^%x+ (%d+)', at))
+  if old and old > now then
+    return before .. line .. after
+  end
+  return before .. after .. line
 end
 local owner = string.sub(ARGV[1], 1, 32)
-local joining = ARGV[4] ~= ''
-local text = redis.pcall('GET', KEYS[4])
-if type(text) ~= 'string' then
-  text = ''
-end
+local life = ARGV[4] ~= '' and tonumber(ARGV[4])
 if not redis.pcall('GET', KEYS[1]) then
+  local text = redis.pcall('GET', KEYS[4])
+  if type(text) ~= 'string' then
+    text = ''
+  end
   local clock, now = server_time()
-  local live = queued(text, now)
-  local first = live[1]
-  if first and (not joining or first[1] ~= owner) then
-    local handed = hand_over(live, clock, now, KEYS[1], KEYS[2], KEYS[3])
-    if joining then
-      join(live, owner, now + tonumber(ARGV[4]))
+  local entry, start, stop = first_live(text, now)
+  if entry and (not life or entry[1] ~= owner) then
+    local handed = hand_over(entry, clock, now, KEYS[1], KEYS[2], KEYS[3])
+    local rest = string.sub(text, handed and stop or start)
+    if life then
+      rest = joined(rest, owner, now)
     end
-    if handed or joining then
-      store(KEYS[4], live, now)
+    if rest ~= text then
+      write(KEYS[4], rest, life)
     end
     if handed then
       return tonumber(handed)
@@ -459,14 +464,10 @@ if not redis.pcall('GET', KEYS[1]) then
     return -1
   end
   local reply = take()
-  if type(reply) == 'string' then
-    if first then
-      table.remove(live, 1)
-    end
-    if text ~= '' then
-      store(KEYS[4], live, now)
-    end
-    if #live > 0 then
+  if type(reply) == 'string' and text ~= '' then
+    local rest = entry and string.sub(text, stop) or ''
+    write(KEYS[4], rest)
+    if rest ~= '' then
       redis.call('SETRANGE', KEYS[1], 32, '+')
     end
   end
@@ -474,14 +475,17 @@ if not redis.pcall('GET', KEYS[1]) then
 end
 local reply = take()
 if type(reply) == 'string' then
-  if text ~= '' then
+  local text = redis.pcall('GET', KEYS[4])
+  if type(text) == 'string' and text ~= '' then
     leave(KEYS[4], text, owner)
   end
-elseif joining and not (type(reply) == 'table' and reply.err) then
+elseif life and not (type(reply) == 'table' and reply.err) then
+  local text = redis.pcall('GET', KEYS[4])
+  if type(text) ~= 'string' then
+    text = ''
+  end
   local _, now = server_time()
-  local live = queued(text, now)
-  join(live, owner, now + tonumber(ARGV[4]))
-  store(KEYS[4], live, now)
+  write(KEYS[4], joined(text, owner, now), life)
 end
 return reply
 "

@@ -10,11 +10,13 @@
 //! the connection breaks, every waiter is woken (to retry at once) and the
 //! next subscription opens a new connection.
 //!
-//! A fair waiter's handoff notice ([`Subscriber::handoff`]) follows a
-//! channel of its own and resolves with the message on it (the grant a
-//! release handed over), not with a wake-up. It cannot be woken to look
-//! again, so when the connection breaks it subscribes again by itself, on
-//! a new connection, for as long as it lives.
+//! A fair waiter's handoff notice ([`Subscriber::handoff`]) resolves with
+//! a message, not with a wake-up: the key's handoff channel is subscribed
+//! once however many fair waiters of the process wait on it, and each
+//! message, which names the owner it hands the key to, goes to that
+//! owner's mailbox alone. A notice cannot be woken to look again, so when
+//! the connection breaks it subscribes again by itself, on a new
+//! connection, for as long as it lives.
 //!
 //! A connection can also go silent without breaking (a NAT or load
 //! balancer that forgot it, a peer that lost power): its socket stays open
@@ -86,11 +88,17 @@ struct Channel {
     /// Bumped on every message: wakes every holder watch, which, unlike a
     /// waiter, cannot pass a wake-up on and must hear each one.
     heard: watch::Sender<u64>,
-    /// The latest message, kept only while a handoff notice listens.
-    message: watch::Sender<Option<Arc<[u8]>>>,
+    /// The fair waiters' mailboxes, by owner id (32 hex digits): a message
+    /// that starts with one (and a space) is put in its mailbox, the rest
+    /// of it.
+    mailboxes: HashMap<[u8; 32], Mailbox>,
     /// The waiters in the order they subscribed; a message wakes the first.
     queue: VecDeque<Arc<Ticket>>,
 }
+
+/// Where a fair waiter's handoff message is put: the latest one
+/// addressed to it, after its owner id.
+type Mailbox = watch::Sender<Option<Arc<[u8]>>>;
 
 /// One waiter's place in its channel's queue.
 #[derive(Default)]
@@ -109,7 +117,7 @@ impl Channel {
             confirmed_in: None,
             wake: watch::channel(0).0,
             heard: watch::channel(0).0,
-            message: watch::channel(None).0,
+            mailboxes: HashMap::new(),
             queue: VecDeque::new(),
         }
     }
@@ -148,6 +156,8 @@ struct Interest {
     shared: Arc<Shared>,
     channel: String,
     ticket: Arc<Ticket>,
+    /// The owner whose mailbox to take away too (a handoff notice's).
+    mailbox: Option<[u8; 32]>,
 }
 
 impl Drop for Interest {
@@ -156,6 +166,9 @@ impl Drop for Interest {
             let mut channels = self.shared.channels();
             match channels.by_name.get_mut(&self.channel) {
                 Some(channel) => {
+                    if let Some(owner) = &self.mailbox {
+                        channel.mailboxes.remove(owner);
+                    }
                     let before = channel.queue.len();
                     channel.queue.retain(|t| !Arc::ptr_eq(t, &self.ticket));
                     // Woken but gone without trying: the wake-up is not lost.
@@ -223,20 +236,26 @@ impl Subscriber {
     }
 
     /// A notice that resolves with the first message on `channel` after
-    /// this returns that `read` accepts: a fair waiter's handoff, whoever
-    /// else listens. When the connection breaks, or could not be opened to
-    /// begin with, the notice subscribes again by itself (on a new
-    /// connection, trying every [`CONNECT_BACKOFF`] at most) for as long as
-    /// it lives; a message sent while it was not subscribed is lost. The
-    /// error, if the first subscription failed (the notice is returned all
-    /// the same, and keeps trying).
+    /// this returns that is addressed to `owner` (it starts with its 32 hex
+    /// digits and a space) and that `read` accepts (given the rest): a fair
+    /// waiter's handoff. When the connection breaks, or could not be
+    /// opened to begin with, the notice subscribes again by itself (on a
+    /// new connection, trying every [`CONNECT_BACKOFF`] at most) for as
+    /// long as it lives; a message sent while it was not subscribed is
+    /// lost. The error, if the first subscription failed (the notice is
+    /// returned all the same, and keeps trying).
     pub(crate) async fn handoff<T: Send + 'static>(
         &self,
         channel: &str,
+        owner: [u8; 32],
         read: impl Fn(&[u8]) -> Option<T> + Send + 'static,
     ) -> (impl Future<Output = T> + Send + 'static, Option<RedisError>) {
-        let (interest, mut wake) = self.enroll(channel, None);
-        let mut message = self.shared.channels().by_name[channel].message.subscribe();
+        let (mut interest, mut wake) = self.enroll(channel, None);
+        let (mailbox, mut message) = watch::channel(None);
+        if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
+            entry.mailboxes.insert(owner, mailbox);
+        }
+        interest.mailbox = Some(owner);
         let limit = self.confirm_limit();
         let failure = match timeout(limit, self.shared.confirm(channel)).await {
             Ok(Ok(())) => None,
@@ -261,7 +280,7 @@ impl Subscriber {
                 tokio::select! {
                     changed = message.changed() => {
                         if changed.is_err() {
-                            // The subscriber is gone: nothing will come.
+                            // Its mailbox is gone: nothing will come.
                             return std::future::pending().await;
                         }
                         let latest = message.borrow_and_update().clone();
@@ -306,6 +325,7 @@ impl Subscriber {
             shared: Arc::clone(&self.shared),
             channel: channel.to_owned(),
             ticket: ticket.map_or_else(|| Arc::new(Ticket::default()), Arc::clone),
+            mailbox: None,
         };
         (interest, wake)
     }
@@ -663,10 +683,14 @@ async fn read(
         if let Some(channel) = channels.by_name.get_mut(message.get_channel_name()) {
             channel.wake_one();
             channel.heard.send_modify(|n| *n = n.wrapping_add(1));
-            if channel.message.receiver_count() > 0 {
-                channel
-                    .message
-                    .send_replace(Some(message.get_payload_bytes().into()));
+            if !channel.mailboxes.is_empty() {
+                let payload = message.get_payload_bytes();
+                if let (Some(owner), Some(b' ')) = (payload.get(..32), payload.get(32))
+                    && let Ok(owner) = <[u8; 32]>::try_from(owner)
+                    && let Some(mailbox) = channel.mailboxes.get(&owner)
+                {
+                    mailbox.send_replace(Some(payload[33..].into()));
+                }
             }
         }
     }

@@ -567,7 +567,8 @@ async fn a_release_by_a_replica_before_fair_mode_lets_the_first_fair_waiter_take
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_handoff_notice_subscribes_again_after_its_connection_breaks() {
+async fn a_handoff_notice_subscribes_again_after_its_connection_breaks_and_unsubscribes_when_done()
+{
     let server = RedisServer::start(&[]);
     let backend: Arc<dyn Backend> = Arc::new(
         RedisBackend::connect(&server.url())
@@ -624,6 +625,14 @@ async fn a_handoff_notice_subscribes_again_after_its_connection_breaks() {
         .expect("task");
     let holding = backend.holder(&key).await.expect("holder").expect("held");
     assert_eq!(holding.token, Some(grant.token));
+    // The notice is gone with its grant, and the key's last fair waiter
+    // with it: the channel is given back.
+    within(10, "the handoff channel is unsubscribed", async {
+        while subscribers(&server) != "0" {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -482,7 +482,7 @@ async fn take_fair(
 }
 
 /// A handed-over lease that the store keeps for less than the ttl until
-/// its first renewal ([`Grant::valid_for`]) is renewed at once by the
+/// its first renewal ([`Grant::valid_for`]) is renewed a third of the way into it by the
 /// renewal scheduler; one that is not renewed in the background
 /// ([`crate::LockOptions::renew`] off) is extended here, once, so that it
 /// lasts the ttl it asked for. Should that fail, the lease keeps its short

@@ -749,12 +749,11 @@ fn start(
 ) -> Lease {
     let sent = hold.sent;
     // A handed-over lease the store keeps for less than the ttl until its
-    // first renewal is valid that long (and renewed at once, as its
-    // first renewal falls due at once).
-    let valid_until = sent
-        + grant
-            .valid_for
-            .map_or(terms.ttl, |for_| for_.min(terms.ttl));
+    // first renewal is valid that long, and renewed a third of the way in.
+    let valid = grant
+        .valid_for
+        .map_or(terms.ttl, |valid_for| valid_for.min(terms.ttl));
+    let valid_until = sent + valid;
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
@@ -772,6 +771,7 @@ fn start(
         &runtime,
         Arc::clone(&shared),
         valid_until,
+        valid,
         terms.ttl,
         terms.renew,
     );

@@ -146,12 +146,15 @@ impl Registration {
     }
 }
 
-/// Hands a fresh lease to its backend's scheduler on `runtime`: renewed
-/// every third of `ttl` if `renew`, lost at `valid_until` unless renewed.
+/// Hands a fresh lease to its backend's scheduler on `runtime`: valid for
+/// `valid` (the ttl, or less for a handed-over lease) until `valid_until`,
+/// renewed a third of the way into that, then every third of `ttl`, if
+/// `renew`; lost at `valid_until` unless renewed.
 pub(super) fn register(
     runtime: &Handle,
     shared: Arc<Shared>,
     valid_until: Instant,
+    valid: Duration,
     ttl: Duration,
     renew: bool,
 ) -> Registration {
@@ -185,11 +188,11 @@ pub(super) fn register(
     let mut schedule = renewer.schedule();
     let id = schedule.next_id;
     schedule.next_id += 1;
-    // A third of the ttl into the lease; at once for a handed-over lease
-    // valid for less than that (`Grant::valid_for`).
+    // A third of the way into the lease's first validity: the ttl's, or a
+    // handed-over lease's shorter one (`Grant::valid_for`).
     let next_renewal = renew.then(|| {
         valid_until
-            .checked_sub(ttl - ttl / 3)
+            .checked_sub(valid - valid / 3)
             .unwrap_or_else(Instant::now)
     });
     let _ = shared.renewal.set((Arc::downgrade(&renewer), id));

@@ -2,8 +2,8 @@
 //! (which `tests/redis.rs` and `tests/redis_cluster.rs` run): the queue as
 //! the server keeps it, a fair waiter killed while queued, the lease and
 //! token a handoff gives, a release by a replica on the dlock before fair
-//! mode, and a handoff notice that lives through a broken pub/sub
-//! connection.
+//! mode, a handoff notice that lives through a broken pub/sub
+//! connection, and waiters kept alive without their queue being rewritten.
 
 mod redis_support;
 mod support;
@@ -794,4 +794,69 @@ async fn an_entry_that_expired_joins_again_at_the_end_and_the_queue_outlives_eve
         .release(&ReleaseRequest::new(&key, &a))
         .await
         .expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_waiters_stay_alive_past_their_entry_life_without_the_queue_being_rewritten() {
+    const WAITERS: usize = 40;
+    let backend = backend().await;
+    let mut conn = raw().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-refresh");
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let mut tasks = Vec::new();
+    for _ in 0..WAITERS {
+        let (backend, waited) = (backend.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let lease = LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(30))
+                .fair(true)
+                .acquire_on(backend, &waited)
+                .await
+                .expect("a fair waiter is served");
+            let token = lease.token();
+            lease.release().await.expect("release");
+            token
+        }));
+    }
+    let owners = until_queued(&mut conn, &key, WAITERS).await;
+    let read_queue = |mut conn: MultiplexedConnection| {
+        let name = queue_name(&key);
+        async move {
+            let text: Vec<u8> = redis::cmd("GET")
+                .arg(name)
+                .query_async(&mut conn)
+                .await
+                .expect("GET queue");
+            text
+        }
+    };
+    let before = read_queue(conn.clone()).await;
+    // Longer than an entry lives: every waiter refreshed its entry (one
+    // attempt a second), or it would be dead by now.
+    tokio::time::sleep(QUEUE_ENTRY_TTL + Duration::from_millis(500)).await;
+    let after = read_queue(conn.clone()).await;
+    assert_eq!(
+        String::from_utf8_lossy(&after),
+        String::from_utf8_lossy(&before),
+        "refreshing an entry rewrote the queue"
+    );
+    for owner in &owners {
+        let alive = pttl(&mut conn, &format!("dlock:{{{key}}}:waiter:{owner}")).await;
+        assert!(alive > 0, "{owner}'s entry is alive: PTTL {alive}");
+    }
+    // Every entry is still live, so every waiter is served through handoffs.
+    let mut previous = holder.token();
+    holder.release().await.expect("release");
+    let mut tokens = Vec::new();
+    for task in tasks {
+        tokens.push(within(20, "the fair waiters", task).await.expect("task"));
+    }
+    tokens.sort();
+    for token in tokens {
+        assert!(token > previous, "{token} after {previous}");
+        previous = token;
+    }
 }

@@ -9,7 +9,8 @@
 //! | `dlock:{T}:info` | string, with the lock's `PX` expiry | who took the lock: its owner id (32 hex digits), the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]), space-separated; written by every acquisition, stretched by every renewal and deleted by the release, together with the lock; read only while that owner holds the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
-//! | `dlock:{T}:queue` | string, with the `PX` of its latest entry | only while fair waiters queue: one line per waiter in arrival order, its owner id, the server time in ms its entry dies at unless refreshed, the ttl it asked for and its holder record (see the scripts) |
+//! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
+//! | `dlock:{T}:waiter:<owner id>` | string, with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl its attempt asked for (ms) and its holder record; refreshed by the waiter's attempts, deleted by the handoff to it or its leaving |
 //! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
 //!
 //! `{T}` is a Redis Cluster hash tag: all the keys hash to the same slot, so
@@ -28,6 +29,7 @@
 use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use crate::backend::OwnerId;
 use crate::key::LockKey;
 
 /// The Redis names of one lock key.
@@ -119,10 +121,16 @@ pub(crate) fn release_names(key: &LockKey) -> [String; 4] {
     ]
 }
 
-/// The name of `key`'s queue of fair waiters: built only for a fair
-/// attempt (and by [`release_names`]).
-pub(crate) fn queue_name(key: &LockKey) -> String {
-    name(&hash_tag(key.as_str()), "queue")
+/// The queue's and `owner`'s entry key's names (`dlock:{T}:queue`,
+/// `dlock:{T}:waiter:<owner id>`), all a fair attempt adds to a plain
+/// one's: built only for a fair attempt (the release names the queue in
+/// [`release_names`]). The scripts name other waiters' entry keys the same way, from
+/// the queue's name.
+pub(crate) fn queue_and_entry_names(key: &LockKey, owner: &OwnerId) -> (String, String) {
+    let tag = hash_tag(key.as_str());
+    let mut entry = name(&tag, "waiter:");
+    entry.extend(owner.to_hex().map(char::from));
+    (name(&tag, "queue"), entry)
 }
 
 /// The channel a release that hands `key` to a fair waiter publishes the
@@ -242,9 +250,16 @@ mod tests {
                 (&lock, &info, &fence),
                 (&names.lock, &names.info, &names.fence)
             );
-            assert_eq!(queue, queue_name(&lock_key));
+            let owner = OwnerId::random().expect("owner id");
+            let (queued, entry) = queue_and_entry_names(&lock_key, &owner);
+            assert_eq!(queue, queued);
+            // The scripts name an entry `string.sub(queue, 1, -6) ..
+            // 'waiter:' .. owner`, and a listing never takes it for a lock.
+            let stem = queue.strip_suffix("queue").expect("ends in queue");
+            assert_eq!(entry, format!("{stem}waiter:{owner}"));
+            assert_eq!(key_of_lock_name(&entry), None);
             let channel = handoff_channel(&lock_key);
-            for name in [&queue, &channel] {
+            for name in [&queue, &entry, &channel] {
                 assert_eq!(cluster_hash_part(name), cluster_hash_part(&lock), "{key:?}");
             }
             // The scripts publish on `string.sub(lock, 1, -5) .. 'handoff'`.

@@ -42,7 +42,8 @@
 //! | `dlock:{T}:info` | string with the lock's `PX` expiry | who took the lock: the owner id, the server time of the acquisition in µs, and the holder's host, pid and label ([`crate::holder`]); written, renewed and deleted in the same scripts as the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
-//! | `dlock:{T}:queue` | string with the `PX` of its latest entry | only while fair waiters queue: one line per waiter, in arrival order (see [Fair mode](#fair-mode)) |
+//! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
+//! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
 //!
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
@@ -60,13 +61,17 @@
 //! beside the lock, in the same hash slot, so every step stays one script
 //! on a cluster too:
 //!
-//! - **The queue** is a plain string, one line per waiter in arrival
-//!   order: its owner id, the server time (ms) its entry dies at unless
-//!   refreshed, the ttl it asked for and its holder record. A string, so
-//!   fair mode needs no command the least-privilege ACL below lacks; its
-//!   `PX` is its latest entry's expiry, so an abandoned queue goes away.
-//!   Each script reads it whole: it is made for queues of tens of
-//!   waiters, not of thousands.
+//! - **The queue** is a plain string, one owner id a line in arrival
+//!   order; each waiter's entry lives in a small key of its own beside it
+//!   (`…:waiter:<owner id>`: the ttl it asked for and its holder record),
+//!   whose `PX` is the entry's life. Strings, so fair mode needs no
+//!   command the least-privilege ACL below lacks; the queue's `PX` is
+//!   never shorter than its longest-lived entry's, so an abandoned queue
+//!   goes away. A waiter's refresh, every second, sets its own entry key
+//!   again and leaves the queue alone, so waiting costs the server the
+//!   same small step per waiter however many queue; the queue is read and
+//!   written when someone joins, leaves or is handed the key (a walk from
+//!   its front, over the dead entries it drops, to the first live one).
 //! - **Attempts are one round trip.** A fair caller's first try takes the
 //!   key only if it is free and nobody live is queued; a queued waiter's
 //!   attempt (every second, to keep its entry alive) takes it only as the
@@ -393,17 +398,20 @@ impl RedisBackend {
             Queue::Join { entry_ttl } => ttl_millis(entry_ttl).to_string(),
             _ => String::new(),
         };
-        // The queue is one line per waiter: a record never holds a newline
-        // (labels are checked when set), but a request built by hand might.
+        // The entry's record becomes a handoff's holder info, read as one
+        // line: a record never holds a newline (labels are checked when
+        // set), but a request built by hand might.
         let record = request
             .holder_record(self.inner.label.as_deref())
             .replace(['\n', '\r'], "?");
+        let (queue, entry) = keyspace::queue_and_entry_names(key, owner);
         let mut script = scripts::FAIR_ACQUIRE.prepare_invoke();
         script
             .key(&names.lock)
             .key(&names.fence)
             .key(&names.info)
-            .key(keyspace::queue_name(key))
+            .key(queue)
+            .key(entry)
             .arg(&held_value(owner, self.mark(request, &names))[..])
             .arg(ttl_millis(ttl))
             .arg(record)

@@ -63,41 +63,56 @@ return redis.call('GET', KEYS[2])
 }
 
 /// The Lua functions of fair mode's queue, shared by [`RELEASE_LUA`] and
-/// `FAIR_ACQUIRE_LUA`. A key's queue (`dlock:{T}:queue`) is a string of
-/// one line per waiter, in arrival order: `<owner id> <expiry> <ttl>
-/// <holder record>\n` (the owner id's 32 hex digits, the server time in ms
-/// at which the entry dies unless refreshed, the ttl its attempt asked for
-/// in ms, and [`crate::HolderInfo::encode`]'s record, which holds no
-/// newline). Strings only, so the commands are the ones a lock already
-/// needs (the least-privilege ACL is unchanged): `GET`, `SET`, `DEL`,
-/// `PTTL`, `INCR`, `TIME`, `PUBLISH`. The string's own `PX` is never
-/// shorter than its longest-lived entry's, so an abandoned queue goes away
-/// by itself.
+/// `FAIR_ACQUIRE_LUA`. A key's queue keeps two things apart:
+///
+/// - **The order**, in `dlock:{T}:queue`: a string of one line per waiter,
+///   in arrival order, its owner id's 32 hex digits and `\n` (a line of an
+///   earlier shape, with more after the owner id, reads the same way).
+///   Written only when someone joins, leaves, or is handed the key or
+///   found dead at the front; its `PX` is never shorter than its
+///   longest-lived entry's, so an abandoned queue goes away by itself.
+/// - **Each entry's life**, in `dlock:{T}:waiter:<owner id>`: `<ttl>
+///   <holder record>` (the ttl the waiter's attempt asked for, in ms, and
+///   [`crate::HolderInfo::encode`]'s record), with `PX` the entry's life.
+///   A waiter's refresh sets this small key again and touches nothing
+///   else (the queue's `PX` is stretched in place when it would die
+///   first), so keeping n waiters alive costs the server O(1) per waiter
+///   and second, not a rewrite of the whole queue each. An entry is live
+///   exactly while its key exists: no clock is compared.
+///
+/// Strings only, so the commands are the ones a lock already needs (the
+/// least-privilege ACL is unchanged): `GET`, `SET`, `DEL`, `PTTL`,
+/// `PEXPIRE`, `INCR`, `TIME`, `PUBLISH`. The entry keys of other waiters
+/// are named from the queue's (`KEYS`) in the script: they share its hash
+/// tag, so they live in its slot on a cluster, where a script may touch
+/// any key of the slot it runs on.
 ///
 /// The scripts never take the queue apart: they look at its first lines
-/// (expired ones, which they drop, and the first live one), find an
-/// owner's line with a plain search, and cut and join the rest as whole
-/// strings, so a step costs a few Lua operations however many wait (the
-/// copying is Redis's C). An entry that expires behind a live one stays
+/// (dead ones, which they drop, and the first live one), find an owner's
+/// line with a plain search, and cut and join the rest as whole strings
+/// (the copying is Redis's C). An entry that dies behind a live one stays
 /// until it comes first, and is dropped then.
 ///
 /// - `server_time()`: the server clock as the µs text tokens are drawn
-///   from, and in whole ms.
-/// - `first_live(text, now)`: the first live entry of a queue's text, as
-///   `{owner, expiry (a number), ttl, record}`, and the offsets where its
-///   line starts and where the next one does (everything before it has
-///   expired); `nil` and the queue's end when nobody live is first (a line
-///   of another shape ends the queue).
+///   from.
+/// - `waiter(queue, owner)`: the name of `owner`'s entry key.
+/// - `first_live(text, queue)`: the first live entry of a queue's text, as
+///   `{owner, ttl, record, entry key}`, and the offsets where its line
+///   starts and where the next one does (every line before it is dead);
+///   `nil` and the queue's end when nobody live is first (a line of
+///   another shape ends the queue).
 /// - `write(queue, text, life)`: stores the queue's new text (`DEL` when
 ///   empty), keeping its `PX`, or stretching it to at least `life` ms for
 ///   an entry that was just written.
 /// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
 ///   (the fast path when the clock is above the last token, else `INCR`
 ///   with the clock as its floor); `nil` when the counter cannot rise.
-/// - `hand_over(entry, clock, now, lock, fence, info)`: gives the free key
-///   to `entry` (see [`RELEASE_LUA`]); the lease's ms, or `nil` when the
-///   counter cannot rise (the key is then left free).
-/// - `leave(queue, text, owner)`: removes `owner`'s entry, if any.
+/// - `hand_over(entry, clock, lock, fence, info)`: gives the free key to
+///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
+///   ms, or `nil` when the counter cannot rise (the key is then left free,
+///   the entry kept).
+/// - `without(text, owner)`: the queue's text without `owner`'s line.
+/// - `leave(queue, text, owner)`: removes `owner`'s line, if any.
 macro_rules! queue_lua {
     () => {
         r"
@@ -107,19 +122,25 @@ local function server_time()
   if #micros < 6 then
     micros = string.rep('0', 6 - #micros) .. micros
   end
-  return now[1] .. micros, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  return now[1] .. micros
 end
-local function first_live(text, now)
+local function waiter(queue, owner)
+  return string.sub(queue, 1, -6) .. 'waiter:' .. owner
+end
+local function first_live(text, queue)
   local at = 1
   while true do
-    local owner, expiry, ttl, record, stop =
-      string.match(text, '^(%x+) (%d+) (%d+) ([^\n]*)\n()', at)
+    local owner, stop = string.match(text, '^(%x+)[^\n]*\n()', at)
     if not owner or #owner ~= 32 then
       return nil, #text + 1
     end
-    expiry = tonumber(expiry)
-    if expiry > now then
-      return {owner, expiry, ttl, record}, at, stop
+    local name = waiter(queue, owner)
+    local entry = redis.pcall('GET', name)
+    if type(entry) == 'string' then
+      local ttl, record = string.match(entry, '^(%d+) (.*)$')
+      if ttl then
+        return {owner, ttl, record, name}, at, stop
+      end
     end
     at = stop
   end
@@ -151,28 +172,36 @@ local function draw(fence, clock)
   end
   return redis.call('GET', fence)
 end
-local function hand_over(entry, clock, now, lock, fence, info)
-  local px = entry[3]
-  if tonumber(px) > entry[2] - now then
-    px = tostring(entry[2] - now)
+local function hand_over(entry, clock, lock, fence, info)
+  local px = entry[2]
+  local left = redis.call('PTTL', entry[4])
+  if left > 0 and left < tonumber(px) then
+    px = tostring(left)
   end
   redis.call('SET', lock, entry[1] .. '+', 'PX', px)
-  redis.call('SET', info, entry[1] .. ' ' .. clock .. ' ' .. entry[4], 'PX', px)
+  redis.call('SET', info, entry[1] .. ' ' .. clock .. ' ' .. entry[3], 'PX', px)
   local token = draw(fence, clock)
   if not token then
     redis.call('DEL', lock, info)
     return nil
   end
+  redis.call('DEL', entry[4])
   redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
   return px
 end
-local function leave(queue, text, owner)
-  local at = string.find('\n' .. text, '\n' .. owner .. ' ', 1, true)
+local function without(text, owner)
+  local at = string.find('\n' .. text, '\n' .. owner, 1, true)
   if not at then
-    return
+    return text
   end
   local stop = string.find(text, '\n', at, true) or #text
-  write(queue, string.sub(text, 1, at - 1) .. string.sub(text, stop + 1))
+  return string.sub(text, 1, at - 1) .. string.sub(text, stop + 1)
+end
+local function leave(queue, text, owner)
+  local rest = without(text, owner)
+  if rest ~= text then
+    write(queue, rest)
+  end
 end
 "
     };
@@ -296,14 +325,14 @@ return 0
 ///
 /// **Fair waiters** (the fair acquire script, `FAIR_ACQUIRE_LUA`). A fair waiter's attempt that
 /// finds the key held marks it `+` too, so a `+` release looks at the
-/// queue: the first live entry (expired ones are dropped, by the server's
-/// clock) gets the key in this same step, as an acquisition would have
+/// queue: the first live entry (lines whose entry key has died are
+/// dropped) gets the key in this same step, as an acquisition would have
 /// taken it: the lock set to its owner id, its holder info written, its
 /// token drawn exactly as [`ACQUIRE_LUA`] draws one (clock floor, `INCR`
 /// path), and the token published on the key's handoff channel
 /// (`dlock:{T}:handoff`) as `<owner id> <token> <ms>`: the lease lasts
 /// `<ms>`, the smaller of the ttl its attempt asked for and what was left
-/// of its entry's life, so a handoff to a waiter that died while queued
+/// of its entry's life (its entry key's `PTTL`), so a handoff to a waiter that died while queued
 /// ends when its entry would have (`Grant::valid_for`). The new value
 /// keeps the `+`, so its release looks at the queue again (and publishes
 /// to plain waiters). With nobody live in the queue, the release is the
@@ -312,7 +341,8 @@ return 0
 /// meets the error.
 ///
 /// A caller that does not hold the key leaves the queue instead (rule F3):
-/// its entry, if any, is removed.
+/// its entry key is deleted (named from the queue's, see `queue_lua!`) and
+/// its line, if any, removed.
 pub const RELEASE_LUA: &str = concat!(
     r"
 local held = redis.pcall('GET', KEYS[1])
@@ -323,16 +353,14 @@ end
 ",
     queue_lua!(),
     r"
-local text = redis.pcall('GET', KEYS[3])
-if type(text) ~= 'string' then
-  text = ''
-end
+local owner = string.sub(ARGV[1], 1, 32)
 if type(held) == 'string' and #held == #ARGV[1]
-    and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
-  if text ~= '' then
-    local clock, now = server_time()
-    local entry, start, stop = first_live(text, now)
-    if entry and hand_over(entry, clock, now, KEYS[1], KEYS[4], KEYS[2]) then
+    and string.sub(held, 1, -2) == owner then
+  local text = redis.pcall('GET', KEYS[3])
+  if type(text) == 'string' and text ~= '' then
+    local clock = server_time()
+    local entry, start, stop = first_live(text, KEYS[3])
+    if entry and hand_over(entry, clock, KEYS[1], KEYS[4], KEYS[2]) then
       write(KEYS[3], string.sub(text, stop))
       return 1
     end
@@ -344,8 +372,10 @@ if type(held) == 'string' and #held == #ARGV[1]
   redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   return 1
 end
-if text ~= '' then
-  leave(KEYS[3], text, string.sub(ARGV[1], 1, 32))
+redis.call('DEL', waiter(KEYS[3], owner))
+local text = redis.pcall('GET', KEYS[3])
+if type(text) == 'string' and text ~= '' then
+  leave(KEYS[3], text, owner)
 end
 return 0
 "
@@ -393,15 +423,15 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// A fair attempt ([`crate::backend::Queue::Respect`] or
 /// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
 /// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
-/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue (see
-/// `queue_lua!`); `ARGV[4]` the entry's life in ms for a `Join`, empty
-/// for a `Respect`. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
+/// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
+/// in ms for a `Join`, empty for a `Respect`. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
 /// - The key is free and the first live entry is the caller's (a `Join`),
 ///   or nobody live is queued: it is taken as [`ACQUIRE_LUA`] takes it,
-///   and the caller's entry and the expired ones are dropped. Live
+///   and the caller's entry and the dead ones in front of it are dropped. Live
 ///   entries left behind mark the new value `+`, so its release hands on.
 /// - The key is free and someone else's live entry comes first (its
 ///   holder's lease ran out, or a plain holder released it unmarked): the
@@ -413,8 +443,16 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 ///   and a `Join` keeps its place in the queue, with its entry's life
 ///   renewed, or joins at the end; its entry records the ttl it asks for
 ///   and its holder record, for a handoff. A `Respect` joins nothing.
+///   The renewal, what a waiter sends every second, is one `SET … PX …
+///   GET` of the caller's own entry key, which says it was alive, and a
+///   `PTTL` of the queue (a `PEXPIRE` too when the queue would die before
+///   the entry): the queue is neither read nor written, whatever its
+///   length. Only an entry key found gone (a first `Join`, or an entry
+///   that died) reads the queue, drops the owner's old line and appends
+///   one at the end.
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
-///   an entry of the caller's, if any, is dropped.
+///   an entry of the caller's, if any, is dropped (the queue is read only
+///   if there was one).
 ///
 /// Why one atomic step: the queue is read and the key taken together, so
 /// no attempt takes the key past a waiter that queued before it, and a
@@ -425,35 +463,27 @@ pub(super) const FAIR_ACQUIRE_LUA: &str = concat!(
     "end\n",
     queue_lua!(),
     r"
-local function joined(text, owner, now)
-  local expiry = now + tonumber(ARGV[4])
-  local line = owner .. ' ' .. expiry .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. '\n'
-  local at = string.find('\n' .. text, '\n' .. owner .. ' ', 1, true)
-  if not at then
-    return text .. line
-  end
-  local stop = string.find(text, '\n', at, true) or #text
-  local before, after = string.sub(text, 1, at - 1), string.sub(text, stop + 1)
-  local old = tonumber(string.match(text, '^%x+ (%d+)', at))
-  if old and old > now then
-    return before .. line .. after
-  end
-  return before .. after .. line
-end
 local owner = string.sub(ARGV[1], 1, 32)
 local life = ARGV[4] ~= '' and tonumber(ARGV[4])
+local function enter(text)
+  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  if type(old) == 'string' and string.find('\n' .. text, '\n' .. owner, 1, true) then
+    return text
+  end
+  return without(text, owner) .. owner .. '\n'
+end
 if not redis.pcall('GET', KEYS[1]) then
   local text = redis.pcall('GET', KEYS[4])
   if type(text) ~= 'string' then
     text = ''
   end
-  local clock, now = server_time()
-  local entry, start, stop = first_live(text, now)
+  local clock = server_time()
+  local entry, start, stop = first_live(text, KEYS[4])
   if entry and (not life or entry[1] ~= owner) then
-    local handed = hand_over(entry, clock, now, KEYS[1], KEYS[2], KEYS[3])
+    local handed = hand_over(entry, clock, KEYS[1], KEYS[2], KEYS[3])
     local rest = string.sub(text, handed and stop or start)
     if life then
-      rest = joined(rest, owner, now)
+      rest = enter(rest)
     end
     if rest ~= text then
       write(KEYS[4], rest, life)
@@ -467,6 +497,7 @@ if not redis.pcall('GET', KEYS[1]) then
   if type(reply) == 'string' and text ~= '' then
     local rest = entry and string.sub(text, stop) or ''
     write(KEYS[4], rest)
+    redis.call('DEL', KEYS[5])
     if rest ~= '' then
       redis.call('SETRANGE', KEYS[1], 32, '+')
     end
@@ -475,17 +506,26 @@ if not redis.pcall('GET', KEYS[1]) then
 end
 local reply = take()
 if type(reply) == 'string' then
-  local text = redis.pcall('GET', KEYS[4])
-  if type(text) == 'string' and text ~= '' then
-    leave(KEYS[4], text, owner)
+  if redis.call('DEL', KEYS[5]) == 1 then
+    local text = redis.pcall('GET', KEYS[4])
+    if type(text) == 'string' and text ~= '' then
+      leave(KEYS[4], text, owner)
+    end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local text = redis.pcall('GET', KEYS[4])
-  if type(text) ~= 'string' then
-    text = ''
+  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  local left = redis.call('PTTL', KEYS[4])
+  if type(old) == 'string' and left ~= -2 then
+    if left < life then
+      redis.call('PEXPIRE', KEYS[4], life)
+    end
+  else
+    local text = redis.pcall('GET', KEYS[4])
+    if type(text) ~= 'string' then
+      text = ''
+    end
+    write(KEYS[4], without(text, owner) .. owner .. '\n', life)
   end
-  local _, now = server_time()
-  write(KEYS[4], joined(text, owner, now), life)
 end
 return reply
 "

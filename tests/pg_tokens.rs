@@ -899,11 +899,20 @@ async fn a_backend_warns_when_another_schema_holds_a_token_sequence_it_may_share
     let _second = PgBackend::connect_with(&conn(), other.options())
         .await
         .expect("connect");
-    let text = logs.text();
-    assert!(
+    // The check runs as the backend's sessions come up, which may be after
+    // `connect_with` returned: give them a bounded while.
+    let warned = |text: &str| {
         text.contains("WARN")
             && text.contains("other schemas of this database hold dlock token sequences")
-            && text.contains(&one.schema),
+            && text.contains(&one.schema)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !warned(&logs.text()) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = logs.text();
+    assert!(
+        warned(&text),
         "no warning about the token sequence in {}:\n{text}",
         one.schema
     );

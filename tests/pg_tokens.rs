@@ -1304,6 +1304,15 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
     assert!(attempt.is_err(), "{attempt:?}");
     let lost = support::until_lost(&timed, "the lease on the ended session to learn it").await;
     assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    // The client learns of the end as it closes the connection; the server
+    // ends the session (and its locks) as it reads that close, a moment
+    // later on a busy machine.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !free_on_the_server(&observer, &timed_held).await
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         free_on_the_server(&observer, &timed_held).await,
         "the ended session's lock is gone with it"

@@ -108,24 +108,11 @@ pub(crate) fn key_of_lock_name(name: &str) -> Option<String> {
     Some(key)
 }
 
-/// The names a release sends: the lock, the holder info, the queue of
-/// fair waiters and the fence (for the token of a handoff), from one
-/// encoding of the key.
-pub(crate) fn release_names(key: &LockKey) -> [String; 4] {
-    let tag = hash_tag(key.as_str());
-    [
-        name(&tag, "lock"),
-        name(&tag, "info"),
-        name(&tag, "queue"),
-        name(&tag, "fence"),
-    ]
-}
-
 /// The queue's and `owner`'s entry key's names (`dlock:{T}:queue`,
 /// `dlock:{T}:waiter:<owner id>`), all a fair attempt adds to a plain
-/// one's: built only for a fair attempt (the release names the queue in
-/// [`release_names`]). The scripts name other waiters' entry keys the same way, from
-/// the queue's name.
+/// one's: built only for a fair attempt (the release script names the
+/// queue from the lock key). The scripts name other waiters' entry keys
+/// the same way, from the queue's name.
 pub(crate) fn queue_and_entry_names(key: &LockKey, owner: &OwnerId) -> (String, String) {
     let tag = hash_tag(key.as_str());
     let mut entry = name(&tag, "waiter:");
@@ -245,14 +232,13 @@ mod tests {
         for key in ["plain", "}", "a}b{c", "ü}🔒{", "x:lock:queue"] {
             let lock_key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
             let names = names(key);
-            let [lock, info, queue, fence] = release_names(&lock_key);
-            assert_eq!(
-                (&lock, &info, &fence),
-                (&names.lock, &names.info, &names.fence)
-            );
             let owner = OwnerId::random().expect("owner id");
-            let (queued, entry) = queue_and_entry_names(&lock_key, &owner);
-            assert_eq!(queue, queued);
+            let (queue, entry) = queue_and_entry_names(&lock_key, &owner);
+            // The release script names the queue and the fence from the
+            // lock key: `string.sub(lock, 1, -5) .. 'queue'` (or 'fence').
+            let stem = names.lock.strip_suffix("lock").expect("ends in lock");
+            assert_eq!(queue, format!("{stem}queue"));
+            assert_eq!(names.fence, format!("{stem}fence"));
             // The scripts name an entry `string.sub(queue, 1, -6) ..
             // 'waiter:' .. owner`, and a listing never takes it for a lock.
             let stem = queue.strip_suffix("queue").expect("ends in queue");
@@ -260,10 +246,14 @@ mod tests {
             assert_eq!(key_of_lock_name(&entry), None);
             let channel = handoff_channel(&lock_key);
             for name in [&queue, &entry, &channel] {
-                assert_eq!(cluster_hash_part(name), cluster_hash_part(&lock), "{key:?}");
+                assert_eq!(
+                    cluster_hash_part(name),
+                    cluster_hash_part(&names.lock),
+                    "{key:?}"
+                );
             }
             // The scripts publish on `string.sub(lock, 1, -5) .. 'handoff'`.
-            let stem = lock.strip_suffix("lock").expect("ends in lock");
+            let stem = names.lock.strip_suffix("lock").expect("ends in lock");
             assert_eq!(format!("{stem}handoff"), channel);
             // Neither is a lock name: a listing never reads one as a held key.
             assert_eq!(key_of_lock_name(&queue), None);

@@ -811,12 +811,10 @@ impl Backend for RedisBackend {
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
         let mut script = scripts::RELEASE.prepare_invoke();
-        let [lock, info, queue, fence] = keyspace::release_names(key);
+        let (lock, info) = keyspace::lock_and_info_names(key);
         script
             .key(lock)
             .key(info)
-            .key(queue)
-            .key(fence)
             .arg(&held_value(owner, UNWAITED)[..]);
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)

@@ -304,11 +304,13 @@ return 0
 /// Releases a lease, and hands the key to the first live fair waiter or
 /// announces the release to whoever may wait. `KEYS[1]` lock key
 /// (`…:lock`), `KEYS[2]` holder info key (deleted with the lock, in the
-/// same `DEL`), `KEYS[3]` the key's queue of fair waiters, `KEYS[4]` its
-/// fence key (for the token of a handoff); `ARGV[1]` the owner id with the
-/// `-` mark. The release channel is the lock key with `lock` replaced by
-/// `released`, made here only when it is published on (an argument costs
-/// the server on every call). Returns 1 if released (or handed over), 0 if
+/// same `DEL`); `ARGV[1]` the owner id with the `-` mark. The release
+/// channel, the key's queue of fair waiters and its fence key (for the
+/// token of a handoff) are the lock key with `lock` replaced by
+/// `released`, `queue` and `fence` (the same hash tag, so the same slot of
+/// a cluster), named here only when a marked release needs them: every
+/// argument costs the server, and the client, on every call, and a plain
+/// release sends exactly what it sent before fair mode. Returns 1 if released (or handed over), 0 if
 /// the caller was not the owner.
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
@@ -319,9 +321,7 @@ return 0
 /// held, so every waiter that could sleep through this release either
 /// marked the value, or its attempt comes after this delete and finds the
 /// key free. A value still at `-` (the common, uncontended case) is
-/// deleted without a `PUBLISH`, and without a look at the queue: only the
-/// first two keys are read, so a caller that sends only those (the
-/// benchmark's floor, an uncontended cycle) gets exactly this.
+/// deleted without a `PUBLISH`, and without a look at the queue.
 ///
 /// **Fair waiters** (the fair acquire script, `FAIR_ACQUIRE_LUA`). A fair waiter's attempt that
 /// finds the key held marks it `+` too, so a `+` release looks at the
@@ -354,28 +354,30 @@ end
     queue_lua!(),
     r"
 local owner = string.sub(ARGV[1], 1, 32)
+local stem = string.sub(KEYS[1], 1, -5)
+local queue, fence = stem .. 'queue', stem .. 'fence'
 if type(held) == 'string' and #held == #ARGV[1]
     and string.sub(held, 1, -2) == owner then
-  local text = redis.pcall('GET', KEYS[3])
+  local text = redis.pcall('GET', queue)
   if type(text) == 'string' and text ~= '' then
     local clock = server_time()
-    local entry, start, stop = first_live(text, KEYS[3])
-    if entry and hand_over(entry, clock, KEYS[1], KEYS[4], KEYS[2]) then
-      write(KEYS[3], string.sub(text, stop))
+    local entry, start, stop = first_live(text, queue)
+    if entry and hand_over(entry, clock, KEYS[1], fence, KEYS[2]) then
+      write(queue, string.sub(text, stop))
       return 1
     end
     if start > 1 then
-      write(KEYS[3], string.sub(text, start))
+      write(queue, string.sub(text, start))
     end
   end
   redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  redis.call('PUBLISH', stem .. 'released', 'released')
   return 1
 end
-redis.call('DEL', waiter(KEYS[3], owner))
-local text = redis.pcall('GET', KEYS[3])
+redis.call('DEL', waiter(queue, owner))
+local text = redis.pcall('GET', queue)
 if type(text) == 'string' and text ~= '' then
-  leave(KEYS[3], text, owner)
+  leave(queue, text, owner)
 end
 return 0
 "

@@ -322,13 +322,27 @@ impl Inner {
     /// only a caller that then replaces the holder in the state may remove
     /// the file: a later reader would take the dead holder for a live one.
     fn holder_alive(&self, name: &str, owner: &OwnerId, remove_dead: bool) -> io::Result<bool> {
+        self.alive_file_locked(name, owner, true, remove_dead)
+    }
+
+    /// Whether `owner`'s alive file of `name` is held locked by a live
+    /// process (this one's, or another's): `if_missing` when there is no
+    /// file; a file that can be locked belongs to a dead process, and
+    /// `remove_dead` removes it.
+    fn alive_file_locked(
+        &self,
+        name: &str,
+        owner: &OwnerId,
+        if_missing: bool,
+        remove_dead: bool,
+    ) -> io::Result<bool> {
         if self.holds_alive(name, owner) {
             return Ok(true);
         }
         let path = self.alive_path(name, owner);
         let file = match File::open(&path) {
             Ok(file) => file,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(true),
+            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(if_missing),
             Err(err) => return Err(err),
         };
         match file.try_lock() {
@@ -626,23 +640,7 @@ impl Inner {
     /// was dropped); one that can be locked belongs to a process that
     /// died, and is removed.
     fn waiter_listening(&self, name: &str, owner: &OwnerId) -> io::Result<bool> {
-        if self.holds_alive(name, owner) {
-            return Ok(true);
-        }
-        let path = self.alive_path(name, owner);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(false),
-            Err(err) => return Err(err),
-        };
-        match file.try_lock() {
-            Ok(()) => {
-                let _ = fs::remove_file(&path);
-                Ok(false)
-            }
-            Err(TryLockError::WouldBlock) => Ok(true),
-            Err(TryLockError::Error(err)) => Err(err),
-        }
+        self.alive_file_locked(name, owner, false, true)
     }
 
     /// Drops entries from the front of `waiters` until the first is live:

@@ -231,6 +231,28 @@ fn warn_if_ahead_of_clock(kind: &'static str, key: &LockKey, token: FencingToken
     );
 }
 
+/// What a caller gets when the key stayed held: `Held` for one that would
+/// not wait, `Timeout` after `waited` for one that did.
+fn contended(key: &LockKey, terms: &Terms, waited: Duration) -> LockError {
+    if terms.wait.is_zero() {
+        LockError::Held {
+            key: key.to_string(),
+            holder: None,
+        }
+    } else {
+        LockError::Timeout {
+            key: key.to_string(),
+            waited,
+        }
+    }
+}
+
+/// Whether a waiting caller rides out `err` (a backend failure) and tries
+/// again until its deadline.
+fn may_retry(terms: &Terms, err: &LockError) -> bool {
+    !terms.wait.is_zero() && matches!(err, LockError::Backend { .. })
+}
+
 /// The attempt loop. Returns the grant and the instant its request was sent,
 /// from which the lease's lifetime is counted (never later than the server's).
 ///
@@ -253,21 +275,8 @@ async fn take(
     deadline: Instant,
     started: Instant,
 ) -> Result<(Grant, Instant), LockError> {
-    let contended = |now: Instant| {
-        if terms.wait.is_zero() {
-            LockError::Held {
-                key: key.to_string(),
-                holder: None,
-            }
-        } else {
-            LockError::Timeout {
-                key: key.to_string(),
-                waited: now - started,
-            }
-        }
-    };
-    let may_retry =
-        |err: &LockError| !terms.wait.is_zero() && matches!(err, LockError::Backend { .. });
+    let contended = |now: Instant| contended(key, terms, now - started);
+    let may_retry = |err: &LockError| may_retry(terms, err);
     let mut failure: Option<LockError> = None;
     // Whether an attempt failed in a way that may have taken the key anyway.
     let mut unsure = false;
@@ -390,21 +399,8 @@ async fn take_fair(
             ),
         });
     }
-    let contended = |now: Instant| {
-        if terms.wait.is_zero() {
-            LockError::Held {
-                key: key.to_string(),
-                holder: None,
-            }
-        } else {
-            LockError::Timeout {
-                key: key.to_string(),
-                waited: now - started,
-            }
-        }
-    };
-    let may_retry =
-        |err: &LockError| !terms.wait.is_zero() && matches!(err, LockError::Backend { .. });
+    let contended = |now: Instant| contended(key, terms, now - started);
+    let may_retry = |err: &LockError| may_retry(terms, err);
     // Armed until the key is had: dropped armed (an error, the deadline,
     // the caller gone), it leaves the queue and gives back any handoff.
     let mut leave = LeaveQueue {

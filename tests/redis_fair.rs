@@ -3,7 +3,8 @@
 //! the server keeps it, a fair waiter killed while queued, the lease and
 //! token a handoff gives, a release by a replica on the dlock before fair
 //! mode, a handoff notice that lives through a broken pub/sub
-//! connection, and waiters kept alive without their queue being rewritten.
+//! connection, waiters kept alive without their queue being rewritten, and
+//! a caller behind a waiter of its own process queueing without a try.
 
 mod redis_support;
 mod support;
@@ -163,6 +164,62 @@ async fn fair_waiters_of_several_tasks_queue_in_arrival_order_and_are_served_so(
         queued(&mut conn, &key).await.is_empty(),
         "the queue is gone once everyone was served"
     );
+}
+
+/// A fair caller that finds a waiter of its own process queued on the key
+/// goes straight to the queue: its first try could only lose, and on a
+/// busy key it would cost the server a script on every turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_caller_behind_a_waiter_of_its_process_queues_without_a_first_try() {
+    let counting = dlock_runtime::conformance::CountingBackend::new(backend().await);
+    let backend: Arc<dyn Backend> = counting.clone();
+    let mut conn = raw().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-no-first-try");
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = |backend: Arc<dyn Backend>, key: LockKey| {
+        tokio::spawn(async move {
+            let lease = LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(30))
+                .fair(true)
+                .acquire_on(backend, &key)
+                .await
+                .expect("a fair waiter is served");
+            let token = lease.token();
+            lease.release().await.expect("release");
+            token
+        })
+    };
+    let first = waiter(backend.clone(), key.clone());
+    until_queued(&mut conn, &key, 1).await;
+    assert_eq!(counting.first_tries(), 1, "the first waiter tried first");
+    let second = waiter(backend.clone(), key.clone());
+    until_queued(&mut conn, &key, 2).await;
+    assert_eq!(
+        counting.first_tries(),
+        1,
+        "the second waiter, behind the first, queued without a try"
+    );
+    holder.release().await.expect("release");
+    let first = within(20, "the first waiter", first).await.expect("task");
+    let second = within(20, "the second waiter", second).await.expect("task");
+    assert!(
+        second > first,
+        "served in arrival order: {first} then {second}"
+    );
+    // Nobody of this process waits any more: a fair caller tries first again.
+    LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(30))
+        .fair(true)
+        .acquire_on(backend, &key)
+        .await
+        .expect("free")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(counting.first_tries(), 2, "a lone fair caller tries first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -406,6 +406,11 @@ impl Backend for MemoryBackend {
         true
     }
 
+    /// Every waiter of a memory backend is of this process: its queue.
+    fn queued_here(&self, key: &LockKey) -> bool {
+        self.queued_waiters(key) > 0
+    }
+
     async fn subscribe_handoff(
         &self,
         key: &LockKey,

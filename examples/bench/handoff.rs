@@ -208,3 +208,111 @@ pub async fn pg_round_trip(cfg: &Config, n: usize) -> Res<Duration> {
     }
     Ok(quantile(&samples, 0.5))
 }
+
+/// The floor of any handoff told through Redis pub/sub, on an idle
+/// server: a script that sets a key and publishes to a channel, sent on a
+/// multiplexed connection, until the message wakes another task, which a
+/// reader task on a pub/sub connection passes it to (the way dlock's
+/// subscriber passes a handoff to its waiter). Median of `n`.
+pub async fn redis_publish_floor(cfg: &Config, key: &str, n: usize) -> Res<Duration> {
+    use futures_util::StreamExt;
+
+    let client = redis::Client::open(cfg.redis_url.as_str())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut pubsub = client.get_async_pubsub().await?;
+    let channel = format!("{key}:floor");
+    pubsub.subscribe(&channel).await?;
+    let (to_waiter, mut heard) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let reader = tokio::spawn(async move {
+        let mut messages = pubsub.into_on_message();
+        while messages.next().await.is_some() {
+            if to_waiter.send(()).is_err() {
+                break;
+            }
+        }
+    });
+    let (woke, mut wake_times) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let waiter = tokio::spawn(async move {
+        while heard.recv().await.is_some() {
+            if woke.send(Instant::now()).is_err() {
+                break;
+            }
+        }
+    });
+    let script = redis::Script::new(
+        "redis.call('SET', KEYS[1], ARGV[1]) redis.call('PUBLISH', ARGV[2], ARGV[1]) return 1",
+    );
+    let mut samples = Vec::with_capacity(n);
+    // The first round loads the script and is not counted.
+    for round in 0..=n {
+        let started = Instant::now();
+        let _: i64 = script
+            .key(key)
+            .arg(round)
+            .arg(&channel)
+            .invoke_async(&mut conn)
+            .await?;
+        let woke_at = wake_times
+            .recv()
+            .await
+            .ok_or("the pub/sub reader ended before the message came")?;
+        if round > 0 {
+            samples.push(woke_at - started);
+        }
+    }
+    reader.abort();
+    waiter.abort();
+    let _: i64 = redis::cmd("DEL").arg(key).query_async(&mut conn).await?;
+    Ok(quantile(&samples, 0.5))
+}
+
+/// The same floor told through a list instead: the script pushes to a
+/// list that another task waits on with `BLPOP` on a connection of its
+/// own. Median of `n`.
+pub async fn redis_blpop_floor(cfg: &Config, key: &str, n: usize) -> Res<Duration> {
+    let client = redis::Client::open(cfg.redis_url.as_str())?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let mut blocking = client.get_multiplexed_async_connection().await?;
+    let list = format!("{key}:list");
+    let (woke, mut wake_times) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+    let waiter = {
+        let list = list.clone();
+        tokio::spawn(async move {
+            loop {
+                let got: redis::RedisResult<Option<(String, String)>> = redis::cmd("BLPOP")
+                    .arg(&list)
+                    .arg(5)
+                    .query_async(&mut blocking)
+                    .await;
+                if !matches!(got, Ok(Some(_))) || woke.send(Instant::now()).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let script = redis::Script::new(
+        "redis.call('SET', KEYS[1], ARGV[1]) redis.call('RPUSH', KEYS[2], ARGV[1]) return 1",
+    );
+    let mut samples = Vec::with_capacity(n);
+    for round in 0..=n {
+        let started = Instant::now();
+        let _: i64 = script
+            .key(key)
+            .key(&list)
+            .arg(round)
+            .invoke_async(&mut conn)
+            .await?;
+        let woke_at = wake_times.recv().await.ok_or("the BLPOP waiter ended")?;
+        if round > 0 {
+            samples.push(woke_at - started);
+        }
+    }
+    waiter.abort();
+    let _: i64 = redis::cmd("DEL")
+        .arg(key)
+        .arg(&list)
+        .query_async(&mut conn)
+        .await?;
+    Ok(quantile(&samples, 0.5))
+}

@@ -213,6 +213,8 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             ),
         ];
         let rtt_after = handoff::redis_round_trip(cfg, pings).await?;
+        let floor = handoff::redis_publish_floor(cfg, &key("floor"), pings).await?;
+        let blpop = handoff::redis_blpop_floor(cfg, &key("blpop"), pings).await?;
         let _ = writeln!(
             body,
             "## 2. Contended handoff\n\n{} tasks of one process loop on ONE key: acquire (waiting), no work, release; {:?} per row. A *turn* is any acquisition; a *handoff* is one by a different task than the previous holder. Latency runs from the moment the holder starts its release to the moment the next holder's acquire returns. Redis round trip (PING on an idle connection, median): {} before, {} after; the target uses their mean.\n",
@@ -220,6 +222,14 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             cfg.handoff_time,
             show(redis_rtt),
             show(rtt_after)
+        );
+        let _ = writeln!(
+            body,
+            "The floor of any handoff told by the server (idle server, median of {pings}): a script that only sets a key and publishes, from its send until the message, passed on by a reader task of a pub/sub connection, wakes another task: {} ({:.2} x the mean PING); the same script pushing to a list that the other task waits on with `BLPOP` on a connection of its own: {} ({:.2} x).\n",
+            show(floor),
+            floor.as_secs_f64() / ((redis_rtt + rtt_after) / 2).as_secs_f64(),
+            show(blpop),
+            blpop.as_secs_f64() / ((redis_rtt + rtt_after) / 2).as_secs_f64()
         );
         let _ = writeln!(
             body,

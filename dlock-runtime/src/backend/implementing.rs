@@ -64,7 +64,10 @@
 //! same atomic step and resolves its
 //! [`subscribe_handoff`](crate::Backend::subscribe_handoff) notice, and a
 //! non-holder's release removes its entry. The memory backend's queue is
-//! the shortest complete example.
+//! the shortest complete example. A store whose handoff subscription is
+//! shared within a process can also answer
+//! [`queued_here`](crate::Backend::queued_here), which spares a caller
+//! behind a waiter of its own process a first try it could only lose.
 //!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes

@@ -193,6 +193,20 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// Fair mode, a hint read without I/O: whether fair waiters of this
+    /// process are queued on `key` now, listening for a handoff. The core
+    /// then skips its [`Queue::Respect`] try, which could only find the
+    /// queue taken, and queues at once ([`Backend::subscribe_handoff`],
+    /// then [`Queue::Join`]). Either answer is safe and fair: a wrong
+    /// `true` costs nothing (a `Join` takes a free key with an empty queue
+    /// as the try would), a wrong `false` one losing attempt. Answer `true`
+    /// only where `subscribe_handoff` then costs no round trip. The default
+    /// is `false`.
+    fn queued_here(&self, key: &LockKey) -> bool {
+        let _ = key;
+        false
+    }
+
     /// Fair mode: registers interest in a release handing `key` to `owner`,
     /// before the [`Queue::Join`] attempt that queues it (so no handoff is
     /// missed between the two). The notice resolves with the grant of the

@@ -111,6 +111,7 @@ pub struct CountingBackend {
     failures: std::sync::atomic::AtomicUsize,
     hang_next: std::sync::atomic::AtomicBool,
     joined: std::sync::Mutex<std::collections::HashSet<crate::backend::OwnerId>>,
+    first_tries: std::sync::atomic::AtomicUsize,
 }
 
 impl CountingBackend {
@@ -128,6 +129,7 @@ impl CountingBackend {
             failures: std::sync::atomic::AtomicUsize::new(failures),
             hang_next: std::sync::atomic::AtomicBool::new(false),
             joined: std::sync::Mutex::default(),
+            first_tries: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -140,6 +142,14 @@ impl CountingBackend {
     /// How many acquisition attempts went through so far.
     pub fn attempts(&self) -> usize {
         self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many fair callers' first tries ([`Queue::Respect`] attempts)
+    /// went through so far.
+    ///
+    /// [`Queue::Respect`]: crate::backend::Queue::Respect
+    pub fn first_tries(&self) -> usize {
+        self.first_tries.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How many owners had a fair waiter's
@@ -164,6 +174,9 @@ impl crate::Backend for CountingBackend {
     ) -> Result<crate::backend::Attempt, crate::LockError> {
         use std::sync::atomic::Ordering;
         self.attempts.fetch_add(1, Ordering::SeqCst);
+        if request.queue == crate::backend::Queue::Respect {
+            self.first_tries.fetch_add(1, Ordering::SeqCst);
+        }
         if self.hang_next.swap(false, Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
@@ -192,6 +205,9 @@ impl crate::Backend for CountingBackend {
     }
     fn supports_fair(&self) -> bool {
         self.inner.supports_fair()
+    }
+    fn queued_here(&self, key: &crate::LockKey) -> bool {
+        self.inner.queued_here(key)
     }
     async fn subscribe_handoff(
         &self,

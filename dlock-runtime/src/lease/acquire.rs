@@ -406,11 +406,17 @@ async fn take_fair(
     let mut leave = LeaveQueue {
         give_back: Some((Arc::clone(backend), key.clone(), *owner)),
     };
-    let taken = match attempt(backend, key, *owner, terms, Queue::Respect).await {
-        Ok(Attempt::Acquired(grant)) => Some((grant, started)),
-        Ok(Attempt::Held { .. }) => None,
-        Err(err) if may_retry(&err) => None,
-        Err(err) => return Err(err),
+    // The first try, unless waiters of this process are known to queue
+    // on the key (it could only lose to them): then straight to the queue.
+    let taken = if backend.queued_here(key) {
+        None
+    } else {
+        match attempt(backend, key, *owner, terms, Queue::Respect).await {
+            Ok(Attempt::Acquired(grant)) => Some((grant, started)),
+            Ok(Attempt::Held { .. }) => None,
+            Err(err) if may_retry(&err) => None,
+            Err(err) => return Err(err),
+        }
     };
     if let Some(taken) = taken {
         leave.disarm();

@@ -849,6 +849,17 @@ impl Backend for RedisBackend {
         true
     }
 
+    /// True while a fair waiter of this process has a mailbox on the key's
+    /// handoff channel and the server has confirmed the subscription on a
+    /// connection not known to be broken: another waiter's
+    /// `subscribe_handoff` then costs no round trip, and its first try
+    /// could only find the queue taken.
+    fn queued_here(&self, key: &LockKey) -> bool {
+        self.inner
+            .subscriber
+            .has_mailboxes(&keyspace::handoff_channel(key))
+    }
+
     /// Follows the key's handoff channel on the pub/sub connection that
     /// serves release notices (subscribed once per key while fair waiters
     /// of this process wait on it, confirmed before this returns), with a

@@ -301,6 +301,18 @@ impl Subscriber {
         (wait, failure)
     }
 
+    /// Whether a fair waiter has a mailbox on `channel` and the server
+    /// confirmed the subscription on a connection not known to be broken
+    /// (a break clears the confirmation): a [`Subscriber::handoff`] on it
+    /// then costs no round trip.
+    pub(crate) fn has_mailboxes(&self, channel: &str) -> bool {
+        self.shared
+            .channels()
+            .by_name
+            .get(channel)
+            .is_some_and(|entry| entry.confirmed_in.is_some() && !entry.mailboxes.is_empty())
+    }
+
     /// Registers a waiter on `channel` (queued for wake-ups with `ticket`,
     /// if given): its interest, which gives the registration back when
     /// dropped, and the receiver a broken connection wakes.

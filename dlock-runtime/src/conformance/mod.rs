@@ -575,10 +575,18 @@ pub async fn tokens_keep_rising_after_a_force_release(backend: Arc<dyn Backend>)
     drop(broken);
 }
 
-/// A lease that is not renewed expires: the key is free after its ttl, with a higher token for the next holder.
+/// A lease that is not renewed expires: the key is free after its ttl, and
+/// not before it, with a higher token for the next holder.
 pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
+    const TTL: Duration = Duration::from_millis(600);
+    // A store's clock may round the expiry to its millisecond.
+    const ROUNDING: Duration = Duration::from_millis(5);
     let key = fresh_key("expiry");
-    let holder = options(300)
+    // Before the request leaves: the lease cannot start earlier, so the
+    // key must stay held until at least a ttl after this, however late the
+    // waiter below gets it on a loaded machine.
+    let asked = Instant::now();
+    let holder = options(TTL.as_millis() as u64)
         .renew(false)
         .acquire_on(backend.clone(), &key)
         .await
@@ -591,6 +599,12 @@ pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
         "the key must be free once the holder's ttl ran out",
     )
     .await;
+    let freed_after = asked.elapsed();
+    assert!(
+        freed_after + ROUNDING >= TTL,
+        "the key was taken again {freed_after:?} after a lease of {TTL:?} was asked for: \
+         a store must keep a lease for its whole ttl"
+    );
     assert!(next.token() > holder.token());
     assert!(
         holder.is_lost(),

@@ -13,6 +13,8 @@
 //! current-thread runtime); a span records through the subscriber it was
 //! made with, on whichever thread its hold ends.
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -831,6 +833,7 @@ where
 
 fn seen() -> (Seen, tracing::subscriber::DefaultGuard) {
     use tracing_subscriber::layer::SubscriberExt as _;
+    support::every_call_site_on();
     let seen = Seen::default();
     let subscriber = tracing_subscriber::registry()
         .with(seen.clone())

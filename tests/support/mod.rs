@@ -170,6 +170,24 @@ pub fn make_test_certificates(dir: &std::path::Path) {
 
 /// What tracing events of this thread say while the guard lives: for tests
 /// that check a warning is given.
+/// Installs, once per test binary, a global subscriber that takes every
+/// event and writes nothing. tracing caches whether a call site is enabled
+/// the first time it is hit, and while at most one subscriber is
+/// registered it asks only the subscriber of the thread that hit it: a
+/// site first hit by a test on a thread without one was then off for
+/// every thread, and a test capturing this thread's events never saw it
+/// when tests ran in parallel. With the global one, every site stays on;
+/// a scoped subscriber still sees only its own thread.
+pub fn every_call_site_on() {
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let everything =
+            tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::TRACE);
+        let _ = tracing::subscriber::set_global_default(everything);
+    });
+}
+
 #[derive(Clone, Default)]
 pub struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
@@ -177,6 +195,7 @@ impl Logs {
     /// Captures this thread's events (a `current_thread` runtime keeps
     /// every task on it) until the guard is dropped.
     pub fn capture() -> (Self, impl Drop) {
+        every_call_site_on();
         let logs = Self::default();
         let writer = logs.clone();
         let subscriber = tracing_subscriber::fmt()

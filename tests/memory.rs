@@ -182,3 +182,135 @@ fn a_lease_whose_runtime_shut_down_is_told_at_once() {
         assert!(lease.check().is_err());
     });
 }
+
+/// The memory backend, recording when a release by owner has finished and
+/// when a fair waiter's handoff notice is dropped.
+struct Watched {
+    inner: MemoryBackend,
+    events: Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+/// Records that the handoff notice it lives in was dropped.
+struct NoticeDropped(Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+impl Drop for NoticeDropped {
+    fn drop(&mut self) {
+        self.0.lock().expect("events").push("notice dropped");
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Watched {
+    fn kind(&self) -> &'static str {
+        "watched"
+    }
+    async fn try_acquire(
+        &self,
+        request: &dlock::backend::AcquireRequest<'_>,
+    ) -> Result<dlock::backend::Attempt, LockError> {
+        self.inner.try_acquire(request).await
+    }
+    fn supports_fair(&self) -> bool {
+        true
+    }
+    async fn subscribe_handoff(
+        &self,
+        key: &dlock::LockKey,
+        owner: &dlock::backend::OwnerId,
+    ) -> Result<dlock::backend::Handoff, LockError> {
+        let inner = self.inner.subscribe_handoff(key, owner).await?;
+        let dropped = NoticeDropped(Arc::clone(&self.events));
+        Ok(dlock::backend::Handoff::new(async move {
+            let _dropped = dropped;
+            inner.await
+        }))
+    }
+    async fn extend(&self, renewal: &dlock::backend::Renewal<'_>) -> Result<bool, LockError> {
+        self.inner.extend(renewal).await
+    }
+    async fn release(
+        &self,
+        lease: &dlock::backend::ReleaseRequest<'_>,
+    ) -> Result<dlock::backend::ReleaseOutcome, LockError> {
+        let outcome = self.inner.release(lease).await;
+        self.events.lock().expect("events").push("released");
+        outcome
+    }
+    async fn subscribe(
+        &self,
+        key: &dlock::LockKey,
+    ) -> Result<dlock::backend::ReleaseNotice, LockError> {
+        self.inner.subscribe(key).await
+    }
+    async fn force_release(&self, key: &dlock::LockKey) -> Result<bool, LockError> {
+        self.inner.force_release(key).await
+    }
+    async fn holder(
+        &self,
+        key: &dlock::LockKey,
+    ) -> Result<Option<dlock::backend::Holding>, LockError> {
+        self.inner.holder(key).await
+    }
+    async fn watch_holder(
+        &self,
+        key: &dlock::LockKey,
+    ) -> Result<dlock::backend::ReleaseNotice, LockError> {
+        self.inner.watch_holder(key).await
+    }
+}
+
+/// A fair waiter whose caller gives up keeps its handoff notice until the
+/// release that leaves the queue has finished: a store that watches its
+/// waiters through the notice (the file backend's alive file) must not
+/// see the owner gone while a handoff to it may still be given back, or
+/// the next waiter takes the handed key for a dead holder's and waits for
+/// a recheck instead of the release's wake-up.
+#[tokio::test]
+async fn a_fair_waiter_that_gives_up_keeps_its_handoff_notice_until_it_has_left_the_queue() {
+    let inner = MemoryBackend::new();
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let backend: Arc<dyn Backend> = Arc::new(Watched {
+        inner: inner.clone(),
+        events: Arc::clone(&events),
+    });
+    let key = dlock::LockKey::new("fair-notice-kept").expect("key");
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(30))
+                .fair(true)
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    support::within(10, "the waiter queues", async {
+        while inner.queued_waiters(&key) == 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    waiter.abort();
+    assert!(waiter.await.is_err(), "the waiter was cancelled");
+    let events = support::within(10, "the waiter leaves the queue", async {
+        loop {
+            let seen = events.lock().expect("events").clone();
+            if seen.len() >= 2 {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        events,
+        ["released", "notice dropped"],
+        "the notice outlives the release that leaves the queue"
+    );
+    assert_eq!(inner.queued_waiters(&key), 0, "the waiter left the queue");
+    holder.release().await.expect("release");
+}

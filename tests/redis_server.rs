@@ -768,3 +768,73 @@ async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be
         "{text}"
     );
 }
+
+/// Stops a server process (SIGSTOP: a hung or swapped-out server, or a
+/// partition that drops packets) until dropped (SIGCONT).
+struct Stopped(u32);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        let status = std::process::Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status()
+            .expect("kill -STOP");
+        assert!(status.success(), "kill -STOP {pid}");
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.0.to_string()])
+            .status();
+    }
+}
+
+/// A caller that waits returns by its deadline when the server stops
+/// answering, fair or not (give or take the least a call is given), not
+/// after the backend's own response timeout, and names the store that did
+/// not answer rather than a held key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_caller_returns_by_its_deadline_when_the_server_stops_answering() {
+    let server = RedisServer::start(&[]);
+    let url = server.url();
+    // The default timeouts (3 s a reply), longer than the wait below.
+    let make = || async {
+        Arc::new(RedisBackend::connect(&url).await.expect("connect")) as Arc<dyn Backend>
+    };
+    let key = fresh_key("stopped");
+    let holder = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(make().await, &key)
+        .await
+        .expect("free");
+    let (plain, fair) = (make().await, make().await);
+    let stopped = Stopped::new(server.pid().expect("running"));
+    let wait = Duration::from_secs(1);
+    let call = |backend: Arc<dyn Backend>, fair: bool| {
+        let key = key.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let taken = LockOptions::new(Duration::from_secs(30))
+                .wait(wait)
+                .fair(fair)
+                .acquire_on(backend, &key)
+                .await;
+            (started.elapsed(), taken)
+        }
+    };
+    let (plain, fair) = tokio::join!(call(plain, false), call(fair, true));
+    drop(stopped);
+    for (name, (took, taken)) in [("plain", plain), ("fair", fair)] {
+        assert!(
+            took < wait + Duration::from_secs(2),
+            "a {name} caller with a wait of {wait:?} returned after {took:?}"
+        );
+        match taken {
+            Err(LockError::Backend { .. }) => {}
+            other => panic!("a {name} caller must name the silent store, got {other:?}"),
+        }
+    }
+    drop(holder);
+}

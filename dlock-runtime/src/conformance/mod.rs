@@ -114,6 +114,7 @@ macro_rules! conformance_suite {
             fair_no_waiter_starves_among_sixteen_looping_tasks,
             fair_a_handed_over_lease_renews_and_hands_on_when_dropped,
             fair_a_handed_over_lease_without_renewal_is_kept_for_its_whole_ttl,
+            fair_a_handed_over_lease_with_a_short_ttl_is_not_spent_on_arrival,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -2092,5 +2093,51 @@ pub async fn fair_a_handed_over_lease_without_renewal_is_kept_for_its_whole_ttl(
              but it expires in {left:?}"
         );
     }
+    lease.release().await.expect("release");
+}
+
+/// A handed-over lease whose ttl is shorter than the time since its
+/// waiter's last attempt (the core counts a handoff's lease from that
+/// attempt's send, up to a third of the queue entry's life back) is not
+/// returned spent: its holder gets a live lease, not one lost at once
+/// though nobody else could take the key.
+pub async fn fair_a_handed_over_lease_with_a_short_ttl_is_not_spent_on_arrival(
+    backend: Arc<dyn Backend>,
+) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-short-ttl");
+    let holder = take(&backend, &key, 30_000, Duration::ZERO, "free").await;
+    let counting = CountingBackend::new(backend.clone());
+    let ttl = Duration::from_millis(600);
+    let waiter = {
+        let (counting, key) = (counting.clone(), key.clone());
+        tokio::spawn(async move {
+            LockOptions::new(ttl)
+                .wait(Duration::from_secs(20))
+                .fair(true)
+                .acquire_on(counting, key)
+                .await
+        })
+    };
+    until_queued(&[&counting], 1, "the waiter joins").await;
+    // Longer than the ttl, shorter than the waiter's next refresh (a third
+    // of the entry's life after it joined).
+    sleep(Duration::from_millis(800)).await;
+    holder.release().await.expect("release");
+    let lease = within(20, "the handoff", waiter)
+        .await
+        .expect("task")
+        .expect("the waiter is handed the key");
+    assert!(
+        !lease.is_lost(),
+        "a handed-over lease with a {ttl:?} ttl was lost when its caller got it"
+    );
+    assert!(
+        timeout(ttl / 3, lease.lost()).await.is_err(),
+        "a handed-over lease with a {ttl:?} ttl was lost within a third of it: {:?}",
+        lease.check()
+    );
     lease.release().await.expect("release");
 }

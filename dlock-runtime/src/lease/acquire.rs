@@ -13,11 +13,11 @@ use tracing::{Instrument as _, Span};
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, QUEUE_ENTRY_TTL, Queue,
+    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL, Queue,
     ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
 use crate::detach::{AbandonedWith, Detachable};
-use crate::error::LockError;
+use crate::error::{LockError, Operation};
 use crate::fallback::{self, Work};
 use crate::holder;
 use crate::key::LockKey;
@@ -247,6 +247,45 @@ fn contended(key: &LockKey, terms: &Terms, waited: Duration) -> LockError {
     }
 }
 
+/// The least a waiting caller gives one call to its store, even with less
+/// of its wait left: a healthy store that answers a little late still
+/// answers, where a cut at the very deadline would fail a short wait.
+const LEAST_PER_CALL: Duration = Duration::from_millis(500);
+
+/// `call` to the store (`operation` on `key`), cut off for a caller that
+/// waits when its deadline has passed (and at least [`LEAST_PER_CALL`]
+/// from now): a store that stops answering does not keep the caller past
+/// its wait for the length of the backend's own timeouts. What was cut off
+/// is cancel safe: an abandoned attempt is finished in the background and
+/// its grant given back ([`attempt`]); a subscription leaves nothing. A
+/// caller that does not wait has no deadline to keep, and gets the
+/// backend's own answer.
+async fn by_deadline<T>(
+    kind: &'static str,
+    operation: Operation,
+    key: &LockKey,
+    terms: &Terms,
+    deadline: Instant,
+    call: impl Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    if terms.wait.is_zero() {
+        return call.await;
+    }
+    let cut = deadline.max(Instant::now() + LEAST_PER_CALL);
+    match tokio::time::timeout_at(cut, call).await {
+        Ok(answer) => answer,
+        Err(_) => Err(LockError::backend(
+            kind,
+            operation,
+            key.as_str(),
+            format!(
+                "no answer before the caller's wait of {:?} ran out",
+                terms.wait
+            ),
+        )),
+    }
+}
+
 /// Whether a waiting caller rides out `err` (a backend failure) and tries
 /// again until its deadline.
 fn may_retry(terms: &Terms, err: &LockError) -> bool {
@@ -277,6 +316,7 @@ async fn take(
 ) -> Result<(Grant, Instant), LockError> {
     let contended = |now: Instant| contended(key, terms, now - started);
     let may_retry = |err: &LockError| may_retry(terms, err);
+    let kind = backend.kind();
     let mut failure: Option<LockError> = None;
     // Whether an attempt failed in a way that may have taken the key anyway.
     let mut unsure = false;
@@ -285,7 +325,8 @@ async fn take(
         // serves as the instant the attempt was sent (a little early, so
         // the lease's lifetime is, if anything, counted short).
         let sent = started;
-        match attempt(backend, key, *owner, terms, Queue::Barge).await {
+        let first = attempt(backend, key, *owner, terms, Queue::Barge);
+        match by_deadline(kind, Operation::Acquire, key, terms, deadline, first).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => {}
             Err(err) => {
@@ -311,16 +352,19 @@ async fn take(
             // Subscribe first, then try again: a release that lands between
             // the failed attempt and the subscription is seen by this retry,
             // and one that lands after it wakes the notice. No wake-up is lost.
-            let mut notice = match backend.subscribe(key).await {
-                Ok(notice) => notice,
-                Err(err) if may_retry(&err) => {
-                    failure = Some(err);
-                    continue;
-                }
-                Err(err) => break 'attempts Err(err),
-            };
+            let subscribed = backend.subscribe(key);
+            let mut notice =
+                match by_deadline(kind, Operation::Wait, key, terms, deadline, subscribed).await {
+                    Ok(notice) => notice,
+                    Err(err) if may_retry(&err) => {
+                        failure = Some(err);
+                        continue;
+                    }
+                    Err(err) => break 'attempts Err(err),
+                };
             let sent = Instant::now();
-            let answer = attempt(backend, key, *owner, terms, Queue::Barge).await;
+            let again = attempt(backend, key, *owner, terms, Queue::Barge);
+            let answer = by_deadline(kind, Operation::Acquire, key, terms, deadline, again).await;
             if answer.is_ok()
                 && let Some(woken) = woken_by.take()
             {
@@ -401,33 +445,34 @@ async fn take_fair(
     }
     let contended = |now: Instant| contended(key, terms, now - started);
     let may_retry = |err: &LockError| may_retry(terms, err);
+    let kind = backend.kind();
     // Armed until the key is had: dropped armed (an error, the deadline,
     // the caller gone), it leaves the queue and gives back any handoff.
     let mut leave = LeaveQueue {
         give_back: Some((Arc::clone(backend), key.clone(), *owner)),
+        notice: None,
     };
+    let mut failure: Option<LockError> = None;
     // The first try, unless waiters of this process are known to queue
     // on the key (it could only lose to them): then straight to the queue.
-    let taken = if backend.queued_here(key) {
-        None
-    } else {
-        match attempt(backend, key, *owner, terms, Queue::Respect).await {
-            Ok(Attempt::Acquired(grant)) => Some((grant, started)),
-            Ok(Attempt::Held { .. }) => None,
-            Err(err) if may_retry(&err) => None,
+    if !backend.queued_here(key) {
+        let first = attempt(backend, key, *owner, terms, Queue::Respect);
+        match by_deadline(kind, Operation::Acquire, key, terms, deadline, first).await {
+            Ok(Attempt::Acquired(grant)) => {
+                leave.disarm();
+                return Ok((grant, started));
+            }
+            Ok(Attempt::Held { .. }) => {}
+            // Kept, so a deadline that passes before the store answers
+            // again names the failure rather than a timeout.
+            Err(err) if may_retry(&err) => failure = Some(err),
             Err(err) => return Err(err),
         }
-    };
-    if let Some(taken) = taken {
-        leave.disarm();
-        return Ok(taken);
     }
     let join = Queue::Join {
         entry_ttl: QUEUE_ENTRY_TTL,
     };
     let mut backoff = MIN_BACKOFF;
-    let mut failure: Option<LockError> = None;
-    let mut handoff = None;
     let outcome = loop {
         let now = Instant::now();
         if now >= deadline {
@@ -440,9 +485,10 @@ async fn take_fair(
         }
         // Registered before the attempt that queues: a handoff right after
         // it reaches the notice.
-        if handoff.is_none() {
-            match backend.subscribe_handoff(key, owner).await {
-                Ok(notice) => handoff = Some(notice),
+        if leave.notice.is_none() {
+            let subscribed = backend.subscribe_handoff(key, owner);
+            match by_deadline(kind, Operation::Wait, key, terms, deadline, subscribed).await {
+                Ok(notice) => leave.notice = Some(notice),
                 Err(err) if may_retry(&err) => {
                     failure = Some(err);
                     continue;
@@ -451,15 +497,17 @@ async fn take_fair(
             }
         }
         let sent = Instant::now();
-        let expires_in = match attempt(backend, key, *owner, terms, join).await {
-            Ok(Attempt::Acquired(grant)) => break Ok((grant, sent)),
-            Ok(Attempt::Held { expires_in }) => expires_in,
-            Err(err) if may_retry(&err) => {
-                failure = Some(err);
-                continue;
-            }
-            Err(err) => break Err(err),
-        };
+        let joined = attempt(backend, key, *owner, terms, join);
+        let expires_in =
+            match by_deadline(kind, Operation::Acquire, key, terms, deadline, joined).await {
+                Ok(Attempt::Acquired(grant)) => break Ok((grant, sent)),
+                Ok(Attempt::Held { expires_in }) => expires_in,
+                Err(err) if may_retry(&err) => {
+                    failure = Some(err);
+                    continue;
+                }
+                Err(err) => break Err(err),
+            };
         failure = None;
         backoff = MIN_BACKOFF;
         let now = Instant::now();
@@ -471,10 +519,16 @@ async fn take_fair(
             .flatten()
             .fold(QUEUE_ENTRY_TTL / 3, Duration::min)
             .min(deadline - now);
-        if let Some(notice) = handoff.as_mut()
+        if let Some(notice) = leave.notice.as_mut()
             && let Ok(grant) = timeout(nap, notice).await
         {
-            break Ok(confirm_handoff(backend, key, owner, terms, grant, sent).await);
+            let confirmed = confirm_handoff(backend, key, owner, terms, grant, sent).await;
+            match confirmed {
+                Some(taken) => break Ok(taken),
+                // A resolved notice is spent: a handoff not confirmed (the
+                // key was no longer this owner's) waits for the next one.
+                None => leave.notice = None,
+            }
         }
     };
     if outcome.is_ok() {
@@ -483,12 +537,23 @@ async fn take_fair(
     outcome
 }
 
-/// A handed-over lease that the store keeps for less than the ttl until
-/// its first renewal ([`Grant::valid_for`]) is renewed a third of the way into it by the
-/// renewal scheduler; one that is not renewed in the background
-/// ([`crate::LockOptions::renew`] off) is extended here, once, so that it
-/// lasts the ttl it asked for. Should that fail, the lease keeps its short
-/// life, and its holder is told when it ends.
+/// Makes sure a handed-over lease is not returned already spent. Its
+/// lifetime counts from `sent`, the send of the waiter's latest attempt
+/// answered `Held` (the handoff came after it), which may lie up to a
+/// third of [`QUEUE_ENTRY_TTL`] back: a lease with a short ttl would be
+/// over, or nearly, when its caller got it, and lost at once though nobody
+/// else could have the key. So when less than a third of its validity
+/// ([`Grant::valid_for`], else the ttl) is left by that count, it is
+/// extended here, once, to its ttl, counted from the extension's send; so
+/// is one the store keeps for less than the ttl while it is not renewed in
+/// the background ([`crate::LockOptions::renew`] off), so that it lasts
+/// the ttl it asked for. A handed-over lease with time left is otherwise
+/// renewed by the renewal scheduler a third of the way into its validity.
+///
+/// `None` when the extension finds the key no longer this owner's (the
+/// handoff's short lease ran out first): the waiter waits on. Should the
+/// extension fail, the lease is returned as it was, and its holder is told
+/// when it ends.
 async fn confirm_handoff(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
@@ -496,28 +561,35 @@ async fn confirm_handoff(
     terms: &Terms,
     grant: Grant,
     sent: Instant,
-) -> (Grant, Instant) {
-    let short = grant
+) -> Option<(Grant, Instant)> {
+    let valid = grant
         .valid_for
-        .is_some_and(|valid_for| valid_for < terms.ttl);
-    if terms.renew || !short {
-        return (grant, sent);
+        .map_or(terms.ttl, |valid| valid.min(terms.ttl));
+    let left = (sent + valid).saturating_duration_since(Instant::now());
+    let spent = left < valid / 3;
+    let short = !terms.renew && valid < terms.ttl;
+    if !spent && !short {
+        return Some((grant, sent));
     }
     let extended_at = Instant::now();
     match backend
         .extend(&crate::backend::Renewal::new(key, owner, terms.ttl))
         .await
     {
-        Ok(true) => (
+        Ok(true) => Some((
             Grant {
                 valid_for: None,
                 ..grant
             },
             extended_at,
-        ),
-        answer => {
-            tracing::debug!(key = %key, ?answer, "could not extend a handed-over lease to its ttl");
-            (grant, sent)
+        )),
+        Ok(false) => {
+            tracing::debug!(key = %key, "a handed-over lease ran out before it was confirmed; waiting on");
+            None
+        }
+        Err(err) => {
+            tracing::debug!(key = %key, error = %err, "could not extend a handed-over lease");
+            Some((grant, sent))
         }
     }
 }
@@ -527,6 +599,13 @@ async fn confirm_handoff(
 /// gives back a handoff that reached it as it gave up.
 struct LeaveQueue {
     give_back: Option<(Arc<dyn Backend>, LockKey, OwnerId)>,
+    /// The waiter's handoff notice. Dropped armed, it is kept until the
+    /// release that leaves the queue has finished: a store that watches
+    /// its waiters through it (the file backend's alive file) must not see
+    /// the owner gone while a handoff to it is being given back, or the
+    /// next waiter would take the handed key for a dead holder's and wait
+    /// for a recheck instead of the release's wake-up.
+    notice: Option<Handoff>,
 }
 
 impl LeaveQueue {
@@ -538,7 +617,11 @@ impl LeaveQueue {
 impl Drop for LeaveQueue {
     fn drop(&mut self) {
         if let Some((backend, key, owner)) = self.give_back.take() {
-            spawn_give_back(&backend, &key, owner);
+            let notice = self
+                .notice
+                .take()
+                .map(|notice| Arc::new(Mutex::new(notice)));
+            spawn_give_back_keeping(&backend, &key, owner, notice);
         }
     }
 }
@@ -639,11 +722,32 @@ impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
 /// Gives `owner`'s possible hold of `key` back in the background (and,
 /// for a fair waiter, its place in the queue: rule F3).
 fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
+    spawn_give_back_keeping(backend, key, owner, None);
+}
+
+/// [`spawn_give_back`], keeping `notice` alive until the release is done.
+fn spawn_give_back_keeping(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    owner: OwnerId,
+    notice: Option<Arc<Mutex<Handoff>>>,
+) {
     let give_back = GiveBack {
         backend: Arc::clone(backend),
         key: key.clone(),
         owner,
         queued: false,
     };
-    fallback::spawn(give_back.clone().release(), give_back.release());
+    let (here, fallback) = (give_back.clone().release(), give_back.release());
+    let keep = notice.clone();
+    fallback::spawn(
+        async move {
+            here.await;
+            drop(keep);
+        },
+        async move {
+            fallback.await;
+            drop(notice);
+        },
+    );
 }

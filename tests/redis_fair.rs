@@ -107,6 +107,25 @@ fn child_process_entry() {
     });
 }
 
+/// A task that waits (fairly, up to 30 s) for `key`, releases it at once
+/// and returns the token it held.
+fn spawn_fair_waiter(
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+) -> tokio::task::JoinHandle<dlock::FencingToken> {
+    tokio::spawn(async move {
+        let lease = LockOptions::new(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .fair(true)
+            .acquire_on(backend, &key)
+            .await
+            .expect("a fair waiter is served");
+        let token = lease.token();
+        lease.release().await.expect("release");
+        token
+    })
+}
+
 /// Kills the child (SIGKILL) when dropped, so a failed test leaves no
 /// process queued.
 struct Killed(Child);
@@ -179,23 +198,10 @@ async fn a_fair_caller_behind_a_waiter_of_its_process_queues_without_a_first_try
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let waiter = |backend: Arc<dyn Backend>, key: LockKey| {
-        tokio::spawn(async move {
-            let lease = LockOptions::new(Duration::from_secs(30))
-                .wait(Duration::from_secs(30))
-                .fair(true)
-                .acquire_on(backend, &key)
-                .await
-                .expect("a fair waiter is served");
-            let token = lease.token();
-            lease.release().await.expect("release");
-            token
-        })
-    };
-    let first = waiter(backend.clone(), key.clone());
+    let first = spawn_fair_waiter(backend.clone(), key.clone());
     until_queued(&mut conn, &key, 1).await;
     assert_eq!(counting.first_tries(), 1, "the first waiter tried first");
-    let second = waiter(backend.clone(), key.clone());
+    let second = spawn_fair_waiter(backend.clone(), key.clone());
     until_queued(&mut conn, &key, 2).await;
     assert_eq!(
         counting.first_tries(),
@@ -865,18 +871,7 @@ async fn queued_waiters_stay_alive_past_their_entry_life_without_the_queue_being
         .expect("free");
     let mut tasks = Vec::new();
     for _ in 0..WAITERS {
-        let (backend, waited) = (backend.clone(), key.clone());
-        tasks.push(tokio::spawn(async move {
-            let lease = LockOptions::new(Duration::from_secs(30))
-                .wait(Duration::from_secs(30))
-                .fair(true)
-                .acquire_on(backend, &waited)
-                .await
-                .expect("a fair waiter is served");
-            let token = lease.token();
-            lease.release().await.expect("release");
-            token
-        }));
+        tasks.push(spawn_fair_waiter(backend.clone(), key.clone()));
     }
     let owners = until_queued(&mut conn, &key, WAITERS).await;
     let read_queue = |mut conn: MultiplexedConnection| {

@@ -1,6 +1,7 @@
 //! `PgBackend` against bad input and its own PostgreSQL instances: wrong
 //! password, both connection-string forms, TLS, a server restart, a restore
-//! from an older copy, an unreachable host, missing privileges.
+//! from an older copy, a failover to a streaming replica, an unreachable
+//! host, missing privileges.
 //!
 //! Tests that need a server configured differently from the shared one
 //! (password authentication, TLS, a restart) run their own
@@ -240,6 +241,126 @@ async fn tokens_keep_rising_after_the_database_is_restored_from_an_older_copy() 
         highest = lease.token();
         lease.release().await.expect("release");
     }
+}
+
+/// A connection string naming both servers, as an application names a
+/// primary and its standby: the read-write one is used, whichever it is.
+fn both(primary: &OwnServer, standby: &OwnServer) -> String {
+    format!(
+        "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres password='{}' \
+         target_session_attrs=read-write connect_timeout=2",
+        primary.port,
+        standby.port,
+        PASSWORD.replace('\'', "\\'"),
+    )
+}
+
+/// The last value of the token sequence on `server`, read directly.
+async fn token_counter(server: &OwnServer) -> i64 {
+    let (client, connection) = tokio_postgres::connect(&server.conn(PASSWORD, ""), NoTls)
+        .await
+        .expect("connect to the server");
+    tokio::spawn(connection);
+    client
+        .query_one("SELECT last_value FROM dlock.dlock_token_seq", &[])
+        .await
+        .expect("read the token sequence")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_to_a_replica_that_missed_the_last_tokens_new_tokens_still_exceed_them() {
+    let primary = OwnServer::start();
+    // The schema and the sequence exist before the replica copies them.
+    let key = fresh_key("failover");
+    {
+        let backend: Arc<dyn Backend> = Arc::new(
+            PgBackend::connect_with(&primary.conn(PASSWORD, ""), PgOptions::new().sessions(1))
+                .await
+                .expect("connect"),
+        );
+        acquire_once_back(&backend, &key)
+            .await
+            .release()
+            .await
+            .expect("release");
+    }
+    let standby = primary.start_replica();
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&both(&primary, &standby), PgOptions::new().sessions(2))
+            .await
+            .expect("connect to the pair"),
+    );
+    let mut highest = 0;
+    for _ in 0..3 {
+        let lease = acquire_once_back(&backend, &key).await;
+        highest = highest.max(lease.token().get());
+        lease.release().await.expect("release");
+    }
+    // The standby stops receiving; the primary goes on handing out tokens
+    // it will never see (more than the 32 values a sequence logs ahead,
+    // so a bare sequence would come back below them), then dies.
+    let stopped = standby.pg_ctl_stop("fast");
+    assert!(stopped.status.success(), "{stopped:?}");
+    for _ in 0..40 {
+        let lease = acquire_once_back(&backend, &key).await;
+        highest = highest.max(lease.token().get());
+        lease.release().await.expect("release");
+    }
+    let stopped = primary.pg_ctl_stop("immediate");
+    assert!(stopped.status.success(), "{stopped:?}");
+    standby.pg_ctl_start();
+    standby.promote();
+    let counter = token_counter(&standby).await;
+    assert!(
+        (counter as u64) < highest,
+        "the promoted replica must have missed the last tokens for this to test anything \
+         (its counter {counter}, the highest token {highest})"
+    );
+    for round in 0..3 {
+        let lease = acquire_once_back(&backend, &key).await;
+        assert!(
+            lease.token().get() > highest,
+            "holder {round} after the failover got {}, not above {highest}",
+            lease.token()
+        );
+        highest = lease.token().get();
+        lease.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_session_died_in_a_failover_is_told_and_the_new_primary_grants_the_key() {
+    let primary = OwnServer::start();
+    let standby = primary.start_replica();
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&both(&primary, &standby), PgOptions::new().sessions(2))
+            .await
+            .expect("connect to the pair"),
+    );
+    let key = fresh_key("failover-holder");
+    let held = acquire_once_back(&backend, &key).await;
+    let before = held.token();
+    let stopped = primary.pg_ctl_stop("immediate");
+    assert!(stopped.status.success(), "{stopped:?}");
+    standby.promote();
+    let lost = within(30, "the lost signal", held.lost()).await;
+    assert!(
+        matches!(
+            lost,
+            LockError::LeaseLost {
+                reason: LostReason::SessionEnded(_) | LostReason::Unreachable(_),
+                ..
+            }
+        ),
+        "{lost}"
+    );
+    let after = acquire_once_back(&backend, &key).await;
+    assert!(
+        after.token() > before,
+        "tokens keep rising across the failover"
+    );
+    after.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

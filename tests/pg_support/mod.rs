@@ -257,6 +257,66 @@ impl OwnServer {
         run(Command::new("cp").args(["-a", path(backup), path(&self.data())]));
     }
 
+    /// A streaming replica of this (running) server, on a port of its
+    /// own: a base backup with `-R` (standby mode, replicating from this
+    /// server), started. It keeps this server's settings, password and
+    /// certificate; stopped and removed on drop like any `OwnServer`.
+    pub fn start_replica(&self) -> OwnServer {
+        let id = OwnerId::random().expect("random");
+        let dir = std::env::temp_dir().join(format!("dlock-pg-replica-{id}"));
+        std::fs::create_dir_all(&dir).expect("replica dir");
+        if is_root() {
+            run(Command::new("chown").args(["-R", "postgres:postgres", path(&dir)]));
+        }
+        let replica = OwnServer {
+            dir,
+            port: free_port(),
+            bin: self.bin.clone(),
+        };
+        run(self
+            .as_postgres("pg_basebackup")
+            .env("PGPASSWORD", PASSWORD)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args([
+                "-D",
+                path(&replica.data()),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ]));
+        let conf = replica.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str(&format!(
+            "\nport = {}\nunix_socket_directories = '{}'\nhot_standby = on\n",
+            replica.port,
+            replica.dir.display(),
+        ));
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+        replica.pg_ctl_start();
+        replica
+    }
+
+    /// Promotes this standby to a primary, waiting until it accepts
+    /// writes.
+    pub fn promote(&self) {
+        run(self.as_postgres("pg_ctl").args([
+            "-D",
+            path(&self.data()),
+            "-w",
+            "-t",
+            "30",
+            "promote",
+        ]));
+    }
+
     /// A key-value connection string for this server.
     pub fn conn(&self, password: &str, extra: &str) -> String {
         format!(

@@ -179,28 +179,52 @@ async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release
 /// when dropped.
 struct OwnCluster {
     addresses: Vec<String>,
+    /// Each node's process id, in the order of `addresses`.
+    pids: Vec<u32>,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl OwnCluster {
     fn start() -> Self {
-        let (started, addresses) = mpsc::channel();
+        Self::start_of(0, 5000)
+    }
+
+    /// A cluster of three masters with `replicas` replicas each
+    /// (`redis_support::start_cluster_of`).
+    fn start_of(replicas: usize, node_timeout_ms: u32) -> Self {
+        let (started, nodes) = mpsc::channel::<Vec<(String, u32)>>();
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::spawn(move || {
-            let servers = redis_support::start_cluster();
-            let _ = started.send(servers.iter().map(RedisServer::address).collect());
+            let servers = redis_support::start_cluster_of(replicas, node_timeout_ms);
+            let _ = started.send(
+                servers
+                    .iter()
+                    .map(|s| (s.address(), s.pid().expect("running")))
+                    .collect(),
+            );
             let _ = stopped.recv();
             drop(servers);
         });
-        let addresses = addresses
+        let nodes = nodes
             .recv_timeout(Duration::from_secs(120))
             .expect("the cluster starts");
         Self {
-            addresses,
+            addresses: nodes.iter().map(|(a, _)| a.clone()).collect(),
+            pids: nodes.iter().map(|(_, p)| *p).collect(),
             stop: Some(stop),
             thread: Some(thread),
         }
+    }
+
+    /// The process id of the node at `address` (`host:port`).
+    fn pid_of(&self, address: &str) -> u32 {
+        let at = self
+            .addresses
+            .iter()
+            .position(|a| a == address)
+            .unwrap_or_else(|| panic!("no node at {address}"));
+        self.pids[at]
     }
 }
 
@@ -343,4 +367,149 @@ async fn a_cluster_connection_gone_silent_is_replaced_and_leases_keep_renewing()
         );
         lease.release().await.expect("release");
     }
+}
+
+/// Sends `signal` to the process `pid`.
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a child's pid; at worst the process is gone.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+/// The addresses (`host:port`) of the master that serves `slot` and of its
+/// replica, read from `CLUSTER NODES` on `node`.
+fn master_and_replica_of(node: &str, slot: u16) -> (String, String) {
+    let port = node.rsplit(':').next().expect("port");
+    let nodes = redis_support::cli(&["-p", port], &["CLUSTER", "NODES"]);
+    let address = |field: &str| field.split('@').next().expect("address").to_owned();
+    let serves = |ranges: &[&str]| {
+        ranges.iter().any(|range| {
+            let mut ends = range.split('-').map(|n| n.parse::<u16>().ok());
+            match (ends.next().flatten(), ends.next()) {
+                (Some(first), Some(Some(last))) => (first..=last).contains(&slot),
+                (Some(only), None) => only == slot,
+                _ => false,
+            }
+        })
+    };
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let master = lines
+        .iter()
+        .find(|f| f.len() > 8 && f[2].contains("master") && serves(&f[8..]))
+        .unwrap_or_else(|| panic!("no master serves slot {slot}:\n{nodes}"));
+    let replica = lines
+        .iter()
+        .find(|f| f.len() > 3 && f[2].contains("slave") && f[3] == master[0])
+        .unwrap_or_else(|| panic!("the master of slot {slot} has no replica:\n{nodes}"));
+    (address(master[1]), address(replica[1]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_cluster_failover_to_a_replica_that_missed_the_last_tokens_tokens_rise_and_the_holder_is_told()
+ {
+    let cluster = tokio::task::spawn_blocking(|| OwnCluster::start_of(1, 1000))
+        .await
+        .expect("cluster start");
+    let urls: Vec<String> = cluster
+        .addresses
+        .iter()
+        .map(|a| format!("redis://{a}"))
+        .collect();
+    let redis = urls[1..]
+        .iter()
+        .fold(RedisBackend::builder(&urls[0]), |builder, url| {
+            builder.node(url)
+        })
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect to the cluster");
+    let backend: Arc<dyn Backend> = Arc::new(redis);
+    let key = dlock_runtime::conformance::fresh_key("cluster-failover");
+    let lock = redis_support::lock_name(&key);
+    let fence = lock.replace(":lock", ":fence");
+    let first_port = cluster.addresses[0].rsplit(':').next().expect("port");
+    let slot: u16 = redis_support::cli(&["-p", first_port], &["CLUSTER", "KEYSLOT", &lock])
+        .parse()
+        .expect("a slot number");
+    let (master, replica) = master_and_replica_of(&cluster.addresses[0], slot);
+    let on = |address: &str, args: &[&str]| {
+        redis_support::cli(&["-p", address.rsplit(':').next().expect("port")], args)
+    };
+
+    let mut highest = 0;
+    let cycle = async |highest: &mut u64| {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect("free");
+        *highest = (*highest).max(lease.token().get());
+        lease.release().await.expect("release");
+    };
+    for _ in 0..3 {
+        cycle(&mut highest).await;
+    }
+    assert_eq!(
+        on(&master, &["WAIT", "1", "5000"]),
+        "1",
+        "the replica caught up"
+    );
+    // The replica stops receiving; the master goes on handing out tokens
+    // (and one lease) it will never see, then dies.
+    // (Stopped, it cannot reconnect once the master cuts its link, and
+    // nothing sent after the cut waits in its socket.)
+    signal(cluster.pid_of(&replica), libc::SIGSTOP);
+    on(&master, &["CLIENT", "KILL", "TYPE", "replica"]);
+    for _ in 0..3 {
+        cycle(&mut highest).await;
+    }
+    let held = LockOptions::new(Duration::from_secs(3))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    highest = highest.max(held.token().get());
+    signal(cluster.pid_of(&master), libc::SIGKILL);
+    signal(cluster.pid_of(&replica), libc::SIGCONT);
+    assert_eq!(on(&replica, &["CLUSTER", "FAILOVER", "TAKEOVER"]), "OK");
+    support::within(20, "the replica's promotion", async {
+        while !on(&replica, &["ROLE"]).starts_with("master") {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let counter: u64 = on(&replica, &["GET", &fence]).parse().unwrap_or(0);
+    assert!(
+        counter < highest,
+        "the promoted replica must have missed the last tokens for this to test anything \
+         (its counter {counter}, the highest token {highest})"
+    );
+
+    let lost = support::within(30, "the lost signal", held.lost()).await;
+    assert!(matches!(lost, dlock::LockError::LeaseLost { .. }), "{lost}");
+    let after = support::within(30, "a lease on the new master", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend.clone(), &key)
+                .await
+            {
+                Ok(lease) => return lease,
+                Err(err) => {
+                    eprintln!("not yet: {err}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        after.token().get() > highest,
+        "after the failover got {}, not above {highest}",
+        after.token()
+    );
+    after.release().await.expect("release");
 }

@@ -239,7 +239,14 @@ fn ping(port: u16) -> bool {
 /// The servers die with the thread that started them (parent-death
 /// signal): call this on a thread that outlives their use.
 pub fn start_cluster() -> Vec<RedisServer> {
-    let servers: Vec<RedisServer> = (0..3)
+    start_cluster_of(0, 5000)
+}
+
+/// Starts a Redis Cluster of three masters with `replicas` replicas each
+/// and a node timeout of `node_timeout_ms`, as [`start_cluster`] does.
+pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServer> {
+    let timeout = node_timeout_ms.to_string();
+    let servers: Vec<RedisServer> = (0..3 * (1 + replicas))
         .map(|_| {
             RedisServer::start(&[
                 "--cluster-enabled",
@@ -247,24 +254,26 @@ pub fn start_cluster() -> Vec<RedisServer> {
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "5000",
+                &timeout,
             ])
         })
         .collect();
     let mut create = vec!["--cluster", "create"];
     let addresses: Vec<String> = servers.iter().map(RedisServer::address).collect();
     create.extend(addresses.iter().map(String::as_str));
-    create.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+    let replicas_arg = replicas.to_string();
+    create.extend(["--cluster-replicas", &replicas_arg, "--cluster-yes"]);
     let output = cli(&[], &create);
     assert!(
         output.contains("All 16384 slots covered"),
         "redis-cli --cluster create failed:\n{output}"
     );
+    let known = format!("cluster_known_nodes:{}", servers.len());
     let deadline = Instant::now() + Duration::from_secs(30);
     for server in &servers {
         loop {
             let info = server.cli(&["CLUSTER", "INFO"]);
-            if info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3") {
+            if info.contains("cluster_state:ok") && info.contains(&known) {
                 break;
             }
             assert!(

@@ -185,6 +185,18 @@ pub trait Backend: Send + Sync + 'static {
     /// dropped unresolved, leaves nothing registered.
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
 
+    /// How much longer than its ttl the store may keep a lease that is not
+    /// renewed: the granularity of its expiry (etcd counts lease ttls in
+    /// whole seconds, with a minimum) and how often it sweeps expired
+    /// leases. The holder is told its lease is lost at the ttl whatever the
+    /// store does; this is how much later, at most, others find the key
+    /// free. A longer hold keeps exclusion; it is never shorter. The
+    /// conformance suite waits this much longer for an expiry. The default
+    /// is zero: the store ends a lease at its ttl.
+    fn expiry_slack(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// Whether this backend keeps fair queues (rules F1 to F3, and
     /// [`Backend::subscribe_handoff`]). The core refuses a fair acquisition
     /// on a backend that answers `false` (the default) with

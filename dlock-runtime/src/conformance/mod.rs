@@ -408,7 +408,7 @@ pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<
         .await
         .expect("free once the ttl ran out");
     next.release().await.expect("release");
-    sleep(Duration::from_millis(400)).await;
+    sleep(Duration::from_millis(400) + backend.expiry_slack()).await;
     for (key, owner) in [&released, &broken, &expired, &taken_over] {
         let extended = backend
             .extend(&Renewal::new(key, owner, Duration::from_secs(60)))
@@ -1422,7 +1422,7 @@ pub async fn holder_is_none_once_the_lease_expires(backend: Arc<dyn Backend>) {
         backend.holder(&key).await.expect("holder").is_some(),
         "held"
     );
-    sleep(Duration::from_millis(700)).await;
+    sleep(Duration::from_millis(700) + backend.expiry_slack()).await;
     assert_eq!(
         backend.holder(&key).await.expect("holder"),
         None,

@@ -6,12 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
-use tokio::time::timeout;
+use tokio::time::{sleep, timeout};
 
 use super::endpoints::{self, scrub, secrets_of};
 use super::keyspace::ROOT;
 use super::watch::Watches;
-use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND};
+use super::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND, UNSENT_PAUSE,
+    never_sent,
+};
 use crate::error::{LockError, Operation};
 use crate::holder::check_label;
 
@@ -113,11 +116,18 @@ impl EtcdBuilder {
             Ok(Err(err)) => return Err(failed(err.to_string())),
             Err(_) => return Err(failed(format!("no connection within {limit:?}"))),
         };
-        let mut probe = client.kv_client();
-        let read = probe.get(
-            ROOT,
-            Some(GetOptions::new().with_prefix().with_count_only()),
-        );
+        // Sent again while the member picked is down: another one may
+        // answer (see `EtcdBackend::bounded`).
+        let read = async {
+            loop {
+                let mut probe = client.kv_client();
+                let options = GetOptions::new().with_prefix().with_count_only();
+                match probe.get(ROOT, Some(options)).await {
+                    Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
+                    answer => return answer,
+                }
+            }
+        };
         match timeout(limit, read).await {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => return Err(failed(err.to_string())),
@@ -127,6 +137,17 @@ impl EtcdBuilder {
                 )));
             }
         }
+        // The cluster's minimum lease ttl (1.5 × its election timeout,
+        // rounded up): etcd raises a shorter grant to it and says so.
+        let mut leases = client.lease_client();
+        let min_lease_ttl = match timeout(limit, leases.grant(1, None)).await {
+            Ok(Ok(granted)) => {
+                let _ = timeout(limit, leases.revoke(granted.id())).await;
+                Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1))
+            }
+            Ok(Err(err)) => return Err(failed(err.to_string())),
+            Err(_) => return Err(failed(format!("no lease granted within {limit:?}"))),
+        };
         let watches = Watches::new(client.clone(), self.response_timeout);
         Ok(EtcdBackend {
             inner: Arc::new(Inner {
@@ -135,6 +156,7 @@ impl EtcdBuilder {
                 shown,
                 secrets,
                 response_timeout: self.response_timeout,
+                min_lease_ttl,
                 label: self.label,
             }),
         })

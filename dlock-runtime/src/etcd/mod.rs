@@ -99,7 +99,7 @@ use etcd_client::{
     LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use futures_util::future::join_all;
-use tokio::time::timeout;
+use tokio::time::{sleep, timeout};
 
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Grant, Holding, ReleaseNotice, ReleaseOutcome,
@@ -128,6 +128,15 @@ const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
 /// settings (`--max-txn-ops`): a renewal batch reads its keys in
 /// transactions of at most this many.
 const MAX_TXN_OPS: usize = 128;
+/// The pause before sending again a request that could not be sent (its
+/// member is down): the client's balancer picks a member anew each time.
+const UNSENT_PAUSE: Duration = Duration::from_millis(20);
+/// How late, at most, etcd's leader deletes an expired lease's keys: it
+/// looks for expired leases every 500 ms and revokes them through one
+/// round of consensus.
+const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
+/// gRPC's status code `UNAVAILABLE`.
+const GRPC_UNAVAILABLE: i32 = 14;
 
 /// Locks in an etcd cluster.
 ///
@@ -162,6 +171,8 @@ struct Inner {
     /// Passwords to scrub from any error text.
     secrets: Vec<String>,
     response_timeout: Duration,
+    /// The cluster's minimum lease ttl, learnt when connecting.
+    min_lease_ttl: Duration,
     /// The label acquisitions record, over the process's.
     label: Option<String>,
 }
@@ -186,19 +197,41 @@ impl EtcdBackend {
         self.inner.watches.watched_keys()
     }
 
+    /// The cluster's shortest lease: etcd keeps a lease at least this
+    /// long (1.5 × its election timeout, rounded up to a second; 2 s with
+    /// etcd's defaults), whatever ttl was asked for.
+    pub fn min_lease_ttl(&self) -> Duration {
+        self.inner.min_lease_ttl
+    }
+
     fn error(&self, operation: Operation, key: &str, text: &str) -> LockError {
         LockError::backend(KIND, operation, key, scrub(text, &self.inner.secrets))
     }
 
-    /// Runs one request within the response timeout.
-    async fn bounded<T>(
+    /// Runs one request within the response timeout, sending it again
+    /// when it could not be sent at all (the member the client picked
+    /// refuses connections: it is down). A request that was sent is never
+    /// repeated here.
+    async fn bounded<T, F, Fut>(
         &self,
         operation: Operation,
         key: &str,
-        request: impl Future<Output = Result<T, EtcdError>>,
-    ) -> Result<T, LockError> {
+        mut request: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, EtcdError>>,
+    {
         let limit = self.inner.response_timeout;
-        match timeout(limit, request).await {
+        let tries = async {
+            loop {
+                match request().await {
+                    Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
+                    answer => return answer,
+                }
+            }
+        };
+        match timeout(limit, tries).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(err)) => Err(self.error(operation, key, &err.to_string())),
             Err(_) => Err(self.error(
@@ -218,8 +251,12 @@ impl EtcdBackend {
         key: &str,
         txn: Txn,
     ) -> Result<TxnResponse, LockError> {
-        let mut kv = self.inner.client.kv_client();
-        self.bounded(operation, key, kv.txn(txn)).await
+        self.bounded(operation, key, || {
+            let mut kv = self.inner.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// Keeps `lease` alive once: `false` if etcd does not know it (it ran
@@ -230,9 +267,9 @@ impl EtcdBackend {
         key: &str,
         lease: i64,
     ) -> Result<bool, LockError> {
-        let mut leases = self.inner.client.lease_client();
-        let answer = self
-            .bounded(operation, key, async move {
+        self.bounded(operation, key, || {
+            let mut leases = self.inner.client.lease_client();
+            async move {
                 match leases.keep_alive(lease).await {
                     // The stream is dropped with its sender: one request,
                     // one answer.
@@ -242,9 +279,9 @@ impl EtcdBackend {
                     }
                     Err(err) => Err(err),
                 }
-            })
-            .await?;
-        Ok(answer)
+            }
+        })
+        .await
     }
 
     /// Grants `lease` for `seconds`: `true` if it is new, `false` if it
@@ -257,20 +294,22 @@ impl EtcdBackend {
         seconds: i64,
     ) -> Result<bool, LockError> {
         for _ in 0..2 {
-            let mut leases = self.inner.client.lease_client();
             let granted = self
-                .bounded(operation, key, async move {
-                    match leases
-                        .grant(seconds, Some(LeaseGrantOptions::new().with_id(lease)))
-                        .await
-                    {
-                        Ok(_) => Ok(true),
-                        Err(EtcdError::GRpcStatus(status))
-                            if status.message().contains("lease already exists") =>
+                .bounded(operation, key, || {
+                    let mut leases = self.inner.client.lease_client();
+                    async move {
+                        match leases
+                            .grant(seconds, Some(LeaseGrantOptions::new().with_id(lease)))
+                            .await
                         {
-                            Ok(false)
+                            Ok(_) => Ok(true),
+                            Err(EtcdError::GRpcStatus(status))
+                                if status.message().contains("lease already exists") =>
+                            {
+                                Ok(false)
+                            }
+                            Err(err) => Err(err),
                         }
-                        Err(err) => Err(err),
                     }
                 })
                 .await?;
@@ -429,6 +468,20 @@ impl EtcdBackend {
     }
 }
 
+/// Whether a request failed before it left: the connection to the member
+/// the client picked could not be opened (the member is down), so nothing
+/// reached etcd and the request can go again, to another member.
+pub(super) fn never_sent(err: &EtcdError) -> bool {
+    match err {
+        EtcdError::GRpcStatus(status) => {
+            i32::from(status.code()) == GRPC_UNAVAILABLE
+                && (status.message().contains("connect error")
+                    || status.message().contains("Connection refused"))
+        }
+        _ => false,
+    }
+}
+
 /// The key-value of the first answer of `responses` if it is a read that
 /// found one.
 fn first_kv(responses: &[TxnOpResponse], at: usize) -> Option<KeyValue> {
@@ -451,6 +504,14 @@ fn token_of(revision: i64) -> Option<FencingToken> {
 impl Backend for EtcdBackend {
     fn kind(&self) -> &'static str {
         KIND
+    }
+
+    /// A lease lasts its ttl rounded up to a second, and at least the
+    /// cluster's minimum: at most [`EtcdBackend::min_lease_ttl`] longer
+    /// than asked, and the leader then revokes it on its next sweep of
+    /// expired leases (every 500 ms), through one round of consensus.
+    fn expiry_slack(&self) -> Duration {
+        self.inner.min_lease_ttl + EXPIRY_SWEEP
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
@@ -616,13 +677,12 @@ impl Backend for EtcdBackend {
         let identity = on_lock_lease(first_kv(&responses, 2));
         let mut holding = Holding::new(token_of(lock.create_revision()), identity)
             .held_by(record.as_deref().and_then(HolderInfo::decode));
-        let mut leases = self.inner.client.lease_client();
+        let lease = lock.lease();
         let left = self
-            .bounded(
-                Operation::Inspect,
-                key.as_str(),
-                leases.time_to_live(lock.lease(), None),
-            )
+            .bounded(Operation::Inspect, key.as_str(), || {
+                let mut leases = self.inner.client.lease_client();
+                async move { leases.time_to_live(lease, None).await }
+            })
             .await?;
         if let Ok(seconds) = u64::try_from(left.ttl()) {
             holding = holding.expiring_in(Duration::from_secs(seconds));

@@ -194,3 +194,51 @@ async fn a_lock_key_deleted_by_an_operator_is_lost_for_its_holder() {
     assert!(backend.holder(&key).await.expect("holder").is_some());
     next.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_that_takes_a_key_again_right_after_its_release_keeps_it() {
+    use dlock::backend::{
+        AcquireRequest, Attempt, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    // The lease id comes from the owner id and the ttl: a multi-key
+    // acquisition that backs off releases a key and takes it again with
+    // the same owner, on the same lease id. The release's revoke of the
+    // old lease must be over by then, or it deletes the new hold. Many
+    // owners at once, many rounds each, so a late revoke would land.
+    let backend = Arc::new(shared().await);
+    let ttl = Duration::from_secs(10);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let backend = backend.clone();
+            tokio::spawn(async move {
+                let key = fresh_key("same-owner-again");
+                let owner = OwnerId::random().expect("random");
+                for round in 0..30 {
+                    let taken = backend
+                        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+                        .await
+                        .expect("acquire");
+                    assert!(matches!(taken, Attempt::Acquired(_)), "round {round}");
+                    let extended = backend
+                        .extend(&Renewal::new(&key, &owner, ttl))
+                        .await
+                        .expect("extend");
+                    assert!(
+                        extended,
+                        "round {round}: the hold taken again must be the owner's"
+                    );
+                    let released = backend
+                        .release(&ReleaseRequest::new(&key, &owner))
+                        .await
+                        .expect("release");
+                    assert_eq!(released, ReleaseOutcome::Released, "round {round}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        within(60, "the owners' rounds", task)
+            .await
+            .expect("owner task");
+    }
+}

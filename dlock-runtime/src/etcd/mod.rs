@@ -326,20 +326,22 @@ impl EtcdBackend {
         ))
     }
 
-    /// Revokes `lease` in the background: its keys are gone already or
-    /// not the holder's, and a lease left behind only runs out.
-    fn revoke_later(&self, lease: i64) {
+    /// Revokes `lease`, whose keys are gone already or not the holder's;
+    /// a failure is ignored (a lease left behind only runs out). Awaited,
+    /// never left to run in the background: the same owner may name the
+    /// same lease again at once (a multi-key acquisition backs off and
+    /// retries with its owner id), and a revoke that came after that
+    /// retry's grant would delete the key it just took.
+    async fn revoke(&self, lease: i64) {
         if lease == 0 {
             return;
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let mut leases = self.inner.client.lease_client();
-        let limit = self.inner.response_timeout;
-        runtime.spawn(async move {
-            let _ = timeout(limit, leases.revoke(lease)).await;
-        });
+        let _ = self
+            .bounded(Operation::Release, "", || {
+                let mut leases = self.inner.client.lease_client();
+                async move { leases.revoke(lease).await }
+            })
+            .await;
     }
 
     /// The writes that take (or retake) a key on `lease`: the lock, the
@@ -400,7 +402,7 @@ impl EtcdBackend {
                 keep(&names.identity),
             ]);
         let moved = self.txn(Operation::Extend, key, txn).await?.succeeded();
-        self.revoke_later(if moved { old } else { lease });
+        self.revoke(if moved { old } else { lease }).await;
         Ok(moved)
     }
 
@@ -458,7 +460,7 @@ impl EtcdBackend {
                 (Ok(_), Some(kv)) => self.move_lease(renewal, kv.lease()).await,
                 (Ok(alive), None) => {
                     if alive {
-                        self.revoke_later(leases[i]);
+                        self.revoke(leases[i]).await;
                     }
                     Ok(false)
                 }
@@ -519,7 +521,7 @@ impl Backend for EtcdBackend {
         let names = Names::of(request.key);
         let seconds = lease_seconds(request.ttl);
         let lease = lease_id(request.owner, seconds);
-        let fresh = self.grant(Operation::Acquire, key, lease, seconds).await?;
+        self.grant(Operation::Acquire, key, lease, seconds).await?;
         let owner = request.owner.to_hex();
         let record = request.holder_record(self.inner.label.as_deref());
         let writes = || Self::writes(&names, &owner, record.clone(), request.identity, lease);
@@ -566,13 +568,13 @@ impl Backend for EtcdBackend {
             let token =
                 token_of(kv.create_revision()).ok_or_else(|| unexpected("no create revision"))?;
             if kv.lease() != lease {
-                self.revoke_later(kv.lease());
+                self.revoke(kv.lease()).await;
             }
             return Ok(Attempt::Acquired(Grant::new(token)));
         }
-        if fresh {
-            self.revoke_later(lease);
-        }
+        // The lease granted for this attempt is left to the waiter's next
+        // attempt (same owner, same lease) or to run out: revoking it here
+        // would cost every losing attempt a round trip.
         // etcd deletes the key when the holder's lease runs out, and the
         // watch sees it: no need to ask the lease's ttl.
         Ok(Attempt::Held {
@@ -626,7 +628,7 @@ impl Backend for EtcdBackend {
             return Ok(ReleaseOutcome::NotOwner);
         }
         if let Some(kv) = first_kv(&answer.op_responses(), 0) {
-            self.revoke_later(kv.lease());
+            self.revoke(kv.lease()).await;
         }
         Ok(ReleaseOutcome::Released)
     }
@@ -652,7 +654,7 @@ impl Backend for EtcdBackend {
         let answer = self.txn(Operation::Release, key.as_str(), txn).await?;
         let broken = first_kv(&answer.op_responses(), 0);
         if let Some(kv) = &broken {
-            self.revoke_later(kv.lease());
+            self.revoke(kv.lease()).await;
         }
         Ok(broken.is_some())
     }

@@ -18,6 +18,36 @@ use std::time::{Duration, Instant};
 use dlock::backend::OwnerId;
 use dlock::etcd::EtcdBackend;
 
+/// Member directories are `<target tmp>/dlock-etcd-<pid>-<token>-m<i>`:
+/// named by the test process that made them, so a later run can remove
+/// those of a process that is gone (etcd preallocates 64 MB of log per
+/// member).
+const DIR_PREFIX: &str = "dlock-etcd-";
+
+/// Removes the member directories of test processes that no longer run
+/// (killed before their clean-up ran).
+fn sweep_dirs_of_dead_processes() {
+    let Ok(entries) = std::fs::read_dir(env!("CARGO_TARGET_TMPDIR")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(DIR_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only asks whether the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0
+            || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM);
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// A loopback port nothing listens on now.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
@@ -101,11 +131,13 @@ impl Cluster {
     /// Starts `size` members and waits until every one of them answers a
     /// read (which needs a leader).
     pub fn start(size: usize) -> Self {
+        sweep_dirs_of_dead_processes();
         let token = random_word();
+        let pid = std::process::id();
         let mut members: Vec<Member> = (0..size)
             .map(|i| {
                 let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-                    .join(format!("dlock-etcd-{token}-m{i}"));
+                    .join(format!("{DIR_PREFIX}{pid}-{token}-m{i}"));
                 std::fs::create_dir_all(&dir).expect("member directory");
                 Member {
                     name: format!("m{i}"),
@@ -273,6 +305,17 @@ pub fn shared_cluster() -> &'static Vec<String> {
         let (sender, receiver) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let cluster = Cluster::start(3);
+            let members: Vec<(u32, PathBuf)> = cluster
+                .members
+                .iter()
+                .filter_map(|m| Some((m.pid()?, m.dir.clone())))
+                .collect();
+            let _ = SHARED_MEMBERS.set(members);
+            // SAFETY: registers a plain function to run at exit; the test
+            // harness ends with `exit`, which runs it.
+            unsafe {
+                libc::atexit(remove_shared_cluster);
+            }
             let _ = sender.send(cluster.endpoints());
             // Keeps the members (and this thread, which started them) alive.
             loop {
@@ -281,6 +324,22 @@ pub fn shared_cluster() -> &'static Vec<String> {
         });
         receiver.recv().expect("the shared etcd cluster started")
     })
+}
+
+/// The shared cluster's members: pid and directory, for the clean-up at
+/// exit (statics are never dropped).
+static SHARED_MEMBERS: OnceLock<Vec<(u32, PathBuf)>> = OnceLock::new();
+
+/// At exit: kills the shared cluster's members and removes their
+/// directories.
+extern "C" fn remove_shared_cluster() {
+    for (pid, dir) in SHARED_MEMBERS.get().into_iter().flatten() {
+        // SAFETY: kill(2) on a member this process started.
+        unsafe {
+            libc::kill(*pid as libc::pid_t, libc::SIGKILL);
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 /// A backend on the shared cluster.

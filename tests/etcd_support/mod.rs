@@ -66,9 +66,52 @@ pub struct Member {
     pub peer_port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// The cluster it was started in: `--initial-cluster` and its token.
+    initial: (String, String),
 }
 
 impl Member {
+    /// Starts the member's process (again, after [`Member::kill`]: its
+    /// data directory makes it rejoin as the member it was).
+    pub fn launch(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .expect("log file");
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", &self.name])
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .args(["--listen-client-urls", &self.endpoint()])
+            .args(["--advertise-client-urls", &self.endpoint()])
+            .args(["--listen-peer-urls", &self.peer_url()])
+            .args(["--initial-advertise-peer-urls", &self.peer_url()])
+            .args(["--initial-cluster", &self.initial.0])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--initial-cluster-token", &self.initial.1])
+            .args(["--heartbeat-interval", "50"])
+            .args(["--election-timeout", "500"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; it asks the kernel to kill
+        // the member when the thread that started it ends, so a test
+        // process that dies without running destructors leaves no member
+        // behind.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command
+            .spawn()
+            .expect("etcd must be installed (scripts/test installs etcd-server)");
+        self.child = Some(child);
+    }
+
     /// `http://127.0.0.1:PORT`, its client URL.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
@@ -145,6 +188,7 @@ impl Cluster {
                     peer_port: free_port(),
                     dir,
                     child: None,
+                    initial: (String::new(), String::new()),
                 }
             })
             .collect();
@@ -154,38 +198,8 @@ impl Cluster {
             .collect();
         let initial = initial.join(",");
         for member in &mut members {
-            let log = std::fs::File::create(member.dir.join("etcd.log")).expect("log file");
-            let mut command = Command::new("etcd");
-            command
-                .args(["--name", &member.name])
-                .arg("--data-dir")
-                .arg(member.dir.join("data"))
-                .args(["--listen-client-urls", &member.endpoint()])
-                .args(["--advertise-client-urls", &member.endpoint()])
-                .args(["--listen-peer-urls", &member.peer_url()])
-                .args(["--initial-advertise-peer-urls", &member.peer_url()])
-                .args(["--initial-cluster", &initial])
-                .args(["--initial-cluster-state", "new"])
-                .args(["--initial-cluster-token", &token])
-                .args(["--heartbeat-interval", "50"])
-                .args(["--election-timeout", "500"])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("log file"))
-                .stderr(log);
-            // SAFETY: prctl is async-signal-safe; it asks the kernel to kill
-            // the member when the thread that started it ends, so a test
-            // process that dies without running destructors leaves no
-            // member behind.
-            unsafe {
-                command.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-            let child = command
-                .spawn()
-                .expect("etcd must be installed (scripts/test installs etcd-server)");
-            member.child = Some(child);
+            member.initial = (initial.clone(), token.clone());
+            member.launch();
         }
         let cluster = Self { members };
         for i in 0..size {

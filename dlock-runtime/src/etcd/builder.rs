@@ -118,12 +118,19 @@ impl EtcdBuilder {
         };
         // Sent again while the member picked is down: another one may
         // answer (see `EtcdBackend::bounded`).
+        // The last refusal, to say why when time runs out.
+        let refused = std::sync::Mutex::new(None::<String>);
         let read = async {
             loop {
                 let mut probe = client.kv_client();
                 let options = GetOptions::new().with_prefix().with_count_only();
                 match probe.get(ROOT, Some(options)).await {
-                    Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
+                    Err(err) if never_sent(&err) => {
+                        if let Ok(mut last) = refused.lock() {
+                            *last = Some(err.to_string());
+                        }
+                        sleep(UNSENT_PAUSE).await;
+                    }
                     answer => return answer,
                 }
             }
@@ -132,9 +139,15 @@ impl EtcdBuilder {
             Ok(Ok(_)) => {}
             Ok(Err(err)) => return Err(failed(err.to_string())),
             Err(_) => {
-                return Err(failed(format!(
-                    "the cluster did not answer a read within {limit:?} (unreachable, or without a leader)"
-                )));
+                let last = refused.lock().ok().and_then(|mut last| last.take());
+                return Err(failed(match last {
+                    Some(refusal) => format!(
+                        "no member answered within {limit:?}; the last one tried: {refusal}"
+                    ),
+                    None => format!(
+                        "the cluster did not answer a read within {limit:?} (unreachable, or without a leader)"
+                    ),
+                }));
             }
         }
         // The cluster's minimum lease ttl (1.5 × its election timeout,

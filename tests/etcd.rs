@@ -242,3 +242,37 @@ async fn an_owner_that_takes_a_key_again_right_after_its_release_keeps_it() {
             .expect("owner task");
     }
 }
+
+#[tokio::test]
+async fn a_renewal_writes_a_deleted_identity_record_again() {
+    use dlock::backend::{AcquireRequest, Attempt, OwnerId, Renewal};
+    let backend = shared().await;
+    let key = fresh_key("identity-again");
+    let owner = OwnerId::random().expect("random");
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(&key, &owner, ttl).with_identity(Some("web-7"));
+    let Attempt::Acquired(grant) = backend.try_acquire(&request).await.expect("acquire") else {
+        panic!("{key} must be free");
+    };
+    let deleted = etcd_support::etcdctl(
+        &shared_cluster()[0],
+        &["del", &format!("dlock/identity/{}", key.as_str())],
+    );
+    assert_eq!(deleted.as_deref().map(str::trim), Some("1"));
+    let hidden = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(hidden.identity, None, "the record is gone");
+    let renewed = backend
+        .extend(&Renewal::new(&key, &owner, ttl).recording("web-7", grant.token))
+        .await
+        .expect("extend");
+    assert!(renewed);
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(holding.identity.as_deref(), Some("web-7"));
+    assert_eq!(holding.token, Some(grant.token));
+    let released = backend
+        .release(&dlock::backend::ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+    assert_eq!(released, dlock::backend::ReleaseOutcome::Released);
+    assert_eq!(backend.holder(&key).await.expect("holder"), None);
+}

@@ -18,6 +18,13 @@
 //!   ttl moves the keys onto a new lease in one transaction compared on
 //!   the owner and the old lease. A release deletes the keys in one
 //!   transaction compared on the owner, then revokes the lease.
+//!   A batch of renewals ([`Backend::extend_many`]) keeps its leases alive
+//!   all at once, each with one request and answer on a short keep-alive
+//!   stream of its own (the client crate offers no way to name several
+//!   leases on one stream), then reads every key in one transaction (at
+//!   most 64 renewals, 128 reads, a transaction: etcd's default
+//!   `--max-txn-ops`). A renewal of a lease taken with an identity also
+//!   writes the identity record again if it went missing.
 //! - **Lease ttls are whole seconds**: etcd counts leases in seconds, so a
 //!   lease is kept for its ttl rounded up to the next second, and at least
 //!   the cluster's minimum lease ttl (1.5 × the election timeout, rounded up:
@@ -128,6 +135,9 @@ const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
 /// settings (`--max-txn-ops`): a renewal batch reads its keys in
 /// transactions of at most this many.
 const MAX_TXN_OPS: usize = 128;
+/// Renewals per read transaction: each reads its lock key and, for a lease
+/// taken with an identity, the identity record.
+const RENEWALS_PER_TXN: usize = MAX_TXN_OPS / 2;
 /// The pause before sending again a request that could not be sent (its
 /// member is down): the client's balancer picks a member anew each time.
 const UNSENT_PAUSE: Duration = Duration::from_millis(20);
@@ -406,7 +416,29 @@ impl EtcdBackend {
         Ok(moved)
     }
 
-    /// One batch of at most [`MAX_TXN_OPS`] renewals.
+    /// Writes `identity` again beside `renewal`'s lock, on its lease, if
+    /// the lock is still the owner's on that lease: an operator who
+    /// deleted the record hides a leader for one renewal at most. A
+    /// failure is only logged: the renewal itself went through.
+    async fn record_identity(&self, renewal: &Renewal<'_>, identity: &str, lease: i64) {
+        let names = Names::of(renewal.key);
+        let owner = renewal.owner.to_hex();
+        let txn = Txn::new()
+            .when([
+                Compare::value(names.lock.as_str(), CompareOp::Equal, owner.to_vec()),
+                Compare::lease(names.lock.as_str(), CompareOp::Equal, lease),
+            ])
+            .and_then([TxnOp::put(
+                names.identity.as_str(),
+                identity,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if let Err(err) = self.txn(Operation::Extend, renewal.key.as_str(), txn).await {
+            tracing::debug!(key = %renewal.key, error = %err, "could not write a missing identity record again");
+        }
+    }
+
+    /// One batch of at most [`RENEWALS_PER_TXN`] renewals.
     async fn extend_batch(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let leases: Vec<i64> = renewals
             .iter()
@@ -420,12 +452,30 @@ impl EtcdBackend {
                 .map(|(r, lease)| self.keep_alive(Operation::Extend, r.key.as_str(), *lease)),
         )
         .await;
-        let reads = Txn::new().and_then(
-            renewals
+        // Every lock key, and the identity record of each lease taken
+        // with one (rewritten below if it went missing).
+        let mut reads = Vec::with_capacity(2 * renewals.len());
+        let mut identity_at = Vec::with_capacity(renewals.len());
+        for renewal in renewals {
+            let names = Names::of(renewal.key);
+            reads.push(TxnOp::get(names.lock, None));
+            identity_at.push(renewal.recorded.map(|_| {
+                reads.push(TxnOp::get(names.identity, None));
+                reads.len() - 1
+            }));
+        }
+        let lock_at: Vec<usize> = {
+            let mut at = 0;
+            identity_at
                 .iter()
-                .map(|r| TxnOp::get(Names::of(r.key).lock, None))
-                .collect::<Vec<_>>(),
-        );
+                .map(|identity| {
+                    let here = at;
+                    at += 1 + usize::from(identity.is_some());
+                    here
+                })
+                .collect()
+        };
+        let reads = Txn::new().and_then(reads);
         let first = renewals.first().map_or("", |r| r.key.as_str());
         let read = match self.txn(Operation::Extend, first, reads).await {
             Ok(read) => read.op_responses(),
@@ -439,7 +489,7 @@ impl EtcdBackend {
         };
         let mut answers = Vec::with_capacity(renewals.len());
         for (i, (renewal, alive)) in renewals.iter().zip(alive).enumerate() {
-            let held = match read.get(i) {
+            let held = match read.get(lock_at[i]) {
                 Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
                 _ => {
                     answers.push(Err(self.error(
@@ -455,7 +505,19 @@ impl EtcdBackend {
                 .filter(|kv| kv.value() == renewal.owner.to_hex().as_slice());
             answers.push(match (alive, owned) {
                 (Err(err), _) => Err(err),
-                (Ok(alive), Some(kv)) if kv.lease() == leases[i] => Ok(alive),
+                (Ok(alive), Some(kv)) if kv.lease() == leases[i] => {
+                    if alive
+                        && let Some((identity, _)) = renewal.recorded
+                        && identity_at[i]
+                            .and_then(|at| first_kv(&read, at))
+                            .is_none_or(|kv| {
+                                kv.lease() != leases[i] || kv.value() != identity.as_bytes()
+                            })
+                    {
+                        self.record_identity(renewal, identity, leases[i]).await;
+                    }
+                    Ok(alive)
+                }
                 // Held on another lease of the same owner: the ttl changed.
                 (Ok(_), Some(kv)) => self.move_lease(renewal, kv.lease()).await,
                 (Ok(alive), None) => {
@@ -597,7 +659,7 @@ impl Backend for EtcdBackend {
 
     async fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
         let mut answers = Vec::with_capacity(renewals.len());
-        for batch in renewals.chunks(MAX_TXN_OPS) {
+        for batch in renewals.chunks(RENEWALS_PER_TXN) {
             answers.extend(self.extend_batch(batch).await);
         }
         answers

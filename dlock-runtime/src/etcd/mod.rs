@@ -11,7 +11,11 @@
 //! - **The fencing token is the lock key's create revision**: etcd's
 //!   revision rises with every write to the cluster and is part of the
 //!   replicated log, so it keeps rising across a leader change, a member
-//!   restart or a restore from a snapshot of the same cluster.
+//!   restart or the loss of a minority of members. The one way back is a
+//!   disaster recovery: a cluster restored from a snapshot starts again
+//!   at the snapshot's revision, below the tokens issued after it, and
+//!   would issue them again; fence a resource anew (or raise its floor
+//!   above the old cluster's last revision) after such a restore.
 //! - **Renewal and release are owner-checked.** A renewal keeps the lease
 //!   alive, then checks (in one read of every key of the batch) that the
 //!   lock is still this owner's and on that lease; a renewal to another

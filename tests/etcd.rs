@@ -276,3 +276,41 @@ async fn a_renewal_writes_a_deleted_identity_record_again() {
     assert_eq!(released, dlock::backend::ReleaseOutcome::Released);
     assert_eq!(backend.holder(&key).await.expect("holder"), None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_and_whose_retry_finds_the_key_free_is_unconfirmed() {
+    use dlock::backend::{AcquireRequest, Attempt, OwnerId, ReleaseOutcome, ReleaseRequest};
+    let member = shared_cluster()[0].trim_start_matches("http://").to_owned();
+    let proxy = support::proxy::Proxy::bind(member).await;
+    let through = format!("http://127.0.0.1:{}", proxy.port);
+    let backend = EtcdBackend::builder(&[through.as_str()])
+        .response_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("the shared cluster, through the proxy");
+    let key = fresh_key("release-reply-lost");
+    let owner = OwnerId::random().expect("random");
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, Duration::from_secs(30)))
+        .await
+        .expect("acquire");
+    assert!(matches!(taken, Attempt::Acquired(_)));
+    // The release reaches etcd and frees the key; its answer is dropped,
+    // then the connection breaks, so the backend asks again.
+    proxy.mute_replies();
+    let release = tokio::spawn(async move {
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .map(|outcome| (outcome, key))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.cut();
+    let (outcome, key) = within(10, "the release to answer", release)
+        .await
+        .expect("release task")
+        .expect("the retry answers");
+    assert_eq!(outcome, ReleaseOutcome::Unconfirmed);
+    let other = shared().await;
+    assert_eq!(other.holder(&key).await.expect("holder"), None);
+}

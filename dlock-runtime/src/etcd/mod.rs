@@ -43,7 +43,9 @@
 //!   deletes an expired lease's key, and the watch sees that too.
 //! - **Every call is bounded**: connecting by the connect timeout (an
 //!   unreachable cluster is an error, never a hang), every request by the
-//!   response timeout. A member that lost its leader refuses at once
+//!   response timeout. A release that gets no answer is sent again, up to
+//!   three times in all; a retry that finds the key no longer the
+//!   caller's answers [`ReleaseOutcome::Unconfirmed`]. A member that lost its leader refuses at once
 //!   (`require_leader`), so a holder cut off with it fails its renewals
 //!   and is told its lease is lost when the lease's validity ends.
 //!
@@ -149,6 +151,10 @@ const UNSENT_PAUSE: Duration = Duration::from_millis(20);
 /// looks for expired leases every 500 ms and revokes them through one
 /// round of consensus.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
+/// How many times a release is sent before its failure is the answer.
+const RELEASE_TRIES: usize = 3;
+/// The pause after a release that got no answer, before sending it again.
+const RELEASE_PAUSE: Duration = Duration::from_millis(50);
 /// gRPC's status code `UNAVAILABLE`.
 const GRPC_UNAVAILABLE: i32 = 14;
 
@@ -689,9 +695,38 @@ impl Backend for EtcdBackend {
                 TxnOp::delete(names.holder.as_str(), None),
                 TxnOp::delete(names.identity.as_str(), None),
             ]);
-        let answer = self.txn(Operation::Release, key, txn).await?;
+        // A request without an answer (a timeout, a connection lost on the
+        // way back) may have released the key: it is sent again (up to
+        // [`RELEASE_TRIES`] in all; the first retry may still meet the
+        // broken connection), and a retry that finds the key not ours
+        // cannot tell whether an earlier try freed it or the lease had
+        // ended before (`Unconfirmed`).
+        let mut first_failure = None;
+        let mut answer = None;
+        for _ in 0..RELEASE_TRIES {
+            match self.txn(Operation::Release, key, txn.clone()).await {
+                Ok(done) => {
+                    answer = Some(done);
+                    break;
+                }
+                Err(err) => {
+                    first_failure.get_or_insert(err);
+                    sleep(RELEASE_PAUSE).await;
+                }
+            }
+        }
+        let retried = first_failure.is_some();
+        let answer = match (answer, first_failure) {
+            (Some(answer), _) => answer,
+            (None, Some(err)) => return Err(err),
+            (None, None) => return Err(self.error(Operation::Release, key, "no answer")),
+        };
         if !answer.succeeded() {
-            return Ok(ReleaseOutcome::NotOwner);
+            return Ok(if retried {
+                ReleaseOutcome::Unconfirmed
+            } else {
+                ReleaseOutcome::NotOwner
+            });
         }
         if let Some(kv) = first_kv(&answer.op_responses(), 0) {
             self.revoke(kv.lease()).await;

@@ -40,6 +40,7 @@ use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
+use super::sentinel::Sentinels;
 use crate::backend::ReleaseNotice;
 
 /// How often a connection with subscribed channels is checked.
@@ -58,6 +59,11 @@ struct Shared {
     /// Servers to open the pub/sub connection to, tried in order. On a
     /// cluster any node will do: `PUBLISH` reaches every node.
     nodes: Vec<Client>,
+    /// Behind sentinels: the connection goes to the primary they name,
+    /// looked up anew for every connection (after a failover, the old
+    /// primary's connection breaks and the waiters subscribe again on the
+    /// new primary's).
+    sentinels: Option<Arc<Sentinels>>,
     connect_timeout: Duration,
     response_timeout: Duration,
     channels: Mutex<Channels>,
@@ -208,9 +214,21 @@ impl Subscriber {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
+        Self::with_sentinels(nodes, None, connect_timeout, response_timeout)
+    }
+
+    /// A subscriber that connects (lazily) to the primary `sentinels` name,
+    /// or, without them, to the first reachable of `nodes`.
+    pub(crate) fn with_sentinels(
+        nodes: Vec<Client>,
+        sentinels: Option<Arc<Sentinels>>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 nodes,
+                sentinels,
                 connect_timeout,
                 response_timeout,
                 channels: Mutex::default(),
@@ -346,7 +364,12 @@ impl Subscriber {
     /// to open or to answer, and however many waiters queue for it: the
     /// waiter then polls instead.
     fn confirm_limit(&self) -> Duration {
-        let nodes = u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX);
+        // Behind sentinels: the look-up, then the primary's connection.
+        let nodes = if self.shared.sentinels.is_some() {
+            2
+        } else {
+            u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX)
+        };
         (self.shared.connect_timeout.saturating_mul(nodes))
             .saturating_add(self.shared.response_timeout)
     }
@@ -509,10 +532,23 @@ impl Shared {
         outcome
     }
 
-    /// Opens a pub/sub connection to the first node that answers.
+    /// Opens a pub/sub connection to the first node that answers, or to the
+    /// primary the sentinels name.
     async fn open(self: &Arc<Self>) -> RedisResult<Link> {
         let mut last_error = None;
-        for node in &self.nodes {
+        let primary = match &self.sentinels {
+            Some(sentinels) => {
+                let primary = sentinels.primary().await?;
+                tracing::debug!(primary = %primary.address, "redis pub/sub follows the primary");
+                Some(primary.client)
+            }
+            None => None,
+        };
+        let nodes = match &primary {
+            Some(primary) => std::slice::from_ref(primary),
+            None => self.nodes.as_slice(),
+        };
+        for node in nodes {
             let pubsub = match timeout(self.connect_timeout, node.get_async_pubsub()).await {
                 Ok(Ok(pubsub)) => pubsub,
                 Ok(Err(err)) => {

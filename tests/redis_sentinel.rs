@@ -454,6 +454,11 @@ async fn a_waiter_is_woken_by_a_release_on_the_new_primary_after_a_forced_failov
         }
     })
     .await;
+    assert_eq!(
+        deployment.primary.cli(&["PUBSUB", "NUMSUB", &channel]),
+        format!("{channel}\n0"),
+        "the demoted primary must not keep serving the waiter's subscription"
+    );
     assert!(!waiter.is_finished(), "the key is still held");
 
     let token = held.token();

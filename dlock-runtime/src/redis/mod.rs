@@ -160,6 +160,19 @@
 //! with [`RedisBuilder::cluster`]); give more seed nodes with
 //! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
 //! connection) while a seed is down.
+//!
+//! ## Redis Sentinel
+//!
+//! [`RedisBackend::sentinel`] takes the sentinels' URLs and the name they
+//! monitor the primary under. The primary is the node a sentinel names
+//! (`SENTINEL get-master-addr-by-name`) that says it is a master (`ROLE`);
+//! the command connection looks it up again when a command fails on a
+//! broken connection or the node answers `READONLY`, and the pub/sub
+//! connection whenever it is opened (a demoted primary's connections are
+//! closed by the sentinels, which wakes the waiters to subscribe again).
+//! Each look-up is bounded by the connect timeout. The sentinels need
+//! `SENTINEL get-master-addr-by-name` and the data nodes also `ROLE` (add
+//! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 
 mod builder;
 mod commands;

@@ -189,7 +189,12 @@ async fn connect(urls: &[String]) -> RedisBackend {
 }
 
 fn role(server: &RedisServer) -> String {
-    server.cli(&["ROLE"]).lines().next().unwrap_or("").to_owned()
+    server
+        .cli(&["ROLE"])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
 }
 
 fn signal(pid: u32, signal: libc::c_int) {
@@ -335,7 +340,9 @@ async fn after_the_primary_dies_tokens_rise_above_the_ones_the_replica_missed_an
     // (and one lease) it never sees, then dies.
     let replica_pid = deployment.replica.pid().expect("replica runs");
     signal(replica_pid, libc::SIGSTOP);
-    deployment.primary.cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    deployment
+        .primary
+        .cli(&["CLIENT", "KILL", "TYPE", "replica"]);
     for _ in 0..3 {
         cycle(&mut highest).await;
     }
@@ -498,10 +505,7 @@ async fn locking_goes_on_through_a_forced_failover_without_a_new_backend() {
                     .await
                 {
                     Ok(lease) => {
-                        tokens
-                            .lock()
-                            .expect("tokens")
-                            .push(lease.token().get());
+                        tokens.lock().expect("tokens").push(lease.token().get());
                         sleep(Duration::from_millis(20)).await;
                         let _ = lease.release().await;
                     }

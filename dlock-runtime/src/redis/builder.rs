@@ -15,7 +15,7 @@ use ::redis::{
 use tokio::time::{sleep, timeout};
 
 use super::commands::Commands;
-use super::redact::{redact_url, scrub, secrets_of};
+use super::redact::{percent_decode, redact_url, scrub, secrets_of};
 use super::sentinel::Sentinels;
 use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
@@ -74,6 +74,11 @@ pub struct RedisBuilder {
     /// How many replicas must acknowledge an acquisition, and within how
     /// long ([`RedisBuilder::replica_acks`]).
     replica_acks: Option<(u32, Duration)>,
+    /// The data nodes' database, behind sentinels.
+    node_db: i64,
+    /// Why the URL given could not be read (a `redis+sentinel://` one),
+    /// reported by `connect` without the URL, which may hold a password.
+    unreadable: Option<String>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -95,7 +100,26 @@ impl fmt::Debug for RedisBuilder {
 
 impl RedisBuilder {
     /// Settings for `url` with the default timeouts; a cluster is detected.
+    /// Settings for `url`; a `redis+sentinel://` URL names sentinels.
     pub(super) fn new(url: &str) -> Self {
+        match SentinelUrl::read(url) {
+            None => Self::plain(url),
+            Some(Ok(read)) => {
+                let sentinels: Vec<&str> = read.sentinels.iter().map(String::as_str).collect();
+                let mut builder = Self::sentinel(&sentinels, &read.service);
+                builder.node_auth = read.auth;
+                builder.node_db = read.db;
+                builder
+            }
+            Some(Err(reason)) => {
+                let mut builder = Self::plain("");
+                builder.unreadable = Some(reason);
+                builder
+            }
+        }
+    }
+
+    fn plain(url: &str) -> Self {
         Self {
             urls: vec![url.to_owned()],
             topology: Topology::Detect,
@@ -107,13 +131,15 @@ impl RedisBuilder {
             sentinel_service: None,
             node_auth: None,
             replica_acks: None,
+            node_db: 0,
+            unreadable: None,
         }
     }
 
     /// Settings for the primary that the sentinels at `sentinels` monitor
     /// as `service`, with the default timeouts.
     pub(super) fn sentinel(sentinels: &[&str], service: &str) -> Self {
-        let mut builder = Self::new("");
+        let mut builder = Self::plain("");
         builder.urls = sentinels.iter().map(|url| (*url).to_owned()).collect();
         builder.topology = Topology::Standalone;
         builder.sentinel_service = Some(service.to_owned());
@@ -234,6 +260,12 @@ impl RedisBuilder {
             };
             LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets))
         };
+        if let Some(reason) = &self.unreadable {
+            return Err(LockError::InvalidOption {
+                option: "url",
+                reason: reason.clone(),
+            });
+        }
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::InvalidOption {
                 option: "timeout",
@@ -419,6 +451,7 @@ impl RedisBuilder {
             }
             node = node.set_password(password);
         }
+        node = node.set_db(self.node_db);
         let sentinels = Arc::new(Sentinels::new(
             clients,
             shown.clone(),
@@ -597,5 +630,139 @@ async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
             Ok(Topology::Standalone)
         }
         Err(err) => Err(err),
+    }
+}
+
+/// The default port of a sentinel.
+const SENTINEL_PORT: u16 = 26379;
+
+/// A `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/service[/db]`
+/// URL (`rediss+sentinel://` for TLS), read: the user info is the data
+/// nodes' credentials (sentinels that want a password of their own take
+/// the builder's [`RedisBackend::sentinel`]).
+#[derive(Debug, PartialEq)]
+struct SentinelUrl {
+    sentinels: Vec<String>,
+    service: String,
+    auth: Option<(Option<String>, String)>,
+    db: i64,
+}
+
+impl SentinelUrl {
+    /// `None` when `url` is not a sentinel URL; an error that never
+    /// repeats the URL (it may hold a password) when it cannot be read.
+    fn read(url: &str) -> Option<Result<Self, String>> {
+        let (scheme, rest) = url.split_once("://")?;
+        let tls = if scheme.eq_ignore_ascii_case("redis+sentinel") {
+            false
+        } else if scheme.eq_ignore_ascii_case("rediss+sentinel") {
+            true
+        } else {
+            return None;
+        };
+        let form = "a sentinel URL is redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]";
+        let (authority, path) = match rest.split_once('/') {
+            Some(parts) => parts,
+            None => return Some(Err(format!("{form}: the service name is missing"))),
+        };
+        let (user_info, hosts) = match authority.rsplit_once('@') {
+            Some((user_info, hosts)) => (Some(user_info), hosts),
+            None => (None, authority),
+        };
+        let auth = user_info.map(|info| match info.split_once(':') {
+            Some((user, password)) => (
+                Some(percent_decode(user)).filter(|user| !user.is_empty()),
+                percent_decode(password),
+            ),
+            None => (None, percent_decode(info)),
+        });
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',') {
+            // `[::1]` alone is a host without a port.
+            let split = if host.ends_with(']') {
+                None
+            } else {
+                host.rsplit_once(':')
+            };
+            let (name, port) = match split {
+                Some((name, port)) => match port.parse::<u16>() {
+                    Ok(port) => (name, port),
+                    Err(_) => return Some(Err(format!("{form}: a port is not a number"))),
+                },
+                None => (host, SENTINEL_PORT),
+            };
+            if name.is_empty() {
+                return Some(Err(format!("{form}: a host is empty")));
+            }
+            let scheme = if tls { "rediss" } else { "redis" };
+            sentinels.push(format!("{scheme}://{name}:{port}"));
+        }
+        let (service, db) = match path.split_once('/') {
+            Some((service, db)) => match db.parse::<i64>() {
+                Ok(db) => (service, db),
+                Err(_) => return Some(Err(format!("{form}: the database is not a number"))),
+            },
+            None => (path, 0),
+        };
+        if service.is_empty() {
+            return Some(Err(format!("{form}: the service name is missing")));
+        }
+        Some(Ok(Self {
+            sentinels,
+            service: percent_decode(service),
+            auth,
+            db,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentinel_url_names_the_sentinels_the_service_and_the_data_nodes_credentials() {
+        let read = SentinelUrl::read("redis+sentinel://app:p%40ss@h1:26380,h2/mymaster/2")
+            .expect("a sentinel URL")
+            .expect("readable");
+        assert_eq!(
+            read,
+            SentinelUrl {
+                sentinels: vec!["redis://h1:26380".into(), "redis://h2:26379".into()],
+                service: "mymaster".into(),
+                auth: Some((Some("app".into()), "p@ss".into())),
+                db: 2,
+            }
+        );
+        let tls = SentinelUrl::read("rediss+sentinel://:pw@h:1/m")
+            .expect("a sentinel URL")
+            .expect("readable");
+        assert_eq!(tls.sentinels, vec!["rediss://h:1".to_owned()]);
+        assert_eq!(tls.auth, Some((None, "pw".into())));
+        assert!(SentinelUrl::read("redis://h:6379").is_none());
+    }
+
+    #[test]
+    fn an_unreadable_sentinel_url_is_refused_without_repeating_it() {
+        for url in [
+            "redis+sentinel://:secret@h1:26379",
+            "redis+sentinel://:secret@h1:x/m",
+            "redis+sentinel://:secret@h1/",
+            "redis+sentinel://:secret@h1/m/zero",
+            "redis+sentinel://:secret@,h2/m",
+        ] {
+            let reason = SentinelUrl::read(url)
+                .expect("a sentinel URL")
+                .expect_err("unreadable");
+            assert!(!reason.contains("secret"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_sentinel_builder_shows_no_credentials() {
+        let builder = RedisBuilder::new("redis+sentinel://app:s3cret@h1,h2/mymaster");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("mymaster"), "{shown}");
     }
 }

@@ -128,6 +128,14 @@
 //! by `***` (`redis://app:***@host`, `unix:///p?pass=***`), and a URL that
 //! cannot be read is not shown at all.
 //!
+//! Behind Redis Sentinel:
+//! `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/service[/db]`
+//! (`rediss+sentinel://…` for TLS; a sentinel's port is 26379 unless
+//! given). The user info is the data nodes' credentials; sentinels that
+//! want a password of their own take [`RedisBackend::sentinel`] with
+//! their own URLs. A sentinel URL that cannot be read is refused with
+//! [`LockError::InvalidOption`], without being shown.
+//!
 //! TLS is never weakened behind your back: `rediss://…#insecure` (redis-rs's
 //! switch that turns the certificate check off) is refused with
 //! [`LockError::InvalidOption`] — without the check, a man in the middle
@@ -285,7 +293,9 @@ struct Inner {
 
 impl RedisBackend {
     /// Connects to the Redis at `url` (see the [module docs](self) for the
-    /// URL forms), with the default timeouts. A cluster is detected.
+    /// URL forms), with the default timeouts. A cluster is detected. A
+    /// `redis+sentinel://…` URL connects through sentinels, as
+    /// [`RedisBackend::sentinel`] does.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::builder(url).connect().await
     }

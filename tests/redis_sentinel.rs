@@ -612,3 +612,35 @@ async fn credentials_in_sentinel_urls_and_for_data_nodes_never_show_in_debug() {
     assert!(!shown.contains("data-secret"), "{shown}");
     assert!(shown.contains(SERVICE), "{shown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_sentinel_url_connects_through_the_sentinels_it_lists() {
+    let urls = backend_urls().await;
+    let hosts: Vec<&str> = urls
+        .iter()
+        .map(|url| url.trim_start_matches("redis://"))
+        .collect();
+    let url = format!("redis+sentinel://{}/{SERVICE}", hosts.join(","));
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect with a sentinel URL"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("sentinel-url");
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert!(lease.token().get() > 0);
+    lease.release().await.expect("release");
+
+    // A service the sentinels do not monitor: a clear error, in time.
+    let unknown = format!("redis+sentinel://{}/no-such-primary", hosts.join(","));
+    let err = RedisBackend::builder(&unknown)
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("no such primary");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("monitors no primary named"), "{text}");
+}

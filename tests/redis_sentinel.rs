@@ -644,3 +644,70 @@ async fn a_redis_sentinel_url_connects_through_the_sentinels_it_lists() {
     let text = format!("{err} {:?}", std::error::Error::source(&err));
     assert!(text.contains("monitors no primary named"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_turned_replica_behind_our_back_answers_readonly_and_the_commands_follow_the_new_one()
+ {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-readonly");
+    let lock = redis_support::lock_name(&key);
+    let before = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = before.token();
+    before.release().await.expect("release");
+
+    // The roles swap without the sentinels (so nobody closes the
+    // backend's connection to the old primary, which stays open and now
+    // refuses writes), then the sentinels are told of the new primary.
+    for sentinel in &deployment.sentinels {
+        assert_eq!(sentinel.cli(&["SENTINEL", "REMOVE", SERVICE]), "OK");
+    }
+    assert_eq!(deployment.replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    let replica_of = deployment.replica.port.to_string();
+    assert_eq!(
+        deployment
+            .primary
+            .cli(&["REPLICAOF", "127.0.0.1", &replica_of]),
+        "OK"
+    );
+    within(20, "the old primary's demotion", async {
+        while role(&deployment.primary) != "slave" {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    for sentinel in &deployment.sentinels {
+        assert_eq!(
+            sentinel.cli(&[
+                "SENTINEL",
+                "MONITOR",
+                SERVICE,
+                "127.0.0.1",
+                &replica_of,
+                "2"
+            ]),
+            "OK"
+        );
+    }
+    assert!(
+        deployment
+            .primary
+            .cli(&["SET", "probe", "1"])
+            .contains("READONLY"),
+        "the old primary must refuse writes for this to test anything"
+    );
+
+    let after = within(30, "an acquisition after the swap", async {
+        LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+    })
+    .await
+    .expect("the READONLY answer makes the backend follow the new primary");
+    assert!(after.token() > first);
+    assert_eq!(deployment.replica.cli(&["EXISTS", &lock]), "1");
+    after.release().await.expect("release on the new primary");
+}

@@ -396,6 +396,7 @@ impl RedisBackend {
             .arg(args);
         pipe.cmd("WAIT").arg(replicas).arg(ttl_millis(within));
         let pipe = &pipe;
+        let behind_sentinels = self.inner.commands.is_sentinel();
         let (answers, _) = self
             .inner
             .commands
@@ -411,7 +412,8 @@ impl RedisBackend {
                 }
                 // A replica's refusal is the connection's failure: the
                 // primary is looked up again (behind sentinels).
-                if let Some(Err(err)) = answers.first()
+                if behind_sentinels
+                    && let Some(Err(err)) = answers.first()
                     && sentinel::is_not_primary(err)
                 {
                     return Err(err.clone());
@@ -929,6 +931,7 @@ impl Backend for RedisBackend {
             }
         }
         let pipe = &pipe;
+        let behind_sentinels = self.inner.commands.is_sentinel();
         let sent = self
             .inner
             .commands
@@ -947,6 +950,16 @@ impl Backend for RedisBackend {
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     answers = pipe.query_async(&mut conn).await?;
+                }
+                // A replica's refusal is the connection's failure: behind
+                // sentinels the primary is looked up again and the batch
+                // sent there (renewing twice is harmless).
+                if behind_sentinels
+                    && let Some(Err(err)) = answers
+                        .iter()
+                        .find(|answer| answer.as_ref().is_err_and(sentinel::is_not_primary))
+                {
+                    return Err(err.clone());
                 }
                 Ok(answers)
             })

@@ -659,9 +659,31 @@ async fn a_primary_turned_replica_behind_our_back_answers_readonly_and_the_comma
     let first = before.token();
     before.release().await.expect("release");
 
-    // The roles swap without the sentinels (so nobody closes the
-    // backend's connection to the old primary, which stays open and now
-    // refuses writes), then the sentinels are told of the new primary.
+    swap_behind_the_sentinels(&deployment).await;
+    assert!(
+        deployment
+            .primary
+            .cli(&["SET", "probe", "1"])
+            .contains("READONLY"),
+        "the old primary must refuse writes for this to test anything"
+    );
+
+    let after = within(30, "an acquisition after the swap", async {
+        LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+    })
+    .await
+    .expect("the READONLY answer makes the backend follow the new primary");
+    assert!(after.token() > first);
+    assert_eq!(deployment.replica.cli(&["EXISTS", &lock]), "1");
+    after.release().await.expect("release on the new primary");
+}
+
+/// Swaps the roles without the sentinels, so nobody closes the clients'
+/// connections to the old primary (which stay open, and refuse writes),
+/// then tells the sentinels of the new primary.
+async fn swap_behind_the_sentinels(deployment: &Deployment) {
     for sentinel in &deployment.sentinels {
         assert_eq!(sentinel.cli(&["SENTINEL", "REMOVE", SERVICE]), "OK");
     }
@@ -692,22 +714,72 @@ async fn a_primary_turned_replica_behind_our_back_answers_readonly_and_the_comma
             "OK"
         );
     }
-    assert!(
-        deployment
-            .primary
-            .cli(&["SET", "probe", "1"])
-            .contains("READONLY"),
-        "the old primary must refuse writes for this to test anything"
-    );
+}
 
-    let after = within(30, "an acquisition after the swap", async {
-        LockOptions::new(Duration::from_secs(10))
-            .acquire_on(backend.clone(), &key)
-            .await
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_subscribed_on_a_primary_demoted_behind_our_back_moves_to_the_new_one_and_is_woken_there()
+ {
+    let deployment = Deployment::start();
+    let holder_side: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let waiter_backend = deployment.backend().await;
+    let waiter_side: Arc<dyn Backend> = Arc::new(waiter_backend.clone());
+    let key = dlock_runtime::conformance::fresh_key("sentinel-demoted-waiter");
+    let channel = redis_support::lock_name(&key).replace(":lock", ":released");
+    let subscribers = |server: &RedisServer| {
+        server
+            .cli(&["PUBSUB", "NUMSUB", &channel])
+            .lines()
+            .nth(1)
+            .unwrap_or("")
+            .to_owned()
+    };
+
+    let ttl = Duration::from_secs(60);
+    let held = LockOptions::new(ttl)
+        .acquire_on(holder_side.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(120))
+                .acquire_on(waiter_side, &key)
+                .await
+        }
+    });
+    within(20, "the waiter's subscription", async {
+        while subscribers(&deployment.primary) != "1" {
+            sleep(Duration::from_millis(50)).await;
+        }
     })
-    .await
-    .expect("the READONLY answer makes the backend follow the new primary");
-    assert!(after.token() > first);
-    assert_eq!(deployment.replica.cli(&["EXISTS", &lock]), "1");
-    after.release().await.expect("release on the new primary");
+    .await;
+
+    swap_behind_the_sentinels(&deployment).await;
+    // Nobody closed the waiter's connection: the backend notices that the
+    // sentinels name another primary and subscribes there instead.
+    within(30, "the waiter's move to the new primary", async {
+        while subscribers(&deployment.replica) != "1" || subscribers(&deployment.primary) != "0" {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(!waiter.is_finished(), "the key is still held");
+
+    let token = held.token();
+    let released_at = Instant::now();
+    within(30, "the release on the new primary", held.release())
+        .await
+        .expect("the holder's release reaches the new primary");
+    let lease = within(30, "the woken waiter", waiter)
+        .await
+        .expect("the waiter task")
+        .expect("the waiter gets the key");
+    let waited = released_at.elapsed();
+    assert!(
+        waited < ttl / 2,
+        "the waiter took {waited:?} after the release: woken by the holder's expiry, not the release"
+    );
+    assert!(lease.token() > token);
+    lease.release().await.expect("release");
 }

@@ -25,6 +25,13 @@
 //! subscribed, the connection is therefore sent a `PING` every second; one
 //! without a reply within the response timeout counts as broken. With
 //! nothing subscribed nothing is sent.
+//!
+//! Behind Redis Sentinel the connection goes to the primary the sentinels
+//! name, confirmed with `ROLE`, looked up anew for every connection; and
+//! while channels are subscribed the sentinels are asked every few seconds
+//! whether the primary is still that one. A primary demoted without its
+//! clients' connections being closed would otherwise keep the
+//! subscriptions: its connection is retired and the waiters look again.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -45,6 +52,12 @@ use crate::backend::ReleaseNotice;
 
 /// How often a connection with subscribed channels is checked.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Behind sentinels, every this many health checks the sentinels are asked
+/// whether the primary is still the one the connection is open to: one a
+/// failover demoted without closing its clients' connections (the
+/// sentinels close them when they can) must not keep serving the
+/// subscriptions.
+const PRIMARY_CHECK_EVERY: u32 = 5;
 /// After a failed attempt to open a connection, subscriptions fail at once
 /// for this long (their waiters poll) instead of each trying again in
 /// turn.
@@ -148,6 +161,8 @@ struct Link {
     generation: u64,
     broken: Arc<AtomicBool>,
     reader: AbortHandle,
+    /// Behind sentinels: the primary it was opened to (`host:port`).
+    primary: Option<String>,
 }
 
 impl Drop for Link {
@@ -486,6 +501,7 @@ impl Shared {
                             link.sink.clone(),
                             generation,
                             Arc::clone(&link.broken),
+                            link.primary.clone(),
                         ));
                     }
                 }
@@ -536,13 +552,13 @@ impl Shared {
     /// primary the sentinels name.
     async fn open(self: &Arc<Self>) -> RedisResult<Link> {
         let mut last_error = None;
-        let primary = match &self.sentinels {
+        let (primary, primary_address) = match &self.sentinels {
             Some(sentinels) => {
                 let primary = sentinels.primary().await?;
                 tracing::debug!(primary = %primary.address, "redis pub/sub follows the primary");
-                Some(primary.client)
+                (Some(primary.client), Some(primary.address))
             }
-            None => None,
+            None => (None, None),
         };
         let nodes = match &primary {
             Some(primary) => std::slice::from_ref(primary),
@@ -583,6 +599,7 @@ impl Shared {
                 generation,
                 broken,
                 reader,
+                primary: primary_address.clone(),
             });
         }
         Err(last_error.unwrap_or_else(|| {
@@ -670,9 +687,31 @@ async fn check_health(
     mut sink: PubSubSink,
     generation: u64,
     broken: Arc<AtomicBool>,
+    primary: Option<String>,
 ) {
+    let mut checks: u32 = 0;
     loop {
         sleep(HEALTH_CHECK_INTERVAL).await;
+        checks = checks.wrapping_add(1);
+        if let Some(primary) = &primary
+            && checks.is_multiple_of(PRIMARY_CHECK_EVERY)
+            && moved_away(&shared, primary).await
+        {
+            if broken.load(Ordering::SeqCst) {
+                return;
+            }
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            tracing::warn!(
+                generation,
+                old = %primary,
+                "the sentinels name another redis primary; the pub/sub connection follows it \
+                 and every waiter looks again"
+            );
+            shared.retire_silent(generation, &broken).await;
+            return;
+        }
         if broken.load(Ordering::SeqCst) {
             return;
         }
@@ -712,6 +751,18 @@ async fn check_health(
         );
         shared.retire_silent(generation, &broken).await;
         return;
+    }
+}
+
+/// Whether the sentinels name a primary other than `primary` now. A
+/// look-up that fails says nothing: the connection's own health decides.
+async fn moved_away(shared: &Weak<Shared>, primary: &str) -> bool {
+    let Some(sentinels) = shared.upgrade().and_then(|shared| shared.sentinels.clone()) else {
+        return false;
+    };
+    match sentinels.primary().await {
+        Ok(found) => found.address != primary,
+        Err(_) => false,
     }
 }
 

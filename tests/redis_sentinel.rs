@@ -783,3 +783,51 @@ async fn a_waiter_subscribed_on_a_primary_demoted_behind_our_back_moves_to_the_n
     assert!(lease.token() > token);
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_leaves_the_old_primary_running_is_followed_without_any_refusal() {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-split");
+    let lock = redis_support::lock_name(&key);
+    let before = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = before.token();
+    before.release().await.expect("release");
+
+    // The replica is promoted while the old primary stays a primary that
+    // takes writes and keeps the backend's connection: nothing ever
+    // refuses, so only asking the sentinels can move the backend.
+    for sentinel in &deployment.sentinels {
+        assert_eq!(sentinel.cli(&["SENTINEL", "REMOVE", SERVICE]), "OK");
+    }
+    assert_eq!(deployment.replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    let promoted = deployment.replica.port.to_string();
+    for sentinel in &deployment.sentinels {
+        assert_eq!(
+            sentinel.cli(&["SENTINEL", "MONITOR", SERVICE, "127.0.0.1", &promoted, "2"]),
+            "OK"
+        );
+    }
+    assert_eq!(role(&deployment.primary), "master");
+
+    let lease = within(30, "a lease taken on the promoted replica", async {
+        loop {
+            let lease = LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                .acquire_on(backend.clone(), &key)
+                .await
+                .expect("the key is free on either node");
+            if deployment.replica.cli(&["EXISTS", &lock]) == "1" {
+                return lease;
+            }
+            lease.release().await.expect("release");
+            sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(lease.token() > first);
+    lease.release().await.expect("release");
+}

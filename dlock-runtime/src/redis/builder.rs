@@ -496,27 +496,27 @@ impl RedisBuilder {
             primary = %primary.address,
             "redis backend connected through sentinels"
         );
-        let commands = Commands::sentinel(Arc::clone(&sentinels), config, primary.client, manager);
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                commands,
-                subscriber: Subscriber::with_sentinels(
-                    Vec::new(),
-                    Some(sentinels),
-                    self.connect_timeout,
-                    self.response_timeout,
-                ),
-                shown,
-                secrets,
-                connect_timeout: self.connect_timeout,
-                response_timeout: self.response_timeout,
-                warned_unmarked: AtomicBool::new(false),
-                publish_every_release: self.publish_every_release,
-                label: self.label,
-                replica_acks: self.replica_acks,
-                sentinel_service: Some(service),
-            }),
-        })
+        let commands = Commands::sentinel(Arc::clone(&sentinels), config, primary, manager);
+        let inner = Arc::new(Inner {
+            commands,
+            subscriber: Subscriber::with_sentinels(
+                Vec::new(),
+                Some(sentinels),
+                self.connect_timeout,
+                self.response_timeout,
+            ),
+            shown,
+            secrets,
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            warned_unmarked: AtomicBool::new(false),
+            publish_every_release: self.publish_every_release,
+            label: self.label,
+            replica_acks: self.replica_acks,
+            sentinel_service: Some(service),
+        });
+        tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));
+        Ok(RedisBackend { inner })
     }
 }
 

@@ -27,7 +27,7 @@ use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAd
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::timeout;
 
-use super::sentinel::{Sentinels, is_not_primary};
+use super::sentinel::{Primary, Sentinels, is_not_primary};
 
 /// The command connection of one backend.
 pub(super) struct Commands {
@@ -64,6 +64,8 @@ struct Link {
     /// The primary it was opened to, behind sentinels: a silent
     /// connection is replaced by one to the same node.
     primary: Option<Client>,
+    /// That primary's address (`host:port`), to tell whether it moved.
+    address: Option<String>,
 }
 
 /// A connection to send commands, scripts and pipelines on.
@@ -158,19 +160,48 @@ impl Commands {
     pub(super) fn sentinel(
         sentinels: Arc<Sentinels>,
         config: ConnectionManagerConfig,
-        primary: Client,
+        primary: Primary,
         manager: ConnectionManager,
     ) -> Self {
         let mut commands = Self::new(
             Opener::Sentinel { sentinels, config },
             Connection::Standalone(manager),
         );
-        commands
+        let current = commands
             .current
             .get_mut()
-            .unwrap_or_else(PoisonError::into_inner)
-            .primary = Some(primary);
+            .unwrap_or_else(PoisonError::into_inner);
+        current.primary = Some(primary.client);
+        current.address = Some(primary.address);
         commands
+    }
+
+    /// Behind sentinels: asks them which node is the primary now, and
+    /// moves the commands there if it is not the one they go to: a
+    /// failover that left the old primary running, unreachable for the
+    /// sentinels but not for this process, is followed without waiting
+    /// for a refusal that may never come.
+    pub(super) async fn follow_if_moved(&self) {
+        let Opener::Sentinel { sentinels, .. } = &self.opener else {
+            return;
+        };
+        let (generation, address) = {
+            let current = self.current();
+            (current.generation, current.address.clone())
+        };
+        let Some(named) = sentinels.named().await else {
+            return;
+        };
+        if address.as_deref() == Some(named.as_str()) {
+            return;
+        }
+        if let Err(err) = self.follow(generation).await {
+            tracing::warn!(
+                error = %err,
+                named = %named,
+                "the sentinels name another redis primary, which cannot be used yet"
+            );
+        }
     }
 
     fn new(opener: Opener, connection: Connection) -> Self {
@@ -180,6 +211,7 @@ impl Commands {
                 generation: 0,
                 connection,
                 primary: None,
+                address: None,
             }),
             following: tokio::sync::Mutex::new(()),
         }
@@ -212,6 +244,7 @@ impl Commands {
             current.generation += 1;
             current.connection = Connection::Standalone(manager);
             current.primary = Some(primary.client);
+            current.address = Some(primary.address.clone());
             tracing::info!(
                 primary = %primary.address,
                 service = sentinels.service(),

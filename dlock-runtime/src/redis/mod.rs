@@ -178,7 +178,10 @@
 //! broken connection or the node answers `READONLY`, and the pub/sub
 //! connection whenever it is opened (a demoted primary's connections are
 //! closed by the sentinels, which wakes the waiters to subscribe again).
-//! Each look-up is bounded by the connect timeout. The sentinels need
+//! Every 5 s the sentinels are also asked which node is the primary, and
+//! the commands move there if they go elsewhere (a failover that left the
+//! old primary running, which never refuses a write). Each look-up is
+//! bounded by the connect timeout. The sentinels need
 //! `SENTINEL get-master-addr-by-name` and the data nodes also `ROLE` (add
 //! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 
@@ -798,6 +801,23 @@ fn read_handoff(message: &[u8]) -> Option<Grant> {
 fn held(remaining: i64) -> Attempt {
     Attempt::Held {
         expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
+    }
+}
+
+/// How often a backend behind sentinels asks them whether the primary
+/// moved ([`watch_primary`]).
+const PRIMARY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Behind sentinels: every [`PRIMARY_CHECK_INTERVAL`], asks them which
+/// node is the primary and moves the commands there if they go elsewhere.
+/// Ends with the backend (its last clone dropped).
+async fn watch_primary(inner: std::sync::Weak<Inner>) {
+    loop {
+        sleep(PRIMARY_CHECK_INTERVAL).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.commands.follow_if_moved().await;
     }
 }
 

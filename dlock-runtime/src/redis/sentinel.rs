@@ -175,6 +175,27 @@ impl Sentinels {
         )))
     }
 
+    /// The primary's address (`host:port`) as the first sentinel that
+    /// answers names it, unconfirmed; `None` when none answers within the
+    /// connect timeout or it monitors no such primary. For the periodic
+    /// check whether the primary moved.
+    pub(super) async fn named(&self) -> Option<String> {
+        let deadline = Instant::now() + self.connect_timeout;
+        let start = self.last_good.load(Ordering::Relaxed);
+        let count = self.sentinels.len();
+        for step in 0..count {
+            let sentinel = self.sentinels.get((start + step) % count)?;
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            if let Ok(Ok(named)) = timeout(left, self.ask(sentinel)).await {
+                return named.map(|(host, port)| format!("{host}:{port}"));
+            }
+        }
+        None
+    }
+
     /// One connection for a short exchange, bounded by the timeouts.
     async fn open(&self, client: &Client) -> RedisResult<MultiplexedConnection> {
         let config = AsyncConnectionConfig::new()

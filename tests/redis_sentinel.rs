@@ -831,3 +831,30 @@ async fn a_failover_that_leaves_the_old_primary_running_is_followed_without_any_
     assert!(lease.token() > first);
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_that_could_never_be_met_in_time_are_refused_before_connecting() {
+    let sentinels = ["redis://127.0.0.1:1"];
+    for (replicas, within) in [
+        (0, Duration::from_millis(100)),
+        (1, Duration::ZERO),
+        (1, Duration::from_secs(1)),
+    ] {
+        let err = RedisBackend::sentinel(&sentinels, SERVICE)
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(replicas, within)
+            .connect()
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                LockError::InvalidOption {
+                    option: "replica_acks",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -157,9 +157,8 @@ impl Shared {
     fn new(
         key: LockKey,
         token: FencingToken,
-        owner: OwnerId,
+        (owner, access, slot): (OwnerId, Access, Option<u32>),
         backend: Arc<dyn Backend>,
-        (access, slot): (Access, Option<u32>),
         identity: Option<Arc<str>>,
         valid_until: Instant,
         hold: Hold,
@@ -780,9 +779,8 @@ fn start(
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
-        owner,
+        (owner, terms.access, grant.slot),
         backend,
-        (terms.access, grant.slot),
         terms.identity.clone(),
         valid_until,
         hold,

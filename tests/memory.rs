@@ -314,3 +314,70 @@ async fn a_fair_waiter_that_gives_up_keeps_its_handoff_notice_until_it_has_left_
     assert_eq!(inner.queued_waiters(&key), 0, "the waiter left the queue");
     holder.release().await.expect("release");
 }
+
+/// The fence's ">= highest" rule on a read-write lock: two overlapping
+/// readers both pass (equal tokens), a writer after them passes, and then
+/// a stale reader of the phase before and a stale writer are refused.
+#[tokio::test]
+async fn a_fenced_cell_refuses_a_stale_writer_and_never_a_current_reader() {
+    use dlock::LockMode;
+    use dlock::fence::FencedCell;
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let cell = FencedCell::new("config", 0u32);
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let write = LockOptions::new(Duration::from_secs(30));
+
+    let old_writer = write
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    cell.write(old_writer.token(), |v| *v = 1)
+        .expect("the writer");
+    let old_token = old_writer.token();
+    old_writer.release().await.expect("release");
+
+    let first = read
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    let second = read
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("overlap");
+    cell.write(first.token(), |_| ())
+        .expect("a current reader passes");
+    cell.write(second.token(), |_| ())
+        .expect("a second current reader passes");
+    cell.write(first.token(), |_| ())
+        .expect("a current reader passes again after the other");
+    assert!(
+        matches!(
+            cell.write(old_token, |v| *v = 2),
+            Err(LockError::StaleToken { .. })
+        ),
+        "the writer before the readers is stale"
+    );
+    let phase = first.token();
+    first.release().await.expect("release");
+    second.release().await.expect("release");
+
+    let writer = write
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    cell.write(writer.token(), |v| *v = 3)
+        .expect("the current writer");
+    assert!(
+        matches!(cell.write(phase, |_| ()), Err(LockError::StaleToken { .. })),
+        "a reader of the phase before the writer is stale"
+    );
+    assert!(
+        matches!(
+            cell.write(old_token, |v| *v = 4),
+            Err(LockError::StaleToken { .. })
+        ),
+        "the first writer is still stale"
+    );
+    assert_eq!(cell.read().0, 3);
+    writer.release().await.expect("release");
+}

@@ -381,3 +381,38 @@ async fn a_fenced_cell_refuses_a_stale_writer_and_never_a_current_reader() {
     assert_eq!(cell.read().0, 3);
     writer.release().await.expect("release");
 }
+
+/// Combinations of mode, permits, fair and several keys that make no sense
+/// are refused before anything reaches the backend.
+#[tokio::test]
+async fn nonsense_mode_and_permit_options_are_refused_before_anything_is_sent() {
+    use dlock::LockMode;
+    use dlock_runtime::conformance::CountingBackend;
+    let counting = CountingBackend::new(Arc::new(MemoryBackend::new()));
+    let backend: Arc<dyn Backend> = counting.clone();
+    let base = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(1));
+    let cases = [
+        (base.clone().permits(0), "permits"),
+        (base.clone().permits(2).mode(LockMode::Shared), "permits"),
+        (base.clone().mode(LockMode::Shared).fair(true), "fair"),
+        (base.clone().permits(2).fair(true), "fair"),
+    ];
+    for (options, option) in cases {
+        let refused = options.acquire_on(backend.clone(), "nonsense").await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} is refused, got {refused:?}"
+        );
+    }
+    for (options, option) in [
+        (base.clone().mode(LockMode::Shared), "mode"),
+        (base.clone().permits(2), "permits"),
+    ] {
+        let refused = options.acquire_many_on(backend.clone(), ["a", "b"]).await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} with several keys is refused, got {refused:?}"
+        );
+    }
+    assert_eq!(counting.attempts(), 0, "nothing was sent");
+}

@@ -2570,6 +2570,36 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
     if !keeps_access(&backend, access).await {
         return;
     }
+    // What the core sends for an attempt abandoned before its answer: a
+    // release naming no slot, which frees the owner's slot (rule M4).
+    let key = fresh_key("permit-give-back");
+    let abandoned = OwnerId::random().expect("random bytes");
+    let taken = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &abandoned, Duration::from_secs(30)).with_access(access),
+        )
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(taken, Attempt::Acquired(_)),
+        "a fresh key's permit is free, got {taken:?}"
+    );
+    let given_back = backend
+        .release(&crate::backend::ReleaseRequest::new(&key, &abandoned).holding(access, None))
+        .await
+        .expect("backend answers");
+    assert_eq!(
+        given_back,
+        crate::backend::ReleaseOutcome::Released,
+        "a release naming no slot gives the owner's slot back"
+    );
+    permits(1, 30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the given-back slot is free")
+        .release()
+        .await
+        .expect("release");
     for polls in 0..6 {
         let key = fresh_key("permit-cancel");
         poll_then_drop(

@@ -416,3 +416,44 @@ async fn nonsense_mode_and_permit_options_are_refused_before_anything_is_sent() 
     }
     assert_eq!(counting.attempts(), 0, "nothing was sent");
 }
+
+/// Keys read-locked, written after a waiting writer, or taken as permits
+/// are forgotten once released, as plain ones are.
+#[tokio::test]
+async fn released_shared_and_permit_keys_are_forgotten() {
+    use dlock::LockMode;
+    let memory = MemoryBackend::new();
+    let backend: Arc<dyn Backend> = Arc::new(memory.clone());
+    let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+    let permits = LockOptions::new(Duration::from_secs(10)).permits(3);
+    for i in 0..20 {
+        let a = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("free");
+        let b = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("overlap");
+        // A refused writer leaves a mark, which its give back removes.
+        let refused = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await;
+        assert!(matches!(refused, Err(LockError::Held { .. })));
+        a.release().await.expect("release");
+        b.release().await.expect("release");
+        let p = permits
+            .acquire_on(backend.clone(), format!("forget-permit:{i}"))
+            .await
+            .expect("free");
+        p.release().await.expect("release");
+    }
+    // The refused writers' give backs run in the background.
+    for _ in 0..100 {
+        if memory.tracked_keys() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(memory.tracked_keys(), 0, "released keys must not pile up");
+}

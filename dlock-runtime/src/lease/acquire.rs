@@ -645,9 +645,10 @@ async fn confirm_handoff(
     }
 }
 
-/// A fair waiter's way out of the queue: dropped armed, it releases the
-/// owner's key in the background, which removes its entry (rule F3) and
-/// gives back a handoff that reached it as it gave up.
+/// A waiter's way out: dropped armed, it releases the owner's key in the
+/// background, which removes a fair waiter's entry (rule F3) and gives
+/// back a handoff that reached it as it gave up, or removes an exclusive
+/// waiter's writer-waiting mark (rule M3).
 struct LeaveQueue {
     give_back: Option<(Arc<dyn Backend>, LockKey, OwnerId)>,
     /// The waiter's handoff notice. Dropped armed, it is kept until the

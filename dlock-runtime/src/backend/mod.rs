@@ -120,8 +120,9 @@ pub mod implementing;
 ///    its last holder does. So a reader's token is above every writer's
 ///    before it and not above any token issued after it. A permit's token
 ///    is drawn anew per grant (rule 2 for the key, so it rises per slot).
-/// - **M3. Writers are not starved.** An exclusive attempt that finds the
-///    key held by shared holders leaves a *writer-waiting mark*: its owner
+/// - **M3. Writers are not starved.** An exclusive attempt of a caller
+///    that waits ([`AcquireRequest::waits`]) that finds the key held by
+///    shared holders leaves a *writer-waiting mark*: its owner
 ///    and an expiry [`QUEUE_ENTRY_TTL`] away, refreshed by the same owner's
 ///    retries, and answers `Held` with `expires_in` no longer than a third
 ///    of that (so the core retries before the mark runs out). A shared
@@ -130,7 +131,8 @@ pub mod implementing;
 ///    sends a `release` (which answers `NotOwner`, and wakes waiters as a
 ///    release does): the core sends one for every exclusive waiter that
 ///    gives up, times out or is cancelled on a backend that supports
-///    [`Access::Shared`]. A mark whose owner vanished lives its expiry.
+///    [`Access::Shared`]. A mark whose owner vanished lives its expiry. A
+///    caller that does not wait leaves no mark (and sends no release).
 /// - **M4. Renewals and releases name the side.** [`Renewal`] and
 ///    [`ReleaseRequest`] carry the lease's access and slot; a shared or
 ///    permit lease is extended and released on its own side (its slot) and
@@ -465,6 +467,10 @@ pub struct AcquireRequest<'a> {
     /// How the key is held (rules M1 to M5); [`Access::Exclusive`] unless
     /// the backend [supports](Backend::supports_access) another.
     pub access: Access,
+    /// Whether the caller waits for the key if this attempt is refused
+    /// (it will try again): only a waiting writer leaves a writer-waiting
+    /// mark (rule M3). `false` unless set.
+    pub waits: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -478,7 +484,14 @@ impl<'a> AcquireRequest<'a> {
             label: None,
             queue: Queue::Barge,
             access: Access::Exclusive,
+            waits: false,
         }
+    }
+
+    /// The same request, from a caller that waits (`true`) or not.
+    pub fn with_waits(mut self, waits: bool) -> Self {
+        self.waits = waits;
+        self
     }
 
     /// The same request, holding the key as `access` says.

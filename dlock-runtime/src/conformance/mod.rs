@@ -2296,8 +2296,16 @@ pub async fn readers_overlap_and_a_writer_overlaps_no_one(backend: Arc<dyn Backe
         "a writer is refused while one reader still holds, got {writer:?}"
     );
     second.release().await.expect("release");
-    // The refused writer's mark (rule M3) is gone with its release: a
-    // writer that waits gets the key once the readers have left.
+    // The refused writers did not wait, so they left no writer-waiting
+    // mark (rule M3): a reader still joins, and a writer that waits gets
+    // the key once the readers have left.
+    shared(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a writer that does not wait holds no reader back")
+        .release()
+        .await
+        .expect("release");
     let writer = options(30_000)
         .wait(Duration::from_secs(10))
         .acquire_on(backend.clone(), &key)

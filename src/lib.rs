@@ -232,7 +232,8 @@ pub use dlock_runtime::pg;
 pub use dlock_runtime::redis;
 pub use dlock_runtime::{
     Backend, FencingToken, FencingTokens, HolderInfo, Holding, IntoLockKey, KeyBuilder, Lease,
-    LeaseSet, LockError, LockKey, LockOptions, LostReason, LostSignal, Registry, registry,
+    LeaseSet, LockError, LockKey, LockMode, LockOptions, LostReason, LostSignal, Registry,
+    registry,
 };
 pub use dlock_runtime::{
     backend, election, error, fence, file, holder, key, lease, memory, options, token,

@@ -314,3 +314,148 @@ async fn a_fair_waiter_that_gives_up_keeps_its_handoff_notice_until_it_has_left_
     assert_eq!(inner.queued_waiters(&key), 0, "the waiter left the queue");
     holder.release().await.expect("release");
 }
+
+/// The fence's ">= highest" rule on a read-write lock: two overlapping
+/// readers both pass (equal tokens), a writer after them passes, and then
+/// a stale reader of the phase before and a stale writer are refused.
+#[tokio::test]
+async fn a_fenced_cell_refuses_a_stale_writer_and_never_a_current_reader() {
+    use dlock::LockMode;
+    use dlock::fence::FencedCell;
+    let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    let cell = FencedCell::new("config", 0u32);
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let write = LockOptions::new(Duration::from_secs(30));
+
+    let old_writer = write
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    cell.write(old_writer.token(), |v| *v = 1)
+        .expect("the writer");
+    let old_token = old_writer.token();
+    old_writer.release().await.expect("release");
+
+    let first = read
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    let second = read
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("overlap");
+    cell.write(first.token(), |_| ())
+        .expect("a current reader passes");
+    cell.write(second.token(), |_| ())
+        .expect("a second current reader passes");
+    cell.write(first.token(), |_| ())
+        .expect("a current reader passes again after the other");
+    assert!(
+        matches!(
+            cell.write(old_token, |v| *v = 2),
+            Err(LockError::StaleToken { .. })
+        ),
+        "the writer before the readers is stale"
+    );
+    let phase = first.token();
+    first.release().await.expect("release");
+    second.release().await.expect("release");
+
+    let writer = write
+        .acquire_on(backend.clone(), "config")
+        .await
+        .expect("free");
+    cell.write(writer.token(), |v| *v = 3)
+        .expect("the current writer");
+    assert!(
+        matches!(cell.write(phase, |_| ()), Err(LockError::StaleToken { .. })),
+        "a reader of the phase before the writer is stale"
+    );
+    assert!(
+        matches!(
+            cell.write(old_token, |v| *v = 4),
+            Err(LockError::StaleToken { .. })
+        ),
+        "the first writer is still stale"
+    );
+    assert_eq!(cell.read().0, 3);
+    writer.release().await.expect("release");
+}
+
+/// Combinations of mode, permits, fair and several keys that make no sense
+/// are refused before anything reaches the backend.
+#[tokio::test]
+async fn nonsense_mode_and_permit_options_are_refused_before_anything_is_sent() {
+    use dlock::LockMode;
+    use dlock_runtime::conformance::CountingBackend;
+    let counting = CountingBackend::new(Arc::new(MemoryBackend::new()));
+    let backend: Arc<dyn Backend> = counting.clone();
+    let base = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(1));
+    let cases = [
+        (base.clone().permits(0), "permits"),
+        (base.clone().permits(2).mode(LockMode::Shared), "permits"),
+        (base.clone().mode(LockMode::Shared).fair(true), "fair"),
+        (base.clone().permits(2).fair(true), "fair"),
+    ];
+    for (options, option) in cases {
+        let refused = options.acquire_on(backend.clone(), "nonsense").await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} is refused, got {refused:?}"
+        );
+    }
+    for (options, option) in [
+        (base.clone().mode(LockMode::Shared), "mode"),
+        (base.clone().permits(2), "permits"),
+    ] {
+        let refused = options.acquire_many_on(backend.clone(), ["a", "b"]).await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} with several keys is refused, got {refused:?}"
+        );
+    }
+    assert_eq!(counting.attempts(), 0, "nothing was sent");
+}
+
+/// Keys read-locked, written after a waiting writer, or taken as permits
+/// are forgotten once released, as plain ones are.
+#[tokio::test]
+async fn released_shared_and_permit_keys_are_forgotten() {
+    use dlock::LockMode;
+    let memory = MemoryBackend::new();
+    let backend: Arc<dyn Backend> = Arc::new(memory.clone());
+    let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+    let permits = LockOptions::new(Duration::from_secs(10)).permits(3);
+    for i in 0..20 {
+        let a = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("free");
+        let b = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("overlap");
+        // A writer that waited and gave up left a mark, which its give
+        // back removes.
+        let refused = LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_millis(20))
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await;
+        assert!(matches!(refused, Err(LockError::Timeout { .. })));
+        a.release().await.expect("release");
+        b.release().await.expect("release");
+        let p = permits
+            .acquire_on(backend.clone(), format!("forget-permit:{i}"))
+            .await
+            .expect("free");
+        p.release().await.expect("release");
+    }
+    // The refused writers' give backs run in the background.
+    for _ in 0..100 {
+        if memory.tracked_keys() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(memory.tracked_keys(), 0, "released keys must not pile up");
+}

@@ -6,7 +6,7 @@
 use proc_macro2::Span;
 use syn::ext::IdentExt as _;
 use syn::parse::{Parse, ParseStream};
-use syn::{Error, Expr, ExprArray, Ident, Lit, LitBool, LitStr, Token};
+use syn::{Error, Expr, ExprArray, Ident, Lit, LitBool, LitInt, LitStr, Token};
 
 use crate::errors::Errors;
 
@@ -20,11 +20,12 @@ mod kw {
     syn::custom_keyword!(min_hold);
     syn::custom_keyword!(backend);
     syn::custom_keyword!(on_lost);
+    syn::custom_keyword!(mode);
+    syn::custom_keyword!(permits);
 }
 
 /// The option names, as listed in error messages.
-const KNOWN: &str =
-    "`key`, `keys`, `ttl`, `wait`, `renew`, `fair`, `min_hold`, `backend`, `on_lost`, `crate`";
+const KNOWN: &str = "`key`, `keys`, `ttl`, `wait`, `renew`, `fair`, `mode`, `permits`, `min_hold`, `backend`, `on_lost`, `crate`";
 
 /// An option's value together with the span of its name.
 pub struct Opt<T> {
@@ -48,6 +49,8 @@ pub struct Args {
     pub wait: Option<Opt<LitStr>>,
     pub renew: Option<Opt<LitBool>>,
     pub fair: Option<Opt<LitBool>>,
+    pub mode: Option<Opt<LitStr>>,
+    pub permits: Option<Opt<LitInt>>,
     pub min_hold: Option<Opt<LitStr>>,
     pub backend: Option<Opt<LitStr>>,
     pub on_lost: Option<Opt<LitStr>>,
@@ -62,6 +65,8 @@ enum Name {
     Wait,
     Renew,
     Fair,
+    Mode,
+    Permits,
     MinHold,
     Backend,
     OnLost,
@@ -77,6 +82,8 @@ impl Name {
             Name::Wait => "wait",
             Name::Renew => "renew",
             Name::Fair => "fair",
+            Name::Mode => "mode",
+            Name::Permits => "permits",
             Name::MinHold => "min_hold",
             Name::Backend => "backend",
             Name::OnLost => "on_lost",
@@ -94,6 +101,8 @@ impl Name {
             (input.peek(kw::wait), Name::Wait),
             (input.peek(kw::renew), Name::Renew),
             (input.peek(kw::fair), Name::Fair),
+            (input.peek(kw::mode), Name::Mode),
+            (input.peek(kw::permits), Name::Permits),
             (input.peek(kw::min_hold), Name::MinHold),
             (input.peek(kw::backend), Name::Backend),
             (input.peek(kw::on_lost), Name::OnLost),
@@ -107,6 +116,8 @@ impl Name {
                 Name::Wait => input.parse::<kw::wait>()?.span,
                 Name::Renew => input.parse::<kw::renew>()?.span,
                 Name::Fair => input.parse::<kw::fair>()?.span,
+                Name::Mode => input.parse::<kw::mode>()?.span,
+                Name::Permits => input.parse::<kw::permits>()?.span,
                 Name::MinHold => input.parse::<kw::min_hold>()?.span,
                 Name::Backend => input.parse::<kw::backend>()?.span,
                 Name::OnLost => input.parse::<kw::on_lost>()?.span,
@@ -168,6 +179,9 @@ impl Args {
             Name::MinHold => string(&value, duration).map(|v| store(&mut self.min_hold, span, v)),
             Name::Renew => boolean(&value).map(|v| store(&mut self.renew, span, v)),
             Name::Fair => boolean(&value).map(|v| store(&mut self.fair, span, v)),
+            Name::Mode => string(&value, "expected \"exclusive\" or \"shared\"")
+                .map(|v| store(&mut self.mode, span, v)),
+            Name::Permits => integer(&value).map(|v| store(&mut self.permits, span, v)),
             Name::Backend => string(&value, "expected a backend name string like \"pg\"")
                 .map(|v| store(&mut self.backend, span, v)),
             Name::OnLost => string(&value, "expected \"abort\" or \"finish\"")
@@ -215,6 +229,17 @@ fn boolean(value: &Expr) -> syn::Result<LitBool> {
             other => Err(Error::new(other.span(), "expected `true` or `false`")),
         },
         other => Err(Error::new_spanned(other, "expected `true` or `false`")),
+    }
+}
+
+fn integer(value: &Expr) -> syn::Result<LitInt> {
+    let expected = "expected a whole number of permits like `4`";
+    match value {
+        Expr::Lit(lit) => match &lit.lit {
+            Lit::Int(n) => Ok(n.clone()),
+            other => Err(Error::new(other.span(), expected)),
+        },
+        other => Err(Error::new_spanned(other, expected)),
     }
 }
 

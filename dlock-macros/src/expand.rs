@@ -331,6 +331,12 @@ fn options_expr(private: &TokenStream, lock: &Lock) -> TokenStream {
     if lock.fair {
         setters.push(quote!(.fair(true)));
     }
+    if lock.shared {
+        setters.push(quote!(.mode(#private::LockMode::Shared)));
+    }
+    if let Some(permits) = lock.permits {
+        setters.push(quote!(.permits(#permits)));
+    }
     if let Some(min_hold) = lock.min_hold {
         let min_hold = duration(private, min_hold);
         setters.push(quote!(.min_hold(#min_hold)));

@@ -35,6 +35,10 @@ pub struct Lock {
     pub wait: Option<Duration>,
     pub renew: Option<bool>,
     pub fair: bool,
+    /// `mode = "shared"`.
+    pub shared: bool,
+    /// `permits = n`.
+    pub permits: Option<u32>,
     pub min_hold: Option<Duration>,
     pub backend: Option<LitStr>,
     pub on_lost: OnLost,
@@ -201,6 +205,15 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
             "`fair = true` needs a `wait`: a caller that does not wait never queues, so fairness would do nothing; add e.g. `wait = \"10s\"`",
         ));
     }
+    let (shared, permits) = check_access(&args, &mut errors);
+    if let Some(fair_opt) = args.fair.as_ref().filter(|_| fair)
+        && (shared || permits.is_some())
+    {
+        errors.push(Error::new(
+            fair_opt.name,
+            "`fair = true` queues exclusive waiters only: not with `mode = \"shared\"` nor `permits`",
+        ));
+    }
     let on_lost = match &args.on_lost {
         None => Some(OnLost::Abort),
         Some(on_lost) => match on_lost.value.value().as_str() {
@@ -242,6 +255,8 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
                 wait: wait.flatten(),
                 renew: args.renew.as_ref().map(|renew| renew.value.value),
                 fair,
+                shared,
+                permits,
                 min_hold: min_hold.flatten(),
                 backend,
                 on_lost,
@@ -251,6 +266,75 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
         }
         _ => Err(errors.into_error()),
     }
+}
+
+/// `mode` and `permits`: whether the lock is shared, and how many permits.
+/// A valid `mode = "exclusive"` is the default and changes nothing.
+fn check_access(args: &Args, errors: &mut Errors) -> (bool, Option<u32>) {
+    let shared = match &args.mode {
+        None => false,
+        Some(mode) => match mode.value.value().as_str() {
+            "exclusive" => false,
+            "shared" => true,
+            other => {
+                errors.push(Error::new(
+                    mode.value.span(),
+                    format!(
+                        "unknown mode {other:?}: the modes are \"exclusive\" (alone, the default: the write side of a read-write lock) and \"shared\" (beside other shared holders: the read side); for at most N holders write `permits = N`"
+                    ),
+                ));
+                false
+            }
+        },
+    };
+    let permits = args.permits.as_ref().and_then(|permits| {
+        match permits.value.base10_parse::<u32>() {
+            Ok(0) => {
+                errors.push(Error::new(
+                    permits.value.span(),
+                    "`permits = 0` lets nobody hold the key: give at least 1 (`permits = 1` is an exclusive lock with a slot)",
+                ));
+                None
+            }
+            Ok(n) => Some(n),
+            Err(_) => {
+                errors.push(Error::new(
+                    permits.value.span(),
+                    format!("`permits` must be a whole number from 1 to {}", u32::MAX),
+                ));
+                None
+            }
+        }
+    });
+    if let (Some(permits_opt), Some(mode)) = (&args.permits, &args.mode)
+        && shared
+    {
+        let mut err = Error::new(
+            permits_opt.name,
+            "`permits` cannot be shared: a permit is a numbered slot, not a side of a read-write lock; drop `mode = \"shared\"` for at most N holders, or `permits` for a read lock",
+        );
+        err.combine(Error::new(mode.name, "`mode = \"shared\"` is set here"));
+        errors.push(err);
+    }
+    if args.keys.is_some() {
+        for (name, what) in [
+            (
+                args.mode.as_ref().filter(|_| shared).map(|m| m.name),
+                "`mode = \"shared\"`",
+            ),
+            (args.permits.as_ref().map(|p| p.name), "`permits`"),
+        ] {
+            if let Some(name) = name {
+                errors.push(Error::new(
+                    name,
+                    format!(
+                        "{what} takes one `key`: with `keys = [...]` every key is locked exclusively (a `FencingTokens` holds one writer's token per key)"
+                    ),
+                ));
+            }
+        }
+    }
+    (shared, permits)
 }
 
 /// `async fn name(...)`: where a missing return type goes.

@@ -13,7 +13,8 @@ use std::future::Future;
 
 pub use crate::registry::{BackendSlot, DEFAULT_BACKEND};
 pub use crate::{
-    FencingToken, FencingTokens, KeyBuilder, Lease, LeaseSet, LockError, LockOptions, LostSignal,
+    FencingToken, FencingTokens, KeyBuilder, Lease, LeaseSet, LockError, LockMode, LockOptions,
+    LostSignal,
 };
 pub use core::time::Duration;
 

@@ -48,12 +48,13 @@ pub mod registry;
 pub mod token;
 
 pub use backend::{
-    Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome, Renewal,
+    Access, Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome,
+    Renewal,
 };
 pub use error::{BoxError, LockError, LostReason, Operation};
 pub use holder::HolderInfo;
 pub use key::{KeyBuilder, LockKey, MAX_KEY_LEN};
 pub use lease::{Lease, LeaseSet, LostSignal};
-pub use options::{IntoLockKey, LockOptions, MAX_DURATION};
+pub use options::{IntoLockKey, LockMode, LockOptions, MAX_DURATION};
 pub use registry::{DEFAULT_BACKEND, Registry, registry};
 pub use token::{FencingToken, FencingTokens};

@@ -2,7 +2,9 @@
 //!
 //! For tests and local development, and as the reference every other backend
 //! is checked against: it keeps the full semantics (ttl expiry, fencing
-//! tokens, waiting without polling, owner-checked release and extend).
+//! tokens, waiting without polling, owner-checked release and extend, fair
+//! queues, shared locks with writer preference, and permits: rules F1 to
+//! F3 and M1 to M5 on [`Backend`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,8 +16,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL,
+    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::LockError;
 use crate::holder::HolderInfo;
@@ -69,7 +71,17 @@ struct Entries {
 }
 
 struct Entry {
+    /// The exclusive holder.
     holder: Option<Holder>,
+    /// The shared holders (rule M1).
+    readers: HashMap<OwnerId, Holder>,
+    /// The token of the read phase: drawn by its first reader, granted to
+    /// every reader that joins while one still holds (rule M2).
+    phase: Option<FencingToken>,
+    /// A waiting writer's mark, and when it runs out (rule M3).
+    writer_waiting: Option<(OwnerId, Instant)>,
+    /// The permit holders, by slot (`None`: free).
+    slots: Vec<Option<Holder>>,
     /// Bumped on every release; waiters hold receivers.
     released: watch::Sender<u64>,
     /// Bumped on every release and acquisition; holder watchers hold
@@ -115,6 +127,10 @@ impl Entry {
     fn new() -> Self {
         Self {
             holder: None,
+            readers: HashMap::new(),
+            phase: None,
+            writer_waiting: None,
+            slots: Vec::new(),
             released: watch::channel(0).0,
             changed: watch::channel(0).0,
             queue: VecDeque::new(),
@@ -164,6 +180,50 @@ impl Entry {
         self.holder.as_ref().filter(|h| h.expires_at > now)
     }
 
+    /// How long the longest-lived live reader has left, if any holds.
+    fn readers_left(&self, now: Instant) -> Option<std::time::Duration> {
+        self.readers
+            .values()
+            .filter(|r| r.expires_at > now)
+            .map(|r| r.expires_at - now)
+            .max()
+    }
+
+    /// The live permit holders, with their slots.
+    fn live_slots(&self, now: Instant) -> impl Iterator<Item = (u32, &Holder)> {
+        self.slots.iter().enumerate().filter_map(move |(slot, h)| {
+            let holder = h.as_ref().filter(|h| h.expires_at > now)?;
+            Some((u32::try_from(slot).ok()?, holder))
+        })
+    }
+
+    /// The live writer-waiting mark's owner and how long it has left.
+    fn live_mark(&self, now: Instant) -> Option<(OwnerId, std::time::Duration)> {
+        self.writer_waiting
+            .filter(|(_, until)| *until > now)
+            .map(|(owner, until)| (owner, until - now))
+    }
+
+    /// Who reads as the key's holder: the exclusive one, else the reader
+    /// whose lease runs longest, else the lowest live slot.
+    fn shown_holder(&self, now: Instant) -> Option<&Holder> {
+        self.live_holder(now)
+            .or_else(|| {
+                self.readers
+                    .values()
+                    .filter(|r| r.expires_at > now)
+                    .max_by_key(|r| r.expires_at)
+            })
+            .or_else(|| self.live_slots(now).next().map(|(_, h)| h))
+    }
+
+    /// Slot of `owner`'s permit, if it holds one live.
+    fn slot_of(&self, owner: &OwnerId, now: Instant) -> Option<u32> {
+        self.live_slots(now)
+            .find(|(_, h)| h.owner == *owner)
+            .map(|(slot, _)| slot)
+    }
+
     fn announce_release(&self) {
         self.released.send_modify(|n| *n = n.wrapping_add(1));
         self.announce_change();
@@ -174,7 +234,8 @@ impl Entry {
     }
 
     fn idle(&self, now: Instant) -> bool {
-        self.live_holder(now).is_none()
+        self.shown_holder(now).is_none()
+            && self.live_mark(now).is_none()
             && self.queue.is_empty()
             && self.handoffs.is_empty()
             && self.released.receiver_count() == 0
@@ -244,6 +305,218 @@ impl MemoryBackend {
 
     fn next_token(&self) -> FencingToken {
         FencingToken::new(self.inner.counter.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    /// An exclusive attempt (rules 1 to 3, F1, M1 and M3).
+    fn try_exclusive(
+        &self,
+        entry: &mut Entry,
+        request: &AcquireRequest<'_>,
+        now: Instant,
+    ) -> Attempt {
+        let (owner, ttl) = (request.owner, request.ttl);
+        if let Some(holder) = entry.holder.as_mut().filter(|h| h.expires_at > now) {
+            // A retry by the owner that holds it (its first answer was
+            // lost): it has the key, with the token already drawn, for a
+            // ttl from now, as the caller counts it.
+            if holder.owner == *owner {
+                holder.expires_at = now + ttl;
+                holder.identity = request.identity.map(str::to_owned);
+                return Attempt::Acquired(Grant::new(holder.token));
+            }
+            let expires_in = Some(holder.expires_at - now);
+            if let Queue::Join { entry_ttl } = request.queue {
+                entry.drop_expired_waiters(now);
+                entry.join_queue(request, entry_ttl, now);
+            }
+            return Attempt::Held { expires_in };
+        }
+        if let Some(readers_left) = entry.readers_left(now) {
+            // Readers hold it: mark a writer that waits, so that no new
+            // reader joins (rule M3), unless another writer's mark stands;
+            // and look again before the mark runs out.
+            if request.waits
+                && entry
+                    .live_mark(now)
+                    .is_none_or(|(marked, _)| marked == *owner)
+            {
+                entry.writer_waiting = Some((*owner, now + QUEUE_ENTRY_TTL));
+            }
+            if let Queue::Join { entry_ttl } = request.queue {
+                entry.drop_expired_waiters(now);
+                entry.join_queue(request, entry_ttl, now);
+            }
+            return Attempt::Held {
+                expires_in: Some(readers_left.min(QUEUE_ENTRY_TTL / 3)),
+            };
+        }
+        if let Some(expires_in) = entry.live_slots(now).map(|(_, h)| h.expires_at - now).min() {
+            return Attempt::Held {
+                expires_in: Some(expires_in),
+            };
+        }
+        if request.queue.is_fair() {
+            entry.drop_expired_waiters(now);
+            let in_line = match request.queue {
+                Queue::Join { .. } => entry.first_in_line(owner),
+                _ => entry.queue.is_empty(),
+            };
+            if !in_line {
+                if let Queue::Join { entry_ttl } = request.queue {
+                    entry.join_queue(request, entry_ttl, now);
+                }
+                return Attempt::Held { expires_in: None };
+            }
+            entry.leave_queue(owner);
+        }
+        if entry
+            .live_mark(now)
+            .is_some_and(|(marked, _)| marked == *owner)
+        {
+            entry.writer_waiting = None;
+        }
+        // The readers of the phase before have all gone.
+        entry.readers.clear();
+        entry.phase = None;
+        // The token is drawn under the same mutex that sets the holder, so
+        // token order is acquisition order.
+        let token = self.next_token();
+        entry.holder = Some(self.new_holder(request, token, now));
+        entry.announce_change();
+        Attempt::Acquired(Grant::new(token))
+    }
+
+    /// A shared attempt (rules M1 to M3, M5).
+    fn try_shared(&self, entry: &mut Entry, request: &AcquireRequest<'_>, now: Instant) -> Attempt {
+        let (owner, ttl) = (request.owner, request.ttl);
+        if let Some(holder) = entry.live_holder(now) {
+            return Attempt::Held {
+                expires_in: Some(holder.expires_at - now),
+            };
+        }
+        if let Some(expires_in) = entry.live_slots(now).map(|(_, h)| h.expires_at - now).min() {
+            return Attempt::Held {
+                expires_in: Some(expires_in),
+            };
+        }
+        let live_phase = entry.readers_left(now).is_some();
+        if let Some(reader) = entry.readers.get_mut(owner).filter(|r| r.expires_at > now) {
+            reader.expires_at = now + ttl;
+            reader.identity = request.identity.map(str::to_owned);
+            return Attempt::Acquired(Grant::new(reader.token));
+        }
+        // A waiting writer goes first: no reader joins past its mark.
+        if let Some((_, mark_left)) = entry.live_mark(now) {
+            return Attempt::Held {
+                expires_in: Some(mark_left),
+            };
+        }
+        let token = match entry.phase.filter(|_| live_phase) {
+            Some(token) => token,
+            None => {
+                entry.readers.clear();
+                let token = self.next_token();
+                entry.phase = Some(token);
+                token
+            }
+        };
+        let reader = self.new_holder(request, token, now);
+        entry.readers.insert(*owner, reader);
+        entry.announce_change();
+        Attempt::Acquired(Grant::new(token))
+    }
+
+    /// A permit attempt: the first free slot of `0..permits`, all tried
+    /// at once (rules M1, M2, M5).
+    fn try_permit(
+        &self,
+        entry: &mut Entry,
+        request: &AcquireRequest<'_>,
+        permits: u32,
+        now: Instant,
+    ) -> Attempt {
+        let (owner, ttl) = (request.owner, request.ttl);
+        let other = entry
+            .live_holder(now)
+            .map(|h| h.expires_at - now)
+            .or_else(|| entry.readers_left(now));
+        if let Some(expires_in) = other {
+            return Attempt::Held {
+                expires_in: Some(expires_in),
+            };
+        }
+        if let Some(slot) = entry.slot_of(owner, now)
+            && let Some(Some(holder)) = entry.slots.get_mut(slot as usize)
+        {
+            holder.expires_at = now + ttl;
+            holder.identity = request.identity.map(str::to_owned);
+            return Attempt::Acquired(Grant::new(holder.token).in_slot(slot));
+        }
+        let free = (0..permits).find(|slot| {
+            entry
+                .slots
+                .get(*slot as usize)
+                .is_none_or(|h| h.as_ref().is_none_or(|h| h.expires_at <= now))
+        });
+        let Some(slot) = free else {
+            let expires_in = entry
+                .live_slots(now)
+                .filter(|(slot, _)| *slot < permits)
+                .map(|(_, h)| h.expires_at - now)
+                .min();
+            return Attempt::Held { expires_in };
+        };
+        let index = slot as usize;
+        if entry.slots.len() <= index {
+            entry.slots.resize_with(index + 1, || None);
+        }
+        let token = self.next_token();
+        entry.slots[index] = Some(self.new_holder(request, token, now));
+        entry.announce_change();
+        Attempt::Acquired(Grant::new(token).in_slot(slot))
+    }
+
+    /// The holder `request` makes, with `token`.
+    fn new_holder(
+        &self,
+        request: &AcquireRequest<'_>,
+        token: FencingToken,
+        now: Instant,
+    ) -> Holder {
+        let label = self.inner.label.as_deref().or(request.label);
+        Holder {
+            owner: *request.owner,
+            token,
+            expires_at: now + request.ttl,
+            identity: request.identity.map(str::to_owned),
+            info: HolderInfo::this_process(label),
+            since: now,
+        }
+    }
+
+    /// An exclusive release: the holder's (handing over to a fair waiter),
+    /// or else the owner's queue entry (F3) and writer-waiting mark (M3).
+    fn release_exclusive(&self, entry: &mut Entry, owner: &OwnerId, now: Instant) -> bool {
+        let ours = entry
+            .live_holder(now)
+            .is_some_and(|holder| holder.owner == *owner);
+        if ours {
+            entry.holder = None;
+            if !self.hand_over(entry, now) {
+                entry.announce_release();
+            }
+        } else {
+            entry.leave_queue(owner);
+            if entry
+                .writer_waiting
+                .is_some_and(|(marked, _)| marked == *owner)
+            {
+                entry.writer_waiting = None;
+                // Readers held back by the mark may go.
+                entry.announce_release();
+            }
+        }
+        ours
     }
 
     /// Hands the just-released key of `entry` to its first live fair
@@ -316,61 +589,33 @@ impl Backend for MemoryBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let now = Instant::now();
         let mut entries = self.lock();
-        let entry = entries.entry(key);
-        if let Some(holder) = entry.holder.as_mut().filter(|h| h.expires_at > now) {
-            // A retry by the owner that holds it (its first answer was
-            // lost): it has the key, with the token already drawn, for a
-            // ttl from now, as the caller counts it.
-            if holder.owner == *owner {
-                holder.expires_at = now + ttl;
-                holder.identity = request.identity.map(str::to_owned);
-                return Ok(Attempt::Acquired(Grant::new(holder.token)));
-            }
-            let expires_in = Some(holder.expires_at - now);
-            if let Queue::Join { entry_ttl } = request.queue {
-                entry.drop_expired_waiters(now);
-                entry.join_queue(request, entry_ttl, now);
-            }
-            return Ok(Attempt::Held { expires_in });
+        let entry = entries.entry(request.key);
+        match request.access {
+            Access::Exclusive => Ok(self.try_exclusive(entry, request, now)),
+            Access::Shared => Ok(self.try_shared(entry, request, now)),
+            Access::Permits { permits } => Ok(self.try_permit(entry, request, permits, now)),
         }
-        if request.queue.is_fair() {
-            entry.drop_expired_waiters(now);
-            let in_line = match request.queue {
-                Queue::Join { .. } => entry.first_in_line(owner),
-                _ => entry.queue.is_empty(),
-            };
-            if !in_line {
-                if let Queue::Join { entry_ttl } = request.queue {
-                    entry.join_queue(request, entry_ttl, now);
-                }
-                return Ok(Attempt::Held { expires_in: None });
-            }
-            entry.leave_queue(owner);
-        }
-        // The token is drawn under the same mutex that sets the holder, so
-        // token order is acquisition order.
-        let token = self.next_token();
-        let label = self.inner.label.as_deref().or(request.label);
-        entry.holder = Some(Holder {
-            owner: *owner,
-            token,
-            expires_at: now + ttl,
-            identity: request.identity.map(str::to_owned),
-            info: HolderInfo::this_process(label),
-            since: now,
-        });
-        entry.announce_change();
-        Ok(Attempt::Acquired(Grant::new(token)))
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let now = Instant::now();
         let mut entries = self.lock();
-        let Some(holder) = entries.by_key.get_mut(key).and_then(|e| e.holder.as_mut()) else {
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            return Ok(false);
+        };
+        let holder = match renewal.access {
+            Access::Exclusive => entry.holder.as_mut(),
+            Access::Shared => entry.readers.get_mut(owner),
+            Access::Permits { .. } => {
+                let slot = renewal.slot.or_else(|| entry.slot_of(owner, now));
+                slot.and_then(|slot| entry.slots.get_mut(slot as usize))
+                    .and_then(Option::as_mut)
+            }
+        };
+        let Some(holder) = holder else {
             return Ok(false);
         };
         if holder.owner != *owner || holder.expires_at <= now {
@@ -381,29 +626,56 @@ impl Backend for MemoryBackend {
     }
 
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
-        let (key, owner) = (lease.key, lease.owner);
         let now = Instant::now();
         let mut entries = self.lock();
-        let Some(entry) = entries.by_key.get_mut(key) else {
+        let Some(entry) = entries.by_key.get_mut(lease.key) else {
             return Ok(ReleaseOutcome::NotOwner);
         };
-        let ours = entry
-            .live_holder(now)
-            .is_some_and(|holder| holder.owner == *owner);
-        if ours {
-            entry.holder = None;
-            if !self.hand_over(entry, now) {
-                entry.announce_release();
+        let released = match lease.access {
+            Access::Exclusive => self.release_exclusive(entry, lease.owner, now),
+            Access::Shared => {
+                let ours = entry
+                    .readers
+                    .remove(lease.owner)
+                    .is_some_and(|reader| reader.expires_at > now);
+                // The phase's last reader: writers may go (rule M4).
+                if ours && entry.readers_left(now).is_none() {
+                    entry.readers.clear();
+                    entry.phase = None;
+                    entry.announce_release();
+                }
+                ours
             }
-        } else {
-            entry.leave_queue(owner);
-        }
-        entries.forget_if_idle(key);
-        Ok(ReleaseOutcome::from_released(ours))
+            Access::Permits { .. } => {
+                let slot = lease.slot.or_else(|| entry.slot_of(lease.owner, now));
+                let taken = slot.and_then(|slot| entry.slots.get_mut(slot as usize));
+                match taken {
+                    Some(place)
+                        if place
+                            .as_ref()
+                            .is_some_and(|h| h.owner == *lease.owner && h.expires_at > now) =>
+                    {
+                        *place = None;
+                        entry.announce_release();
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        };
+        entries.forget_if_idle(lease.key);
+        Ok(ReleaseOutcome::from_released(released))
     }
 
     fn supports_fair(&self) -> bool {
         true
+    }
+
+    fn supports_access(&self, access: Access) -> bool {
+        match access {
+            Access::Exclusive | Access::Shared => true,
+            Access::Permits { permits } => permits > 0,
+        }
     }
 
     /// Every waiter of a memory backend is of this process: its queue.
@@ -443,8 +715,11 @@ impl Backend for MemoryBackend {
         let Some(entry) = entries.by_key.get_mut(key) else {
             return Ok(false);
         };
-        let was_held = entry.live_holder(now).is_some();
+        let was_held = entry.shown_holder(now).is_some();
         entry.holder = None;
+        entry.readers.clear();
+        entry.slots.clear();
+        entry.writer_waiting = None;
         entry.announce_release();
         entries.forget_if_idle(key);
         Ok(was_held)
@@ -456,7 +731,7 @@ impl Backend for MemoryBackend {
         Ok(entries
             .by_key
             .get(key)
-            .and_then(|entry| entry.live_holder(now))
+            .and_then(|entry| entry.shown_holder(now))
             .map(|holder| holder.holding(now)))
     }
 
@@ -468,7 +743,7 @@ impl Backend for MemoryBackend {
             .iter()
             .filter(|(key, _)| key.as_str().starts_with(prefix))
             .filter_map(|(key, entry)| {
-                let holder = entry.live_holder(now)?;
+                let holder = entry.shown_holder(now)?;
                 Some((key.to_string(), holder.holding(now)))
             })
             .collect();

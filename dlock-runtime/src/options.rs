@@ -4,7 +4,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::Backend;
+use crate::backend::{Access, Backend};
 use crate::error::LockError;
 use crate::key::LockKey;
 use crate::lease::{self, Lease, LeaseSet};
@@ -40,7 +40,22 @@ pub struct LockOptions {
     pub(crate) renew: bool,
     pub(crate) min_hold: Duration,
     pub(crate) fair: bool,
+    pub(crate) mode: LockMode,
+    pub(crate) permits: Option<u32>,
     pub(crate) backend: Cow<'static, str>,
+}
+
+/// Which side of a read-write lock an acquisition takes
+/// ([`LockOptions::mode`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockMode {
+    /// Alone (the default): the write side, and today's plain lock.
+    #[default]
+    Exclusive,
+    /// Beside other shared holders, never beside an exclusive one: the
+    /// read side.
+    Shared,
 }
 
 impl LockOptions {
@@ -53,6 +68,8 @@ impl LockOptions {
             renew: true,
             min_hold: Duration::ZERO,
             fair: false,
+            mode: LockMode::Exclusive,
+            permits: None,
             backend: Cow::Borrowed(DEFAULT_BACKEND),
         }
     }
@@ -131,6 +148,87 @@ impl LockOptions {
         self
     }
 
+    /// Which side of a read-write lock to take: [`LockMode::Exclusive`]
+    /// (the default) or [`LockMode::Shared`]. Shared holders of a key
+    /// coexist and exclude exclusive ones; a writer that waits is not
+    /// starved by a stream of readers (new readers wait behind it).
+    ///
+    /// Tokens: an exclusive lease's token is above every token issued
+    /// before for the key, readers' included; readers that overlap share
+    /// one token, above every writer's before them. A resource that fences
+    /// with "accept a token `>=` the highest accepted" so refuses a stale
+    /// writer and never a current reader (see [`crate::fence`]).
+    ///
+    /// A backend without shared locks refuses it with
+    /// [`LockError::InvalidOption`]; not with [`LockOptions::fair`] nor
+    /// [`LockOptions::permits`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use std::{sync::Arc, time::Duration};
+    /// use dlock_runtime::{memory::MemoryBackend, Backend, LockMode, LockOptions};
+    ///
+    /// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    /// let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    /// let a = read.acquire_on(backend.clone(), "config").await?;
+    /// let b = read.acquire_on(backend.clone(), "config").await?;
+    /// assert_eq!(a.token(), b.token());
+    /// let write = LockOptions::new(Duration::from_secs(30));
+    /// assert!(write.acquire_on(backend.clone(), "config").await.is_err());
+    /// let read_token = a.token();
+    /// a.release().await?;
+    /// b.release().await?;
+    /// let w = write.acquire_on(backend.clone(), "config").await?;
+    /// assert!(w.token() > read_token);
+    /// w.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub const fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// A semaphore: at most `permits` holders of the key at once, across
+    /// every process. Each lease holds a numbered slot in `0..permits`
+    /// ([`Lease::slot`]), whose token rises per slot, so a resource can
+    /// fence per slot. Must be at least 1; not with [`LockMode::Shared`]
+    /// nor [`LockOptions::fair`]. Callers of one key agree on the number.
+    /// A backend without permits refuses it with
+    /// [`LockError::InvalidOption`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use std::{sync::Arc, time::Duration};
+    /// use dlock_runtime::{memory::MemoryBackend, Backend, LockOptions};
+    ///
+    /// let backend: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+    /// let two = LockOptions::new(Duration::from_secs(30)).permits(2);
+    /// let a = two.acquire_on(backend.clone(), "uploads").await?;
+    /// let b = two.acquire_on(backend.clone(), "uploads").await?;
+    /// assert_ne!(a.slot(), b.slot());
+    /// assert!(two.acquire_on(backend.clone(), "uploads").await.is_err());
+    /// a.release().await?;
+    /// b.release().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub const fn permits(mut self, permits: u32) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// How the key is held, as the backend is asked ([`Access`]).
+    pub fn access(&self) -> Access {
+        match (self.permits, self.mode) {
+            (Some(permits), _) => Access::Permits { permits },
+            (None, LockMode::Shared) => Access::Shared,
+            (None, _) => Access::Exclusive,
+        }
+    }
+
     /// The registry name of the backend to lock with.
     pub fn backend(mut self, name: impl Into<Cow<'static, str>>) -> Self {
         self.backend = name.into();
@@ -166,6 +264,26 @@ impl LockOptions {
                 format!(
                     "{:?} is longer than the ttl {:?}: a lease cannot be kept past its ttl",
                     self.min_hold, self.ttl
+                ),
+            );
+        }
+        if self.permits == Some(0) {
+            return bad("permits", "must be at least 1".into());
+        }
+        if self.permits.is_some() && self.mode == LockMode::Shared {
+            return bad(
+                "permits",
+                "permits are taken alone, not with mode shared: a permit is a slot, \
+                 not a side of a read-write lock"
+                    .into(),
+            );
+        }
+        if self.fair && self.access() != Access::Exclusive {
+            return bad(
+                "fair",
+                format!(
+                    "fair mode queues exclusive waiters only, not {} ones",
+                    self.access()
                 ),
             );
         }
@@ -230,6 +348,15 @@ impl LockOptions {
                 reason: "at least one key is needed".into(),
             });
         }
+        if self.access() != Access::Exclusive {
+            return Err(LockError::InvalidOption {
+                option: self.access().option(),
+                reason: format!(
+                    "several keys are locked exclusively only, not as {}",
+                    self.access()
+                ),
+            });
+        }
         self.validate()?;
         lease::acquire_many(backend, keys, self.terms(), self.deadline()).await
     }
@@ -243,6 +370,7 @@ impl LockOptions {
             min_hold: self.min_hold,
             identity: None,
             fair: self.fair,
+            access: self.access(),
         }
     }
 

@@ -69,6 +69,40 @@
 //! [`queued_here`](crate::Backend::queued_here), which spares a caller
 //! behind a waiter of its own process a first try it could only lose.
 //!
+//! Shared locks and permits are optional too. A backend that leaves
+//! [`supports_access`](crate::Backend::supports_access) at its default
+//! (exclusive only) reads nothing new: the core refuses `mode = "shared"`
+//! and `permits` on it with `InvalidOption` before sending anything, and
+//! the suite's shared and permit properties check that refusal. One that
+//! keeps them follows rules M1 to M5 on the [`Backend`](crate::Backend)
+//! trait, each attempt one atomic step (one round trip):
+//!
+//! - [`AcquireRequest::access`](crate::backend::AcquireRequest::access)
+//!   says how to hold the key ([`Access`](crate::backend::Access)).
+//!   `Shared`: refuse (`Held`) while an exclusive holder, a permit, or a
+//!   live writer-waiting mark stands; else join the read phase (its token
+//!   if a reader still holds, else a freshly drawn one, kept as the
+//!   phase's). `Exclusive`: while readers hold, a caller that
+//!   [`waits`](crate::backend::AcquireRequest::waits) leaves or refreshes
+//!   its mark (expiry [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL))
+//!   and answer `Held` with `expires_in` at most a third of that; taking
+//!   the key clears the owner's mark. `Permits { permits }`: take the first
+//!   free slot in `0..permits`, all slots tried in the one step, and answer
+//!   it with [`Grant::in_slot`](crate::backend::Grant::in_slot).
+//! - [`Renewal`](crate::backend::Renewal) and
+//!   [`ReleaseRequest`](crate::backend::ReleaseRequest) carry `access` and
+//!   `slot`: act on that side only. A permit release with `slot: None`
+//!   releases the owner's slot, whichever; an exclusive release by an
+//!   owner that holds nothing removes its mark and wakes waiters.
+//! - The last reader's release, a permit's release and a mark's removal
+//!   announce a release to [`subscribe`](crate::Backend::subscribe)rs.
+//!
+//! On Redis that is a script over a readers' hash (owner → expiry), the
+//! phase token, a mark key with a `PX` ttl and one key per slot; on
+//! PostgreSQL `pg_try_advisory_lock_shared` on an owned session for
+//! readers, the phase token and the mark in a row, and one advisory lock
+//! per slot tried in one statement. The memory backend is the reference.
+//!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
 //! one test per property. `make_backend` is called once per instance a

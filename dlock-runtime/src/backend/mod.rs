@@ -95,6 +95,59 @@ pub mod implementing;
 ///    cancelled, so a handoff that came after the waiter left is passed on
 ///    by the same call (the owner then holds the key and releases it).
 ///
+/// # Shared locks and permits
+///
+/// [`AcquireRequest::access`] says how an acquisition holds its key
+/// ([`Access`]). A backend that keeps shared holders or numbered permits
+/// says which with [`Backend::supports_access`]; the core refuses any
+/// other access with [`LockError::InvalidOption`] before anything is sent,
+/// rather than lock wrongly. A backend that supports them keeps these rules:
+///
+/// - **M1. Who coexists.** Shared holders of a key coexist; an exclusive
+///    holder coexists with no one. `Permits { permits: n }` holders take
+///    numbered slots `0..n`, at most one owner a slot, so at most `n` hold
+///    at once; the attempt picks a free slot itself, trying every slot in
+///    one atomic step, and answers it in [`Grant::slot`]. A key is used in
+///    one way: permit holders and exclusive or shared ones exclude each
+///    other, and callers of one key agree on `n`.
+/// - **M2. Tokens.** An exclusive grant's token is greater than every
+///    token issued before for the key, shared ones included (rule 2). The
+///    shared holders of a key form a *read phase*: the first of a phase
+///    draws a token as an acquisition does (the counter advanced, floored at
+///    the store's clock where the counter can be lost) and records it as
+///    the phase token; a shared attempt that finds the phase live (a shared
+///    holder still holds) is granted the phase token. The phase ends when
+///    its last holder does. So a reader's token is above every writer's
+///    before it and not above any token issued after it. A permit's token
+///    is drawn anew per grant (rule 2 for the key, so it rises per slot).
+/// - **M3. Writers are not starved.** An exclusive attempt of a caller
+///    that waits ([`AcquireRequest::waits`]) that finds the key held by
+///    shared holders leaves a *writer-waiting mark*: its owner
+///    and an expiry [`QUEUE_ENTRY_TTL`] away, refreshed by the same owner's
+///    retries, and answers `Held` with `expires_in` no longer than a third
+///    of that (so the core retries before the mark runs out). A shared
+///    attempt answers `Held` while a live mark of any owner stands, even in
+///    a live phase. The mark goes when its owner is granted the key, or
+///    sends a `release` (which answers `NotOwner`, and wakes waiters as a
+///    release does): the core sends one for every exclusive waiter that
+///    gives up, times out or is cancelled on a backend that supports
+///    [`Access::Shared`]. A mark whose owner vanished lives its expiry. A
+///    caller that does not wait leaves no mark (and sends no release).
+/// - **M4. Renewals and releases name the side.** [`Renewal`] and
+///    [`ReleaseRequest`] carry the lease's access and slot; a shared or
+///    permit lease is extended and released on its own side (its slot) and
+///    only there. A `release` of a permit whose slot is `None` (an attempt
+///    abandoned before its answer) releases the owner's slot, whichever it
+///    is. The last shared holder's release, and a permit's, announce a
+///    release as an exclusive one does ([`Backend::subscribe`]).
+/// - **M5. Same lifecycle.** Every shared holder and every permit ends by
+///   its own ttl (rule 4); a retry by an owner that holds is a success
+///   (rule 3) with its slot, or with the phase token.
+///
+/// Each rule fits in one round trip per attempt: a Redis script reads the
+/// readers' hash, the mark and the slots and answers; PostgreSQL takes
+/// `pg_try_advisory_lock_shared` on an owned session (the mark in a row).
+///
 /// [`implementing`]: crate::backend::implementing
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
@@ -203,6 +256,14 @@ pub trait Backend: Send + Sync + 'static {
     /// [`LockError::InvalidOption`], rather than lock unfairly.
     fn supports_fair(&self) -> bool {
         false
+    }
+
+    /// Whether this backend keeps `access` (rules M1 to M5). The core
+    /// refuses an acquisition with any other access with
+    /// [`LockError::InvalidOption`] before anything is sent. The default
+    /// keeps [`Access::Exclusive`] only.
+    fn supports_access(&self, access: Access) -> bool {
+        matches!(access, Access::Exclusive)
     }
 
     /// Fair mode, a hint read without I/O: whether fair waiters of this
@@ -354,9 +415,46 @@ impl Holding {
 /// The longest identity an acquisition may record, in bytes.
 pub const MAX_IDENTITY_LEN: usize = 256;
 
-/// What [`Backend::try_acquire`] is asked to take. More terms (a lock mode,
-/// a number of permits, who holds it) will come as fields, so a backend
-/// reads the fields it knows; the core builds it.
+/// How an acquisition holds its key (rules M1 to M5 on [`Backend`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Access {
+    /// Alone: today's lock, the write side of a read-write lock.
+    #[default]
+    Exclusive,
+    /// Beside other shared holders, never beside an exclusive one: the
+    /// read side of a read-write lock.
+    Shared,
+    /// One of `permits` numbered slots: at most `permits` holders at once.
+    Permits {
+        /// How many may hold the key at once (at least 1).
+        permits: u32,
+    },
+}
+
+impl Access {
+    /// The option a caller sets for this access (`"mode"` or `"permits"`),
+    /// for errors.
+    pub fn option(self) -> &'static str {
+        match self {
+            Access::Exclusive | Access::Shared => "mode",
+            Access::Permits { .. } => "permits",
+        }
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Access::Exclusive => f.write_str("exclusive"),
+            Access::Shared => f.write_str("shared"),
+            Access::Permits { permits } => write!(f, "{permits} permits"),
+        }
+    }
+}
+
+/// What [`Backend::try_acquire`] is asked to take. More terms will come as
+/// fields, so a backend reads the fields it knows; the core builds it.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
 pub struct AcquireRequest<'a> {
@@ -378,6 +476,13 @@ pub struct AcquireRequest<'a> {
     /// How the attempt stands toward the key's queue of fair waiters
     /// (rules F1 to F3); [`Queue::Barge`] for a plain lock.
     pub queue: Queue,
+    /// How the key is held (rules M1 to M5); [`Access::Exclusive`] unless
+    /// the backend [supports](Backend::supports_access) another.
+    pub access: Access,
+    /// Whether the caller waits for the key if this attempt is refused
+    /// (it will try again): only a waiting writer leaves a writer-waiting
+    /// mark (rule M3). `false` unless set.
+    pub waits: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -390,7 +495,21 @@ impl<'a> AcquireRequest<'a> {
             identity: None,
             label: None,
             queue: Queue::Barge,
+            access: Access::Exclusive,
+            waits: false,
         }
+    }
+
+    /// The same request, from a caller that waits (`true`) or not.
+    pub fn with_waits(mut self, waits: bool) -> Self {
+        self.waits = waits;
+        self
+    }
+
+    /// The same request, holding the key as `access` says.
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
     }
 
     /// The same request, standing toward the key's queue as `queue` says.
@@ -435,6 +554,10 @@ pub struct Renewal<'a> {
     /// a table was truncated), so a lost record hides a leader for at most
     /// one renewal interval.
     pub recorded: Option<(&'a str, FencingToken)>,
+    /// How the lease holds the key, and the permit slot it holds (rule M4).
+    pub access: Access,
+    /// The permit slot ([`Grant::slot`]); `None` for other access.
+    pub slot: Option<u32>,
 }
 
 impl<'a> Renewal<'a> {
@@ -445,7 +568,17 @@ impl<'a> Renewal<'a> {
             owner,
             ttl,
             recorded: None,
+            access: Access::Exclusive,
+            slot: None,
         }
+    }
+
+    /// The same renewal, of a lease held as `access` (in `slot`, for a
+    /// permit).
+    pub fn holding(mut self, access: Access, slot: Option<u32>) -> Self {
+        self.access = access;
+        self.slot = slot;
+        self
     }
 
     /// The same renewal, of a lease taken with `identity` that drew `token`.
@@ -463,12 +596,30 @@ pub struct ReleaseRequest<'a> {
     pub key: &'a LockKey,
     /// The owner that holds it.
     pub owner: &'a OwnerId,
+    /// How the lease holds the key (rule M4).
+    pub access: Access,
+    /// The permit slot, if known: `None` for other access, and for a permit
+    /// attempt abandoned before its answer (the owner's slot, whichever).
+    pub slot: Option<u32>,
 }
 
 impl<'a> ReleaseRequest<'a> {
     /// The release of `owner`'s lease on `key`.
     pub fn new(key: &'a LockKey, owner: &'a OwnerId) -> Self {
-        Self { key, owner }
+        Self {
+            key,
+            owner,
+            access: Access::Exclusive,
+            slot: None,
+        }
+    }
+
+    /// The same release, of a lease held as `access` (in `slot`, for a
+    /// permit).
+    pub fn holding(mut self, access: Access, slot: Option<u32>) -> Self {
+        self.access = access;
+        self.slot = slot;
+        self
     }
 }
 
@@ -515,6 +666,9 @@ pub struct Grant {
     /// soon): how long, from the waiter's latest attempt answered `Held`.
     /// `None`: the ttl.
     pub valid_for: Option<Duration>,
+    /// The permit slot taken, in `0..permits` ([`Access::Permits`]);
+    /// `None` for other access.
+    pub slot: Option<u32>,
 }
 
 impl Grant {
@@ -524,7 +678,14 @@ impl Grant {
             token,
             loss: None,
             valid_for: None,
+            slot: None,
         }
+    }
+
+    /// The same grant, of permit slot `slot`.
+    pub fn in_slot(mut self, slot: u32) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// The same grant, of a handed-over lease the store keeps `valid_for`

@@ -210,6 +210,9 @@ impl crate::Backend for CountingBackend {
     fn supports_fair(&self) -> bool {
         self.inner.supports_fair()
     }
+    fn supports_access(&self, access: crate::backend::Access) -> bool {
+        self.inner.supports_access(access)
+    }
     fn queued_here(&self, key: &crate::LockKey) -> bool {
         self.inner.queued_here(key)
     }

@@ -38,6 +38,24 @@
 //! the one that writes (or do both in one transaction). [`FencedCell::write`]
 //! reads and writes in one step, so it needs nothing more.
 //!
+//! ## Read-write locks and permits
+//!
+//! The same rule fences both sides of a read-write lock
+//! ([`LockOptions::mode`](crate::LockOptions::mode)), on one resource
+//! name: an exclusive token is above every token issued before for the key,
+//! readers' included, and readers that overlap share one token (their read
+//! phase's), above every writer's before them and not above any token
+//! issued after. So "accept `>=` the highest" refuses a stale writer (a
+//! later reader or writer raised the highest above it) and never a current
+//! reader (its phase's token is the highest, or equal to it: no writer can
+//! have come in while its phase lasts). A stale *reader*, one whose phase
+//! ended and a writer came, is refused as well.
+//!
+//! A permit ([`LockOptions::permits`](crate::LockOptions::permits)) is
+//! fenced per slot: its token rises per key and slot, not across the
+//! slots of one key held at once, so give each slot a resource name of its
+//! own (`"pool:3"`, from [`Lease::slot`](crate::Lease::slot)).
+//!
 // Without the backend features the PostgreSQL and Redis fences are not
 // compiled, so the links above point to the facade's documentation, which
 // is built with both.

@@ -13,8 +13,8 @@ use tracing::{Instrument as _, Span};
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL, Queue,
-    ReleaseNotice, ReleaseOutcome, ReleaseRequest,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL,
+    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, Operation};
@@ -61,7 +61,7 @@ pub(crate) async fn acquire(
     let span = acquiring
         .in_scope(|| tracing::debug_span!("dlock.acquire", key = %key, backend = backend.kind()));
     async move {
-        let taken = match OwnerId::random() {
+        let taken = match refuse_unsupported(&backend, &terms).and_then(|()| OwnerId::random()) {
             Ok(owner) if terms.fair => take_fair(&backend, &key, &owner, &terms, deadline, started)
                 .await
                 .map(|(grant, sent)| (owner, grant, sent)),
@@ -96,6 +96,35 @@ pub(crate) async fn acquire(
     }
     .instrument(span)
     .await
+}
+
+/// Refuses an access the backend does not keep (rules M1 to M5), before
+/// anything is sent: locking in another way would not be what was asked.
+fn refuse_unsupported(backend: &Arc<dyn Backend>, terms: &Terms) -> Result<(), LockError> {
+    if terms.access == Access::Exclusive || backend.supports_access(terms.access) {
+        return Ok(());
+    }
+    Err(LockError::InvalidOption {
+        option: terms.access.option(),
+        reason: format!(
+            "the {} backend cannot hold a key as {}: it has no {}",
+            backend.kind(),
+            terms.access,
+            match terms.access {
+                Access::Permits { .. } => "permits",
+                _ => "shared locks",
+            }
+        ),
+    })
+}
+
+/// Whether an exclusive attempt answered `Held` may have left a
+/// writer-waiting mark (rule M3), which the owner's release removes: only
+/// a caller that waits leaves one.
+fn may_mark(backend: &Arc<dyn Backend>, terms: &Terms) -> bool {
+    terms.access == Access::Exclusive
+        && !terms.wait.is_zero()
+        && backend.supports_access(Access::Shared)
 }
 
 /// The longest a refused caller waits to learn who holds the key, on top
@@ -320,6 +349,19 @@ async fn take(
     let mut failure: Option<LockError> = None;
     // Whether an attempt failed in a way that may have taken the key anyway.
     let mut unsure = false;
+    // Armed once an exclusive attempt was answered `Held` on a backend with
+    // shared locks: dropped armed (the deadline, an error, the caller gone),
+    // it removes the writer-waiting mark the attempt may have left (M3).
+    let may_mark = may_mark(backend, terms);
+    let mut clear_mark = LeaveQueue {
+        give_back: None,
+        notice: None,
+    };
+    let held = |clear_mark: &mut LeaveQueue| {
+        if may_mark && clear_mark.give_back.is_none() {
+            clear_mark.give_back = Some((Arc::clone(backend), key.clone(), *owner));
+        }
+    };
     let outcome = 'attempts: {
         // The first attempt goes out just after the call began: its start
         // serves as the instant the attempt was sent (a little early, so
@@ -328,7 +370,7 @@ async fn take(
         let first = attempt(backend, key, *owner, terms, Queue::Barge);
         match by_deadline(kind, Operation::Acquire, key, terms, deadline, first).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
-            Ok(Attempt::Held { .. }) => {}
+            Ok(Attempt::Held { .. }) => held(&mut clear_mark),
             Err(err) => {
                 unsure = true;
                 if !may_retry(&err) {
@@ -372,7 +414,10 @@ async fn take(
             }
             let expires_in = match answer {
                 Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
-                Ok(Attempt::Held { expires_in }) => expires_in,
+                Ok(Attempt::Held { expires_in }) => {
+                    held(&mut clear_mark);
+                    expires_in
+                }
                 Err(err) => {
                     unsure = true;
                     // Dropped unanswered: the wake-up goes to another waiter.
@@ -404,9 +449,13 @@ async fn take(
             woken_by = notice.is_woken().then_some(notice);
         }
     };
-    if outcome.is_err() && unsure {
-        spawn_give_back(backend, key, *owner);
+    if outcome.is_ok() {
+        clear_mark.disarm();
+    } else if unsure {
+        clear_mark.disarm();
+        spawn_give_back(backend, key, *owner, terms.access);
     }
+    // Still armed: the give back removes the mark as it drops.
     outcome
 }
 
@@ -452,6 +501,11 @@ async fn take_fair(
         give_back: Some((Arc::clone(backend), key.clone(), *owner)),
         notice: None,
     };
+    debug_assert_eq!(
+        terms.access,
+        Access::Exclusive,
+        "options refuse fair shared"
+    );
     let mut failure: Option<LockError> = None;
     // The first try, unless waiters of this process are known to queue
     // on the key (it could only lose to them): then straight to the queue.
@@ -594,9 +648,10 @@ async fn confirm_handoff(
     }
 }
 
-/// A fair waiter's way out of the queue: dropped armed, it releases the
-/// owner's key in the background, which removes its entry (rule F3) and
-/// gives back a handoff that reached it as it gave up.
+/// A waiter's way out: dropped armed, it releases the owner's key in the
+/// background, which removes a fair waiter's entry (rule F3) and gives
+/// back a handoff that reached it as it gave up, or removes an exclusive
+/// waiter's writer-waiting mark (rule M3).
 struct LeaveQueue {
     give_back: Option<(Arc<dyn Backend>, LockKey, OwnerId)>,
     /// The waiter's handoff notice. Dropped armed, it is kept until the
@@ -621,7 +676,7 @@ impl Drop for LeaveQueue {
                 .notice
                 .take()
                 .map(|notice| Arc::new(Mutex::new(notice)));
-            spawn_give_back_keeping(&backend, &key, owner, notice);
+            spawn_give_back_keeping(&backend, &key, owner, Access::Exclusive, notice);
         }
     }
 }
@@ -637,13 +692,16 @@ fn attempt(
 ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
-        let (ttl, identity) = (terms.ttl, terms.identity.clone());
+        let (ttl, identity, access) = (terms.ttl, terms.identity.clone(), terms.access);
+        let waits = !terms.wait.is_zero();
         async move {
             let label = holder::process_label();
             let request = AcquireRequest::new(&key, &owner, ttl)
                 .with_identity(identity.as_deref())
                 .with_label(label.as_deref())
-                .with_queue(queue);
+                .with_queue(queue)
+                .with_access(access)
+                .with_waits(waits);
             backend.try_acquire(&request).await
         }
     };
@@ -651,7 +709,8 @@ fn attempt(
         backend: Arc::clone(backend),
         key: key.clone(),
         owner,
-        queued: matches!(queue, Queue::Join { .. }),
+        access: terms.access,
+        queued: matches!(queue, Queue::Join { .. }) || may_mark(backend, terms),
     };
     Detachable::new(work, give_back)
 }
@@ -665,8 +724,13 @@ struct GiveBack {
     backend: Arc<dyn Backend>,
     key: LockKey,
     owner: OwnerId,
-    /// The attempt was a fair waiter's [`Queue::Join`]: answered `Held`, it
-    /// left an entry in the queue, which the release removes (rule F3).
+    /// How the attempt would hold the key: a permit's slot is not known
+    /// yet, so the release names none (rule M4).
+    access: Access,
+    /// The attempt was a fair waiter's [`Queue::Join`], or an exclusive one
+    /// on a backend with shared locks: answered `Held`, it may have left an
+    /// entry in the queue (rule F3) or a writer-waiting mark (rule M3),
+    /// which the release removes.
     queued: bool,
 }
 
@@ -675,7 +739,7 @@ impl GiveBack {
         Box::pin(async move {
             match self
                 .backend
-                .release(&ReleaseRequest::new(&self.key, &self.owner))
+                .release(&ReleaseRequest::new(&self.key, &self.owner).holding(self.access, None))
                 .await
             {
                 Ok(ReleaseOutcome::Released) => tracing::debug!(
@@ -721,8 +785,8 @@ impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
 
 /// Gives `owner`'s possible hold of `key` back in the background (and,
 /// for a fair waiter, its place in the queue: rule F3).
-fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
-    spawn_give_back_keeping(backend, key, owner, None);
+fn spawn_give_back(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId, access: Access) {
+    spawn_give_back_keeping(backend, key, owner, access, None);
 }
 
 /// [`spawn_give_back`], keeping `notice` alive until the release is done.
@@ -730,12 +794,14 @@ fn spawn_give_back_keeping(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: OwnerId,
+    access: Access,
     notice: Option<Arc<Mutex<Handoff>>>,
 ) {
     let give_back = GiveBack {
         backend: Arc::clone(backend),
         key: key.clone(),
         owner,
+        access,
         queued: false,
     };
     let (here, fallback) = (give_back.clone().release(), give_back.release());

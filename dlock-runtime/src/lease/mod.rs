@@ -36,7 +36,7 @@ pub use set::LeaseSet;
 pub(crate) use set::acquire_many;
 
 use crate::backend::{
-    Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, LostReason};
@@ -64,6 +64,9 @@ pub(crate) struct Terms {
     /// Whether waiters queue in arrival order and a release hands the key
     /// to the first ([`crate::LockOptions::fair`]).
     pub(crate) fair: bool,
+    /// How the key is held ([`crate::LockOptions::mode`],
+    /// [`crate::LockOptions::permits`]).
+    pub(crate) access: Access,
 }
 
 #[derive(Debug)]
@@ -111,6 +114,9 @@ struct Shared {
     token: FencingToken,
     owner: OwnerId,
     backend: Arc<dyn Backend>,
+    /// How the lease holds the key, and its permit slot (rule M4).
+    access: Access,
+    slot: Option<u32>,
     /// The identity the lease was taken with, recorded beside the lock.
     identity: Option<Arc<str>>,
     /// The metrics of the backend's kind.
@@ -151,7 +157,7 @@ impl Shared {
     fn new(
         key: LockKey,
         token: FencingToken,
-        owner: OwnerId,
+        (owner, access, slot): (OwnerId, Access, Option<u32>),
         backend: Arc<dyn Backend>,
         identity: Option<Arc<str>>,
         valid_until: Instant,
@@ -162,6 +168,8 @@ impl Shared {
             token,
             owner,
             backend,
+            access,
+            slot,
             identity,
             meters: hold.meters,
             held_since: hold.since,
@@ -176,6 +184,16 @@ impl Shared {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The release of this lease, on its own side (rule M4).
+    fn release_request(&self) -> ReleaseRequest<'_> {
+        ReleaseRequest::new(&self.key, &self.owner).holding(self.access, self.slot)
+    }
+
+    /// A renewal of this lease for `ttl`, on its own side (rule M4).
+    fn renewal(&self, ttl: Duration) -> Renewal<'_> {
+        Renewal::new(&self.key, &self.owner, ttl).holding(self.access, self.slot)
     }
 
     fn lost_error(&self, reason: LostReason) -> LockError {
@@ -381,6 +399,19 @@ impl Lease {
         self.shared.token
     }
 
+    /// How the lease holds its key: exclusive, shared or a permit.
+    pub fn access(&self) -> Access {
+        self.shared.access
+    }
+
+    /// The permit slot this lease holds, in `0..permits`, for a lease taken
+    /// with [`LockOptions::permits`](crate::LockOptions::permits); `None`
+    /// otherwise. Tokens rise per slot: a resource fences each slot on its
+    /// own ("`>=` the highest accepted for this slot").
+    pub fn slot(&self) -> Option<u32> {
+        self.shared.slot
+    }
+
     /// The kind of backend holding the lock.
     pub fn backend_kind(&self) -> &'static str {
         self.shared.backend.kind()
@@ -535,15 +566,9 @@ async fn finish(
     span: &Span,
 ) -> Result<ReleaseOutcome, LockError> {
     let outcome = if keep_for.is_zero() {
-        shared
-            .backend
-            .release(&ReleaseRequest::new(&shared.key, &shared.owner))
-            .await
+        shared.backend.release(&shared.release_request()).await
     } else {
-        let kept = shared
-            .backend
-            .extend(&Renewal::new(&shared.key, &shared.owner, keep_for))
-            .await;
+        let kept = shared.backend.extend(&shared.renewal(keep_for)).await;
         // Should this runtime shut down before the hold is over, the key's
         // ttl, just cut to the hold, frees it at the same moment.
         if matches!(kept, Ok(true))
@@ -553,10 +578,7 @@ async fn finish(
             runtime.spawn(async move {
                 tokio::time::sleep(keep_for).await;
                 // Owner-checked: a no-op if the key expired and moved on.
-                let _ = shared
-                    .backend
-                    .release(&ReleaseRequest::new(&shared.key, &shared.owner))
-                    .await;
+                let _ = shared.backend.release(&shared.release_request()).await;
             });
         }
         kept.map(ReleaseOutcome::from_released)
@@ -757,7 +779,7 @@ fn start(
     let shared = Arc::new(Shared::new(
         key,
         grant.token,
-        owner,
+        (owner, terms.access, grant.slot),
         backend,
         terms.identity.clone(),
         valid_until,

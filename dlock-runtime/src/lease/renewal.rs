@@ -365,7 +365,7 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
     let renewals: Vec<Renewal<'_>> = batch
         .iter()
         .map(|(_, shared, ttl, _)| {
-            let renewal = Renewal::new(&shared.key, &shared.owner, *ttl);
+            let renewal = shared.renewal(*ttl);
             match &shared.identity {
                 Some(identity) => renewal.recording(identity, shared.token),
                 None => renewal,

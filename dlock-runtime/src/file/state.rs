@@ -92,6 +92,30 @@ pub(super) struct State {
     pub(super) holder: Option<HolderRecord>,
     /// The key's queue file may hold fair waiters (the `queued` field).
     pub(super) queued: bool,
+    /// `owner` names the group of shared holders and permit holders, not
+    /// an exclusive holder (the `group` field): its alive file is locked
+    /// shared by every member, and `expires_at_us` is the latest member's.
+    pub(super) group: bool,
+    /// The shared holders and permit holders, while `group`.
+    pub(super) members: Vec<Member>,
+    /// Writer-waiting marks (rule M3): an owner and when its mark expires.
+    pub(super) marks: Vec<(OwnerId, u64)>,
+}
+
+/// A shared holder (a reader, `slot` `None`) or a permit holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Member {
+    pub(super) owner: OwnerId,
+    /// The permit slot; `None` for a reader.
+    pub(super) slot: Option<u32>,
+    /// The member's token: the phase token for a reader.
+    pub(super) token: u64,
+    /// When its lease ends: wall clock, µs.
+    pub(super) expires_at_us: u64,
+    /// When it took the key: wall clock, µs.
+    pub(super) since_us: u64,
+    /// Its encoded holder record.
+    pub(super) record: String,
 }
 
 /// A fair waiter's entry in `NAME.queue`.
@@ -189,7 +213,67 @@ pub(super) fn render_state(state: &State) -> String {
     if state.queued {
         text.push_str(&format!("{FIELD_START}{QUEUED_FIELD}"));
     }
+    if state.group {
+        text.push_str(&format!("{FIELD_START}{GROUP_FIELD}"));
+    }
+    for m in &state.members {
+        let head = match m.slot {
+            None => "reader".to_owned(),
+            Some(slot) => format!("permit {slot}"),
+        };
+        text.push_str(&format!(
+            "{FIELD_START}{head} {} {} {} {} +{}",
+            m.owner,
+            m.token,
+            m.expires_at_us,
+            m.since_us,
+            encode(&m.record)
+        ));
+    }
+    for (owner, expires_at_us) in &state.marks {
+        text.push_str(&format!("{FIELD_START}mark {owner} {expires_at_us}"));
+    }
     text
+}
+
+/// The field that says `owner` names the group of shared and permit
+/// holders.
+const GROUP_FIELD: &str = "group";
+
+/// A `reader` or `permit` field's value (after the name): `None` if it
+/// does not read as one, which is no member (as an unreadable field is
+/// no field elsewhere).
+fn parse_member(field: &str) -> Option<Member> {
+    let (slot, rest) = if let Some(rest) = field.strip_prefix("reader ") {
+        (None, rest)
+    } else {
+        let rest = field.strip_prefix("permit ")?;
+        let (slot, rest) = rest.split_once(' ')?;
+        (Some(slot.parse().ok()?), rest)
+    };
+    let mut words = rest.split(' ');
+    let owner = OwnerId::parse_hex(words.next()?)?;
+    let token = words.next()?.parse().ok()?;
+    let expires_at_us = words.next()?.parse().ok()?;
+    let since_us = words.next()?.parse().ok()?;
+    let record = decode(words.next()?.strip_prefix('+')?)?;
+    if words.next().is_some() {
+        return None;
+    }
+    Some(Member {
+        owner,
+        slot,
+        token,
+        expires_at_us,
+        since_us,
+        record,
+    })
+}
+
+/// A `mark` field's value: its owner and expiry.
+fn parse_mark(field: &str) -> Option<(OwnerId, u64)> {
+    let (owner, expires) = field.strip_prefix("mark ")?.split_once(' ')?;
+    Some((OwnerId::parse_hex(owner)?, expires.parse().ok()?))
 }
 
 /// The field that says the queue file may hold entries.
@@ -221,6 +305,13 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
             .map(|(_, value)| value)
     };
     let queued = fields.clone().any(|field| field == QUEUED_FIELD);
+    let group = owner.is_some() && fields.clone().any(|field| field == GROUP_FIELD);
+    let members = if group {
+        fields.clone().filter_map(parse_member).collect()
+    } else {
+        Vec::new()
+    };
+    let marks = fields.clone().filter_map(parse_mark).collect();
     let identity = owners_field("identity").and_then(decode);
     let holder = owners_field("holder").and_then(|value| {
         let (since_us, encoded) = value.split_once(' ')?;
@@ -237,6 +328,9 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
         identity,
         holder,
         queued,
+        group,
+        members,
+        marks,
     })
 }
 
@@ -343,6 +437,9 @@ mod tests {
             identity: None,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         };
         assert_eq!(parse_state(&render_state(&state)), Some(state));
     }
@@ -356,6 +453,9 @@ mod tests {
             identity: Some(identity.into()),
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         }
     }
 
@@ -404,6 +504,9 @@ mod tests {
                 identity: None,
                 holder: None,
                 queued: false,
+                group: false,
+                members: Vec::new(),
+                marks: Vec::new(),
             })
         );
     }
@@ -419,6 +522,9 @@ mod tests {
             identity: None,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         };
         assert_eq!(
             render_state(&state),
@@ -505,6 +611,9 @@ mod tests {
             identity,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         })
     }
 

@@ -1605,6 +1605,80 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    fn granted(attempt: io::Result<Attempt>) -> Grant {
+        match attempt {
+            Ok(Attempt::Acquired(grant)) => grant,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_earlier_version_probing_a_read_phase_finds_it_held_until_the_last_reader_leaves() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        // Another process's view: no alive file of its own.
+        let other = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let ttl = Duration::from_secs(10);
+        let readers = [OwnerId::random(), OwnerId::random()].map(|o| o.expect("random"));
+        let tokens = readers.map(|reader| {
+            granted(inner.join_group("k", "k", reader, ttl, "", Access::Shared)).token
+        });
+        assert_eq!(tokens[0], tokens[1], "one phase");
+        let state = inner.read_state("k").expect("readable").expect("written");
+        let group = state.owner.expect("the group is the owner");
+        assert!(state.group && state.expires_at_us > now_us());
+        for reader in readers {
+            // What an earlier version does with the owner it reads: probe
+            // its alive file, which every reader holds locked shared.
+            assert!(other.inner.holder_alive("k", &group, false).expect("probe"));
+            assert!(
+                inner
+                    .release_as("k", reader, Access::Shared, None)
+                    .expect("released")
+            );
+        }
+        let state = inner.read_state("k").expect("readable").expect("written");
+        assert_eq!(
+            (state.owner, state.group),
+            (None, false),
+            "free to every version"
+        );
+        assert!(
+            !inner.alive_path("k", &group).exists(),
+            "the group's file goes"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_permit_holder_whose_process_died_frees_its_slot_at_the_next_attempt() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let (ttl, one) = (Duration::from_secs(10), Access::Permits { permits: 1 });
+        let dead = OwnerId::random().expect("random");
+        let first = granted(inner.join_group("k", "k", dead, ttl, "", one));
+        assert_eq!(first.slot, Some(0));
+        let next = OwnerId::random().expect("random");
+        let refused = inner.join_group("k", "k", next, ttl, "", one);
+        assert!(matches!(refused, Ok(Attempt::Held { .. })), "{refused:?}");
+        // As if its process died: its descriptors close, its files stay.
+        inner
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&("k".to_owned(), dead));
+        let taken = granted(inner.join_group("k", "k", next, ttl, "", one));
+        assert_eq!(taken.slot, Some(0));
+        assert!(taken.token > first.token);
+        assert!(
+            !inner.alive_path("k", &dead).exists(),
+            "the dead one's file goes"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_clock_stepped_back_since_the_acquisition_reads_as_no_time_held() {
         let dir = unit_dir();

@@ -794,6 +794,97 @@ mod tests {
         assert_eq!(parse_state(&render_state(&free)), Some(free), "a free key");
     }
 
+    /// A state a group of two readers and a mark hold, as this version
+    /// writes it.
+    fn group_state(slot: Option<u32>) -> State {
+        let member = |token, expires_at_us| Member {
+            owner: OwnerId::random().expect("random"),
+            slot,
+            token,
+            expires_at_us,
+            since_us: 5,
+            record: "1\tweb 3\t4121\t100% billing".into(),
+        };
+        State {
+            counter: 40,
+            owner: OwnerId::random().ok(),
+            expires_at_us: 1_700_000_009_000_000,
+            key: "a\nkey".into(),
+            group: true,
+            members: vec![
+                member(40, 1_700_000_009_000_000),
+                member(40, 1_700_000_008_000_000),
+            ],
+            marks: vec![(OwnerId::random().expect("random"), 1_700_000_003_000_000)],
+            ..State::default()
+        }
+    }
+
+    #[test]
+    fn a_group_state_round_trips_and_every_earlier_version_sees_the_key_held() {
+        for slot in [None, Some(3)] {
+            let state = group_state(slot);
+            let text = render_state(&state);
+            assert_eq!(parse_state(&text), Some(state.clone()), "{slot:?}");
+            // Each earlier version reads the group as the owner, held
+            // until the latest member's expiry: never a free key.
+            assert_eq!(
+                parse_earlier(&text),
+                Some((state.counter, state.owner, state.expires_at_us)),
+                "the first version"
+            );
+            let identity_era = parse_identity_era(&text).expect("parses");
+            assert_eq!(
+                (identity_era.owner, identity_era.expires_at_us),
+                (state.owner, state.expires_at_us),
+                "the version with identities"
+            );
+            assert_eq!(identity_era.key, state.key);
+            let without = text
+                .split(FIELD_START)
+                .filter(|field| !field.starts_with("group"))
+                .collect::<Vec<_>>()
+                .join(FIELD_START);
+            // A `group` field lost (no later writer drops it, but an
+            // unknown line is no member): the members are not read as
+            // holders of anything, the owner is the holder.
+            let lost = parse_state(&without).expect("parses");
+            assert_eq!((lost.owner, lost.members.len()), (state.owner, 0));
+        }
+    }
+
+    #[test]
+    fn unreadable_member_and_mark_lines_are_none_not_a_corrupt_state() {
+        let state = group_state(None);
+        let head = render_state(&State {
+            members: Vec::new(),
+            marks: Vec::new(),
+            ..state.clone()
+        });
+        let owner = OwnerId::random().expect("random");
+        for line in [
+            "reader".to_owned(),
+            format!("reader {owner}"),
+            format!("reader {owner} 1 2 3"),
+            format!("reader {owner} 1 2 3 rec"),
+            format!("reader {owner} x 2 3 +rec"),
+            format!("reader {owner} 1 2 3 +%zz"),
+            format!("reader {owner} 1 2 3 +rec more"),
+            format!("permit x {owner} 1 2 3 +rec"),
+            format!("permit -1 {owner} 1 2 3 +rec"),
+            "mark".to_owned(),
+            format!("mark {owner}"),
+            format!("mark {owner} soon"),
+        ] {
+            let parsed = parse_state(&format!("{head}{FIELD_START}{line}")).expect("parses");
+            assert_eq!(
+                (parsed.counter, parsed.members.len(), parsed.marks.len()),
+                (40, 0, 0),
+                "{line:?}"
+            );
+        }
+    }
+
     fn waiter(identity: Option<&str>, record: &str) -> Waiter {
         Waiter {
             owner: OwnerId::random().expect("random"),

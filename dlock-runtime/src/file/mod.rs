@@ -26,6 +26,16 @@
 //!   key locked. The state's `queued` field says it may hold entries, so a
 //!   plain acquisition or release never opens it when nobody queues.
 //!
+//! Shared holders (readers) and permit holders of a key form a *group*
+//! written in the state as its owner, each member with its own alive file
+//! locked exclusively (a killed member is gone at the next look: its slot
+//! free at once, the other readers holding on) and the group's
+//! `NAME.GROUP.alive` locked shared, which an earlier version of this
+//! backend probes as it probes a holder's, so it sees the key held while
+//! any member lives. A writer behind readers leaves a writer-waiting mark
+//! in the state and locks its own alive file while it waits. See the
+//! `modes` module for the rules and the format.
+//!
 //! A fair waiter ([`LockOptions::fair`](crate::LockOptions::fair)) locks its
 //! own `NAME.OWNER.alive` file from the moment it registers for its handoff
 //! ([`Backend::subscribe_handoff`]) until it drops that notice or its

@@ -186,9 +186,7 @@ impl Inner {
             self.set_alive_expiry(name, &owner, expires_at_us);
             return Ok(Attempt::Acquired(grant));
         }
-        if let Some(holder) = self.live_holder(name, &state, now, false)?
-            && holder != owner
-        {
+        if self.live_holder(name, &state, now, false)?.is_some() {
             return Ok(Attempt::Held {
                 expires_in: Some(Duration::from_micros(state.expires_at_us - now)),
             });

@@ -52,6 +52,15 @@
 //! queueing attempt reads the queue file whatever the state says and puts
 //! the field back.
 //!
+//! Shared locks and permits add fields an earlier version skips (see the
+//! `modes` module): a bare `group` (the `owner` line names the group of
+//! shared and permit holders, and `expires_us` is its latest member's
+//! expiry, so an earlier version sees the key held), one
+//! `reader OWNER TOKEN EXPIRES_US SINCE_US +RECORD` or
+//! `permit SLOT OWNER TOKEN EXPIRES_US SINCE_US +RECORD` a member (read
+//! only with `group`), and one `mark OWNER EXPIRES_US` a writer-waiting
+//! mark. An unreadable one is no member or mark, never a corrupt state.
+//!
 //! `NAME.queue` reads, one fair waiter a line, first in line first:
 //!
 //! ```text

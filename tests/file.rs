@@ -308,6 +308,48 @@ async fn readers_in_two_processes_share_the_phase_and_a_killed_one_leaves_the_ot
     lease.release().await.expect("release");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
+    let dir = fresh_dir();
+    let backend = || -> Arc<dyn Backend> { Arc::new(FileBackend::open(&dir).expect("dir")) };
+    let reader = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(backend(), "fair-behind-readers")
+        .await
+        .expect("a free key");
+    let fair_writer = |backend: Arc<dyn Backend>| {
+        tokio::spawn(async move {
+            let lease = LockOptions::new(Duration::from_secs(10))
+                .fair(true)
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, "fair-behind-readers")
+                .await?;
+            let token = lease.token();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(token)
+        })
+    };
+    let first = fair_writer(backend());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = fair_writer(backend());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read_token = reader.token();
+    reader.release().await.expect("release");
+    // The last reader's release hands the key to the first in line, so a
+    // plain attempt right after it finds the key held.
+    let key = LockKey::new("fair-behind-readers").expect("key");
+    let barger = OwnerId::random().expect("random");
+    let barged = backend()
+        .try_acquire(&AcquireRequest::new(&key, &barger, Duration::from_secs(10)))
+        .await
+        .expect("attempt");
+    assert!(matches!(barged, Attempt::Held { .. }), "{barged:?}");
+    let first = first.await.expect("task").expect("the first writer");
+    let second = second.await.expect("task").expect("the second writer");
+    assert!(read_token < first, "a writer's token is above the readers'");
+    assert!(first < second, "served in the order they queued");
+}
+
 /// The token a holding child reports; its further output is drained so it
 /// never writes into a closed pipe.
 fn held_token(child: &mut Child) -> u64 {

@@ -491,6 +491,26 @@ impl Inner {
         if let Some(current) = &mut state
             && current.group
         {
+            // A fair waiter queues behind readers and permit holders as
+            // behind a holder: the group's end hands it the key in order
+            // (its notice watches the group's file).
+            if let Queue::Join { entry_ttl } = queue {
+                let mut waiters = self.read_queue(name)?;
+                let entry = Waiter {
+                    owner,
+                    ttl_us: micros(ttl),
+                    expires_at_us: expiry_after(now, entry_ttl),
+                    record: record.to_owned(),
+                    identity: identity.map(str::to_owned),
+                };
+                join(&mut waiters, entry, now);
+                self.write_queue(name, &waiters)?;
+                if !current.queued {
+                    current.queued = true;
+                    self.write_state(name, current, false)?;
+                }
+                self.restore_alive(name, &owner);
+            }
             return self.writer_behind_group(name, current, owner, now);
         }
         if let Some(current) = &state {

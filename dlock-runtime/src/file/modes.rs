@@ -42,7 +42,11 @@
 //! exclusive lock, which it gets when the last member's shared lock goes
 //! (release or death); a permit waiter watches every member's own file, so
 //! any permit's release wakes it; readers behind a mark watch the mark
-//! owner's file.
+//! owner's file. A fair waiter behind a group joins the key's queue as
+//! behind a holder (and leaves its mark behind readers); the release that
+//! ends the group hands the key to the first live entry in the same
+//! locked step, and a waiter's notice that finds the group gone (its
+//! members killed) does it itself.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -350,12 +354,34 @@ impl Inner {
             });
             if state.members.len() != before {
                 self.normalize(name, &mut state, now, true)?;
-                self.write_state(name, &state, false)?;
+                if !state.group && state.queued && self.hand_to_first(name, &mut state, now)? {
+                    // Handed over, the state written durably.
+                } else {
+                    self.write_state(name, &state, false)?;
+                }
             }
         }
         drop(guard);
         self.drop_alive(name, &owner);
         Ok(ours)
+    }
+
+    /// The group just ended: hands the key to the first live fair waiter,
+    /// as an exclusive holder's release does. True if it did (the queue
+    /// and the state written); else the queue is pruned and `state.queued`
+    /// says whether anyone still queues.
+    fn hand_to_first(&self, name: &str, state: &mut State, now: u64) -> io::Result<bool> {
+        let mut waiters = self.read_queue(name)?;
+        let pruned = self.prune_front(name, &mut waiters, now, None)?;
+        if waiters.is_empty() {
+            state.queued = false;
+            if pruned {
+                self.write_queue(name, &waiters)?;
+            }
+            return Ok(false);
+        }
+        self.hand_over(name, state, &mut waiters, now)?;
+        Ok(true)
     }
 
     /// A receiver that turns true when the group's last member is gone.

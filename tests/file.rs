@@ -350,6 +350,39 @@ async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
     assert!(first < second, "served in the order they queued");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_phase_is_listed_with_its_token_and_a_forced_release_lets_a_writer_in_above_it() {
+    let dir = fresh_dir();
+    let one: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let two: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let first = read
+        .acquire_on(one.clone(), "phase:listed")
+        .await
+        .expect("free");
+    let second = read
+        .acquire_on(two.clone(), "phase:listed")
+        .await
+        .expect("shared");
+    assert_eq!(first.token(), second.token());
+    let held = two.held("phase:").await.expect("listing");
+    let listed: Vec<_> = held
+        .iter()
+        .map(|(key, h)| (key.as_str(), h.token))
+        .collect();
+    assert_eq!(listed, [("phase:listed", Some(first.token()))]);
+    let key = LockKey::new("phase:listed").expect("key");
+    assert!(two.force_release(&key).await.expect("force"), "it was held");
+    assert_eq!(one.holder(&key).await.expect("holder"), None);
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(one.clone(), "phase:listed")
+        .await
+        .expect("free once forced");
+    assert!(writer.token() > first.token());
+    writer.release().await.expect("release");
+    drop((first, second));
+}
+
 /// The token a holding child reports; its further output is drained so it
 /// never writes into a closed pipe.
 fn held_token(child: &mut Child) -> u64 {

@@ -127,8 +127,9 @@ enum HolderWatch {
 }
 
 impl HolderWatch {
-    /// The notice that resolves when the watch does; `free` and
-    /// `unwatchable` say what to do when nothing can be watched.
+    /// The notice that resolves when the watch does: `free` while nobody
+    /// holds the key, a recheck within the waiters' 500 ms while there is
+    /// a holder whose file is missing.
     fn notice(self, free: ReleaseNotice) -> ReleaseNotice {
         match self {
             HolderWatch::Alive(rx) => ReleaseNotice::new(first_released(vec![rx])),

@@ -122,6 +122,7 @@ macro_rules! conformance_suite {
             permit_tokens_rise_per_slot,
             a_crashed_permit_holder_frees_its_slot_after_the_ttl,
             a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot,
+            a_writer_that_does_not_wait_leaves_no_mark,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -2623,4 +2624,39 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
             });
         next.release().await.expect("release");
     }
+}
+
+/// Rule M3: only a writer that waits leaves a writer-waiting mark. A
+/// try-lock writer refused by readers sends no release afterwards (it does
+/// not wait, so the core has no mark to remove), so a mark it left would
+/// hold every new reader back for the mark's whole expiry: a reader that
+/// does not wait must be granted at once right after the refusal.
+pub async fn a_writer_that_does_not_wait_leaves_no_mark(backend: Arc<dyn Backend>) {
+    if !keeps_access(&backend, crate::backend::Access::Shared).await {
+        return;
+    }
+    let key = fresh_key("rw-try-writer");
+    let reader = shared(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a free key");
+    for round in 0..3 {
+        match options(30_000).acquire_on(backend.clone(), &key).await {
+            Err(LockError::Held { .. }) => {}
+            other => panic!("a writer beside a reader is refused, got {other:?}"),
+        }
+        let joined = shared(30_000, Duration::ZERO)
+            .acquire_on(backend.clone(), &key)
+            .await
+            .unwrap_or_else(|err| {
+                panic!("round {round}: a refused try-lock writer left a mark: {err}")
+            });
+        assert_eq!(
+            joined.token(),
+            reader.token(),
+            "a reader joining the live phase shares its token"
+        );
+        joined.release().await.expect("release");
+    }
+    reader.release().await.expect("release");
 }

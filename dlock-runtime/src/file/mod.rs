@@ -480,6 +480,7 @@ impl Inner {
         identity: Option<&str>,
         record: &str,
         queue: Queue,
+        waits: bool,
     ) -> io::Result<Attempt> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
@@ -512,7 +513,7 @@ impl Inner {
                 }
                 self.restore_alive(name, &owner);
             }
-            return self.writer_behind_group(name, current, owner, now);
+            return self.writer_behind_group(name, current, owner, now, waits);
         }
         if let Some(current) = &state {
             // A retry by the owner that holds it (its first answer was
@@ -1280,7 +1281,7 @@ impl Backend for FileBackend {
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
         let identity = request.identity.map(str::to_owned);
         let record = request.holder_record(self.label.as_deref());
-        let (queue, access) = (request.queue, request.access);
+        let (queue, access, waits) = (request.queue, request.access, request.waits);
         let taken = self
             .blocking(Operation::Acquire, key.as_str(), move |inner| {
                 let attempt = match access {
@@ -1292,6 +1293,7 @@ impl Backend for FileBackend {
                         identity.as_deref(),
                         &record,
                         queue,
+                        waits,
                     )?,
                     access => inner.join_group(&name, &text, owner, ttl, &record, access)?,
                 };
@@ -1544,9 +1546,10 @@ mod tests {
         let backend = FileBackend::open(&dir).expect("dir");
         let owner = OwnerId::random().expect("random");
         let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
-        let attempt = backend
-            .inner
-            .try_acquire("k", "k", owner, ttl, None, "", Queue::Barge);
+        let attempt =
+            backend
+                .inner
+                .try_acquire("k", "k", owner, ttl, None, "", Queue::Barge, false);
         assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
         let state = backend.inner.read_state("k").expect("readable");
         let _ = fs::remove_dir_all(&dir);
@@ -1573,11 +1576,19 @@ mod tests {
             let state = inner.read_state("k").expect("readable").expect("written");
             state.identity
         };
-        let first =
-            token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%"), "", Queue::Barge));
+        let first = token(inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            Some("a b\n%"),
+            "",
+            Queue::Barge,
+            false,
+        ));
         assert_eq!(identity().as_deref(), Some("a b\n%"));
         let retried =
-            token(inner.try_acquire("k", "k", owner, ttl, Some("again"), "", Queue::Barge));
+            token(inner.try_acquire("k", "k", owner, ttl, Some("again"), "", Queue::Barge, false));
         assert_eq!(retried, first, "a retry keeps its token");
         assert_eq!(identity().as_deref(), Some("again"));
         let holding = inner.holder("k").expect("readable").expect("held");
@@ -1589,7 +1600,7 @@ mod tests {
         assert_eq!(identity(), None, "a release clears it");
         assert_eq!(inner.holder("k").expect("readable"), None);
         let other = OwnerId::random().expect("random");
-        let next = token(inner.try_acquire("k", "k", other, ttl, None, "", Queue::Barge));
+        let next = token(inner.try_acquire("k", "k", other, ttl, None, "", Queue::Barge, false));
         assert!(next > first);
         let holding = inner.holder("k").expect("readable").expect("held");
         assert_eq!((holding.token, holding.identity), (Some(next), None));
@@ -1611,12 +1622,30 @@ mod tests {
                 .holder
         };
         let before = now_us();
-        let first = inner.try_acquire("k", "k", owner, ttl, None, &me.encode(), Queue::Barge);
+        let first = inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            None,
+            &me.encode(),
+            Queue::Barge,
+            false,
+        );
         assert!(matches!(first, Ok(Attempt::Acquired(_))), "{first:?}");
         let written = recorded().expect("every acquisition records its holder");
         assert_eq!(written.record, me.encode());
         assert!(written.since_us >= before && written.since_us <= now_us());
-        let retried = inner.try_acquire("k", "k", owner, ttl, None, "1\tother\t1\t", Queue::Barge);
+        let retried = inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            None,
+            "1\tother\t1\t",
+            Queue::Barge,
+            false,
+        );
         assert!(matches!(retried, Ok(Attempt::Acquired(_))), "{retried:?}");
         assert_eq!(recorded(), Some(written), "a retry is the same acquisition");
         assert!(inner.extend("k", owner, ttl).expect("extend"));
@@ -1629,7 +1658,7 @@ mod tests {
         assert!(inner.release("k", owner).expect("released"));
         assert_eq!(recorded(), None, "a release clears it");
         let other = OwnerId::random().expect("random");
-        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t", Queue::Barge);
+        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t", Queue::Barge, false);
         assert!(matches!(next, Ok(Attempt::Acquired(_))), "{next:?}");
         assert!(inner.force_release("k").expect("forced"));
         assert_eq!(recorded(), None, "a forced release clears it");
@@ -1717,7 +1746,7 @@ mod tests {
         let inner = &backend.inner;
         let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
         let record = HolderInfo::this_process(None).encode();
-        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record, Queue::Barge);
+        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record, Queue::Barge, false);
         assert!(matches!(taken, Ok(Attempt::Acquired(_))), "{taken:?}");
         let mut state = inner.read_state("k").expect("readable").expect("written");
         if let Some(holder) = &mut state.holder {

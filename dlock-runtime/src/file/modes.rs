@@ -109,18 +109,21 @@ impl Inner {
         Ok(before != (state.members.len(), state.marks.len(), state.group))
     }
 
-    /// An exclusive attempt on a key a group holds: behind readers it
-    /// leaves or refreshes its mark (rule M3) and locks its alive file for
-    /// readers to watch; behind permit holders it only waits.
+    /// An exclusive attempt on a key a group holds: behind readers, from a
+    /// caller that waits, it leaves or refreshes its mark (rule M3) and
+    /// locks its alive file for readers to watch; behind permit holders,
+    /// or from a caller that does not wait (and so sends no release that
+    /// would remove a mark), it is only refused.
     pub(super) fn writer_behind_group(
         &self,
         name: &str,
         state: &mut State,
         owner: OwnerId,
         now: u64,
+        waits: bool,
     ) -> io::Result<Attempt> {
         let remaining = Duration::from_micros(state.expires_at_us.saturating_sub(now));
-        if state.members.iter().any(|m| m.slot.is_some()) {
+        if !waits || state.members.iter().any(|m| m.slot.is_some()) {
             return Ok(Attempt::Held {
                 expires_in: Some(remaining),
             });

@@ -336,6 +336,7 @@ mod holders;
 mod home;
 mod listen;
 mod locks;
+mod modes;
 mod objects;
 mod options;
 mod sequence;
@@ -466,6 +467,8 @@ struct Inner {
     restoring: AsyncMutex<Option<String>>,
     restorations: AtomicU64,
     keys: Mutex<HashMap<LockKey, Entry>>,
+    /// Keys held shared or as permits here (see `modes`).
+    modes: modes::Modes,
     deadlines: Arc<Deadlines>,
     waits: Waits,
     /// Fair waiters, their handoff notices and their sessions.
@@ -674,6 +677,7 @@ impl PgBackend {
         );
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
+            modes: modes::Modes::new(&quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),
             fair_lock_recording_sql: sql::render(sql::FAIR_LOCK_RECORDING, &quoted_schema),

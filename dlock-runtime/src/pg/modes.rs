@@ -386,14 +386,22 @@ impl Inner {
         err: tokio_postgres::Error,
     ) -> LockError {
         let missing = err.code().is_some_and(|code| {
-            *code == SqlState::UNDEFINED_FUNCTION || *code == SqlState::UNDEFINED_TABLE
+            *code == SqlState::UNDEFINED_FUNCTION
+                || *code == SqlState::UNDEFINED_TABLE
+                || *code == SqlState::INVALID_SCHEMA_NAME
         });
         let refused = err
             .as_db_error()
             .is_some_and(|db| db.message().contains(sql::REFUSED));
         if missing {
-            // Dropped while the service runs: made again next time.
+            // Dropped while the service runs (the table, the functions or
+            // the token sequence): made again, for the next attempt.
             *self.modes.ready.lock().await = (false, None);
+            if sql::sequence_missing(&err)
+                && let Err(failure) = Box::pin(self.restore_objects()).await
+            {
+                tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");
+            }
         } else if !refused && !err.is_closed() && !session.is_ended() {
             session.end(format!("a shared or permit statement for `{key}` failed"));
         }

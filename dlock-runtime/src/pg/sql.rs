@@ -1163,35 +1163,7 @@ pub(super) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::holders_channel;
-
-    #[test]
-    fn a_holders_channel_fits_a_channel_name_and_tells_long_schemas_apart() {
-        assert_eq!(holders_channel("dlock"), "dlock_holders_dlock");
-        let fits = "s".repeat(49);
-        assert_eq!(holders_channel(&fits), format!("dlock_holders_{fits}"));
-        let (long, other) = ("a".repeat(63), format!("{}b", "a".repeat(62)));
-        let channel = holders_channel(&long);
-        assert_eq!(channel.len(), 63, "{channel}");
-        assert!(channel.starts_with(&format!("dlock_holders_{}_", "a".repeat(32))));
-        assert!(
-            channel
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
-            "{channel}"
-        );
-        assert_ne!(channel, holders_channel(&other));
-        // Every process, of every version, must name the same channel.
-        assert_eq!(
-            channel,
-            format!("dlock_holders_{}_51c1e07b2aee9066", "a".repeat(32))
-        );
-    }
-}
-
-/// A granted shared hold of the advisory key `k.p` (a read phase's
+/// A granted shared hold of the advisory key `p` (a read phase's
 /// membership lock, see [`MODES_SETUP`]) in this database.
 macro_rules! phase_hold {
     () => {
@@ -1371,3 +1343,31 @@ SELECT pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended(pg_catalog.conc
 /// a mark only where shared locks are in use.
 pub(super) const MODES_EXIST: &str = "SELECT pg_catalog.to_regprocedure(\
 '{schema}.dlock_mark(pg_catalog.text,pg_catalog.int8,pg_catalog.text,pg_catalog.int8)'::pg_catalog.text) IS NOT NULL";
+
+#[cfg(test)]
+mod tests {
+    use super::holders_channel;
+
+    #[test]
+    fn a_holders_channel_fits_a_channel_name_and_tells_long_schemas_apart() {
+        assert_eq!(holders_channel("dlock"), "dlock_holders_dlock");
+        let fits = "s".repeat(49);
+        assert_eq!(holders_channel(&fits), format!("dlock_holders_{fits}"));
+        let (long, other) = ("a".repeat(63), format!("{}b", "a".repeat(62)));
+        let channel = holders_channel(&long);
+        assert_eq!(channel.len(), 63, "{channel}");
+        assert!(channel.starts_with(&format!("dlock_holders_{}_", "a".repeat(32))));
+        assert!(
+            channel
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+            "{channel}"
+        );
+        assert_ne!(channel, holders_channel(&other));
+        // Every process, of every version, must name the same channel.
+        assert_eq!(
+            channel,
+            format!("dlock_holders_{}_51c1e07b2aee9066", "a".repeat(32))
+        );
+    }
+}

@@ -603,6 +603,16 @@ async fn readers_in_two_processes_share_the_phase_token_while_a_writer_in_a_thir
         !writer.is_finished(),
         "the writer waits while both readers hold"
     );
+    // Its mark, in the server's row, holds off a new reader of any process
+    // (here a backend of its own: its own sessions, nothing shared in process).
+    let late = LockOptions::new(Duration::from_secs(30))
+        .mode(dlock::LockMode::Shared)
+        .acquire_on(backend().await, &key)
+        .await;
+    assert!(
+        matches!(late, Err(LockError::Held { .. })),
+        "a new reader waits behind the waiting writer, got {late:?}"
+    );
     release(&mut first);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(

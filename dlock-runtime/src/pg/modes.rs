@@ -644,6 +644,26 @@ impl Inner {
         })
     }
 
+    /// A lock session ended: its shared locks and slots are gone on the
+    /// server, so this process forgets the holds on it (which wakes its
+    /// waiters once a key has no other). How many it forgot.
+    pub(super) fn session_ended_modes(&self, id: u64) -> usize {
+        let mut keys = self.modes.keys();
+        let mut forgotten = 0;
+        keys.retain(|_, entry| {
+            entry.holds.retain(|_, hold| {
+                let on_it = hold.session.id == id;
+                if on_it {
+                    self.deadlines.remove(hold.deadline_slot);
+                    forgotten += 1;
+                }
+                !on_it
+            });
+            !entry.holds.is_empty() || entry.pending > 0
+        });
+        forgotten
+    }
+
     /// Forgets `owner`'s hold of `key`, and the key's entry (waking this
     /// process's waiters) once nothing here holds or takes it.
     fn forget_mode(&self, key: &LockKey, owner: OwnerId) {

@@ -457,6 +457,36 @@ fn child_process_entry() {
                 tokio::time::sleep(Duration::from_secs(600)).await;
                 drop(lease);
             }
+            // Take the key shared with a long ttl; release it when told
+            // (a line, or the end of stdin).
+            "read" => {
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .mode(dlock::LockMode::Shared)
+                    .acquire_on(backend.clone(), &key)
+                    .await
+                    .expect("acquire shared");
+                println!("held {}", lease.token());
+                let _ = tokio::task::spawn_blocking(|| {
+                    let mut line = String::new();
+                    let _ = std::io::stdin().read_line(&mut line);
+                })
+                .await;
+                lease.release().await.expect("release");
+                println!("released");
+            }
+            // Take one of `parts[2]` permits with a long ttl and hang on to it.
+            "permit" => {
+                let permits: u32 = parts[2].parse().expect("permits");
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .permits(permits)
+                    .acquire_on(backend.clone(), &key)
+                    .await
+                    .expect("acquire a permit");
+                let slot = lease.slot().expect("a permit has a slot");
+                println!("held {} {slot}", lease.token());
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(lease);
+            }
             other => panic!("unknown child role {other}"),
         }
     });
@@ -526,6 +556,245 @@ async fn sigkill_of_a_holder_process_frees_the_key_without_waiting_for_its_ttl()
     );
     assert!(lease.token().get() > child_token);
     lease.release().await.expect("release");
+}
+
+/// The first line of `child` that starts with `prefix`, without it; the
+/// rest of its output is drained in a thread of its own.
+fn child_reports(child: &mut Child, prefix: &str) -> String {
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let report = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| line.strip_prefix(prefix).map(str::to_owned))
+        .expect("the child reports");
+    std::thread::spawn(move || lines.for_each(drop));
+    report
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_in_two_processes_share_the_phase_token_while_a_writer_in_a_third_waits_for_both() {
+    let key = fresh_key("rw-processes");
+    let mut first = spawn_child("read", &[key.as_str()]);
+    let first_token: u64 = child_reports(&mut first, "held ").parse().expect("token");
+    // Started once the first holds: the two read phases overlap.
+    let mut second = spawn_child("read", &[key.as_str()]);
+    let second_token: u64 = child_reports(&mut second, "held ").parse().expect("token");
+    assert_eq!(
+        first_token, second_token,
+        "overlapping readers of two processes share the phase token"
+    );
+    let writer = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(30))
+                .acquire_on(backend().await, key)
+                .await
+        }
+    });
+    let release = |child: &mut Child| {
+        let stdin = child.stdin.as_mut().expect("stdin");
+        std::io::Write::write_all(stdin, b"release\n").expect("tell the child");
+        assert!(child.wait().expect("child exits").success());
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "the writer waits while both readers hold"
+    );
+    // Its mark, in the server's row, holds off a new reader of any process
+    // (here a backend of its own: its own sessions, nothing shared in process).
+    let late = LockOptions::new(Duration::from_secs(30))
+        .mode(dlock::LockMode::Shared)
+        .acquire_on(backend().await, &key)
+        .await;
+    assert!(
+        matches!(late, Err(LockError::Held { .. })),
+        "a new reader waits behind the waiting writer, got {late:?}"
+    );
+    release(&mut first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "the writer waits while one reader still holds"
+    );
+    release(&mut second);
+    let lease = within(20, "the writer", writer)
+        .await
+        .expect("task")
+        .expect("the writer gets the key once both readers left");
+    assert!(
+        lease.token().get() > first_token,
+        "the writer's token {} is above the readers' {first_token}",
+        lease.token()
+    );
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_permit_holder_process_frees_its_slot_without_waiting_for_its_ttl() {
+    let key = fresh_key("killed-permit");
+    let mut child = spawn_child("permit", &[key.as_str(), "1"]);
+    let report = child_reports(&mut child, "held ");
+    let (token, slot) = report.split_once(' ').expect("token and slot");
+    let (child_token, child_slot): (u64, u32) =
+        (token.parse().expect("token"), slot.parse().expect("slot"));
+    assert_eq!(child_slot, 0, "the only slot");
+    let backend = backend().await;
+    let refused = LockOptions::new(Duration::from_secs(10))
+        .permits(1)
+        .acquire_on(backend.clone(), &key)
+        .await;
+    assert!(
+        matches!(refused, Err(LockError::Held { .. })),
+        "the child holds the only slot, got {refused:?}"
+    );
+    let killed_at = Instant::now();
+    child.kill().expect("SIGKILL the permit holder");
+    child.wait().expect("reap");
+    // The child's ttl is 120 s: only its death can free the slot this soon.
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .permits(1)
+        .wait(Duration::from_secs(20))
+        .acquire_on(backend, &key)
+        .await
+        .expect("the dead holder's slot is free long before its ttl");
+    eprintln!(
+        "permit taken {:?} after SIGKILL of its holder",
+        killed_at.elapsed()
+    );
+    assert_eq!(lease.slot(), Some(0));
+    assert!(lease.token().get() > child_token);
+    lease.release().await.expect("release");
+}
+
+/// Advisory locks held by `pids`, as (mode, count).
+async fn advisory_locks_of(admin: &tokio_postgres::Client, pids: &[i32]) -> Vec<(String, i64)> {
+    admin
+        .query(
+            "SELECT mode, count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND pid = ANY($1)
+             GROUP BY mode ORDER BY mode",
+            &[&pids],
+        )
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_attempt_takes_exactly_one_slot_lock_and_a_refused_one_none() {
+    const N: u32 = 3;
+    let pg = PgBackend::connect_with(&conn(), PgOptions::new().sessions(1))
+        .await
+        .expect("connect");
+    let backend: Arc<dyn Backend> = Arc::new(pg.clone());
+    let admin = raw_client().await;
+    let key = fresh_key("permit-locks");
+    let mut leases = Vec::new();
+    for held in 1..=N {
+        leases.push(
+            LockOptions::new(Duration::from_secs(30))
+                .permits(N)
+                .acquire_on(backend.clone(), &key)
+                .await
+                .expect("a free slot"),
+        );
+        let pids = pg.session_pids().await;
+        assert_eq!(
+            advisory_locks_of(&admin, &pids).await,
+            vec![("ExclusiveLock".to_owned(), i64::from(held))],
+            "one slot lock per permit held, none left by the tries that failed"
+        );
+    }
+    for _ in 0..3 {
+        let refused = LockOptions::new(Duration::from_secs(30))
+            .permits(N)
+            .acquire_on(backend.clone(), &key)
+            .await;
+        assert!(
+            matches!(refused, Err(LockError::Held { .. })),
+            "{refused:?}"
+        );
+    }
+    let pids = pg.session_pids().await;
+    assert_eq!(
+        advisory_locks_of(&admin, &pids).await,
+        vec![("ExclusiveLock".to_owned(), i64::from(N))],
+        "a refused attempt takes nothing"
+    );
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+    assert_eq!(advisory_locks_of(&admin, &pids).await, vec![]);
+    // Two readers of this process through its one session: each release
+    // drops only its own hold.
+    let shared = LockOptions::new(Duration::from_secs(30)).mode(dlock::LockMode::Shared);
+    let read = || shared.acquire_on(backend.clone(), &key);
+    let (first, second) = (read().await.expect("free"), read().await.expect("shared"));
+    first.release().await.expect("release");
+    let elsewhere: Arc<dyn Backend> = Arc::new(PgBackend::connect(&conn()).await.expect("connect"));
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(elsewhere, &key)
+        .await;
+    assert!(
+        matches!(writer, Err(LockError::Held { .. })),
+        "the second reader still holds after the first let go, got {writer:?}"
+    );
+    second.release().await.expect("release");
+    assert_eq!(advisory_locks_of(&admin, &pids).await, vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_a_readers_lock_session_marks_its_lease_lost_and_frees_the_key() {
+    let holder = PgBackend::connect_with(&conn(), PgOptions::new().sessions(1))
+        .await
+        .expect("connect");
+    let key = fresh_key("terminated-reader");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .mode(dlock::LockMode::Shared)
+        .acquire_on(Arc::new(holder.clone()), &key)
+        .await
+        .expect("free");
+    let permit = LockOptions::new(Duration::from_secs(30))
+        .permits(2)
+        .acquire_on(Arc::new(holder.clone()), fresh_key("terminated-permit"))
+        .await
+        .expect("free");
+    let pids = holder.session_pids().await;
+    assert_eq!(pids.len(), 1);
+    let admin = raw_client().await;
+    admin
+        .query_one("SELECT pg_terminate_backend($1)", &[&pids[0]])
+        .await
+        .expect("terminate");
+    for lost in [
+        within(5, "the reader's lost signal", lease.lost()).await,
+        within(5, "the permit's lost signal", permit.lost()).await,
+    ] {
+        assert!(
+            matches!(
+                lost,
+                LockError::LeaseLost {
+                    reason: LostReason::SessionEnded(_),
+                    ..
+                }
+            ),
+            "{lost}"
+        );
+    }
+    // The lost lease still in hand: its own backend forgets the hold (or
+    // the server lets the writer through on a new session) all the same.
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(5))
+        .acquire_on(Arc::new(holder.clone()), &key)
+        .await
+        .expect("the terminated reader's lock is free, in its own process too");
+    assert!(writer.token() > lease.token());
+    writer.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,8 @@ use super::locks::{GiveBack, no_runtime};
 use super::session::{Failure, LockSession};
 use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, OwnerId, Queue, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, OwnerId, QUEUE_ENTRY_TTL, Queue,
+    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -39,6 +39,9 @@ impl Backend for PgBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        if request.access != Access::Exclusive {
+            return self.inner.try_mode(request).await;
+        }
         // A fair waiter waits in the server's queue of the key, on a
         // session of its own (see `fair`). `Respect` is the plain attempt,
         // which the server refuses while anyone is queued, after a look at
@@ -51,6 +54,7 @@ impl Backend for PgBackend {
             _ => {}
         }
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        let mut refused_here = false;
         {
             // In-process exclusion first: never ask the server for a key
             // this process holds or is taking (re-entrancy would say yes).
@@ -77,7 +81,20 @@ impl Backend for PgBackend {
                         .map(|h| h.deadline().saturating_duration_since(now)),
                 });
             }
-            keys.insert(key.clone(), Entry::new(*owner));
+            if !self.inner.modes.busy(key) {
+                keys.insert(key.clone(), Entry::new(*owner));
+            } else {
+                refused_here = true;
+            }
+        }
+        if refused_here {
+            // Readers or permits of this process hold it (the server would
+            // let this writer through one of their sessions): refused here,
+            // leaving the writer's mark against new readers (rule M3).
+            self.inner.mark_writer(key, *owner).await;
+            return Ok(Attempt::Held {
+                expires_in: Some(QUEUE_ENTRY_TTL / 3),
+            });
         }
         // If the caller is cancelled after the server granted the lock, the
         // rest runs on in a task of its own, which gives the lock back
@@ -98,12 +115,28 @@ impl Backend for PgBackend {
                     .await
             }
         };
-        match self.inner.home.run_detachable(attempt, give_back).await {
+        let outcome = match self.inner.home.run_detachable(attempt, give_back).await {
             Ok(outcome) => outcome,
             Err(NoRuntime) => {
                 self.inner.forget(key, owner);
-                Err(no_runtime(Operation::Acquire, key))
+                return Err(no_runtime(Operation::Acquire, key));
             }
+        };
+        match outcome {
+            // Rule M3: refused by readers elsewhere, the writer leaves its
+            // mark and looks again before it runs out.
+            Ok(Attempt::Held { expires_in }) if self.inner.mark_writer(key, owner).await => {
+                let again = QUEUE_ENTRY_TTL / 3;
+                Ok(Attempt::Held {
+                    expires_in: Some(expires_in.map_or(again, |e| e.min(again))),
+                })
+            }
+            Ok(Attempt::Acquired(grant)) => {
+                // Taking the key clears the owner's mark.
+                self.inner.unmark_writer(key, owner).await;
+                Ok(Attempt::Acquired(grant))
+            }
+            other => other,
         }
     }
 
@@ -125,7 +158,10 @@ impl Backend for PgBackend {
             let keys = self.inner.keys();
             leases
                 .iter()
-                .map(|lease| live_session(&keys, lease.key, lease.owner))
+                .map(|lease| match lease.access {
+                    Access::Exclusive => live_session(&keys, lease.key, lease.owner),
+                    _ => self.inner.modes.live_session(lease.key, lease.owner),
+                })
                 .collect()
         };
         // Per session: the check's failure, if any, as text, and as the
@@ -179,6 +215,14 @@ impl Backend for PgBackend {
                     }
                     None => return Ok(false),
                 }
+                if lease.access != Access::Exclusive {
+                    return Ok(self.inner.extend_mode(
+                        lease.key,
+                        lease.owner,
+                        session.id,
+                        now + lease.ttl,
+                    ));
+                }
                 match live_session(&keys, lease.key, lease.owner) {
                     Some(now_on) if now_on.id == session.id => {
                         if let Some(State::Held(holding)) =
@@ -203,9 +247,26 @@ impl Backend for PgBackend {
         let (key, owner) = (lease.key, lease.owner);
         // Rule F3: a fair waiter that gives up leaves the queue. A handoff
         // that reached it first is its lease by now, released below.
+        if lease.access != Access::Exclusive {
+            // Its own side (rule M4): the owner's read hold, or its slot,
+            // whichever it is (a slot not known yet included).
+            let released = self.inner.unlock(key, Some(*owner), false).await?;
+            return Ok(ReleaseOutcome::from_released(released));
+        }
         self.inner.leave_queue(key, owner).await;
         let released = self.inner.unlock(key, Some(*owner), false).await?;
+        if !released {
+            // A writer that gave up takes its mark with it (rule M3).
+            self.inner.unmark_writer(key, *owner).await;
+        }
         Ok(ReleaseOutcome::from_released(released))
+    }
+
+    fn supports_access(&self, access: Access) -> bool {
+        matches!(
+            access,
+            Access::Exclusive | Access::Shared | Access::Permits { .. }
+        )
     }
 
     fn supports_fair(&self) -> bool {
@@ -230,6 +291,9 @@ impl Backend for PgBackend {
             return Ok(ReleaseNotice::new(async move {
                 let _ = gone.changed().await;
             }));
+        }
+        if let Some(notice) = self.inner.modes.subscribe(key) {
+            return Ok(notice);
         }
         Ok(self.inner.waits.watch(key).unwrap_or_else(|| {
             ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)

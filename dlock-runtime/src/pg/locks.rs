@@ -612,6 +612,11 @@ impl Inner {
         owner: Option<OwnerId>,
         overdue: bool,
     ) -> Result<bool, LockError> {
+        // A key held shared or as permits here is never held exclusively
+        // here too (see `modes`).
+        if let Some(unlocked) = self.unlock_mode(key, owner, overdue).await {
+            return unlocked;
+        }
         let (session, advisory_key, record, immediate, live, entry_owner) = {
             let mut keys = self.keys();
             let Some(entry) = keys.get_mut(key) else {

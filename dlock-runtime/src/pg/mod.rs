@@ -321,6 +321,34 @@
 //! versions lock beside them (their plain attempts cannot pass a queued
 //! fair waiter either).
 //!
+//! # Shared locks and permits
+//!
+//! [`LockMode::Shared`](crate::LockMode::Shared) and
+//! [`LockOptions::permits`](crate::LockOptions::permits) (rules M1 to M5
+//! on [`Backend`](crate::Backend)), each attempt one statement on a lock
+//! session (see `modes`). A reader takes the key's advisory lock shared and
+//! a shared lock on the key's *phase key*
+//! (`hashtextextended('dlock-phase:' || key, seed)`), which only readers
+//! take, so the read phase is live while a session holds it; the phase
+//! token and the writer-waiting mark are a row of `<schema>.dlock_phases`,
+//! which every shared attempt locks first, so attempts of one key are
+//! serialised until each commits. A writer refused while readers hold
+//! leaves its mark in that row (one more statement, sent only where the
+//! functions exist, so a service that never reads shared creates nothing).
+//! A permit is the exclusive advisory lock of
+//! `hashtextextended('dlock-permit:' || slot || ':' || key, seed)`, the
+//! slots tried in order by one statement that stops at the first taken.
+//! The table and the three functions the statements call are created on
+//! the first shared or permit attempt; a DBA can run the DDL
+//! (`sql::MODES_SETUP`, `CREATE OR REPLACE` in a `DO` block) instead.
+//! A reader or permit holder that dies frees its hold when its connection
+//! ends, and an ended session marks every lease on it lost. Their waiters
+//! look again every 100 ms: the server-side wait hears only of exclusive
+//! holders. Shared and permit leases have no holder record (`holder`,
+//! `held` and `force_release` know exclusive holders only), and a permit
+//! key and the same key as a read-write lock exclude each other only
+//! within one process.
+//!
 //! # PgBouncer
 //!
 //! Session locks need a real server session: point `PgBackend` at
@@ -336,6 +364,7 @@ mod holders;
 mod home;
 mod listen;
 mod locks;
+mod modes;
 mod objects;
 mod options;
 mod sequence;
@@ -466,6 +495,8 @@ struct Inner {
     restoring: AsyncMutex<Option<String>>,
     restorations: AtomicU64,
     keys: Mutex<HashMap<LockKey, Entry>>,
+    /// Keys held shared or as permits here (see `modes`).
+    modes: modes::Modes,
     deadlines: Arc<Deadlines>,
     waits: Waits,
     /// Fair waiters, their handoff notices and their sessions.
@@ -674,6 +705,7 @@ impl PgBackend {
         );
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
+            modes: modes::Modes::new(&quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),
             fair_lock_recording_sql: sql::render(sql::FAIR_LOCK_RECORDING, &quoted_schema),

@@ -183,6 +183,7 @@ impl Inner {
         keys.retain(|_, entry| entry.holding().is_none_or(|h| h.session.id != id));
         let lost = before - keys.len();
         drop(keys);
+        let lost = lost + self.session_ended_modes(id);
         if lost > 0 {
             tracing::warn!(
                 leases = lost,

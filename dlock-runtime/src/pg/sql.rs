@@ -1163,6 +1163,187 @@ pub(super) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     )
 }
 
+/// A granted shared hold of the advisory key `p` (a read phase's
+/// membership lock, see [`MODES_SETUP`]) in this database.
+macro_rules! phase_hold {
+    () => {
+        "SELECT FROM pg_catalog.pg_locks AS l
+  WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ShareLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((p >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (p & 4294967295::pg_catalog.int8)"
+    };
+}
+
+/// Creates what shared locks and permits need, once per backend, before
+/// the first shared attempt, permit attempt or writer-waiting mark: the
+/// table of read phases (a key's phase token and its writer-waiting mark,
+/// rule M3) and the three functions that make each attempt one statement.
+/// Serialised across processes by a transaction-level advisory lock, as
+/// `CREATE OR REPLACE FUNCTION` run at once by two sessions fails.
+///
+/// Keys are never spliced into the functions: they take the key as an
+/// argument and hash it on the server as every lock statement does.
+///
+/// - `dlock_try_shared(key, seed)`: takes the row of the key `FOR UPDATE`
+///   first, so shared attempts of one key are serialised until each one
+///   commits, which comes after it took its locks. It refuses (`marked`)
+///   while a writer's mark is live, then tries the shared advisory lock of
+///   the key (`pg_try_advisory_lock_shared`, which conflicts with any
+///   exclusive holder, of dlock or not). A reader also holds a shared lock
+///   on the phase key `hashtextextended('dlock-phase:' || key, seed)`,
+///   which only readers take: the phase is live when a session holds it
+///   (the wait probe's brief shared locks on the key itself could not be
+///   told apart from a reader's). In a live phase the reader is granted the
+///   phase token; otherwise it draws one as [`TRY_LOCK`] does and records
+///   it. A failed draw gives back what the attempt took (session locks
+///   outlive a failed statement).
+/// - `dlock_mark(key, seed, owner, ttl_ms)`: while readers hold, leaves or
+///   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
+///   waiting writer is enough to hold new readers off); answers whether
+///   readers hold.
+/// - `dlock_try_permit(key, seed, n, skipped)`: tries the slots `0..n` in
+///   order, except those in `skipped` (this process's own slots, which a
+///   re-entrant grant on the same session would hand out twice), one
+///   `pg_try_advisory_lock` each on `hashtextextended('dlock-permit:' ||
+///   slot || ':' || key, seed)`, and stops at the first taken: a loop, so
+///   no try after the winning one runs and no extra lock is left. The
+///   token is drawn only for the slot taken.
+pub(super) const MODES_SETUP: &str = concat!(
+    "DO $setup$
+BEGIN
+PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('dlock-modes-setup'::pg_catalog.text, 0::pg_catalog.int8));
+CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_phases (
+    lock_id pg_catalog.int8 PRIMARY KEY, phase_token pg_catalog.int8,
+    mark_owner pg_catalog.text, mark_until pg_catalog.timestamptz);
+CREATE OR REPLACE FUNCTION {schema}.dlock_try_shared(k pg_catalog.text, seed pg_catalog.int8,
+    OUT granted_token pg_catalog.int8, OUT marked pg_catalog.bool)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
+    p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
+    r record;
+    live pg_catalog.bool;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+    INSERT INTO {schema}.dlock_phases (lock_id) VALUES (h) ON CONFLICT (lock_id) DO NOTHING;
+    SELECT * INTO r FROM {schema}.dlock_phases WHERE lock_id OPERATOR(pg_catalog.=) h FOR UPDATE;
+    marked := r.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
+    IF marked THEN RETURN; END IF;
+    marked := false;
+    IF NOT pg_catalog.pg_try_advisory_lock_shared(h) THEN RETURN; END IF;
+    live := EXISTS (",
+    phase_hold!(),
+    ");
+    PERFORM pg_catalog.pg_advisory_lock_shared(p);
+    IF live AND r.phase_token IS NOT NULL THEN
+        granted_token := r.phase_token;
+        RETURN;
+    END IF;
+    BEGIN
+        granted_token := (",
+    draw_token!("", ""),
+    ");
+    EXCEPTION WHEN OTHERS THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RAISE;
+    END;
+    UPDATE {schema}.dlock_phases SET phase_token = granted_token WHERE lock_id OPERATOR(pg_catalog.=) h;
+END
+$f$;
+CREATE OR REPLACE FUNCTION {schema}.dlock_mark(k pg_catalog.text, seed pg_catalog.int8, me pg_catalog.text,
+    ttl_ms pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql AS $f$
+DECLARE
+    h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
+    p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
+BEGIN
+    IF NOT EXISTS (",
+    phase_hold!(),
+    ") THEN RETURN false; END IF;
+    INSERT INTO {schema}.dlock_phases AS t (lock_id, mark_owner, mark_until)
+    VALUES (h, me, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
+            (ttl_ms OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval))
+    ON CONFLICT (lock_id) DO UPDATE SET mark_owner = excluded.mark_owner, mark_until = excluded.mark_until
+    WHERE t.mark_owner IS NULL OR t.mark_owner OPERATOR(pg_catalog.=) me
+       OR t.mark_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp();
+    RETURN true;
+END
+$f$;
+CREATE OR REPLACE FUNCTION {schema}.dlock_try_permit(k pg_catalog.text, seed pg_catalog.int8,
+    n pg_catalog.int4, skipped pg_catalog.int4[],
+    OUT granted_slot pg_catalog.int4, OUT granted_token pg_catalog.int8)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    sh pg_catalog.int8;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+    FOR slot_no IN 0 .. n OPERATOR(pg_catalog.-) 1 LOOP
+        CONTINUE WHEN slot_no OPERATOR(pg_catalog.=) ANY (skipped);
+        sh := pg_catalog.hashtextextended(pg_catalog.concat('dlock-permit:'::pg_catalog.text, slot_no, ':'::pg_catalog.text, k), seed);
+        IF pg_catalog.pg_try_advisory_lock(sh) THEN
+            BEGIN
+                granted_token := (",
+    draw_token!("", ""),
+    ");
+            EXCEPTION WHEN OTHERS THEN
+                PERFORM pg_catalog.pg_advisory_unlock(sh);
+                RAISE;
+            END;
+            granted_slot := slot_no;
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$f$;
+END
+$setup$"
+);
+
+/// A shared attempt: one statement (see [`MODES_SETUP`]). Returns the
+/// token (NULL: refused) and whether a writer's mark refused it.
+pub(super) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_shared($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
+
+/// Drops one reader's hold: the phase key first, so that once the key
+/// itself is free no phase looks live (a reader that came after a writer
+/// who took the key in between would otherwise be granted the old phase's
+/// token, below the writer's).
+pub(super) const UNLOCK_SHARED: &str = "\
+SELECT pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended(
+           'dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) $1::pg_catalog.text, $2::pg_catalog.int8)),
+       pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
+
+/// Leaves or refreshes a writer-waiting mark while readers hold (rule
+/// M3); answers whether readers hold.
+pub(super) const MARK: &str = "SELECT {schema}.dlock_mark($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.text, $4::pg_catalog.int8)";
+
+/// Removes `owner`'s writer-waiting mark, if it is the key's mark.
+pub(super) const UNMARK: &str = "\
+UPDATE {schema}.dlock_phases SET mark_owner = NULL, mark_until = NULL
+WHERE lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
+  AND mark_owner OPERATOR(pg_catalog.=) $3::pg_catalog.text";
+
+/// A permit attempt: every slot tried in one statement (see
+/// [`MODES_SETUP`]). Returns the slot and the token, both NULL if every
+/// slot is held.
+pub(super) const TRY_PERMIT: &str = "\
+SELECT s.granted_slot, s.granted_token
+FROM {schema}.dlock_try_permit($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.int4[]) AS s";
+
+/// Drops a permit slot's lock (see [`MODES_SETUP`]).
+pub(super) const UNLOCK_PERMIT: &str = "\
+SELECT pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended(pg_catalog.concat(
+    'dlock-permit:'::pg_catalog.text, $3::pg_catalog.int4, ':'::pg_catalog.text, $1::pg_catalog.text), $2::pg_catalog.int8))";
+
+/// Whether the functions of [`MODES_SETUP`] exist: a refused writer leaves
+/// a mark only where shared locks are in use.
+pub(super) const MODES_EXIST: &str = "SELECT pg_catalog.to_regprocedure(\
+'{schema}.dlock_mark(pg_catalog.text,pg_catalog.int8,pg_catalog.text,pg_catalog.int8)'::pg_catalog.text) IS NOT NULL";
+
 #[cfg(test)]
 mod tests {
     use super::holders_channel;

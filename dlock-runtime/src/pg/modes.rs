@@ -1,0 +1,681 @@
+//! Shared locks (the read side of a read-write lock) and permits, rules M1
+//! to M5 on [`Backend`](crate::Backend).
+//!
+//! A reader holds the key's advisory lock *shared*
+//! (`pg_try_advisory_lock_shared`), which PostgreSQL lets coexist with
+//! other shared holders and with no exclusive one, and a shared lock on the
+//! key's *phase key*, which only readers take: the read phase is live while
+//! a session holds that. The phase token and the writer-waiting mark live
+//! in a row of `<schema>.dlock_phases` (see [`sql::MODES_SETUP`]). A permit
+//! is one exclusive advisory lock per (key, slot), every slot tried in one
+//! statement. Each attempt is one statement, on a session the backend owns,
+//! so a holder whose process dies frees its hold the moment its connection
+//! ends, and a session that ends marks every lease on it lost.
+//!
+//! In process: advisory locks are re-entrant per session, so the backend
+//! decides here who of this process may ask the server. A key held or
+//! being taken exclusively here refuses readers and permits, and a key
+//! with readers or permits here refuses a writer (who leaves its mark).
+//! Two readers of this process may hold through one session: each holds
+//! its own count of the session's shared lock (the server counts holds),
+//! so each release drops only its own. Permit attempts of one key take
+//! turns in process and skip the slots this process holds, so a slot is
+//! never granted twice through a re-entrant session.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+
+use super::deadlines::Slot;
+use super::home::NoRuntime;
+use super::locks::no_runtime;
+use super::session::{Failure, LockSession};
+use super::{Inner, KIND, sql, xact};
+use crate::backend::{
+    Access, AcquireRequest, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL, ReleaseNotice,
+};
+use crate::detach::AbandonedWith;
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+/// How soon a waiter for a key held shared or as permits looks again on
+/// its own: the wait probe hears only of exclusive holders going.
+const RECHECK: Duration = Duration::from_millis(100);
+/// How long a failed look for the functions of [`sql::MODES_SETUP`] is
+/// believed before a refused writer looks again.
+const ABSENT_BELIEVED: Duration = Duration::from_secs(10);
+/// How many keys waiters poll for before the list is started afresh.
+const POLLED_KEPT: usize = 4096;
+
+/// The shared and permit holds of this process, and what the server
+/// needs for them.
+pub(super) struct Modes {
+    keys: Mutex<HashMap<LockKey, ModeKey>>,
+    /// Keys whose waiters look again on their own (see [`RECHECK`]).
+    polled: Mutex<HashSet<LockKey>>,
+    /// The writer-waiting marks this process left, by key and owner.
+    marked: Mutex<HashSet<(LockKey, OwnerId)>>,
+    /// Whether the table and functions exist (made by [`sql::MODES_SETUP`]
+    /// on this backend's first shared or permit attempt), and, if a writer
+    /// looked for them and found none, when.
+    ready: AsyncMutex<(bool, Option<Instant>)>,
+    setup_sql: String,
+    try_shared_sql: String,
+    try_permit_sql: String,
+    mark_sql: String,
+    unmark_sql: String,
+    exists_sql: String,
+}
+
+/// One key's holds in this process.
+#[derive(Default)]
+struct ModeKey {
+    holds: HashMap<OwnerId, ModeHold>,
+    /// Attempts of this process on their way to the server.
+    pending: usize,
+    /// How the key is held or taken here, while it is.
+    access: Option<Access>,
+    /// Permit attempts take turns (see the module docs).
+    turn: Arc<AsyncMutex<()>>,
+    /// Dropped with the entry, which wakes this process's waiters.
+    gone: Option<watch::Sender<()>>,
+}
+
+struct ModeHold {
+    session: Arc<LockSession>,
+    slot: Option<u32>,
+    token: FencingToken,
+    deadline_slot: Slot,
+    /// An unlock is on its way.
+    releasing: bool,
+}
+
+impl Modes {
+    pub(super) fn new(quoted_schema: &str) -> Self {
+        Self {
+            keys: Mutex::default(),
+            polled: Mutex::default(),
+            marked: Mutex::default(),
+            ready: AsyncMutex::new((false, None)),
+            setup_sql: sql::render(sql::MODES_SETUP, quoted_schema),
+            try_shared_sql: sql::render(sql::TRY_SHARED, quoted_schema),
+            try_permit_sql: sql::render(sql::TRY_PERMIT, quoted_schema),
+            mark_sql: sql::render(sql::MARK, quoted_schema),
+            unmark_sql: sql::render(sql::UNMARK, quoted_schema),
+            exists_sql: sql::render(sql::MODES_EXIST, quoted_schema),
+        }
+    }
+
+    fn keys(&self) -> MutexGuard<'_, HashMap<LockKey, ModeKey>> {
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn poll(&self, key: &LockKey) {
+        let mut polled = self.polled.lock().unwrap_or_else(PoisonError::into_inner);
+        if polled.len() >= POLLED_KEPT {
+            polled.clear();
+        }
+        polled.insert(key.clone());
+    }
+
+    /// Whether readers or permits of this process hold or are taking `key`:
+    /// a writer of this process is refused (the server would let it through
+    /// a session of theirs).
+    pub(super) fn busy(&self, key: &LockKey) -> bool {
+        self.keys()
+            .get(key)
+            .is_some_and(|entry| entry.pending > 0 || !entry.holds.is_empty())
+    }
+
+    /// The session `owner`'s live shared or permit lease on `key` is held on.
+    pub(super) fn live_session(&self, key: &LockKey, owner: &OwnerId) -> Option<Arc<LockSession>> {
+        self.keys()
+            .get(key)
+            .and_then(|entry| entry.holds.get(owner))
+            .filter(|hold| !hold.releasing && hold.deadline_slot.0 > Instant::now())
+            .map(|hold| Arc::clone(&hold.session))
+    }
+
+    /// A release notice for `key` if it is held shared or as permits here,
+    /// or a waiter of this process was refused by readers, permits or a
+    /// mark: the wait probe would not hear of those going.
+    pub(super) fn subscribe(&self, key: &LockKey) -> Option<ReleaseNotice> {
+        if let Some(entry) = self.keys().get_mut(key) {
+            let mut gone = entry
+                .gone
+                .get_or_insert_with(|| watch::channel(()).0)
+                .subscribe();
+            return Some(
+                ReleaseNotice::new(async move {
+                    let _ = gone.changed().await;
+                })
+                .recheck_within(RECHECK),
+            );
+        }
+        let polled = self.polled.lock().unwrap_or_else(PoisonError::into_inner);
+        polled
+            .contains(key)
+            .then(|| ReleaseNotice::new(std::future::pending()).recheck_within(RECHECK))
+    }
+}
+
+/// The end of an attempt in flight, however it ends: the key's entry
+/// forgets it, and goes if nothing else holds it.
+struct Pending<'a> {
+    inner: &'a Inner,
+    key: &'a LockKey,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut keys = self.inner.modes.keys();
+        if let Some(entry) = keys.get_mut(self.key) {
+            entry.pending = entry.pending.saturating_sub(1);
+            if entry.pending == 0 && entry.holds.is_empty() {
+                keys.remove(self.key);
+            }
+        }
+    }
+}
+
+/// Gives back a shared lock or permit the server granted to a caller that
+/// stopped waiting.
+struct ModeGiveBack {
+    inner: Arc<Inner>,
+    key: LockKey,
+    owner: OwnerId,
+}
+
+impl AbandonedWith<Result<Attempt, LockError>> for ModeGiveBack {
+    async fn handle(self, outcome: Result<Attempt, LockError>) {
+        if let Ok(Attempt::Acquired(_)) = outcome {
+            let _ = self
+                .inner
+                .unlock_mode(&self.key, Some(self.owner), false)
+                .await;
+        }
+    }
+}
+
+impl Inner {
+    /// A shared or permit attempt (rules M1, M2, M5): the in-process
+    /// exclusion, then one statement on a lock session.
+    pub(super) async fn try_mode(
+        self: &Arc<Self>,
+        request: &AcquireRequest<'_>,
+    ) -> Result<Attempt, LockError> {
+        let (key, owner, ttl, access) = (request.key, request.owner, request.ttl, request.access);
+        let turn = {
+            let exclusive = self.keys();
+            if let Some(entry) = exclusive.get(key) {
+                let now = Instant::now();
+                return Ok(Attempt::Held {
+                    expires_in: entry
+                        .holding()
+                        .map(|h| h.deadline().saturating_duration_since(now)),
+                });
+            }
+            let mut keys = self.modes.keys();
+            let entry = keys.entry(key.clone()).or_default();
+            if let Some(hold) = entry.holds.get_mut(owner)
+                && !hold.releasing
+                && hold.deadline_slot.0 > Instant::now()
+            {
+                // A retry by the owner that holds (rule M5).
+                hold.deadline_slot =
+                    self.deadlines
+                        .moved(hold.deadline_slot, key, *owner, Instant::now() + ttl);
+                let grant = Grant::new(hold.token).lost_with(hold.session.loss_group());
+                return Ok(Attempt::Acquired(match hold.slot {
+                    Some(slot) => grant.in_slot(slot),
+                    None => grant,
+                }));
+            }
+            if entry.access.is_some_and(|held| held != access) {
+                // A key is used one way (rule M1).
+                return Ok(Attempt::Held { expires_in: None });
+            }
+            entry.access = Some(access);
+            entry.pending += 1;
+            Arc::clone(&entry.turn)
+        };
+        let give_back = ModeGiveBack {
+            inner: Arc::clone(self),
+            key: key.clone(),
+            owner: *owner,
+        };
+        let attempt = {
+            let (inner, key, owner) = (Arc::clone(self), key.clone(), *owner);
+            async move {
+                let _pending = Pending {
+                    inner: &inner,
+                    key: &key,
+                };
+                let _turn = match access {
+                    Access::Permits { .. } => Some(turn.lock().await),
+                    _ => None,
+                };
+                inner.mode_on_server(&key, owner, ttl, access).await
+            }
+        };
+        match self.home.run_detachable(attempt, give_back).await {
+            Ok(outcome) => outcome,
+            Err(NoRuntime) => Err(no_runtime(Operation::Acquire, key)),
+        }
+    }
+
+    async fn mode_on_server(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        access: Access,
+    ) -> Result<Attempt, LockError> {
+        self.modes_ready(Operation::Acquire, key).await?;
+        let session = self.session().await?;
+        let seed = self.options.key_seed;
+        let answer = match access {
+            Access::Permits { permits } => {
+                let n = i32::try_from(permits).unwrap_or(i32::MAX);
+                let skipped: Vec<i32> = self
+                    .modes
+                    .keys()
+                    .get(key)
+                    .map(|entry| {
+                        entry
+                            .holds
+                            .values()
+                            .filter_map(|hold| hold.slot)
+                            .filter_map(|slot| i32::try_from(slot).ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                session
+                    .query_one(
+                        &self.modes.try_permit_sql,
+                        &[&key.as_str(), &seed, &n, &skipped],
+                    )
+                    .await
+                    .and_then(|row| {
+                        Ok((
+                            row.try_get::<_, Option<i64>>(1)?,
+                            row.try_get::<_, Option<i32>>(0)?,
+                            false,
+                        ))
+                    })
+            }
+            _ => session
+                .query_one(&self.modes.try_shared_sql, &[&key.as_str(), &seed])
+                .await
+                .and_then(|row| {
+                    Ok((
+                        row.try_get::<_, Option<i64>>(0)?,
+                        None,
+                        row.try_get::<_, Option<bool>>(1)?.unwrap_or(false),
+                    ))
+                }),
+        };
+        let (token, slot, marked) = match answer {
+            Ok(answer) => answer,
+            Err(err) => return Err(self.mode_failed(&session, key, err).await),
+        };
+        let Some(token) = token else {
+            // Held by a writer, a mark, readers or every slot: the wait
+            // probe hears only of exclusive holders, so waiters poll.
+            self.modes.poll(key);
+            let expires_in = marked.then_some(QUEUE_ENTRY_TTL / 3);
+            return Ok(Attempt::Held { expires_in });
+        };
+        let slot = match slot.map(u32::try_from) {
+            Some(Ok(slot)) => Some(slot),
+            Some(Err(_)) => {
+                session.end("the permit statement answered a negative slot".to_owned());
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::msg("the permit statement answered a negative slot"),
+                ));
+            }
+            None => None,
+        };
+        let token = match xact::to_token(token, key.as_str()) {
+            Ok(token) => token,
+            Err(err) => {
+                session.end(format!("a bad token for `{key}`"));
+                return Err(err);
+            }
+        };
+        {
+            let mut keys = self.modes.keys();
+            let entry = keys.entry(key.clone()).or_default();
+            let deadline_slot =
+                self.deadlines
+                    .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
+            entry.holds.insert(
+                owner,
+                ModeHold {
+                    session: Arc::clone(&session),
+                    slot,
+                    token,
+                    deadline_slot,
+                    releasing: false,
+                },
+            );
+        }
+        let grant = Grant::new(token).lost_with(session.loss_group());
+        Ok(Attempt::Acquired(match slot {
+            Some(slot) => grant.in_slot(slot),
+            None => grant,
+        }))
+    }
+
+    /// The error of a shared or permit statement that failed. The
+    /// statement gives back what it took when its draw fails; after any
+    /// other failure on a live connection it may have left a lock behind,
+    /// and ending the session is the one sure way to drop it.
+    async fn mode_failed(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        err: tokio_postgres::Error,
+    ) -> LockError {
+        let missing = err.code().is_some_and(|code| {
+            *code == SqlState::UNDEFINED_FUNCTION
+                || *code == SqlState::UNDEFINED_TABLE
+                || *code == SqlState::INVALID_SCHEMA_NAME
+        });
+        let refused = err
+            .as_db_error()
+            .is_some_and(|db| db.message().contains(sql::REFUSED));
+        if missing {
+            // Dropped while the service runs (the table, the functions or
+            // the token sequence): made again, for the next attempt.
+            *self.modes.ready.lock().await = (false, None);
+            if sql::sequence_missing(&err)
+                && let Err(failure) = Box::pin(self.restore_objects()).await
+            {
+                tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");
+            }
+        } else if !refused && !err.is_closed() && !session.is_ended() {
+            session.end(format!("a shared or permit statement for `{key}` failed"));
+        }
+        self.failed(
+            Operation::Acquire,
+            key,
+            "the shared or permit statement failed",
+            err,
+        )
+    }
+
+    /// Makes the table and functions of [`sql::MODES_SETUP`] once.
+    async fn modes_ready(
+        self: &Arc<Self>,
+        operation: Operation,
+        key: &LockKey,
+    ) -> Result<(), LockError> {
+        let mut ready = self.modes.ready.lock().await;
+        if ready.0 {
+            return Ok(());
+        }
+        let session = self.session().await?;
+        session
+            .query(&self.modes.setup_sql, &[])
+            .await
+            .map_err(|e| {
+                self.failed(
+                    operation,
+                    key,
+                    "cannot create the table and functions of shared locks and permits (needs \
+                     CREATE on the schema)",
+                    e,
+                )
+            })?;
+        *ready = (true, None);
+        Ok(())
+    }
+
+    /// Whether shared locks or permits are in use in this schema, so a
+    /// refused writer has readers to leave a mark for: the functions exist.
+    /// Looked up at most every [`ABSENT_BELIEVED`] while they do not, so a
+    /// service that never takes shared locks creates nothing.
+    async fn modes_in_use(self: &Arc<Self>) -> bool {
+        let mut ready = self.modes.ready.lock().await;
+        if ready.0 {
+            return true;
+        }
+        if ready.1.is_some_and(|at| at.elapsed() < ABSENT_BELIEVED) {
+            return false;
+        }
+        let Ok(session) = self.session().await else {
+            return false;
+        };
+        let exists = session
+            .query_one(&self.modes.exists_sql, &[])
+            .await
+            .ok()
+            .and_then(|row| row.try_get::<_, bool>(0).ok())
+            .unwrap_or(false);
+        *ready = (exists, (!exists).then(Instant::now));
+        exists
+    }
+
+    /// Rule M3: a writer refused while readers hold leaves or refreshes its
+    /// mark. True if readers hold (the mark is left, or another writer's
+    /// stands).
+    pub(super) async fn mark_writer(self: &Arc<Self>, key: &LockKey, owner: OwnerId) -> bool {
+        if !self.modes_in_use().await {
+            return false;
+        }
+        let Ok(session) = self.session().await else {
+            return false;
+        };
+        let hex = owner.to_hex();
+        let me = std::str::from_utf8(&hex).unwrap_or_default();
+        let ttl_ms = i64::try_from(QUEUE_ENTRY_TTL.as_millis()).unwrap_or(i64::MAX);
+        let marked = session
+            .query_one(
+                &self.modes.mark_sql,
+                &[&key.as_str(), &self.options.key_seed, &me, &ttl_ms],
+            )
+            .await
+            .and_then(|row| row.try_get::<_, bool>(0));
+        match marked {
+            Ok(true) => {
+                self.modes
+                    .marked
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert((key.clone(), owner));
+                self.modes.poll(key);
+                true
+            }
+            Ok(false) => false,
+            Err(err) => {
+                tracing::debug!(key = %key, error = %err, "leaving a writer-waiting mark failed");
+                false
+            }
+        }
+    }
+
+    /// Removes `owner`'s mark on `key`, if this process left one (the
+    /// writer got the key, or gave up). True if it had one.
+    pub(super) async fn unmark_writer(self: &Arc<Self>, key: &LockKey, owner: OwnerId) -> bool {
+        let had = self
+            .modes
+            .marked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&(key.clone(), owner));
+        if !had {
+            return false;
+        }
+        let hex = owner.to_hex();
+        let me = std::str::from_utf8(&hex).unwrap_or_default();
+        let removed = match self.session().await {
+            Ok(session) => session
+                .query(
+                    &self.modes.unmark_sql,
+                    &[&key.as_str(), &self.options.key_seed, &me],
+                )
+                .await
+                .map(drop),
+            Err(err) => {
+                tracing::debug!(key = %key, error = %err, "no session to remove a writer-waiting mark on");
+                return true;
+            }
+        };
+        if let Err(err) = removed {
+            // The mark lives out its expiry.
+            tracing::debug!(key = %key, error = %err, "removing a writer-waiting mark failed");
+        }
+        true
+    }
+
+    /// Moves the deadline of `owner`'s shared or permit lease on `key`, if
+    /// it is still held on `session_id`. True if it was.
+    pub(super) fn extend_mode(
+        &self,
+        key: &LockKey,
+        owner: &OwnerId,
+        session_id: u64,
+        to: Instant,
+    ) -> bool {
+        let mut keys = self.modes.keys();
+        let Some(hold) = keys
+            .get_mut(key)
+            .and_then(|entry| entry.holds.get_mut(owner))
+        else {
+            return false;
+        };
+        if hold.releasing || hold.session.id != session_id || hold.deadline_slot.0 <= Instant::now()
+        {
+            return false;
+        }
+        hold.deadline_slot = self.deadlines.moved(hold.deadline_slot, key, *owner, to);
+        true
+    }
+
+    /// Unlocks shared or permit holds of `key` held here: `owner`'s, or
+    /// every one (`None`, the administrator's force); `overdue` only a hold
+    /// whose deadline passed. `None` if this process holds `key` neither
+    /// shared nor as permits. `Ok(true)` when a live hold was released.
+    pub(super) async fn unlock_mode(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: Option<OwnerId>,
+        overdue: bool,
+    ) -> Option<Result<bool, LockError>> {
+        let now = Instant::now();
+        let picked: Vec<(OwnerId, Arc<LockSession>, Option<u32>, bool)> = {
+            let mut keys = self.modes.keys();
+            let entry = keys.get_mut(key)?;
+            let picked: Vec<_> = entry
+                .holds
+                .iter_mut()
+                .filter(|(holder, hold)| {
+                    owner.is_none_or(|owner| owner == **holder)
+                        && !hold.releasing
+                        && !(overdue && hold.deadline_slot.0 > now)
+                })
+                .map(|(holder, hold)| {
+                    hold.releasing = true;
+                    (
+                        *holder,
+                        Arc::clone(&hold.session),
+                        hold.slot,
+                        hold.deadline_slot.0 > now,
+                    )
+                })
+                .collect();
+            if picked.is_empty() && owner.is_some_and(|o| !entry.holds.contains_key(&o)) {
+                return None;
+            }
+            picked
+        };
+        let inner = Arc::clone(self);
+        let unlocked_key = key.clone();
+        let unlocking = self.home.run_detachable(
+            async move {
+                let key = unlocked_key;
+                let mut released = Ok(false);
+                for (holder, session, slot, live) in picked {
+                    let seed = inner.options.key_seed;
+                    let answer = match slot.map(i32::try_from) {
+                        Some(slot) => {
+                            let slot = slot.unwrap_or(i32::MAX);
+                            session
+                                .query(sql::UNLOCK_PERMIT, &[&key.as_str(), &seed, &slot])
+                                .await
+                        }
+                        None => {
+                            session
+                                .query(sql::UNLOCK_SHARED, &[&key.as_str(), &seed])
+                                .await
+                        }
+                    };
+                    inner.forget_mode(&key, holder);
+                    match answer {
+                        Ok(_) => {
+                            if live && matches!(released, Ok(false)) {
+                                released = Ok(true);
+                            }
+                        }
+                        Err(err) if err.is_closed() || session.is_ended() => {}
+                        Err(err) => {
+                            session.end(format!("could not release `{key}`"));
+                            released =
+                                Err(inner.failed(Operation::Release, &key, "unlock failed", err));
+                        }
+                    }
+                }
+                released
+            },
+            crate::detach::Ignore,
+        );
+        Some(match unlocking.await {
+            Ok(released) => released,
+            Err(NoRuntime) => Err(no_runtime(Operation::Release, key)),
+        })
+    }
+
+    /// A lock session ended: its shared locks and slots are gone on the
+    /// server, so this process forgets the holds on it (which wakes its
+    /// waiters once a key has no other). How many it forgot.
+    pub(super) fn session_ended_modes(&self, id: u64) -> usize {
+        let mut keys = self.modes.keys();
+        let mut forgotten = 0;
+        keys.retain(|_, entry| {
+            entry.holds.retain(|_, hold| {
+                let on_it = hold.session.id == id;
+                if on_it {
+                    self.deadlines.remove(hold.deadline_slot);
+                    forgotten += 1;
+                }
+                !on_it
+            });
+            !entry.holds.is_empty() || entry.pending > 0
+        });
+        forgotten
+    }
+
+    /// Forgets `owner`'s hold of `key`, and the key's entry (waking this
+    /// process's waiters) once nothing here holds or takes it.
+    fn forget_mode(&self, key: &LockKey, owner: OwnerId) {
+        let mut keys = self.modes.keys();
+        let Some(entry) = keys.get_mut(key) else {
+            return;
+        };
+        if let Some(hold) = entry.holds.remove(&owner) {
+            self.deadlines.remove(hold.deadline_slot);
+        }
+        if entry.holds.is_empty() && entry.pending == 0 {
+            keys.remove(key);
+        }
+    }
+}

@@ -53,7 +53,7 @@ impl Backend for PgBackend {
             }
             _ => {}
         }
-        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        let (key, owner, ttl, waits) = (request.key, request.owner, request.ttl, request.waits);
         let mut refused_here = false;
         {
             // In-process exclusion first: never ask the server for a key
@@ -90,8 +90,12 @@ impl Backend for PgBackend {
         if refused_here {
             // Readers or permits of this process hold it (the server would
             // let this writer through one of their sessions): refused here,
-            // leaving the writer's mark against new readers (rule M3).
-            self.inner.mark_writer(key, *owner).await;
+            // leaving the writer's mark against new readers if it waits
+            // (rule M3: one that does not wait sends no release to take
+            // the mark away).
+            if request.waits {
+                self.inner.mark_writer(key, *owner).await;
+            }
             return Ok(Attempt::Held {
                 expires_in: Some(QUEUE_ENTRY_TTL / 3),
             });
@@ -123,9 +127,11 @@ impl Backend for PgBackend {
             }
         };
         match outcome {
-            // Rule M3: refused by readers elsewhere, the writer leaves its
-            // mark and looks again before it runs out.
-            Ok(Attempt::Held { expires_in }) if self.inner.mark_writer(key, owner).await => {
+            // Rule M3: refused by readers elsewhere, a writer that waits
+            // leaves its mark and looks again before it runs out.
+            Ok(Attempt::Held { expires_in })
+                if waits && self.inner.mark_writer(key, owner).await =>
+            {
                 let again = QUEUE_ENTRY_TTL / 3;
                 Ok(Attempt::Held {
                     expires_in: Some(expires_in.map_or(again, |e| e.min(again))),

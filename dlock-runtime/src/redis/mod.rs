@@ -181,14 +181,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ::redis::{ErrorKind, FromRedisValue, RedisResult, ScriptInvocation, ServerErrorKind, Value};
+use ::redis::{
+    ErrorKind, FromRedisValue, RedisResult, Script, ScriptInvocation, ServerErrorKind, Value,
+};
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue,
+    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::holder::HolderInfo;
@@ -197,7 +199,7 @@ use crate::token::FencingToken;
 
 pub use builder::RedisBuilder;
 use commands::{Commands, Failure};
-use keyspace::Keyspace;
+use keyspace::{Keyspace, PermitNames, SharedNames};
 use redact::scrub;
 use subscriber::Subscriber;
 
@@ -369,9 +371,15 @@ impl RedisBackend {
     /// lease taken with an identity (a leader, watched by observers the
     /// store cannot see), or when every release is to be published.
     fn mark(&self, request: &AcquireRequest<'_>, names: &Keyspace) -> u8 {
+        self.mark_for(request, &names.released)
+    }
+
+    /// [`RedisBackend::mark`], for the key whose release channel is
+    /// `released`.
+    fn mark_for(&self, request: &AcquireRequest<'_>, released: &str) -> u8 {
         if self.inner.publish_every_release
             || request.identity.is_some()
-            || self.inner.subscriber.has_waiters(&names.released)
+            || self.inner.subscriber.has_waiters(released)
         {
             WAITED_ON
         } else {
@@ -420,12 +428,86 @@ impl RedisBackend {
         self.read_attempt(key, &names, &reply)
     }
 
+    /// A shared attempt (rules M1 to M3, M5): the shared acquire script,
+    /// one round trip (see `scripts::SHARED_ACQUIRE_LUA`).
+    async fn try_acquire_shared(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        let names = SharedNames::of(key);
+        let mark = [self.mark_for(request, &names.released)];
+        let mut script = scripts::SHARED_ACQUIRE.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.fence)
+            .key(&names.readers)
+            .key(&names.writer)
+            .key(&names.phase)
+            .arg(&owner.to_hex()[..])
+            .arg(ttl_millis(ttl))
+            .arg(&mark[..]);
+        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
+        self.read_attempt_at(key, &names.fence, &reply)
+    }
+
+    /// A permit attempt (rules M1, M2, M5): the permit script tries every
+    /// slot of `0..permits` in one round trip (see
+    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest<'_>,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
+        let names = PermitNames::of(key);
+        let mark = [self.mark_for(request, &names.released)];
+        let mut script = scripts::PERMIT_ACQUIRE.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.fence)
+            .key(&names.slots)
+            .arg(&owner.to_hex()[..])
+            .arg(ttl_millis(ttl))
+            .arg(&mark[..])
+            .arg(permits);
+        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
+        if let Value::Array(parts) = &reply
+            && let [Value::BulkString(token), Value::Int(slot)] = parts.as_slice()
+        {
+            let token = std::str::from_utf8(token)
+                .ok()
+                .and_then(|token| token.parse::<u64>().ok())
+                .filter(|token| *token > 0);
+            let slot = u32::try_from(*slot).ok().filter(|slot| *slot < permits);
+            return match (token, slot) {
+                (Some(token), Some(slot)) => Ok(Attempt::Acquired(
+                    Grant::new(FencingToken::new(token)).in_slot(slot),
+                )),
+                _ => Err(self.error(
+                    Operation::Acquire,
+                    key,
+                    format!("unexpected reply {reply:?} from the permit script"),
+                )),
+            };
+        }
+        self.read_attempt_at(key, &names.fence, &reply)
+    }
+
     /// An acquire script's answer: the token when taken, the holder's
     /// remaining ttl when held (with the refusal to mark it, if any).
     fn read_attempt(
         &self,
         key: &LockKey,
         names: &Keyspace,
+        reply: &Value,
+    ) -> Result<Attempt, LockError> {
+        self.read_attempt_at(key, &names.fence, reply)
+    }
+
+    /// [`RedisBackend::read_attempt`], naming the fence key `fence` in an
+    /// error.
+    fn read_attempt_at(
+        &self,
+        key: &LockKey,
+        fence: &str,
         reply: &Value,
     ) -> Result<Attempt, LockError> {
         let token = match reply {
@@ -451,8 +533,7 @@ impl RedisBackend {
                 Operation::Acquire,
                 key,
                 format!(
-                    "unexpected reply {reply:?} from the acquire script (is `{}` a fencing counter?)",
-                    names.fence
+                    "unexpected reply {reply:?} from the acquire script (is `{fence}` a fencing counter?)"
                 ),
             )),
         }
@@ -622,6 +703,49 @@ fn read_handoff(message: &[u8]) -> Option<Grant> {
     Some(Grant::new(FencingToken::new(token)).valid_for(valid_for))
 }
 
+/// A permit slot as the permit scripts take it: its number, or empty for
+/// the owner's slot, whichever.
+fn slot_arg(slot: Option<u32>) -> String {
+    slot.map(|slot| slot.to_string()).unwrap_or_default()
+}
+
+/// The script, keys and arguments of a shared or permit renewal (rule M4).
+fn side_renewal_parts(renewal: &Renewal<'_>) -> (&'static Script, Vec<String>, Vec<String>) {
+    let (owner, ttl) = (renewal.owner.to_hex(), ttl_millis(renewal.ttl).to_string());
+    let owner = String::from_utf8_lossy(&owner).into_owned();
+    match renewal.access {
+        Access::Permits { .. } => {
+            let names = PermitNames::of(renewal.key);
+            (
+                &scripts::PERMIT_EXTEND,
+                vec![names.lock, names.slots],
+                vec![owner, ttl, slot_arg(renewal.slot)],
+            )
+        }
+        _ => {
+            let names = SharedNames::of(renewal.key);
+            (
+                &scripts::SHARED_EXTEND,
+                vec![names.lock, names.readers, names.phase],
+                vec![owner, ttl],
+            )
+        }
+    }
+}
+
+/// The invocation of a shared or permit renewal.
+fn side_renewal(renewal: &Renewal<'_>) -> ScriptInvocation<'static> {
+    let (script, keys, args) = side_renewal_parts(renewal);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(key);
+    }
+    for arg in args {
+        invocation.arg(arg);
+    }
+    invocation
+}
+
 /// `Held`, with the remaining ttl in ms the acquire script answered
 /// (negative: the key has no expiry, or is gone).
 fn held(remaining: i64) -> Attempt {
@@ -673,6 +797,21 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        match request.access {
+            Access::Exclusive => {}
+            _ if request.identity.is_some() => {
+                return Err(LockError::InvalidOption {
+                    option: request.access.option(),
+                    reason: format!(
+                        "the redis backend records an identity (a leader election's) for an \
+                         exclusive lease only, not a {} one",
+                        request.access
+                    ),
+                });
+            }
+            Access::Shared => return self.try_acquire_shared(request).await,
+            Access::Permits { permits } => return self.try_acquire_permit(request, permits).await,
+        }
         if request.queue.is_fair() {
             return self.try_acquire_fair(request).await;
         }
@@ -698,6 +837,11 @@ impl Backend for RedisBackend {
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
+        if renewal.access != Access::Exclusive {
+            let script = side_renewal(renewal);
+            let extended: i64 = self.run(Operation::Extend, key, &script).await?;
+            return Ok(extended == 1);
+        }
         let mut script = match renewal.recorded {
             None => scripts::EXTEND.prepare_invoke(),
             Some(_) => scripts::EXTEND_AS.prepare_invoke(),
@@ -732,6 +876,12 @@ impl Backend for RedisBackend {
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
+            if lease.access != Access::Exclusive {
+                let (script, keys, args) = side_renewal_parts(lease);
+                let call = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+                call.arg(keys).arg(args);
+                continue;
+            }
             let call = pipe.cmd("EVALSHA");
             let (lock, info) = keyspace::lock_and_info_names(lease.key);
             match lease.recorded {
@@ -768,7 +918,12 @@ impl Backend for RedisBackend {
                     })
                 };
                 if answers.iter().any(no_script) {
-                    for script in [&*scripts::EXTEND, &*scripts::EXTEND_AS] {
+                    for script in [
+                        &*scripts::EXTEND,
+                        &*scripts::EXTEND_AS,
+                        &*scripts::SHARED_EXTEND,
+                        &*scripts::PERMIT_EXTEND,
+                    ] {
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     answers = pipe.query_async(&mut conn).await?;
@@ -810,12 +965,36 @@ impl Backend for RedisBackend {
     /// the key before its reply was lost.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
-        let mut script = scripts::RELEASE.prepare_invoke();
-        let (lock, info) = keyspace::lock_and_info_names(key);
-        script
-            .key(lock)
-            .key(info)
-            .arg(&held_value(owner, UNWAITED)[..]);
+        let mut script = match lease.access {
+            Access::Exclusive => scripts::RELEASE.prepare_invoke(),
+            Access::Shared => scripts::SHARED_RELEASE.prepare_invoke(),
+            Access::Permits { .. } => scripts::PERMIT_RELEASE.prepare_invoke(),
+        };
+        match lease.access {
+            Access::Exclusive => {
+                let (lock, info) = keyspace::lock_and_info_names(key);
+                script
+                    .key(lock)
+                    .key(info)
+                    .arg(&held_value(owner, UNWAITED)[..]);
+            }
+            Access::Shared => {
+                let names = SharedNames::of(key);
+                script
+                    .key(names.lock)
+                    .key(names.readers)
+                    .key(names.phase)
+                    .arg(&owner.to_hex()[..]);
+            }
+            Access::Permits { .. } => {
+                let names = PermitNames::of(key);
+                script
+                    .key(names.lock)
+                    .key(names.slots)
+                    .arg(&owner.to_hex()[..])
+                    .arg(slot_arg(lease.slot));
+            }
+        }
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
             .await?;
@@ -847,6 +1026,16 @@ impl Backend for RedisBackend {
     /// the key over in its own script (see the [module docs](self)).
     fn supports_fair(&self) -> bool {
         true
+    }
+
+    /// Readers share a hash beside the lock, permits a hash of slots, each
+    /// attempt one script (see `scripts::SHARED_ACQUIRE_LUA` and
+    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    fn supports_access(&self, access: Access) -> bool {
+        match access {
+            Access::Exclusive | Access::Shared => true,
+            Access::Permits { permits } => permits > 0,
+        }
     }
 
     /// True while a fair waiter of this process has a mailbox on the key's

@@ -142,12 +142,13 @@
 //! create it on every node):
 //!
 //! ```text
-//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
+//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping
 //! ```
 //!
 //! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
 //! lacks them) and call `SET`, `SETRANGE`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
-//! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
+//! `PUBLISH` and `TIME` (and `HGETALL`, `HSET`, `HDEL` over the readers'
+//! and slots' hashes of shared locks and permits); waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
 //! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0,

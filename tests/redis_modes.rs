@@ -307,3 +307,79 @@ async fn a_restart_that_loses_the_data_leaves_shared_tokens_above_the_last_write
     permit.release().await.expect("release");
     drop(across);
 }
+
+/// The wake-ups, seen on the release channel itself (a waiter's own
+/// re-checks would hide a missing one): with a writer waiting on two
+/// readers, the first reader's release announces nothing and the last
+/// one's does; with the permits all taken and a waiter refused, a
+/// permit's release does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_readers_release_and_a_permits_release_wake_waiters() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let backend = backend().await;
+    let ttl = Duration::from_secs(30);
+    let key = fresh_key("rw-wake");
+    let readers = [
+        OwnerId::random().expect("random"),
+        OwnerId::random().expect("random"),
+    ];
+    for reader in &readers {
+        let request = AcquireRequest::new(&key, reader, ttl).with_access(Access::Shared);
+        let taken = backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers");
+        assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    }
+    let mut notice = backend.subscribe(&key).await.expect("subscribe");
+    let writer = OwnerId::random().expect("random");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &writer, ttl))
+        .await
+        .expect("backend answers");
+    assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
+    let release = |owner| ReleaseRequest::new(&key, owner).holding(Access::Shared, None);
+    let first = backend
+        .release(&release(&readers[0]))
+        .await
+        .expect("release");
+    assert_eq!(first, ReleaseOutcome::Released);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut notice)
+            .await
+            .is_err(),
+        "a reader's release while another reader holds announces nothing"
+    );
+    let last = backend
+        .release(&release(&readers[1]))
+        .await
+        .expect("release");
+    assert_eq!(last, ReleaseOutcome::Released);
+    support::within(10, "the last reader's announcement", notice).await;
+    backend
+        .release(&ReleaseRequest::new(&key, &writer))
+        .await
+        .expect("the writer gives up");
+
+    let key = fresh_key("permit-wake");
+    let permit = Access::Permits { permits: 1 };
+    let holder = OwnerId::random().expect("random");
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, ttl).with_access(permit))
+        .await
+        .expect("backend answers");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let notice = backend.subscribe(&key).await.expect("subscribe");
+    let waiter = OwnerId::random().expect("random");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &waiter, ttl).with_access(permit))
+        .await
+        .expect("backend answers");
+    assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
+    let released = backend
+        .release(&ReleaseRequest::new(&key, &holder).holding(permit, None))
+        .await
+        .expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    support::within(10, "the permit's announcement", notice).await;
+}

@@ -45,6 +45,10 @@
 //! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
+//! | `dlock:{T}:readers` | hash with the read phase's `PX` | while readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
+//! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token |
+//! | `dlock:{T}:writer` | string, `PX` 3 s | a writer-waiting mark: the owner id of a writer that found readers |
+//! | `dlock:{T}:slots` | hash with the permits' `PX` | while permits are held: slot → expiry in server ms and owner id |
 //!
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
 //! the scripts are valid on a cluster. Fence keys are small and kept
@@ -101,6 +105,45 @@
 //!   its next attempt, within a second.
 //! - A fair acquisition with an identity (leader election) is refused
 //!   ([`LockError::InvalidOption`]): a handoff could not record it.
+//!
+//! ## Shared locks and permits
+//!
+//! [`LockOptions::mode`](crate::LockOptions::mode) and
+//! [`LockOptions::permits`](crate::LockOptions::permits) keep rules M1 to
+//! M5 of [`Backend`], each attempt, renewal and release one script:
+//!
+//! - **A sentinel in the lock key.** While readers (or permits) hold, the
+//!   lock key holds a value of a lock's shape that no owner id is (32
+//!   zeros, or 31 zeros and `1`, and the waiter mark), with a `PX` as long
+//!   as the longest-lived holder's. An exclusive attempt, of this dlock or
+//!   an older one, just finds the key held; the holders sit in a hash
+//!   beside it (`…:readers`, owner → expiry; `…:slots`, slot → expiry and
+//!   owner), expiries by the server's clock, dead entries pruned by the
+//!   scripts, and read only while the sentinel stands, so a force release
+//!   ends them all.
+//! - **Tokens** are drawn as an exclusive acquisition draws them (the
+//!   fence counter, floored at the server clock): a read phase's first
+//!   reader draws one and keeps it in `…:phase` for the readers that join;
+//!   a permit draws one per grant. They keep rising across a lost counter.
+//! - **Writers first.** An exclusive attempt that finds readers leaves a
+//!   mark, `…:writer` (its owner id, `PX`
+//!   [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), refreshed by
+//!   its retries (it answers at most a third of that); a shared attempt is
+//!   refused while a mark stands. The mark goes when its owner takes the
+//!   key, or gives up (its release), or by its ttl.
+//! - **Wake-ups.** An attempt refused by readers or permits marks the
+//!   sentinel `+`, as it marks an exclusive holder's value, and the last
+//!   reader's release, or a permit's, then publishes on the release
+//!   channel; a reader refused by a mark flags it, so the writer takes the
+//!   key marked and its release publishes; removing a mark on give-up
+//!   always does.
+//! - **Renewals** of readers and permits go in the same pipeline as
+//!   exclusive ones ([`Backend::extend_many`]).
+//! - [`Backend::holder`] reads a read-held or permit-held key as held, by
+//!   an unknown holder, with the key's last token.
+//! - A fair writer queued behind readers is not handed the key by the last
+//!   reader's release: it takes it at its next periodic attempt (within a
+//!   second).
 //!
 //! ## Who holds what
 //!

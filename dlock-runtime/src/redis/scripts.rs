@@ -316,6 +316,17 @@ end
 /// the release only for a `+`, so an uncontended release costs the server
 /// no `PUBLISH`. A value without the mark (a holder on an older dlock)
 /// is never touched: older releases publish every time.
+///
+/// **Readers** (see `modes_lua!`). A key held by a read phase holds its
+/// sentinel, so an exclusive attempt finds it held, marks it `+` (the last
+/// reader's release then publishes) and leaves a writer-waiting mark,
+/// `dlock:{T}:writer` (the owner id and `-`, `PX` 3000 ms, which is
+/// [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), or refreshes
+/// its own; new readers are refused while it stands (rule M3). It answers
+/// at most 1000 ms then, a third of the mark's life, so the waiter's
+/// retries keep the mark alive. The attempt that takes the key deletes its
+/// owner's mark, and takes the key `+` if a reader was refused by the mark
+/// (the mark's flag), so its release wakes that reader.
 pub const ACQUIRE_LUA: &str = acquire_lua!();
 
 /// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
@@ -379,7 +390,9 @@ return 0
 ///
 /// A caller that does not hold the key leaves the queue instead (rule F3):
 /// its entry key is deleted (named from the queue's, see `queue_lua!`) and
-/// its line, if any, removed.
+/// its line, if any, removed; and its writer-waiting mark, if it left one
+/// behind readers ([`ACQUIRE_LUA`]), is deleted, and the removal announced,
+/// so readers it held back go at once (rule M3).
 pub const RELEASE_LUA: &str = concat!(
     r"
 local held = redis.pcall('GET', KEYS[1])
@@ -426,8 +439,11 @@ return 0
 "
 );
 
-/// Breaks a lock whoever holds it. `KEYS[1]` lock key, `KEYS[2]` holder
-/// info key (deleted too, held or not: without its lock it names nobody);
+/// Breaks a lock whoever holds it: an exclusive holder, a read phase or
+/// every permit (their hashes, the phase token and a writer-waiting mark
+/// are deleted with the lock key, named from it). `KEYS[1]` lock key,
+/// `KEYS[2]` holder info key (deleted too, held or not: without its lock
+/// it names nobody);
 /// `ARGV[1]` release channel. Returns 1 if a lock was deleted.
 ///
 /// Why one atomic step: the announcement goes out for exactly the deletion
@@ -1082,3 +1098,19 @@ pub(super) static PERMIT_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(PERMIT_EXTEND_LUA));
 pub(super) static PERMIT_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(PERMIT_RELEASE_LUA));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writer-waiting mark's life is written into the acquire script
+    /// as a literal (the script's arguments are fixed by older clients):
+    /// it must be the core's, and the answer a third of it.
+    #[test]
+    fn the_writer_mark_lives_the_queue_entry_ttl() {
+        let ttl = crate::backend::QUEUE_ENTRY_TTL.as_millis();
+        assert!(ACQUIRE_LUA.contains(&format!("'PX', {ttl})")));
+        assert!(ACQUIRE_LUA.contains(&format!("PEXPIRE', writer, {ttl})")));
+        assert!(ACQUIRE_LUA.contains(&format!("KEYS[1]), {})", ttl / 3)));
+    }
+}

@@ -383,3 +383,56 @@ async fn the_last_readers_release_and_a_permits_release_wake_waiters() {
     assert_eq!(released, ReleaseOutcome::Released);
     support::within(10, "the permit's announcement", notice).await;
 }
+
+/// One pipeline renews exclusive, shared and permit leases together, each
+/// on its own side (rule M4): all renewed, and a renewal on the wrong side
+/// or of a slot not held is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_renews_exclusive_shared_and_permit_leases_each_on_its_side() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
+    let backend = backend().await;
+    let ttl = Duration::from_secs(5);
+    let owner = OwnerId::random().expect("random");
+    let permit = Access::Permits { permits: 2 };
+    let keys = [
+        fresh_key("batch-x"),
+        fresh_key("batch-r"),
+        fresh_key("batch-p"),
+    ];
+    let mut slot = None;
+    for (key, access) in keys.iter().zip([Access::Exclusive, Access::Shared, permit]) {
+        let request = AcquireRequest::new(key, &owner, ttl).with_access(access);
+        match backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers")
+        {
+            Attempt::Acquired(grant) => slot = slot.or(grant.slot),
+            other => panic!("{access} on a fresh key: {other:?}"),
+        }
+    }
+    let longer = Duration::from_secs(60);
+    let renewals = [
+        Renewal::new(&keys[0], &owner, longer),
+        Renewal::new(&keys[1], &owner, longer).holding(Access::Shared, None),
+        Renewal::new(&keys[2], &owner, longer).holding(permit, slot),
+        // Wrong sides, and a slot the owner does not hold.
+        Renewal::new(&keys[1], &owner, longer),
+        Renewal::new(&keys[0], &owner, longer).holding(Access::Shared, None),
+        Renewal::new(&keys[2], &owner, longer).holding(permit, Some(1)),
+    ];
+    let renewed: Vec<bool> = backend
+        .extend_many(&renewals)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(renewed, [true, true, true, false, false, false]);
+    for key in &keys {
+        let left: i64 = cli(&["PTTL", &format!("dlock:{{{key}}}:lock")])
+            .parse()
+            .expect("a PTTL");
+        assert!(left > 5_000, "`{key}` was renewed to 60 s, has {left} ms");
+        backend.force_release(key).await.expect("force release");
+    }
+}

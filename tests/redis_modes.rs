@@ -436,3 +436,55 @@ async fn one_batch_renews_exclusive_shared_and_permit_leases_each_on_its_side() 
         backend.force_release(key).await.expect("force release");
     }
 }
+
+/// A fair writer queued behind readers gets the key once they left (the
+/// last reader's release hands nothing over: the writer's own periodic
+/// attempt takes it), and the holder read and the listing show a read-held
+/// key as held, with the phase's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_behind_readers_gets_the_key_and_a_read_held_key_is_listed() {
+    let backend = backend().await;
+    let key = fresh_key("rw-fair");
+    let reader = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let phase = reader.token();
+    let holding = backend
+        .holder(&key)
+        .await
+        .expect("backend answers")
+        .expect("read-held");
+    assert_eq!(
+        holding.token,
+        Some(phase),
+        "the holder read names the phase"
+    );
+    let listed = backend.held(key.as_str()).await.expect("backend answers");
+    assert_eq!(listed.len(), 1, "the read-held key is listed: {listed:?}");
+
+    let writer = {
+        let (backend, key) = (backend.clone(), key.clone());
+        tokio::spawn(async move {
+            LockOptions::new(Duration::from_secs(30))
+                .fair(true)
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, key)
+                .await
+        })
+    };
+    let mark = format!("dlock:{{{key}}}:writer");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cli(&["EXISTS", &mark]) != "1" {
+        assert!(Instant::now() < deadline, "the fair writer left no mark");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reader.release().await.expect("release");
+    let writer = support::within(25, "the fair writer", writer)
+        .await
+        .expect("task")
+        .expect("the fair writer gets the key once the reader left");
+    assert!(writer.token() > phase);
+    writer.release().await.expect("release");
+}

@@ -210,7 +210,7 @@
 //!
 //! - Backends, registered by name in [`registry()`]: [`memory`] (one
 //!   process), [`file`](mod@file) (the processes of one host), and with
-//!   their features, `redis` and `pg`. [`Backend`] is the trait a backend
+//!   their features, `redis`, `pg` and `etcd`. [`Backend`] is the trait a backend
 //!   of your own implements; feature `conformance` ships the suite it must
 //!   pass.
 //! - [`fence`]: the resource-side checks, in memory, PostgreSQL and Redis.
@@ -222,6 +222,8 @@
 #![warn(missing_docs)]
 
 pub use dlock_macros::distributed_lock;
+#[cfg(feature = "etcd")]
+pub use dlock_runtime::etcd;
 #[cfg(feature = "axum")]
 pub use dlock_runtime::http;
 #[cfg(feature = "pg")]

@@ -15,6 +15,7 @@
 //! | file | `FileBackend`, own directory | PostgreSQL row (`PgFence`) | `force_release` of the held key | the holder's link to the register | none (a durable counter file) |
 //! | redis | `RedisBackend`, own redis-server | PostgreSQL row (`PgFence`) | server restart, data lost | the holder's link to redis | `SET dlock:{<key>}:fence 1` |
 //! | pg | `PgBackend`, shared PostgreSQL, schema `dlock_fault_<id>` of the run's own (dropped at the end) | Redis hash (`RedisFence`) | `pg_terminate_backend` of the holder's session | the holder's link to PostgreSQL | seeded: `setval(<schema>.dlock_token_seq, 1)` and every lock session of the workers terminated, or the sequence dropped and recreated |
+//! | etcd (feature `etcd`; lock and election runs, no fair mode) | `EtcdBackend`, a three-member cluster of the run's own, each worker through its proxy to one member | PostgreSQL row (`PgFence`) | SIGKILL of the cluster's leader, started again after the fault's length | the holder's link to its member | none (the token is the cluster's revision) |
 //!
 //! Every run also drives the abandon fault: a worker makes its next 3 to 6
 //! acquisitions through `LockOptions::acquire` (the macro's key, ttl and
@@ -90,6 +91,8 @@
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
+#[cfg(feature = "etcd")]
+mod etcd_support;
 mod fault;
 mod redis_support;
 mod support;
@@ -265,14 +268,18 @@ fn assert_checker_caught_a_stale_write(report: &Report) {
 /// launches the selected runs together (the test's name, spelled once,
 /// names both).
 macro_rules! fault_runs {
-    ($($(#[$attr:meta])* $name:ident: $settings:expr => $accept:ident;)*) => {
+    ($($(#[$attr:meta])* $(@$feature:literal)? $name:ident: $settings:expr => $accept:ident;)*) => {
         /// Every run test of the binary, for `fault::overlap`.
-        const RUNS: &[overlap::Entry] = &[$(overlap::Entry {
-            name: stringify!($name),
-            settings: || $settings,
-        }),*];
+        const RUNS: &[overlap::Entry] = &[$(
+            #[cfg(all($(feature = $feature)?))]
+            overlap::Entry {
+                name: stringify!($name),
+                settings: || $settings,
+            }
+        ),*];
         $(
             $(#[$attr])*
+            #[cfg(all($(feature = $feature)?))]
             #[test]
             fn $name() {
                 $accept(&overlap::report(stringify!($name), RUNS));
@@ -299,6 +306,16 @@ fault_runs! {
 
     fair_pg_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_time_out_no_waiter_on_a_free_key:
         Settings::from_env(Lock::Pg, SHORT_FAIR_RUN_SECS).fair() => assert_fair_run_is_safe;
+
+    /// etcd (feature `etcd`): a three-member cluster of the run's own;
+    /// the server-side fault kills its leader, and no rewind (the token is
+    /// the cluster's revision).
+    @"etcd" etcd_locks_under_pauses_kills_leader_kills_partitions_and_abandons_accept_no_stale_write:
+        Settings::from_env(Lock::Etcd, SHORT_RUN_SECS) => assert_fenced_run_is_safe;
+
+    @"etcd" etcd_election_under_pauses_kills_leader_kills_partitions_tells_and_fences_off_deposed_leaders:
+        Settings::from_env(Lock::Etcd, SHORT_ELECTION_RUN_SECS).election()
+            => assert_election_run_is_safe;
 
     file_election_under_pauses_kills_breaks_partitions_tells_and_fences_off_deposed_leaders:
         Settings::from_env(Lock::File, SHORT_ELECTION_RUN_SECS).election()
@@ -342,6 +359,8 @@ fn long_run() {
     let lock = match std::env::var("DLOCK_FAULT_BACKEND").as_deref() {
         Ok("file") => Lock::File,
         Ok("pg") => Lock::Pg,
+        #[cfg(feature = "etcd")]
+        Ok("etcd") => Lock::Etcd,
         Ok("redis") | Err(_) => Lock::Redis,
         Ok(other) => panic!("DLOCK_FAULT_BACKEND must be file, redis or pg, not {other:?}"),
     };

@@ -12,7 +12,7 @@ use support::within;
 
 use dlock::backend::{AcquireRequest, Attempt, OwnerId, ReleaseRequest};
 use dlock::file::FileBackend;
-use dlock::{Backend, LockKey, LockOptions};
+use dlock::{Backend, LockKey, LockMode, LockOptions};
 
 fn fresh_dir() -> PathBuf {
     let id = OwnerId::random().expect("random");
@@ -57,6 +57,30 @@ fn child_process_entry() {
                     .acquire_on(backend.clone(), key)
                     .await
                     .expect("acquire");
+                println!("held {}", lease.token());
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(lease);
+            }
+            // Take a permit of the key's `parts[3]` (a long ttl) and hang
+            // on to it.
+            "hold-permit" => {
+                let permits = parts[3].parse().expect("a number of permits");
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .permits(permits)
+                    .acquire_on(backend.clone(), key)
+                    .await
+                    .expect("acquire a permit");
+                println!("held {}", lease.token());
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(lease);
+            }
+            // Take the read side (a long ttl) and hang on to it.
+            "hold-shared" => {
+                let lease = LockOptions::new(Duration::from_secs(120))
+                    .mode(LockMode::Shared)
+                    .acquire_on(backend.clone(), key)
+                    .await
+                    .expect("acquire the read side");
                 println!("held {}", lease.token());
                 tokio::time::sleep(Duration::from_secs(600)).await;
                 drop(lease);
@@ -181,6 +205,182 @@ async fn sigkill_of_a_holder_frees_the_key_at_once_and_wakes_waiters() {
         .expect("the dead holder's lock must be free long before its ttl");
     assert!(lease.token().get() > child_token);
     lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_permit_holder_frees_its_slot_at_once() {
+    let dir = fresh_dir();
+    let mut child = spawn_child("hold-permit", &[path(&dir), "killed-permit", "2"]);
+    let child_token = held_token(&mut child);
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let two = |wait| {
+        LockOptions::new(Duration::from_secs(10))
+            .permits(2)
+            .wait(wait)
+    };
+    let mine = two(Duration::ZERO)
+        .acquire_on(backend.clone(), "killed-permit")
+        .await
+        .expect("the second slot is free");
+    assert_eq!(mine.slot(), Some(1), "the child holds slot 0");
+    assert!(
+        two(Duration::ZERO)
+            .acquire_on(backend.clone(), "killed-permit")
+            .await
+            .is_err(),
+        "both slots are held"
+    );
+    // The child's ttl is 120 s; the waiter gives up after 20 s, so only the
+    // child's death can free its slot.
+    let waiter = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            two(Duration::from_secs(20))
+                .acquire_on(backend, "killed-permit")
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.kill().expect("SIGKILL the permit holder");
+    child.wait().expect("reap");
+    let freed = waiter
+        .await
+        .expect("task")
+        .expect("the killed holder's slot must be free long before its ttl");
+    assert_eq!(freed.slot(), Some(0), "the killed holder's slot");
+    assert!(freed.token().get() > child_token);
+    assert!(freed.token() > mine.token(), "a token drawn anew per grant");
+    assert!(!mine.is_lost(), "the other slot's holder is untouched");
+    freed.release().await.expect("release");
+    mine.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_in_two_processes_share_the_phase_and_a_killed_one_leaves_the_other_holding() {
+    let dir = fresh_dir();
+    let key = LockKey::new("killed-reader").expect("key");
+    let mut first = spawn_child("hold-shared", &[path(&dir), key.as_str()]);
+    let phase = held_token(&mut first);
+    let mut second = spawn_child("hold-shared", &[path(&dir), key.as_str()]);
+    assert_eq!(held_token(&mut second), phase, "one read phase, one token");
+    let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    // Both children's ttl is 120 s; the writer gives up after 20 s, so only
+    // their deaths can let it in.
+    let writer = tokio::spawn({
+        let backend = backend.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, "killed-reader")
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.kill().expect("SIGKILL one reader");
+    first.wait().expect("reap");
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(
+        holding.token.map(|t| t.get()),
+        Some(phase),
+        "the other reader still holds"
+    );
+    let other = OwnerId::random().expect("random");
+    let attempt = backend
+        .try_acquire(&AcquireRequest::new(&key, &other, Duration::from_secs(10)))
+        .await
+        .expect("attempt");
+    assert!(matches!(attempt, Attempt::Held { .. }), "{attempt:?}");
+    backend
+        .release(&ReleaseRequest::new(&key, &other))
+        .await
+        .expect("the attempt's mark goes");
+    assert!(!writer.is_finished(), "a reader still holds");
+    second.kill().expect("SIGKILL the last reader");
+    second.wait().expect("reap");
+    let lease = writer
+        .await
+        .expect("task")
+        .expect("the last reader's death lets the writer in long before its ttl");
+    assert!(
+        lease.token().get() > phase,
+        "a writer's token is above the readers'"
+    );
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
+    let dir = fresh_dir();
+    let backend = || -> Arc<dyn Backend> { Arc::new(FileBackend::open(&dir).expect("dir")) };
+    let reader = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(backend(), "fair-behind-readers")
+        .await
+        .expect("a free key");
+    let fair_writer = |backend: Arc<dyn Backend>| {
+        tokio::spawn(async move {
+            let lease = LockOptions::new(Duration::from_secs(10))
+                .fair(true)
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, "fair-behind-readers")
+                .await?;
+            let token = lease.token();
+            lease.release().await?;
+            Ok::<_, dlock::LockError>(token)
+        })
+    };
+    let first = fair_writer(backend());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = fair_writer(backend());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let read_token = reader.token();
+    reader.release().await.expect("release");
+    // The last reader's release hands the key to the first in line, so a
+    // plain attempt right after it finds the key held.
+    let key = LockKey::new("fair-behind-readers").expect("key");
+    let barger = OwnerId::random().expect("random");
+    let barged = backend()
+        .try_acquire(&AcquireRequest::new(&key, &barger, Duration::from_secs(10)))
+        .await
+        .expect("attempt");
+    assert!(matches!(barged, Attempt::Held { .. }), "{barged:?}");
+    let first = first.await.expect("task").expect("the first writer");
+    let second = second.await.expect("task").expect("the second writer");
+    assert!(read_token < first, "a writer's token is above the readers'");
+    assert!(first < second, "served in the order they queued");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_phase_is_listed_with_its_token_and_a_forced_release_lets_a_writer_in_above_it() {
+    let dir = fresh_dir();
+    let one: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let two: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let first = read
+        .acquire_on(one.clone(), "phase:listed")
+        .await
+        .expect("free");
+    let second = read
+        .acquire_on(two.clone(), "phase:listed")
+        .await
+        .expect("shared");
+    assert_eq!(first.token(), second.token());
+    let held = two.held("phase:").await.expect("listing");
+    let listed: Vec<_> = held
+        .iter()
+        .map(|(key, h)| (key.as_str(), h.token))
+        .collect();
+    assert_eq!(listed, [("phase:listed", Some(first.token()))]);
+    let key = LockKey::new("phase:listed").expect("key");
+    assert!(two.force_release(&key).await.expect("force"), "it was held");
+    assert_eq!(one.holder(&key).await.expect("holder"), None);
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(one.clone(), "phase:listed")
+        .await
+        .expect("free once forced");
+    assert!(writer.token() > first.token());
+    writer.release().await.expect("release");
+    drop((first, second));
 }
 
 /// The token a holding child reports; its further output is drained so it

@@ -381,3 +381,81 @@ async fn a_fenced_cell_refuses_a_stale_writer_and_never_a_current_reader() {
     assert_eq!(cell.read().0, 3);
     writer.release().await.expect("release");
 }
+
+/// Combinations of mode, permits, fair and several keys that make no sense
+/// are refused before anything reaches the backend.
+#[tokio::test]
+async fn nonsense_mode_and_permit_options_are_refused_before_anything_is_sent() {
+    use dlock::LockMode;
+    use dlock_runtime::conformance::CountingBackend;
+    let counting = CountingBackend::new(Arc::new(MemoryBackend::new()));
+    let backend: Arc<dyn Backend> = counting.clone();
+    let base = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(1));
+    let cases = [
+        (base.clone().permits(0), "permits"),
+        (base.clone().permits(2).mode(LockMode::Shared), "permits"),
+        (base.clone().mode(LockMode::Shared).fair(true), "fair"),
+        (base.clone().permits(2).fair(true), "fair"),
+    ];
+    for (options, option) in cases {
+        let refused = options.acquire_on(backend.clone(), "nonsense").await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} is refused, got {refused:?}"
+        );
+    }
+    for (options, option) in [
+        (base.clone().mode(LockMode::Shared), "mode"),
+        (base.clone().permits(2), "permits"),
+    ] {
+        let refused = options.acquire_many_on(backend.clone(), ["a", "b"]).await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOption { option: named, .. }) if *named == option),
+            "{option} with several keys is refused, got {refused:?}"
+        );
+    }
+    assert_eq!(counting.attempts(), 0, "nothing was sent");
+}
+
+/// Keys read-locked, written after a waiting writer, or taken as permits
+/// are forgotten once released, as plain ones are.
+#[tokio::test]
+async fn released_shared_and_permit_keys_are_forgotten() {
+    use dlock::LockMode;
+    let memory = MemoryBackend::new();
+    let backend: Arc<dyn Backend> = Arc::new(memory.clone());
+    let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+    let permits = LockOptions::new(Duration::from_secs(10)).permits(3);
+    for i in 0..20 {
+        let a = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("free");
+        let b = read
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await
+            .expect("overlap");
+        // A writer that waited and gave up left a mark, which its give
+        // back removes.
+        let refused = LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_millis(20))
+            .acquire_on(backend.clone(), format!("forget-rw:{i}"))
+            .await;
+        assert!(matches!(refused, Err(LockError::Timeout { .. })));
+        a.release().await.expect("release");
+        b.release().await.expect("release");
+        let p = permits
+            .acquire_on(backend.clone(), format!("forget-permit:{i}"))
+            .await
+            .expect("free");
+        p.release().await.expect("release");
+    }
+    // The refused writers' give backs run in the background.
+    for _ in 0..100 {
+        if memory.tracked_keys() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(memory.tracked_keys(), 0, "released keys must not pile up");
+}

@@ -334,10 +334,16 @@ async fn the_last_readers_release_and_a_permits_release_wake_waiters() {
     let mut notice = backend.subscribe(&key).await.expect("subscribe");
     let writer = OwnerId::random().expect("random");
     let refused = backend
-        .try_acquire(&AcquireRequest::new(&key, &writer, ttl))
+        .try_acquire(&AcquireRequest::new(&key, &writer, ttl).with_waits(true))
         .await
         .expect("backend answers");
     assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
+    let mark = format!("dlock:{{{key}}}:writer");
+    assert_eq!(
+        cli(&["EXISTS", &mark]),
+        "1",
+        "a writer that waits leaves its mark"
+    );
     let release = |owner| ReleaseRequest::new(&key, owner).holding(Access::Shared, None);
     let first = backend
         .release(&release(&readers[0]))
@@ -360,6 +366,7 @@ async fn the_last_readers_release_and_a_permits_release_wake_waiters() {
         .release(&ReleaseRequest::new(&key, &writer))
         .await
         .expect("the writer gives up");
+    assert_eq!(cli(&["EXISTS", &mark]), "0", "giving up takes the mark");
 
     let key = fresh_key("permit-wake");
     let permit = Access::Permits { permits: 1 };

@@ -17,7 +17,7 @@ use dlock::redis::RedisBackend;
 use crate::Failure;
 
 /// The forms `--backend` accepts, for error messages.
-const FORMS: &str = "redis://…, rediss://…, postgresql://… (or key=value like \
+const FORMS: &str = "redis://…, rediss://…, redis+sentinel://h1,h2/name, postgresql://… (or key=value like \
                      `host=db user=app dbname=app`), or file:///dir";
 
 /// Which store a `--backend` URL names.
@@ -42,7 +42,9 @@ impl Store {
             .map(|(scheme, _)| scheme)
             .filter(|scheme| is_scheme(scheme));
         match scheme.map(str::to_ascii_lowercase).as_deref() {
-            Some("redis" | "rediss" | "redis+unix" | "unix") => Ok(Store::Redis),
+            Some(
+                "redis" | "rediss" | "redis+unix" | "unix" | "redis+sentinel" | "rediss+sentinel",
+            ) => Ok(Store::Redis),
             Some("postgresql" | "postgres") => Ok(Store::Pg),
             Some("file") => file_path(&url["file://".len()..]).map(Store::File),
             Some(other) => Err(Failure::usage(format!(
@@ -142,7 +144,12 @@ mod tests {
 
     #[test]
     fn each_form_names_its_store() {
-        for url in ["redis://127.0.0.1", "rediss://:pw@h:6380/1", "REDIS://h"] {
+        for url in [
+            "redis://127.0.0.1",
+            "rediss://:pw@h:6380/1",
+            "REDIS://h",
+            "redis+sentinel://:pw@h1:26379,h2/mymaster",
+        ] {
             assert_eq!(Store::of(url).ok(), Some(Store::Redis), "{url}");
         }
         for url in [

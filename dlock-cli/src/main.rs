@@ -49,8 +49,9 @@ other users can read in the process list. dlock never prints it.";
 #[derive(Debug, Parser)]
 #[command(name = "dlock", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Where the locks are: redis://…, rediss://…, postgresql://… (or
-    /// key=value: "host=db user=app dbname=app"), or file:///dir
+    /// Where the locks are: redis://…, rediss://…,
+    /// redis+sentinel://h1,h2/name, postgresql://… (or key=value: "host=db
+    /// user=app dbname=app"), or file:///dir
     #[arg(
         long,
         short = 'b',

@@ -12,7 +12,8 @@
 //! - [`registry()`]: backends by name.
 //! - [`fence`]: resource-side checks that reject stale tokens.
 //! - [`election`]: leader election on any backend.
-//! - Backends: [`memory`] and [`file`](mod@file).
+//! - Backends: [`memory`] and [`file`](mod@file); with their features,
+//!   `redis`, `pg` and `etcd`.
 //! - With the `axum` feature, `http`: `LockError` as an HTTP response.
 
 #![warn(missing_docs)]
@@ -27,6 +28,8 @@ pub mod conformance;
 mod detach;
 pub mod election;
 pub mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod fallback;
 pub mod fence;
 pub mod file;

@@ -332,12 +332,13 @@ impl MemoryBackend {
             return Attempt::Held { expires_in };
         }
         if let Some(readers_left) = entry.readers_left(now) {
-            // Readers hold it: mark a writer waiting, so that no new reader
-            // joins (rule M3), unless another writer's mark stands; and
-            // look again before the mark runs out.
-            if entry
-                .live_mark(now)
-                .is_none_or(|(marked, _)| marked == *owner)
+            // Readers hold it: mark a writer that waits, so that no new
+            // reader joins (rule M3), unless another writer's mark stands;
+            // and look again before the mark runs out.
+            if request.waits
+                && entry
+                    .live_mark(now)
+                    .is_none_or(|(marked, _)| marked == *owner)
             {
                 entry.writer_waiting = Some((*owner, now + QUEUE_ENTRY_TTL));
             }

@@ -70,7 +70,7 @@ macro_rules! timed {
 
 /// The dlock row of a backend: `LockOptions::acquire_on` + `Lease::release`
 /// of keys `bench:<run>:<tag>:<task>`.
-fn dlock_row(kind: &str, backend: Arc<dyn Backend>, run: &str, tag: &'static str) -> Row {
+pub fn dlock_row(kind: &str, backend: Arc<dyn Backend>, run: &str, tag: &'static str) -> Row {
     let run = run.to_owned();
     Row::new(
         format!("dlock {kind}: LockOptions::acquire_on + Lease::release"),

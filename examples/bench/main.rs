@@ -8,12 +8,14 @@
 //! cargo run --release --example bench -- --only cycle,handoff   # some scenarios
 //! cargo run --release --example bench -- --only server         # Redis server CPU per cycle
 //! cargo run --release --example bench -- --only election --out /tmp/election.md
+//! cargo run --release --example bench -- --only acks --out /tmp/acks.md  # replica acks
 //! ```
 //!
 //! Servers: `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`) and
 //! `DLOCK_PG_URL` (default `host=127.0.0.1 user=postgres dbname=test
 //! sslmode=disable`). It measures and reports; it never asserts a time.
 
+mod acks;
 mod cross;
 mod cycle;
 mod election;
@@ -107,7 +109,7 @@ impl Config {
                 "--campaigner" => role = Role::Campaigner(args.by_ref().collect()),
                 // `cargo bench` passes this to every bench target.
                 "--bench" => {}
-                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server,election)").into()),
+                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server,election,acks)").into()),
             }
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

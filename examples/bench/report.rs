@@ -6,7 +6,7 @@ use std::sync::Arc;
 use dlock::Backend;
 
 use crate::stats::{show, show_rate};
-use crate::{Config, Res, cross, cycle, election, handoff, held, overhead, server};
+use crate::{Config, Res, acks, cross, cycle, election, handoff, held, overhead, server};
 
 /// Concurrency levels of the uncontended cycle.
 const CONCURRENCY: [usize; 2] = [1, 64];
@@ -571,6 +571,42 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         }
         let _ = writeln!(body);
         clean_redis(cfg).await?;
+    }
+
+    if cfg.wants("acks") {
+        eprintln!("scenario 8: replica acknowledgements");
+        let pair = acks::Replicated::start().await?;
+        let rows = pair.rows(&cfg.run).await?;
+        let results = cycle::measure(&rows, &CONCURRENCY, cfg.rounds, cfg.round).await?;
+        let _ = writeln!(
+            body,
+            "## 8. Replica acknowledgements\n\nThe uncontended cycle of scenario 1 (ttl 30 s, a key per task, {} interleaved rounds of {:?}) on a primary with one replica (`--replicaof`), both started by the benchmark on free loopback ports with no persistence: dlock as usual, and dlock with `RedisBuilder::replica_acks(1, {:?})`, which sends `WAIT 1 {}` after every acquisition, in one pipeline with the acquire script.\n",
+            cfg.rounds,
+            cfg.round,
+            acks::ACK_WITHIN,
+            acks::ACK_WITHIN.as_millis()
+        );
+        let _ = writeln!(
+            body,
+            "| implementation | tasks | cycles/s | median | p99 | throughput vs without acks |\n| --- | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for (row, per_tasks) in rows.iter().zip(&results) {
+            for (c, m) in per_tasks.iter().enumerate() {
+                let without = results[0][c].rate();
+                let _ = writeln!(
+                    body,
+                    "| {} | {} | {} | {} | {} | {:.2} |",
+                    row.name,
+                    CONCURRENCY[c],
+                    show_rate(m.rate()),
+                    show(m.median()),
+                    show(m.p99()),
+                    m.rate() / without
+                );
+            }
+        }
+        let _ = writeln!(body);
+        drop(pair);
     }
 
     let mut out = String::new();

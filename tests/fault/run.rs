@@ -58,6 +58,10 @@ pub enum Lock {
     Redis,
     /// `PgBackend` on the shared PostgreSQL server.
     Pg,
+    /// `EtcdBackend` on a three-member etcd cluster of the run's own, each
+    /// worker through its proxy to one member.
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 /// Where the fenced register lives (always on a server the faults leave
@@ -78,7 +82,8 @@ pub enum Fault {
     Kill,
     /// Redis: restart the run's server (its data is lost). PostgreSQL:
     /// `pg_terminate_backend` of the holder's lock session. File: the
-    /// administrator's `force_release` of the held key.
+    /// administrator's `force_release` of the held key. etcd: SIGKILL the
+    /// cluster's leader, then start it again.
     Server,
     /// Freeze a holder's link (Redis, PostgreSQL: to the lock server; file,
     /// which has no server: to the register) past the ttl, then cut it or
@@ -128,6 +133,11 @@ pub fn silent_hold(lock: Lock) -> Duration {
     match lock {
         Lock::File | Lock::Redis => TTL,
         Lock::Pg => Duration::from_secs(2),
+        // A lease of whole seconds (the 1 s ttl), revoked at the leader's
+        // next sweep of expired leases (500 ms) through one round of
+        // consensus.
+        #[cfg(feature = "etcd")]
+        Lock::Etcd => Duration::from_secs(2),
     }
 }
 
@@ -140,7 +150,10 @@ pub fn faults_for(lock: Lock) -> Vec<Fault> {
         Fault::Partition,
         Fault::Abandon,
     ];
-    if lock != Lock::File {
+    // Not on the file backend (a durable counter file) nor on etcd (the
+    // token is the cluster's revision, which nothing can set back short of
+    // restoring another cluster's snapshot).
+    if matches!(lock, Lock::Redis | Lock::Pg) {
         faults.push(Fault::Rewind);
     }
     faults
@@ -182,6 +195,8 @@ impl Settings {
             register: match lock {
                 Lock::File | Lock::Redis => Register::Pg,
                 Lock::Pg => Register::Redis,
+                #[cfg(feature = "etcd")]
+                Lock::Etcd => Register::Pg,
             },
             seed,
             duration: Duration::from_secs(secs),
@@ -238,6 +253,9 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
     let (low, high) = match settings.lock {
         Lock::Pg => (2_500, 4_000),
         Lock::File | Lock::Redis => (1_500, 3_000),
+        // The store keeps a silent holder's key up to 2 s.
+        #[cfg(feature = "etcd")]
+        Lock::Etcd => (2_500, 4_000),
     };
     let mut at = Duration::from_millis(rng.range(2_000, 3_000));
     let end = settings.duration.saturating_sub(Duration::from_secs(4));
@@ -737,6 +755,8 @@ pub fn run(settings: Settings) -> Report {
 
     // The lock store.
     let mut redis_server: Option<RedisServer> = None;
+    #[cfg(feature = "etcd")]
+    let mut etcd_cluster: Option<crate::etcd_support::Cluster> = None;
     let scratch =
         ScratchDir(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-fault-{id}")));
     std::fs::create_dir_all(&scratch.0).expect("scratch directory");
@@ -751,6 +771,13 @@ pub fn run(settings: Settings) -> Report {
             Some(address)
         }
         Lock::Pg => Some(pg_addr.clone()),
+        #[cfg(feature = "etcd")]
+        Lock::Etcd => {
+            let cluster = crate::etcd_support::Cluster::start(3);
+            let address = format!("127.0.0.1:{}", cluster.members[0].client_port);
+            etcd_cluster = Some(cluster);
+            Some(address)
+        }
     };
     let admin_file = FileBackend::open(scratch.0.join("locks")).expect("lock directory");
     let admin_pg = match settings.lock {
@@ -825,11 +852,15 @@ pub fn run(settings: Settings) -> Report {
                 Lock::File => "file",
                 Lock::Redis => "redis",
                 Lock::Pg => "pg",
+                #[cfg(feature = "etcd")]
+                Lock::Etcd => "etcd",
             }
             .to_owned(),
             lock_target: match (settings.lock, &lock_proxies[slot]) {
                 (Lock::File, _) | (_, None) => scratch.0.join("locks").display().to_string(),
                 (Lock::Redis, Some(proxy)) => format!("redis://127.0.0.1:{}", proxy.port),
+                #[cfg(feature = "etcd")]
+                (Lock::Etcd, Some(proxy)) => format!("http://127.0.0.1:{}", proxy.port),
                 (Lock::Pg, Some(proxy)) => format!(
                     "host=127.0.0.1 port={} {pg_rest} application_name={pg_lock_sessions}",
                     proxy.port
@@ -951,11 +982,25 @@ pub fn run(settings: Settings) -> Report {
                 Lock::File => runtime
                     .block_on(admin_file.force_release(&key))
                     .unwrap_or(false),
+                #[cfg(feature = "etcd")]
+                Lock::Etcd => match etcd_cluster.as_mut() {
+                    Some(cluster) => {
+                        let leader = runtime.block_on(cluster.leader());
+                        cluster.members[leader].kill();
+                        note = format!("leader m{leader} killed");
+                        std::thread::sleep(planned.length);
+                        cluster.members[leader].launch();
+                        on_holder
+                    }
+                    None => false,
+                },
             },
             Fault::Partition => {
                 let proxy = match settings.lock {
                     Lock::File => Some(&register_proxies[slot]),
                     Lock::Redis | Lock::Pg => lock_proxies[slot].as_ref(),
+                    #[cfg(feature = "etcd")]
+                    Lock::Etcd => lock_proxies[slot].as_ref(),
                 };
                 let Some(proxy) = proxy else {
                     continue;
@@ -1036,6 +1081,8 @@ pub fn run(settings: Settings) -> Report {
                         }
                     }),
                     Lock::File => false,
+                    #[cfg(feature = "etcd")]
+                    Lock::Etcd => false,
                 };
                 rewound && on_holder
             }
@@ -1138,6 +1185,8 @@ pub fn run(settings: Settings) -> Report {
     drop(lock_proxies);
     drop(register_proxies);
     drop(redis_server);
+    #[cfg(feature = "etcd")]
+    drop(etcd_cluster);
     drop(scratch);
     report
 }

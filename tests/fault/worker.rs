@@ -606,6 +606,15 @@ async fn register_lock_backend(config: &Config) -> bool {
             .map(|b| {
                 registry().register("fault", b);
             }),
+            #[cfg(feature = "etcd")]
+            "etcd" => dlock::etcd::EtcdBackend::builder(&[config.lock_target.as_str()])
+                .connect_timeout(Duration::from_secs(1))
+                .response_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .map(|b| {
+                    registry().register("fault", b);
+                }),
             other => panic!("unknown lock backend {other}"),
         };
         match registered {

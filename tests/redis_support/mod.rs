@@ -459,7 +459,7 @@ async fn shared_and_permit_operations(
     let notice = redis.subscribe(key).await.map_err(e("wait for"))?;
     let writer = OwnerId::random().map_err(|e| e.to_string())?;
     match redis
-        .try_acquire(&AcquireRequest::new(key, &writer, ttl))
+        .try_acquire(&AcquireRequest::new(key, &writer, ttl).with_waits(true))
         .await
         .map_err(e("write"))?
     {

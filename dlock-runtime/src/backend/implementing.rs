@@ -82,8 +82,9 @@
 //!   `Shared`: refuse (`Held`) while an exclusive holder, a permit, or a
 //!   live writer-waiting mark stands; else join the read phase (its token
 //!   if a reader still holds, else a freshly drawn one, kept as the
-//!   phase's). `Exclusive`: while readers hold, leave or refresh the
-//!   owner's mark (expiry [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL))
+//!   phase's). `Exclusive`: while readers hold, a caller that
+//!   [`waits`](crate::backend::AcquireRequest::waits) leaves or refreshes
+//!   its mark (expiry [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL))
 //!   and answer `Held` with `expires_in` at most a third of that; taking
 //!   the key clears the owner's mark. `Permits { permits }`: take the first
 //!   free slot in `0..permits`, all slots tried in the one step, and answer

@@ -120,8 +120,9 @@ pub mod implementing;
 ///    its last holder does. So a reader's token is above every writer's
 ///    before it and not above any token issued after it. A permit's token
 ///    is drawn anew per grant (rule 2 for the key, so it rises per slot).
-/// - **M3. Writers are not starved.** An exclusive attempt that finds the
-///    key held by shared holders leaves a *writer-waiting mark*: its owner
+/// - **M3. Writers are not starved.** An exclusive attempt of a caller
+///    that waits ([`AcquireRequest::waits`]) that finds the key held by
+///    shared holders leaves a *writer-waiting mark*: its owner
 ///    and an expiry [`QUEUE_ENTRY_TTL`] away, refreshed by the same owner's
 ///    retries, and answers `Held` with `expires_in` no longer than a third
 ///    of that (so the core retries before the mark runs out). A shared
@@ -130,7 +131,8 @@ pub mod implementing;
 ///    sends a `release` (which answers `NotOwner`, and wakes waiters as a
 ///    release does): the core sends one for every exclusive waiter that
 ///    gives up, times out or is cancelled on a backend that supports
-///    [`Access::Shared`]. A mark whose owner vanished lives its expiry.
+///    [`Access::Shared`]. A mark whose owner vanished lives its expiry. A
+///    caller that does not wait leaves no mark (and sends no release).
 /// - **M4. Renewals and releases name the side.** [`Renewal`] and
 ///    [`ReleaseRequest`] carry the lease's access and slot; a shared or
 ///    permit lease is extended and released on its own side (its slot) and
@@ -235,6 +237,18 @@ pub trait Backend: Send + Sync + 'static {
     /// Cancel safe: a subscription dropped before it returned, or a notice
     /// dropped unresolved, leaves nothing registered.
     async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError>;
+
+    /// How much longer than its ttl the store may keep a lease that is not
+    /// renewed: the granularity of its expiry (etcd counts lease ttls in
+    /// whole seconds, with a minimum) and how often it sweeps expired
+    /// leases. The holder is told its lease is lost at the ttl whatever the
+    /// store does; this is how much later, at most, others find the key
+    /// free. A longer hold keeps exclusion; it is never shorter. The
+    /// conformance suite waits this much longer for an expiry. The default
+    /// is zero: the store ends a lease at its ttl.
+    fn expiry_slack(&self) -> Duration {
+        Duration::ZERO
+    }
 
     /// Whether this backend keeps fair queues (rules F1 to F3, and
     /// [`Backend::subscribe_handoff`]). The core refuses a fair acquisition
@@ -465,6 +479,10 @@ pub struct AcquireRequest<'a> {
     /// How the key is held (rules M1 to M5); [`Access::Exclusive`] unless
     /// the backend [supports](Backend::supports_access) another.
     pub access: Access,
+    /// Whether the caller waits for the key if this attempt is refused
+    /// (it will try again): only a waiting writer leaves a writer-waiting
+    /// mark (rule M3). `false` unless set.
+    pub waits: bool,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -478,7 +496,14 @@ impl<'a> AcquireRequest<'a> {
             label: None,
             queue: Queue::Barge,
             access: Access::Exclusive,
+            waits: false,
         }
+    }
+
+    /// The same request, from a caller that waits (`true`) or not.
+    pub fn with_waits(mut self, waits: bool) -> Self {
+        self.waits = waits;
+        self
     }
 
     /// The same request, holding the key as `access` says.

@@ -203,6 +203,10 @@ impl crate::Backend for CountingBackend {
         }
         answer
     }
+    fn expiry_slack(&self) -> std::time::Duration {
+        self.inner.expiry_slack()
+    }
+
     fn supports_fair(&self) -> bool {
         self.inner.supports_fair()
     }

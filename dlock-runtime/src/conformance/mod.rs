@@ -122,6 +122,7 @@ macro_rules! conformance_suite {
             permit_tokens_rise_per_slot,
             a_crashed_permit_holder_frees_its_slot_after_the_ttl,
             a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot,
+            a_writer_that_does_not_wait_leaves_no_mark,
         );
     };
     (@tests [$make:path] $($name:ident),* $(,)?) => {
@@ -415,7 +416,7 @@ pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<
         .await
         .expect("free once the ttl ran out");
     next.release().await.expect("release");
-    sleep(Duration::from_millis(400)).await;
+    sleep(Duration::from_millis(400) + backend.expiry_slack()).await;
     for (key, owner) in [&released, &broken, &expired, &taken_over] {
         let extended = backend
             .extend(&Renewal::new(key, owner, Duration::from_secs(60)))
@@ -1429,7 +1430,7 @@ pub async fn holder_is_none_once_the_lease_expires(backend: Arc<dyn Backend>) {
         backend.holder(&key).await.expect("holder").is_some(),
         "held"
     );
-    sleep(Duration::from_millis(700)).await;
+    sleep(Duration::from_millis(700) + backend.expiry_slack()).await;
     assert_eq!(
         backend.holder(&key).await.expect("holder"),
         None,
@@ -2296,8 +2297,16 @@ pub async fn readers_overlap_and_a_writer_overlaps_no_one(backend: Arc<dyn Backe
         "a writer is refused while one reader still holds, got {writer:?}"
     );
     second.release().await.expect("release");
-    // The refused writer's mark (rule M3) is gone with its release: a
-    // writer that waits gets the key once the readers have left.
+    // The refused writers did not wait, so they left no writer-waiting
+    // mark (rule M3): a reader still joins, and a writer that waits gets
+    // the key once the readers have left.
+    shared(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a writer that does not wait holds no reader back")
+        .release()
+        .await
+        .expect("release");
     let writer = options(30_000)
         .wait(Duration::from_secs(10))
         .acquire_on(backend.clone(), &key)
@@ -2570,6 +2579,36 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
     if !keeps_access(&backend, access).await {
         return;
     }
+    // What the core sends for an attempt abandoned before its answer: a
+    // release naming no slot, which frees the owner's slot (rule M4).
+    let key = fresh_key("permit-give-back");
+    let abandoned = OwnerId::random().expect("random bytes");
+    let taken = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &abandoned, Duration::from_secs(30)).with_access(access),
+        )
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(taken, Attempt::Acquired(_)),
+        "a fresh key's permit is free, got {taken:?}"
+    );
+    let given_back = backend
+        .release(&crate::backend::ReleaseRequest::new(&key, &abandoned).holding(access, None))
+        .await
+        .expect("backend answers");
+    assert_eq!(
+        given_back,
+        crate::backend::ReleaseOutcome::Released,
+        "a release naming no slot gives the owner's slot back"
+    );
+    permits(1, 30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the given-back slot is free")
+        .release()
+        .await
+        .expect("release");
     for polls in 0..6 {
         let key = fresh_key("permit-cancel");
         poll_then_drop(
@@ -2585,4 +2624,39 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
             });
         next.release().await.expect("release");
     }
+}
+
+/// Rule M3: only a writer that waits leaves a writer-waiting mark. A
+/// try-lock writer refused by readers sends no release afterwards (it does
+/// not wait, so the core has no mark to remove), so a mark it left would
+/// hold every new reader back for the mark's whole expiry: a reader that
+/// does not wait must be granted at once right after the refusal.
+pub async fn a_writer_that_does_not_wait_leaves_no_mark(backend: Arc<dyn Backend>) {
+    if !keeps_access(&backend, crate::backend::Access::Shared).await {
+        return;
+    }
+    let key = fresh_key("rw-try-writer");
+    let reader = shared(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a free key");
+    for round in 0..3 {
+        match options(30_000).acquire_on(backend.clone(), &key).await {
+            Err(LockError::Held { .. }) => {}
+            other => panic!("a writer beside a reader is refused, got {other:?}"),
+        }
+        let joined = shared(30_000, Duration::ZERO)
+            .acquire_on(backend.clone(), &key)
+            .await
+            .unwrap_or_else(|err| {
+                panic!("round {round}: a refused try-lock writer left a mark: {err}")
+            });
+        assert_eq!(
+            joined.token(),
+            reader.token(),
+            "a reader joining the live phase shares its token"
+        );
+        joined.release().await.expect("release");
+    }
+    reader.release().await.expect("release");
 }

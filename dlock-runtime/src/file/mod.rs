@@ -26,6 +26,16 @@
 //!   key locked. The state's `queued` field says it may hold entries, so a
 //!   plain acquisition or release never opens it when nobody queues.
 //!
+//! Shared holders (readers) and permit holders of a key form a *group*
+//! written in the state as its owner, each member with its own alive file
+//! locked exclusively (a killed member is gone at the next look: its slot
+//! free at once, the other readers holding on) and the group's
+//! `NAME.GROUP.alive` locked shared, which an earlier version of this
+//! backend probes as it probes a holder's, so it sees the key held while
+//! any member lives. A writer behind readers leaves a writer-waiting mark
+//! in the state and locks its own alive file while it waits. See the
+//! `modes` module for the rules and the format.
+//!
 //! A fair waiter ([`LockOptions::fair`](crate::LockOptions::fair)) locks its
 //! own `NAME.OWNER.alive` file from the moment it registers for its handoff
 //! ([`Backend::subscribe_handoff`]) until it drops that notice or its
@@ -71,16 +81,18 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue,
+    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::holder::{HolderInfo, check_label};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+mod modes;
 mod state;
 
+use modes::group_holding;
 use state::{
     HolderRecord, State, Waiter, expiry_after, file_name, micros, now_us, parse_queue, parse_state,
     render_queue, render_state,
@@ -109,6 +121,49 @@ enum HolderWatch {
     Alive(watch::Receiver<bool>),
     /// The holder's alive file is missing: nothing to watch.
     Unwatchable,
+    /// Shared or permit holders, or writer-waiting marks: any of these
+    /// turning true may let a waiter in.
+    Any(Vec<watch::Receiver<bool>>),
+}
+
+impl HolderWatch {
+    /// The notice that resolves when the watch does: `free` while nobody
+    /// holds the key, a recheck within the waiters' 500 ms while there is
+    /// a holder whose file is missing.
+    fn notice(self, free: ReleaseNotice) -> ReleaseNotice {
+        match self {
+            HolderWatch::Alive(rx) => ReleaseNotice::new(first_released(vec![rx])),
+            HolderWatch::Any(rxs) => ReleaseNotice::new(first_released(rxs)),
+            HolderWatch::Free => free,
+            HolderWatch::Unwatchable => {
+                ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
+            }
+        }
+    }
+}
+
+/// Resolves when the first of `receivers` turns true (or its watcher is
+/// gone).
+async fn first_released(receivers: Vec<watch::Receiver<bool>>) {
+    let mut waits: Vec<_> = receivers
+        .into_iter()
+        .map(|mut rx| {
+            Box::pin(async move {
+                let _ = rx.wait_for(|released| *released).await;
+            })
+        })
+        .collect();
+    std::future::poll_fn(|cx| {
+        if waits
+            .iter_mut()
+            .any(|wait| wait.as_mut().poll(cx).is_ready())
+        {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// Locks coordinated through a directory on one host.
@@ -161,6 +216,9 @@ struct Alive {
     file: File,
     expires_at_us: u64,
     waiting: Option<u64>,
+    /// A shared or permit holder's lock (shared) on its group's alive
+    /// file, closed with `file`.
+    _group: Option<File>,
 }
 
 impl Alive {
@@ -169,6 +227,7 @@ impl Alive {
             file,
             expires_at_us,
             waiting: None,
+            _group: None,
         }
     }
 }
@@ -369,7 +428,7 @@ impl Inner {
         now: u64,
         remove_dead: bool,
     ) -> io::Result<Option<OwnerId>> {
-        let Some(holder) = state.owner else {
+        let Some(holder) = state.owner.filter(|_| !state.group) else {
             return Ok(None);
         };
         let alive = self.holder_alive(name, &holder, remove_dead)?;
@@ -421,10 +480,41 @@ impl Inner {
         identity: Option<&str>,
         record: &str,
         queue: Queue,
+        waits: bool,
     ) -> io::Result<Attempt> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
-        let state = self.read_state(name)?;
+        let mut state = self.read_state(name)?;
+        if let Some(current) = &mut state
+            && self.normalize(name, current, now, true)?
+        {
+            self.write_state(name, current, false)?;
+        }
+        if let Some(current) = &mut state
+            && current.group
+        {
+            // A fair waiter queues behind readers and permit holders as
+            // behind a holder: the group's end hands it the key in order
+            // (its notice watches the group's file).
+            if let Queue::Join { entry_ttl } = queue {
+                let mut waiters = self.read_queue(name)?;
+                let entry = Waiter {
+                    owner,
+                    ttl_us: micros(ttl),
+                    expires_at_us: expiry_after(now, entry_ttl),
+                    record: record.to_owned(),
+                    identity: identity.map(str::to_owned),
+                };
+                join(&mut waiters, entry, now);
+                self.write_queue(name, &waiters)?;
+                if !current.queued {
+                    current.queued = true;
+                    self.write_state(name, current, false)?;
+                }
+                self.restore_alive(name, &owner);
+            }
+            return self.writer_behind_group(name, current, owner, now, waits);
+        }
         if let Some(current) = &state {
             // A retry by the owner that holds it (its first answer was
             // lost, or a release handed it the key and its notice was
@@ -538,6 +628,13 @@ impl Inner {
             // dead holder's file can go, as the state is rewritten below.
             self.holder_alive(name, &earlier, true)?;
         }
+        let marks = state.as_ref().map_or_else(Vec::new, |s| {
+            s.marks
+                .iter()
+                .filter(|(by, _)| *by != owner)
+                .copied()
+                .collect()
+        });
         // A key never seen (or whose state was deleted) starts its counter
         // at the wall clock in microseconds, so tokens still rise.
         let counter = state.map_or(now, |s| s.counter).max(1);
@@ -573,6 +670,9 @@ impl Inner {
                     since_us: now,
                 }),
                 queued,
+                // Granted the key, the owner's own mark goes (rule M3).
+                marks,
+                ..State::default()
             },
             true,
         );
@@ -589,6 +689,7 @@ impl Inner {
                                 file: alive,
                                 expires_at_us: u64::MAX,
                                 waiting: registration,
+                                _group: None,
                             },
                         );
                 }
@@ -701,6 +802,11 @@ impl Inner {
                 since_us: now,
             }),
             queued: !waiters.is_empty(),
+            marks: std::mem::take(&mut state.marks)
+                .into_iter()
+                .filter(|(by, _)| *by != next.owner)
+                .collect(),
+            ..State::default()
         };
         self.write_state(name, state, true)?;
         Ok(next)
@@ -803,6 +909,7 @@ impl Inner {
                         file,
                         expires_at_us: u64::MAX,
                         waiting: Some(number),
+                        _group: None,
                     },
                 );
                 Some(number)
@@ -863,8 +970,17 @@ impl Inner {
             self.adopt(name, &owner, state.expires_at_us)?;
             Ok(HandoffStep::Granted(FencingToken::new(state.counter)))
         };
-        if state.owner == Some(owner) && state.expires_at_us > now {
+        if state.owner == Some(owner) && state.expires_at_us > now && !state.group {
             return granted(&state);
+        }
+        if self.normalize(name, &mut state, now, true)? {
+            self.write_state(name, &state, false)?;
+        }
+        if state.group {
+            return Ok(match self.watch_group(name, &state)? {
+                Some(released) => HandoffStep::Watch(released),
+                None => HandoffStep::Recheck(UNWATCHED_RECHECK),
+            });
         }
         let holder = match self.live_holder(name, &state, now, false)? {
             Some(holder) => holder,
@@ -900,6 +1016,12 @@ impl Inner {
         let now = now_us();
         let mut ours = false;
         if let Some(mut state) = self.read_state(name)? {
+            if state.marks.iter().any(|(by, _)| *by == owner) {
+                // An exclusive waiter gives up: its mark goes (rule M3);
+                // closing its alive file below wakes the readers behind it.
+                state.marks.retain(|(by, _)| *by != owner);
+                self.write_state(name, &state, false)?;
+            }
             let waiters = if state.queued {
                 let mut waiters = self.read_queue(name)?;
                 let before = waiters.len();
@@ -950,10 +1072,18 @@ impl Inner {
             return Ok(false);
         };
         let was_held = state.owner.is_some() && state.expires_at_us > now;
+        if state.group
+            && let Some(group) = state.owner
+        {
+            let _ = fs::remove_file(self.alive_path(name, &group));
+        }
         state.owner = None;
         state.identity = None;
         state.holder = None;
         state.expires_at_us = 0;
+        state.group = false;
+        state.members.clear();
+        state.marks.clear();
         self.write_state(name, &state, false)?;
         Ok(was_held)
     }
@@ -964,9 +1094,13 @@ impl Inner {
     fn holding(&self, name: &str) -> io::Result<Option<(String, Holding)>> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
-        let Some(state) = self.read_state(name)? else {
+        let Some(mut state) = self.read_state(name)? else {
             return Ok(None);
         };
+        self.normalize(name, &mut state, now, false)?;
+        if state.group {
+            return Ok(Some(group_holding(state, now)));
+        }
         if self.live_holder(name, &state, now, false)?.is_none() {
             return Ok(None);
         }
@@ -1065,13 +1199,20 @@ impl Inner {
         // removes its alive file, so a file missing while the state names a
         // live holder was removed by someone else, not by a release.
         let _guard = self.lock_key(name)?;
-        let state = self.read_state(name)?;
+        let mut state = self.read_state(name)?;
+        let now = now_us();
+        if let Some(state) = &mut state {
+            self.normalize(name, state, now, false)?;
+        }
         let holder = match &state {
-            Some(state) => self.live_holder(name, state, now_us(), false)?,
+            Some(state) => self.live_holder(name, state, now, false)?,
             None => None,
         };
         let Some(holder) = holder else {
-            return Ok(HolderWatch::Free);
+            return match &state {
+                Some(state) => self.watch_members(name, state),
+                None => Ok(HolderWatch::Free),
+            };
         };
         Ok(match self.watch_alive(self.alive_path(name, &holder))? {
             Some(released) => HolderWatch::Alive(released),
@@ -1083,6 +1224,18 @@ impl Inner {
     /// (release or death), or `None` if the file is missing. One blocking
     /// thread per file, shared by waiters.
     fn watch_alive(self: &Arc<Self>, path: PathBuf) -> io::Result<Option<watch::Receiver<bool>>> {
+        self.watch_file(path, false)
+    }
+
+    /// A receiver that turns true once no process holds `path` locked
+    /// (`exclusive`: not even shared, as a group's members hold it), or
+    /// `None` if the file is missing. One blocking thread per file, shared
+    /// by waiters.
+    fn watch_file(
+        self: &Arc<Self>,
+        path: PathBuf,
+        exclusive: bool,
+    ) -> io::Result<Option<watch::Receiver<bool>>> {
         let mut watchers = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(rx) = watchers.get(&path) {
             return Ok(Some(rx.clone()));
@@ -1098,8 +1251,13 @@ impl Inner {
         std::thread::Builder::new()
             .name("dlock-file-wait".into())
             .spawn(move || {
-                // Blocks until the holder's exclusive lock is gone.
-                let _ = file.lock_shared();
+                // Blocks until the holder's exclusive lock is gone (the
+                // members' shared ones, for a group's file).
+                let _ = if exclusive {
+                    file.lock()
+                } else {
+                    file.lock_shared()
+                };
                 drop(file);
                 inner
                     .watchers
@@ -1123,22 +1281,27 @@ impl Backend for FileBackend {
         let (name, text, owner) = (file_name(key), key.to_string(), *owner);
         let identity = request.identity.map(str::to_owned);
         let record = request.holder_record(self.label.as_deref());
-        let queue = request.queue;
+        let (queue, access, waits) = (request.queue, request.access, request.waits);
         let taken = self
             .blocking(Operation::Acquire, key.as_str(), move |inner| {
-                let attempt = inner.try_acquire(
-                    &name,
-                    &text,
-                    owner,
-                    ttl,
-                    identity.as_deref(),
-                    &record,
-                    queue,
-                )?;
+                let attempt = match access {
+                    Access::Exclusive => inner.try_acquire(
+                        &name,
+                        &text,
+                        owner,
+                        ttl,
+                        identity.as_deref(),
+                        &record,
+                        queue,
+                        waits,
+                    )?,
+                    access => inner.join_group(&name, &text, owner, ttl, &record, access)?,
+                };
                 Ok(Taken {
                     inner: Arc::clone(inner),
                     name,
                     owner,
+                    access,
                     attempt: Some(attempt),
                 })
             })
@@ -1149,8 +1312,10 @@ impl Backend for FileBackend {
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
         let (name, owner) = (file_name(key), *owner);
-        self.blocking(Operation::Extend, key.as_str(), move |inner| {
-            inner.extend(&name, owner, ttl)
+        let (access, slot) = (renewal.access, renewal.slot);
+        self.blocking(Operation::Extend, key.as_str(), move |inner| match access {
+            Access::Exclusive => inner.extend(&name, owner, ttl),
+            _ => inner.extend_member(&name, owner, ttl, slot),
         })
         .await
     }
@@ -1158,8 +1323,9 @@ impl Backend for FileBackend {
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
         let (name, owner) = (file_name(key), *owner);
+        let (access, slot) = (lease.access, lease.slot);
         self.blocking(Operation::Release, key.as_str(), move |inner| {
-            inner.release(&name, owner)
+            inner.release_as(&name, owner, access, slot)
         })
         .await
         .map(ReleaseOutcome::from_released)
@@ -1173,19 +1339,17 @@ impl Backend for FileBackend {
                 this.watch_release(&name)
             })
             .await?;
-        Ok(match watch {
-            // Every waiter of the file hears its release.
-            HolderWatch::Alive(mut rx) => ReleaseNotice::new(async move {
-                let _ = rx.wait_for(|released| *released).await;
-            }),
-            // Nobody holds it: the caller's retry will tell.
-            HolderWatch::Free => ReleaseNotice::new(std::future::ready(())),
-            // Nothing to watch until the holder puts its file back: look
-            // again now and then rather than wait out the whole lease.
-            HolderWatch::Unwatchable => {
-                ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
-            }
-        })
+        // Every waiter of a file hears its release; nobody holds it: the
+        // caller's retry will tell; nothing to watch until the holder puts
+        // its file back: look again now and then rather than wait out the
+        // whole lease.
+        Ok(watch.notice(ReleaseNotice::new(std::future::ready(()))))
+    }
+
+    /// Shared holders and permits live in the state beside the exclusive
+    /// holder: see the module documentation.
+    fn supports_access(&self, _access: Access) -> bool {
+        true
     }
 
     /// Fair queues live in the lock directory beside the state: see the
@@ -1267,17 +1431,7 @@ impl Backend for FileBackend {
                 this.watch_release(&name)
             })
             .await?;
-        Ok(match watch {
-            HolderWatch::Alive(mut rx) => ReleaseNotice::new(async move {
-                let _ = rx.wait_for(|released| *released).await;
-            }),
-            HolderWatch::Free => {
-                ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK)
-            }
-            HolderWatch::Unwatchable => {
-                ReleaseNotice::new(std::future::pending()).recheck_within(UNWATCHED_RECHECK)
-            }
-        })
+        Ok(watch.notice(ReleaseNotice::new(std::future::pending()).recheck_within(FREE_RECHECK)))
     }
 
     /// Reads the directory: every state file whose key starts with
@@ -1347,6 +1501,7 @@ struct Taken {
     inner: Arc<Inner>,
     name: String,
     owner: OwnerId,
+    access: Access,
     attempt: Option<Attempt>,
 }
 
@@ -1364,7 +1519,9 @@ impl Drop for Taken {
         if let Some(Attempt::Acquired(_)) = self.attempt.take() {
             // Owner-checked; a few microseconds of file work, like the
             // attempt itself, on whichever thread dropped it.
-            let _ = self.inner.release(&self.name, self.owner);
+            let _ = self
+                .inner
+                .release_as(&self.name, self.owner, self.access, None);
         }
     }
 }
@@ -1389,9 +1546,10 @@ mod tests {
         let backend = FileBackend::open(&dir).expect("dir");
         let owner = OwnerId::random().expect("random");
         let ttl = Duration::from_secs(10) + Duration::from_nanos(500);
-        let attempt = backend
-            .inner
-            .try_acquire("k", "k", owner, ttl, None, "", Queue::Barge);
+        let attempt =
+            backend
+                .inner
+                .try_acquire("k", "k", owner, ttl, None, "", Queue::Barge, false);
         assert!(matches!(attempt, Ok(Attempt::Acquired(_))), "{attempt:?}");
         let state = backend.inner.read_state("k").expect("readable");
         let _ = fs::remove_dir_all(&dir);
@@ -1418,11 +1576,19 @@ mod tests {
             let state = inner.read_state("k").expect("readable").expect("written");
             state.identity
         };
-        let first =
-            token(inner.try_acquire("k", "k", owner, ttl, Some("a b\n%"), "", Queue::Barge));
+        let first = token(inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            Some("a b\n%"),
+            "",
+            Queue::Barge,
+            false,
+        ));
         assert_eq!(identity().as_deref(), Some("a b\n%"));
         let retried =
-            token(inner.try_acquire("k", "k", owner, ttl, Some("again"), "", Queue::Barge));
+            token(inner.try_acquire("k", "k", owner, ttl, Some("again"), "", Queue::Barge, false));
         assert_eq!(retried, first, "a retry keeps its token");
         assert_eq!(identity().as_deref(), Some("again"));
         let holding = inner.holder("k").expect("readable").expect("held");
@@ -1434,7 +1600,7 @@ mod tests {
         assert_eq!(identity(), None, "a release clears it");
         assert_eq!(inner.holder("k").expect("readable"), None);
         let other = OwnerId::random().expect("random");
-        let next = token(inner.try_acquire("k", "k", other, ttl, None, "", Queue::Barge));
+        let next = token(inner.try_acquire("k", "k", other, ttl, None, "", Queue::Barge, false));
         assert!(next > first);
         let holding = inner.holder("k").expect("readable").expect("held");
         assert_eq!((holding.token, holding.identity), (Some(next), None));
@@ -1456,12 +1622,30 @@ mod tests {
                 .holder
         };
         let before = now_us();
-        let first = inner.try_acquire("k", "k", owner, ttl, None, &me.encode(), Queue::Barge);
+        let first = inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            None,
+            &me.encode(),
+            Queue::Barge,
+            false,
+        );
         assert!(matches!(first, Ok(Attempt::Acquired(_))), "{first:?}");
         let written = recorded().expect("every acquisition records its holder");
         assert_eq!(written.record, me.encode());
         assert!(written.since_us >= before && written.since_us <= now_us());
-        let retried = inner.try_acquire("k", "k", owner, ttl, None, "1\tother\t1\t", Queue::Barge);
+        let retried = inner.try_acquire(
+            "k",
+            "k",
+            owner,
+            ttl,
+            None,
+            "1\tother\t1\t",
+            Queue::Barge,
+            false,
+        );
         assert!(matches!(retried, Ok(Attempt::Acquired(_))), "{retried:?}");
         assert_eq!(recorded(), Some(written), "a retry is the same acquisition");
         assert!(inner.extend("k", owner, ttl).expect("extend"));
@@ -1474,10 +1658,84 @@ mod tests {
         assert!(inner.release("k", owner).expect("released"));
         assert_eq!(recorded(), None, "a release clears it");
         let other = OwnerId::random().expect("random");
-        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t", Queue::Barge);
+        let next = inner.try_acquire("k", "k", other, ttl, None, "1\th\t2\t", Queue::Barge, false);
         assert!(matches!(next, Ok(Attempt::Acquired(_))), "{next:?}");
         assert!(inner.force_release("k").expect("forced"));
         assert_eq!(recorded(), None, "a forced release clears it");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    fn granted(attempt: io::Result<Attempt>) -> Grant {
+        match attempt {
+            Ok(Attempt::Acquired(grant)) => grant,
+            other => panic!("not acquired: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_earlier_version_probing_a_read_phase_finds_it_held_until_the_last_reader_leaves() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        // Another process's view: no alive file of its own.
+        let other = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let ttl = Duration::from_secs(10);
+        let readers = [OwnerId::random(), OwnerId::random()].map(|o| o.expect("random"));
+        let tokens = readers.map(|reader| {
+            granted(inner.join_group("k", "k", reader, ttl, "", Access::Shared)).token
+        });
+        assert_eq!(tokens[0], tokens[1], "one phase");
+        let state = inner.read_state("k").expect("readable").expect("written");
+        let group = state.owner.expect("the group is the owner");
+        assert!(state.group && state.expires_at_us > now_us());
+        for reader in readers {
+            // What an earlier version does with the owner it reads: probe
+            // its alive file, which every reader holds locked shared.
+            assert!(other.inner.holder_alive("k", &group, false).expect("probe"));
+            assert!(
+                inner
+                    .release_as("k", reader, Access::Shared, None)
+                    .expect("released")
+            );
+        }
+        let state = inner.read_state("k").expect("readable").expect("written");
+        assert_eq!(
+            (state.owner, state.group),
+            (None, false),
+            "free to every version"
+        );
+        assert!(
+            !inner.alive_path("k", &group).exists(),
+            "the group's file goes"
+        );
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_permit_holder_whose_process_died_frees_its_slot_at_the_next_attempt() {
+        let dir = unit_dir();
+        let backend = FileBackend::open(&dir).expect("dir");
+        let inner = &backend.inner;
+        let (ttl, one) = (Duration::from_secs(10), Access::Permits { permits: 1 });
+        let dead = OwnerId::random().expect("random");
+        let first = granted(inner.join_group("k", "k", dead, ttl, "", one));
+        assert_eq!(first.slot, Some(0));
+        let next = OwnerId::random().expect("random");
+        let refused = inner.join_group("k", "k", next, ttl, "", one);
+        assert!(matches!(refused, Ok(Attempt::Held { .. })), "{refused:?}");
+        // As if its process died: its descriptors close, its files stay.
+        inner
+            .alive
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&("k".to_owned(), dead));
+        let taken = granted(inner.join_group("k", "k", next, ttl, "", one));
+        assert_eq!(taken.slot, Some(0));
+        assert!(taken.token > first.token);
+        assert!(
+            !inner.alive_path("k", &dead).exists(),
+            "the dead one's file goes"
+        );
         let _ = fs::remove_dir_all(&dir);
     }
 
@@ -1488,7 +1746,7 @@ mod tests {
         let inner = &backend.inner;
         let (owner, ttl) = (OwnerId::random().expect("random"), Duration::from_secs(10));
         let record = HolderInfo::this_process(None).encode();
-        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record, Queue::Barge);
+        let taken = inner.try_acquire("k", "k", owner, ttl, None, &record, Queue::Barge, false);
         assert!(matches!(taken, Ok(Attempt::Acquired(_))), "{taken:?}");
         let mut state = inner.read_state("k").expect("readable").expect("written");
         if let Some(holder) = &mut state.holder {

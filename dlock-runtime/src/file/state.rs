@@ -52,6 +52,15 @@
 //! queueing attempt reads the queue file whatever the state says and puts
 //! the field back.
 //!
+//! Shared locks and permits add fields an earlier version skips (see the
+//! `modes` module): a bare `group` (the `owner` line names the group of
+//! shared and permit holders, and `expires_us` is its latest member's
+//! expiry, so an earlier version sees the key held), one
+//! `reader OWNER TOKEN EXPIRES_US SINCE_US +RECORD` or
+//! `permit SLOT OWNER TOKEN EXPIRES_US SINCE_US +RECORD` a member (read
+//! only with `group`), and one `mark OWNER EXPIRES_US` a writer-waiting
+//! mark. An unreadable one is no member or mark, never a corrupt state.
+//!
 //! `NAME.queue` reads, one fair waiter a line, first in line first:
 //!
 //! ```text
@@ -92,6 +101,30 @@ pub(super) struct State {
     pub(super) holder: Option<HolderRecord>,
     /// The key's queue file may hold fair waiters (the `queued` field).
     pub(super) queued: bool,
+    /// `owner` names the group of shared holders and permit holders, not
+    /// an exclusive holder (the `group` field): its alive file is locked
+    /// shared by every member, and `expires_at_us` is the latest member's.
+    pub(super) group: bool,
+    /// The shared holders and permit holders, while `group`.
+    pub(super) members: Vec<Member>,
+    /// Writer-waiting marks (rule M3): an owner and when its mark expires.
+    pub(super) marks: Vec<(OwnerId, u64)>,
+}
+
+/// A shared holder (a reader, `slot` `None`) or a permit holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Member {
+    pub(super) owner: OwnerId,
+    /// The permit slot; `None` for a reader.
+    pub(super) slot: Option<u32>,
+    /// The member's token: the phase token for a reader.
+    pub(super) token: u64,
+    /// When its lease ends: wall clock, µs.
+    pub(super) expires_at_us: u64,
+    /// When it took the key: wall clock, µs.
+    pub(super) since_us: u64,
+    /// Its encoded holder record.
+    pub(super) record: String,
 }
 
 /// A fair waiter's entry in `NAME.queue`.
@@ -189,7 +222,67 @@ pub(super) fn render_state(state: &State) -> String {
     if state.queued {
         text.push_str(&format!("{FIELD_START}{QUEUED_FIELD}"));
     }
+    if state.group {
+        text.push_str(&format!("{FIELD_START}{GROUP_FIELD}"));
+    }
+    for m in &state.members {
+        let head = match m.slot {
+            None => "reader".to_owned(),
+            Some(slot) => format!("permit {slot}"),
+        };
+        text.push_str(&format!(
+            "{FIELD_START}{head} {} {} {} {} +{}",
+            m.owner,
+            m.token,
+            m.expires_at_us,
+            m.since_us,
+            encode(&m.record)
+        ));
+    }
+    for (owner, expires_at_us) in &state.marks {
+        text.push_str(&format!("{FIELD_START}mark {owner} {expires_at_us}"));
+    }
     text
+}
+
+/// The field that says `owner` names the group of shared and permit
+/// holders.
+const GROUP_FIELD: &str = "group";
+
+/// A `reader` or `permit` field's value (after the name): `None` if it
+/// does not read as one, which is no member (as an unreadable field is
+/// no field elsewhere).
+fn parse_member(field: &str) -> Option<Member> {
+    let (slot, rest) = if let Some(rest) = field.strip_prefix("reader ") {
+        (None, rest)
+    } else {
+        let rest = field.strip_prefix("permit ")?;
+        let (slot, rest) = rest.split_once(' ')?;
+        (Some(slot.parse().ok()?), rest)
+    };
+    let mut words = rest.split(' ');
+    let owner = OwnerId::parse_hex(words.next()?)?;
+    let token = words.next()?.parse().ok()?;
+    let expires_at_us = words.next()?.parse().ok()?;
+    let since_us = words.next()?.parse().ok()?;
+    let record = decode(words.next()?.strip_prefix('+')?)?;
+    if words.next().is_some() {
+        return None;
+    }
+    Some(Member {
+        owner,
+        slot,
+        token,
+        expires_at_us,
+        since_us,
+        record,
+    })
+}
+
+/// A `mark` field's value: its owner and expiry.
+fn parse_mark(field: &str) -> Option<(OwnerId, u64)> {
+    let (owner, expires) = field.strip_prefix("mark ")?.split_once(' ')?;
+    Some((OwnerId::parse_hex(owner)?, expires.parse().ok()?))
 }
 
 /// The field that says the queue file may hold entries.
@@ -221,6 +314,13 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
             .map(|(_, value)| value)
     };
     let queued = fields.clone().any(|field| field == QUEUED_FIELD);
+    let group = owner.is_some() && fields.clone().any(|field| field == GROUP_FIELD);
+    let members = if group {
+        fields.clone().filter_map(parse_member).collect()
+    } else {
+        Vec::new()
+    };
+    let marks = fields.clone().filter_map(parse_mark).collect();
     let identity = owners_field("identity").and_then(decode);
     let holder = owners_field("holder").and_then(|value| {
         let (since_us, encoded) = value.split_once(' ')?;
@@ -237,6 +337,9 @@ pub(super) fn parse_state(text: &str) -> Option<State> {
         identity,
         holder,
         queued,
+        group,
+        members,
+        marks,
     })
 }
 
@@ -343,6 +446,9 @@ mod tests {
             identity: None,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         };
         assert_eq!(parse_state(&render_state(&state)), Some(state));
     }
@@ -356,6 +462,9 @@ mod tests {
             identity: Some(identity.into()),
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         }
     }
 
@@ -404,6 +513,9 @@ mod tests {
                 identity: None,
                 holder: None,
                 queued: false,
+                group: false,
+                members: Vec::new(),
+                marks: Vec::new(),
             })
         );
     }
@@ -419,6 +531,9 @@ mod tests {
             identity: None,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         };
         assert_eq!(
             render_state(&state),
@@ -505,6 +620,9 @@ mod tests {
             identity,
             holder: None,
             queued: false,
+            group: false,
+            members: Vec::new(),
+            marks: Vec::new(),
         })
     }
 
@@ -683,6 +801,97 @@ mod tests {
             ..State::default()
         };
         assert_eq!(parse_state(&render_state(&free)), Some(free), "a free key");
+    }
+
+    /// A state a group of two readers and a mark hold, as this version
+    /// writes it.
+    fn group_state(slot: Option<u32>) -> State {
+        let member = |token, expires_at_us| Member {
+            owner: OwnerId::random().expect("random"),
+            slot,
+            token,
+            expires_at_us,
+            since_us: 5,
+            record: "1\tweb 3\t4121\t100% billing".into(),
+        };
+        State {
+            counter: 40,
+            owner: OwnerId::random().ok(),
+            expires_at_us: 1_700_000_009_000_000,
+            key: "a\nkey".into(),
+            group: true,
+            members: vec![
+                member(40, 1_700_000_009_000_000),
+                member(40, 1_700_000_008_000_000),
+            ],
+            marks: vec![(OwnerId::random().expect("random"), 1_700_000_003_000_000)],
+            ..State::default()
+        }
+    }
+
+    #[test]
+    fn a_group_state_round_trips_and_every_earlier_version_sees_the_key_held() {
+        for slot in [None, Some(3)] {
+            let state = group_state(slot);
+            let text = render_state(&state);
+            assert_eq!(parse_state(&text), Some(state.clone()), "{slot:?}");
+            // Each earlier version reads the group as the owner, held
+            // until the latest member's expiry: never a free key.
+            assert_eq!(
+                parse_earlier(&text),
+                Some((state.counter, state.owner, state.expires_at_us)),
+                "the first version"
+            );
+            let identity_era = parse_identity_era(&text).expect("parses");
+            assert_eq!(
+                (identity_era.owner, identity_era.expires_at_us),
+                (state.owner, state.expires_at_us),
+                "the version with identities"
+            );
+            assert_eq!(identity_era.key, state.key);
+            let without = text
+                .split(FIELD_START)
+                .filter(|field| !field.starts_with("group"))
+                .collect::<Vec<_>>()
+                .join(FIELD_START);
+            // A `group` field lost (no later writer drops it, but an
+            // unknown line is no member): the members are not read as
+            // holders of anything, the owner is the holder.
+            let lost = parse_state(&without).expect("parses");
+            assert_eq!((lost.owner, lost.members.len()), (state.owner, 0));
+        }
+    }
+
+    #[test]
+    fn unreadable_member_and_mark_lines_are_none_not_a_corrupt_state() {
+        let state = group_state(None);
+        let head = render_state(&State {
+            members: Vec::new(),
+            marks: Vec::new(),
+            ..state.clone()
+        });
+        let owner = OwnerId::random().expect("random");
+        for line in [
+            "reader".to_owned(),
+            format!("reader {owner}"),
+            format!("reader {owner} 1 2 3"),
+            format!("reader {owner} 1 2 3 rec"),
+            format!("reader {owner} x 2 3 +rec"),
+            format!("reader {owner} 1 2 3 +%zz"),
+            format!("reader {owner} 1 2 3 +rec more"),
+            format!("permit x {owner} 1 2 3 +rec"),
+            format!("permit -1 {owner} 1 2 3 +rec"),
+            "mark".to_owned(),
+            format!("mark {owner}"),
+            format!("mark {owner} soon"),
+        ] {
+            let parsed = parse_state(&format!("{head}{FIELD_START}{line}")).expect("parses");
+            assert_eq!(
+                (parsed.counter, parsed.members.len(), parsed.marks.len()),
+                (40, 0, 0),
+                "{line:?}"
+            );
+        }
     }
 
     fn waiter(identity: Option<&str>, record: &str) -> Waiter {

@@ -119,9 +119,12 @@ fn refuse_unsupported(backend: &Arc<dyn Backend>, terms: &Terms) -> Result<(), L
 }
 
 /// Whether an exclusive attempt answered `Held` may have left a
-/// writer-waiting mark (rule M3), which the owner's release removes.
+/// writer-waiting mark (rule M3), which the owner's release removes: only
+/// a caller that waits leaves one.
 fn may_mark(backend: &Arc<dyn Backend>, terms: &Terms) -> bool {
-    terms.access == Access::Exclusive && backend.supports_access(Access::Shared)
+    terms.access == Access::Exclusive
+        && !terms.wait.is_zero()
+        && backend.supports_access(Access::Shared)
 }
 
 /// The longest a refused caller waits to learn who holds the key, on top
@@ -645,9 +648,10 @@ async fn confirm_handoff(
     }
 }
 
-/// A fair waiter's way out of the queue: dropped armed, it releases the
-/// owner's key in the background, which removes its entry (rule F3) and
-/// gives back a handoff that reached it as it gave up.
+/// A waiter's way out: dropped armed, it releases the owner's key in the
+/// background, which removes a fair waiter's entry (rule F3) and gives
+/// back a handoff that reached it as it gave up, or removes an exclusive
+/// waiter's writer-waiting mark (rule M3).
 struct LeaveQueue {
     give_back: Option<(Arc<dyn Backend>, LockKey, OwnerId)>,
     /// The waiter's handoff notice. Dropped armed, it is kept until the
@@ -689,13 +693,15 @@ fn attempt(
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
         let (ttl, identity, access) = (terms.ttl, terms.identity.clone(), terms.access);
+        let waits = !terms.wait.is_zero();
         async move {
             let label = holder::process_label();
             let request = AcquireRequest::new(&key, &owner, ttl)
                 .with_identity(identity.as_deref())
                 .with_label(label.as_deref())
                 .with_queue(queue)
-                .with_access(access);
+                .with_access(access)
+                .with_waits(waits);
             backend.try_acquire(&request).await
         }
     };

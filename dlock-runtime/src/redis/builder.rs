@@ -8,11 +8,15 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
-use ::redis::{Client, ErrorKind, RedisError, RedisResult, ServerErrorKind, TlsCertificates};
+use ::redis::{
+    Client, ErrorKind, RedisConnectionInfo, RedisError, RedisResult, ServerErrorKind,
+    TlsCertificates,
+};
 use tokio::time::{sleep, timeout};
 
 use super::commands::Commands;
-use super::redact::{redact_url, scrub, secrets_of};
+use super::redact::{percent_decode, redact_url, scrub, secrets_of};
+use super::sentinel::Sentinels;
 use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
 use crate::error::{LockError, Operation};
@@ -62,6 +66,19 @@ pub struct RedisBuilder {
     publish_every_release: bool,
     /// The label acquisitions record, over the process's.
     label: Option<String>,
+    /// Behind sentinels: the name of the primary they monitor (`urls` are
+    /// then the sentinels').
+    sentinel_service: Option<String>,
+    /// The data nodes' user and password, behind sentinels.
+    node_auth: Option<(Option<String>, String)>,
+    /// How many replicas must acknowledge an acquisition, and within how
+    /// long ([`RedisBuilder::replica_acks`]).
+    replica_acks: Option<(u32, Duration)>,
+    /// The data nodes' database, behind sentinels.
+    node_db: i64,
+    /// Why the URL given could not be read (a `redis+sentinel://` one),
+    /// reported by `connect` without the URL, which may hold a password.
+    unreadable: Option<String>,
 }
 
 impl fmt::Debug for RedisBuilder {
@@ -74,13 +91,35 @@ impl fmt::Debug for RedisBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("tls_root_certificate", &self.tls_root.is_some())
             .field("label", &self.label)
+            .field("sentinel_service", &self.sentinel_service)
+            .field("data_node_auth", &self.node_auth.is_some())
+            .field("replica_acks", &self.replica_acks)
             .finish()
     }
 }
 
 impl RedisBuilder {
     /// Settings for `url` with the default timeouts; a cluster is detected.
+    /// Settings for `url`; a `redis+sentinel://` URL names sentinels.
     pub(super) fn new(url: &str) -> Self {
+        match SentinelUrl::read(url) {
+            None => Self::plain(url),
+            Some(Ok(read)) => {
+                let sentinels: Vec<&str> = read.sentinels.iter().map(String::as_str).collect();
+                let mut builder = Self::sentinel(&sentinels, &read.service);
+                builder.node_auth = read.auth;
+                builder.node_db = read.db;
+                builder
+            }
+            Some(Err(reason)) => {
+                let mut builder = Self::plain("");
+                builder.unreadable = Some(reason);
+                builder
+            }
+        }
+    }
+
+    fn plain(url: &str) -> Self {
         Self {
             urls: vec![url.to_owned()],
             topology: Topology::Detect,
@@ -89,7 +128,60 @@ impl RedisBuilder {
             tls_root: None,
             publish_every_release: false,
             label: None,
+            sentinel_service: None,
+            node_auth: None,
+            replica_acks: None,
+            node_db: 0,
+            unreadable: None,
         }
+    }
+
+    /// Settings for the primary that the sentinels at `sentinels` monitor
+    /// as `service`, with the default timeouts.
+    pub(super) fn sentinel(sentinels: &[&str], service: &str) -> Self {
+        let mut builder = Self::plain("");
+        builder.urls = sentinels.iter().map(|url| (*url).to_owned()).collect();
+        builder.topology = Topology::Standalone;
+        builder.sentinel_service = Some(service.to_owned());
+        builder
+    }
+
+    /// Behind sentinels ([`RedisBackend::sentinel`]): the user (`None` for
+    /// the default user) and password to authenticate to the primary with.
+    /// The sentinels' URLs carry the sentinels' own credentials, which may
+    /// differ. The password is never shown (`Debug`, errors, logs). Ignored
+    /// without sentinels, where the URL carries the credentials.
+    pub fn data_node_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.node_auth = Some((username.map(str::to_owned), password.to_owned()));
+        self
+    }
+
+    /// Asks for `replicas` replicas to acknowledge every acquisition within
+    /// `within` (`WAIT replicas within`, on the connection that took the
+    /// key, right after it). Should fewer acknowledge in time, the key is
+    /// given back (owner-checked) and the attempt fails with
+    /// [`LockError::Backend`] saying how many did: an acquisition is never
+    /// reported taken without the acknowledgements asked for.
+    ///
+    /// What it promises: a lock taken was on `replicas` replicas too when
+    /// the holder was told, so a failover to one of them keeps it (Redis
+    /// Sentinel promotes the best-replicated replica it can reach). What it
+    /// does not: `WAIT` makes Redis no strongly consistent store. Renewals
+    /// and releases are not waited for, a failover to a replica that did
+    /// not acknowledge still loses the lock, and the key handed to a fair
+    /// waiter by another holder's release is not waited for either. The
+    /// fencing token stays the safety net: it keeps rising across any
+    /// failover. Cost: one more command per acquisition, and the shared
+    /// connection's later commands queue behind the `WAIT` until the
+    /// replicas answer (see the README's benchmark for figures).
+    ///
+    /// `replicas` must be at least 1 and `within` greater than zero and
+    /// shorter than the response timeout; not on a Redis Cluster.
+    /// Otherwise [`RedisBuilder::connect`] fails with
+    /// [`LockError::InvalidOption`].
+    pub fn replica_acks(mut self, replicas: u32, within: Duration) -> Self {
+        self.replica_acks = Some((replicas, within));
+        self
     }
 
     /// Adds another node of the same deployment: a cluster seed, or a
@@ -168,6 +260,12 @@ impl RedisBuilder {
             };
             LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets))
         };
+        if let Some(reason) = &self.unreadable {
+            return Err(LockError::InvalidOption {
+                option: "url",
+                reason: reason.clone(),
+            });
+        }
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::InvalidOption {
                 option: "timeout",
@@ -176,6 +274,23 @@ impl RedisBuilder {
         }
         if let Some(label) = &self.label {
             crate::holder::check_label(label)?;
+        }
+        if let Some((replicas, within)) = self.replica_acks {
+            if replicas == 0 || within.is_zero() || within >= self.response_timeout {
+                return Err(LockError::InvalidOption {
+                    option: "replica_acks",
+                    reason: format!(
+                        "replica_acks({replicas}, {within:?}) needs at least one replica and a                          wait greater than zero and shorter than the response timeout                          ({:?})",
+                        self.response_timeout
+                    ),
+                });
+            }
+            if self.topology == Topology::Cluster {
+                return Err(cluster_acks());
+            }
+        }
+        if let Some(service) = self.sentinel_service.clone() {
+            return self.connect_sentinel(service).await;
         }
         let mut clients = Vec::with_capacity(self.urls.len());
         for (url, shown) in self.urls.iter().zip(&shown) {
@@ -272,6 +387,9 @@ impl RedisBuilder {
         } else {
             "standalone"
         };
+        if self.replica_acks.is_some() && commands.is_cluster() {
+            return Err(cluster_acks());
+        }
         tracing::debug!(urls = ?shown, topology, "redis backend connected");
         Ok(RedisBackend {
             inner: Arc::new(Inner {
@@ -284,8 +402,128 @@ impl RedisBuilder {
                 warned_unmarked: AtomicBool::new(false),
                 publish_every_release: self.publish_every_release,
                 label: self.label,
+                replica_acks: self.replica_acks,
+                sentinel_service: None,
             }),
         })
+    }
+
+    /// Connects to the primary the sentinels monitor as `service`: the
+    /// look-up is bounded by the connect timeout, connecting as a whole by
+    /// the connect plus the response timeout.
+    async fn connect_sentinel(self, service: String) -> Result<RedisBackend, LockError> {
+        let shown: Vec<String> = self.urls.iter().map(|url| redact_url(url)).collect();
+        let mut secrets: Vec<String> = self.urls.iter().flat_map(|url| secrets_of(url)).collect();
+        if let Some((_, password)) = &self.node_auth
+            && !password.is_empty()
+        {
+            secrets.push(password.clone());
+        }
+        let fail =
+            |text: String| LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets));
+        if service.is_empty() {
+            return Err(LockError::InvalidOption {
+                option: "sentinel",
+                reason: "the name of the primary the sentinels monitor is empty".into(),
+            });
+        }
+        let mut clients = Vec::with_capacity(self.urls.len());
+        for (url, shown) in self.urls.iter().zip(&shown) {
+            let client = match &self.tls_root {
+                Some(pem) => Client::build_with_tls(url.as_str(), tls_certificates(pem)),
+                None => Client::open(url.as_str()),
+            };
+            let client =
+                client.map_err(|err| fail(format!("invalid sentinel URL {shown}: {err}")))?;
+            clients.push(client);
+        }
+        if clients.is_empty() {
+            return Err(fail("no sentinel URL given".into()));
+        }
+        let tls = check_tls(&clients, &shown)?;
+        if tls {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let mut node = RedisConnectionInfo::default();
+        if let Some((username, password)) = &self.node_auth {
+            if let Some(username) = username {
+                node = node.set_username(username);
+            }
+            node = node.set_password(password);
+        }
+        node = node.set_db(self.node_db);
+        let sentinels = Arc::new(Sentinels::new(
+            clients,
+            shown.clone(),
+            service.clone(),
+            node,
+            tls.then(|| self.tls_root.clone()),
+            self.connect_timeout,
+            self.response_timeout,
+        ));
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            .set_number_of_retries(0);
+        let cause: Mutex<Option<String>> = Mutex::new(None);
+        let connecting = async {
+            let primary = sentinels
+                .primary()
+                .await
+                .map_err(|err| fail(err.to_string()))?;
+            let manager = open_standalone(&primary.client, &config, &cause)
+                .await
+                .map_err(|err| {
+                    fail(format!(
+                        "cannot connect to the primary {} the sentinels name: {err}",
+                        primary.address
+                    ))
+                })?;
+            Ok::<_, LockError>((primary, manager))
+        };
+        let limit = self.connect_timeout.saturating_add(self.response_timeout);
+        let (primary, manager) = timeout(limit, connecting).await.map_err(|_| {
+            let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
+            fail(format!(
+                "connecting to the primary {service:?} through the sentinels {} timed out                  after {limit:?}{}",
+                shown.join(", "),
+                cause.map(|cause| format!(": {cause}")).unwrap_or_default()
+            ))
+        })??;
+        tracing::debug!(
+            sentinels = ?shown,
+            service,
+            primary = %primary.address,
+            "redis backend connected through sentinels"
+        );
+        let commands = Commands::sentinel(Arc::clone(&sentinels), config, primary, manager);
+        let inner = Arc::new(Inner {
+            commands,
+            subscriber: Subscriber::with_sentinels(
+                Vec::new(),
+                Some(sentinels),
+                self.connect_timeout,
+                self.response_timeout,
+            ),
+            shown,
+            secrets,
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+            warned_unmarked: AtomicBool::new(false),
+            publish_every_release: self.publish_every_release,
+            label: self.label,
+            replica_acks: self.replica_acks,
+            sentinel_service: Some(service),
+        });
+        tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));
+        Ok(RedisBackend { inner })
+    }
+}
+
+fn cluster_acks() -> LockError {
+    LockError::InvalidOption {
+        option: "replica_acks",
+        reason: "replica acknowledgements are not offered on a Redis Cluster".into(),
     }
 }
 
@@ -392,5 +630,139 @@ async fn detect(conn: &mut ConnectionManager) -> RedisResult<Topology> {
             Ok(Topology::Standalone)
         }
         Err(err) => Err(err),
+    }
+}
+
+/// The default port of a sentinel.
+const SENTINEL_PORT: u16 = 26379;
+
+/// A `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/service[/db]`
+/// URL (`rediss+sentinel://` for TLS), read: the user info is the data
+/// nodes' credentials (sentinels that want a password of their own take
+/// the builder's [`RedisBackend::sentinel`]).
+#[derive(Debug, PartialEq)]
+struct SentinelUrl {
+    sentinels: Vec<String>,
+    service: String,
+    auth: Option<(Option<String>, String)>,
+    db: i64,
+}
+
+impl SentinelUrl {
+    /// `None` when `url` is not a sentinel URL; an error that never
+    /// repeats the URL (it may hold a password) when it cannot be read.
+    fn read(url: &str) -> Option<Result<Self, String>> {
+        let (scheme, rest) = url.split_once("://")?;
+        let tls = if scheme.eq_ignore_ascii_case("redis+sentinel") {
+            false
+        } else if scheme.eq_ignore_ascii_case("rediss+sentinel") {
+            true
+        } else {
+            return None;
+        };
+        let form = "a sentinel URL is redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]";
+        let (authority, path) = match rest.split_once('/') {
+            Some(parts) => parts,
+            None => return Some(Err(format!("{form}: the service name is missing"))),
+        };
+        let (user_info, hosts) = match authority.rsplit_once('@') {
+            Some((user_info, hosts)) => (Some(user_info), hosts),
+            None => (None, authority),
+        };
+        let auth = user_info.map(|info| match info.split_once(':') {
+            Some((user, password)) => (
+                Some(percent_decode(user)).filter(|user| !user.is_empty()),
+                percent_decode(password),
+            ),
+            None => (None, percent_decode(info)),
+        });
+        let mut sentinels = Vec::new();
+        for host in hosts.split(',') {
+            // `[::1]` alone is a host without a port.
+            let split = if host.ends_with(']') {
+                None
+            } else {
+                host.rsplit_once(':')
+            };
+            let (name, port) = match split {
+                Some((name, port)) => match port.parse::<u16>() {
+                    Ok(port) => (name, port),
+                    Err(_) => return Some(Err(format!("{form}: a port is not a number"))),
+                },
+                None => (host, SENTINEL_PORT),
+            };
+            if name.is_empty() {
+                return Some(Err(format!("{form}: a host is empty")));
+            }
+            let scheme = if tls { "rediss" } else { "redis" };
+            sentinels.push(format!("{scheme}://{name}:{port}"));
+        }
+        let (service, db) = match path.split_once('/') {
+            Some((service, db)) => match db.parse::<i64>() {
+                Ok(db) => (service, db),
+                Err(_) => return Some(Err(format!("{form}: the database is not a number"))),
+            },
+            None => (path, 0),
+        };
+        if service.is_empty() {
+            return Some(Err(format!("{form}: the service name is missing")));
+        }
+        Some(Ok(Self {
+            sentinels,
+            service: percent_decode(service),
+            auth,
+            db,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sentinel_url_names_the_sentinels_the_service_and_the_data_nodes_credentials() {
+        let read = SentinelUrl::read("redis+sentinel://app:p%40ss@h1:26380,h2/mymaster/2")
+            .expect("a sentinel URL")
+            .expect("readable");
+        assert_eq!(
+            read,
+            SentinelUrl {
+                sentinels: vec!["redis://h1:26380".into(), "redis://h2:26379".into()],
+                service: "mymaster".into(),
+                auth: Some((Some("app".into()), "p@ss".into())),
+                db: 2,
+            }
+        );
+        let tls = SentinelUrl::read("rediss+sentinel://:pw@h:1/m")
+            .expect("a sentinel URL")
+            .expect("readable");
+        assert_eq!(tls.sentinels, vec!["rediss://h:1".to_owned()]);
+        assert_eq!(tls.auth, Some((None, "pw".into())));
+        assert!(SentinelUrl::read("redis://h:6379").is_none());
+    }
+
+    #[test]
+    fn an_unreadable_sentinel_url_is_refused_without_repeating_it() {
+        for url in [
+            "redis+sentinel://:secret@h1:26379",
+            "redis+sentinel://:secret@h1:x/m",
+            "redis+sentinel://:secret@h1/",
+            "redis+sentinel://:secret@h1/m/zero",
+            "redis+sentinel://:secret@,h2/m",
+        ] {
+            let reason = SentinelUrl::read(url)
+                .expect("a sentinel URL")
+                .expect_err("unreadable");
+            assert!(!reason.contains("secret"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_sentinel_builder_shows_no_credentials() {
+        let builder = RedisBuilder::new("redis+sentinel://app:s3cret@h1,h2/mymaster");
+        let shown = format!("{builder:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("mymaster"), "{shown}");
     }
 }

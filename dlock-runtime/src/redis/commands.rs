@@ -17,7 +17,7 @@
 //! so replacing one never makes a caller wait for the lock that guards it.
 
 use std::future::Future;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
@@ -27,10 +27,15 @@ use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAd
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::timeout;
 
+use super::sentinel::{Primary, Sentinels, is_not_primary};
+
 /// The command connection of one backend.
 pub(super) struct Commands {
     opener: Opener,
     current: Mutex<Link>,
+    /// Held while the primary is looked up through the sentinels, so
+    /// callers that fail together ask once.
+    following: tokio::sync::Mutex<()>,
 }
 
 /// How to open a new connection of the same kind.
@@ -43,6 +48,12 @@ enum Opener {
         client: ClusterClient,
         config: ClusterConfig,
     },
+    /// The primary the sentinels name, looked up again whenever the
+    /// connection fails or the node says it is no longer the primary.
+    Sentinel {
+        sentinels: Arc<Sentinels>,
+        config: ConnectionManagerConfig,
+    },
 }
 
 /// The connection in use and its generation.
@@ -50,6 +61,11 @@ enum Opener {
 struct Link {
     generation: u64,
     connection: Connection,
+    /// The primary it was opened to, behind sentinels: a silent
+    /// connection is replaced by one to the same node.
+    primary: Option<Client>,
+    /// That primary's address (`host:port`), to tell whether it moved.
+    address: Option<String>,
 }
 
 /// A connection to send commands, scripts and pipelines on.
@@ -139,18 +155,104 @@ impl Commands {
         )
     }
 
+    /// Commands to the primary the sentinels named, `primary`, over
+    /// `manager`, opened with `config`.
+    pub(super) fn sentinel(
+        sentinels: Arc<Sentinels>,
+        config: ConnectionManagerConfig,
+        primary: Primary,
+        manager: ConnectionManager,
+    ) -> Self {
+        let mut commands = Self::new(
+            Opener::Sentinel { sentinels, config },
+            Connection::Standalone(manager),
+        );
+        let current = commands
+            .current
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        current.primary = Some(primary.client);
+        current.address = Some(primary.address);
+        commands
+    }
+
+    /// Behind sentinels: asks them which node is the primary now, and
+    /// moves the commands there if it is not the one they go to: a
+    /// failover that left the old primary running, unreachable for the
+    /// sentinels but not for this process, is followed without waiting
+    /// for a refusal that may never come.
+    pub(super) async fn follow_if_moved(&self) {
+        let Opener::Sentinel { sentinels, .. } = &self.opener else {
+            return;
+        };
+        let (generation, address) = {
+            let current = self.current();
+            (current.generation, current.address.clone())
+        };
+        let Some(named) = sentinels.named().await else {
+            return;
+        };
+        if address.as_deref() == Some(named.as_str()) {
+            return;
+        }
+        if let Err(err) = self.follow(generation).await {
+            tracing::warn!(
+                error = %err,
+                named = %named,
+                "the sentinels name another redis primary, which cannot be used yet"
+            );
+        }
+    }
+
     fn new(opener: Opener, connection: Connection) -> Self {
         Self {
             opener,
             current: Mutex::new(Link {
                 generation: 0,
                 connection,
+                primary: None,
+                address: None,
             }),
+            following: tokio::sync::Mutex::new(()),
         }
     }
 
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self.opener, Opener::Cluster { .. })
+    }
+
+    pub(super) fn is_sentinel(&self) -> bool {
+        matches!(self.opener, Opener::Sentinel { .. })
+    }
+
+    /// Looks the primary up through the sentinels and moves the commands
+    /// to it, unless connection `failed` was replaced meanwhile (another
+    /// caller followed already). Bounded by the connect timeout.
+    async fn follow(&self, failed: u64) -> RedisResult<()> {
+        let Opener::Sentinel { sentinels, config } = &self.opener else {
+            return Ok(());
+        };
+        let _following = self.following.lock().await;
+        if self.current().generation != failed {
+            return Ok(());
+        }
+        let primary = sentinels.primary().await?;
+        let manager =
+            ConnectionManager::new_lazy_with_config(primary.client.clone(), config.clone())?;
+        let mut current = self.current();
+        if current.generation == failed {
+            current.generation += 1;
+            current.connection = Connection::Standalone(manager);
+            current.primary = Some(primary.client);
+            current.address = Some(primary.address.clone());
+            tracing::info!(
+                primary = %primary.address,
+                service = sentinels.service(),
+                generation = current.generation,
+                "redis commands follow the primary the sentinels name"
+            );
+        }
+        Ok(())
     }
 
     fn current(&self) -> MutexGuard<'_, Link> {
@@ -168,8 +270,19 @@ impl Commands {
         if current.generation != silent {
             return;
         }
-        let connection = match &self.opener {
-            Opener::Standalone { client, config } => {
+        let connection = match (&self.opener, &current.primary) {
+            (Opener::Sentinel { config, .. }, Some(client))
+            | (Opener::Standalone { config, .. }, Some(client)) => {
+                match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
+                    Ok(manager) => Connection::Standalone(manager),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "cannot replace the silent redis connection");
+                        return;
+                    }
+                }
+            }
+            (Opener::Sentinel { .. }, None) => return,
+            (Opener::Standalone { client, config }, None) => {
                 match ConnectionManager::new_lazy_with_config(client.clone(), config.clone()) {
                     Ok(manager) => Connection::Standalone(manager),
                     Err(err) => {
@@ -179,7 +292,7 @@ impl Commands {
                     }
                 }
             }
-            Opener::Cluster { client, config } => {
+            (Opener::Cluster { client, config }, _) => {
                 Connection::Cluster(client.get_pending_async_connection_with_config(config.clone()))
             }
         };
@@ -193,8 +306,11 @@ impl Commands {
 
     /// Sends `request` on the connection, and once more after a connection
     /// error — on a new connection if the first got no reply — all within
-    /// `limit`. Also tells whether the answer is the second try's: the
-    /// first may then have run on the server, its reply lost.
+    /// `limit`. Behind sentinels, a connection error or a node that says it
+    /// is not the primary (`READONLY`) first looks the primary up again,
+    /// and the second try goes to the one found. Also tells whether the
+    /// answer is the second try's: the first may then have run on the
+    /// server, its reply lost.
     pub(super) async fn send<T, F, Fut>(
         &self,
         limit: Duration,
@@ -210,7 +326,13 @@ impl Commands {
             let outcome = request(first.connection).await;
             self.note(&outcome, generation);
             match outcome {
-                Err(err) if is_connection_error(&err) => {
+                Err(err)
+                    if is_connection_error(&err)
+                        || (self.is_sentinel() && is_not_primary(&err)) =>
+                {
+                    if self.is_sentinel() {
+                        self.follow(generation).await?;
+                    }
                     let second = self.link();
                     let outcome = request(second.connection).await;
                     self.note(&outcome, second.generation);

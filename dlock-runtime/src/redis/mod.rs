@@ -171,6 +171,14 @@
 //! by `***` (`redis://app:***@host`, `unix:///p?pass=***`), and a URL that
 //! cannot be read is not shown at all.
 //!
+//! Behind Redis Sentinel:
+//! `redis+sentinel://[[user]:password@]host[:port][,host[:port]…]/service[/db]`
+//! (`rediss+sentinel://…` for TLS; a sentinel's port is 26379 unless
+//! given). The user info is the data nodes' credentials; sentinels that
+//! want a password of their own take [`RedisBackend::sentinel`] with
+//! their own URLs. A sentinel URL that cannot be read is refused with
+//! [`LockError::InvalidOption`], without being shown.
+//!
 //! TLS is never weakened behind your back: `rediss://…#insecure` (redis-rs's
 //! switch that turns the certificate check off) is refused with
 //! [`LockError::InvalidOption`] — without the check, a man in the middle
@@ -204,12 +212,29 @@
 //! with [`RedisBuilder::cluster`]); give more seed nodes with
 //! [`RedisBuilder::node`] so the backend can start (and keep its pub/sub
 //! connection) while a seed is down.
+//!
+//! ## Redis Sentinel
+//!
+//! [`RedisBackend::sentinel`] takes the sentinels' URLs and the name they
+//! monitor the primary under. The primary is the node a sentinel names
+//! (`SENTINEL get-master-addr-by-name`) that says it is a master (`ROLE`);
+//! the command connection looks it up again when a command fails on a
+//! broken connection or the node answers `READONLY`, and the pub/sub
+//! connection whenever it is opened (a demoted primary's connections are
+//! closed by the sentinels, which wakes the waiters to subscribe again).
+//! Every 5 s the sentinels are also asked which node is the primary, and
+//! the commands move there if they go elsewhere (a failover that left the
+//! old primary running, which never refuses a write). Each look-up is
+//! bounded by the connect timeout. The sentinels need
+//! `SENTINEL get-master-addr-by-name` and the data nodes also `ROLE` (add
+//! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 
 mod builder;
 mod commands;
 mod keyspace;
 mod redact;
 mod scripts;
+mod sentinel;
 mod subscriber;
 
 /// The Lua the backend sends, word for word, for tools that must speak the
@@ -226,7 +251,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ::redis::{
-    ErrorKind, FromRedisValue, RedisResult, Script, ScriptInvocation, ServerErrorKind, Value,
+    ErrorKind, FromRedisValue, RedisResult, Script, ScriptInvocation, ServerErrorKind, ToRedisArgs,
+    Value,
 };
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
@@ -305,11 +331,18 @@ struct Inner {
     /// The label acquisitions record, over the process's
     /// ([`RedisBuilder::label`]).
     label: Option<String>,
+    /// Replicas that must acknowledge an acquisition, and how long they
+    /// have ([`RedisBuilder::replica_acks`]).
+    replica_acks: Option<(u32, Duration)>,
+    /// The primary's name, behind sentinels.
+    sentinel_service: Option<String>,
 }
 
 impl RedisBackend {
     /// Connects to the Redis at `url` (see the [module docs](self) for the
-    /// URL forms), with the default timeouts. A cluster is detected.
+    /// URL forms), with the default timeouts. A cluster is detected. A
+    /// `redis+sentinel://…` URL connects through sentinels, as
+    /// [`RedisBackend::sentinel`] does.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::builder(url).connect().await
     }
@@ -318,6 +351,38 @@ impl RedisBackend {
     /// [`RedisBuilder::connect`].
     pub fn builder(url: &str) -> RedisBuilder {
         RedisBuilder::new(url)
+    }
+
+    /// Settings for the primary that the Redis Sentinels at `sentinels`
+    /// monitor under the name `service`, to adjust before
+    /// [`RedisBuilder::connect`]. The backend asks the sentinels for the
+    /// primary (`SENTINEL get-master-addr-by-name`), checks with `ROLE`
+    /// that the node is a master, and looks it up again whenever a
+    /// connection to it fails or it answers that it is a replica
+    /// (`READONLY`): commands and waiters follow a failover without a
+    /// restart. The sentinels' URLs carry the sentinels' own credentials;
+    /// the data nodes' go to [`RedisBuilder::data_node_auth`]. When every
+    /// sentinel is down, connecting fails with [`LockError::Backend`]
+    /// ("no sentinel answered") once the connect timeout has run out.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), dlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_runtime::redis::RedisBackend;
+    ///
+    /// let sentinels = ["redis://10.0.0.1:26379", "redis://10.0.0.2:26379", "redis://10.0.0.3:26379"];
+    /// let backend = RedisBackend::sentinel(&sentinels, "mymaster")
+    ///     .data_node_auth(Some("app"), "s3cret")
+    ///     .replica_acks(1, Duration::from_millis(200))
+    ///     .connect()
+    ///     .await?;
+    /// assert!(!format!("{backend:?}").contains("s3cret"));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sentinel(sentinels: &[&str], service: &str) -> RedisBuilder {
+        RedisBuilder::sentinel(sentinels, service)
     }
 
     /// True when connected to a Redis Cluster.
@@ -333,10 +398,116 @@ impl RedisBackend {
 
     /// The longest one call may take: a first try, and a second one on a
     /// connection that may have to be opened first.
+    /// Behind sentinels, a look-up of the primary (bounded by the connect
+    /// timeout) may come first.
     fn call_limit(&self) -> Duration {
-        self.inner
-            .connect_timeout
-            .saturating_add(self.inner.response_timeout)
+        let connect = if self.inner.commands.is_sentinel() {
+            self.inner.connect_timeout.saturating_mul(2)
+        } else {
+            self.inner.connect_timeout
+        };
+        connect.saturating_add(self.inner.response_timeout)
+    }
+
+    /// Runs an acquire `script` with `keys` and `args`: with
+    /// [`RedisBuilder::replica_acks`], followed on the same connection, in
+    /// one pipeline, by `WAIT` (so it counts the replicas that have this
+    /// acquisition's write); a grant fewer replicas acknowledged is given
+    /// back and the attempt is an error.
+    async fn attempt(
+        &self,
+        request: &AcquireRequest<'_>,
+        fence: &str,
+        script: &Script,
+        keys: &[Vec<u8>],
+        args: &[Vec<u8>],
+    ) -> Result<Attempt, LockError> {
+        let key = request.key;
+        let Some((replicas, within)) = self.inner.replica_acks else {
+            let mut call = script.prepare_invoke();
+            for name in keys {
+                call.key(name);
+            }
+            for arg in args {
+                call.arg(arg);
+            }
+            let reply: Value = self.run(Operation::Acquire, key, &call).await?;
+            return self.read_attempt_at(key, fence, request.access, &reply);
+        };
+        let mut pipe = ::redis::pipe();
+        pipe.ignore_errors();
+        pipe.cmd("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        pipe.cmd("WAIT").arg(replicas).arg(ttl_millis(within));
+        let pipe = &pipe;
+        let behind_sentinels = self.inner.commands.is_sentinel();
+        let (answers, _) = self
+            .inner
+            .commands
+            .send(self.call_limit(), |mut conn| async move {
+                let mut answers: Vec<RedisResult<Value>> = pipe.query_async(&mut conn).await?;
+                if answers.first().is_some_and(|answer| {
+                    answer.as_ref().is_err_and(|err| {
+                        err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+                    })
+                }) {
+                    script.prepare_invoke().load_async(&mut conn).await?;
+                    answers = pipe.query_async(&mut conn).await?;
+                }
+                // A replica's refusal is the connection's failure: the
+                // primary is looked up again (behind sentinels).
+                if behind_sentinels
+                    && let Some(Err(err)) = answers.first()
+                    && sentinel::is_not_primary(err)
+                {
+                    return Err(err.clone());
+                }
+                Ok(answers)
+            })
+            .await
+            .map_err(|failure| self.error(Operation::Acquire, key, self.describe(&failure)))?;
+        let mut answers = answers.into_iter();
+        let (Some(reply), Some(acked)) = (answers.next(), answers.next()) else {
+            return Err(self.error(
+                Operation::Acquire,
+                key,
+                "no answer to the acquisition or to WAIT in the pipeline's reply".into(),
+            ));
+        };
+        let reply = reply.map_err(|err| {
+            self.error(Operation::Acquire, key, self.describe(&Failure::Redis(err)))
+        })?;
+        let attempt = self.read_attempt_at(key, fence, request.access, &reply)?;
+        let Attempt::Acquired(grant) = &attempt else {
+            return Ok(attempt);
+        };
+        let slot = grant.slot;
+        let acked = match acked {
+            Ok(Value::Int(acked)) => Ok(acked),
+            Ok(other) => Err(format!("unexpected reply {other:?} to WAIT")),
+            Err(err) => Err(self.describe(&Failure::Redis(err))),
+        };
+        let shortfall = match acked {
+            Ok(acked) if acked >= i64::from(replicas) => return Ok(attempt),
+            Ok(acked) => format!(
+                "only {acked} of the {replicas} replicas asked for acknowledged the acquisition                  within {within:?}; the lock was given back"
+            ),
+            Err(why) => format!(
+                "the replicas' acknowledgement could not be had ({why}); the lock was given back"
+            ),
+        };
+        let release = ReleaseRequest::new(key, request.owner).holding(request.access, slot);
+        if let Err(err) = self.release(&release).await {
+            tracing::warn!(
+                key = %key,
+                error = %err,
+                "cannot give back a lock too few replicas acknowledged; it expires with its ttl"
+            );
+        }
+        Err(self.error(Operation::Acquire, key, shortfall))
     }
 
     /// Runs a script, trying once more on a broken or silent connection (on
@@ -457,39 +628,52 @@ impl RedisBackend {
             .holder_record(self.inner.label.as_deref())
             .replace(['\n', '\r'], "?");
         let (queue, entry) = keyspace::queue_and_entry_names(key, owner);
-        let mut script = scripts::FAIR_ACQUIRE.prepare_invoke();
-        script
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.info)
-            .key(queue)
-            .key(entry)
-            .arg(&held_value(owner, self.mark(request, &names))[..])
-            .arg(ttl_millis(ttl))
-            .arg(record)
-            .arg(entry_ttl);
-        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
-        self.read_attempt(key, &names, &reply)
+        let keys = [
+            bytes(&names.lock),
+            bytes(&names.fence),
+            bytes(&names.info),
+            bytes(queue),
+            bytes(entry),
+        ];
+        let mut args = vec![
+            held_value(owner, self.mark(request, &names)).to_vec(),
+            bytes(ttl_millis(ttl)),
+            bytes(record),
+            bytes(entry_ttl),
+        ];
+        if request.waits {
+            args.push(bytes(WAITS));
+        }
+        self.attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
+            .await
     }
 
     /// A shared attempt (rules M1 to M3, M5): the shared acquire script,
-    /// one round trip (see `scripts::SHARED_ACQUIRE_LUA`).
+    /// one round trip (see `scripts::SHARED_ACQUIRE_LUA`), followed by the
+    /// replicas' acknowledgement when asked for, as an exclusive one.
     async fn try_acquire_shared(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
-        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
-        let names = SharedNames::of(key);
-        let mark = [self.mark_for(request, &names.released)];
-        let mut script = scripts::SHARED_ACQUIRE.prepare_invoke();
-        script
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.readers)
-            .key(&names.writer)
-            .key(&names.phase)
-            .arg(&owner.to_hex()[..])
-            .arg(ttl_millis(ttl))
-            .arg(&mark[..]);
-        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
-        self.read_attempt_at(key, &names.fence, &reply)
+        let names = SharedNames::of(request.key);
+        let mark = self.mark_for(request, &names.released);
+        let args = [
+            request.owner.to_hex().to_vec(),
+            bytes(ttl_millis(request.ttl)),
+            vec![mark],
+        ];
+        let keys = [
+            bytes(&names.lock),
+            bytes(&names.fence),
+            bytes(&names.readers),
+            bytes(&names.writer),
+            bytes(&names.phase),
+        ];
+        self.attempt(
+            request,
+            &names.fence,
+            &scripts::SHARED_ACQUIRE,
+            &keys,
+            &args,
+        )
+        .await
     }
 
     /// A permit attempt (rules M1, M2, M5): the permit script tries every
@@ -500,20 +684,38 @@ impl RedisBackend {
         request: &AcquireRequest<'_>,
         permits: u32,
     ) -> Result<Attempt, LockError> {
-        let (key, owner, ttl) = (request.key, request.owner, request.ttl);
-        let names = PermitNames::of(key);
-        let mark = [self.mark_for(request, &names.released)];
-        let mut script = scripts::PERMIT_ACQUIRE.prepare_invoke();
-        script
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.slots)
-            .arg(&owner.to_hex()[..])
-            .arg(ttl_millis(ttl))
-            .arg(&mark[..])
-            .arg(permits);
-        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
-        if let Value::Array(parts) = &reply
+        let names = PermitNames::of(request.key);
+        let mark = self.mark_for(request, &names.released);
+        let args = [
+            request.owner.to_hex().to_vec(),
+            bytes(ttl_millis(request.ttl)),
+            vec![mark],
+            bytes(permits),
+        ];
+        let keys = [bytes(&names.lock), bytes(&names.fence), bytes(&names.slots)];
+        self.attempt(
+            request,
+            &names.fence,
+            &scripts::PERMIT_ACQUIRE,
+            &keys,
+            &args,
+        )
+        .await
+    }
+
+    /// An acquire script's answer: the token when taken (and the slot,
+    /// for a permit: `{token, slot}`), the holder's remaining ttl when held
+    /// (with the refusal to mark it, if any). `fence` names the fence key
+    /// in an error.
+    fn read_attempt_at(
+        &self,
+        key: &LockKey,
+        fence: &str,
+        access: Access,
+        reply: &Value,
+    ) -> Result<Attempt, LockError> {
+        if let Access::Permits { permits } = access
+            && let Value::Array(parts) = reply
             && let [Value::BulkString(token), Value::Int(slot)] = parts.as_slice()
         {
             let token = std::str::from_utf8(token)
@@ -532,28 +734,6 @@ impl RedisBackend {
                 )),
             };
         }
-        self.read_attempt_at(key, &names.fence, &reply)
-    }
-
-    /// An acquire script's answer: the token when taken, the holder's
-    /// remaining ttl when held (with the refusal to mark it, if any).
-    fn read_attempt(
-        &self,
-        key: &LockKey,
-        names: &Keyspace,
-        reply: &Value,
-    ) -> Result<Attempt, LockError> {
-        self.read_attempt_at(key, &names.fence, reply)
-    }
-
-    /// [`RedisBackend::read_attempt`], naming the fence key `fence` in an
-    /// error.
-    fn read_attempt_at(
-        &self,
-        key: &LockKey,
-        fence: &str,
-        reply: &Value,
-    ) -> Result<Attempt, LockError> {
         let token = match reply {
             Value::BulkString(text) => std::str::from_utf8(text)
                 .ok()
@@ -798,6 +978,32 @@ fn held(remaining: i64) -> Attempt {
     }
 }
 
+/// How often a backend behind sentinels asks them whether the primary
+/// moved ([`watch_primary`]).
+const PRIMARY_CHECK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Behind sentinels: every [`PRIMARY_CHECK_INTERVAL`], asks them which
+/// node is the primary and moves the commands there if they go elsewhere.
+/// Ends with the backend (its last clone dropped).
+async fn watch_primary(inner: std::sync::Weak<Inner>) {
+    loop {
+        sleep(PRIMARY_CHECK_INTERVAL).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        inner.commands.follow_if_moved().await;
+    }
+}
+
+/// A script argument's bytes.
+fn bytes(value: impl ToRedisArgs) -> Vec<u8> {
+    value.to_redis_args().concat()
+}
+
+/// The exclusive acquire scripts' argument that says the caller waits,
+/// so its attempt leaves a writer-waiting mark behind readers (rule M3).
+const WAITS: &str = "w";
+
 /// The mark of a held value nobody is known to wait for: its release
 /// deletes the key without publishing.
 const UNWAITED: u8 = b'-';
@@ -828,6 +1034,8 @@ impl fmt::Debug for RedisBackend {
         f.debug_struct("RedisBackend")
             .field("urls", &self.inner.shown)
             .field("cluster", &self.is_cluster())
+            .field("sentinel_service", &self.inner.sentinel_service)
+            .field("replica_acks", &self.inner.replica_acks)
             .field("connect_timeout", &self.inner.connect_timeout)
             .field("response_timeout", &self.inner.response_timeout)
             .finish()
@@ -861,22 +1069,27 @@ impl Backend for RedisBackend {
         }
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
         let names = Keyspace::of(key);
-        let mut script = match request.identity {
-            None => scripts::ACQUIRE.prepare_invoke(),
-            Some(_) => scripts::ACQUIRE_AS.prepare_invoke(),
+        let script = match request.identity {
+            None => &*scripts::ACQUIRE,
+            Some(_) => &*scripts::ACQUIRE_AS,
         };
-        script
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(&names.info)
-            .arg(&held_value(owner, self.mark(request, &names))[..])
-            .arg(ttl_millis(ttl))
-            .arg(request.holder_record(self.inner.label.as_deref()));
+        let mut keys = vec![bytes(&names.lock), bytes(&names.fence), bytes(&names.info)];
+        let mut args = vec![
+            held_value(owner, self.mark(request, &names)).to_vec(),
+            bytes(ttl_millis(ttl)),
+            bytes(request.holder_record(self.inner.label.as_deref())),
+        ];
         if let Some(identity) = request.identity {
-            script.key(keyspace::holder_name(key)).arg(identity);
+            keys.push(bytes(keyspace::holder_name(key)));
+            args.push(bytes(identity));
         }
-        let reply: Value = self.run(Operation::Acquire, key, &script).await?;
-        self.read_attempt(key, &names, &reply)
+        // Rule M3: only a caller that waits leaves a writer-waiting mark
+        // behind readers.
+        if request.waits {
+            args.push(bytes(WAITS));
+        }
+        self.attempt(request, &names.fence, script, &keys, &args)
+            .await
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
@@ -948,6 +1161,7 @@ impl Backend for RedisBackend {
             }
         }
         let pipe = &pipe;
+        let behind_sentinels = self.inner.commands.is_sentinel();
         let sent = self
             .inner
             .commands
@@ -971,6 +1185,16 @@ impl Backend for RedisBackend {
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     answers = pipe.query_async(&mut conn).await?;
+                }
+                // A replica's refusal is the connection's failure: behind
+                // sentinels the primary is looked up again and the batch
+                // sent there (renewing twice is harmless).
+                if behind_sentinels
+                    && let Some(Err(err)) = answers
+                        .iter()
+                        .find(|answer| answer.as_ref().is_err_and(sentinel::is_not_primary))
+                {
+                    return Err(err.clone());
                 }
                 Ok(answers)
             })

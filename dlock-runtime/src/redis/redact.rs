@@ -154,7 +154,7 @@ fn form_decode(text: &str) -> String {
     percent_decode(&text.replace('+', " "))
 }
 
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -13,16 +13,24 @@ use std::sync::LazyLock;
 use ::redis::Script;
 
 /// [`ACQUIRE_LUA`]'s text, as a literal that `concat!` can build on.
+///
+/// `$waits`: the Lua expression that says whether the caller waits (rule
+/// M3: only a waiting writer leaves a writer-waiting mark), read from the
+/// argument each script keeps for it.
 macro_rules! acquire_lua {
-    () => {
-        r"
+    ($waits:literal) => {
+        concat!(
+            "local waits = ",
+            $waits,
+            "\n",
+            r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local held = redis.pcall('GET', KEYS[1])
   if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
       and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
     local reading = type(held) == 'string' and #held == 33
       and string.sub(held, 1, 32) == '00000000000000000000000000000000'
-    if reading then
+    if reading and waits then
       local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
       local marked = redis.pcall('GET', writer)
       if not marked then
@@ -81,6 +89,7 @@ if token < tonumber(clock) then
 end
 return redis.call('GET', KEYS[2])
 "
+        )
     };
 }
 
@@ -249,8 +258,9 @@ end
 /// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder info key;
 /// `ARGV[1]` the value to hold the key with (the owner id and a waiter
 /// mark, see below), `ARGV[2]` ttl in milliseconds, `ARGV[3]` the holder
-/// record ([`crate::HolderInfo::encode`]: host, pid, label). Returns the
-/// token as a bulk string (exact as u64) when the caller now holds the key,
+/// record ([`crate::HolderInfo::encode`]: host, pid, label), `ARGV[4]`
+/// `w` when the caller waits (absent from older clients, which then leave
+/// no writer-waiting mark). Returns the token as a bulk string (exact as u64) when the caller now holds the key,
 /// the holder's remaining ttl in ms as an integer (negative if it has none)
 /// when someone else does.
 ///
@@ -319,7 +329,8 @@ end
 ///
 /// **Readers** (see `modes_lua!`). A key held by a read phase holds its
 /// sentinel, so an exclusive attempt finds it held, marks it `+` (the last
-/// reader's release then publishes) and leaves a writer-waiting mark,
+/// reader's release then publishes) and, if its caller waits, leaves a
+/// writer-waiting mark,
 /// `dlock:{T}:writer` (the owner id and `-`, `PX` 3000 ms, which is
 /// [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), or refreshes
 /// its own; new readers are refused while it stands (rule M3). It answers
@@ -327,7 +338,7 @@ end
 /// retries keep the mark alive. The attempt that takes the key deletes its
 /// owner's mark, and takes the key `+` if a reader was refused by the mark
 /// (the mark's flag), so its release wakes that reader.
-pub const ACQUIRE_LUA: &str = acquire_lua!();
+pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'");
 
 /// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
 /// `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` ttl in
@@ -460,7 +471,8 @@ return 0
 ";
 
 /// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
-/// `KEYS[4]` the identity record, `ARGV[4]` the identity. In the same step
+/// `KEYS[4]` the identity record, `ARGV[4]` the identity, `ARGV[5]` `w`
+/// when the caller waits. In the same step
 /// that takes the key, it records `<owner id> <token> <identity>` and
 /// announces the acquisition on the release channel, which a leader's
 /// observers listen to (lock waiters woken by it just find the key held).
@@ -472,13 +484,14 @@ return 0
 /// takes it only while that owner holds the lock.
 pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "local function take()\n{ACQUIRE_LUA}\nend\n\
+        "local function take()\n{}\nend\n\
          local reply = take()\n\
          if type(reply) == 'string' then\n  \
            redis.call('SET', KEYS[4], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
            redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
          end\n\
-         return reply\n"
+         return reply\n",
+        acquire_lua!("ARGV[5] == 'w'")
     )
 });
 
@@ -487,7 +500,8 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
 /// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
-/// in ms for a `Join`, empty for a `Respect`. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
+/// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
@@ -521,7 +535,7 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// release that hands over never races a `Join`.
 pub(super) const FAIR_ACQUIRE_LUA: &str = concat!(
     "local function take()\n",
-    acquire_lua!(),
+    acquire_lua!("ARGV[5] == 'w'"),
     "end\n",
     queue_lua!(),
     r"

@@ -25,6 +25,13 @@
 //! subscribed, the connection is therefore sent a `PING` every second; one
 //! without a reply within the response timeout counts as broken. With
 //! nothing subscribed nothing is sent.
+//!
+//! Behind Redis Sentinel the connection goes to the primary the sentinels
+//! name, confirmed with `ROLE`, looked up anew for every connection; and
+//! while channels are subscribed the sentinels are asked every few seconds
+//! whether the primary is still that one. A primary demoted without its
+//! clients' connections being closed would otherwise keep the
+//! subscriptions: its connection is retired and the waiters look again.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -40,10 +47,17 @@ use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
+use super::sentinel::Sentinels;
 use crate::backend::ReleaseNotice;
 
 /// How often a connection with subscribed channels is checked.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Behind sentinels, every this many health checks the sentinels are asked
+/// whether the primary is still the one the connection is open to: one a
+/// failover demoted without closing its clients' connections (the
+/// sentinels close them when they can) must not keep serving the
+/// subscriptions.
+const PRIMARY_CHECK_EVERY: u32 = 5;
 /// After a failed attempt to open a connection, subscriptions fail at once
 /// for this long (their waiters poll) instead of each trying again in
 /// turn.
@@ -58,6 +72,11 @@ struct Shared {
     /// Servers to open the pub/sub connection to, tried in order. On a
     /// cluster any node will do: `PUBLISH` reaches every node.
     nodes: Vec<Client>,
+    /// Behind sentinels: the connection goes to the primary they name,
+    /// looked up anew for every connection (after a failover, the old
+    /// primary's connection breaks and the waiters subscribe again on the
+    /// new primary's).
+    sentinels: Option<Arc<Sentinels>>,
     connect_timeout: Duration,
     response_timeout: Duration,
     channels: Mutex<Channels>,
@@ -142,6 +161,8 @@ struct Link {
     generation: u64,
     broken: Arc<AtomicBool>,
     reader: AbortHandle,
+    /// Behind sentinels: the primary it was opened to (`host:port`).
+    primary: Option<String>,
 }
 
 impl Drop for Link {
@@ -208,9 +229,21 @@ impl Subscriber {
         connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Self {
+        Self::with_sentinels(nodes, None, connect_timeout, response_timeout)
+    }
+
+    /// A subscriber that connects (lazily) to the primary `sentinels` name,
+    /// or, without them, to the first reachable of `nodes`.
+    pub(crate) fn with_sentinels(
+        nodes: Vec<Client>,
+        sentinels: Option<Arc<Sentinels>>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 nodes,
+                sentinels,
                 connect_timeout,
                 response_timeout,
                 channels: Mutex::default(),
@@ -346,7 +379,12 @@ impl Subscriber {
     /// to open or to answer, and however many waiters queue for it: the
     /// waiter then polls instead.
     fn confirm_limit(&self) -> Duration {
-        let nodes = u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX);
+        // Behind sentinels: the look-up, then the primary's connection.
+        let nodes = if self.shared.sentinels.is_some() {
+            2
+        } else {
+            u32::try_from(self.shared.nodes.len()).unwrap_or(u32::MAX)
+        };
         (self.shared.connect_timeout.saturating_mul(nodes))
             .saturating_add(self.shared.response_timeout)
     }
@@ -463,6 +501,7 @@ impl Shared {
                             link.sink.clone(),
                             generation,
                             Arc::clone(&link.broken),
+                            link.primary.clone(),
                         ));
                     }
                 }
@@ -509,10 +548,23 @@ impl Shared {
         outcome
     }
 
-    /// Opens a pub/sub connection to the first node that answers.
+    /// Opens a pub/sub connection to the first node that answers, or to the
+    /// primary the sentinels name.
     async fn open(self: &Arc<Self>) -> RedisResult<Link> {
         let mut last_error = None;
-        for node in &self.nodes {
+        let (primary, primary_address) = match &self.sentinels {
+            Some(sentinels) => {
+                let primary = sentinels.primary().await?;
+                tracing::debug!(primary = %primary.address, "redis pub/sub follows the primary");
+                (Some(primary.client), Some(primary.address))
+            }
+            None => (None, None),
+        };
+        let nodes = match &primary {
+            Some(primary) => std::slice::from_ref(primary),
+            None => self.nodes.as_slice(),
+        };
+        for node in nodes {
             let pubsub = match timeout(self.connect_timeout, node.get_async_pubsub()).await {
                 Ok(Ok(pubsub)) => pubsub,
                 Ok(Err(err)) => {
@@ -547,6 +599,7 @@ impl Shared {
                 generation,
                 broken,
                 reader,
+                primary: primary_address.clone(),
             });
         }
         Err(last_error.unwrap_or_else(|| {
@@ -634,9 +687,31 @@ async fn check_health(
     mut sink: PubSubSink,
     generation: u64,
     broken: Arc<AtomicBool>,
+    primary: Option<String>,
 ) {
+    let mut checks: u32 = 0;
     loop {
         sleep(HEALTH_CHECK_INTERVAL).await;
+        checks = checks.wrapping_add(1);
+        if let Some(primary) = &primary
+            && checks.is_multiple_of(PRIMARY_CHECK_EVERY)
+            && moved_away(&shared, primary).await
+        {
+            if broken.load(Ordering::SeqCst) {
+                return;
+            }
+            let Some(shared) = shared.upgrade() else {
+                return;
+            };
+            tracing::warn!(
+                generation,
+                old = %primary,
+                "the sentinels name another redis primary; the pub/sub connection follows it \
+                 and every waiter looks again"
+            );
+            shared.retire_silent(generation, &broken).await;
+            return;
+        }
         if broken.load(Ordering::SeqCst) {
             return;
         }
@@ -676,6 +751,18 @@ async fn check_health(
         );
         shared.retire_silent(generation, &broken).await;
         return;
+    }
+}
+
+/// Whether the sentinels name a primary other than `primary` now. A
+/// look-up that fails says nothing: the connection's own health decides.
+async fn moved_away(shared: &Weak<Shared>, primary: &str) -> bool {
+    let Some(sentinels) = shared.upgrade().and_then(|shared| shared.sentinels.clone()) else {
+        return false;
+    };
+    match sentinels.primary().await {
+        Ok(found) => found.address != primary,
+        Err(_) => false,
     }
 }
 

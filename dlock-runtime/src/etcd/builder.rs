@@ -1,0 +1,198 @@
+//! [`EtcdBuilder`]: the connection settings of an [`EtcdBackend`] and
+//! connecting with them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use tokio::time::{sleep, timeout};
+
+use super::endpoints::{self, scrub, secrets_of};
+use super::keyspace::ROOT;
+use super::watch::Watches;
+use super::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND, UNSENT_PAUSE,
+    never_sent,
+};
+use crate::error::{LockError, Operation};
+use crate::holder::check_label;
+
+/// How often an idle connection is pinged (HTTP/2 keep-alive), so a member
+/// that went away silently is noticed and its watches are opened anew.
+const PING_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Connection settings for an [`EtcdBackend`]; from
+/// [`EtcdBackend::builder`].
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::etcd::EtcdBackend;
+///
+/// let backend = EtcdBackend::builder(&["http://10.0.0.5:2379", "http://10.0.0.6:2379"])
+///     .connect_timeout(Duration::from_secs(2))
+///     .response_timeout(Duration::from_secs(1))
+///     .label("billing")
+///     .connect()
+///     .await?;
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBuilder {
+    endpoints: Vec<String>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    label: Option<String>,
+}
+
+impl EtcdBuilder {
+    pub(super) fn new(endpoints: &[&str]) -> Self {
+        Self {
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            label: None,
+        }
+    }
+
+    /// How long connecting may take, the first request to the cluster
+    /// included (default [`DEFAULT_CONNECT_TIMEOUT`]): an unreachable
+    /// cluster is an error after that, never a hang.
+    pub fn connect_timeout(mut self, limit: Duration) -> Self {
+        self.connect_timeout = limit;
+        self
+    }
+
+    /// How long one request may wait for its answer (default
+    /// [`DEFAULT_RESPONSE_TIMEOUT`]).
+    pub fn response_timeout(mut self, limit: Duration) -> Self {
+        self.response_timeout = limit;
+        self
+    }
+
+    /// The label acquisitions through this backend record, over the
+    /// process's ([`crate::Registry::set_label`]).
+    pub fn label(mut self, label: &str) -> Self {
+        self.label = Some(label.to_owned());
+        self
+    }
+
+    /// Connects, and checks that the cluster answers a read (which needs a
+    /// leader) within the connect timeout.
+    pub async fn connect(self) -> Result<EtcdBackend, LockError> {
+        if let Some(label) = &self.label {
+            check_label(label)?;
+        }
+        let urls: Vec<&str> = self.endpoints.iter().map(String::as_str).collect();
+        let parsed = endpoints::parse_all(&urls)?;
+        let secrets = secrets_of(&urls, &parsed);
+        let shown: Vec<String> = parsed.iter().map(|e| e.address.clone()).collect();
+        let failed = |text: String| {
+            LockError::backend(
+                KIND,
+                Operation::Connect,
+                "",
+                format!("{}: {}", shown.join(", "), scrub(&text, &secrets)),
+            )
+        };
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_timeout(self.response_timeout)
+            // A member cut off from the leader refuses at once ("no
+            // leader") instead of making requests and watches wait.
+            .with_require_leader(true)
+            .with_keep_alive(PING_INTERVAL, self.response_timeout)
+            .with_keep_alive_while_idle(true);
+        if let Some((user, password)) = &parsed[0].credentials {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        let limit = self.connect_timeout;
+        let client = match timeout(limit, Client::connect(&shown, Some(options))).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(err)) => return Err(failed(err.to_string())),
+            Err(_) => return Err(failed(format!("no connection within {limit:?}"))),
+        };
+        // Sent again while the member picked is down: another one may
+        // answer (see `EtcdBackend::bounded`).
+        // The last refusal, to say why when time runs out.
+        let refused = std::sync::Mutex::new(None::<String>);
+        let read = async {
+            loop {
+                let mut probe = client.kv_client();
+                let options = GetOptions::new().with_prefix().with_count_only();
+                match probe.get(ROOT, Some(options)).await {
+                    Err(err) if never_sent(&err) => {
+                        if let Ok(mut last) = refused.lock() {
+                            *last = Some(err.to_string());
+                        }
+                        sleep(UNSENT_PAUSE).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        match timeout(limit, read).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => return Err(failed(err.to_string())),
+            Err(_) => {
+                let last = refused.lock().ok().and_then(|mut last| last.take());
+                return Err(failed(match last {
+                    Some(refusal) => format!(
+                        "no member answered within {limit:?}; the last one tried: {refusal}"
+                    ),
+                    None => format!(
+                        "the cluster did not answer a read within {limit:?} (unreachable, or without a leader)"
+                    ),
+                }));
+            }
+        }
+        // The cluster's minimum lease ttl (1.5 × its election timeout,
+        // rounded up): etcd raises a shorter grant to it and says so.
+        let mut leases = client.lease_client();
+        let min_lease_ttl = match timeout(limit, leases.grant(1, None)).await {
+            Ok(Ok(granted)) => {
+                let _ = timeout(limit, leases.revoke(granted.id())).await;
+                Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1))
+            }
+            Ok(Err(err)) => return Err(failed(err.to_string())),
+            Err(_) => return Err(failed(format!("no lease granted within {limit:?}"))),
+        };
+        let watches = Watches::new(client.clone(), self.response_timeout);
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                watches,
+                shown,
+                secrets,
+                response_timeout: self.response_timeout,
+                min_lease_ttl,
+                label: self.label,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for EtcdBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let shown: Vec<String> = self
+            .endpoints
+            .iter()
+            .map(|url| {
+                endpoints::parse(url).map_or_else(
+                    |_| "<unreadable endpoint, not shown>".to_owned(),
+                    |e| e.address,
+                )
+            })
+            .collect();
+        f.debug_struct("EtcdBuilder")
+            .field("endpoints", &shown)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("label", &self.label)
+            .finish()
+    }
+}

@@ -1,0 +1,866 @@
+//! `EtcdBackend`: locks in an etcd cluster (v3 API), feature `etcd`.
+//!
+//! - **A lease per lock.** An acquisition grants an etcd lease for its ttl
+//!   and takes the key in one transaction, only if it is absent (`create
+//!   revision == 0`), writing the owner id, the holder record and the
+//!   identity, all on that lease. The lease id is chosen by the client from
+//!   the owner id and the ttl, so a retry of the same acquisition (rule 3)
+//!   names the same lease and finds its own key, in the same transaction.
+//!   A lock whose holder dies ends with its lease: etcd deletes the keys
+//!   when the lease runs out.
+//! - **The fencing token is the lock key's create revision**: etcd's
+//!   revision rises with every write to the cluster and is part of the
+//!   replicated log, so it keeps rising across a leader change, a member
+//!   restart or the loss of a minority of members. The one way back is a
+//!   disaster recovery: a cluster restored from a snapshot starts again
+//!   at the snapshot's revision, below the tokens issued after it, and
+//!   would issue them again; fence a resource anew (or raise its floor
+//!   above the old cluster's last revision) after such a restore.
+//! - **Renewal and release are owner-checked.** A renewal keeps the lease
+//!   alive, then checks (in one read of every key of the batch) that the
+//!   lock is still this owner's and on that lease; a renewal to another
+//!   ttl moves the keys onto a new lease in one transaction compared on
+//!   the owner and the old lease. A release deletes the keys in one
+//!   transaction compared on the owner, then revokes the lease.
+//!   A batch of renewals ([`Backend::extend_many`]) keeps its leases alive
+//!   all at once, each with one request and answer on a short keep-alive
+//!   stream of its own (the client crate offers no way to name several
+//!   leases on one stream), then reads every key in one transaction (at
+//!   most 64 renewals, 128 reads, a transaction: etcd's default
+//!   `--max-txn-ops`). A renewal of a lease taken with an identity also
+//!   writes the identity record again if it went missing.
+//! - **Lease ttls are whole seconds**: etcd counts leases in seconds, so a
+//!   lease is kept for its ttl rounded up to the next second, and at least
+//!   the cluster's minimum lease ttl (1.5 × the election timeout, rounded up:
+//!   2 s with etcd's defaults). The holder is told it lost the lease at its
+//!   own ttl whatever the store does, so the key stays held (and
+//!   exclusive) for at most that rounding after the holder stopped.
+//! - **Waiting without a herd**: one etcd watch per waited-on key per
+//!   backend, shared by the process's waiters; a delete of the lock key
+//!   (a release, a lease that ran out, a broken lock) wakes one waiter of
+//!   the process, which passes the wake-up on if it gives up. An attempt
+//!   that finds the key held answers `Held { expires_in: None }`: etcd
+//!   deletes an expired lease's key, and the watch sees that too.
+//! - **Every call is bounded**: connecting by the connect timeout (an
+//!   unreachable cluster is an error, never a hang), every request by the
+//!   response timeout. A release that gets no answer is sent again, up to
+//!   three times in all; a retry that finds the key no longer the
+//!   caller's answers [`ReleaseOutcome::Unconfirmed`]. A member that lost its leader refuses at once
+//!   (`require_leader`), so a holder cut off with it fails its renewals
+//!   and is told its lease is lost when the lease's validity ends.
+//!
+//! ## Keyspace
+//!
+//! For a lock key `K`:
+//!
+//! | name | holds |
+//! | --- | --- |
+//! | `dlock/lock/K` | the holder's owner id (32 hex digits), on its lease; its create revision is the token |
+//! | `dlock/holder/K` | who took the lock: host, pid and label ([`crate::holder`]), on the same lease |
+//! | `dlock/identity/K` | only for leases taken with an identity (leader election): the identity, on the same lease |
+//!
+//! All three are written in the transaction that takes the key and deleted
+//! in the one that releases it. The key follows a fixed category prefix,
+//! and no category's prefix is a prefix of another's, so a key (whatever it
+//! holds, `/` included) cannot name another category's entry or another
+//! key's: keys are stored as they are, without escaping, and
+//! [`Backend::held`] is a range read over `dlock/lock/<prefix>`. A holder
+//! record or identity is read only when it is on the lock's own lease, so
+//! one left behind never names a later holder. etcd keeps no clock that
+//! a client can read, so a holder record carries no time of acquisition
+//! ([`HolderInfo::held_for`](crate::HolderInfo::held_for) is `None`).
+//!
+//! ## Endpoints
+//!
+//! `http://host:port`, one or more members of one cluster; requests are
+//! balanced over the members that answer. Credentials for etcd's
+//! authentication go in the user info, `http://user:password@host:2379`
+//! (percent-encoded), the same on every endpoint; they are sent to etcd's
+//! `Authenticate` call only, and never shown: `Debug` output and errors
+//! show the endpoints without them. TLS (`https://`) is not supported yet
+//! and refused.
+//!
+//! ## What the cluster's failures do
+//!
+//! - **A leader change** keeps every lock: leases and keys are replicated,
+//!   and etcd extends every lease by the election time when a new leader
+//!   takes over, so none expires because renewals could not reach a
+//!   leader meanwhile. Tokens keep rising (the revision is in the log).
+//! - **A lost member** (a follower, or the leader once a new one is
+//!   elected) changes nothing while a quorum is left; clients of the
+//!   backend move to the members that answer.
+//! - **A partition**: the side with a quorum goes on. A holder that reaches
+//!   only the minority side cannot renew (its member has no leader and
+//!   refuses), is told its lease is lost when the lease's validity ends,
+//!   and its lease runs out on the majority side, where another holder
+//!   then takes the key with a higher token.
+//!
+//! Fair mode is not supported ([`Backend::supports_fair`] is `false`).
+
+mod builder;
+mod endpoints;
+mod keyspace;
+mod watch;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, Error as EtcdError, GetOptions, KeyValue,
+    LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use futures_util::future::join_all;
+use tokio::time::{sleep, timeout};
+
+use crate::backend::{
+    AcquireRequest, Attempt, Backend, Grant, Holding, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
+};
+use crate::error::{LockError, Operation};
+use crate::holder::HolderInfo;
+use crate::key::LockKey;
+use crate::token::FencingToken;
+
+pub use builder::EtcdBuilder;
+use endpoints::scrub;
+use keyspace::{Names, key_of_lock, key_of_record, lease_id, lease_seconds};
+use watch::Watches;
+
+const KIND: &str = "etcd";
+
+/// How long connecting may take by default, the first read included.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request may wait for its answer by default.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How soon a waiter looks again when its key's watch cannot be created
+/// (the requests may still work): polling, as a last resort.
+const DEGRADED_RECHECK: Duration = Duration::from_millis(500);
+/// The most operations one transaction may hold on etcd's default
+/// settings (`--max-txn-ops`): a renewal batch reads its keys in
+/// transactions of at most this many.
+const MAX_TXN_OPS: usize = 128;
+/// Renewals per read transaction: each reads its lock key and, for a lease
+/// taken with an identity, the identity record.
+const RENEWALS_PER_TXN: usize = MAX_TXN_OPS / 2;
+/// The pause before sending again a request that could not be sent (its
+/// member is down): the client's balancer picks a member anew each time.
+const UNSENT_PAUSE: Duration = Duration::from_millis(20);
+/// How late, at most, etcd's leader deletes an expired lease's keys: it
+/// looks for expired leases every 500 ms and revokes them through one
+/// round of consensus.
+const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
+/// How many times a release is sent before its failure is the answer.
+const RELEASE_TRIES: usize = 3;
+/// The pause after a release that got no answer, before sending it again.
+const RELEASE_PAUSE: Duration = Duration::from_millis(50);
+/// gRPC's status code `UNAVAILABLE`.
+const GRPC_UNAVAILABLE: i32 = 14;
+
+/// Locks in an etcd cluster.
+///
+/// ```no_run
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{etcd::EtcdBackend, registry, LockOptions};
+///
+/// registry().register("etcd", EtcdBackend::connect(&["http://127.0.0.1:2379"]).await?);
+/// let lease = LockOptions::new(Duration::from_secs(30))
+///     .backend("etcd")
+///     .wait(Duration::from_secs(5))
+///     .acquire("nightly-report")
+///     .await?;
+/// // The token is the lock key's create revision in etcd.
+/// println!("token {}", lease.token()); // send it with every write
+/// lease.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    watches: Watches,
+    /// The endpoints without credentials, for `Debug` and errors.
+    shown: Vec<String>,
+    /// Passwords to scrub from any error text.
+    secrets: Vec<String>,
+    response_timeout: Duration,
+    /// The cluster's minimum lease ttl, learnt when connecting.
+    min_lease_ttl: Duration,
+    /// The label acquisitions record, over the process's.
+    label: Option<String>,
+}
+
+impl EtcdBackend {
+    /// Connects to the etcd cluster whose members are `endpoints` (see the
+    /// [module docs](self) for their form), with the default timeouts.
+    pub async fn connect(endpoints: &[&str]) -> Result<Self, LockError> {
+        Self::builder(endpoints).connect().await
+    }
+
+    /// Settings for connecting to `endpoints`, to adjust before
+    /// [`EtcdBuilder::connect`].
+    pub fn builder(endpoints: &[&str]) -> EtcdBuilder {
+        EtcdBuilder::new(endpoints)
+    }
+
+    /// How many lock keys this backend watches now (one watch per key
+    /// with waiters or holder watches in this process), for tests of its
+    /// upkeep.
+    pub fn watched_keys(&self) -> usize {
+        self.inner.watches.watched_keys()
+    }
+
+    /// The cluster's shortest lease: etcd keeps a lease at least this
+    /// long (1.5 × its election timeout, rounded up to a second; 2 s with
+    /// etcd's defaults), whatever ttl was asked for.
+    pub fn min_lease_ttl(&self) -> Duration {
+        self.inner.min_lease_ttl
+    }
+
+    fn error(&self, operation: Operation, key: &str, text: &str) -> LockError {
+        LockError::backend(KIND, operation, key, scrub(text, &self.inner.secrets))
+    }
+
+    /// Runs one request within the response timeout, sending it again
+    /// when it could not be sent at all (the member the client picked
+    /// refuses connections: it is down). A request that was sent is never
+    /// repeated here.
+    async fn bounded<T, F, Fut>(
+        &self,
+        operation: Operation,
+        key: &str,
+        mut request: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, EtcdError>>,
+    {
+        let limit = self.inner.response_timeout;
+        let tries = async {
+            loop {
+                match request().await {
+                    Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
+                    answer => return answer,
+                }
+            }
+        };
+        match timeout(limit, tries).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(err)) => Err(self.error(operation, key, &err.to_string())),
+            Err(_) => Err(self.error(
+                operation,
+                key,
+                &format!(
+                    "no answer from {} within {limit:?}",
+                    self.inner.shown.join(", ")
+                ),
+            )),
+        }
+    }
+
+    async fn txn(
+        &self,
+        operation: Operation,
+        key: &str,
+        txn: Txn,
+    ) -> Result<TxnResponse, LockError> {
+        self.bounded(operation, key, || {
+            let mut kv = self.inner.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
+    /// Keeps `lease` alive once: `false` if etcd does not know it (it ran
+    /// out, or was revoked).
+    async fn keep_alive(
+        &self,
+        operation: Operation,
+        key: &str,
+        lease: i64,
+    ) -> Result<bool, LockError> {
+        self.bounded(operation, key, || {
+            let mut leases = self.inner.client.lease_client();
+            async move {
+                match leases.keep_alive(lease).await {
+                    // The stream is dropped with its sender: one request,
+                    // one answer.
+                    Ok(_) => Ok(true),
+                    Err(EtcdError::LeaseKeepAliveError(text)) if text.contains("not found") => {
+                        Ok(false)
+                    }
+                    Err(err) => Err(err),
+                }
+            }
+        })
+        .await
+    }
+
+    /// Grants `lease` for `seconds`: `true` if it is new, `false` if it
+    /// existed (a retry of the same acquisition) and was kept alive anew.
+    async fn grant(
+        &self,
+        operation: Operation,
+        key: &str,
+        lease: i64,
+        seconds: i64,
+    ) -> Result<bool, LockError> {
+        for _ in 0..2 {
+            let granted = self
+                .bounded(operation, key, || {
+                    let mut leases = self.inner.client.lease_client();
+                    async move {
+                        match leases
+                            .grant(seconds, Some(LeaseGrantOptions::new().with_id(lease)))
+                            .await
+                        {
+                            Ok(_) => Ok(true),
+                            Err(EtcdError::GRpcStatus(status))
+                                if status.message().contains("lease already exists") =>
+                            {
+                                Ok(false)
+                            }
+                            Err(err) => Err(err),
+                        }
+                    }
+                })
+                .await?;
+            // An existing lease is this acquisition's own: counted anew
+            // from now (rule 3), unless it ran out meanwhile.
+            if granted || self.keep_alive(operation, key, lease).await? {
+                return Ok(granted);
+            }
+        }
+        Err(self.error(
+            operation,
+            key,
+            "the lease ran out again and again while it was being granted",
+        ))
+    }
+
+    /// Revokes `lease`, whose keys are gone already or not the holder's;
+    /// a failure is ignored (a lease left behind only runs out). Awaited,
+    /// never left to run in the background: the same owner may name the
+    /// same lease again at once (a multi-key acquisition backs off and
+    /// retries with its owner id), and a revoke that came after that
+    /// retry's grant would delete the key it just took.
+    async fn revoke(&self, lease: i64) {
+        if lease == 0 {
+            return;
+        }
+        let _ = self
+            .bounded(Operation::Release, "", || {
+                let mut leases = self.inner.client.lease_client();
+                async move { leases.revoke(lease).await }
+            })
+            .await;
+    }
+
+    /// The writes that take (or retake) a key on `lease`: the lock, the
+    /// holder record and the identity (or no identity).
+    fn writes(
+        names: &Names,
+        owner: &[u8; 32],
+        record: String,
+        identity: Option<&str>,
+        lease: i64,
+    ) -> Vec<TxnOp> {
+        let on_lease = || Some(PutOptions::new().with_lease(lease));
+        vec![
+            TxnOp::put(names.lock.as_str(), owner.to_vec(), on_lease()),
+            TxnOp::put(names.holder.as_str(), record, on_lease()),
+            match identity {
+                Some(identity) => TxnOp::put(names.identity.as_str(), identity, on_lease()),
+                None => TxnOp::delete(names.identity.as_str(), None),
+            },
+        ]
+    }
+
+    /// Moves `renewal`'s keys from lease `old` onto a new lease for its
+    /// ttl (etcd cannot change a lease's ttl): in one transaction compared
+    /// on the owner and the old lease, so a lease that ended stays ended.
+    async fn move_lease(&self, renewal: &Renewal<'_>, old: i64) -> Result<bool, LockError> {
+        let key = renewal.key.as_str();
+        let names = Names::of(renewal.key);
+        let seconds = lease_seconds(renewal.ttl);
+        let lease = lease_id(renewal.owner, seconds);
+        self.grant(Operation::Extend, key, lease, seconds).await?;
+        let owner = renewal.owner.to_hex();
+        // The holder record and identity keep their values, moved with
+        // `ignore_value`, which needs the key to exist.
+        let keep = |name: &str| {
+            TxnOp::txn(
+                Txn::new()
+                    .when([Compare::create_revision(name, CompareOp::Greater, 0)])
+                    .and_then([TxnOp::put(
+                        name,
+                        Vec::new(),
+                        Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+                    )]),
+            )
+        };
+        let txn = Txn::new()
+            .when([
+                Compare::value(names.lock.as_str(), CompareOp::Equal, owner.to_vec()),
+                Compare::lease(names.lock.as_str(), CompareOp::Equal, old),
+            ])
+            .and_then([
+                TxnOp::put(
+                    names.lock.as_str(),
+                    owner.to_vec(),
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                keep(&names.holder),
+                keep(&names.identity),
+            ]);
+        let moved = self.txn(Operation::Extend, key, txn).await?.succeeded();
+        self.revoke(if moved { old } else { lease }).await;
+        Ok(moved)
+    }
+
+    /// Writes `identity` again beside `renewal`'s lock, on its lease, if
+    /// the lock is still the owner's on that lease: an operator who
+    /// deleted the record hides a leader for one renewal at most. A
+    /// failure is only logged: the renewal itself went through.
+    async fn record_identity(&self, renewal: &Renewal<'_>, identity: &str, lease: i64) {
+        let names = Names::of(renewal.key);
+        let owner = renewal.owner.to_hex();
+        let txn = Txn::new()
+            .when([
+                Compare::value(names.lock.as_str(), CompareOp::Equal, owner.to_vec()),
+                Compare::lease(names.lock.as_str(), CompareOp::Equal, lease),
+            ])
+            .and_then([TxnOp::put(
+                names.identity.as_str(),
+                identity,
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if let Err(err) = self.txn(Operation::Extend, renewal.key.as_str(), txn).await {
+            tracing::debug!(key = %renewal.key, error = %err, "could not write a missing identity record again");
+        }
+    }
+
+    /// One batch of at most [`RENEWALS_PER_TXN`] renewals.
+    async fn extend_batch(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let leases: Vec<i64> = renewals
+            .iter()
+            .map(|r| lease_id(r.owner, lease_seconds(r.ttl)))
+            .collect();
+        // Each lease kept alive, all at once; then one read of every key.
+        let alive = join_all(
+            renewals
+                .iter()
+                .zip(&leases)
+                .map(|(r, lease)| self.keep_alive(Operation::Extend, r.key.as_str(), *lease)),
+        )
+        .await;
+        // Every lock key, and the identity record of each lease taken
+        // with one (rewritten below if it went missing).
+        let mut reads = Vec::with_capacity(2 * renewals.len());
+        let mut identity_at = Vec::with_capacity(renewals.len());
+        for renewal in renewals {
+            let names = Names::of(renewal.key);
+            reads.push(TxnOp::get(names.lock, None));
+            identity_at.push(renewal.recorded.map(|_| {
+                reads.push(TxnOp::get(names.identity, None));
+                reads.len() - 1
+            }));
+        }
+        let lock_at: Vec<usize> = {
+            let mut at = 0;
+            identity_at
+                .iter()
+                .map(|identity| {
+                    let here = at;
+                    at += 1 + usize::from(identity.is_some());
+                    here
+                })
+                .collect()
+        };
+        let reads = Txn::new().and_then(reads);
+        let first = renewals.first().map_or("", |r| r.key.as_str());
+        let read = match self.txn(Operation::Extend, first, reads).await {
+            Ok(read) => read.op_responses(),
+            Err(err) => {
+                let text = err.to_string();
+                return renewals
+                    .iter()
+                    .map(|r| Err(self.error(Operation::Extend, r.key.as_str(), &text)))
+                    .collect();
+            }
+        };
+        let mut answers = Vec::with_capacity(renewals.len());
+        for (i, (renewal, alive)) in renewals.iter().zip(alive).enumerate() {
+            let held = match read.get(lock_at[i]) {
+                Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+                _ => {
+                    answers.push(Err(self.error(
+                        Operation::Extend,
+                        renewal.key.as_str(),
+                        "etcd's answer to the renewal's read lacks this key",
+                    )));
+                    continue;
+                }
+            };
+            let owned = held
+                .as_ref()
+                .filter(|kv| kv.value() == renewal.owner.to_hex().as_slice());
+            answers.push(match (alive, owned) {
+                (Err(err), _) => Err(err),
+                (Ok(alive), Some(kv)) if kv.lease() == leases[i] => {
+                    if alive
+                        && let Some((identity, _)) = renewal.recorded
+                        && identity_at[i]
+                            .and_then(|at| first_kv(&read, at))
+                            .is_none_or(|kv| {
+                                kv.lease() != leases[i] || kv.value() != identity.as_bytes()
+                            })
+                    {
+                        self.record_identity(renewal, identity, leases[i]).await;
+                    }
+                    Ok(alive)
+                }
+                // Held on another lease of the same owner: the ttl changed.
+                (Ok(_), Some(kv)) => self.move_lease(renewal, kv.lease()).await,
+                (Ok(alive), None) => {
+                    if alive {
+                        self.revoke(leases[i]).await;
+                    }
+                    Ok(false)
+                }
+            });
+        }
+        answers
+    }
+}
+
+/// Whether a request failed before it left: the connection to the member
+/// the client picked could not be opened (the member is down), so nothing
+/// reached etcd and the request can go again, to another member.
+pub(super) fn never_sent(err: &EtcdError) -> bool {
+    match err {
+        EtcdError::GRpcStatus(status) => {
+            i32::from(status.code()) == GRPC_UNAVAILABLE
+                && (status.message().contains("connect error")
+                    || status.message().contains("Connection refused"))
+        }
+        _ => false,
+    }
+}
+
+/// The key-value of the first answer of `responses` if it is a read that
+/// found one.
+fn first_kv(responses: &[TxnOpResponse], at: usize) -> Option<KeyValue> {
+    match responses.get(at) {
+        Some(TxnOpResponse::Get(get)) => get.kvs().first().cloned(),
+        Some(TxnOpResponse::Delete(delete)) => delete.prev_kvs().first().cloned(),
+        _ => None,
+    }
+}
+
+/// A create revision as a token; revisions start at 1.
+fn token_of(revision: i64) -> Option<FencingToken> {
+    u64::try_from(revision)
+        .ok()
+        .filter(|r| *r > 0)
+        .map(FencingToken::new)
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    /// A lease lasts its ttl rounded up to a second, and at least the
+    /// cluster's minimum: at most [`EtcdBackend::min_lease_ttl`] longer
+    /// than asked, and the leader then revokes it on its next sweep of
+    /// expired leases (every 500 ms), through one round of consensus.
+    fn expiry_slack(&self) -> Duration {
+        self.inner.min_lease_ttl + EXPIRY_SWEEP
+    }
+
+    async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let key = request.key.as_str();
+        let names = Names::of(request.key);
+        let seconds = lease_seconds(request.ttl);
+        let lease = lease_id(request.owner, seconds);
+        self.grant(Operation::Acquire, key, lease, seconds).await?;
+        let owner = request.owner.to_hex();
+        let record = request.holder_record(self.inner.label.as_deref());
+        let writes = || Self::writes(&names, &owner, record.clone(), request.identity, lease);
+        // One step: take the key if absent (rules 1 and 2); else, if it is
+        // this owner's (a retry, rule 3), take it again on this lease;
+        // else read who holds it.
+        let retry = Txn::new()
+            .when([Compare::value(
+                names.lock.as_str(),
+                CompareOp::Equal,
+                owner.to_vec(),
+            )])
+            .and_then([vec![TxnOp::get(names.lock.as_str(), None)], writes()].concat())
+            .or_else([TxnOp::get(names.lock.as_str(), None)]);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                names.lock.as_str(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(writes())
+            .or_else([TxnOp::txn(retry)]);
+        let answer = self.txn(Operation::Acquire, key, txn).await?;
+        let unexpected = |what: &str| {
+            self.error(
+                Operation::Acquire,
+                key,
+                &format!("unexpected answer from etcd to the acquire transaction: {what}"),
+            )
+        };
+        if answer.succeeded() {
+            // The transaction's revision is the new key's create revision.
+            let revision = answer.header().map_or(0, |h| h.revision());
+            let token = token_of(revision).ok_or_else(|| unexpected("no revision"))?;
+            return Ok(Attempt::Acquired(Grant::new(token)));
+        }
+        let inner = match answer.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Txn(inner)) => inner,
+            _ => return Err(unexpected("no nested answer")),
+        };
+        let found = first_kv(&inner.op_responses(), 0);
+        if inner.succeeded() {
+            let kv = found.ok_or_else(|| unexpected("the retry read nothing"))?;
+            let token =
+                token_of(kv.create_revision()).ok_or_else(|| unexpected("no create revision"))?;
+            if kv.lease() != lease {
+                self.revoke(kv.lease()).await;
+            }
+            return Ok(Attempt::Acquired(Grant::new(token)));
+        }
+        // The lease granted for this attempt is left to the waiter's next
+        // attempt (same owner, same lease) or to run out: revoking it here
+        // would cost every losing attempt a round trip.
+        // etcd deletes the key when the holder's lease runs out, and the
+        // watch sees it: no need to ask the lease's ttl.
+        Ok(Attempt::Held {
+            expires_in: if found.is_some() {
+                None
+            } else {
+                Some(Duration::ZERO)
+            },
+        })
+    }
+
+    async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+        self.extend_many(std::slice::from_ref(renewal))
+            .await
+            .pop()
+            .unwrap_or_else(|| {
+                Err(self.error(Operation::Extend, renewal.key.as_str(), "no answer"))
+            })
+    }
+
+    async fn extend_many(&self, renewals: &[Renewal<'_>]) -> Vec<Result<bool, LockError>> {
+        let mut answers = Vec::with_capacity(renewals.len());
+        for batch in renewals.chunks(RENEWALS_PER_TXN) {
+            answers.extend(self.extend_batch(batch).await);
+        }
+        answers
+    }
+
+    async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+        let key = lease.key.as_str();
+        let names = Names::of(lease.key);
+        let owner = lease.owner.to_hex();
+        // Compare and delete in one step: a holder whose lease ran out
+        // never deletes the key of whoever holds it now.
+        let txn = Txn::new()
+            .when([Compare::value(
+                names.lock.as_str(),
+                CompareOp::Equal,
+                owner.to_vec(),
+            )])
+            .and_then([
+                TxnOp::delete(
+                    names.lock.as_str(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                ),
+                TxnOp::delete(names.holder.as_str(), None),
+                TxnOp::delete(names.identity.as_str(), None),
+            ]);
+        // A request without an answer (a timeout, a connection lost on the
+        // way back) may have released the key: it is sent again (up to
+        // [`RELEASE_TRIES`] in all; the first retry may still meet the
+        // broken connection), and a retry that finds the key not ours
+        // cannot tell whether an earlier try freed it or the lease had
+        // ended before (`Unconfirmed`).
+        let mut first_failure = None;
+        let mut answer = None;
+        for _ in 0..RELEASE_TRIES {
+            match self.txn(Operation::Release, key, txn.clone()).await {
+                Ok(done) => {
+                    answer = Some(done);
+                    break;
+                }
+                Err(err) => {
+                    first_failure.get_or_insert(err);
+                    sleep(RELEASE_PAUSE).await;
+                }
+            }
+        }
+        let retried = first_failure.is_some();
+        let answer = match (answer, first_failure) {
+            (Some(answer), _) => answer,
+            (None, Some(err)) => return Err(err),
+            (None, None) => return Err(self.error(Operation::Release, key, "no answer")),
+        };
+        if !answer.succeeded() {
+            return Ok(if retried {
+                ReleaseOutcome::Unconfirmed
+            } else {
+                ReleaseOutcome::NotOwner
+            });
+        }
+        if let Some(kv) = first_kv(&answer.op_responses(), 0) {
+            self.revoke(kv.lease()).await;
+        }
+        Ok(ReleaseOutcome::Released)
+    }
+
+    async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let names = Names::of(key);
+        match self.inner.watches.release(&names.lock).await {
+            Ok(notice) => Ok(notice),
+            Err(text) => Ok(self.degraded(key, &text)),
+        }
+    }
+
+    async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+        let names = Names::of(key);
+        let txn = Txn::new().and_then([
+            TxnOp::delete(
+                names.lock.as_str(),
+                Some(DeleteOptions::new().with_prev_key()),
+            ),
+            TxnOp::delete(names.holder.as_str(), None),
+            TxnOp::delete(names.identity.as_str(), None),
+        ]);
+        let answer = self.txn(Operation::Release, key.as_str(), txn).await?;
+        let broken = first_kv(&answer.op_responses(), 0);
+        if let Some(kv) = &broken {
+            self.revoke(kv.lease()).await;
+        }
+        Ok(broken.is_some())
+    }
+
+    async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+        let names = Names::of(key);
+        let txn = Txn::new().and_then([
+            TxnOp::get(names.lock.as_str(), None),
+            TxnOp::get(names.holder.as_str(), None),
+            TxnOp::get(names.identity.as_str(), None),
+        ]);
+        let answer = self.txn(Operation::Inspect, key.as_str(), txn).await?;
+        let responses = answer.op_responses();
+        let Some(lock) = first_kv(&responses, 0) else {
+            return Ok(None);
+        };
+        let on_lock_lease = |kv: Option<KeyValue>| {
+            kv.filter(|kv| kv.lease() == lock.lease())
+                .and_then(|kv| kv.value_str().ok().map(str::to_owned))
+        };
+        let record = on_lock_lease(first_kv(&responses, 1));
+        let identity = on_lock_lease(first_kv(&responses, 2));
+        let mut holding = Holding::new(token_of(lock.create_revision()), identity)
+            .held_by(record.as_deref().and_then(HolderInfo::decode));
+        let lease = lock.lease();
+        let left = self
+            .bounded(Operation::Inspect, key.as_str(), || {
+                let mut leases = self.inner.client.lease_client();
+                async move { leases.time_to_live(lease, None).await }
+            })
+            .await?;
+        if let Ok(seconds) = u64::try_from(left.ttl()) {
+            holding = holding.expiring_in(Duration::from_secs(seconds));
+        }
+        Ok(Some(holding))
+    }
+
+    async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+        let names = Names::of(key);
+        match self.inner.watches.change(&names.lock).await {
+            Ok(notice) => Ok(notice),
+            Err(text) => Ok(self.degraded(key, &text)),
+        }
+    }
+
+    async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {
+        let names = Names::of_prefix(prefix);
+        let range = || Some(GetOptions::new().with_prefix());
+        // One read of the three ranges: one revision, one state.
+        let txn = Txn::new().and_then([
+            TxnOp::get(names.lock.as_str(), range()),
+            TxnOp::get(names.holder.as_str(), range()),
+            TxnOp::get(names.identity.as_str(), range()),
+        ]);
+        let answer = self.txn(Operation::List, prefix, txn).await?;
+        let responses = answer.op_responses();
+        let kvs = |at: usize| match responses.get(at) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        };
+        let mut records = std::collections::HashMap::new();
+        for kv in kvs(1).into_iter().chain(kvs(2)) {
+            if let (Some((key, is_identity)), Ok(value)) = (key_of_record(kv.key()), kv.value_str())
+            {
+                records.insert((key.to_owned(), is_identity, kv.lease()), value.to_owned());
+            }
+        }
+        let mut held: Vec<(String, Holding)> = kvs(0)
+            .into_iter()
+            .filter_map(|lock| {
+                let key = key_of_lock(lock.key())?.to_owned();
+                if !key.starts_with(prefix) {
+                    return None;
+                }
+                let record = records.get(&(key.clone(), false, lock.lease()));
+                let identity = records.get(&(key.clone(), true, lock.lease())).cloned();
+                let holding = Holding::new(token_of(lock.create_revision()), identity)
+                    .held_by(record.and_then(|r| HolderInfo::decode(r)));
+                Some((key, holding))
+            })
+            .collect();
+        held.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(held)
+    }
+}
+
+impl EtcdBackend {
+    /// A notice for when the key's watch could not be created: the waiter
+    /// looks again on its own.
+    fn degraded(&self, key: &LockKey, reason: &str) -> ReleaseNotice {
+        tracing::warn!(
+            key = %key,
+            reason = %scrub(reason, &self.inner.secrets),
+            "could not watch an etcd lock key; its waiters poll until a watch works again"
+        );
+        ReleaseNotice::new(std::future::pending()).recheck_within(DEGRADED_RECHECK)
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.shown)
+            .field("response_timeout", &self.inner.response_timeout)
+            .field("label", &self.inner.label)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,104 @@
+//! Scenario 8: what replica acknowledgements cost. The uncontended cycle
+//! of scenario 1 on a primary with one replica, both redis-servers the
+//! benchmark starts for itself on free loopback ports (no persistence),
+//! through dlock without and with `RedisBuilder::replica_acks(1, …)`.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::Backend;
+use dlock::redis::RedisBackend;
+use tokio::time::Instant;
+
+use crate::Res;
+use crate::cycle::{Row, dlock_row};
+
+/// How long a replica has to acknowledge one acquisition.
+pub const ACK_WITHIN: Duration = Duration::from_millis(500);
+
+/// A primary and its replica, stopped when dropped.
+pub struct Replicated {
+    servers: Vec<Child>,
+    /// The primary's URL.
+    pub url: String,
+}
+
+fn free_port() -> Res<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn redis_server(port: u16, extra: &[&str]) -> Res<Child> {
+    Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting redis-server (is it installed?): {e}").into())
+}
+
+impl Replicated {
+    /// Starts both servers and waits until the replica is in sync.
+    pub async fn start() -> Res<Self> {
+        let (primary, replica) = (free_port()?, free_port()?);
+        let mut pair = Replicated {
+            servers: vec![redis_server(primary, &[])?],
+            url: format!("redis://127.0.0.1:{primary}"),
+        };
+        let replica_of = format!("127.0.0.1 {primary}");
+        pair.servers
+            .push(redis_server(replica, &["--replicaof", &replica_of])?);
+        let replica_url = format!("redis://127.0.0.1:{replica}");
+        let started = Instant::now();
+        loop {
+            if let Ok(client) = redis::Client::open(replica_url.as_str())
+                && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                && let Ok(info) = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async::<String>(&mut conn)
+                    .await
+                && info.contains("master_link_status:up")
+            {
+                return Ok(pair);
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                return Err("the benchmark's replica never came in sync".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The two rows: dlock on the primary, and dlock waiting for the
+    /// replica's acknowledgement of every acquisition.
+    pub async fn rows(&self, run: &str) -> Res<Vec<Row>> {
+        let plain: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&self.url).await?);
+        let acked: Arc<dyn Backend> = Arc::new(
+            RedisBackend::builder(&self.url)
+                .replica_acks(1, ACK_WITHIN)
+                .connect()
+                .await?,
+        );
+        Ok(vec![
+            dlock_row("RedisBackend, primary + 1 replica", plain, run, "acks-off"),
+            dlock_row(
+                "RedisBackend, primary + 1 replica, replica_acks(1, 500 ms)",
+                acked,
+                run,
+                "acks-on",
+            ),
+        ])
+    }
+}
+
+impl Drop for Replicated {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+}

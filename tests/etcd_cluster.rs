@@ -1,0 +1,208 @@
+//! Faults on a real three-member etcd cluster, one cluster per test (and
+//! one test at a time: three clusters of three members at once would
+//! starve each other's heartbeats on a small machine): the leader killed
+//! while a lock is held, a follower killed, and a holder cut off from the
+//! cluster, by its member freezing or by its own link going silent.
+
+mod etcd_support;
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dlock::etcd::EtcdBackend;
+use dlock::{LockError, LockKey, LockOptions};
+use etcd_support::{Cluster, random_word};
+use support::proxy::Proxy;
+use support::{until_lost, within};
+
+/// One cluster test at a time (a Tokio mutex: held across awaits, and
+/// not poisoned by a test that failed).
+async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static CLUSTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    CLUSTERS.lock().await
+}
+
+fn fresh_key(label: &str) -> LockKey {
+    LockKey::new(format!("etcd-cluster-test/{label}/{}", random_word())).expect("a key")
+}
+
+async fn connect(endpoints: &[String]) -> Arc<EtcdBackend> {
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    Arc::new(
+        EtcdBackend::builder(&endpoints)
+            .response_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("the cluster answers"),
+    )
+}
+
+/// Takes `key` on `backend`, trying again on backend errors (an election
+/// under way) for up to 20 s; `Held` is an answer, not a retry.
+async fn take(backend: &Arc<EtcdBackend>, key: &LockKey, ttl: Duration) -> dlock::Lease {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match LockOptions::new(ttl)
+            .acquire_on(backend.clone(), key.clone())
+            .await
+        {
+            Ok(lease) => return lease,
+            Err(err @ LockError::Held { .. }) => panic!("{key} must be free: {err}"),
+            Err(err) => {
+                assert!(Instant::now() < deadline, "{key} could not be taken: {err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_keeps_a_held_lock_exclusive_and_tokens_rising() {
+    let _one = one_at_a_time().await;
+    let mut cluster = Cluster::start(3);
+    let holder_side = connect(&cluster.endpoints()).await;
+    let other_side = connect(&cluster.endpoints()).await;
+    let key = fresh_key("leader");
+    let held = take(&holder_side, &key, Duration::from_secs(4)).await;
+    let leader = cluster.leader().await;
+    cluster.members[leader].kill();
+    // Through the election and after it: never a second holder.
+    let watch_until = Instant::now() + Duration::from_secs(6);
+    let mut answered_held = 0;
+    while Instant::now() < watch_until {
+        match LockOptions::new(Duration::from_secs(4))
+            .acquire_on(other_side.clone(), key.clone())
+            .await
+        {
+            Ok(lease) => panic!(
+                "a second holder got {key} (token {}) while {} held it",
+                lease.token(),
+                held.token()
+            ),
+            Err(LockError::Held { .. }) => answered_held += 1,
+            // No leader yet: the election is under way.
+            Err(_) => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        answered_held > 0,
+        "the surviving members never answered while the lock was held"
+    );
+    assert!(
+        held.check().is_ok(),
+        "the holder's lease must survive the leader change (renewed through it)"
+    );
+    let first = held.token();
+    held.release().await.expect("release");
+    let mut last = first;
+    for round in 0..3 {
+        let lease = take(&other_side, &key, Duration::from_secs(4)).await;
+        assert!(
+            lease.token() > last,
+            "round {round}: token {} after {last}",
+            lease.token()
+        );
+        last = lease.token();
+        lease.release().await.expect("release");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_follower_lets_locking_go_on() {
+    let _one = one_at_a_time().await;
+    let mut cluster = Cluster::start(3);
+    // Knows every member, the dead one too.
+    let backend = connect(&cluster.endpoints()).await;
+    let leader = cluster.leader().await;
+    let follower = (leader + 1) % 3;
+    cluster.members[follower].kill();
+    let key = fresh_key("follower");
+    let mut last = None;
+    for round in 0..5 {
+        let lease = within(30, "an acquisition with a follower down", async {
+            take(&backend, &key, Duration::from_secs(3)).await
+        })
+        .await;
+        if let Some(last) = last {
+            assert!(lease.token() > last, "round {round}: tokens must rise");
+        }
+        last = Some(lease.token());
+        // Not free for anyone else meanwhile.
+        let contender = LockOptions::new(Duration::from_secs(3))
+            .acquire_on(backend.clone(), key.clone())
+            .await;
+        assert!(
+            matches!(contender, Err(LockError::Held { .. })),
+            "{contender:?}"
+        );
+        lease.release().await.expect("release");
+    }
+}
+
+/// The holder reaches the cluster only through member `through` (a
+/// follower), which is then frozen: its lease is lost and it is told so,
+/// and a client of the other members takes the key with a higher token
+/// once the lease has ended there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_only_member_is_cut_off_is_told_it_lost_and_another_takes_the_key_higher() {
+    let _one = one_at_a_time().await;
+    let cluster = Cluster::start(3);
+    let leader = cluster.leader().await;
+    let through = (leader + 1) % 3;
+    let holder_side = connect(&[cluster.members[through].endpoint()]).await;
+    let others: Vec<String> = (0..3)
+        .filter(|i| *i != through)
+        .map(|i| cluster.members[i].endpoint())
+        .collect();
+    let other_side = connect(&others).await;
+    let key = fresh_key("cut-off-member");
+    let held = take(&holder_side, &key, Duration::from_secs(2)).await;
+    cluster.members[through].freeze();
+    let lost = until_lost(&held, "the cut-off holder to be told it lost the lock").await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    let next = within(30, "the key to be free once the lease ended", async {
+        LockOptions::new(Duration::from_secs(5))
+            .wait(Duration::from_secs(25))
+            .acquire_on(other_side.clone(), key.clone())
+            .await
+    })
+    .await
+    .expect("another holder takes the key after the lease ended");
+    assert!(next.token() > held.token());
+    cluster.members[through].resume();
+    assert!(matches!(
+        held.release().await,
+        Err(LockError::LeaseLost { .. })
+    ));
+    assert!(
+        next.check().is_ok(),
+        "the old holder's release must not touch the new lease"
+    );
+    next.release().await.expect("release");
+}
+
+/// The holder's own link to the cluster goes silent (a proxy that
+/// forwards nothing more but keeps its sockets open): told lost, and the
+/// key passes to another client with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_link_goes_silent_is_told_it_lost_and_another_takes_the_key_higher() {
+    let _one = one_at_a_time().await;
+    let cluster = Cluster::start(3);
+    let proxy = Proxy::bind(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let holder_side = connect(&[format!("http://127.0.0.1:{}", proxy.port)]).await;
+    let other_side = connect(&cluster.endpoints()).await;
+    let key = fresh_key("silent-link");
+    let held = take(&holder_side, &key, Duration::from_secs(2)).await;
+    proxy.freeze();
+    let lost = until_lost(&held, "the holder behind a silent link to be told it lost").await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
+    let next = LockOptions::new(Duration::from_secs(5))
+        .wait(Duration::from_secs(25))
+        .acquire_on(other_side.clone(), key.clone())
+        .await
+        .expect("another holder takes the key after the lease ended");
+    assert!(next.token() > held.token());
+    next.release().await.expect("release");
+}

@@ -1,0 +1,860 @@
+//! The Redis backend behind Redis Sentinel, against a real deployment each
+//! test starts for itself on free loopback ports: one primary, one replica
+//! (`--replicaof`) and three sentinels (`redis-server <conf> --sentinel`,
+//! quorum 2, `down-after-milliseconds` 1000), all killed and their
+//! directories removed on drop. The conformance suite shares one such
+//! deployment for the whole binary; every test that breaks one has its
+//! own.
+
+mod redis_support;
+mod support;
+
+use std::collections::HashMap;
+use std::os::unix::process::CommandExt as _;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use dlock::redis::RedisBackend;
+use dlock::{Backend, LockError, LockOptions};
+use redis_support::RedisServer;
+use support::within;
+use tokio::time::sleep;
+
+/// The name the sentinels monitor the primary under.
+const SERVICE: &str = "dlock-primary";
+
+/// A `redis-server --sentinel` child process with a generated config in a
+/// directory of its own; killed (SIGKILL) and the directory removed on
+/// drop. It dies with the thread that started it (parent-death signal).
+struct Sentinel {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Sentinel {
+    fn start(primary_port: u16) -> Self {
+        let port = redis_support::free_port(false);
+        let dir = redis_support::fresh_dir("sentinel");
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile sentinel.log\n\
+                 sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds {SERVICE} 1000\n\
+                 sentinel failover-timeout {SERVICE} 3000\n\
+                 sentinel parallel-syncs {SERVICE} 1\n",
+                dir = dir.display()
+            ),
+        )
+        .expect("write sentinel.conf");
+        let mut command = Command::new("redis-server");
+        command
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: prctl is async-signal-safe; the sentinel dies with the
+        // thread that started it, so a test process that dies without
+        // running destructors leaves none behind.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("redis-server must be installed");
+        let sentinel = Self {
+            child: Some(child),
+            port,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sentinel.cli(&["PING"]) != "PONG" {
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel on port {port} did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn cli(&self, args: &[&str]) -> String {
+        redis_support::cli(&["-p", &self.port.to_string()], args)
+    }
+
+    /// `SENTINEL master <name>` as a map.
+    fn master_fields(&self) -> HashMap<String, String> {
+        let text = self.cli(&["SENTINEL", "MASTER", SERVICE]);
+        let lines: Vec<&str> = text.lines().collect();
+        lines
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [name, value] => Some(((*name).to_owned(), (*value).to_owned())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One primary, one replica, three sentinels.
+struct Deployment {
+    primary: RedisServer,
+    replica: RedisServer,
+    sentinels: Vec<Sentinel>,
+}
+
+impl Deployment {
+    /// Starts the servers and waits until the replica is in sync and every
+    /// sentinel knows the replica and the two other sentinels (a failover
+    /// needs both).
+    fn start() -> Self {
+        let primary = RedisServer::start(&[]);
+        let replica_of = format!("127.0.0.1 {}", primary.port);
+        let replica = RedisServer::start(&["--replicaof", &replica_of]);
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
+        let deployment = Self {
+            primary,
+            replica,
+            sentinels,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let synced = deployment
+                .replica
+                .cli(&["INFO", "replication"])
+                .contains("master_link_status:up");
+            let known = deployment.sentinels.iter().all(|sentinel| {
+                let fields = sentinel.master_fields();
+                fields.get("num-slaves").map(String::as_str) == Some("1")
+                    && fields.get("num-other-sentinels").map(String::as_str) == Some("2")
+            });
+            if synced && known {
+                return deployment;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the sentinel deployment did not settle"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(Sentinel::url).collect()
+    }
+
+    /// The primary's port as the sentinels see it now.
+    fn primary_port_named(&self) -> Option<u16> {
+        let text = self.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+        text.lines().nth(1)?.trim().parse().ok()
+    }
+
+    async fn backend(&self) -> RedisBackend {
+        connect(&self.sentinel_urls()).await
+    }
+}
+
+async fn connect(urls: &[String]) -> RedisBackend {
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    RedisBackend::sentinel(&urls, SERVICE)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("connect through the test's sentinels")
+}
+
+fn role(server: &RedisServer) -> String {
+    server
+        .cli(&["ROLE"])
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+fn signal(pid: u32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a child's pid; at worst the process is gone.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The shared deployment: the conformance suite and the tests that do not
+// break anything.
+
+/// What the exit hook cleans up: the shared deployment's pids and
+/// directories.
+static STARTED: Mutex<Vec<(u32, PathBuf)>> = Mutex::new(Vec::new());
+
+extern "C" fn kill_shared_at_exit() {
+    let started = STARTED.lock().map(|s| s.clone()).unwrap_or_default();
+    for (pid, dir) in started {
+        signal(pid, libc::SIGKILL);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// The sentinels' URLs of the deployment shared by the whole binary,
+/// started once by a thread that lives as long as the process (the
+/// servers die with it) and killed at exit.
+fn shared() -> &'static Vec<String> {
+    static SHARED: OnceLock<Vec<String>> = OnceLock::new();
+    SHARED.get_or_init(|| {
+        let (sender, receiver) = mpsc::channel();
+        std::thread::spawn(move || {
+            let deployment = Deployment::start();
+            if let Ok(mut started) = STARTED.lock() {
+                for server in [&deployment.primary, &deployment.replica] {
+                    if let Some(pid) = server.pid() {
+                        started.push((pid, server.dir().to_path_buf()));
+                    }
+                }
+                for sentinel in &deployment.sentinels {
+                    if let Some(child) = &sentinel.child {
+                        started.push((child.id(), sentinel.dir.clone()));
+                    }
+                }
+            }
+            // SAFETY: registering a plain extern "C" fn with atexit(3).
+            unsafe {
+                libc::atexit(kill_shared_at_exit);
+            }
+            let _ = sender.send(deployment.sentinel_urls());
+            loop {
+                std::thread::park();
+            }
+        });
+        receiver
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the shared sentinel deployment starts")
+    })
+}
+
+async fn backend() -> Arc<dyn Backend> {
+    let urls = tokio::task::spawn_blocking(shared)
+        .await
+        .expect("start the shared deployment");
+    Arc::new(connect(urls).await)
+}
+
+dlock_runtime::conformance_suite!(backend);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_grant_when_the_replica_acknowledges_and_give_the_key_back_when_too_few_do() {
+    let urls: Vec<&str> = backend_urls().await;
+    let acked = RedisBackend::sentinel(&urls, SERVICE)
+        .replica_acks(1, Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    let key = dlock_runtime::conformance::fresh_key("sentinel-acks");
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(acked.clone()), &key)
+        .await
+        .expect("one replica acknowledges");
+    lease.release().await.expect("release");
+
+    // Two replicas asked for, one there: never a silent success.
+    let greedy = RedisBackend::sentinel(&urls, SERVICE)
+        .replica_acks(2, Duration::from_millis(200))
+        .connect()
+        .await
+        .expect("connect");
+    let err = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(greedy), &key)
+        .await
+        .expect_err("only one replica exists");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("only 1 of the 2 replicas"), "{text}");
+    // The grant was given back: the key is free at once.
+    let again = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(acked), &key)
+        .await
+        .expect("the refused grant was given back");
+    again.release().await.expect("release");
+}
+
+async fn backend_urls() -> Vec<&'static str> {
+    let urls = tokio::task::spawn_blocking(shared)
+        .await
+        .expect("start the shared deployment");
+    urls.iter().map(String::as_str).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Faults, each on a deployment of its own.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_primary_dies_tokens_rise_above_the_ones_the_replica_missed_and_the_holder_is_told()
+ {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-kill");
+    let fence = redis_support::lock_name(&key).replace(":lock", ":fence");
+
+    let mut highest = 0;
+    let cycle = async |highest: &mut u64| {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect("free");
+        *highest = (*highest).max(lease.token().get());
+        lease.release().await.expect("release");
+    };
+    for _ in 0..3 {
+        cycle(&mut highest).await;
+    }
+    assert_eq!(
+        deployment.primary.cli(&["WAIT", "1", "5000"]),
+        "1",
+        "the replica caught up"
+    );
+    // The replica stops receiving: the primary goes on handing out tokens
+    // (and one lease) it never sees, then dies.
+    let replica_pid = deployment.replica.pid().expect("replica runs");
+    signal(replica_pid, libc::SIGSTOP);
+    deployment
+        .primary
+        .cli(&["CLIENT", "KILL", "TYPE", "replica"]);
+    for _ in 0..3 {
+        cycle(&mut highest).await;
+    }
+    let held = LockOptions::new(Duration::from_secs(3))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    highest = highest.max(held.token().get());
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGKILL);
+    signal(replica_pid, libc::SIGCONT);
+
+    support::within(60, "the sentinels' promotion of the replica", async {
+        while role(&deployment.replica) != "master"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let counter: u64 = deployment
+        .replica
+        .cli(&["GET", &fence])
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        counter < highest,
+        "the promoted replica must have missed the last tokens for this to test anything \
+         (its counter {counter}, the highest token {highest})"
+    );
+
+    let lost = within(30, "the lost signal", held.lost()).await;
+    assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost}");
+    assert!(held.check().is_err(), "check() agrees with lost()");
+    let after = within(30, "a lease on the new primary", async {
+        loop {
+            match LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend.clone(), &key)
+                .await
+            {
+                Ok(lease) => return lease,
+                Err(err) => {
+                    eprintln!("not yet: {err}");
+                    sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        after.token().get() > highest,
+        "after the failover got {}, not above {highest}",
+        after.token()
+    );
+    // It was taken on the promoted replica, not on some stale node.
+    assert_eq!(
+        deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(&key)]),
+        "1"
+    );
+    after.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_woken_by_a_release_on_the_new_primary_after_a_forced_failover() {
+    let deployment = Deployment::start();
+    let holder_side: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let waiter_backend = deployment.backend().await;
+    let waiter_side: Arc<dyn Backend> = Arc::new(waiter_backend.clone());
+    let key = dlock_runtime::conformance::fresh_key("sentinel-waiter");
+    let channel = redis_support::lock_name(&key).replace(":lock", ":released");
+
+    // A long ttl: a waiter that only woke at the holder's expiry would take
+    // a minute, one woken by the release a moment.
+    let ttl = Duration::from_secs(60);
+    let held = LockOptions::new(ttl)
+        .acquire_on(holder_side.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(120))
+                .acquire_on(waiter_side, &key)
+                .await
+        }
+    });
+    within(20, "the waiter's subscription", async {
+        while waiter_backend.subscribed_channels() == 0
+            || deployment.primary.cli(&["PUBSUB", "NUMSUB", &channel]) != format!("{channel}\n1")
+        {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
+    assert_eq!(
+        deployment.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]),
+        "OK"
+    );
+    within(60, "the forced failover", async {
+        while role(&deployment.replica) != "master"
+            || role(&deployment.primary) != "slave"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // The waiter follows: it subscribes again, on the new primary.
+    within(30, "the waiter's subscription on the new primary", async {
+        while deployment.replica.cli(&["PUBSUB", "NUMSUB", &channel]) != format!("{channel}\n1") {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        deployment.primary.cli(&["PUBSUB", "NUMSUB", &channel]),
+        format!("{channel}\n0"),
+        "the demoted primary must not keep serving the waiter's subscription"
+    );
+    assert!(!waiter.is_finished(), "the key is still held");
+
+    let token = held.token();
+    let released_at = Instant::now();
+    within(30, "the release on the new primary", held.release())
+        .await
+        .expect("the holder's release reaches the new primary");
+    let lease = within(30, "the woken waiter", waiter)
+        .await
+        .expect("the waiter task")
+        .expect("the waiter gets the key");
+    let waited = released_at.elapsed();
+    assert!(
+        waited < ttl / 2,
+        "the waiter took {waited:?} after the release: woken by the holder's expiry, not the release"
+    );
+    assert!(lease.token() > token);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locking_goes_on_through_a_forced_failover_without_a_new_backend() {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-forced");
+    let lock = redis_support::lock_name(&key);
+
+    // The application: lock cycles, one after another, all along.
+    let tokens = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let running = tokio::spawn({
+        let (backend, key, tokens) = (backend.clone(), key.clone(), Arc::clone(&tokens));
+        async move {
+            loop {
+                match LockOptions::new(Duration::from_secs(5))
+                    .wait(Duration::from_secs(5))
+                    .acquire_on(backend.clone(), &key)
+                    .await
+                {
+                    Ok(lease) => {
+                        tokens.lock().expect("tokens").push(lease.token().get());
+                        sleep(Duration::from_millis(20)).await;
+                        let _ = lease.release().await;
+                    }
+                    Err(err) => {
+                        eprintln!("during the failover: {err}");
+                        sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+        }
+    });
+    let count = || tokens.lock().expect("tokens").len();
+    within(20, "cycles before the failover", async {
+        while count() < 10 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    assert_eq!(
+        deployment.sentinels[1].cli(&["SENTINEL", "FAILOVER", SERVICE]),
+        "OK"
+    );
+    within(60, "the forced failover", async {
+        while role(&deployment.replica) != "master"
+            || role(&deployment.primary) != "slave"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let before = count();
+    within(30, "cycles after the failover", async {
+        while count() < before + 20 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    // The cycles run on the new primary: a lease taken now is there.
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a lease after the failover");
+    assert_eq!(deployment.replica.cli(&["EXISTS", &lock]), "1");
+    running.abort();
+    lease.release().await.expect("release");
+
+    let tokens = tokens.lock().expect("tokens").clone();
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens must rise through the failover: {tokens:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_connecting_fails_within_its_timeout_naming_that_no_sentinel_answered()
+ {
+    // One port refuses; one accepts and never answers.
+    let refused = redis_support::free_port(false);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let silent_port = silent.local_addr().expect("addr").port();
+    let urls = [
+        format!("redis://:sentinel-secret@127.0.0.1:{refused}"),
+        format!("redis://:sentinel-secret@127.0.0.1:{silent_port}"),
+    ];
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let connect_timeout = Duration::from_secs(2);
+    let response_timeout = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = within(
+        20,
+        "connecting with every sentinel down",
+        RedisBackend::sentinel(&urls, SERVICE)
+            .data_node_auth(None, "data-secret")
+            .connect_timeout(connect_timeout)
+            .response_timeout(response_timeout)
+            .connect(),
+    )
+    .await
+    .expect_err("no sentinel answers");
+    let took = started.elapsed();
+    let text = format!("{err} {:?} {err:?}", std::error::Error::source(&err));
+    assert!(matches!(err, LockError::Backend { .. }), "{text}");
+    assert!(text.contains("no sentinel answered"), "{text}");
+    assert!(!text.contains("sentinel-secret"), "{text}");
+    assert!(!text.contains("data-secret"), "{text}");
+    // Bounded by the timeouts (the look-up by the connect timeout), with
+    // slack for a loaded machine; a hang would be caught by `within`.
+    assert!(
+        took < connect_timeout + response_timeout + Duration::from_secs(3),
+        "took {took:?}"
+    );
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_sentinel_urls_and_for_data_nodes_never_show_in_debug() {
+    let builder = RedisBackend::sentinel(&["redis://user:sentinel-secret@127.0.0.1:1"], SERVICE)
+        .data_node_auth(Some("app"), "data-secret");
+    let shown = format!("{builder:?}");
+    assert!(!shown.contains("sentinel-secret"), "{shown}");
+    assert!(!shown.contains("data-secret"), "{shown}");
+    assert!(shown.contains(SERVICE), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_sentinel_url_connects_through_the_sentinels_it_lists() {
+    let urls = backend_urls().await;
+    let hosts: Vec<&str> = urls
+        .iter()
+        .map(|url| url.trim_start_matches("redis://"))
+        .collect();
+    let url = format!("redis+sentinel://{}/{SERVICE}", hosts.join(","));
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&url)
+            .await
+            .expect("connect with a sentinel URL"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("sentinel-url");
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert!(lease.token().get() > 0);
+    lease.release().await.expect("release");
+
+    // A service the sentinels do not monitor: a clear error, in time.
+    let unknown = format!("redis+sentinel://{}/no-such-primary", hosts.join(","));
+    let err = RedisBackend::builder(&unknown)
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("no such primary");
+    let text = format!("{err} {:?}", std::error::Error::source(&err));
+    assert!(text.contains("monitors no primary named"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_turned_replica_behind_our_back_answers_readonly_and_the_commands_follow_the_new_one()
+ {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-readonly");
+    let lock = redis_support::lock_name(&key);
+    let before = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = before.token();
+    before.release().await.expect("release");
+
+    swap_behind_the_sentinels(&deployment).await;
+    assert!(
+        deployment
+            .primary
+            .cli(&["SET", "probe", "1"])
+            .contains("READONLY"),
+        "the old primary must refuse writes for this to test anything"
+    );
+
+    let after = within(30, "an acquisition after the swap", async {
+        LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), &key)
+            .await
+    })
+    .await
+    .expect("the READONLY answer makes the backend follow the new primary");
+    assert!(after.token() > first);
+    assert_eq!(deployment.replica.cli(&["EXISTS", &lock]), "1");
+    after.release().await.expect("release on the new primary");
+}
+
+/// Swaps the roles without the sentinels, so nobody closes the clients'
+/// connections to the old primary (which stay open, and refuse writes),
+/// then tells the sentinels of the new primary.
+async fn swap_behind_the_sentinels(deployment: &Deployment) {
+    for sentinel in &deployment.sentinels {
+        assert_eq!(sentinel.cli(&["SENTINEL", "REMOVE", SERVICE]), "OK");
+    }
+    assert_eq!(deployment.replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    let replica_of = deployment.replica.port.to_string();
+    assert_eq!(
+        deployment
+            .primary
+            .cli(&["REPLICAOF", "127.0.0.1", &replica_of]),
+        "OK"
+    );
+    within(20, "the old primary's demotion", async {
+        while role(&deployment.primary) != "slave" {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    for sentinel in &deployment.sentinels {
+        assert_eq!(
+            sentinel.cli(&[
+                "SENTINEL",
+                "MONITOR",
+                SERVICE,
+                "127.0.0.1",
+                &replica_of,
+                "2"
+            ]),
+            "OK"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_subscribed_on_a_primary_demoted_behind_our_back_moves_to_the_new_one_and_is_woken_there()
+ {
+    let deployment = Deployment::start();
+    let holder_side: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let waiter_backend = deployment.backend().await;
+    let waiter_side: Arc<dyn Backend> = Arc::new(waiter_backend.clone());
+    let key = dlock_runtime::conformance::fresh_key("sentinel-demoted-waiter");
+    let channel = redis_support::lock_name(&key).replace(":lock", ":released");
+    let subscribers = |server: &RedisServer| {
+        server
+            .cli(&["PUBSUB", "NUMSUB", &channel])
+            .lines()
+            .nth(1)
+            .unwrap_or("")
+            .to_owned()
+    };
+
+    let ttl = Duration::from_secs(60);
+    let held = LockOptions::new(ttl)
+        .acquire_on(holder_side.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(120))
+                .acquire_on(waiter_side, &key)
+                .await
+        }
+    });
+    within(20, "the waiter's subscription", async {
+        while subscribers(&deployment.primary) != "1" {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
+    swap_behind_the_sentinels(&deployment).await;
+    // Nobody closed the waiter's connection: the backend notices that the
+    // sentinels name another primary and subscribes there instead.
+    within(30, "the waiter's move to the new primary", async {
+        while subscribers(&deployment.replica) != "1" || subscribers(&deployment.primary) != "0" {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(!waiter.is_finished(), "the key is still held");
+
+    let token = held.token();
+    let released_at = Instant::now();
+    within(30, "the release on the new primary", held.release())
+        .await
+        .expect("the holder's release reaches the new primary");
+    let lease = within(30, "the woken waiter", waiter)
+        .await
+        .expect("the waiter task")
+        .expect("the waiter gets the key");
+    let waited = released_at.elapsed();
+    assert!(
+        waited < ttl / 2,
+        "the waiter took {waited:?} after the release: woken by the holder's expiry, not the release"
+    );
+    assert!(lease.token() > token);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_leaves_the_old_primary_running_is_followed_without_any_refusal() {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-split");
+    let lock = redis_support::lock_name(&key);
+    let before = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let first = before.token();
+    before.release().await.expect("release");
+
+    // The replica is promoted while the old primary stays a primary that
+    // takes writes and keeps the backend's connection: nothing ever
+    // refuses, so only asking the sentinels can move the backend.
+    for sentinel in &deployment.sentinels {
+        assert_eq!(sentinel.cli(&["SENTINEL", "REMOVE", SERVICE]), "OK");
+    }
+    assert_eq!(deployment.replica.cli(&["REPLICAOF", "NO", "ONE"]), "OK");
+    let promoted = deployment.replica.port.to_string();
+    for sentinel in &deployment.sentinels {
+        assert_eq!(
+            sentinel.cli(&["SENTINEL", "MONITOR", SERVICE, "127.0.0.1", &promoted, "2"]),
+            "OK"
+        );
+    }
+    assert_eq!(role(&deployment.primary), "master");
+
+    let lease = within(30, "a lease taken on the promoted replica", async {
+        loop {
+            let lease = LockOptions::new(Duration::from_secs(10))
+                .wait(Duration::from_secs(5))
+                .acquire_on(backend.clone(), &key)
+                .await
+                .expect("the key is free on either node");
+            if deployment.replica.cli(&["EXISTS", &lock]) == "1" {
+                return lease;
+            }
+            lease.release().await.expect("release");
+            sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(lease.token() > first);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_that_could_never_be_met_in_time_are_refused_before_connecting() {
+    let sentinels = ["redis://127.0.0.1:1"];
+    for (replicas, within) in [
+        (0, Duration::from_millis(100)),
+        (1, Duration::ZERO),
+        (1, Duration::from_secs(1)),
+    ] {
+        let err = RedisBackend::sentinel(&sentinels, SERVICE)
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(replicas, within)
+            .connect()
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                LockError::InvalidOption {
+                    option: "replica_acks",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

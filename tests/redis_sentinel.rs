@@ -301,6 +301,54 @@ async fn replica_acks_grant_when_the_replica_acknowledges_and_give_the_key_back_
     again.release().await.expect("release");
 }
 
+/// Readers and permits wait for the replicas' acknowledgement too, and a
+/// grant too few acknowledged is given back on its own side: the permit's
+/// slot, the reader's share, free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_give_back_a_short_acknowledged_permit_or_read_on_its_own_side() {
+    let urls: Vec<&str> = backend_urls().await;
+    let acked: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&urls, SERVICE)
+            .replica_acks(1, Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let greedy: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&urls, SERVICE)
+            .replica_acks(2, Duration::from_millis(200))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let one = LockOptions::new(Duration::from_secs(10)).permits(1);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-acks-permit");
+    let err = one
+        .acquire_on(greedy.clone(), &key)
+        .await
+        .expect_err("only one replica exists");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let permit = one
+        .acquire_on(acked.clone(), &key)
+        .await
+        .expect("the refused permit's slot was given back");
+    assert_eq!(permit.slot(), Some(0));
+    permit.release().await.expect("release");
+
+    let key = dlock_runtime::conformance::fresh_key("sentinel-acks-read");
+    let read = LockOptions::new(Duration::from_secs(10)).mode(dlock::LockMode::Shared);
+    let err = read
+        .acquire_on(greedy, &key)
+        .await
+        .expect_err("only one replica exists");
+    assert!(matches!(err, LockError::Backend { .. }), "{err}");
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(acked, &key)
+        .await
+        .expect("the refused reader's share was given back");
+    writer.release().await.expect("release");
+}
+
 async fn backend_urls() -> Vec<&'static str> {
     let urls = tokio::task::spawn_blocking(shared)
         .await

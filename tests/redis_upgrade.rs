@@ -453,3 +453,39 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     lease.release().await.expect("release");
     assert_eq!(cli(&["EXISTS", &lock_name(&key), &info]), "0");
 }
+
+/// Shared locks need no upgrade of the writers: a read phase holds the
+/// lock key, so a replica on the previous protocol is refused while
+/// readers hold and gets the key, with a higher token, once they left;
+/// and readers are refused while its writer holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_and_a_previous_replicas_writer_exclude_each_other() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("upgrade-readers");
+    let mut previous = Previous::new('e').await;
+    let read = LockOptions::new(Duration::from_secs(30)).mode(dlock::LockMode::Shared);
+    let reader = read.acquire_on(backend.clone(), &key).await.expect("free");
+    let phase = reader.token().get();
+    assert!(
+        previous.acquire(&key, 30_000).await.is_err(),
+        "an old writer took a read-held key"
+    );
+    reader.release().await.expect("release");
+    let written = previous
+        .acquire(&key, 30_000)
+        .await
+        .expect("the readers left");
+    assert!(
+        written > phase,
+        "the old writer's token is above the phase's"
+    );
+    let refused = read.acquire_on(backend.clone(), &key).await;
+    assert!(
+        matches!(refused, Err(dlock::LockError::Held { .. })),
+        "a reader got in beside an old writer: {refused:?}"
+    );
+    assert_eq!(previous.release(&key).await, 1);
+    let reader = read.acquire_on(backend.clone(), &key).await.expect("free");
+    assert!(reader.token().get() > written);
+    reader.release().await.expect("release");
+}

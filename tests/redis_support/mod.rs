@@ -289,7 +289,7 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
 /// The least-privilege ACL rules for a dlock user, exactly as the module
 /// docs of `dlock::redis` and the README give them (a test checks both
 /// texts), used by the ACL tests on a single server and on a cluster.
-pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping";
+pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping";
 
 /// Creates (or resets) ACL user `user` with `password` and exactly the
 /// rules of [`LEAST_PRIVILEGE_ACL`] on the server `target` (redis-cli
@@ -420,6 +420,92 @@ pub async fn every_operation(redis: &RedisBackend, keys: usize) -> Result<(), St
         {
             return Err(format!("force-releasing `{key}` found nothing to release"));
         }
+        shared_and_permit_operations(redis, &key, ttl)
+            .await
+            .map_err(|err| format!("`{key}`: {err}"))?;
+    }
+    Ok(())
+}
+
+/// Every command a read-write lock and a permit send: two readers join,
+/// renew, a writer finds them (leaving its mark), the readers release
+/// (the last one announces it), the writer gives up (removing its mark);
+/// a permit is taken, renewed and released by an owner that lost its
+/// slot's number. `key` is free.
+async fn shared_and_permit_operations(
+    redis: &RedisBackend,
+    key: &dlock::LockKey,
+    ttl: Duration,
+) -> Result<(), String> {
+    use dlock::backend::{
+        Access, AcquireRequest, Attempt, Backend as _, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let e = |what: &'static str| move |err: dlock::LockError| format!("{what}: {err}");
+    let readers = [
+        OwnerId::random().map_err(|e| e.to_string())?,
+        OwnerId::random().map_err(|e| e.to_string())?,
+    ];
+    for reader in &readers {
+        let request = AcquireRequest::new(key, reader, ttl).with_access(Access::Shared);
+        match redis.try_acquire(&request).await.map_err(e("read"))? {
+            Attempt::Acquired(_) => {}
+            other => return Err(format!("a reader was refused: {other:?}")),
+        }
+        let renewal = Renewal::new(key, reader, ttl).holding(Access::Shared, None);
+        if !redis.extend(&renewal).await.map_err(e("renew a reader"))? {
+            return Err("renewing a reader said it was not held".into());
+        }
+    }
+    let notice = redis.subscribe(key).await.map_err(e("wait for"))?;
+    let writer = OwnerId::random().map_err(|e| e.to_string())?;
+    match redis
+        .try_acquire(&AcquireRequest::new(key, &writer, ttl).with_waits(true))
+        .await
+        .map_err(e("write"))?
+    {
+        Attempt::Held { .. } => {}
+        other => return Err(format!("a writer was let in beside readers: {other:?}")),
+    }
+    for reader in &readers {
+        let release = ReleaseRequest::new(key, reader).holding(Access::Shared, None);
+        if redis
+            .release(&release)
+            .await
+            .map_err(e("release a reader"))?
+            != ReleaseOutcome::Released
+        {
+            return Err("releasing a reader said it was not held".into());
+        }
+    }
+    if tokio::time::timeout(Duration::from_secs(10), notice)
+        .await
+        .is_err()
+    {
+        return Err("the last reader's release was never heard".into());
+    }
+    redis
+        .release(&ReleaseRequest::new(key, &writer))
+        .await
+        .map_err(e("give up writing"))?;
+    let permit = Access::Permits { permits: 2 };
+    let owner = OwnerId::random().map_err(|e| e.to_string())?;
+    let request = AcquireRequest::new(key, &owner, ttl).with_access(permit);
+    let slot = match redis.try_acquire(&request).await.map_err(e("permit"))? {
+        Attempt::Acquired(grant) => grant.slot,
+        other => return Err(format!("a free permit was refused: {other:?}")),
+    };
+    let renewal = Renewal::new(key, &owner, ttl).holding(permit, slot);
+    if !redis.extend(&renewal).await.map_err(e("renew a permit"))? {
+        return Err("renewing a permit said it was not held".into());
+    }
+    let release = ReleaseRequest::new(key, &owner).holding(permit, None);
+    if redis
+        .release(&release)
+        .await
+        .map_err(e("release a permit"))?
+        != ReleaseOutcome::Released
+    {
+        return Err("releasing a permit said it was not held".into());
     }
     Ok(())
 }

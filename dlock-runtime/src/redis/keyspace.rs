@@ -12,6 +12,10 @@
 //! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
 //! | `dlock:{T}:waiter:<owner id>` | string, with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl its attempt asked for (ms) and its holder record; refreshed by the waiter's attempts, deleted by the handoff to it or its leaving |
 //! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
+//! | `dlock:{T}:readers` | hash, with the read phase's `PX` | while readers hold (the lock key then holds the read phase's sentinel, 32 zeros and the waiter mark): each reader's owner id → its expiry in server ms; read only while the sentinel stands |
+//! | `dlock:{T}:phase` | string, with the read phase's `PX` | the read phase's token, drawn by its first reader |
+//! | `dlock:{T}:writer` | string, `PX` [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL) | a writer-waiting mark: the owner id of an exclusive attempt that found readers, and `+` once a reader was refused by it; deleted when its owner takes the key or gives up |
+//! | `dlock:{T}:slots` | hash, with the permits' `PX` | while permits are held (the lock key then holds the permits' sentinel, 31 zeros, `1` and the waiter mark): slot → `<expiry in server ms> <owner id>` |
 //!
 //! `{T}` is a Redis Cluster hash tag: all the keys hash to the same slot, so
 //! the scripts that touch both are valid on a cluster. Encoding the braces
@@ -127,6 +131,66 @@ pub(crate) fn handoff_channel(key: &LockKey) -> String {
     name(&hash_tag(key.as_str()), "handoff")
 }
 
+/// The names a shared lease's scripts take (`dlock:{T}:…`), from one
+/// encoding of the key: built only for shared access.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SharedNames {
+    /// The lock key, holding the read phase's sentinel.
+    pub(crate) lock: String,
+    /// The fencing counter.
+    pub(crate) fence: String,
+    /// The readers' hash: owner id → expiry (server ms).
+    pub(crate) readers: String,
+    /// The writer-waiting mark: owner id and flag, `PX` its life.
+    pub(crate) writer: String,
+    /// The read phase's token.
+    pub(crate) phase: String,
+    /// The channel a release is announced on.
+    pub(crate) released: String,
+}
+
+impl SharedNames {
+    /// The names for `key`.
+    pub(crate) fn of(key: &LockKey) -> Self {
+        let tag = hash_tag(key.as_str());
+        Self {
+            lock: name(&tag, "lock"),
+            fence: name(&tag, "fence"),
+            readers: name(&tag, "readers"),
+            writer: name(&tag, "writer"),
+            phase: name(&tag, "phase"),
+            released: name(&tag, "released"),
+        }
+    }
+}
+
+/// The names a permit's scripts take (`dlock:{T}:…`), from one encoding
+/// of the key: built only for permits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PermitNames {
+    /// The lock key, holding the permits' sentinel.
+    pub(crate) lock: String,
+    /// The fencing counter.
+    pub(crate) fence: String,
+    /// The slots' hash: slot → `<expiry ms> <owner id>`.
+    pub(crate) slots: String,
+    /// The channel a release is announced on.
+    pub(crate) released: String,
+}
+
+impl PermitNames {
+    /// The names for `key`.
+    pub(crate) fn of(key: &LockKey) -> Self {
+        let tag = hash_tag(key.as_str());
+        Self {
+            lock: name(&tag, "lock"),
+            fence: name(&tag, "fence"),
+            slots: name(&tag, "slots"),
+            released: name(&tag, "released"),
+        }
+    }
+}
+
 /// The holder record's name: built only for an acquisition with an
 /// identity and for reading the holder.
 pub(crate) fn holder_name(key: &LockKey) -> String {
@@ -190,6 +254,12 @@ mod tests {
             let lock = cluster_hash_part(&names.lock);
             assert_eq!(lock, cluster_hash_part(&names.fence), "{key:?}");
             assert_eq!(lock, cluster_hash_part(&names.released), "{key:?}");
+            let shared = SharedNames::of(&LockKey::new(key).unwrap_or_else(|e| panic!("{e}")));
+            for other in [&shared.readers, &shared.writer, &shared.phase, &shared.lock] {
+                assert_eq!(lock, cluster_hash_part(other), "{key:?}");
+            }
+            let permits = PermitNames::of(&LockKey::new(key).unwrap_or_else(|e| panic!("{e}")));
+            assert_eq!(lock, cluster_hash_part(&permits.slots), "{key:?}");
             assert!(!lock.contains(['{', '}']), "{key:?} -> {lock:?}");
             assert!(
                 names.lock.len() > lock.len(),

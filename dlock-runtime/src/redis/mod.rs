@@ -45,6 +45,10 @@
 //! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
+//! | `dlock:{T}:readers` | hash with the read phase's `PX` | while readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
+//! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token |
+//! | `dlock:{T}:writer` | string, `PX` 3 s | a writer-waiting mark: the owner id of a writer that found readers |
+//! | `dlock:{T}:slots` | hash with the permits' `PX` | while permits are held: slot → expiry in server ms and owner id |
 //!
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
 //! the scripts are valid on a cluster. Fence keys are small and kept
@@ -102,6 +106,45 @@
 //! - A fair acquisition with an identity (leader election) is refused
 //!   ([`LockError::InvalidOption`]): a handoff could not record it.
 //!
+//! ## Shared locks and permits
+//!
+//! [`LockOptions::mode`](crate::LockOptions::mode) and
+//! [`LockOptions::permits`](crate::LockOptions::permits) keep rules M1 to
+//! M5 of [`Backend`], each attempt, renewal and release one script:
+//!
+//! - **A sentinel in the lock key.** While readers (or permits) hold, the
+//!   lock key holds a value of a lock's shape that no owner id is (32
+//!   zeros, or 31 zeros and `1`, and the waiter mark), with a `PX` as long
+//!   as the longest-lived holder's. An exclusive attempt, of this dlock or
+//!   an older one, just finds the key held; the holders sit in a hash
+//!   beside it (`…:readers`, owner → expiry; `…:slots`, slot → expiry and
+//!   owner), expiries by the server's clock, dead entries pruned by the
+//!   scripts, and read only while the sentinel stands, so a force release
+//!   ends them all.
+//! - **Tokens** are drawn as an exclusive acquisition draws them (the
+//!   fence counter, floored at the server clock): a read phase's first
+//!   reader draws one and keeps it in `…:phase` for the readers that join;
+//!   a permit draws one per grant. They keep rising across a lost counter.
+//! - **Writers first.** An exclusive attempt that finds readers leaves a
+//!   mark, `…:writer` (its owner id, `PX`
+//!   [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), refreshed by
+//!   its retries (it answers at most a third of that); a shared attempt is
+//!   refused while a mark stands. The mark goes when its owner takes the
+//!   key, or gives up (its release), or by its ttl.
+//! - **Wake-ups.** An attempt refused by readers or permits marks the
+//!   sentinel `+`, as it marks an exclusive holder's value, and the last
+//!   reader's release, or a permit's, then publishes on the release
+//!   channel; a reader refused by a mark flags it, so the writer takes the
+//!   key marked and its release publishes; removing a mark on give-up
+//!   always does.
+//! - **Renewals** of readers and permits go in the same pipeline as
+//!   exclusive ones ([`Backend::extend_many`]).
+//! - [`Backend::holder`] reads a read-held or permit-held key as held, by
+//!   an unknown holder, with the key's last token.
+//! - A fair writer queued behind readers is not handed the key by the last
+//!   reader's release: it takes it at its next periodic attempt (within a
+//!   second).
+//!
 //! ## Who holds what
 //!
 //! [`Backend::holder`] reads the lock, its token and its info in one
@@ -150,12 +193,13 @@
 //! create it on every node):
 //!
 //! ```text
-//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +subscribe +unsubscribe +cluster|slots +ping
+//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping
 //! ```
 //!
 //! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
 //! lacks them) and call `SET`, `SETRANGE`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
-//! `PUBLISH` and `TIME`; waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
+//! `PUBLISH` and `TIME` (and `HGETALL`, `HSET`, `HDEL` over the readers'
+//! and slots' hashes of shared locks and permits); waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
 //! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0,
@@ -215,8 +259,8 @@ use futures_util::StreamExt as _;
 use tokio::time::sleep;
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue, ReleaseNotice,
-    ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue,
+    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::holder::HolderInfo;
@@ -225,7 +269,7 @@ use crate::token::FencingToken;
 
 pub use builder::RedisBuilder;
 use commands::{Commands, Failure};
-use keyspace::Keyspace;
+use keyspace::{Keyspace, PermitNames, SharedNames};
 use redact::scrub;
 use subscriber::Subscriber;
 
@@ -373,7 +417,7 @@ impl RedisBackend {
     async fn attempt(
         &self,
         request: &AcquireRequest<'_>,
-        names: &Keyspace,
+        fence: &str,
         script: &Script,
         keys: &[Vec<u8>],
         args: &[Vec<u8>],
@@ -388,7 +432,7 @@ impl RedisBackend {
                 call.arg(arg);
             }
             let reply: Value = self.run(Operation::Acquire, key, &call).await?;
-            return self.read_attempt(key, names, &reply);
+            return self.read_attempt_at(key, fence, request.access, &reply);
         };
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
@@ -436,10 +480,11 @@ impl RedisBackend {
         let reply = reply.map_err(|err| {
             self.error(Operation::Acquire, key, self.describe(&Failure::Redis(err)))
         })?;
-        let attempt = self.read_attempt(key, names, &reply)?;
-        if !matches!(attempt, Attempt::Acquired(_)) {
+        let attempt = self.read_attempt_at(key, fence, request.access, &reply)?;
+        let Attempt::Acquired(grant) = &attempt else {
             return Ok(attempt);
-        }
+        };
+        let slot = grant.slot;
         let acked = match acked {
             Ok(Value::Int(acked)) => Ok(acked),
             Ok(other) => Err(format!("unexpected reply {other:?} to WAIT")),
@@ -454,7 +499,7 @@ impl RedisBackend {
                 "the replicas' acknowledgement could not be had ({why}); the lock was given back"
             ),
         };
-        let release = ReleaseRequest::new(key, request.owner);
+        let release = ReleaseRequest::new(key, request.owner).holding(request.access, slot);
         if let Err(err) = self.release(&release).await {
             tracing::warn!(
                 key = %key,
@@ -541,9 +586,15 @@ impl RedisBackend {
     /// lease taken with an identity (a leader, watched by observers the
     /// store cannot see), or when every release is to be published.
     fn mark(&self, request: &AcquireRequest<'_>, names: &Keyspace) -> u8 {
+        self.mark_for(request, &names.released)
+    }
+
+    /// [`RedisBackend::mark`], for the key whose release channel is
+    /// `released`.
+    fn mark_for(&self, request: &AcquireRequest<'_>, released: &str) -> u8 {
         if self.inner.publish_every_release
             || request.identity.is_some()
-            || self.inner.subscriber.has_waiters(&names.released)
+            || self.inner.subscriber.has_waiters(released)
         {
             WAITED_ON
         } else {
@@ -584,24 +635,105 @@ impl RedisBackend {
             bytes(queue),
             bytes(entry),
         ];
-        let args = [
+        let mut args = vec![
             held_value(owner, self.mark(request, &names)).to_vec(),
             bytes(ttl_millis(ttl)),
             bytes(record),
             bytes(entry_ttl),
         ];
-        self.attempt(request, &names, &scripts::FAIR_ACQUIRE, &keys, &args)
+        if request.waits {
+            args.push(bytes(WAITS));
+        }
+        self.attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
             .await
     }
 
-    /// An acquire script's answer: the token when taken, the holder's
-    /// remaining ttl when held (with the refusal to mark it, if any).
-    fn read_attempt(
+    /// A shared attempt (rules M1 to M3, M5): the shared acquire script,
+    /// one round trip (see `scripts::SHARED_ACQUIRE_LUA`), followed by the
+    /// replicas' acknowledgement when asked for, as an exclusive one.
+    async fn try_acquire_shared(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        let names = SharedNames::of(request.key);
+        let mark = self.mark_for(request, &names.released);
+        let args = [
+            request.owner.to_hex().to_vec(),
+            bytes(ttl_millis(request.ttl)),
+            vec![mark],
+        ];
+        let keys = [
+            bytes(&names.lock),
+            bytes(&names.fence),
+            bytes(&names.readers),
+            bytes(&names.writer),
+            bytes(&names.phase),
+        ];
+        self.attempt(
+            request,
+            &names.fence,
+            &scripts::SHARED_ACQUIRE,
+            &keys,
+            &args,
+        )
+        .await
+    }
+
+    /// A permit attempt (rules M1, M2, M5): the permit script tries every
+    /// slot of `0..permits` in one round trip (see
+    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    async fn try_acquire_permit(
+        &self,
+        request: &AcquireRequest<'_>,
+        permits: u32,
+    ) -> Result<Attempt, LockError> {
+        let names = PermitNames::of(request.key);
+        let mark = self.mark_for(request, &names.released);
+        let args = [
+            request.owner.to_hex().to_vec(),
+            bytes(ttl_millis(request.ttl)),
+            vec![mark],
+            bytes(permits),
+        ];
+        let keys = [bytes(&names.lock), bytes(&names.fence), bytes(&names.slots)];
+        self.attempt(
+            request,
+            &names.fence,
+            &scripts::PERMIT_ACQUIRE,
+            &keys,
+            &args,
+        )
+        .await
+    }
+
+    /// An acquire script's answer: the token when taken (and the slot,
+    /// for a permit: `{token, slot}`), the holder's remaining ttl when held
+    /// (with the refusal to mark it, if any). `fence` names the fence key
+    /// in an error.
+    fn read_attempt_at(
         &self,
         key: &LockKey,
-        names: &Keyspace,
+        fence: &str,
+        access: Access,
         reply: &Value,
     ) -> Result<Attempt, LockError> {
+        if let Access::Permits { permits } = access
+            && let Value::Array(parts) = reply
+            && let [Value::BulkString(token), Value::Int(slot)] = parts.as_slice()
+        {
+            let token = std::str::from_utf8(token)
+                .ok()
+                .and_then(|token| token.parse::<u64>().ok())
+                .filter(|token| *token > 0);
+            let slot = u32::try_from(*slot).ok().filter(|slot| *slot < permits);
+            return match (token, slot) {
+                (Some(token), Some(slot)) => Ok(Attempt::Acquired(
+                    Grant::new(FencingToken::new(token)).in_slot(slot),
+                )),
+                _ => Err(self.error(
+                    Operation::Acquire,
+                    key,
+                    format!("unexpected reply {reply:?} from the permit script"),
+                )),
+            };
+        }
         let token = match reply {
             Value::BulkString(text) => std::str::from_utf8(text)
                 .ok()
@@ -625,8 +757,7 @@ impl RedisBackend {
                 Operation::Acquire,
                 key,
                 format!(
-                    "unexpected reply {reply:?} from the acquire script (is `{}` a fencing counter?)",
-                    names.fence
+                    "unexpected reply {reply:?} from the acquire script (is `{fence}` a fencing counter?)"
                 ),
             )),
         }
@@ -796,6 +927,49 @@ fn read_handoff(message: &[u8]) -> Option<Grant> {
     Some(Grant::new(FencingToken::new(token)).valid_for(valid_for))
 }
 
+/// A permit slot as the permit scripts take it: its number, or empty for
+/// the owner's slot, whichever.
+fn slot_arg(slot: Option<u32>) -> String {
+    slot.map(|slot| slot.to_string()).unwrap_or_default()
+}
+
+/// The script, keys and arguments of a shared or permit renewal (rule M4).
+fn side_renewal_parts(renewal: &Renewal<'_>) -> (&'static Script, Vec<String>, Vec<String>) {
+    let (owner, ttl) = (renewal.owner.to_hex(), ttl_millis(renewal.ttl).to_string());
+    let owner = String::from_utf8_lossy(&owner).into_owned();
+    match renewal.access {
+        Access::Permits { .. } => {
+            let names = PermitNames::of(renewal.key);
+            (
+                &scripts::PERMIT_EXTEND,
+                vec![names.lock, names.slots],
+                vec![owner, ttl, slot_arg(renewal.slot)],
+            )
+        }
+        _ => {
+            let names = SharedNames::of(renewal.key);
+            (
+                &scripts::SHARED_EXTEND,
+                vec![names.lock, names.readers, names.phase],
+                vec![owner, ttl],
+            )
+        }
+    }
+}
+
+/// The invocation of a shared or permit renewal.
+fn side_renewal(renewal: &Renewal<'_>) -> ScriptInvocation<'static> {
+    let (script, keys, args) = side_renewal_parts(renewal);
+    let mut invocation = script.prepare_invoke();
+    for key in keys {
+        invocation.key(key);
+    }
+    for arg in args {
+        invocation.arg(arg);
+    }
+    invocation
+}
+
 /// `Held`, with the remaining ttl in ms the acquire script answered
 /// (negative: the key has no expiry, or is gone).
 fn held(remaining: i64) -> Attempt {
@@ -825,6 +999,10 @@ async fn watch_primary(inner: std::sync::Weak<Inner>) {
 fn bytes(value: impl ToRedisArgs) -> Vec<u8> {
     value.to_redis_args().concat()
 }
+
+/// The exclusive acquire scripts' argument that says the caller waits,
+/// so its attempt leaves a writer-waiting mark behind readers (rule M3).
+const WAITS: &str = "w";
 
 /// The mark of a held value nobody is known to wait for: its release
 /// deletes the key without publishing.
@@ -871,6 +1049,21 @@ impl Backend for RedisBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        match request.access {
+            Access::Exclusive => {}
+            _ if request.identity.is_some() => {
+                return Err(LockError::InvalidOption {
+                    option: request.access.option(),
+                    reason: format!(
+                        "the redis backend records an identity (a leader election's) for an \
+                         exclusive lease only, not a {} one",
+                        request.access
+                    ),
+                });
+            }
+            Access::Shared => return self.try_acquire_shared(request).await,
+            Access::Permits { permits } => return self.try_acquire_permit(request, permits).await,
+        }
         if request.queue.is_fair() {
             return self.try_acquire_fair(request).await;
         }
@@ -890,11 +1083,22 @@ impl Backend for RedisBackend {
             keys.push(bytes(keyspace::holder_name(key)));
             args.push(bytes(identity));
         }
-        self.attempt(request, &names, script, &keys, &args).await
+        // Rule M3: only a caller that waits leaves a writer-waiting mark
+        // behind readers.
+        if request.waits {
+            args.push(bytes(WAITS));
+        }
+        self.attempt(request, &names.fence, script, &keys, &args)
+            .await
     }
 
     async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
         let (key, owner, ttl) = (renewal.key, renewal.owner, renewal.ttl);
+        if renewal.access != Access::Exclusive {
+            let script = side_renewal(renewal);
+            let extended: i64 = self.run(Operation::Extend, key, &script).await?;
+            return Ok(extended == 1);
+        }
         let mut script = match renewal.recorded {
             None => scripts::EXTEND.prepare_invoke(),
             Some(_) => scripts::EXTEND_AS.prepare_invoke(),
@@ -929,6 +1133,12 @@ impl Backend for RedisBackend {
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
         for lease in leases {
+            if lease.access != Access::Exclusive {
+                let (script, keys, args) = side_renewal_parts(lease);
+                let call = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+                call.arg(keys).arg(args);
+                continue;
+            }
             let call = pipe.cmd("EVALSHA");
             let (lock, info) = keyspace::lock_and_info_names(lease.key);
             match lease.recorded {
@@ -966,7 +1176,12 @@ impl Backend for RedisBackend {
                     })
                 };
                 if answers.iter().any(no_script) {
-                    for script in [&*scripts::EXTEND, &*scripts::EXTEND_AS] {
+                    for script in [
+                        &*scripts::EXTEND,
+                        &*scripts::EXTEND_AS,
+                        &*scripts::SHARED_EXTEND,
+                        &*scripts::PERMIT_EXTEND,
+                    ] {
                         script.prepare_invoke().load_async(&mut conn).await?;
                     }
                     answers = pipe.query_async(&mut conn).await?;
@@ -1018,12 +1233,36 @@ impl Backend for RedisBackend {
     /// the key before its reply was lost.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
-        let mut script = scripts::RELEASE.prepare_invoke();
-        let (lock, info) = keyspace::lock_and_info_names(key);
-        script
-            .key(lock)
-            .key(info)
-            .arg(&held_value(owner, UNWAITED)[..]);
+        let mut script = match lease.access {
+            Access::Exclusive => scripts::RELEASE.prepare_invoke(),
+            Access::Shared => scripts::SHARED_RELEASE.prepare_invoke(),
+            Access::Permits { .. } => scripts::PERMIT_RELEASE.prepare_invoke(),
+        };
+        match lease.access {
+            Access::Exclusive => {
+                let (lock, info) = keyspace::lock_and_info_names(key);
+                script
+                    .key(lock)
+                    .key(info)
+                    .arg(&held_value(owner, UNWAITED)[..]);
+            }
+            Access::Shared => {
+                let names = SharedNames::of(key);
+                script
+                    .key(names.lock)
+                    .key(names.readers)
+                    .key(names.phase)
+                    .arg(&owner.to_hex()[..]);
+            }
+            Access::Permits { .. } => {
+                let names = PermitNames::of(key);
+                script
+                    .key(names.lock)
+                    .key(names.slots)
+                    .arg(&owner.to_hex()[..])
+                    .arg(slot_arg(lease.slot));
+            }
+        }
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
             .await?;
@@ -1055,6 +1294,16 @@ impl Backend for RedisBackend {
     /// the key over in its own script (see the [module docs](self)).
     fn supports_fair(&self) -> bool {
         true
+    }
+
+    /// Readers share a hash beside the lock, permits a hash of slots, each
+    /// attempt one script (see `scripts::SHARED_ACQUIRE_LUA` and
+    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    fn supports_access(&self, access: Access) -> bool {
+        match access {
+            Access::Exclusive | Access::Shared => true,
+            Access::Permits { permits } => permits > 0,
+        }
     }
 
     /// True while a fair waiter of this process has a mailbox on the key's

@@ -13,24 +13,54 @@ use std::sync::LazyLock;
 use ::redis::Script;
 
 /// [`ACQUIRE_LUA`]'s text, as a literal that `concat!` can build on.
+///
+/// `$waits`: the Lua expression that says whether the caller waits (rule
+/// M3: only a waiting writer leaves a writer-waiting mark), read from the
+/// argument each script keeps for it.
 macro_rules! acquire_lua {
-    () => {
-        r"
+    ($waits:literal) => {
+        concat!(
+            "local waits = ",
+            $waits,
+            "\n",
+            r"
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local held = redis.pcall('GET', KEYS[1])
   if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
       and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
+    local reading = type(held) == 'string' and #held == 33
+      and string.sub(held, 1, 32) == '00000000000000000000000000000000'
+    if reading and waits then
+      local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
+      local marked = redis.pcall('GET', writer)
+      if not marked then
+        redis.call('SET', writer, string.sub(ARGV[1], 1, 32) .. '-', 'PX', 3000)
+      elseif type(marked) == 'string' and string.sub(marked, 1, 32) == string.sub(ARGV[1], 1, 32) then
+        redis.call('PEXPIRE', writer, 3000)
+      end
+    end
     if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
       local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
       if type(marked) == 'table' then
         return {redis.call('PTTL', KEYS[1]), marked.err}
       end
     end
+    if reading then
+      return math.min(redis.call('PTTL', KEYS[1]), 1000)
+    end
     return redis.call('PTTL', KEYS[1])
   end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
     redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
+  end
+end
+local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
+local waiting = redis.pcall('GET', writer)
+if type(waiting) == 'string' and string.sub(waiting, 1, 32) == string.sub(ARGV[1], 1, 32) then
+  redis.call('DEL', writer)
+  if string.byte(waiting, -1) == 43 then
+    redis.call('SETRANGE', KEYS[1], 32, '+')
   end
 end
 local now = redis.call('TIME')
@@ -58,6 +88,48 @@ if token < tonumber(clock) then
   return clock
 end
 return redis.call('GET', KEYS[2])
+"
+        )
+    };
+}
+
+/// The Lua functions that draw a fencing token, shared by every script
+/// that grants a key (exclusive, fair, shared, permit):
+///
+/// - `server_time()`: the server clock as the µs text tokens are drawn
+///   from.
+/// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
+///   (the fast path when the clock is above the last token, else `INCR`
+///   with the clock as its floor); `nil` when the counter cannot rise.
+macro_rules! token_lua {
+    () => {
+        r"
+local function server_time()
+  local now = redis.call('TIME')
+  local micros = now[2]
+  if #micros < 6 then
+    micros = string.rep('0', 6 - #micros) .. micros
+  end
+  return now[1] .. micros
+end
+local function draw(fence, clock)
+  local last = redis.pcall('SET', fence, clock, 'GET')
+  if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
+    return clock
+  end
+  if type(last) == 'string' then
+    redis.call('SET', fence, last)
+  end
+  local token = redis.pcall('INCR', fence)
+  if type(token) == 'table' then
+    return nil
+  end
+  if token < tonumber(clock) then
+    redis.call('SET', fence, clock)
+    return clock
+  end
+  return redis.call('GET', fence)
+end
 "
     };
 }
@@ -93,8 +165,8 @@ return redis.call('GET', KEYS[2])
 /// (the copying is Redis's C). An entry that dies behind a live one stays
 /// until it comes first, and is dropped then.
 ///
-/// - `server_time()`: the server clock as the µs text tokens are drawn
-///   from.
+/// After `token_lua!`'s `server_time()` and `draw(fence, clock)`:
+///
 /// - `waiter(queue, owner)`: the name of `owner`'s entry key.
 /// - `first_live(text, queue)`: the first live entry of a queue's text, as
 ///   `{owner, ttl, record, entry key}`, and the offsets where its line
@@ -104,9 +176,6 @@ return redis.call('GET', KEYS[2])
 /// - `write(queue, text, life)`: stores the queue's new text (`DEL` when
 ///   empty), keeping its `PX`, or stretching it to at least `life` ms for
 ///   an entry that was just written.
-/// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
-///   (the fast path when the clock is above the last token, else `INCR`
-///   with the clock as its floor); `nil` when the counter cannot rise.
 /// - `hand_over(entry, clock, lock, fence, info)`: gives the free key to
 ///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
 ///   ms, or `nil` when the counter cannot rise (the key is then left free,
@@ -115,15 +184,9 @@ return redis.call('GET', KEYS[2])
 /// - `leave(queue, text, owner)`: removes `owner`'s line, if any.
 macro_rules! queue_lua {
     () => {
-        r"
-local function server_time()
-  local now = redis.call('TIME')
-  local micros = now[2]
-  if #micros < 6 then
-    micros = string.rep('0', 6 - #micros) .. micros
-  end
-  return now[1] .. micros
-end
+        concat!(
+            token_lua!(),
+            r"
 local function waiter(queue, owner)
   return string.sub(queue, 1, -6) .. 'waiter:' .. owner
 end
@@ -153,24 +216,6 @@ local function write(queue, text, life)
   else
     redis.call('SET', queue, text, 'KEEPTTL')
   end
-end
-local function draw(fence, clock)
-  local last = redis.pcall('SET', fence, clock, 'GET')
-  if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
-    return clock
-  end
-  if type(last) == 'string' then
-    redis.call('SET', fence, last)
-  end
-  local token = redis.pcall('INCR', fence)
-  if type(token) == 'table' then
-    return nil
-  end
-  if token < tonumber(clock) then
-    redis.call('SET', fence, clock)
-    return clock
-  end
-  return redis.call('GET', fence)
 end
 local function hand_over(entry, clock, lock, fence, info)
   local px = entry[2]
@@ -204,6 +249,7 @@ local function leave(queue, text, owner)
   end
 end
 "
+        )
     };
 }
 
@@ -212,8 +258,9 @@ end
 /// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder info key;
 /// `ARGV[1]` the value to hold the key with (the owner id and a waiter
 /// mark, see below), `ARGV[2]` ttl in milliseconds, `ARGV[3]` the holder
-/// record ([`crate::HolderInfo::encode`]: host, pid, label). Returns the
-/// token as a bulk string (exact as u64) when the caller now holds the key,
+/// record ([`crate::HolderInfo::encode`]: host, pid, label), `ARGV[4]`
+/// `w` when the caller waits (absent from older clients, which then leave
+/// no writer-waiting mark). Returns the token as a bulk string (exact as u64) when the caller now holds the key,
 /// the holder's remaining ttl in ms as an integer (negative if it has none)
 /// when someone else does.
 ///
@@ -279,7 +326,19 @@ end
 /// the release only for a `+`, so an uncontended release costs the server
 /// no `PUBLISH`. A value without the mark (a holder on an older dlock)
 /// is never touched: older releases publish every time.
-pub const ACQUIRE_LUA: &str = acquire_lua!();
+///
+/// **Readers** (see `modes_lua!`). A key held by a read phase holds its
+/// sentinel, so an exclusive attempt finds it held, marks it `+` (the last
+/// reader's release then publishes) and, if its caller waits, leaves a
+/// writer-waiting mark,
+/// `dlock:{T}:writer` (the owner id and `-`, `PX` 3000 ms, which is
+/// [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), or refreshes
+/// its own; new readers are refused while it stands (rule M3). It answers
+/// at most 1000 ms then, a third of the mark's life, so the waiter's
+/// retries keep the mark alive. The attempt that takes the key deletes its
+/// owner's mark, and takes the key `+` if a reader was refused by the mark
+/// (the mark's flag), so its release wakes that reader.
+pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'");
 
 /// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
 /// `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` ttl in
@@ -342,7 +401,9 @@ return 0
 ///
 /// A caller that does not hold the key leaves the queue instead (rule F3):
 /// its entry key is deleted (named from the queue's, see `queue_lua!`) and
-/// its line, if any, removed.
+/// its line, if any, removed; and its writer-waiting mark, if it left one
+/// behind readers ([`ACQUIRE_LUA`]), is deleted, and the removal announced,
+/// so readers it held back go at once (rule M3).
 pub const RELEASE_LUA: &str = concat!(
     r"
 local held = redis.pcall('GET', KEYS[1])
@@ -374,6 +435,12 @@ if type(held) == 'string' and #held == #ARGV[1]
   redis.call('PUBLISH', stem .. 'released', 'released')
   return 1
 end
+local writer = stem .. 'writer'
+local waiting = redis.pcall('GET', writer)
+if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
+  redis.call('DEL', writer)
+  redis.call('PUBLISH', stem .. 'released', 'released')
+end
 redis.call('DEL', waiter(queue, owner))
 local text = redis.pcall('GET', queue)
 if type(text) == 'string' and text ~= '' then
@@ -383,15 +450,19 @@ return 0
 "
 );
 
-/// Breaks a lock whoever holds it. `KEYS[1]` lock key, `KEYS[2]` holder
-/// info key (deleted too, held or not: without its lock it names nobody);
+/// Breaks a lock whoever holds it: an exclusive holder, a read phase or
+/// every permit (their hashes, the phase token and a writer-waiting mark
+/// are deleted with the lock key, named from it). `KEYS[1]` lock key,
+/// `KEYS[2]` holder info key (deleted too, held or not: without its lock
+/// it names nobody);
 /// `ARGV[1]` release channel. Returns 1 if a lock was deleted.
 ///
 /// Why one atomic step: the announcement goes out for exactly the deletion
 /// that happened, so waiters retry when the key is really free.
 pub(super) const FORCE_RELEASE_LUA: &str = r"
 local held = redis.call('PTTL', KEYS[1]) ~= -2
-redis.call('DEL', KEYS[1], KEYS[2])
+local stem = string.sub(KEYS[1], 1, -5)
+redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
 if held then
   redis.call('PUBLISH', ARGV[1], 'released')
   return 1
@@ -400,7 +471,8 @@ return 0
 ";
 
 /// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
-/// `KEYS[4]` the identity record, `ARGV[4]` the identity. In the same step
+/// `KEYS[4]` the identity record, `ARGV[4]` the identity, `ARGV[5]` `w`
+/// when the caller waits. In the same step
 /// that takes the key, it records `<owner id> <token> <identity>` and
 /// announces the acquisition on the release channel, which a leader's
 /// observers listen to (lock waiters woken by it just find the key held).
@@ -412,13 +484,14 @@ return 0
 /// takes it only while that owner holds the lock.
 pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "local function take()\n{ACQUIRE_LUA}\nend\n\
+        "local function take()\n{}\nend\n\
          local reply = take()\n\
          if type(reply) == 'string' then\n  \
            redis.call('SET', KEYS[4], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
            redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
          end\n\
-         return reply\n"
+         return reply\n",
+        acquire_lua!("ARGV[5] == 'w'")
     )
 });
 
@@ -427,7 +500,8 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
 /// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
-/// in ms for a `Join`, empty for a `Respect`. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
+/// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
@@ -461,7 +535,7 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// release that hands over never races a `Join`.
 pub(super) const FAIR_ACQUIRE_LUA: &str = concat!(
     "local function take()\n",
-    acquire_lua!(),
+    acquire_lua!("ARGV[5] == 'w'"),
     "end\n",
     queue_lua!(),
     r"
@@ -608,3 +682,449 @@ pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 pub(super) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(FAIR_ACQUIRE_LUA));
 pub(super) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+
+// ---------------------------------------------------------------------------
+// Shared locks and permits (rules M1 to M5 on `Backend`).
+
+/// The Lua functions of shared locks and permits, shared by their scripts.
+///
+/// A read phase or a set of permits holds the lock key too, with a
+/// *sentinel* value of the lock's shape (32 hex digits and the waiter
+/// mark): `READ_PHASE` (`0…0`, 32 zeros) while readers hold, `PERMITS`
+/// (`0…01`) while permits do, with a `PX` no shorter than its
+/// longest-lived holder's. So an exclusive attempt, of this dlock or an
+/// older one, finds the key held and marks the sentinel `+` as it marks
+/// any holder's value, and a release of the last reader or of a permit
+/// publishes exactly when someone may wait. Owner ids are random 128-bit
+/// values, so no owner's value is a sentinel. The holders themselves sit
+/// in a hash beside it, read only while the sentinel stands (so a force
+/// release, which deletes the lock key, ends them all at once):
+///
+/// - `dlock:{T}:readers`: owner id → expiry (server ms), and
+///   `dlock:{T}:phase`, the read phase's token;
+/// - `dlock:{T}:slots`: slot → `<expiry ms> <owner id>`.
+///
+/// Expiries are the server's clock (`TIME`), never a client's; the dead
+/// entries a script meets are pruned by it.
+///
+/// - `now_ms()`: the server clock in ms.
+/// - `live(hash, now)`: the live entries of a holders' hash, field →
+///   value (its leading number is the expiry), the dead ones deleted; a
+///   value of another type reads as none.
+/// - `last(entries)`: the latest expiry among `entries`, 0 for none.
+/// - `stretch(names, left)`: sets every key of `names` to expire in `left`
+///   ms (the sentinel, the hash, the phase token): they live exactly as
+///   long as the longest-lived holder.
+/// - `mark_waited(lock, held)`: marks a held value of the lock's shape `+`
+///   (its release then publishes); the refusal, if the server refused it.
+/// - `refused(lock, held)`: the answer to an attempt refused by `held`:
+///   the lock's `PTTL`, with the refusal to mark it if any.
+/// - `reading(held)`, `permitted(held)`: whether `held` is the read
+///   phase's or the permits' sentinel.
+macro_rules! modes_lua {
+    () => {
+        r"
+local READ_PHASE = '00000000000000000000000000000000'
+local PERMITS = '00000000000000000000000000000001'
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function live(hash, now)
+  local all = redis.pcall('HGETALL', hash)
+  local entries, dead = {}, {}
+  if type(all) ~= 'table' or all.err then
+    return entries
+  end
+  for i = 1, #all, 2 do
+    local expiry = tonumber(string.match(all[i + 1], '^%d+') or '')
+    if expiry and expiry > now then
+      entries[all[i]] = all[i + 1]
+    else
+      dead[#dead + 1] = all[i]
+    end
+  end
+  if #dead > 0 then
+    redis.call('HDEL', hash, unpack(dead))
+  end
+  return entries
+end
+local function last(entries)
+  local latest = 0
+  for _, value in pairs(entries) do
+    latest = math.max(latest, tonumber(string.match(value, '^%d+')))
+  end
+  return latest
+end
+local function stretch(names, left)
+  for _, name in ipairs(names) do
+    redis.call('PEXPIRE', name, math.max(left, 1))
+  end
+end
+local function mark_waited(lock, held)
+  if #held == 33 and string.find(held, '^%x+%-$') then
+    local marked = redis.pcall('SETRANGE', lock, 32, '+')
+    if type(marked) == 'table' then
+      return marked.err
+    end
+  end
+  return nil
+end
+local function refused(lock, held)
+  local ttl = redis.call('PTTL', lock)
+  if type(held) == 'string' then
+    local refusal = mark_waited(lock, held)
+    if refusal then
+      return {ttl, refusal}
+    end
+  end
+  return ttl
+end
+local function reading(held)
+  return type(held) == 'string' and #held == 33 and string.sub(held, 1, 32) == READ_PHASE
+end
+local function permitted(held)
+  return type(held) == 'string' and #held == 33 and string.sub(held, 1, 32) == PERMITS
+end
+"
+    };
+}
+
+/// A shared attempt ([`crate::backend::Access::Shared`]). `KEYS[1]` lock
+/// key, `KEYS[2]` fence key, `KEYS[3]` readers' hash, `KEYS[4]` the
+/// writer-waiting mark, `KEYS[5]` the phase token; `ARGV[1]` the owner id
+/// (32 hex digits), `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take
+/// the key with (`-` or `+`, as for [`ACQUIRE_LUA`]). Answers as
+/// [`ACQUIRE_LUA`] does: the token as a bulk string, or the ms to look
+/// again in (with the refusal to mark the holder, if any).
+///
+/// - An exclusive holder or permits hold the key: refused, the holder's
+///   value marked `+` so its release wakes the caller.
+/// - A live read phase: a reader of it retrying (rule M5) is granted the
+///   phase token with its expiry renewed; anyone else joins it with the
+///   phase token, unless a live writer-waiting mark stands (rule M3): then
+///   refused until the mark's expiry, and the mark flagged `+`, so the
+///   writer takes the key marked and its release publishes.
+/// - No phase (the key free): refused while a live mark stands, as above;
+///   else a new phase, its token drawn as [`ACQUIRE_LUA`] draws one (the
+///   counter advanced, floored at the server clock, so above every token
+///   before, across a lost counter too) and kept as the phase's.
+///
+/// Why one atomic step: the sentinel, the readers and the mark are read
+/// and written together, so no writer takes the key between a reader's
+/// check and its join, and two first readers never draw two phase tokens.
+pub(super) const SHARED_ACQUIRE_LUA: &str = concat!(
+    token_lua!(),
+    modes_lua!(),
+    r"
+local owner, ttl = ARGV[1], tonumber(ARGV[2])
+local held = redis.pcall('GET', KEYS[1])
+if held and not reading(held) then
+  return refused(KEYS[1], held)
+end
+local now = now_ms()
+local function writer_waits()
+  local mark = redis.pcall('GET', KEYS[4])
+  if type(mark) ~= 'string' then
+    return false
+  end
+  if string.byte(mark, -1) == 45 then
+    redis.call('SETRANGE', KEYS[4], 32, '+')
+  end
+  return true
+end
+if held then
+  local readers = live(KEYS[3], now)
+  local token = redis.pcall('GET', KEYS[5])
+  if next(readers) and type(token) == 'string' then
+    if not readers[owner] and writer_waits() then
+      return redis.call('PTTL', KEYS[4])
+    end
+    readers[owner] = tostring(now + ttl)
+    redis.call('HSET', KEYS[3], owner, readers[owner])
+    stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
+    if ARGV[3] == '+' then
+      redis.call('SETRANGE', KEYS[1], 32, '+')
+    end
+    return token
+  end
+end
+if writer_waits() then
+  return redis.call('PTTL', KEYS[4])
+end
+local token = draw(KEYS[2], server_time())
+if not token then
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
+end
+redis.call('DEL', KEYS[3])
+redis.call('SET', KEYS[1], READ_PHASE .. ARGV[3], 'PX', ttl)
+redis.call('HSET', KEYS[3], owner, tostring(now + ttl))
+redis.call('PEXPIRE', KEYS[3], ttl)
+redis.call('SET', KEYS[5], token, 'PX', ttl)
+return token
+"
+);
+
+/// Renews a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash, `KEYS[3]`
+/// phase token; `ARGV[1]` owner id, `ARGV[2]` ttl in ms. Returns 1 if
+/// renewed, 0 if the caller holds no live share of the phase.
+///
+/// Why one atomic step: checked apart, the reader's share could run out,
+/// the phase end and a writer take the key between the check and the
+/// write, which would then revive a share beside the writer.
+pub(super) const SHARED_EXTEND_LUA: &str = concat!(
+    modes_lua!(),
+    r"
+if not reading(redis.pcall('GET', KEYS[1])) then
+  return 0
+end
+local now = now_ms()
+local readers = live(KEYS[2], now)
+if not readers[ARGV[1]] then
+  return 0
+end
+readers[ARGV[1]] = tostring(now + tonumber(ARGV[2]))
+redis.call('HSET', KEYS[2], ARGV[1], readers[ARGV[1]])
+stretch({KEYS[1], KEYS[2], KEYS[3]}, last(readers) - now)
+return 1
+"
+);
+
+/// Releases a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash,
+/// `KEYS[3]` phase token; `ARGV[1]` owner id. Returns 1 if released, 0 if
+/// the caller held no live share. The last reader's release ends the
+/// phase (the sentinel, the hash and the phase token deleted) and, when
+/// the sentinel is marked `+` (a writer, or a waiter, found the phase),
+/// publishes on the release channel (the lock key with `lock` replaced by
+/// `released`); an earlier reader's cuts the sentinel's life to the
+/// longest-lived reader left.
+///
+/// Why one atomic step: the phase ends, and the release is announced,
+/// exactly when the last share goes, so a waiting writer neither misses
+/// it nor is woken while a reader holds.
+pub(super) const SHARED_RELEASE_LUA: &str = concat!(
+    modes_lua!(),
+    r"
+local held = redis.pcall('GET', KEYS[1])
+if not reading(held) then
+  return 0
+end
+local now = now_ms()
+local readers = live(KEYS[2], now)
+if not readers[ARGV[1]] then
+  return 0
+end
+redis.call('HDEL', KEYS[2], ARGV[1])
+readers[ARGV[1]] = nil
+if next(readers) then
+  stretch({KEYS[1], KEYS[2], KEYS[3]}, last(readers) - now)
+  return 1
+end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+if string.byte(held, -1) == 43 then
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+end
+return 1
+"
+);
+
+/// A permit attempt ([`crate::backend::Access::Permits`]). `KEYS[1]` lock
+/// key, `KEYS[2]` fence key, `KEYS[3]` the slots' hash; `ARGV[1]` owner id,
+/// `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take the key with,
+/// `ARGV[4]` the number of permits. Returns `{token, slot}` when the
+/// caller holds a slot of `0..permits`, else the ms until the soonest slot
+/// runs out (or the exclusive or shared holder's `PTTL`), with the
+/// refusal to mark the sentinel if any.
+///
+/// Every slot is tried in this one step: the caller's own live slot first
+/// (a retry, rule M5), else the first free one. A grant draws a token anew
+/// as [`ACQUIRE_LUA`] draws one (so a slot's tokens rise, across a lost
+/// counter too), writes `<expiry> <owner id>` to the slot and keeps the
+/// sentinel alive as long as the longest-lived permit. A full set marks
+/// the sentinel `+`, so the next permit's release publishes.
+///
+/// Why one atomic step: two attempts that read the slots apart could both
+/// find the same slot free and both take it.
+pub(super) const PERMIT_ACQUIRE_LUA: &str = concat!(
+    token_lua!(),
+    modes_lua!(),
+    r"
+local owner, ttl, permits = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
+local held = redis.pcall('GET', KEYS[1])
+if held and not permitted(held) then
+  return refused(KEYS[1], held)
+end
+local now = now_ms()
+local slots = {}
+if held then
+  slots = live(KEYS[3], now)
+end
+local taken
+for slot = 0, permits - 1 do
+  local value = slots[tostring(slot)]
+  if value and string.sub(value, -32) == owner then
+    taken = slot
+    break
+  end
+end
+if not taken then
+  for slot = 0, permits - 1 do
+    if not slots[tostring(slot)] then
+      taken = slot
+      break
+    end
+  end
+end
+if not taken then
+  local soonest
+  for slot = 0, permits - 1 do
+    local expiry = tonumber(string.match(slots[tostring(slot)], '^%d+'))
+    soonest = math.min(soonest or expiry, expiry)
+  end
+  local refusal = mark_waited(KEYS[1], held)
+  if refusal then
+    return {soonest - now, refusal}
+  end
+  return soonest - now
+end
+local token = draw(KEYS[2], server_time())
+if not token then
+  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
+end
+slots[tostring(taken)] = tostring(now + ttl) .. ' ' .. owner
+if held then
+  redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
+  stretch({KEYS[1], KEYS[3]}, last(slots) - now)
+  if ARGV[3] == '+' then
+    redis.call('SETRANGE', KEYS[1], 32, '+')
+  end
+else
+  redis.call('DEL', KEYS[3])
+  redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ttl)
+  redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
+return {token, taken}
+"
+);
+
+/// The Lua that finds an owner's permit: `held_slot(slots, owner, slot)`,
+/// the field of `owner`'s live slot among `slots` (`live`'s answer): the
+/// one named by `slot` if `owner` holds it, or with `slot` empty (an
+/// attempt abandoned before its answer) whichever `owner` holds; `nil`.
+macro_rules! held_slot_lua {
+    () => {
+        r"
+local function held_slot(slots, owner, slot)
+  if slot ~= '' then
+    local value = slots[slot]
+    if value and string.sub(value, -32) == owner then
+      return slot
+    end
+    return nil
+  end
+  for field, value in pairs(slots) do
+    if string.sub(value, -32) == owner then
+      return field
+    end
+  end
+  return nil
+end
+"
+    };
+}
+
+/// Renews a permit. `KEYS[1]` lock key, `KEYS[2]` slots' hash; `ARGV[1]`
+/// owner id, `ARGV[2]` ttl in ms, `ARGV[3]` the slot (empty: the owner's,
+/// whichever). Returns 1 if renewed, 0 if the caller holds no such live
+/// slot.
+///
+/// Why one atomic step: checked apart, the slot could run out and be taken
+/// by another between the check and the write, which would then stretch
+/// the new holder's slot on the old holder's say-so.
+pub(super) const PERMIT_EXTEND_LUA: &str = concat!(
+    modes_lua!(),
+    held_slot_lua!(),
+    r"
+if not permitted(redis.pcall('GET', KEYS[1])) then
+  return 0
+end
+local now = now_ms()
+local slots = live(KEYS[2], now)
+local slot = held_slot(slots, ARGV[1], ARGV[3])
+if not slot then
+  return 0
+end
+slots[slot] = tostring(now + tonumber(ARGV[2])) .. ' ' .. ARGV[1]
+redis.call('HSET', KEYS[2], slot, slots[slot])
+stretch({KEYS[1], KEYS[2]}, last(slots) - now)
+return 1
+"
+);
+
+/// Releases a permit. `KEYS[1]` lock key, `KEYS[2]` slots' hash;
+/// `ARGV[1]` owner id, `ARGV[2]` the slot (empty: the owner's, whichever).
+/// Returns 1 if released, 0 if the caller held no such live slot. The
+/// last permit's release deletes the sentinel and the hash; each release
+/// publishes on the release channel when the sentinel is marked `+` (an
+/// attempt found the permits taken).
+///
+/// Why one atomic step: the owner check and the freeing must not be split
+/// (a slot that ran out and was taken again must stay its new holder's),
+/// and the announcement goes out for exactly the slot freed.
+pub(super) const PERMIT_RELEASE_LUA: &str = concat!(
+    modes_lua!(),
+    held_slot_lua!(),
+    r"
+local held = redis.pcall('GET', KEYS[1])
+if not permitted(held) then
+  return 0
+end
+local now = now_ms()
+local slots = live(KEYS[2], now)
+local slot = held_slot(slots, ARGV[1], ARGV[2])
+if not slot then
+  return 0
+end
+redis.call('HDEL', KEYS[2], slot)
+slots[slot] = nil
+if next(slots) then
+  stretch({KEYS[1], KEYS[2]}, last(slots) - now)
+else
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+if string.byte(held, -1) == 43 then
+  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+end
+return 1
+"
+);
+
+pub(super) static SHARED_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SHARED_ACQUIRE_LUA));
+pub(super) static SHARED_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SHARED_EXTEND_LUA));
+pub(super) static SHARED_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(SHARED_RELEASE_LUA));
+pub(super) static PERMIT_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(PERMIT_ACQUIRE_LUA));
+pub(super) static PERMIT_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(PERMIT_EXTEND_LUA));
+pub(super) static PERMIT_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(PERMIT_RELEASE_LUA));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The writer-waiting mark's life is written into the acquire script
+    /// as a literal (the script's arguments are fixed by older clients):
+    /// it must be the core's, and the answer a third of it.
+    #[test]
+    fn the_writer_mark_lives_the_queue_entry_ttl() {
+        let ttl = crate::backend::QUEUE_ENTRY_TTL.as_millis();
+        assert!(ACQUIRE_LUA.contains(&format!("'PX', {ttl})")));
+        assert!(ACQUIRE_LUA.contains(&format!("PEXPIRE', writer, {ttl})")));
+        assert!(ACQUIRE_LUA.contains(&format!("KEYS[1]), {})", ttl / 3)));
+    }
+}

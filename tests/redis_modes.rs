@@ -1,0 +1,497 @@
+//! What only the Redis backend shows of shared locks and permits: holders
+//! in separate OS processes (this test binary re-run as children) against
+//! the Redis at `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`), and a
+//! server of the test's own that restarts and loses its data.
+
+mod redis_support;
+mod support;
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::process::{Child, ChildStdout};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use dlock::backend::OwnerId;
+use dlock::redis::RedisBackend;
+use dlock::{Backend, LockError, LockKey, LockMode, LockOptions};
+use redis_support::{RedisServer, shared_backend as backend, shared_cli as cli};
+use std::sync::Arc;
+
+/// The environment variable that turns this test binary into a child
+/// process playing one role (see `child_process_entry`).
+const CHILD_ROLE: &str = "DLOCK_REDIS_MODES_TEST_CHILD";
+
+/// The permit holder's ttl in the crash test, in ms.
+const CRASH_TTL_MS: u64 = 3_000;
+
+fn fresh_key(label: &str) -> LockKey {
+    dlock_runtime::conformance::fresh_key(label)
+}
+
+/// The lines a child prints, one channel each, read on a thread of its own.
+fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// A child playing `role` on `key`, and the lines it prints.
+fn spawn(role: &str, key: &LockKey) -> (Child, mpsc::Receiver<String>) {
+    let mut child = support::spawn_child(CHILD_ROLE, role, &[key.as_str()]);
+    let lines = lines_of(child.stdout.take().expect("piped stdout"));
+    (child, lines)
+}
+
+/// The next line a child prints that starts with `prefix`, prefix cut
+/// (hang guard: 60 s).
+fn next_line(lines: &mpsc::Receiver<String>, prefix: &str) -> String {
+    loop {
+        let line = lines
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|err| panic!("a child never printed `{prefix}`: {err}"));
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return rest.to_owned();
+        }
+    }
+}
+
+/// Tells a child waiting on its stdin to go on.
+fn go_on(child: &mut Child) {
+    let stdin = child.stdin.as_mut().expect("piped stdin");
+    stdin.write_all(b"go\n").expect("write to the child");
+    stdin.flush().expect("flush");
+}
+
+/// The child side. Ignored in normal runs; the tests below start it as
+/// `<test binary> child_process_entry --exact --ignored` with a role.
+#[test]
+#[ignore = "runs only as a child process of the cross-process tests"]
+fn child_process_entry() {
+    let Some((runtime, parts)) = support::child_role(CHILD_ROLE) else {
+        return;
+    };
+    runtime.block_on(async move {
+        let backend = backend().await;
+        let key = parts[1].clone();
+        let until_told = || {
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        };
+        match parts[0].as_str() {
+            // Take the only permit, renewed, and hold it until killed.
+            "permit" => {
+                let lease = LockOptions::new(Duration::from_millis(CRASH_TTL_MS))
+                    .permits(1)
+                    .acquire_on(backend, key)
+                    .await
+                    .expect("a free permit");
+                println!("held {:?} {}", lease.slot(), lease.token());
+                std::future::pending::<()>().await;
+            }
+            // Read until told, then release.
+            "read" => {
+                let lease = LockOptions::new(Duration::from_secs(30))
+                    .mode(LockMode::Shared)
+                    .wait(Duration::from_secs(20))
+                    .acquire_on(backend, key)
+                    .await
+                    .expect("readers overlap");
+                println!("read {}", lease.token().get());
+                until_told();
+                lease.release().await.expect("release");
+                println!("released");
+            }
+            // Write, waiting, then release at once.
+            "write" => {
+                println!("trying");
+                let lease = LockOptions::new(Duration::from_secs(30))
+                    .wait(Duration::from_secs(40))
+                    .acquire_on(backend, key)
+                    .await
+                    .expect("the writer gets the key once the readers left");
+                println!("wrote {}", lease.token().get());
+                lease.release().await.expect("release");
+            }
+            other => panic!("unknown child role {other}"),
+        }
+    });
+}
+
+/// A permit holder SIGKILLed (no release, no more renewals) keeps its slot
+/// until its ttl runs out on the server, and not past it: right after the
+/// kill the slot is refused, and it comes free no sooner than two thirds of
+/// the ttl after the kill (the holder renewed at most a third of a ttl
+/// before it), and within the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_permit_holder_frees_its_slot_after_the_ttl_and_not_before() {
+    let backend = backend().await;
+    let key = fresh_key("permit-sigkill");
+    let (mut holder, lines) = spawn("permit", &key);
+    let held = next_line(&lines, "held ");
+    assert!(held.starts_with("Some(0) "), "the only slot is 0: {held}");
+    // Let it renew at least once: its process, not its first grant, holds.
+    tokio::time::sleep(Duration::from_millis(CRASH_TTL_MS / 2)).await;
+    holder.kill().expect("SIGKILL the permit holder");
+    holder.wait().expect("reap the child");
+    let killed = Instant::now();
+
+    let one = LockOptions::new(Duration::from_secs(30)).permits(1);
+    let refused = one.acquire_on(backend.clone(), &key).await;
+    assert!(
+        matches!(refused, Err(LockError::Held { .. })),
+        "the killed holder's slot is held until its ttl, got {refused:?}"
+    );
+    let slots = format!("dlock:{{{key}}}:slots");
+    assert_eq!(cli(&["HLEN", &slots]), "1", "the slot is still recorded");
+
+    let next = one
+        .wait(Duration::from_secs(20))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the ttl frees the slot");
+    let freed_after = killed.elapsed();
+    assert_eq!(next.slot(), Some(0));
+    assert!(
+        freed_after >= Duration::from_millis(CRASH_TTL_MS * 2 / 3 - 100),
+        "the slot came free {freed_after:?} after the kill, before the holder's ttl \
+         ({CRASH_TTL_MS} ms, renewed every third of it) could have run out"
+    );
+    next.release().await.expect("release");
+}
+
+/// Readers in two processes hold at once and share the read phase's token;
+/// a writer in a third waits (leaving its mark, which holds new readers
+/// back) and gets the key only once both readers released, with a higher
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_in_two_processes_share_the_phase_while_a_writer_in_a_third_waits() {
+    let backend = backend().await;
+    let key = fresh_key("rw-processes");
+    let (mut first, first_lines) = spawn("read", &key);
+    let first_token: u64 = next_line(&first_lines, "read ").parse().expect("a token");
+    let (mut second, second_lines) = spawn("read", &key);
+    let second_token: u64 = next_line(&second_lines, "read ").parse().expect("a token");
+    assert_eq!(
+        first_token, second_token,
+        "overlapping readers in two processes share the phase token"
+    );
+
+    let (mut writer, writer_lines) = spawn("write", &key);
+    next_line(&writer_lines, "trying");
+    // The writer's attempt found the readers: its mark stands.
+    let mark = format!("dlock:{{{key}}}:writer");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cli(&["EXISTS", &mark]) != "1" {
+        assert!(Instant::now() < deadline, "the waiting writer left no mark");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let late_reader = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(backend.clone(), &key)
+        .await;
+    assert!(
+        matches!(late_reader, Err(LockError::Held { .. })),
+        "a new reader waits behind the marked writer, got {late_reader:?}"
+    );
+
+    go_on(&mut first);
+    next_line(&first_lines, "released");
+    assert!(
+        writer_lines
+            .try_iter()
+            .all(|line| !line.starts_with("wrote")),
+        "the writer got the key while a reader still held it"
+    );
+    go_on(&mut second);
+    next_line(&second_lines, "released");
+    let written: u64 = next_line(&writer_lines, "wrote ").parse().expect("a token");
+    assert!(
+        written > second_token,
+        "the writer's token {written} is above the readers' {second_token}"
+    );
+    for child in [&mut first, &mut second, &mut writer] {
+        assert!(child.wait().expect("child exits").success());
+    }
+    assert_eq!(
+        cli(&["EXISTS", &mark]),
+        "0",
+        "the writer's grant took its mark"
+    );
+}
+
+/// A server restart that loses the data (no persistence) loses the
+/// fencing counter and any read phase: readers after it still get tokens
+/// above the last writer's before it (the server clock floor), and so do
+/// permits and writers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_that_loses_the_data_leaves_shared_tokens_above_the_last_writers() {
+    let mut server = RedisServer::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::builder(&server.url())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("connect to the test's own server"),
+    );
+    let key = LockKey::new(format!(
+        "dlock-test:rw-restart:{}",
+        OwnerId::random().expect("random")
+    ))
+    .expect("key");
+    let write = LockOptions::new(Duration::from_secs(10));
+    let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+    let mut last_writer = 0;
+    for _ in 0..3 {
+        let writer = write.acquire_on(backend.clone(), &key).await.expect("free");
+        last_writer = writer.token().get();
+        writer.release().await.expect("release");
+        let reader = read.acquire_on(backend.clone(), &key).await.expect("free");
+        assert!(reader.token().get() > last_writer);
+        reader.release().await.expect("release");
+    }
+    // A reader holds across the restart: its phase is lost with the data.
+    let across = read.acquire_on(backend.clone(), &key).await.expect("free");
+    let fence = format!("dlock:{{{key}}}:fence");
+    assert_eq!(server.cli(&["EXISTS", &fence]), "1");
+
+    server.restart();
+    assert_eq!(
+        server.cli(&["EXISTS", &fence]),
+        "0",
+        "the restart must have lost the fencing counter"
+    );
+    let reader = support::within(20, "reading after the restart", async {
+        loop {
+            match read.acquire_on(backend.clone(), &key).await {
+                Ok(lease) => return lease,
+                Err(LockError::Backend { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(other) => panic!("reading after the restart: {other}"),
+            }
+        }
+    })
+    .await;
+    assert!(reader.token().get() > last_writer);
+    assert!(
+        reader.token() > across.token(),
+        "a reader after the restart ({}) is above every token before it (last writer \
+         {last_writer}, last phase {})",
+        reader.token(),
+        across.token()
+    );
+    let second = read
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the phase");
+    assert_eq!(second.token(), reader.token(), "the new phase is shared");
+    let phase = reader.token();
+    reader.release().await.expect("release");
+    second.release().await.expect("release");
+    let permit = LockOptions::new(Duration::from_secs(10))
+        .permits(2)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    assert!(
+        permit.token() > phase,
+        "a permit after the phase is above it"
+    );
+    permit.release().await.expect("release");
+    drop(across);
+}
+
+/// The wake-ups, seen on the release channel itself (a waiter's own
+/// re-checks would hide a missing one): with a writer waiting on two
+/// readers, the first reader's release announces nothing and the last
+/// one's does; with the permits all taken and a waiter refused, a
+/// permit's release does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_readers_release_and_a_permits_release_wake_waiters() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let backend = backend().await;
+    let ttl = Duration::from_secs(30);
+    let key = fresh_key("rw-wake");
+    let readers = [
+        OwnerId::random().expect("random"),
+        OwnerId::random().expect("random"),
+    ];
+    for reader in &readers {
+        let request = AcquireRequest::new(&key, reader, ttl).with_access(Access::Shared);
+        let taken = backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers");
+        assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    }
+    let mut notice = backend.subscribe(&key).await.expect("subscribe");
+    let writer = OwnerId::random().expect("random");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &writer, ttl).with_waits(true))
+        .await
+        .expect("backend answers");
+    assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
+    let mark = format!("dlock:{{{key}}}:writer");
+    assert_eq!(
+        cli(&["EXISTS", &mark]),
+        "1",
+        "a writer that waits leaves its mark"
+    );
+    let release = |owner| ReleaseRequest::new(&key, owner).holding(Access::Shared, None);
+    let first = backend
+        .release(&release(&readers[0]))
+        .await
+        .expect("release");
+    assert_eq!(first, ReleaseOutcome::Released);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut notice)
+            .await
+            .is_err(),
+        "a reader's release while another reader holds announces nothing"
+    );
+    let last = backend
+        .release(&release(&readers[1]))
+        .await
+        .expect("release");
+    assert_eq!(last, ReleaseOutcome::Released);
+    support::within(10, "the last reader's announcement", notice).await;
+    backend
+        .release(&ReleaseRequest::new(&key, &writer))
+        .await
+        .expect("the writer gives up");
+    assert_eq!(cli(&["EXISTS", &mark]), "0", "giving up takes the mark");
+
+    let key = fresh_key("permit-wake");
+    let permit = Access::Permits { permits: 1 };
+    let holder = OwnerId::random().expect("random");
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, ttl).with_access(permit))
+        .await
+        .expect("backend answers");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let notice = backend.subscribe(&key).await.expect("subscribe");
+    let waiter = OwnerId::random().expect("random");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &waiter, ttl).with_access(permit))
+        .await
+        .expect("backend answers");
+    assert!(matches!(refused, Attempt::Held { .. }), "{refused:?}");
+    let released = backend
+        .release(&ReleaseRequest::new(&key, &holder).holding(permit, None))
+        .await
+        .expect("release");
+    assert_eq!(released, ReleaseOutcome::Released);
+    support::within(10, "the permit's announcement", notice).await;
+}
+
+/// One pipeline renews exclusive, shared and permit leases together, each
+/// on its own side (rule M4): all renewed, and a renewal on the wrong side
+/// or of a slot not held is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_renews_exclusive_shared_and_permit_leases_each_on_its_side() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
+    let backend = backend().await;
+    let ttl = Duration::from_secs(5);
+    let owner = OwnerId::random().expect("random");
+    let permit = Access::Permits { permits: 2 };
+    let keys = [
+        fresh_key("batch-x"),
+        fresh_key("batch-r"),
+        fresh_key("batch-p"),
+    ];
+    let mut slot = None;
+    for (key, access) in keys.iter().zip([Access::Exclusive, Access::Shared, permit]) {
+        let request = AcquireRequest::new(key, &owner, ttl).with_access(access);
+        match backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers")
+        {
+            Attempt::Acquired(grant) => slot = slot.or(grant.slot),
+            other => panic!("{access} on a fresh key: {other:?}"),
+        }
+    }
+    let longer = Duration::from_secs(60);
+    let renewals = [
+        Renewal::new(&keys[0], &owner, longer),
+        Renewal::new(&keys[1], &owner, longer).holding(Access::Shared, None),
+        Renewal::new(&keys[2], &owner, longer).holding(permit, slot),
+        // Wrong sides, and a slot the owner does not hold.
+        Renewal::new(&keys[1], &owner, longer),
+        Renewal::new(&keys[0], &owner, longer).holding(Access::Shared, None),
+        Renewal::new(&keys[2], &owner, longer).holding(permit, Some(1)),
+    ];
+    let renewed: Vec<bool> = backend
+        .extend_many(&renewals)
+        .await
+        .into_iter()
+        .map(|answer| answer.expect("backend answers"))
+        .collect();
+    assert_eq!(renewed, [true, true, true, false, false, false]);
+    for key in &keys {
+        let left: i64 = cli(&["PTTL", &format!("dlock:{{{key}}}:lock")])
+            .parse()
+            .expect("a PTTL");
+        assert!(left > 5_000, "`{key}` was renewed to 60 s, has {left} ms");
+        backend.force_release(key).await.expect("force release");
+    }
+}
+
+/// A fair writer queued behind readers gets the key once they left (the
+/// last reader's release hands nothing over: the writer's own periodic
+/// attempt takes it), and the holder read and the listing show a read-held
+/// key as held, with the phase's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_behind_readers_gets_the_key_and_a_read_held_key_is_listed() {
+    let backend = backend().await;
+    let key = fresh_key("rw-fair");
+    let reader = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let phase = reader.token();
+    let holding = backend
+        .holder(&key)
+        .await
+        .expect("backend answers")
+        .expect("read-held");
+    assert_eq!(
+        holding.token,
+        Some(phase),
+        "the holder read names the phase"
+    );
+    let listed = backend.held(key.as_str()).await.expect("backend answers");
+    assert_eq!(listed.len(), 1, "the read-held key is listed: {listed:?}");
+
+    let writer = {
+        let (backend, key) = (backend.clone(), key.clone());
+        tokio::spawn(async move {
+            LockOptions::new(Duration::from_secs(30))
+                .fair(true)
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, key)
+                .await
+        })
+    };
+    let mark = format!("dlock:{{{key}}}:writer");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cli(&["EXISTS", &mark]) != "1" {
+        assert!(Instant::now() < deadline, "the fair writer left no mark");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    reader.release().await.expect("release");
+    let writer = support::within(25, "the fair writer", writer)
+        .await
+        .expect("task")
+        .expect("the fair writer gets the key once the reader left");
+    assert!(writer.token() > phase);
+    writer.release().await.expect("release");
+}

@@ -108,7 +108,15 @@ impl EtcdBuilder {
             .with_keep_alive(PING_INTERVAL, self.response_timeout)
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &parsed[0].credentials {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's auth tokens end: a simple token after
+            // `--auth-token-ttl` unused (5 min by default) and with a
+            // restart of its member, a JWT at its expiry. Without a new
+            // one every call would fail from then on, a holder's renewals
+            // included: the client authenticates again when etcd refuses
+            // the token, and sends the request once more.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         let limit = self.connect_timeout;
         let client = match timeout(limit, Client::connect(&shown, Some(options))).await {

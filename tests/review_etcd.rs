@@ -54,6 +54,12 @@ impl Solo {
     }
 
     fn launch(&mut self) {
+        self.spawn();
+        self.wait_up();
+    }
+
+    /// Starts the process, without waiting for it to answer.
+    fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -83,6 +89,10 @@ impl Solo {
             });
         }
         self.child = Some(command.spawn().expect("etcd"));
+    }
+
+    /// Waits until the member answers.
+    fn wait_up(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         // `endpoint status` needs no credentials once auth is on.
         while etcdctl(&self.endpoint(), &["endpoint", "status"]).is_none() {
@@ -209,6 +219,42 @@ async fn a_wrong_password_is_a_clear_error_that_shows_no_password() {
     );
 }
 
+/// With credentials and a list of members of which one is down,
+/// connecting must not depend on which member the client's balancer picks
+/// to authenticate with, or to learn the cluster's minimum lease ttl
+/// from (without credentials too): every connection succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_with_credentials_while_a_listed_member_is_down_succeeds() {
+    let solo = Solo::start(&[]);
+    solo.enable_auth(PASSWORD);
+    let live = format!("http://root:{ENCODED}@127.0.0.1:{}", solo.port);
+    let down = format!("http://root:{ENCODED}@127.0.0.1:{}", free_port());
+    let plain = Solo::start(&[]);
+    let plain_live = plain.endpoint();
+    let plain_down = format!("http://127.0.0.1:{}", free_port());
+    for round in 0..16 {
+        let (live, down) = if round < 12 {
+            (live.as_str(), down.as_str())
+        } else {
+            (plain_live.as_str(), plain_down.as_str())
+        };
+        let urls = if round % 2 == 0 {
+            [down, live]
+        } else {
+            [live, down]
+        };
+        let backend = EtcdBackend::connect(&urls)
+            .await
+            .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        let key = fresh_key("auth-one-down");
+        let lease = LockOptions::new(Duration::from_secs(5))
+            .acquire_on(Arc::new(backend), key)
+            .await
+            .unwrap_or_else(|err| panic!("round {round}: {err}"));
+        lease.release().await.expect("release");
+    }
+}
+
 /// A password written without percent-encoding, with a `/`, `?` or `#` in
 /// it (an operator's easy mistake), must not end up in the address that
 /// errors and `Debug` output show.
@@ -255,6 +301,7 @@ async fn a_paused_only_member_bounds_every_call_by_the_callers_wait() {
         answer.is_err(),
         "nothing can be acquired from a paused member"
     );
+    eprintln!("paused member: a 1 s wait answered after {took:?}");
     assert!(took < Duration::from_secs(4), "a 1 s wait took {took:?}");
     let lost = support::until_lost(&held, "the holder to be told").await;
     assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
@@ -262,6 +309,7 @@ async fn a_paused_only_member_bounds_every_call_by_the_callers_wait() {
     let _ = tokio::time::timeout(Duration::from_secs(30), held.release()).await;
     let took = started.elapsed();
     solo.signal(libc::SIGCONT);
+    eprintln!("paused member: a release answered after {took:?}");
     assert!(took < Duration::from_secs(12), "a release took {took:?}");
 }
 
@@ -376,4 +424,536 @@ async fn callers_that_give_up_mid_call_leave_nothing_held_or_watched() {
         .await
         .expect("free at the end");
     lease.release().await.expect("release");
+}
+
+/// Takes `key` and holds it `hold`, `rounds` times, for waiters.
+async fn take_in_turn(
+    backend: Arc<dyn Backend>,
+    key: LockKey,
+    wait: Duration,
+) -> Result<u64, LockError> {
+    let lease = LockOptions::new(Duration::from_secs(5))
+        .wait(wait)
+        .acquire_on(backend, key)
+        .await?;
+    let token = lease.token().get();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let _ = lease.release().await;
+    Ok(token)
+}
+
+/// Waiters wait on a key (their watches open on the members) when the
+/// leader is killed: after the release each of them gets the key in
+/// turn, long before its wait would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_through_a_leader_kill_all_get_the_key_after_the_release() {
+    let mut cluster = etcd_support::Cluster::start(3);
+    let leader = cluster.leader().await;
+    let all: Arc<dyn Backend> = Arc::new(cluster.backend().await);
+    let only_leader: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[cluster.members[leader].endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let follower = (leader + 1) % 3;
+    let only_follower: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[cluster.members[follower].endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("leader-kill-waiters");
+    let held = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(all.clone(), key.clone())
+        .await
+        .expect("free");
+    let wait = Duration::from_secs(60);
+    let waiters: Vec<_> = [
+        all.clone(),
+        all.clone(),
+        only_follower.clone(),
+        only_follower,
+    ]
+    .into_iter()
+    .map(|backend| tokio::spawn(take_in_turn(backend, key.clone(), wait)))
+    .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(only_leader);
+    cluster.members[leader].kill();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = held.token().get();
+    support::within(20, "the release after the election", held.release())
+        .await
+        .expect("release after the election");
+    let started = Instant::now();
+    let tokens = support::within(30, "every waiter to get the key in turn", async {
+        let mut tokens = Vec::new();
+        for waiter in waiters {
+            tokens.push(
+                waiter
+                    .await
+                    .expect("waiter")
+                    .expect("each waiter gets the key"),
+            );
+        }
+        tokens
+    })
+    .await;
+    assert!(
+        tokens.iter().all(|t| *t > first),
+        "{tokens:?} after {first}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// Compaction and defragmentation while waiters watch: they still get
+/// the key after the release, and none wakes falsely forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_through_compaction_and_defrag_get_the_key_after_the_release() {
+    let solo = Solo::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let other: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("compaction");
+    let held = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), key.clone())
+        .await
+        .expect("free");
+    let wait = Duration::from_secs(60);
+    let waiters: Vec<_> = [backend.clone(), backend.clone(), other.clone(), other]
+        .into_iter()
+        .map(|backend| tokio::spawn(take_in_turn(backend, key.clone(), wait)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for i in 0..20 {
+        etcdctl(&solo.endpoint(), &["put", "review/noise", &i.to_string()]).expect("put");
+    }
+    let status = etcdctl(&solo.endpoint(), &["endpoint", "status", "-w", "json"]).expect("status");
+    let revision = etcd_support::json_number(&status, "revision").expect("revision");
+    etcdctl(&solo.endpoint(), &["compact", &revision.to_string()]).expect("compact");
+    etcdctl(&solo.endpoint(), &["defrag"]).expect("defrag");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(held.check().is_ok(), "compaction does not end a lease");
+    let first = held.token().get();
+    held.release().await.expect("release");
+    let tokens = support::within(30, "every waiter to get the key in turn", async {
+        let mut tokens = Vec::new();
+        for waiter in waiters {
+            tokens.push(
+                waiter
+                    .await
+                    .expect("waiter")
+                    .expect("each waiter gets the key"),
+            );
+        }
+        tokens
+    })
+    .await;
+    assert!(
+        tokens.iter().all(|t| *t > first),
+        "{tokens:?} after {first}"
+    );
+}
+
+/// Keys with `/`, a key that is a prefix of others, a key of the
+/// longest length: each is its own lock, and `held` lists by prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_prefix_each_other_are_separate_locks() {
+    let solo = Solo::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let base = format!("review-prefix/{}/", random_word());
+    let name = |s: &str| LockKey::new(format!("{base}{s}")).expect("key");
+    let a = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), name("a"))
+        .await
+        .expect("a");
+    for other in ["a/b", "ab", "a/", "b"] {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), name(other))
+            .await
+            .unwrap_or_else(|err| panic!("{other} is free beside a: {err}"));
+        let listed: Vec<String> = backend
+            .held(&format!("{base}a"))
+            .await
+            .expect("held")
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        let expect_listed = other.starts_with('a');
+        assert_eq!(
+            listed.contains(&format!("{base}{other}")),
+            expect_listed,
+            "{other}: {listed:?}"
+        );
+        assert!(listed.contains(&format!("{base}a")));
+        lease.release().await.expect("release");
+        assert!(backend.holder(&name("a")).await.expect("holder").is_some());
+    }
+    let only_slash: Vec<String> = backend
+        .held(&format!("{base}a/"))
+        .await
+        .expect("held")
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert!(only_slash.is_empty(), "{only_slash:?}");
+    a.release().await.expect("release");
+    let long = LockKey::new("é/".repeat(dlock::key::MAX_KEY_LEN / 3)).expect("a long key");
+    let lease = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), long.clone())
+        .await
+        .expect("a long key is a key");
+    let again = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), long.clone())
+        .await;
+    assert!(matches!(again, Err(LockError::Held { .. })), "{again:?}");
+    lease.release().await.expect("release");
+}
+
+/// Short ttls below etcd's whole-second minimum: the holder is told at
+/// its own ttl when it cannot renew, and the key is never another's
+/// while the holder's lease is valid by its clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
+    let solo = Solo::start(&[]);
+    let proxy = support::proxy::Proxy::bind(format!("127.0.0.1:{}", solo.port)).await;
+    let holder_side: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::builder(&[format!("http://127.0.0.1:{}", proxy.port).as_str()])
+            .response_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let other: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    for ttl in [Duration::from_millis(100), Duration::from_secs(1)] {
+        let key = fresh_key("short-ttl");
+        let held = LockOptions::new(ttl)
+            .acquire_on(holder_side.clone(), key.clone())
+            .await
+            .expect("free");
+        // Renewals go on for a while.
+        tokio::time::sleep(ttl * 3).await;
+        assert!(held.check().is_ok(), "{ttl:?}: renewed");
+        proxy.freeze();
+        let frozen_at = Instant::now();
+        let mut told_at = None;
+        let mut other_at = None;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while (told_at.is_none() || other_at.is_none()) && Instant::now() < deadline {
+            if told_at.is_none() && held.check().is_err() {
+                told_at = Some(Instant::now());
+            }
+            if other_at.is_none()
+                && let Ok(next) = LockOptions::new(Duration::from_secs(5))
+                    .acquire_on(other.clone(), key.clone())
+                    .await
+            {
+                other_at = Some(Instant::now());
+                assert!(next.token() > held.token());
+                assert!(
+                    told_at.is_some(),
+                    "{ttl:?}: another holder got the key before the holder was told"
+                );
+                next.release().await.expect("release");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let told = told_at.expect("told") - frozen_at;
+        eprintln!(
+            "ttl {ttl:?}: told {told:?} after the freeze, another got the key {:?} after",
+            other_at.map(|at| at - frozen_at)
+        );
+        assert!(
+            told <= ttl + Duration::from_millis(500),
+            "{ttl:?}: told after {told:?}"
+        );
+        assert!(other_at.is_some(), "{ttl:?}: the key came free");
+        proxy.thaw();
+        drop(held);
+    }
+}
+
+/// Peer proxies that can cut one member off from the others for real:
+/// every member advertises a proxy port as its peer URL, and each proxy
+/// tags the connections it carries by the member that opened them (the
+/// `X-PeerURLs` header etcd's peer requests carry). Cutting member `x`
+/// closes, and refuses from then on, every connection to `x` and every
+/// connection `x` opened: no raft message, lease forward or snapshot
+/// passes either way, while `x` keeps serving its clients.
+struct PeerNet {
+    /// The advertised (proxy) peer port of each member.
+    ports: Vec<u16>,
+    cut: Arc<std::sync::Mutex<Option<usize>>>,
+    conns: Arc<std::sync::Mutex<Vec<(usize, usize, tokio::task::AbortHandle)>>>,
+    accepts: Vec<tokio::task::AbortHandle>,
+}
+
+impl PeerNet {
+    async fn bind(listen: &[u16]) -> Self {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut listeners = Vec::new();
+        for _ in listen {
+            listeners.push(
+                tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind"),
+            );
+        }
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().expect("addr").port())
+            .collect();
+        let cut: Arc<std::sync::Mutex<Option<usize>>> = Arc::default();
+        let conns: Arc<std::sync::Mutex<Vec<(usize, usize, tokio::task::AbortHandle)>>> =
+            Arc::default();
+        let mut accepts = Vec::new();
+        for (to, listener) in listeners.into_iter().enumerate() {
+            let upstream = listen[to];
+            let (cut, conns, ports) = (cut.clone(), conns.clone(), ports.clone());
+            accepts.push(
+                tokio::spawn(async move {
+                    while let Ok((mut client, _)) = listener.accept().await {
+                        let (cut, conns, ports) = (cut.clone(), conns.clone(), ports.clone());
+                        let task = tokio::spawn(async move {
+                            // The request's headers name the sender.
+                            let mut head = Vec::new();
+                            let mut buf = [0u8; 4096];
+                            let from = loop {
+                                let n = match client.read(&mut buf).await {
+                                    Ok(0) | Err(_) => return,
+                                    Ok(n) => n,
+                                };
+                                head.extend_from_slice(&buf[..n]);
+                                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                                if let Some(at) = text.find("x-peerurls:") {
+                                    let line = text[at..].lines().next().unwrap_or("");
+                                    if line.contains('\r') || text[at..].contains("\r\n") {
+                                        break ports
+                                            .iter()
+                                            .position(|p| line.contains(&format!(":{p}")));
+                                    }
+                                }
+                                if text.contains("\r\n\r\n") || head.len() > 65_536 {
+                                    break None;
+                                }
+                            };
+                            let from = from.unwrap_or(usize::MAX);
+                            let blocked =
+                                |c: Option<usize>| c.is_some_and(|c| c == to || c == from);
+                            if blocked(*cut.lock().expect("cut")) {
+                                return;
+                            }
+                            let Ok(mut server) =
+                                tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                            else {
+                                return;
+                            };
+                            if server.write_all(&head).await.is_err() {
+                                return;
+                            }
+                            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                        });
+                        let mut conns = conns.lock().expect("conns");
+                        conns.retain(|(_, _, t)| !t.is_finished());
+                        // A cut closes every connection; the ones etcd opens
+                        // again are checked against the cut when they open.
+                        conns.push((to, usize::MAX, task.abort_handle()));
+                    }
+                })
+                .abort_handle(),
+            );
+        }
+        Self {
+            ports,
+            cut,
+            conns,
+            accepts,
+        }
+    }
+
+    /// Cuts member `x` off: every connection closed, new ones to or
+    /// from `x` refused.
+    fn cut(&self, x: usize) {
+        *self.cut.lock().expect("cut") = Some(x);
+        // Close everything; connections not touching `x` are opened again
+        // by etcd at once and let through.
+        for (_, _, task) in self.conns.lock().expect("conns").drain(..) {
+            task.abort();
+        }
+    }
+
+    fn heal(&self) {
+        *self.cut.lock().expect("cut") = None;
+    }
+}
+
+impl Drop for PeerNet {
+    fn drop(&mut self) {
+        for task in &self.accepts {
+            task.abort();
+        }
+        for (_, _, task) in self.conns.lock().expect("conns").drain(..) {
+            task.abort();
+        }
+    }
+}
+
+/// A cluster of three members whose peer traffic passes through a
+/// [`PeerNet`].
+struct PartCluster {
+    members: Vec<Solo>,
+    net: PeerNet,
+}
+
+impl PartCluster {
+    async fn start() -> Self {
+        let listen: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let net = PeerNet::bind(&listen).await;
+        let initial: Vec<String> = (0..3)
+            .map(|i| format!("p{i}=http://127.0.0.1:{}", net.ports[i]))
+            .collect();
+        let initial = initial.join(",");
+        let token = random_word();
+        let mut members = Vec::new();
+        for (i, listen) in listen.iter().enumerate() {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!(
+                "dlock-etcd-{}-review-{}",
+                std::process::id(),
+                random_word()
+            ));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let extra = vec![
+                "--name".to_owned(),
+                format!("p{i}"),
+                "--listen-peer-urls".to_owned(),
+                format!("http://127.0.0.1:{listen}"),
+                "--initial-advertise-peer-urls".to_owned(),
+                format!("http://127.0.0.1:{}", net.ports[i]),
+                "--initial-cluster".to_owned(),
+                initial.clone(),
+                "--initial-cluster-token".to_owned(),
+                token.clone(),
+            ];
+            members.push(Solo {
+                port: free_port(),
+                peer: *listen,
+                dir,
+                extra,
+                child: None,
+            });
+        }
+        // Started together, then waited for (on this thread: a member
+        // dies with the thread that started it).
+        for member in &mut members {
+            member.spawn();
+        }
+        for member in &members {
+            member.wait_up();
+        }
+        Self { members, net }
+    }
+
+    fn endpoints_but(&self, x: usize) -> Vec<String> {
+        (0..3)
+            .filter(|i| *i != x)
+            .map(|i| self.members[i].endpoint())
+            .collect()
+    }
+
+    fn leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "no leader");
+            for (i, m) in self.members.iter().enumerate() {
+                if let Some(status) = etcdctl(&m.endpoint(), &["endpoint", "status", "-w", "json"])
+                {
+                    let id = etcd_support::json_number(&status, "member_id");
+                    let leader = etcd_support::json_number(&status, "leader");
+                    if id.is_some() && id == leader {
+                        return i;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// A holder connected only to a member that a real partition cuts off
+/// from the other two (a follower, then the leader itself): it is told
+/// its lease is lost, and the majority gives the key to another, with a
+/// higher token, only once the holder knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_on_the_minority_side_of_a_partition_is_told_before_the_majority_grants() {
+    for cut_leader in [false, true] {
+        let cluster = PartCluster::start().await;
+        let leader = cluster.leader();
+        let x = if cut_leader { leader } else { (leader + 1) % 3 };
+        let holder_side: Arc<dyn Backend> = Arc::new(
+            EtcdBackend::builder(&[cluster.members[x].endpoint().as_str()])
+                .response_timeout(Duration::from_secs(1))
+                .connect()
+                .await
+                .expect("connect"),
+        );
+        let majority = cluster.endpoints_but(x);
+        let majority: Vec<&str> = majority.iter().map(String::as_str).collect();
+        let other: Arc<dyn Backend> = Arc::new(
+            EtcdBackend::builder(&majority)
+                .response_timeout(Duration::from_secs(1))
+                .connect()
+                .await
+                .expect("connect"),
+        );
+        let key = fresh_key("partition");
+        let ttl = Duration::from_secs(3);
+        let held = LockOptions::new(ttl)
+            .acquire_on(holder_side.clone(), key.clone())
+            .await
+            .expect("free");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cluster.net.cut(x);
+        let cut_at = Instant::now();
+        let deadline = cut_at + Duration::from_secs(30);
+        let next = loop {
+            assert!(
+                Instant::now() < deadline,
+                "cut leader {cut_leader}: the key never came free"
+            );
+            match LockOptions::new(Duration::from_secs(5))
+                .acquire_on(other.clone(), key.clone())
+                .await
+            {
+                Ok(next) => break next,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let granted_after = cut_at.elapsed();
+        assert!(
+            held.check().is_err(),
+            "cut leader {cut_leader}: the majority granted {key} {granted_after:?} after the cut \
+             while the minority holder still believes it holds it"
+        );
+        assert!(next.token() > held.token());
+        let told = support::until_lost(&held, "the minority holder to be told").await;
+        assert!(matches!(told, LockError::LeaseLost { .. }), "{told:?}");
+        eprintln!("cut leader {cut_leader}: granted to another {granted_after:?} after the cut");
+        cluster.net.heal();
+        next.release().await.expect("release");
+        drop(held);
+    }
 }

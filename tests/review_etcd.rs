@@ -957,3 +957,158 @@ async fn a_holder_on_the_minority_side_of_a_partition_is_told_before_the_majorit
         drop(held);
     }
 }
+
+/// The lease is named by owner and ttl: a renewal to another ttl, and a
+/// retry of the acquisition with another ttl, move the key onto another
+/// lease. Through every change the key keeps its token and stays the
+/// owner's alone, for the new ttl, and its release frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_ttl_keeps_the_token_and_exclusion() {
+    use dlock::backend::{
+        AcquireRequest, Attempt, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let solo = Solo::start(&[]);
+    let backend = EtcdBackend::connect(&[solo.endpoint().as_str()])
+        .await
+        .expect("connect");
+    let key = fresh_key("ttl-change");
+    let (owner, other) = (
+        OwnerId::random().expect("id"),
+        OwnerId::random().expect("id"),
+    );
+    let secs = Duration::from_secs;
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(2)))
+        .await
+        .expect("acquire")
+    else {
+        panic!("free")
+    };
+    let token = grant.token;
+    let others_try = || async {
+        backend
+            .try_acquire(&AcquireRequest::new(&key, &other, secs(2)))
+            .await
+            .expect("try")
+    };
+    let token_now = || async {
+        backend
+            .holder(&key)
+            .await
+            .expect("holder")
+            .expect("held")
+            .token
+    };
+    // A renewal to a longer ttl, then past the first lease's end.
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(6)))
+            .await
+            .expect("extend")
+    );
+    tokio::time::sleep(secs(3)).await;
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    assert_eq!(token_now().await, Some(token));
+    // A retry of the acquisition with yet another ttl: the same token.
+    let Attempt::Acquired(again) = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(4)))
+        .await
+        .expect("retry")
+    else {
+        panic!("a retry by the holder is a success")
+    };
+    assert_eq!(again.token, token);
+    tokio::time::sleep(secs(3)).await;
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    // Back to the first ttl, renewed as such.
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(2)))
+            .await
+            .expect("extend")
+    );
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(2)))
+            .await
+            .expect("extend")
+    );
+    assert_eq!(token_now().await, Some(token));
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let Attempt::Acquired(next) = others_try().await else {
+        panic!("free after the release")
+    };
+    assert!(next.token > token);
+}
+
+/// Every log line the backend and its client crates write, at every
+/// level, while connecting with a wrong password and with the right one,
+/// with a listed member down, and locking: none shows the password.
+// One thread: the subscriber is this thread's, and every task (the
+// client's own included) runs on it.
+#[tokio::test]
+async fn no_log_line_shows_a_password() {
+    use std::io::Write;
+    use std::sync::Mutex;
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lines").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let mut solo = Solo::start(&["--auth-token-ttl", "1"]);
+    solo.enable_auth(PASSWORD);
+    let down = free_port();
+    let wrong = format!("http://root:wr%2Fong%40pw@127.0.0.1:{}", solo.port);
+    let _ = EtcdBackend::connect(&[wrong.as_str()]).await;
+    let right = format!("http://root:{ENCODED}@127.0.0.1:{}", solo.port);
+    let right_down = format!("http://root:{ENCODED}@127.0.0.1:{down}");
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[right_down.as_str(), right.as_str()])
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("logs");
+    let lease = LockOptions::new(Duration::from_secs(2))
+        .acquire_on(backend.clone(), key.clone())
+        .await
+        .expect("free");
+    let waiter = support::spawn_waiter(backend.clone(), &key, 2, 10);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    solo.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    solo.launch();
+    let _ = lease.release().await;
+    let _ = waiter.await;
+    let text = String::from_utf8_lossy(&lines.0.lock().expect("lines")).into_owned();
+    eprintln!(
+        "log: {} lines, {} from h2, {} from tonic",
+        text.lines().count(),
+        text.matches(" h2::").count(),
+        text.matches(" tonic::").count()
+    );
+    assert!(text.len() > 1000, "the subscriber heard little: {text}");
+    for secret in [PASSWORD, ENCODED, "wr/ong@pw", "wr%2Fong%40pw"] {
+        assert!(!text.contains(secret), "a log line shows {secret}");
+    }
+}

@@ -961,6 +961,17 @@ async fn a_holder_on_the_minority_side_of_a_partition_is_told_before_the_majorit
             }
         };
         let granted_after = cut_at.elapsed();
+        // The cut is real: the member, still serving its clients, cannot
+        // answer a linearizable read (it needs a quorum).
+        let cut_off = cluster.members[x].endpoint();
+        assert!(
+            etcdctl(&cut_off, &["endpoint", "status"]).is_some(),
+            "the cut member still serves clients"
+        );
+        assert!(
+            etcdctl(&cut_off, &["get", "review/probe"]).is_none(),
+            "cut leader {cut_leader}: the cut member still reaches a quorum"
+        );
         assert!(
             held.check().is_err(),
             "cut leader {cut_leader}: the majority granted {key} {granted_after:?} after the cut \

@@ -108,27 +108,61 @@ impl EtcdBuilder {
             .with_keep_alive(PING_INTERVAL, self.response_timeout)
             .with_keep_alive_while_idle(true);
         if let Some((user, password)) = &parsed[0].credentials {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's auth tokens end: a simple token after
+            // `--auth-token-ttl` unused (5 min by default) and with a
+            // restart of its member, a JWT at its expiry. Without a new
+            // one every call would fail from then on, a holder's renewals
+            // included: the client authenticates again when etcd refuses
+            // the token, and sends the request once more.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         let limit = self.connect_timeout;
-        let client = match timeout(limit, Client::connect(&shown, Some(options))).await {
+        // The last refusal, to say why when time runs out.
+        let refused = std::sync::Mutex::new(None::<String>);
+        let note = |err: &etcd_client::Error| {
+            if let Ok(mut last) = refused.lock() {
+                *last = Some(err.to_string());
+            }
+        };
+        // With credentials, connecting authenticates, through whichever
+        // member the balancer picks: one that is down refuses, and another
+        // may answer. Connected again while that is so, as requests are
+        // sent again (see `EtcdBackend::bounded`).
+        let connecting = async {
+            loop {
+                match Client::connect(&shown, Some(options.clone())).await {
+                    Err(err) if never_sent(&err) => {
+                        note(&err);
+                        sleep(UNSENT_PAUSE).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        let client = match timeout(limit, connecting).await {
             Ok(Ok(client)) => client,
             Ok(Err(err)) => return Err(failed(err.to_string())),
-            Err(_) => return Err(failed(format!("no connection within {limit:?}"))),
+            Err(_) => {
+                let last = refused.lock().ok().and_then(|mut last| last.take());
+                return Err(failed(match last {
+                    Some(refusal) => {
+                        format!("no connection within {limit:?}; the last member tried: {refusal}")
+                    }
+                    None => format!("no connection within {limit:?}"),
+                }));
+            }
         };
         // Sent again while the member picked is down: another one may
         // answer (see `EtcdBackend::bounded`).
-        // The last refusal, to say why when time runs out.
-        let refused = std::sync::Mutex::new(None::<String>);
         let read = async {
             loop {
                 let mut probe = client.kv_client();
                 let options = GetOptions::new().with_prefix().with_count_only();
                 match probe.get(ROOT, Some(options)).await {
                     Err(err) if never_sent(&err) => {
-                        if let Ok(mut last) = refused.lock() {
-                            *last = Some(err.to_string());
-                        }
+                        note(&err);
                         sleep(UNSENT_PAUSE).await;
                     }
                     answer => return answer,
@@ -153,7 +187,18 @@ impl EtcdBuilder {
         // The cluster's minimum lease ttl (1.5 × its election timeout,
         // rounded up): etcd raises a shorter grant to it and says so.
         let mut leases = client.lease_client();
-        let min_lease_ttl = match timeout(limit, leases.grant(1, None)).await {
+        let grant = async {
+            loop {
+                match leases.grant(1, None).await {
+                    Err(err) if never_sent(&err) => {
+                        note(&err);
+                        sleep(UNSENT_PAUSE).await;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        let min_lease_ttl = match timeout(limit, grant).await {
             Ok(Ok(granted)) => {
                 let _ = timeout(limit, leases.revoke(granted.id())).await;
                 Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1))

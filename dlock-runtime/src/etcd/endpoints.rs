@@ -56,12 +56,7 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
                 .into(),
         ));
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, path) = rest.split_at(authority_end);
-    let (user_info, host) = match authority.rsplit_once('@') {
-        Some((user_info, host)) => (Some(user_info), host),
-        None => (None, authority),
-    };
+    let (user_info, host, path) = split_authority(rest);
     let address = format!("{scheme}://{host}{path}");
     match scheme {
         "http" => {}
@@ -103,6 +98,21 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
         address,
         credentials,
     })
+}
+
+/// What follows `scheme://`, as user info, host and path. The user info
+/// ends at the LAST `@`, wherever it is: a password written without
+/// percent-encoding may hold `/`, `?` or `#`, and reading the authority
+/// as ending at the first of those would leave the password in the path,
+/// in the address shown. (No etcd endpoint has an `@` in its path.)
+fn split_authority(rest: &str) -> (Option<&str>, &str, &str) {
+    let (user_info, after) = match rest.rsplit_once('@') {
+        Some((user_info, after)) => (Some(user_info), after),
+        None => (None, rest),
+    };
+    let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
+    let (host, path) = after.split_at(host_end);
+    (user_info, host, path)
 }
 
 /// `scheme://***@host`, or `scheme://host`.
@@ -147,13 +157,11 @@ pub(super) fn secrets_of(endpoints: &[&str], parsed: &[Endpoint]) -> Vec<String>
         .map(|(_, password)| password.clone())
         .collect();
     for url in endpoints {
-        if let Some((_, rest)) = url.split_once("://") {
-            let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-            if let Some((user_info, _)) = authority.rsplit_once('@')
-                && let Some((_, password)) = user_info.split_once(':')
-            {
-                secrets.push(password.to_owned());
-            }
+        if let Some((_, rest)) = url.split_once("://")
+            && let (Some(user_info), _, _) = split_authority(rest)
+            && let Some((_, password)) = user_info.split_once(':')
+        {
+            secrets.push(password.to_owned());
         }
     }
     secrets.retain(|secret| !secret.is_empty());
@@ -205,6 +213,27 @@ mod tests {
             };
             let err = err.to_string();
             assert!(!err.contains("hunter2"), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_unencoded_password_with_a_slash_stays_in_the_user_info() {
+        for (url, password) in [
+            ("http://app:pa/ss@10.0.0.5:2379", "pa/ss"),
+            ("http://app:pa?ss@10.0.0.5:2379", "pa?ss"),
+            ("http://app:pa#ss@10.0.0.5:2379/", "pa#ss"),
+        ] {
+            let endpoint = parse(url).expect("valid");
+            assert!(
+                endpoint.address.starts_with("http://10.0.0.5:2379"),
+                "{url}"
+            );
+            assert_eq!(
+                endpoint.credentials,
+                Some(("app".to_owned(), password.to_owned()))
+            );
+            let secrets = secrets_of(&[url], &[endpoint]);
+            assert_eq!(secrets, vec![password.to_owned()]);
         }
     }
 

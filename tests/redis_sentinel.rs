@@ -934,7 +934,6 @@ async fn with_every_sentinel_down_a_broken_connection_is_retried_on_the_known_pr
 /// replica. A backend asking that sentinel first must not lock there a key
 /// the new primary shows held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known: the first sentinel that answers is trusted, even one with an older config epoch"]
 async fn a_sentinel_that_slept_through_a_failover_never_leads_to_the_stale_old_primary() {
     let mut deployment = Deployment::start();
     deployment.sentinels[0].kill();

@@ -280,7 +280,9 @@ impl RedisBuilder {
                 return Err(LockError::InvalidOption {
                     option: "replica_acks",
                     reason: format!(
-                        "replica_acks({replicas}, {within:?}) needs at least one replica and a                          wait greater than zero and shorter than the response timeout                          ({:?})",
+                        "replica_acks({replicas}, {within:?}) needs at least one replica and a \
+                         wait greater than zero and shorter than the response timeout \
+                         ({:?})",
                         self.response_timeout
                     ),
                 });
@@ -485,7 +487,8 @@ impl RedisBuilder {
         let (primary, manager) = timeout(limit, connecting).await.map_err(|_| {
             let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
             fail(format!(
-                "connecting to the primary {service:?} through the sentinels {} timed out                  after {limit:?}{}",
+                "connecting to the primary {service:?} through the sentinels {} timed out \
+                 after {limit:?}{}",
                 shown.join(", "),
                 cause.map(|cause| format!(": {cause}")).unwrap_or_default()
             ))

@@ -172,8 +172,9 @@
 //! ## Redis Sentinel
 //!
 //! [`RedisBackend::sentinel`] takes the sentinels' URLs and the name they
-//! monitor the primary under. The primary is the node a sentinel names
-//! (`SENTINEL get-master-addr-by-name`) that says it is a master (`ROLE`);
+//! monitor the primary under. The primary is the node the sentinels name
+//! under the highest config epoch (`SENTINEL MASTER`, all asked at once)
+//! that says it is a master (`ROLE`);
 //! the command connection looks it up again when a command fails on a
 //! broken connection or the node answers `READONLY`, and the pub/sub
 //! connection whenever it is opened (a demoted primary's connections are
@@ -182,7 +183,8 @@
 //! the commands move there if they go elsewhere (a failover that left the
 //! old primary running, which never refuses a write). Each look-up is
 //! bounded by the connect timeout. The sentinels need
-//! `SENTINEL get-master-addr-by-name` and the data nodes also `ROLE` (add
+//! `SENTINEL master` (or `get-master-addr-by-name`, without the epoch
+//! check) and the data nodes also `ROLE` (add
 //! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 
 mod builder;
@@ -312,7 +314,7 @@ impl RedisBackend {
     /// Settings for the primary that the Redis Sentinels at `sentinels`
     /// monitor under the name `service`, to adjust before
     /// [`RedisBuilder::connect`]. The backend asks the sentinels for the
-    /// primary (`SENTINEL get-master-addr-by-name`), checks with `ROLE`
+    /// primary (`SENTINEL MASTER`, trusting the highest config epoch), checks with `ROLE`
     /// that the node is a master, and looks it up again whenever a
     /// connection to it fails or it answers that it is a replica
     /// (`READONLY`): commands and waiters follow a failover without a
@@ -448,7 +450,8 @@ impl RedisBackend {
         let shortfall = match acked {
             Ok(acked) if acked >= i64::from(replicas) => return Ok(attempt),
             Ok(acked) => format!(
-                "only {acked} of the {replicas} replicas asked for acknowledged the acquisition                  within {within:?}; the lock was given back"
+                "only {acked} of the {replicas} replicas asked for acknowledged the acquisition \
+                 within {within:?}; the lock was given back"
             ),
             Err(why) => format!(
                 "the replicas' acknowledgement could not be had ({why}); the lock was given back"

@@ -996,3 +996,237 @@ async fn a_sentinel_that_slept_through_a_failover_never_leads_to_the_stale_old_p
     );
     held.release().await.expect("release");
 }
+
+/// `replica_acks` with the only replica paused, then killed, and many
+/// acquisitions at once on one backend: every one is an error naming the
+/// shortfall (never a silent success), none hangs, and every key is free
+/// again at once — none stays held for its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_with_the_replica_stopped_or_killed_fail_every_concurrent_acquisition_and_free_its_key()
+ {
+    let mut deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&urls, SERVICE)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let replica_pid = deployment.replica.pid().expect("replica runs");
+    for phase in ["stopped", "killed"] {
+        match phase {
+            "stopped" => signal(replica_pid, libc::SIGSTOP),
+            _ => {
+                signal(replica_pid, libc::SIGCONT);
+                deployment.replica.kill();
+            }
+        }
+        let keys: Vec<_> = (0..8)
+            .map(|_| dlock_runtime::conformance::fresh_key("sentinel-acks-down"))
+            .collect();
+        let calls = keys.iter().map(|key| {
+            let backend = backend.clone();
+            let key = key.clone();
+            async move {
+                LockOptions::new(Duration::from_secs(60))
+                    .acquire_on(backend, &key)
+                    .await
+            }
+        });
+        let results = within(
+            30,
+            "acquisitions with the replica down",
+            futures_util::future::join_all(calls),
+        )
+        .await;
+        for (key, result) in keys.iter().zip(results) {
+            let err = match result {
+                Ok(lease) => panic!(
+                    "{phase}: granted (token {}) with no replica to acknowledge",
+                    lease.token()
+                ),
+                Err(err) => err,
+            };
+            assert!(matches!(err, LockError::Backend { .. }), "{phase}: {err}");
+            let held = deployment
+                .primary
+                .cli(&["EXISTS", &redis_support::lock_name(key)]);
+            assert_eq!(
+                held, "0",
+                "{phase}: a refused acquisition left its key held ({err})"
+            );
+        }
+    }
+}
+
+/// Every form of credentials — in sentinel URLs (`:pw@`, `user:pw@`,
+/// percent-encoded), in a `redis+sentinel://` URL, and given with
+/// `data_node_auth` — stays out of errors, `Debug` and the log lines, for
+/// connections that work and ones that fail.
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_in_every_sentinel_form_stay_out_of_errors_debug_and_logs() {
+    let deployment = Deployment::start();
+    let (logs, _guard) = support::Logs::capture();
+    assert_eq!(
+        deployment.primary.cli(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">data@Secret1",
+            "~*",
+            "&*",
+            "+@all"
+        ]),
+        "OK"
+    );
+    let secrets = [
+        "data@Secret1",
+        "data%40Secret1",
+        "sent@Secret2",
+        "sent%40Secret2",
+        "wrong@Secret3",
+        "wrong%40Secret3",
+    ];
+    let ports: Vec<u16> = deployment.sentinels.iter().map(|s| s.port).collect();
+    let mut seen = String::new();
+    let note = |seen: &mut String, text: String| {
+        seen.push_str(&text);
+        seen.push('\n');
+    };
+    // Works: the data nodes' credentials in a redis+sentinel:// URL.
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let url = format!(
+        "redis+sentinel://app:data%40Secret1@{}/{SERVICE}",
+        hosts.join(",")
+    );
+    let builder = RedisBackend::builder(&url);
+    note(&mut seen, format!("{builder:?}"));
+    let backend = builder.connect().await.expect("the right credentials");
+    note(&mut seen, format!("{backend:?}"));
+    let key = dlock_runtime::conformance::fresh_key("sentinel-secrets");
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(backend.clone()), &key)
+        .await
+        .expect("free");
+    lease.release().await.expect("release");
+    // Fails: a wrong data password, in the URL and through data_node_auth.
+    let wrong = format!(
+        "redis+sentinel://app:wrong%40Secret3@{}/{SERVICE}",
+        hosts.join(",")
+    );
+    let err = RedisBackend::builder(&wrong)
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("a wrong password");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    let sentinel_urls: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match i {
+            0 => format!("redis://:sent%40Secret2@127.0.0.1:{p}"),
+            1 => format!("redis://someone:sent%40Secret2@127.0.0.1:{p}"),
+            _ => format!("redis://:sent@Secret2@127.0.0.1:{p}"),
+        })
+        .collect();
+    let refs: Vec<&str> = sentinel_urls.iter().map(String::as_str).collect();
+    let builder = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "wrong@Secret3")
+        .connect_timeout(Duration::from_secs(1));
+    note(&mut seen, format!("{builder:?}"));
+    let err = builder.connect().await.expect_err("sentinels refuse AUTH");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    let plain: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let refs: Vec<&str> = plain.iter().map(String::as_str).collect();
+    let err = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "wrong@Secret3")
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("the primary refuses the password");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    // A backend whose primary later refuses it: calls fail, logs flow.
+    let backend = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "data@Secret1")
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    deployment
+        .primary
+        .cli(&["ACL", "SETUSER", "app", "resetpass", ">other"]);
+    deployment.primary.cli(&["CLIENT", "KILL", "USER", "app"]);
+    let failed = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(backend.clone()), &key)
+        .await;
+    if let Err(err) = failed {
+        note(&mut seen, format!("{err} {err:?}"));
+    }
+    note(&mut seen, format!("{backend:?}"));
+    note(&mut seen, logs.text());
+    for secret in secrets {
+        assert!(!seen.contains(secret), "{secret} shows in:\n{seen}");
+    }
+}
+
+/// Odd `redis+sentinel://` URLs are refused or fail in time with a clear
+/// error, never a panic, never repeating a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_sentinel_urls_give_clear_errors_without_a_panic_or_the_password() {
+    for url in [
+        "redis+sentinel://",
+        "redis+sentinel:///m",
+        "redis+sentinel://:Secret9@/m",
+        "redis+sentinel://127.0.0.1:1,,127.0.0.1:2/m",
+        "redis+sentinel://[::1]/m",
+        "redis+sentinel://[::1]:1/m",
+        "redis+sentinel://::1/m",
+        "redis+sentinel://127.0.0.1:1/m/x",
+        "redis+sentinel://127.0.0.1:1/m/1/2",
+        "redis+sentinel://127.0.0.1:99999/m",
+        "redis+sentinel://u:Secret9@127.0.0.1:1/m/-1",
+        "REDIS+SENTINEL://:Secret9@127.0.0.1:1/m",
+        "redis+sentinel://127.0.0.1:1/%zz",
+        "redis+sentinel://@@@/m",
+        "redis+sentinel://:Secret9@127.0.0.1:1/m?password=Secret9",
+        "redis+sentinel://:Secret9@127.0.0.1:1/m#Secret9",
+        "redis+sentinel://:Sec/ret9@127.0.0.1:1/m",
+        "rediss+sentinel://:Secret9@127.0.0.1:1/m",
+        "redis+sentinel://h\u{e9}/m",
+    ] {
+        let result = within(
+            20,
+            "an odd sentinel URL",
+            RedisBackend::builder(url)
+                .connect_timeout(Duration::from_millis(300))
+                .connect(),
+        )
+        .await;
+        let err = match result {
+            Ok(backend) => panic!("{url}: connected: {backend:?}"),
+            Err(err) => err,
+        };
+        let text = format!("{err} {err:?} {:?}", std::error::Error::source(&err));
+        eprintln!("{url} -> {text}");
+        assert!(!text.contains("Secret9"), "{url}: {text}");
+        assert!(!text.contains("ret9"), "{url}: {text}");
+    }
+}

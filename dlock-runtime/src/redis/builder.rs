@@ -405,6 +405,7 @@ impl RedisBuilder {
                 publish_every_release: self.publish_every_release,
                 label: self.label,
                 replica_acks: self.replica_acks,
+                acks_gate: tokio::sync::Mutex::new(()),
                 sentinel_service: None,
             }),
         })
@@ -516,6 +517,7 @@ impl RedisBuilder {
             publish_every_release: self.publish_every_release,
             label: self.label,
             replica_acks: self.replica_acks,
+            acks_gate: tokio::sync::Mutex::new(()),
             sentinel_service: Some(service),
         });
         tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));

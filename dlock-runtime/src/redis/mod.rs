@@ -292,6 +292,12 @@ struct Inner {
     /// Replicas that must acknowledge an acquisition, and how long they
     /// have ([`RedisBuilder::replica_acks`]).
     replica_acks: Option<(u32, Duration)>,
+    /// Held by the one acquisition whose `WAIT` is on the shared
+    /// connection: several queued there, the later ones outlast the
+    /// response timeout, and a grant whose reply was given up on is made
+    /// after the give-back sent on a new connection. Waiting here costs
+    /// the server nothing, and is bounded by the caller's wait.
+    acks_gate: tokio::sync::Mutex<()>,
     /// The primary's name, behind sentinels.
     sentinel_service: Option<String>,
 }
@@ -402,7 +408,8 @@ impl RedisBackend {
         pipe.cmd("WAIT").arg(replicas).arg(ttl_millis(within));
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
-        let (answers, _) = self
+        let gate = self.inner.acks_gate.lock().await;
+        let sent = self
             .inner
             .commands
             .send(self.call_limit(), |mut conn| async move {
@@ -425,8 +432,25 @@ impl RedisBackend {
                 }
                 Ok(answers)
             })
-            .await
-            .map_err(|failure| self.error(Operation::Acquire, key, self.describe(&failure)))?;
+            .await;
+        drop(gate);
+        let answers = match sent {
+            Ok((answers, _)) => answers,
+            Err(failure) => {
+                // The script may have run and taken the key, its reply or
+                // the WAIT's lost (a WAIT queued behind others' on the
+                // shared connection can outlast the response timeout):
+                // give it back (owner-checked, a no-op if it was not
+                // taken) rather than leave it held for its ttl.
+                let why = self.describe(&failure);
+                self.give_back(request, key).await;
+                return Err(self.error(
+                    Operation::Acquire,
+                    key,
+                    format!("{why}; the lock, if it was taken, was given back"),
+                ));
+            }
+        };
         let mut answers = answers.into_iter();
         let (Some(reply), Some(acked)) = (answers.next(), answers.next()) else {
             return Err(self.error(
@@ -457,6 +481,13 @@ impl RedisBackend {
                 "the replicas' acknowledgement could not be had ({why}); the lock was given back"
             ),
         };
+        self.give_back(request, key).await;
+        Err(self.error(Operation::Acquire, key, shortfall))
+    }
+
+    /// Gives back a grant too few replicas acknowledged, or one that may
+    /// have been made unseen (owner-checked: a no-op when not held).
+    async fn give_back(&self, request: &AcquireRequest<'_>, key: &LockKey) {
         let release = ReleaseRequest::new(key, request.owner);
         if let Err(err) = self.release(&release).await {
             tracing::warn!(
@@ -465,7 +496,6 @@ impl RedisBackend {
                 "cannot give back a lock too few replicas acknowledged; it expires with its ttl"
             );
         }
-        Err(self.error(Operation::Acquire, key, shortfall))
     }
 
     /// Runs a script, trying once more on a broken or silent connection (on
@@ -955,6 +985,7 @@ impl Backend for RedisBackend {
         }
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
+        let gate = self.inner.acks_gate.lock().await;
         let sent = self
             .inner
             .commands
@@ -987,6 +1018,7 @@ impl Backend for RedisBackend {
                 Ok(answers)
             })
             .await;
+        drop(gate);
         let answers = match sent {
             Ok((answers, _)) => answers,
             Err(failure) => {

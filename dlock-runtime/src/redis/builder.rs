@@ -702,9 +702,17 @@ impl SentinelUrl {
             let scheme = if tls { "rediss" } else { "redis" };
             sentinels.push(format!("{scheme}://{name}:{port}"));
         }
+        // A query or fragment (`?password=…`) is no part of the form: it
+        // would become part of the service name, shown in errors.
+        if path.contains(['?', '#']) {
+            return Some(Err(format!(
+                "{form}: a query (?...) or fragment (#...) is not read"
+            )));
+        }
         let (service, db) = match path.split_once('/') {
             Some((service, db)) => match db.parse::<i64>() {
-                Ok(db) => (service, db),
+                Ok(db) if db >= 0 => (service, db),
+                Ok(_) => return Some(Err(format!("{form}: the database is negative"))),
                 Err(_) => return Some(Err(format!("{form}: the database is not a number"))),
             },
             None => (path, 0),
@@ -755,6 +763,9 @@ mod tests {
             "redis+sentinel://:secret@h1/",
             "redis+sentinel://:secret@h1/m/zero",
             "redis+sentinel://:secret@,h2/m",
+            "redis+sentinel://:secret@h1/m?password=secret",
+            "redis+sentinel://:secret@h1/m#secret",
+            "redis+sentinel://:secret@h1/m/-1",
         ] {
             let reason = SentinelUrl::read(url)
                 .expect("a sentinel URL")

@@ -1230,3 +1230,165 @@ async fn odd_sentinel_urls_give_clear_errors_without_a_panic_or_the_password() {
         assert!(!text.contains("ret9"), "{url}: {text}");
     }
 }
+
+/// The primary killed (SIGKILL) while four keys are held with renewals
+/// running and two waiters wait on each: after the failover every holder
+/// either still holds its key on the new primary or is told it lost it,
+/// every waiter gets its key once the holder lets go, and every waiter's
+/// token is above its holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_killed_under_holders_waiters_and_renewals_tells_every_holder_and_wakes_every_waiter()
+ {
+    if std::env::var_os("REVIEW_LOGS").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let keys: Vec<_> = (0..4)
+        .map(|_| dlock_runtime::conformance::fresh_key("sentinel-kill-busy"))
+        .collect();
+    let mut holders = Vec::new();
+    for key in &keys {
+        holders.push(
+            LockOptions::new(Duration::from_secs(4))
+                .acquire_on(backend.clone(), key)
+                .await
+                .expect("free"),
+        );
+    }
+    // Each waiter lets go as soon as it has the key, for the next one.
+    let mut waiters = Vec::new();
+    for key in &keys {
+        for _ in 0..2 {
+            let backend = backend.clone();
+            let key = key.clone();
+            waiters.push((
+                key.clone(),
+                tokio::spawn(async move {
+                    let lease = LockOptions::new(Duration::from_secs(30))
+                        .wait(Duration::from_secs(90))
+                        .acquire_on(backend, &key)
+                        .await?;
+                    let token = lease.token().get();
+                    lease.release().await?;
+                    Ok::<u64, LockError>(token)
+                }),
+            ));
+        }
+    }
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(deployment.primary.cli(&["WAIT", "1", "5000"]), "1");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGKILL);
+    within(60, "the promotion", async {
+        while role(&deployment.replica) != "master"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // Give the renewals a few rounds on the new primary.
+    sleep(Duration::from_secs(3)).await;
+    let mut tokens = HashMap::new();
+    for (key, holder) in keys.iter().zip(holders) {
+        tokens.insert(key.to_string(), holder.token().get());
+        let shown = deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(key)]);
+        if holder.check().is_ok() {
+            assert_eq!(
+                shown, "1",
+                "{key}: the holder believes it holds a key the new primary does not show"
+            );
+            holder.release().await.expect("release on the new primary");
+        } else {
+            eprintln!("{key}: the holder was told it lost the key");
+        }
+    }
+    for (key, waiter) in waiters {
+        let token = within(60, "a waiter's grant after the failover", waiter)
+            .await
+            .expect("join")
+            .unwrap_or_else(|err| panic!("{key}: the waiter never got the key: {err}"));
+        let holder = tokens[&key.to_string()];
+        assert!(
+            token > holder,
+            "{key}: the waiter's token {token} is not above the holder's {holder}"
+        );
+    }
+}
+
+/// Callers that give up (a timeout at 0..2000 ms) on acquisitions of one
+/// key while the primary is killed and a replica promoted: afterwards the
+/// key is free within its ttl, nothing in the process blocks it, and a
+/// caller takes it promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_giving_up_during_a_failover_leave_nothing_held_past_its_ttl() {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-give-up");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for task in 0..6_u64 {
+        let backend = backend.clone();
+        let key = key.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                round += 1;
+                let cut = Duration::from_millis((task * 331 + round * 197) % 2000);
+                let options = LockOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(5));
+                let attempt = options.acquire_on(backend.clone(), &key);
+                if let Ok(Ok(lease)) = tokio::time::timeout(cut, attempt).await {
+                    let _ = tokio::time::timeout(cut, lease.release()).await;
+                }
+            }
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    signal(primary_pid, libc::SIGKILL);
+    within(60, "the promotion", async {
+        while role(&deployment.replica) != "master"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in tasks {
+        within(30, "a giving-up caller's end", task)
+            .await
+            .expect("join");
+    }
+    // Every lease taken had a 2 s ttl: within it plus slack, the key is
+    // free to anyone, on this backend and on a new one.
+    let lease = within(
+        30,
+        "the key after the callers gave up",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(6))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await
+    .expect("the key is free within its ttl");
+    lease.release().await.expect("release");
+    let fresh: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let lease = within(
+        30,
+        "the key from a new backend",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(6))
+            .acquire_on(fresh, &key),
+    )
+    .await
+    .expect("free");
+    lease.release().await.expect("release");
+}

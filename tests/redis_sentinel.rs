@@ -1392,3 +1392,59 @@ async fn callers_giving_up_during_a_failover_leave_nothing_held_past_its_ttl() {
     .expect("free");
     lease.release().await.expect("release");
 }
+
+/// A sentinel paused (SIGSTOP) accepts connections and never answers: a
+/// look-up does not wait the response timeout for it when the others
+/// answer. Then the primary paused: a caller with a 1 s wait returns by
+/// its deadline (with slack), not after the backend's own timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sentinel_or_primary_never_holds_a_caller_past_its_bounds() {
+    let deployment = Deployment::start();
+    let paused = deployment.sentinels[0]
+        .child
+        .as_ref()
+        .map(Child::id)
+        .expect("sentinel runs");
+    signal(paused, libc::SIGSTOP);
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let backend: Arc<dyn Backend> = Arc::new(
+        within(
+            60,
+            "connecting with a paused sentinel",
+            RedisBackend::sentinel(&refs, SERVICE)
+                .connect_timeout(Duration::from_secs(20))
+                .response_timeout(Duration::from_secs(10))
+                .connect(),
+        )
+        .await
+        .expect("two sentinels answer"),
+    );
+    let took = started.elapsed();
+    signal(paused, libc::SIGCONT);
+    assert!(
+        took < Duration::from_secs(8),
+        "connecting waited {took:?} for the paused sentinel (response timeout 10s)"
+    );
+
+    let key = dlock_runtime::conformance::fresh_key("sentinel-paused-primary");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGSTOP);
+    let started = Instant::now();
+    let result = within(
+        60,
+        "an acquisition on a paused primary",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(1))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await;
+    let took = started.elapsed();
+    signal(primary_pid, libc::SIGCONT);
+    assert!(result.is_err(), "granted by a paused primary");
+    assert!(
+        took < Duration::from_secs(6),
+        "a caller with a 1 s wait returned after {took:?}"
+    );
+}

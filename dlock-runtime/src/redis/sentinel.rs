@@ -21,6 +21,8 @@ use ::redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo as _,
     RedisConnectionInfo, RedisError, RedisResult, TlsCertificates, Value,
 };
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use tokio::time::{Instant, sleep, timeout};
 
 /// The first pause between two rounds over the sentinels (a failover under
@@ -191,29 +193,49 @@ impl Sentinels {
         best.map(|(host, port, _)| format!("{host}:{port}"))
     }
 
-    /// Every sentinel's view at once, by index, starting with the one that
-    /// answered last (so it wins a tie): the primary's host, port and
-    /// config epoch, `None` for no such primary, or why it gave none by
-    /// `deadline`.
+    /// The sentinels' views, asked all at once, by index, the one that
+    /// answered last first (so it wins a tie): the primary's host, port
+    /// and config epoch, `None` for no such primary, or why it gave none
+    /// by `deadline`. Returns once a majority of the sentinels answered
+    /// (a paused one, which would hold every look-up for the response
+    /// timeout, is not waited for then) or all have ended.
     async fn views(&self, deadline: Instant) -> Vec<(usize, Result<Option<Named>, String>)> {
         let count = self.sentinels.len();
         let start = self.last_good.load(Ordering::Relaxed);
-        let asks = (0..count).map(|step| {
-            let index = (start + step) % count;
-            async move {
-                let Some(sentinel) = self.sentinels.get(index) else {
-                    return (index, Err("not configured".to_owned()));
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                let view = match timeout(left, self.ask(sentinel)).await {
-                    Ok(Ok(named)) => Ok(named),
-                    Ok(Err(err)) => Err(err.to_string()),
-                    Err(_) => Err("no answer in time".to_owned()),
-                };
-                (index, view)
+        let mut asks: FuturesUnordered<_> = (0..count)
+            .map(|step| {
+                let index = (start + step) % count;
+                async move {
+                    let Some(sentinel) = self.sentinels.get(index) else {
+                        return (step, index, Err("not configured".to_owned()));
+                    };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let view = match timeout(left, self.ask(sentinel)).await {
+                        Ok(Ok(named)) => Ok(named),
+                        Ok(Err(err)) => Err(err.to_string()),
+                        Err(_) => Err("no answer in time".to_owned()),
+                    };
+                    (step, index, view)
+                }
+            })
+            .collect();
+        let majority = count / 2 + 1;
+        let mut views = Vec::with_capacity(count);
+        let mut answers = 0;
+        while let Some(view) = asks.next().await {
+            if view.2.is_ok() {
+                answers += 1;
             }
-        });
-        futures_util::future::join_all(asks).await
+            views.push(view);
+            if answers >= majority {
+                break;
+            }
+        }
+        views.sort_by_key(|(step, _, _)| *step);
+        views
+            .into_iter()
+            .map(|(_, index, view)| (index, view))
+            .collect()
     }
 
     /// One connection for a short exchange, bounded by the timeouts.

@@ -1448,3 +1448,102 @@ async fn a_paused_sentinel_or_primary_never_holds_a_caller_past_its_bounds() {
         "a caller with a 1 s wait returned after {took:?}"
     );
 }
+
+/// `replica_acks` behind a paused primary: acquisitions of one backend
+/// take turns for the `WAIT`, and each turn may last the whole call
+/// limit, so without a bound on the turn the sixth of six callers would
+/// wait for all five before it. Every caller returns, with an error,
+/// within twice the call limit (and slack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_behind_a_paused_primary_never_queue_a_caller_past_its_own_limit() {
+    let deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&refs, SERVICE)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_millis(500))
+            .replica_acks(1, Duration::from_millis(200))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGSTOP);
+    let calls = (0..6).map(|_| {
+        let backend = backend.clone();
+        async move {
+            let key = dlock_runtime::conformance::fresh_key("sentinel-acks-paused");
+            let started = Instant::now();
+            let result = LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend, &key)
+                .await;
+            (started.elapsed(), result.is_ok())
+        }
+    });
+    let outcomes = within(
+        120,
+        "acquisitions behind a paused primary",
+        futures_util::future::join_all(calls),
+    )
+    .await;
+    signal(primary_pid, libc::SIGCONT);
+    // The call limit behind sentinels: 2 x connect + response = 2.5 s.
+    for (took, granted) in outcomes {
+        assert!(!granted, "granted by a paused primary");
+        assert!(
+            took < Duration::from_secs(9),
+            "a caller waited {took:?} (call limit 2.5 s)"
+        );
+    }
+}
+
+/// `replica_acks` with the replica paused and acquisitions taking turns
+/// for their `WAIT`s: a held lease's renewals do not take a turn behind
+/// them, so the lease (ttl 1.5 s) outlives four seconds of such traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_replicas() {
+    let deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&refs, SERVICE)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("sentinel-acks-renewal");
+    let held = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the replica acknowledges");
+    let replica_pid = deployment.replica.pid().expect("replica runs");
+    signal(replica_pid, libc::SIGSTOP);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let backend = backend.clone();
+        let stop = stop.clone();
+        busy.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let other = dlock_runtime::conformance::fresh_key("sentinel-acks-busy");
+                let _ = LockOptions::new(Duration::from_secs(5))
+                    .wait(Duration::from_secs(2))
+                    .acquire_on(backend.clone(), &other)
+                    .await;
+            }
+        }));
+    }
+    sleep(Duration::from_secs(4)).await;
+    let kept = held.check();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        within(30, "a busy caller's end", task).await.expect("join");
+    }
+    signal(replica_pid, libc::SIGCONT);
+    kept.expect("the lease was lost while acquisitions waited for replicas");
+    held.release().await.expect("release");
+}

@@ -408,7 +408,19 @@ impl RedisBackend {
         pipe.cmd("WAIT").arg(replicas).arg(ttl_millis(within));
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
-        let gate = self.inner.acks_gate.lock().await;
+        // Bounded: behind a paused primary each one ahead may take its
+        // whole call limit, and a caller must not wait for all of them.
+        let limit = self.call_limit();
+        let Ok(gate) = tokio::time::timeout(limit, self.inner.acks_gate.lock()).await else {
+            return Err(self.error(
+                Operation::Acquire,
+                key,
+                format!(
+                    "waited {limit:?} behind other acquisitions for the replicas' \
+                     acknowledgements; nothing was sent"
+                ),
+            ));
+        };
         let sent = self
             .inner
             .commands
@@ -985,7 +997,6 @@ impl Backend for RedisBackend {
         }
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
-        let gate = self.inner.acks_gate.lock().await;
         let sent = self
             .inner
             .commands
@@ -1018,7 +1029,6 @@ impl Backend for RedisBackend {
                 Ok(answers)
             })
             .await;
-        drop(gate);
         let answers = match sent {
             Ok((answers, _)) => answers,
             Err(failure) => {

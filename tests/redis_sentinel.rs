@@ -1547,3 +1547,68 @@ async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_r
     kept.expect("the lease was lost while acquisitions waited for replicas");
     held.release().await.expect("release");
 }
+
+/// Every sentinel down while a lease is held: its renewals go on on the
+/// primary known, nothing hangs; the sentinels back (from their config
+/// files), a forced failover is followed by the same backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failover_is_followed() {
+    let mut deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-down-and-back");
+    let held = LockOptions::new(Duration::from_secs(2))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    for sentinel in &mut deployment.sentinels {
+        sentinel.kill();
+    }
+    // Past the 5 s primary check, several ttls long.
+    sleep(Duration::from_secs(7)).await;
+    held.check().expect("renewals went on on the known primary");
+    held.release().await.expect("release");
+    for sentinel in &mut deployment.sentinels {
+        sentinel.relaunch();
+    }
+    within(60, "the sentinels knowing each other again", async {
+        while !deployment.sentinels.iter().all(|sentinel| {
+            let fields = sentinel.master_fields();
+            fields.get("num-slaves").map(String::as_str) == Some("1")
+                && fields.get("num-other-sentinels").map(String::as_str) == Some("2")
+        }) {
+            sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    within(60, "a forced failover", async {
+        while deployment.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]) != "OK" {
+            sleep(Duration::from_millis(500)).await;
+        }
+        // Until the old primary is demoted it still takes writes (the
+        // window the README admits): wait for the demotion.
+        while role(&deployment.replica) != "master"
+            || role(&deployment.primary) != "slave"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let lease = within(
+        60,
+        "a lease on the new primary",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(30))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await
+    .expect("the backend follows the failover");
+    assert_eq!(
+        deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(&key)]),
+        "1",
+        "taken on the new primary"
+    );
+    lease.release().await.expect("release");
+}

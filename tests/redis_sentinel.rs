@@ -105,6 +105,31 @@ impl Sentinel {
             .collect()
     }
 
+    /// Starts the sentinel again from the config file it rewrote.
+    fn relaunch(&mut self) {
+        self.kill();
+        let mut command = Command::new("redis-server");
+        command
+            .arg(self.dir.join("sentinel.conf"))
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: as in `start`.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.child = Some(command.spawn().expect("redis-server must be installed"));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.cli(&["PING"]) != "PONG" {
+            assert!(Instant::now() < deadline, "the sentinel did not come back");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -905,4 +930,733 @@ async fn replica_acks_that_could_never_be_met_in_time_are_refused_before_connect
             "{err}"
         );
     }
+}
+
+// ---------------------------------------------------------------------------
+// Review: faults the tests above did not try.
+
+/// Kills every sentinel, then breaks the command connection to a primary
+/// that is still up and well: the backend cannot ask anyone whether the
+/// primary moved, but the node it knows is the primary still, so locking
+/// must go on there instead of failing every call that meets the broken
+/// connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_a_broken_connection_is_retried_on_the_known_primary() {
+    let mut deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-all-down-blip");
+    let held = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    for sentinel in &mut deployment.sentinels {
+        sentinel.kill();
+    }
+    for round in 0..3 {
+        // Every normal client of the primary (ours among them) is cut.
+        deployment
+            .primary
+            .cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+        let other = dlock_runtime::conformance::fresh_key("sentinel-all-down-other");
+        let result = within(
+            30,
+            "an acquisition with the sentinels down",
+            LockOptions::new(Duration::from_secs(10)).acquire_on(backend.clone(), &other),
+        )
+        .await;
+        let lease = result.unwrap_or_else(|err| {
+            panic!("round {round}: the primary is up, yet the acquisition failed: {err}")
+        });
+        lease.release().await.expect("release");
+    }
+    assert!(
+        held.check().is_ok(),
+        "the lease on a primary that never went away was lost"
+    );
+    held.release().await.expect("release");
+}
+
+/// A sentinel that was down through a failover and restarts from its
+/// config file still names the old primary; the old primary, restarted
+/// empty, says it is a master until the other sentinels turn it into a
+/// replica. A backend asking that sentinel first must not lock there a key
+/// the new primary shows held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_that_slept_through_a_failover_never_leads_to_the_stale_old_primary() {
+    let mut deployment = Deployment::start();
+    deployment.sentinels[0].kill();
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGKILL);
+    let awake: Vec<String> = deployment.sentinels[1..]
+        .iter()
+        .map(Sentinel::url)
+        .collect();
+    within(60, "the promotion by the two live sentinels", async {
+        loop {
+            let named =
+                deployment.sentinels[1].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+            let port = named
+                .lines()
+                .nth(1)
+                .and_then(|port| port.trim().parse().ok());
+            if role(&deployment.replica) == "master" && port == Some(deployment.replica.port) {
+                return;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let current: Arc<dyn Backend> = Arc::new(connect(&awake).await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-stale");
+    let held = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(current.clone(), &key)
+        .await
+        .expect("free on the new primary");
+    assert_eq!(
+        deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(&key)]),
+        "1"
+    );
+
+    // The old primary comes back, empty, a master for now; the sentinel
+    // that missed the failover comes back from its config file.
+    deployment.primary.restart();
+    deployment.sentinels[0].relaunch();
+    let named = deployment.sentinels[0].cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]);
+    eprintln!(
+        "the restarted sentinel names {named:?}; old primary {} role {}, new {}",
+        deployment.primary.port,
+        role(&deployment.primary),
+        deployment.replica.port
+    );
+    let fresh: Arc<dyn Backend> = Arc::new(connect(&deployment.sentinel_urls()).await);
+    let stolen = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(fresh.clone(), &key)
+        .await;
+    assert!(
+        stolen.is_err(),
+        "a key the new primary shows held was granted (token {:?}); the old primary holds it: {}",
+        stolen.as_ref().map(|lease| lease.token().get()).ok(),
+        deployment
+            .primary
+            .cli(&["EXISTS", &redis_support::lock_name(&key)])
+    );
+    held.release().await.expect("release");
+}
+
+/// `replica_acks` with the only replica paused, then killed, and many
+/// acquisitions at once on one backend: every one is an error naming the
+/// shortfall (never a silent success), none hangs, and every key is free
+/// again at once — none stays held for its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_with_the_replica_stopped_or_killed_fail_every_concurrent_acquisition_and_free_its_key()
+ {
+    let mut deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&urls, SERVICE)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let replica_pid = deployment.replica.pid().expect("replica runs");
+    for phase in ["stopped", "killed"] {
+        match phase {
+            "stopped" => signal(replica_pid, libc::SIGSTOP),
+            _ => {
+                signal(replica_pid, libc::SIGCONT);
+                deployment.replica.kill();
+            }
+        }
+        let keys: Vec<_> = (0..8)
+            .map(|_| dlock_runtime::conformance::fresh_key("sentinel-acks-down"))
+            .collect();
+        let calls = keys.iter().map(|key| {
+            let backend = backend.clone();
+            let key = key.clone();
+            async move {
+                LockOptions::new(Duration::from_secs(60))
+                    .acquire_on(backend, &key)
+                    .await
+            }
+        });
+        let results = within(
+            30,
+            "acquisitions with the replica down",
+            futures_util::future::join_all(calls),
+        )
+        .await;
+        for (key, result) in keys.iter().zip(results) {
+            let err = match result {
+                Ok(lease) => panic!(
+                    "{phase}: granted (token {}) with no replica to acknowledge",
+                    lease.token()
+                ),
+                Err(err) => err,
+            };
+            assert!(matches!(err, LockError::Backend { .. }), "{phase}: {err}");
+            let held = deployment
+                .primary
+                .cli(&["EXISTS", &redis_support::lock_name(key)]);
+            assert_eq!(
+                held, "0",
+                "{phase}: a refused acquisition left its key held ({err})"
+            );
+        }
+    }
+}
+
+/// Every form of credentials — in sentinel URLs (`:pw@`, `user:pw@`,
+/// percent-encoded), in a `redis+sentinel://` URL, and given with
+/// `data_node_auth` — stays out of errors, `Debug` and the log lines, for
+/// connections that work and ones that fail.
+#[tokio::test(flavor = "current_thread")]
+async fn credentials_in_every_sentinel_form_stay_out_of_errors_debug_and_logs() {
+    let deployment = Deployment::start();
+    let (logs, _guard) = support::Logs::capture();
+    assert_eq!(
+        deployment.primary.cli(&[
+            "ACL",
+            "SETUSER",
+            "app",
+            "on",
+            ">data@Secret1",
+            "~*",
+            "&*",
+            "+@all"
+        ]),
+        "OK"
+    );
+    let secrets = [
+        "data@Secret1",
+        "data%40Secret1",
+        "sent@Secret2",
+        "sent%40Secret2",
+        "wrong@Secret3",
+        "wrong%40Secret3",
+    ];
+    let ports: Vec<u16> = deployment.sentinels.iter().map(|s| s.port).collect();
+    let mut seen = String::new();
+    let note = |seen: &mut String, text: String| {
+        seen.push_str(&text);
+        seen.push('\n');
+    };
+    // Works: the data nodes' credentials in a redis+sentinel:// URL.
+    let hosts: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let url = format!(
+        "redis+sentinel://app:data%40Secret1@{}/{SERVICE}",
+        hosts.join(",")
+    );
+    let builder = RedisBackend::builder(&url);
+    note(&mut seen, format!("{builder:?}"));
+    let backend = builder.connect().await.expect("the right credentials");
+    note(&mut seen, format!("{backend:?}"));
+    let key = dlock_runtime::conformance::fresh_key("sentinel-secrets");
+    let lease = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(backend.clone()), &key)
+        .await
+        .expect("free");
+    lease.release().await.expect("release");
+    // Fails: a wrong data password, in the URL and through data_node_auth.
+    let wrong = format!(
+        "redis+sentinel://app:wrong%40Secret3@{}/{SERVICE}",
+        hosts.join(",")
+    );
+    let err = RedisBackend::builder(&wrong)
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("a wrong password");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    let sentinel_urls: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| match i {
+            0 => format!("redis://:sent%40Secret2@127.0.0.1:{p}"),
+            1 => format!("redis://someone:sent%40Secret2@127.0.0.1:{p}"),
+            _ => format!("redis://:sent@Secret2@127.0.0.1:{p}"),
+        })
+        .collect();
+    let refs: Vec<&str> = sentinel_urls.iter().map(String::as_str).collect();
+    let builder = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "wrong@Secret3")
+        .connect_timeout(Duration::from_secs(1));
+    note(&mut seen, format!("{builder:?}"));
+    let err = builder.connect().await.expect_err("sentinels refuse AUTH");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    let plain: Vec<String> = ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect();
+    let refs: Vec<&str> = plain.iter().map(String::as_str).collect();
+    let err = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "wrong@Secret3")
+        .connect_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("the primary refuses the password");
+    note(
+        &mut seen,
+        format!("{err} {err:?} {:?}", std::error::Error::source(&err)),
+    );
+    // A backend whose primary later refuses it: calls fail, logs flow.
+    let backend = RedisBackend::sentinel(&refs, SERVICE)
+        .data_node_auth(Some("app"), "data@Secret1")
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .expect("connect");
+    deployment
+        .primary
+        .cli(&["ACL", "SETUSER", "app", "resetpass", ">other"]);
+    deployment.primary.cli(&["CLIENT", "KILL", "USER", "app"]);
+    let failed = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(Arc::new(backend.clone()), &key)
+        .await;
+    if let Err(err) = failed {
+        note(&mut seen, format!("{err} {err:?}"));
+    }
+    note(&mut seen, format!("{backend:?}"));
+    note(&mut seen, logs.text());
+    for secret in secrets {
+        assert!(!seen.contains(secret), "{secret} shows in:\n{seen}");
+    }
+}
+
+/// Odd `redis+sentinel://` URLs are refused or fail in time with a clear
+/// error, never a panic, never repeating a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn odd_sentinel_urls_give_clear_errors_without_a_panic_or_the_password() {
+    for url in [
+        "redis+sentinel://",
+        "redis+sentinel:///m",
+        "redis+sentinel://:Secret9@/m",
+        "redis+sentinel://127.0.0.1:1,,127.0.0.1:2/m",
+        "redis+sentinel://[::1]/m",
+        "redis+sentinel://[::1]:1/m",
+        "redis+sentinel://::1/m",
+        "redis+sentinel://127.0.0.1:1/m/x",
+        "redis+sentinel://127.0.0.1:1/m/1/2",
+        "redis+sentinel://127.0.0.1:99999/m",
+        "redis+sentinel://u:Secret9@127.0.0.1:1/m/-1",
+        "REDIS+SENTINEL://:Secret9@127.0.0.1:1/m",
+        "redis+sentinel://127.0.0.1:1/%zz",
+        "redis+sentinel://@@@/m",
+        "redis+sentinel://:Secret9@127.0.0.1:1/m?password=Secret9",
+        "redis+sentinel://:Secret9@127.0.0.1:1/m#Secret9",
+        "redis+sentinel://:Sec/ret9@127.0.0.1:1/m",
+        "rediss+sentinel://:Secret9@127.0.0.1:1/m",
+        "redis+sentinel://h\u{e9}/m",
+    ] {
+        let result = within(
+            20,
+            "an odd sentinel URL",
+            RedisBackend::builder(url)
+                .connect_timeout(Duration::from_millis(300))
+                .connect(),
+        )
+        .await;
+        let err = match result {
+            Ok(backend) => panic!("{url}: connected: {backend:?}"),
+            Err(err) => err,
+        };
+        let text = format!("{err} {err:?} {:?}", std::error::Error::source(&err));
+        eprintln!("{url} -> {text}");
+        assert!(!text.contains("Secret9"), "{url}: {text}");
+        assert!(!text.contains("ret9"), "{url}: {text}");
+    }
+}
+
+/// The primary killed (SIGKILL) while four keys are held with renewals
+/// running and two waiters wait on each: after the failover every holder
+/// either still holds its key on the new primary or is told it lost it,
+/// every waiter gets its key once the holder lets go, and every waiter's
+/// token is above its holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_primary_killed_under_holders_waiters_and_renewals_tells_every_holder_and_wakes_every_waiter()
+ {
+    if std::env::var_os("REVIEW_LOGS").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let keys: Vec<_> = (0..4)
+        .map(|_| dlock_runtime::conformance::fresh_key("sentinel-kill-busy"))
+        .collect();
+    let mut holders = Vec::new();
+    for key in &keys {
+        holders.push(
+            LockOptions::new(Duration::from_secs(4))
+                .acquire_on(backend.clone(), key)
+                .await
+                .expect("free"),
+        );
+    }
+    // Each waiter lets go as soon as it has the key, for the next one.
+    let mut waiters = Vec::new();
+    for key in &keys {
+        for _ in 0..2 {
+            let backend = backend.clone();
+            let key = key.clone();
+            waiters.push((
+                key.clone(),
+                tokio::spawn(async move {
+                    let lease = LockOptions::new(Duration::from_secs(30))
+                        .wait(Duration::from_secs(90))
+                        .acquire_on(backend, &key)
+                        .await?;
+                    let token = lease.token().get();
+                    lease.release().await?;
+                    Ok::<u64, LockError>(token)
+                }),
+            ));
+        }
+    }
+    sleep(Duration::from_millis(300)).await;
+    assert_eq!(deployment.primary.cli(&["WAIT", "1", "5000"]), "1");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGKILL);
+    within(60, "the promotion", async {
+        while role(&deployment.replica) != "master"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    // Give the renewals a few rounds on the new primary.
+    sleep(Duration::from_secs(3)).await;
+    let mut tokens = HashMap::new();
+    for (key, holder) in keys.iter().zip(holders) {
+        tokens.insert(key.to_string(), holder.token().get());
+        let shown = deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(key)]);
+        if holder.check().is_ok() {
+            assert_eq!(
+                shown, "1",
+                "{key}: the holder believes it holds a key the new primary does not show"
+            );
+            holder.release().await.expect("release on the new primary");
+        } else {
+            eprintln!("{key}: the holder was told it lost the key");
+        }
+    }
+    for (key, waiter) in waiters {
+        let token = within(60, "a waiter's grant after the failover", waiter)
+            .await
+            .expect("join")
+            .unwrap_or_else(|err| panic!("{key}: the waiter never got the key: {err}"));
+        let holder = tokens[&key.to_string()];
+        assert!(
+            token > holder,
+            "{key}: the waiter's token {token} is not above the holder's {holder}"
+        );
+    }
+}
+
+/// Callers that give up (a timeout at 0..2000 ms) on acquisitions of one
+/// key while the primary is killed and a replica promoted: afterwards the
+/// key is free within its ttl, nothing in the process blocks it, and a
+/// caller takes it promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_giving_up_during_a_failover_leave_nothing_held_past_its_ttl() {
+    let deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-give-up");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for task in 0..6_u64 {
+        let backend = backend.clone();
+        let key = key.clone();
+        let stop = stop.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut round = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                round += 1;
+                let cut = Duration::from_millis((task * 331 + round * 197) % 2000);
+                let options = LockOptions::new(Duration::from_secs(2)).wait(Duration::from_secs(5));
+                let attempt = options.acquire_on(backend.clone(), &key);
+                if let Ok(Ok(lease)) = tokio::time::timeout(cut, attempt).await {
+                    let _ = tokio::time::timeout(cut, lease.release()).await;
+                }
+            }
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    signal(primary_pid, libc::SIGKILL);
+    within(60, "the promotion", async {
+        while role(&deployment.replica) != "master"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in tasks {
+        within(30, "a giving-up caller's end", task)
+            .await
+            .expect("join");
+    }
+    // Every lease taken had a 2 s ttl: within it plus slack, the key is
+    // free to anyone, on this backend and on a new one.
+    let lease = within(
+        30,
+        "the key after the callers gave up",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(6))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await
+    .expect("the key is free within its ttl");
+    lease.release().await.expect("release");
+    let fresh: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let lease = within(
+        30,
+        "the key from a new backend",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(6))
+            .acquire_on(fresh, &key),
+    )
+    .await
+    .expect("free");
+    lease.release().await.expect("release");
+}
+
+/// A sentinel paused (SIGSTOP) accepts connections and never answers: a
+/// look-up does not wait the response timeout for it when the others
+/// answer. Then the primary paused: a caller with a 1 s wait returns by
+/// its deadline (with slack), not after the backend's own timeouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sentinel_or_primary_never_holds_a_caller_past_its_bounds() {
+    let deployment = Deployment::start();
+    let paused = deployment.sentinels[0]
+        .child
+        .as_ref()
+        .map(Child::id)
+        .expect("sentinel runs");
+    signal(paused, libc::SIGSTOP);
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let backend: Arc<dyn Backend> = Arc::new(
+        within(
+            60,
+            "connecting with a paused sentinel",
+            RedisBackend::sentinel(&refs, SERVICE)
+                .connect_timeout(Duration::from_secs(20))
+                .response_timeout(Duration::from_secs(10))
+                .connect(),
+        )
+        .await
+        .expect("two sentinels answer"),
+    );
+    let took = started.elapsed();
+    signal(paused, libc::SIGCONT);
+    assert!(
+        took < Duration::from_secs(8),
+        "connecting waited {took:?} for the paused sentinel (response timeout 10s)"
+    );
+
+    let key = dlock_runtime::conformance::fresh_key("sentinel-paused-primary");
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGSTOP);
+    let started = Instant::now();
+    let result = within(
+        60,
+        "an acquisition on a paused primary",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(1))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await;
+    let took = started.elapsed();
+    signal(primary_pid, libc::SIGCONT);
+    assert!(result.is_err(), "granted by a paused primary");
+    assert!(
+        took < Duration::from_secs(6),
+        "a caller with a 1 s wait returned after {took:?}"
+    );
+}
+
+/// `replica_acks` behind a paused primary: acquisitions of one backend
+/// take turns for the `WAIT`, and each turn may last the whole call
+/// limit, so without a bound on the turn the sixth of six callers would
+/// wait for all five before it. Every caller returns, with an error,
+/// within twice the call limit (and slack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_behind_a_paused_primary_never_queue_a_caller_past_its_own_limit() {
+    let deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&refs, SERVICE)
+            .connect_timeout(Duration::from_secs(1))
+            .response_timeout(Duration::from_millis(500))
+            .replica_acks(1, Duration::from_millis(200))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let primary_pid = deployment.primary.pid().expect("primary runs");
+    signal(primary_pid, libc::SIGSTOP);
+    let calls = (0..6).map(|_| {
+        let backend = backend.clone();
+        async move {
+            let key = dlock_runtime::conformance::fresh_key("sentinel-acks-paused");
+            let started = Instant::now();
+            let result = LockOptions::new(Duration::from_secs(10))
+                .acquire_on(backend, &key)
+                .await;
+            (started.elapsed(), result.is_ok())
+        }
+    });
+    let outcomes = within(
+        120,
+        "acquisitions behind a paused primary",
+        futures_util::future::join_all(calls),
+    )
+    .await;
+    signal(primary_pid, libc::SIGCONT);
+    // The call limit behind sentinels: 2 x connect + response = 2.5 s.
+    for (took, granted) in outcomes {
+        assert!(!granted, "granted by a paused primary");
+        assert!(
+            took < Duration::from_secs(9),
+            "a caller waited {took:?} (call limit 2.5 s)"
+        );
+    }
+}
+
+/// `replica_acks` with the replica paused and acquisitions taking turns
+/// for their `WAIT`s: a held lease's renewals do not take a turn behind
+/// them, so the lease (ttl 1.5 s) outlives four seconds of such traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_replicas() {
+    let deployment = Deployment::start();
+    let urls = deployment.sentinel_urls();
+    let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::sentinel(&refs, SERVICE)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1))
+            .replica_acks(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("sentinel-acks-renewal");
+    let held = LockOptions::new(Duration::from_millis(1500))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the replica acknowledges");
+    let replica_pid = deployment.replica.pid().expect("replica runs");
+    signal(replica_pid, libc::SIGSTOP);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut busy = Vec::new();
+    for _ in 0..8 {
+        let backend = backend.clone();
+        let stop = stop.clone();
+        busy.push(tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let other = dlock_runtime::conformance::fresh_key("sentinel-acks-busy");
+                let _ = LockOptions::new(Duration::from_secs(5))
+                    .wait(Duration::from_secs(2))
+                    .acquire_on(backend.clone(), &other)
+                    .await;
+            }
+        }));
+    }
+    sleep(Duration::from_secs(4)).await;
+    let kept = held.check();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        within(30, "a busy caller's end", task).await.expect("join");
+    }
+    signal(replica_pid, libc::SIGCONT);
+    kept.expect("the lease was lost while acquisitions waited for replicas");
+    held.release().await.expect("release");
+}
+
+/// Every sentinel down while a lease is held: its renewals go on on the
+/// primary known, nothing hangs; the sentinels back (from their config
+/// files), a forced failover is followed by the same backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failover_is_followed() {
+    let mut deployment = Deployment::start();
+    let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
+    let key = dlock_runtime::conformance::fresh_key("sentinel-down-and-back");
+    let held = LockOptions::new(Duration::from_secs(2))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    for sentinel in &mut deployment.sentinels {
+        sentinel.kill();
+    }
+    // Past the 5 s primary check, several ttls long.
+    sleep(Duration::from_secs(7)).await;
+    held.check().expect("renewals went on on the known primary");
+    held.release().await.expect("release");
+    for sentinel in &mut deployment.sentinels {
+        sentinel.relaunch();
+    }
+    within(60, "the sentinels knowing each other again", async {
+        while !deployment.sentinels.iter().all(|sentinel| {
+            let fields = sentinel.master_fields();
+            fields.get("num-slaves").map(String::as_str) == Some("1")
+                && fields.get("num-other-sentinels").map(String::as_str) == Some("2")
+        }) {
+            sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    within(60, "a forced failover", async {
+        while deployment.sentinels[0].cli(&["SENTINEL", "FAILOVER", SERVICE]) != "OK" {
+            sleep(Duration::from_millis(500)).await;
+        }
+        // Until the old primary is demoted it still takes writes (the
+        // window the README admits): wait for the demotion.
+        while role(&deployment.replica) != "master"
+            || role(&deployment.primary) != "slave"
+            || deployment.primary_port_named() != Some(deployment.replica.port)
+        {
+            sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let lease = within(
+        60,
+        "a lease on the new primary",
+        LockOptions::new(Duration::from_secs(10))
+            .wait(Duration::from_secs(30))
+            .acquire_on(backend.clone(), &key),
+    )
+    .await
+    .expect("the backend follows the failover");
+    assert_eq!(
+        deployment
+            .replica
+            .cli(&["EXISTS", &redis_support::lock_name(&key)]),
+        "1",
+        "taken on the new primary"
+    );
+    lease.release().await.expect("release");
 }

@@ -280,7 +280,9 @@ impl RedisBuilder {
                 return Err(LockError::InvalidOption {
                     option: "replica_acks",
                     reason: format!(
-                        "replica_acks({replicas}, {within:?}) needs at least one replica and a                          wait greater than zero and shorter than the response timeout                          ({:?})",
+                        "replica_acks({replicas}, {within:?}) needs at least one replica and a \
+                         wait greater than zero and shorter than the response timeout \
+                         ({:?})",
                         self.response_timeout
                     ),
                 });
@@ -403,6 +405,7 @@ impl RedisBuilder {
                 publish_every_release: self.publish_every_release,
                 label: self.label,
                 replica_acks: self.replica_acks,
+                acks_gate: tokio::sync::Mutex::new(()),
                 sentinel_service: None,
             }),
         })
@@ -485,7 +488,8 @@ impl RedisBuilder {
         let (primary, manager) = timeout(limit, connecting).await.map_err(|_| {
             let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
             fail(format!(
-                "connecting to the primary {service:?} through the sentinels {} timed out                  after {limit:?}{}",
+                "connecting to the primary {service:?} through the sentinels {} timed out \
+                 after {limit:?}{}",
                 shown.join(", "),
                 cause.map(|cause| format!(": {cause}")).unwrap_or_default()
             ))
@@ -513,6 +517,7 @@ impl RedisBuilder {
             publish_every_release: self.publish_every_release,
             label: self.label,
             replica_acks: self.replica_acks,
+            acks_gate: tokio::sync::Mutex::new(()),
             sentinel_service: Some(service),
         });
         tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));
@@ -697,9 +702,17 @@ impl SentinelUrl {
             let scheme = if tls { "rediss" } else { "redis" };
             sentinels.push(format!("{scheme}://{name}:{port}"));
         }
+        // A query or fragment (`?password=…`) is no part of the form: it
+        // would become part of the service name, shown in errors.
+        if path.contains(['?', '#']) {
+            return Some(Err(format!(
+                "{form}: a query (?...) or fragment (#...) is not read"
+            )));
+        }
         let (service, db) = match path.split_once('/') {
             Some((service, db)) => match db.parse::<i64>() {
-                Ok(db) => (service, db),
+                Ok(db) if db >= 0 => (service, db),
+                Ok(_) => return Some(Err(format!("{form}: the database is negative"))),
                 Err(_) => return Some(Err(format!("{form}: the database is not a number"))),
             },
             None => (path, 0),
@@ -750,6 +763,9 @@ mod tests {
             "redis+sentinel://:secret@h1/",
             "redis+sentinel://:secret@h1/m/zero",
             "redis+sentinel://:secret@,h2/m",
+            "redis+sentinel://:secret@h1/m?password=secret",
+            "redis+sentinel://:secret@h1/m#secret",
+            "redis+sentinel://:secret@h1/m/-1",
         ] {
             let reason = SentinelUrl::read(url)
                 .expect("a sentinel URL")

@@ -330,8 +330,21 @@ impl Commands {
                     if is_connection_error(&err)
                         || (self.is_sentinel() && is_not_primary(&err)) =>
                 {
-                    if self.is_sentinel() {
-                        self.follow(generation).await?;
+                    if self.is_sentinel()
+                        && let Err(lookup) = self.follow(generation).await
+                    {
+                        // A node that refused as a replica is no place for
+                        // the second try; a broken connection with no
+                        // sentinel to ask is retried on the primary known
+                        // (a blip on a primary that is still one must not
+                        // fail every call while the sentinels are down).
+                        if is_not_primary(&err) {
+                            return Err(lookup);
+                        }
+                        tracing::warn!(
+                            error = %lookup,
+                            "cannot ask the sentinels for the redis primary; trying the known one again"
+                        );
                     }
                     let second = self.link();
                     let outcome = request(second.connection).await;

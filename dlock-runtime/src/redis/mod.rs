@@ -216,8 +216,9 @@
 //! ## Redis Sentinel
 //!
 //! [`RedisBackend::sentinel`] takes the sentinels' URLs and the name they
-//! monitor the primary under. The primary is the node a sentinel names
-//! (`SENTINEL get-master-addr-by-name`) that says it is a master (`ROLE`);
+//! monitor the primary under. The primary is the node the sentinels name
+//! under the highest config epoch (`SENTINEL MASTER`, all asked at once)
+//! that says it is a master (`ROLE`);
 //! the command connection looks it up again when a command fails on a
 //! broken connection or the node answers `READONLY`, and the pub/sub
 //! connection whenever it is opened (a demoted primary's connections are
@@ -226,7 +227,8 @@
 //! the commands move there if they go elsewhere (a failover that left the
 //! old primary running, which never refuses a write). Each look-up is
 //! bounded by the connect timeout. The sentinels need
-//! `SENTINEL get-master-addr-by-name` and the data nodes also `ROLE` (add
+//! `SENTINEL master` (or `get-master-addr-by-name`, without the epoch
+//! check) and the data nodes also `ROLE` (add
 //! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 
 mod builder;
@@ -334,6 +336,12 @@ struct Inner {
     /// Replicas that must acknowledge an acquisition, and how long they
     /// have ([`RedisBuilder::replica_acks`]).
     replica_acks: Option<(u32, Duration)>,
+    /// Held by the one acquisition whose `WAIT` is on the shared
+    /// connection: several queued there, the later ones outlast the
+    /// response timeout, and a grant whose reply was given up on is made
+    /// after the give-back sent on a new connection. Waiting here costs
+    /// the server nothing, and is bounded by the caller's wait.
+    acks_gate: tokio::sync::Mutex<()>,
     /// The primary's name, behind sentinels.
     sentinel_service: Option<String>,
 }
@@ -356,7 +364,7 @@ impl RedisBackend {
     /// Settings for the primary that the Redis Sentinels at `sentinels`
     /// monitor under the name `service`, to adjust before
     /// [`RedisBuilder::connect`]. The backend asks the sentinels for the
-    /// primary (`SENTINEL get-master-addr-by-name`), checks with `ROLE`
+    /// primary (`SENTINEL MASTER`, trusting the highest config epoch), checks with `ROLE`
     /// that the node is a master, and looks it up again whenever a
     /// connection to it fails or it answers that it is a replica
     /// (`READONLY`): commands and waiters follow a failover without a
@@ -444,7 +452,20 @@ impl RedisBackend {
         pipe.cmd("WAIT").arg(replicas).arg(ttl_millis(within));
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
-        let (answers, _) = self
+        // Bounded: behind a paused primary each one ahead may take its
+        // whole call limit, and a caller must not wait for all of them.
+        let limit = self.call_limit();
+        let Ok(gate) = tokio::time::timeout(limit, self.inner.acks_gate.lock()).await else {
+            return Err(self.error(
+                Operation::Acquire,
+                key,
+                format!(
+                    "waited {limit:?} behind other acquisitions for the replicas' \
+                     acknowledgements; nothing was sent"
+                ),
+            ));
+        };
+        let sent = self
             .inner
             .commands
             .send(self.call_limit(), |mut conn| async move {
@@ -467,8 +488,25 @@ impl RedisBackend {
                 }
                 Ok(answers)
             })
-            .await
-            .map_err(|failure| self.error(Operation::Acquire, key, self.describe(&failure)))?;
+            .await;
+        drop(gate);
+        let answers = match sent {
+            Ok((answers, _)) => answers,
+            Err(failure) => {
+                // The script may have run and taken the key, its reply or
+                // the WAIT's lost (a WAIT queued behind others' on the
+                // shared connection can outlast the response timeout):
+                // give it back (owner-checked, a no-op if it was not
+                // taken) rather than leave it held for its ttl.
+                let why = self.describe(&failure);
+                self.give_back(request, key, None).await;
+                return Err(self.error(
+                    Operation::Acquire,
+                    key,
+                    format!("{why}; the lock, if it was taken, was given back"),
+                ));
+            }
+        };
         let mut answers = answers.into_iter();
         let (Some(reply), Some(acked)) = (answers.next(), answers.next()) else {
             return Err(self.error(
@@ -493,12 +531,22 @@ impl RedisBackend {
         let shortfall = match acked {
             Ok(acked) if acked >= i64::from(replicas) => return Ok(attempt),
             Ok(acked) => format!(
-                "only {acked} of the {replicas} replicas asked for acknowledged the acquisition                  within {within:?}; the lock was given back"
+                "only {acked} of the {replicas} replicas asked for acknowledged the acquisition \
+                 within {within:?}; the lock was given back"
             ),
             Err(why) => format!(
                 "the replicas' acknowledgement could not be had ({why}); the lock was given back"
             ),
         };
+        self.give_back(request, key, slot).await;
+        Err(self.error(Operation::Acquire, key, shortfall))
+    }
+
+    /// Gives back a grant too few replicas acknowledged, or one that may
+    /// have been made unseen (owner-checked: a no-op when not held), on the
+    /// side it was asked for and in its slot if known (rule M4: a permit
+    /// release without a slot frees the owner's slot, whichever it is).
+    async fn give_back(&self, request: &AcquireRequest<'_>, key: &LockKey, slot: Option<u32>) {
         let release = ReleaseRequest::new(key, request.owner).holding(request.access, slot);
         if let Err(err) = self.release(&release).await {
             tracing::warn!(
@@ -507,7 +555,6 @@ impl RedisBackend {
                 "cannot give back a lock too few replicas acknowledged; it expires with its ttl"
             );
         }
-        Err(self.error(Operation::Acquire, key, shortfall))
     }
 
     /// Runs a script, trying once more on a broken or silent connection (on

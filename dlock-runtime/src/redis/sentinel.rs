@@ -21,6 +21,8 @@ use ::redis::{
     AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo as _,
     RedisConnectionInfo, RedisError, RedisResult, TlsCertificates, Value,
 };
+use futures_util::StreamExt as _;
+use futures_util::stream::FuturesUnordered;
 use tokio::time::{Instant, sleep, timeout};
 
 /// The first pause between two rounds over the sentinels (a failover under
@@ -83,48 +85,45 @@ impl Sentinels {
         &self.service
     }
 
-    /// Finds the primary: asks the sentinels in turn, starting with the one
-    /// that answered last, and confirms with `ROLE` that the node named is
-    /// a master; rounds over all of them until the connect timeout ends
+    /// Finds the primary: asks every sentinel at once (`SENTINEL MASTER`)
+    /// and trusts the address named under the highest config epoch — a
+    /// sentinel that missed a failover (down, cut off, restarted from an
+    /// older config) names the old primary under an older epoch, and that
+    /// node, restarted, may say it is a master for a while. The address is
+    /// confirmed with `ROLE`; rounds go on until the connect timeout ends
     /// the search. The error says whether any sentinel answered at all.
     pub(super) async fn primary(&self) -> RedisResult<Primary> {
         let deadline = Instant::now() + self.connect_timeout;
-        let count = self.sentinels.len();
         let mut answered = false;
+        // What the sentinels that answered said, over why others did not
+        // (the last round may be cut short by the deadline).
         let mut last: Option<String> = None;
+        let mut unheard: Option<String> = None;
         let mut pause = FIRST_ROUND_PAUSE;
-        'rounds: loop {
-            let start = self.last_good.load(Ordering::Relaxed);
-            for step in 0..count {
-                let index = (start + step) % count;
-                let (Some(sentinel), Some(shown)) =
-                    (self.sentinels.get(index), self.shown.get(index))
-                else {
-                    continue;
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break 'rounds;
+        loop {
+            let views = self.views(deadline).await;
+            let mut best: Option<(usize, String, u16, Option<u64>)> = None;
+            for (index, view) in views {
+                let shown = self.shown.get(index).map_or("?", String::as_str);
+                match view {
+                    Err(why) => unheard = Some(format!("sentinel {shown}: {why}")),
+                    Ok(None) => {
+                        answered = true;
+                        last = Some(format!(
+                            "sentinel {shown} monitors no primary named {:?}",
+                            self.service
+                        ));
+                    }
+                    Ok(Some((host, port, epoch))) => {
+                        answered = true;
+                        if best.as_ref().is_none_or(|(_, _, _, top)| epoch > *top) {
+                            best = Some((index, host, port, epoch));
+                        }
+                    }
                 }
-                let named = match timeout(left, self.ask(sentinel)).await {
-                    Ok(Ok(named)) => named,
-                    Ok(Err(err)) => {
-                        last = Some(format!("sentinel {shown}: {err}"));
-                        continue;
-                    }
-                    Err(_) => {
-                        last = Some(format!("sentinel {shown}: no answer in time"));
-                        continue;
-                    }
-                };
-                answered = true;
-                let Some((host, port)) = named else {
-                    last = Some(format!(
-                        "sentinel {shown} monitors no primary named {:?}",
-                        self.service
-                    ));
-                    continue;
-                };
+            }
+            if let Some((index, host, port, _)) = best {
+                let shown = self.shown.get(index).map_or("?", String::as_str);
                 let address = format!("{host}:{port}");
                 let left = deadline.saturating_duration_since(Instant::now());
                 let client = self.data_node(host, port)?;
@@ -160,7 +159,9 @@ impl Sentinels {
         }
         let all = self.shown.join(", ");
         let after = self.connect_timeout;
-        let last = last.unwrap_or_else(|| "no sentinel was asked".to_owned());
+        let last = last
+            .or(unheard)
+            .unwrap_or_else(|| "no sentinel was asked".to_owned());
         let text = if answered {
             format!(
                 "no primary for {:?} found through the sentinels {all} within {after:?}; last: {last}",
@@ -175,25 +176,66 @@ impl Sentinels {
         )))
     }
 
-    /// The primary's address (`host:port`) as the first sentinel that
-    /// answers names it, unconfirmed; `None` when none answers within the
-    /// connect timeout or it monitors no such primary. For the periodic
-    /// check whether the primary moved.
+    /// The primary's address (`host:port`) as the sentinels name it under
+    /// the highest config epoch, unconfirmed; `None` when none answers
+    /// within the connect timeout or none monitors such a primary. For the
+    /// periodic check whether the primary moved.
     pub(super) async fn named(&self) -> Option<String> {
         let deadline = Instant::now() + self.connect_timeout;
-        let start = self.last_good.load(Ordering::Relaxed);
-        let count = self.sentinels.len();
-        for step in 0..count {
-            let sentinel = self.sentinels.get((start + step) % count)?;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            if let Ok(Ok(named)) = timeout(left, self.ask(sentinel)).await {
-                return named.map(|(host, port)| format!("{host}:{port}"));
+        let mut best: Option<(String, u16, Option<u64>)> = None;
+        for (_, view) in self.views(deadline).await {
+            if let Ok(Some((host, port, epoch))) = view
+                && best.as_ref().is_none_or(|(_, _, top)| epoch > *top)
+            {
+                best = Some((host, port, epoch));
             }
         }
-        None
+        best.map(|(host, port, _)| format!("{host}:{port}"))
+    }
+
+    /// The sentinels' views, asked all at once, by index, the one that
+    /// answered last first (so it wins a tie): the primary's host, port
+    /// and config epoch, `None` for no such primary, or why it gave none
+    /// by `deadline`. Returns once a majority of the sentinels answered
+    /// (a paused one, which would hold every look-up for the response
+    /// timeout, is not waited for then) or all have ended.
+    async fn views(&self, deadline: Instant) -> Vec<(usize, Result<Option<Named>, String>)> {
+        let count = self.sentinels.len();
+        let start = self.last_good.load(Ordering::Relaxed);
+        let mut asks: FuturesUnordered<_> = (0..count)
+            .map(|step| {
+                let index = (start + step) % count;
+                async move {
+                    let Some(sentinel) = self.sentinels.get(index) else {
+                        return (step, index, Err("not configured".to_owned()));
+                    };
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let view = match timeout(left, self.ask(sentinel)).await {
+                        Ok(Ok(named)) => Ok(named),
+                        Ok(Err(err)) => Err(err.to_string()),
+                        Err(_) => Err("no answer in time".to_owned()),
+                    };
+                    (step, index, view)
+                }
+            })
+            .collect();
+        let majority = count / 2 + 1;
+        let mut views = Vec::with_capacity(count);
+        let mut answers = 0;
+        while let Some(view) = asks.next().await {
+            if view.2.is_ok() {
+                answers += 1;
+            }
+            views.push(view);
+            if answers >= majority {
+                break;
+            }
+        }
+        views.sort_by_key(|(step, _, _)| *step);
+        views
+            .into_iter()
+            .map(|(_, index, view)| (index, view))
+            .collect()
     }
 
     /// One connection for a short exchange, bounded by the timeouts.
@@ -206,15 +248,31 @@ impl Sentinels {
             .await
     }
 
-    /// The address `sentinel` names for the primary; `None` when it does
-    /// not monitor one by that name.
-    async fn ask(&self, sentinel: &Client) -> RedisResult<Option<(String, u16)>> {
+    /// The address and config epoch `sentinel` names for the primary
+    /// (`SENTINEL MASTER`); `None` when it does not monitor one by that
+    /// name. A sentinel that refuses `SENTINEL MASTER` (an ACL that allows
+    /// only `get-master-addr-by-name`) is asked that, its answer with no
+    /// epoch, below any other's.
+    async fn ask(&self, sentinel: &Client) -> RedisResult<Option<Named>> {
         let mut conn = self.open(sentinel).await?;
-        ::redis::cmd("SENTINEL")
-            .arg("get-master-addr-by-name")
+        let fields: RedisResult<Value> = ::redis::cmd("SENTINEL")
+            .arg("MASTER")
             .arg(&self.service)
             .query_async(&mut conn)
-            .await
+            .await;
+        match fields {
+            Ok(fields) => Ok(master_fields(&fields)),
+            Err(err) if is_no_such_master(&err) => Ok(None),
+            Err(err) if err.code().is_some() => {
+                let named: Option<(String, u16)> = ::redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.service)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok(named.map(|(host, port)| (host, port, None)))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Whether the node `client` opens says it is a master.
@@ -252,6 +310,52 @@ impl Sentinels {
     }
 }
 
+/// A primary as a sentinel names it: host, port, config epoch (`None`
+/// when the sentinel would not tell).
+type Named = (String, u16, Option<u64>);
+
+/// The `ip`, `port` and `config-epoch` of a `SENTINEL MASTER` reply (a
+/// flat list of names and values, or a map over RESP3).
+fn master_fields(reply: &Value) -> Option<Named> {
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(text) => Some(text.clone()),
+        Value::Int(number) => Some(number.to_string()),
+        _ => None,
+    };
+    let pairs: Vec<(String, String)> = match reply {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [name, value] => Some((text(name)?, text(value)?)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(items) => items
+            .iter()
+            .filter_map(|(name, value)| Some((text(name)?, text(value)?)))
+            .collect(),
+        _ => return None,
+    };
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    };
+    let host = field("ip")?;
+    let port = field("port")?.parse().ok()?;
+    let epoch = field("config-epoch").and_then(|epoch| epoch.parse().ok());
+    Some((host, port, epoch))
+}
+
+/// Whether `err` is a sentinel's "no such master with that name".
+fn is_no_such_master(err: &RedisError) -> bool {
+    err.to_string()
+        .to_ascii_lowercase()
+        .contains("no such master")
+}
+
 /// Whether a `ROLE` reply is a master's (`["master", offset, replicas]`).
 fn role_is_master(role: &Value) -> bool {
     let Value::Array(parts) = role else {
@@ -278,6 +382,30 @@ pub(super) fn is_not_primary(err: &RedisError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sentinel_master_reply_gives_the_address_and_the_config_epoch() {
+        let bulk = |text: &str| Value::BulkString(text.as_bytes().to_vec());
+        let reply = Value::Array(vec![
+            bulk("name"),
+            bulk("mymaster"),
+            bulk("ip"),
+            bulk("127.0.0.1"),
+            bulk("port"),
+            bulk("6380"),
+            bulk("config-epoch"),
+            bulk("3"),
+        ]);
+        assert_eq!(
+            master_fields(&reply),
+            Some(("127.0.0.1".to_owned(), 6380, Some(3)))
+        );
+        let map = Value::Map(vec![(bulk("ip"), bulk("h")), (bulk("port"), Value::Int(1))]);
+        assert_eq!(master_fields(&map), Some(("h".to_owned(), 1, None)));
+        assert_eq!(master_fields(&Value::Nil), None);
+        // No epoch ranks below epoch 0.
+        assert!(Some(0_u64) > None);
+    }
 
     #[test]
     fn only_a_master_role_reply_is_a_master() {

@@ -99,6 +99,7 @@ mod support;
 
 use fault::overlap;
 use fault::run::{Fault, Lock, Register, Report, Settings, run};
+use fault::worker::PERMITS;
 
 /// How long a short lock run lasts unless `DLOCK_FAULT_SECS` says otherwise.
 const SHORT_RUN_SECS: u64 = 60;
@@ -108,6 +109,9 @@ const SHORT_ELECTION_RUN_SECS: u64 = 30;
 /// How long a short fair run lasts unless `DLOCK_FAULT_SECS` says
 /// otherwise.
 const SHORT_FAIR_RUN_SECS: u64 = 30;
+/// How long a short permits or read-write run lasts unless
+/// `DLOCK_FAULT_SECS` says otherwise.
+const SHORT_MODE_RUN_SECS: u64 = 30;
 
 /// The child side: a worker process (see `fault::worker`). Ignored in
 /// normal runs; the harness starts the test binary as
@@ -175,6 +179,59 @@ fn assert_fair_run_is_safe(report: &Report) {
     assert_eq!(
         fair.starved, 0,
         "a waiter timed out while the key lay free: {report}"
+    );
+}
+
+/// The acceptance of a permits run: a fenced run's, slot by slot (no
+/// stale write accepted on any slot, tokens rising per slot, no increment
+/// lost; a pause past the ttl let another worker into the paused holder's
+/// slot), no lease of a slot outside `0..PERMITS`, and at no moment more
+/// holders with accepted fenced writes than permits — while at some moment
+/// more than one had (the permits were shared, not taken one at a time).
+fn assert_permits_run_is_safe(report: &Report) {
+    assert!(
+        report.verdict.leases > 0,
+        "no worker ever held a permit: {report}"
+    );
+    assert_fenced_run_is_safe(report);
+    let permits = report
+        .verdict
+        .permits
+        .as_ref()
+        .expect("a permits run has a permits verdict");
+    assert_eq!(
+        (permits.over_the_bound, permits.out_of_range),
+        (0, 0),
+        "more holders than permits, or a slot out of range: {report}"
+    );
+    assert!(permits.max_concurrent <= PERMITS as usize, "{report}");
+    assert!(
+        permits.max_concurrent >= 2,
+        "no two permit holders ever had writes accepted at once: {report}"
+    );
+}
+
+/// The acceptance of a read-write run: a fenced run's over writers and
+/// readers (no write of a stale writer accepted — below a token the
+/// register had answered, a writer's or a read phase's —, no increment
+/// lost; a pause past the ttl let another worker in beside a holder it
+/// excludes), both sides took the key, and no current reader was refused
+/// (`fault::modes::ReadWriteVerdict` says which refusals are the fence's
+/// work).
+fn assert_read_write_run_is_safe(report: &Report) {
+    assert_fenced_run_is_safe(report);
+    let rw = report
+        .verdict
+        .read_write
+        .as_ref()
+        .expect("a read-write run has a read-write verdict");
+    assert!(
+        rw.reader_leases > 0 && rw.writer_leases > 0 && rw.reads_accepted > 0,
+        "readers and writers must both have held the key: {report}"
+    );
+    assert_eq!(
+        rw.current_readers_refused, 0,
+        "a current reader was refused: {report}"
     );
 }
 
@@ -266,23 +323,48 @@ fn assert_checker_caught_a_stale_write(report: &Report) {
 /// `#[test] fn name` asserting `acceptance` on the report of a run of
 /// `settings`, and an entry of the table `RUNS` from which `fault::overlap`
 /// launches the selected runs together (the test's name, spelled once,
-/// names both).
+/// names both). Each `+ store => permits_name, read_write_name;` after
+/// them is the permits run and the read-write run on that store (its lock
+/// runs' faults, `SHORT_MODE_RUN_SECS`), under those two names.
 macro_rules! fault_runs {
-    ($($(#[$attr:meta])* $(@$feature:literal)? $name:ident: $settings:expr => $accept:ident;)*) => {
+    (
+        $($(#[$attr:meta])* $(@$feature:literal)? $name:ident: $settings:expr => $accept:ident;)*
+        $(+ $store:expr => $permits:ident, $read_write:ident;)*
+    ) => {
         /// Every run test of the binary, for `fault::overlap`.
         const RUNS: &[overlap::Entry] = &[$(
             #[cfg(all($(feature = $feature)?))]
             overlap::Entry {
                 name: stringify!($name),
                 settings: || $settings,
-            }
-        ),*];
+            },
+        )* $(
+            overlap::Entry {
+                name: stringify!($permits),
+                settings: || Settings::from_env($store, SHORT_MODE_RUN_SECS).permits(),
+            },
+            overlap::Entry {
+                name: stringify!($read_write),
+                settings: || Settings::from_env($store, SHORT_MODE_RUN_SECS).read_write(),
+            },
+        )*];
         $(
             $(#[$attr])*
             #[cfg(all($(feature = $feature)?))]
             #[test]
             fn $name() {
                 $accept(&overlap::report(stringify!($name), RUNS));
+            }
+        )*
+        $(
+            #[test]
+            fn $permits() {
+                assert_permits_run_is_safe(&overlap::report(stringify!($permits), RUNS));
+            }
+
+            #[test]
+            fn $read_write() {
+                assert_read_write_run_is_safe(&overlap::report(stringify!($read_write), RUNS));
             }
         )*
     };
@@ -347,6 +429,12 @@ fault_runs! {
         settings.faults = vec![Fault::Pause];
         settings
     } => assert_checker_caught_a_stale_write;
+
+    // Permits (`permits = 2`, a fenced register per slot) and read-write
+    // (`mode = "exclusive"` writers, `mode = "shared"` readers) runs, one
+    // line per store that keeps both (Redis: once its support is merged).
+    + Lock::File => file_permits_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write_and_no_more_holders_than_permits, file_read_write_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_writer_and_refuse_no_current_reader;
+    + Lock::Pg => pg_permits_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_no_more_holders_than_permits, pg_read_write_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_writer_and_refuse_no_current_reader;
 }
 
 /// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair; default
@@ -369,6 +457,10 @@ fn long_run() {
         Ok("lock") | Err(_) => assert_fenced_run_is_safe(&run(settings)),
         Ok("election") => assert_election_run_is_safe(&run(settings.election())),
         Ok("fair") => assert_fair_run_is_safe(&run(settings.fair())),
-        Ok(other) => panic!("DLOCK_FAULT_SCENARIO must be lock, election or fair, not {other:?}"),
+        Ok("permits") => assert_permits_run_is_safe(&run(settings.permits())),
+        Ok("rw") => assert_read_write_run_is_safe(&run(settings.read_write())),
+        Ok(other) => panic!(
+            "DLOCK_FAULT_SCENARIO must be lock, election, fair, permits or rw, not {other:?}"
+        ),
     }
 }

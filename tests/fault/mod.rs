@@ -31,6 +31,7 @@
 
 pub mod check;
 pub mod election;
+pub mod modes;
 pub mod overlap;
 pub mod rng;
 pub mod run;

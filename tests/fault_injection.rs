@@ -67,7 +67,44 @@
 //! | --- | --- | --- | --- |
 //! | fair file, redis, pg | as the lock run on that store, `fair = true` | 8 s, in arrival order | every timed-out wait not excused by a fault had the key held but for the free time the queue's rules allow |
 //!
-//! Each short lock run lasts 60 s, each election and fair run 30 s. The
+//! The permits and read-write scenarios run the lock scenario's workers,
+//! faults and checks on a key that admits more than one holder
+//! (`fault::modes`). Permits: each lease takes one of `PERMITS` (2)
+//! permits (`LockOptions::permits`, the macro's `permits = 2`: the body
+//! needs the lease's slot, which the macro does not bind) and increments
+//! its slot's own fenced register, `<run>:pool:<slot>`, since a permit's
+//! token rises per slot. The checker runs the lock checks slot by slot
+//! and, over all slots, counts for every moment the holders (worker,
+//! token, slot) whose fenced writes were accepted within their lease —
+//! from the accepted read's answer to the sending of the accepted write,
+//! the part of the window the history proves — and asserts at most
+//! `PERMITS`, and at least two at some moment (the permits were shared).
+//! Read-write: each lease is a writer (`#[distributed_lock]`, an
+//! increment) or a reader (`mode = "shared"`: two fenced touches of the
+//! register, reads that record the reader's token under the same `>=`
+//! rule) at random. The lock checks cover the writers with the readers'
+//! tokens in them (a writer's write accepted below a token the register
+//! had answered, a writer's or a read phase's, is a stale write accepted),
+//! and no current reader may be refused: a reader's refusal must come from
+//! a writer's higher token, or follow something that can end its lease
+//! (its lost signal, a pause or partition of it or a fault on the store's
+//! side since its `BEGIN`, or half a ttl gone since then, a starved
+//! process's lease running out); any other refusal is a violation
+//! (`fault::modes::ReadWriteVerdict`). The checker's unit tests show each
+//! check failing: three holders accepted at once with two permits, a stale
+//! write accepted on one slot, a stale writer accepted after a reader, a
+//! current reader refused.
+//!
+//! | run | locks | register | checked besides the lock runs' checks |
+//! | --- | --- | --- | --- |
+//! | permits file, pg | as the lock run on that store, `permits(2)`, the lock run's faults | one fenced resource per slot, `<run>:pool:<slot>`, on the lock run's register | per slot: no stale write, tokens rising, no lost increment; at most 2 holders with accepted writes at any moment, every slot in `0..2` |
+//! | read-write file, pg | as the lock run on that store, writers `mode = "exclusive"` and readers `mode = "shared"`, the lock run's faults | the lock run's | no stale writer's write accepted past a reader's or writer's higher token; no current reader refused |
+//!
+//! A store that keeps shared locks and permits is one line of the run list
+//! (`+ Lock::File => <permits run>, <read-write run>;` in `fault_runs!`).
+//!
+//! Each short lock run lasts 60 s, each election, fair, permits and
+//! read-write run 30 s. The
 //! runs of the binary overlap (`fault::overlap`): the first run test to
 //! start launches every run test's run that the command line selects (its
 //! filters, `--exact` and `--skip` read as libtest reads them), each in a
@@ -80,7 +117,7 @@
 //! The seed is printed with the schedule; `DLOCK_FAULT_SEED=<seed>`
 //! replays the same fault schedule, and `DLOCK_FAULT_SECS` sets the length
 //! of every run. The long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the
-//! default, `election` or `fair`):
+//! default, `election`, `fair`, `permits` or `rw`):
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \
@@ -88,6 +125,10 @@
 //! DLOCK_FAULT_SCENARIO=election DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! DLOCK_FAULT_SCENARIO=fair DLOCK_FAULT_BACKEND=file DLOCK_FAULT_SECS=600 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=permits DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=rw DLOCK_FAULT_BACKEND=file DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
@@ -437,8 +478,8 @@ fault_runs! {
     + Lock::Pg => pg_permits_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_no_more_holders_than_permits, pg_read_write_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_writer_and_refuse_no_current_reader;
 }
 
-/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair; default
-/// lock), `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
+/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair, permits,
+/// rw; default lock), `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
 /// `DLOCK_FAULT_SECS` (default 600), `DLOCK_FAULT_SEED` (default random,
 /// printed).
 #[test]

@@ -2,9 +2,9 @@
 //! `#[distributed_lock]` (the lock scenario; the fair scenario with
 //! `fair = true`; the read-write scenario with writers and
 //! `mode = "shared"` readers; the permits scenario with one of two
-//! permits, each slot's register a resource of its own) or campaign in one election with `Election::lead` (the
-//! election scenario), and read-modify-write one
-//! fenced register, while a fault driver pauses, kills, partitions and
+//! permits, each slot's register a resource of its own) or campaign in
+//! one election with `Election::lead` (the election scenario), and
+//! read-modify-write one fenced register, while a fault driver pauses, kills, partitions and
 //! breaks things at moments drawn from a seed; afterwards a checker reads
 //! the history.
 //!

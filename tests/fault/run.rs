@@ -1008,22 +1008,37 @@ pub fn run(settings: Settings) -> Report {
                     let Some(admin) = admin_pg.as_ref() else {
                         return false;
                     };
-                    let mut pids = admin.holder_pids(&key).await.unwrap_or_default();
-                    // Readers and permit holders hold no exclusive lock of
-                    // the key: end the lock sessions of the holder found.
-                    if pids.is_empty()
-                        && on_holder
-                        && matches!(settings.scenario, Scenario::Permits | Scenario::ReadWrite)
-                    {
-                        pids = pg_admin
-                            .query(
-                                "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
-                                &[&format!("{pg_lock_sessions}-{slot}")],
-                            )
-                            .await
-                            .map(|rows| rows.iter().map(|row| row.get::<_, i32>(0)).collect())
-                            .unwrap_or_default();
-                    }
+                    // Leases last tens of milliseconds: the holder found
+                    // may have let go before the question, so ask again
+                    // for a while (another worker takes the key at once).
+                    let give_up = Instant::now() + Duration::from_secs(2);
+                    let pids = loop {
+                        let pids: Vec<i32> =
+                            if matches!(settings.scenario, Scenario::Permits | Scenario::ReadWrite)
+                            {
+                                // Readers and permit holders hold no exclusive
+                                // lock of the key: the workers' lock sessions
+                                // holding an advisory lock (the run's key, or
+                                // a slot of it) are the holders.
+                                pg_admin
+                                    .query(
+                                        "SELECT DISTINCT l.pid FROM pg_locks AS l \
+                                     JOIN pg_stat_activity AS a ON a.pid = l.pid \
+                                     WHERE l.locktype = 'advisory' AND l.granted \
+                                     AND a.application_name LIKE $1 || '-%'",
+                                        &[&pg_lock_sessions],
+                                    )
+                                    .await
+                                    .map(|rows| rows.iter().map(|row| row.get(0)).collect())
+                                    .unwrap_or_default()
+                            } else {
+                                admin.holder_pids(&key).await.unwrap_or_default()
+                            };
+                        if !pids.is_empty() || Instant::now() >= give_up {
+                            break pids;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    };
                     for pid in &pids {
                         let _ = pg_admin
                             .execute("SELECT pg_terminate_backend($1)", &[pid])

@@ -33,6 +33,12 @@
 //! The fair scenario adds what a fair lock promises a waiter (see
 //! [`FairVerdict`]): one that timed out did so while the key was held, not
 //! while it lay free with the waiter still queued behind nobody alive.
+//!
+//! The permits and read-write scenarios add theirs in `fault::modes`: a
+//! permits history is checked slot by slot and for the holders at once;
+//! a read-write history's readers (`BEGIN <t> shared`) take part in the
+//! checks with their fenced reads, may share a token and overlap without
+//! counting as double belief, and must not be refused while current.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;

@@ -67,7 +67,44 @@
 //! | --- | --- | --- | --- |
 //! | fair file, redis, pg | as the lock run on that store, `fair = true` | 8 s, in arrival order | every timed-out wait not excused by a fault had the key held but for the free time the queue's rules allow |
 //!
-//! Each short lock run lasts 60 s, each election and fair run 30 s. The
+//! The permits and read-write scenarios run the lock scenario's workers,
+//! faults and checks on a key that admits more than one holder
+//! (`fault::modes`). Permits: each lease takes one of `PERMITS` (2)
+//! permits (`LockOptions::permits`, the macro's `permits = 2`: the body
+//! needs the lease's slot, which the macro does not bind) and increments
+//! its slot's own fenced register, `<run>:pool:<slot>`, since a permit's
+//! token rises per slot. The checker runs the lock checks slot by slot
+//! and, over all slots, counts for every moment the holders (worker,
+//! token, slot) whose fenced writes were accepted within their lease —
+//! from the accepted read's answer to the sending of the accepted write,
+//! the part of the window the history proves — and asserts at most
+//! `PERMITS`, and at least two at some moment (the permits were shared).
+//! Read-write: each lease is a writer (`#[distributed_lock]`, an
+//! increment) or a reader (`mode = "shared"`: two fenced touches of the
+//! register, reads that record the reader's token under the same `>=`
+//! rule) at random. The lock checks cover the writers with the readers'
+//! tokens in them (a writer's write accepted below a token the register
+//! had answered, a writer's or a read phase's, is a stale write accepted),
+//! and no current reader may be refused: a reader's refusal must come from
+//! a writer's higher token, or follow something that can end its lease
+//! (its lost signal, a pause or partition of it or a fault on the store's
+//! side since its `BEGIN`, or half a ttl gone since then, a starved
+//! process's lease running out); any other refusal is a violation
+//! (`fault::modes::ReadWriteVerdict`). The checker's unit tests show each
+//! check failing: three holders accepted at once with two permits, a stale
+//! write accepted on one slot, a stale writer accepted after a reader, a
+//! current reader refused.
+//!
+//! | run | locks | register | checked besides the lock runs' checks |
+//! | --- | --- | --- | --- |
+//! | permits file, pg | as the lock run on that store, `permits(2)`, the lock run's faults | one fenced resource per slot, `<run>:pool:<slot>`, on the lock run's register | per slot: no stale write, tokens rising, no lost increment; at most 2 holders with accepted writes at any moment, every slot in `0..2` |
+//! | read-write file, pg | as the lock run on that store, writers `mode = "exclusive"` and readers `mode = "shared"`, the lock run's faults | the lock run's | no stale writer's write accepted past a reader's or writer's higher token; no current reader refused |
+//!
+//! A store that keeps shared locks and permits is one line of the run list
+//! (`+ Lock::File => <permits run>, <read-write run>;` in `fault_runs!`).
+//!
+//! Each short lock run lasts 60 s, each election, fair, permits and
+//! read-write run 30 s. The
 //! runs of the binary overlap (`fault::overlap`): the first run test to
 //! start launches every run test's run that the command line selects (its
 //! filters, `--exact` and `--skip` read as libtest reads them), each in a
@@ -80,7 +117,7 @@
 //! The seed is printed with the schedule; `DLOCK_FAULT_SEED=<seed>`
 //! replays the same fault schedule, and `DLOCK_FAULT_SECS` sets the length
 //! of every run. The long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the
-//! default, `election` or `fair`):
+//! default, `election`, `fair`, `permits` or `rw`):
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \
@@ -88,6 +125,10 @@
 //! DLOCK_FAULT_SCENARIO=election DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! DLOCK_FAULT_SCENARIO=fair DLOCK_FAULT_BACKEND=file DLOCK_FAULT_SECS=600 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=permits DLOCK_FAULT_BACKEND=pg DLOCK_FAULT_SECS=600 \
+//!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
+//! DLOCK_FAULT_SCENARIO=rw DLOCK_FAULT_BACKEND=file DLOCK_FAULT_SECS=600 \
 //!   cargo test --test fault_injection -- --ignored --exact long_run --nocapture
 //! ```
 
@@ -99,6 +140,7 @@ mod support;
 
 use fault::overlap;
 use fault::run::{Fault, Lock, Register, Report, Settings, run};
+use fault::worker::PERMITS;
 
 /// How long a short lock run lasts unless `DLOCK_FAULT_SECS` says otherwise.
 const SHORT_RUN_SECS: u64 = 60;
@@ -108,6 +150,9 @@ const SHORT_ELECTION_RUN_SECS: u64 = 30;
 /// How long a short fair run lasts unless `DLOCK_FAULT_SECS` says
 /// otherwise.
 const SHORT_FAIR_RUN_SECS: u64 = 30;
+/// How long a short permits or read-write run lasts unless
+/// `DLOCK_FAULT_SECS` says otherwise.
+const SHORT_MODE_RUN_SECS: u64 = 30;
 
 /// The child side: a worker process (see `fault::worker`). Ignored in
 /// normal runs; the harness starts the test binary as
@@ -175,6 +220,59 @@ fn assert_fair_run_is_safe(report: &Report) {
     assert_eq!(
         fair.starved, 0,
         "a waiter timed out while the key lay free: {report}"
+    );
+}
+
+/// The acceptance of a permits run: a fenced run's, slot by slot (no
+/// stale write accepted on any slot, tokens rising per slot, no increment
+/// lost; a pause past the ttl let another worker into the paused holder's
+/// slot), no lease of a slot outside `0..PERMITS`, and at no moment more
+/// holders with accepted fenced writes than permits — while at some moment
+/// more than one had (the permits were shared, not taken one at a time).
+fn assert_permits_run_is_safe(report: &Report) {
+    assert!(
+        report.verdict.leases > 0,
+        "no worker ever held a permit: {report}"
+    );
+    assert_fenced_run_is_safe(report);
+    let permits = report
+        .verdict
+        .permits
+        .as_ref()
+        .expect("a permits run has a permits verdict");
+    assert_eq!(
+        (permits.over_the_bound, permits.out_of_range),
+        (0, 0),
+        "more holders than permits, or a slot out of range: {report}"
+    );
+    assert!(permits.max_concurrent <= PERMITS as usize, "{report}");
+    assert!(
+        permits.max_concurrent >= 2,
+        "no two permit holders ever had writes accepted at once: {report}"
+    );
+}
+
+/// The acceptance of a read-write run: a fenced run's over writers and
+/// readers (no write of a stale writer accepted — below a token the
+/// register had answered, a writer's or a read phase's —, no increment
+/// lost; a pause past the ttl let another worker in beside a holder it
+/// excludes), both sides took the key, and no current reader was refused
+/// (`fault::modes::ReadWriteVerdict` says which refusals are the fence's
+/// work).
+fn assert_read_write_run_is_safe(report: &Report) {
+    assert_fenced_run_is_safe(report);
+    let rw = report
+        .verdict
+        .read_write
+        .as_ref()
+        .expect("a read-write run has a read-write verdict");
+    assert!(
+        rw.reader_leases > 0 && rw.writer_leases > 0 && rw.reads_accepted > 0,
+        "readers and writers must both have held the key: {report}"
+    );
+    assert_eq!(
+        rw.current_readers_refused, 0,
+        "a current reader was refused: {report}"
     );
 }
 
@@ -266,23 +364,48 @@ fn assert_checker_caught_a_stale_write(report: &Report) {
 /// `#[test] fn name` asserting `acceptance` on the report of a run of
 /// `settings`, and an entry of the table `RUNS` from which `fault::overlap`
 /// launches the selected runs together (the test's name, spelled once,
-/// names both).
+/// names both). Each `+ store => permits_name, read_write_name;` after
+/// them is the permits run and the read-write run on that store (its lock
+/// runs' faults, `SHORT_MODE_RUN_SECS`), under those two names.
 macro_rules! fault_runs {
-    ($($(#[$attr:meta])* $(@$feature:literal)? $name:ident: $settings:expr => $accept:ident;)*) => {
+    (
+        $($(#[$attr:meta])* $(@$feature:literal)? $name:ident: $settings:expr => $accept:ident;)*
+        $(+ $store:expr => $permits:ident, $read_write:ident;)*
+    ) => {
         /// Every run test of the binary, for `fault::overlap`.
         const RUNS: &[overlap::Entry] = &[$(
             #[cfg(all($(feature = $feature)?))]
             overlap::Entry {
                 name: stringify!($name),
                 settings: || $settings,
-            }
-        ),*];
+            },
+        )* $(
+            overlap::Entry {
+                name: stringify!($permits),
+                settings: || Settings::from_env($store, SHORT_MODE_RUN_SECS).permits(),
+            },
+            overlap::Entry {
+                name: stringify!($read_write),
+                settings: || Settings::from_env($store, SHORT_MODE_RUN_SECS).read_write(),
+            },
+        )*];
         $(
             $(#[$attr])*
             #[cfg(all($(feature = $feature)?))]
             #[test]
             fn $name() {
                 $accept(&overlap::report(stringify!($name), RUNS));
+            }
+        )*
+        $(
+            #[test]
+            fn $permits() {
+                assert_permits_run_is_safe(&overlap::report(stringify!($permits), RUNS));
+            }
+
+            #[test]
+            fn $read_write() {
+                assert_read_write_run_is_safe(&overlap::report(stringify!($read_write), RUNS));
             }
         )*
     };
@@ -347,10 +470,16 @@ fault_runs! {
         settings.faults = vec![Fault::Pause];
         settings
     } => assert_checker_caught_a_stale_write;
+
+    // Permits (`permits = 2`, a fenced register per slot) and read-write
+    // (`mode = "exclusive"` writers, `mode = "shared"` readers) runs, one
+    // line per store that keeps both (Redis: once its support is merged).
+    + Lock::File => file_permits_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write_and_no_more_holders_than_permits, file_read_write_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_writer_and_refuse_no_current_reader;
+    + Lock::Pg => pg_permits_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_no_more_holders_than_permits, pg_read_write_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_writer_and_refuse_no_current_reader;
 }
 
-/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair; default
-/// lock), `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
+/// The long run: `DLOCK_FAULT_SCENARIO` (lock, election, fair, permits,
+/// rw; default lock), `DLOCK_FAULT_BACKEND` (file, redis, pg; default redis),
 /// `DLOCK_FAULT_SECS` (default 600), `DLOCK_FAULT_SEED` (default random,
 /// printed).
 #[test]
@@ -369,6 +498,10 @@ fn long_run() {
         Ok("lock") | Err(_) => assert_fenced_run_is_safe(&run(settings)),
         Ok("election") => assert_election_run_is_safe(&run(settings.election())),
         Ok("fair") => assert_fair_run_is_safe(&run(settings.fair())),
-        Ok(other) => panic!("DLOCK_FAULT_SCENARIO must be lock, election or fair, not {other:?}"),
+        Ok("permits") => assert_permits_run_is_safe(&run(settings.permits())),
+        Ok("rw") => assert_read_write_run_is_safe(&run(settings.read_write())),
+        Ok(other) => panic!(
+            "DLOCK_FAULT_SCENARIO must be lock, election, fair, permits or rw, not {other:?}"
+        ),
     }
 }

@@ -33,12 +33,19 @@
 //! The fair scenario adds what a fair lock promises a waiter (see
 //! [`FairVerdict`]): one that timed out did so while the key was held, not
 //! while it lay free with the waiter still queued behind nobody alive.
+//!
+//! The permits and read-write scenarios add theirs in `fault::modes`: a
+//! permits history is checked slot by slot and for the holders at once;
+//! a read-write history's readers (`BEGIN <t> shared`) take part in the
+//! checks with their fenced reads, may share a token and overlap without
+//! counting as double belief, and must not be refused while current.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 
 use dlock::backend::QUEUE_ENTRY_TTL;
 
+use super::modes::{PermitsVerdict, ReadWriteVerdict, check_permits, check_readers};
 use super::worker::TTL;
 
 /// One line a worker printed.
@@ -52,16 +59,23 @@ pub struct Event {
     /// The step of a term (election scenario); 0 in the lock scenario,
     /// where a lease makes a single step.
     pub step: u64,
+    /// The permit slot of the lease (permits scenario: `<token>@<slot>`).
+    pub slot: Option<u32>,
     pub detail: String,
 }
 
 impl Event {
-    /// Parses `EV <µs> <WHAT> <token>[/<step>] [detail]`.
+    /// Parses `EV <µs> <WHAT> <token>[/<step>|@<slot>] [detail]`.
     pub fn parse(process: usize, line: &str) -> Option<Self> {
         let mut words = line.strip_prefix("EV ")?.splitn(4, ' ');
         let t_us = words.next()?.parse().ok()?;
         let what = words.next()?.to_owned();
-        let (token, step) = parse_token(words.next()?)?;
+        let token_word = words.next()?;
+        let (token, slot) = match token_word.split_once('@') {
+            Some((token, slot)) => (token, Some(slot.parse().ok()?)),
+            None => (token_word, None),
+        };
+        let (token, step) = parse_token(token)?;
         let detail = words.next().unwrap_or_default().to_owned();
         Some(Self {
             process,
@@ -69,6 +83,7 @@ impl Event {
             what,
             token,
             step,
+            slot,
             detail,
         })
     }
@@ -127,6 +142,15 @@ pub struct History {
     /// (killed, stopped, cut off) after its last word: the ttl, or on
     /// PostgreSQL the server's idle-session timeout.
     pub silent_hold_us: u64,
+    /// The read-write scenario: readers (`BEGIN <t> shared`) must never be
+    /// refused while current (see `fault::modes::ReadWriteVerdict`).
+    pub read_write: bool,
+    /// The permits scenario: how many permits the key has; the history is
+    /// checked per slot, and for the number of holders at once.
+    pub permits: Option<u32>,
+    /// Permits: each slot's register value after every worker has
+    /// stopped.
+    pub slot_finals: BTreeMap<u32, String>,
 }
 
 /// A lease (lock scenario) or a term (election scenario) of one process.
@@ -137,6 +161,8 @@ struct Lease {
     begin: u64,
     /// A `BEGIN` line was printed (an election's term: elected).
     began: bool,
+    /// A reader's lease (`BEGIN <t> shared`): readers coexist.
+    shared: bool,
     believe_end: Option<u64>,
     /// The first `LOST` line: when, and how (`check`, `signal`).
     noticed: Option<(u64, String)>,
@@ -195,6 +221,10 @@ pub struct Verdict {
     pub election: Option<ElectionVerdict>,
     /// The fair scenario's findings.
     pub fair: Option<FairVerdict>,
+    /// The permits scenario's findings.
+    pub permits: Option<PermitsVerdict>,
+    /// The read-write scenario's findings.
+    pub read_write: Option<ReadWriteVerdict>,
     /// Acquisitions that failed with an error other than contention
     /// (`LERR` lines), and the first one's message.
     pub lock_errors: usize,
@@ -248,6 +278,12 @@ impl fmt::Display for Verdict {
         }
         if let Some(fair) = &self.fair {
             write!(f, "\n  {fair}")?;
+        }
+        if let Some(permits) = &self.permits {
+            write!(f, "\n  {permits}")?;
+        }
+        if let Some(read_write) = &self.read_write {
+            write!(f, "\n  {read_write}")?;
         }
         Ok(())
     }
@@ -378,6 +414,9 @@ struct Write<'a> {
 }
 
 pub fn check(history: &History) -> Verdict {
+    if let Some(permits) = history.permits {
+        return check_permits(history, permits);
+    }
     let mut verdict = Verdict::default();
     // Leases by (process, token), steps by (process, token, step).
     let mut leases: BTreeMap<(usize, u64), Lease> = BTreeMap::new();
@@ -408,6 +447,7 @@ pub fn check(history: &History) -> Verdict {
             "BEGIN" => {
                 lease.begin = ev.t_us;
                 lease.began = true;
+                lease.shared = ev.detail == "shared";
             }
             "LOST" | "END" => {
                 lease.believe_end = Some(lease.believe_end.map_or(ev.t_us, |t| t.min(ev.t_us)));
@@ -559,14 +599,16 @@ pub fn check(history: &History) -> Verdict {
     // 4. Within one process, leases follow one another (`BEGIN`: the
     // macro's body starts, or a term; `TAKE`: an acquisition of an abandon
     // round that completed in time), so their tokens must rise in the
-    // order printed.
+    // order printed. A reader (`BEGIN <t> shared`) may join the read phase
+    // it read in before, with the same token: its token must not fall.
     let mut previous: HashMap<usize, u64> = HashMap::new();
     for ev in &history.events {
         if !matches!(ev.what.as_str(), "BEGIN" | "TAKE") {
             continue;
         }
+        let reader = ev.detail == "shared";
         if let Some(before) = previous.insert(ev.process, ev.token)
-            && ev.token <= before
+            && (ev.token < before || (ev.token == before && !reader))
         {
             verdict.tokens_went_back += 1;
             verdict.violations.push(format!(
@@ -576,23 +618,27 @@ pub fn check(history: &History) -> Verdict {
         }
     }
 
-    // Double belief: belief intervals of different processes that overlap.
-    let mut intervals: Vec<(u64, u64, usize)> = leases
+    // Double belief: belief intervals of different processes that overlap
+    // (two readers may: they share the key).
+    let mut intervals: Vec<(u64, u64, usize, bool)> = leases
         .values()
         .map(|l| {
             let end = l
                 .believe_end
                 .or_else(|| history.killed_at.get(&l.process).copied())
                 .unwrap_or(history.end_us);
-            (l.begin, end.max(l.begin), l.process)
+            (l.begin, end.max(l.begin), l.process, l.shared)
         })
         .collect();
     intervals.sort_unstable();
-    let mut active: Vec<(u64, usize)> = Vec::new();
-    for (start, end, process) in intervals {
-        active.retain(|&(e, _)| e > start);
-        verdict.double_belief += active.iter().filter(|&&(_, p)| p != process).count();
-        active.push((end, process));
+    let mut active: Vec<(u64, usize, bool)> = Vec::new();
+    for (start, end, process, shared) in intervals {
+        active.retain(|&(e, _, _)| e > start);
+        verdict.double_belief += active
+            .iter()
+            .filter(|&&(_, p, s)| p != process && !(s && shared))
+            .count();
+        active.push((end, process, shared));
     }
 
     if history.election {
@@ -611,6 +657,9 @@ pub fn check(history: &History) -> Verdict {
     }
     if history.fair {
         verdict.fair = Some(check_fair(history, &leases, &mut verdict.violations));
+    }
+    if history.read_write {
+        verdict.read_write = Some(check_readers(history, &mut verdict.violations));
     }
     verdict
 }

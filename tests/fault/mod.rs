@@ -1,8 +1,10 @@
 //! The fault-injection harness: N worker processes take one lock through
 //! `#[distributed_lock]` (the lock scenario; the fair scenario with
-//! `fair = true`) or campaign in one election with `Election::lead` (the
-//! election scenario), and read-modify-write one
-//! fenced register, while a fault driver pauses, kills, partitions and
+//! `fair = true`; the read-write scenario with writers and
+//! `mode = "shared"` readers; the permits scenario with one of two
+//! permits, each slot's register a resource of its own) or campaign in
+//! one election with `Election::lead` (the election scenario), and
+//! read-modify-write one fenced register, while a fault driver pauses, kills, partitions and
 //! breaks things at moments drawn from a seed; afterwards a checker reads
 //! the history.
 //!
@@ -14,6 +16,8 @@
 //! - [`election`]: what one worker process does and prints as a
 //!   campaigner and leader (election scenario).
 //! - [`check`]: the checker over the printed history and the final register.
+//! - [`modes`]: the permits scenario's checks (per slot, and the holders at
+//!   once) and the read-write scenario's readers' check.
 //! - [`run`]: servers, processes, the driver, the report.
 //! - [`overlap`]: the binary's runs launched together, each test waiting
 //!   for its own run's report.
@@ -31,6 +35,7 @@
 
 pub mod check;
 pub mod election;
+pub mod modes;
 pub mod overlap;
 pub mod rng;
 pub mod run;

@@ -46,6 +46,14 @@ pub enum Scenario {
     /// waiters queue and a release hands the key to the first. The checker
     /// also looks at every acquisition that timed out (`check::FairVerdict`).
     Fair,
+    /// Take one of `worker::PERMITS` permits of the key and increment the
+    /// slot's own fenced register (`<run>:pool:<slot>`); the checker bounds
+    /// the holders at once (`modes::PermitsVerdict`).
+    Permits,
+    /// Half the leases write (`mode = "exclusive"`, an increment), half
+    /// read (`mode = "shared"`, fenced touches); the checker adds that no
+    /// current reader is refused (`modes::ReadWriteVerdict`).
+    ReadWrite,
 }
 
 /// Where the locks live.
@@ -220,6 +228,31 @@ impl Settings {
         self.scenario = Scenario::Fair;
         self.faults = faults_for(self.lock);
         self
+    }
+
+    /// The same run in the permits scenario, on the lock runs' faults.
+    pub fn permits(mut self) -> Self {
+        self.scenario = Scenario::Permits;
+        self.faults = faults_for(self.lock);
+        self
+    }
+
+    /// The same run in the read-write scenario, on the lock runs' faults.
+    pub fn read_write(mut self) -> Self {
+        self.scenario = Scenario::ReadWrite;
+        self.faults = faults_for(self.lock);
+        self
+    }
+
+    /// The fenced resources of the run's register `run`: the run's own, or
+    /// (permits) one per slot.
+    fn resources(&self, run: &str) -> Vec<String> {
+        match self.scenario {
+            Scenario::Permits => (0..worker::PERMITS)
+                .map(|slot| worker::slot_resource(run, slot))
+                .collect(),
+            _ => vec![run.to_owned()],
+        }
     }
 }
 
@@ -812,13 +845,15 @@ pub fn run(settings: Settings) -> Report {
                 ))
                 .await
                 .expect("register table");
-            pg_admin
-                .execute(
-                    &format!("INSERT INTO {PG_REGISTER_TABLE} VALUES ($1, '0:0')"),
-                    &[&run_id],
-                )
-                .await
-                .expect("register row");
+            for resource in settings.resources(&run_id) {
+                pg_admin
+                    .execute(
+                        &format!("INSERT INTO {PG_REGISTER_TABLE} VALUES ($1, '0:0')"),
+                        &[&resource],
+                    )
+                    .await
+                    .expect("register row");
+            }
         }),
         Register::Redis => {}
     }
@@ -846,6 +881,8 @@ pub fn run(settings: Settings) -> Report {
                 Scenario::Lock => "lock",
                 Scenario::Fair => "fair",
                 Scenario::Election => "election",
+                Scenario::Permits => "permits",
+                Scenario::ReadWrite => "rw",
             }
             .to_owned(),
             lock: match settings.lock {
@@ -862,7 +899,7 @@ pub fn run(settings: Settings) -> Report {
                 #[cfg(feature = "etcd")]
                 (Lock::Etcd, Some(proxy)) => format!("http://127.0.0.1:{}", proxy.port),
                 (Lock::Pg, Some(proxy)) => format!(
-                    "host=127.0.0.1 port={} {pg_rest} application_name={pg_lock_sessions}",
+                    "host=127.0.0.1 port={} {pg_rest} application_name={pg_lock_sessions}-{slot}",
                     proxy.port
                 ),
             },
@@ -971,7 +1008,37 @@ pub fn run(settings: Settings) -> Report {
                     let Some(admin) = admin_pg.as_ref() else {
                         return false;
                     };
-                    let pids = admin.holder_pids(&key).await.unwrap_or_default();
+                    // Leases last tens of milliseconds: the holder found
+                    // may have let go before the question, so ask again
+                    // for a while (another worker takes the key at once).
+                    let give_up = Instant::now() + Duration::from_secs(2);
+                    let pids = loop {
+                        let pids: Vec<i32> =
+                            if matches!(settings.scenario, Scenario::Permits | Scenario::ReadWrite)
+                            {
+                                // Readers and permit holders hold no exclusive
+                                // lock of the key: the workers' lock sessions
+                                // holding an advisory lock (the run's key, or
+                                // a slot of it) are the holders.
+                                pg_admin
+                                    .query(
+                                        "SELECT DISTINCT l.pid FROM pg_locks AS l \
+                                     JOIN pg_stat_activity AS a ON a.pid = l.pid \
+                                     WHERE l.locktype = 'advisory' AND l.granted \
+                                     AND a.application_name LIKE $1 || '-%'",
+                                        &[&pg_lock_sessions],
+                                    )
+                                    .await
+                                    .map(|rows| rows.iter().map(|row| row.get(0)).collect())
+                                    .unwrap_or_default()
+                            } else {
+                                admin.holder_pids(&key).await.unwrap_or_default()
+                            };
+                        if !pids.is_empty() || Instant::now() >= give_up {
+                            break pids;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    };
                     for pid in &pids {
                         let _ = pg_admin
                             .execute("SELECT pg_terminate_backend($1)", &[pid])
@@ -1066,7 +1133,7 @@ pub fn run(settings: Settings) -> Report {
                             let ended = pg_admin
                                 .query(
                                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-                                     WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                                     WHERE application_name LIKE $1 || '-%' AND pid <> pg_backend_pid()",
                                     &[&pg_lock_sessions],
                                 )
                                 .await
@@ -1103,51 +1170,66 @@ pub fn run(settings: Settings) -> Report {
     workers.stop(Duration::from_secs(30));
     let end_us = now_us();
 
-    // The register's final value, read directly (no proxy).
-    let final_value = runtime.block_on(async {
-        match settings.register {
-            Register::Pg => pg_admin
-                .query_one(
-                    &format!("SELECT value FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
-                    &[&run_id],
-                )
-                .await
-                .expect("register row")
-                .get::<_, String>(0),
-            Register::Redis => {
-                let mut conn = redis::Client::open(redis_url())
-                    .expect("Redis URL")
-                    .get_multiplexed_async_connection()
+    // The register's final values, read directly (no proxy).
+    let resources = settings.resources(&run_id);
+    let finals: Vec<String> = runtime.block_on(async {
+        let mut finals = Vec::new();
+        for resource in &resources {
+            finals.push(match settings.register {
+                Register::Pg => pg_admin
+                    .query_one(
+                        &format!("SELECT value FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
+                        &[resource],
+                    )
                     .await
-                    .expect("Redis");
-                let key = RedisFence::new().key(&run_id);
-                let value: Option<String> = redis::cmd("HGET")
-                    .arg(&key)
-                    .arg("value")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("register");
-                let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
-                value.unwrap_or_else(|| "0:0".to_owned())
-            }
+                    .expect("register row")
+                    .get::<_, String>(0),
+                Register::Redis => {
+                    let mut conn = redis::Client::open(redis_url())
+                        .expect("Redis URL")
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("Redis");
+                    let key = RedisFence::new().key(resource);
+                    let value: Option<String> = redis::cmd("HGET")
+                        .arg(&key)
+                        .arg("value")
+                        .query_async(&mut conn)
+                        .await
+                        .expect("register");
+                    let _: Result<(), _> = redis::cmd("DEL").arg(&key).query_async(&mut conn).await;
+                    value.unwrap_or_else(|| "0:0".to_owned())
+                }
+            });
         }
+        finals
     });
     if settings.register == Register::Pg {
         runtime.block_on(async {
-            let _ = pg_admin
-                .execute(
-                    &format!("DELETE FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
-                    &[&run_id],
-                )
-                .await;
-            let _ = pg_admin
-                .execute(
-                    "DELETE FROM dlock.dlock_fence WHERE resource = $1",
-                    &[&run_id],
-                )
-                .await;
+            for resource in &resources {
+                let _ = pg_admin
+                    .execute(
+                        &format!("DELETE FROM {PG_REGISTER_TABLE} WHERE resource = $1"),
+                        &[resource],
+                    )
+                    .await;
+                let _ = pg_admin
+                    .execute(
+                        "DELETE FROM dlock.dlock_fence WHERE resource = $1",
+                        &[resource],
+                    )
+                    .await;
+            }
         });
     }
+    let permits = (settings.scenario == Scenario::Permits).then_some(worker::PERMITS);
+    let (final_value, slot_finals) = match permits {
+        Some(_) => (String::new(), (0..).zip(finals).collect()),
+        None => (
+            finals.into_iter().next().unwrap_or_default(),
+            BTreeMap::new(),
+        ),
+    };
 
     let history = History {
         events: std::mem::take(
@@ -1165,6 +1247,9 @@ pub fn run(settings: Settings) -> Report {
         final_value,
         election: settings.scenario == Scenario::Election,
         fair: settings.scenario == Scenario::Fair,
+        read_write: settings.scenario == Scenario::ReadWrite,
+        permits,
+        slot_finals,
         silent_hold_us: silent_hold(settings.lock).as_micros() as u64,
     };
     let verdict = check::check(&history);

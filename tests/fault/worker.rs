@@ -6,7 +6,7 @@
 //!
 //! | what | when |
 //! | --- | --- |
-//! | `BEGIN` | the body starts: this worker now believes it holds the lock (fair scenario: `BEGIN t s`, the wait having begun at `s` µs) |
+//! | `BEGIN` | the body starts: this worker now believes it holds the lock (fair scenario: `BEGIN t s`, the wait having begun at `s` µs; read-write scenario's readers: `BEGIN t shared`) |
 //! | `READ v` / `RSTALE h` / `RERR` | the read, refused as stale, or failed |
 //! | `SEND v` | the write of `v` is sent |
 //! | `OK` / `STALE h` / `WERR` | the write was accepted, refused, or its answer lost |
@@ -15,6 +15,12 @@
 //! | `TAKE` | an acquisition of an abandon round completed in time: held, released at once, the register untouched |
 //! | `ABANDONED 0 n of m` | an abandon round is over: `n` of its `m` acquisitions were given up mid-flight |
 //! | `TIMEOUT 0 s` | fair scenario: an acquisition that began at `s` µs waited its whole `wait` and timed out (the line's time is the end of the wait) |
+//!
+//! The permits scenario takes one of [`PERMITS`] permits of the key and
+//! steps on its slot's resource; its lines name a lease `<token>@<slot>`
+//! (tokens rise per slot). The read-write scenario's leases are half
+//! writers (the lock scenario's `increment`) and half readers ([`touch`]:
+//! `mode = "shared"`, two fenced reads and no write).
 //!
 //! `on_lost = "finish"`: a holder that was paused past its ttl carries on
 //! and writes, as a real one would; only the fence can stop it.
@@ -64,6 +70,17 @@ pub const FAIR_WAIT: Duration = Duration::from_secs(8);
 /// How long one register operation may take before its answer counts as
 /// lost (the write's outcome is then settled by the checker).
 const OP_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The permits scenario: how many holders the run's key admits
+/// (`LockOptions::permits`), the bound the checker holds the accepted
+/// writes to.
+pub const PERMITS: u32 = 2;
+
+/// The fenced resource of permit slot `slot` of the run: a slot's token
+/// rises per slot, so each slot is fenced as a resource of its own.
+pub fn slot_resource(run: &str, slot: u32) -> String {
+    format!("{run}:pool:{slot}")
+}
 
 /// The PostgreSQL table of the register (one row per run).
 pub const PG_REGISTER_TABLE: &str = "dlock_fault_register";
@@ -196,9 +213,12 @@ fn take_abandon_order(config: &Config) -> Option<Vec<Duration>> {
 /// completes first is released at once, without touching the register.
 /// Fair: the acquisitions are the fair macro's (a fair waiter given up on
 /// leaves the queue, or passes on a handoff that reached it meanwhile).
-async fn abandon_round(run: &str, give_up_after: &[Duration], fair: bool) {
+/// Permits: the acquisitions take a permit (a `TAKE` names its slot).
+async fn abandon_round(run: &str, give_up_after: &[Duration], fair: bool, permits: bool) {
     let options = if fair {
         LockOptions::new(TTL).wait(FAIR_WAIT).fair(true)
+    } else if permits {
+        LockOptions::new(TTL).wait(WAIT).permits(PERMITS)
     } else {
         LockOptions::new(TTL).wait(WAIT)
     }
@@ -209,7 +229,10 @@ async fn abandon_round(run: &str, give_up_after: &[Duration], fair: bool) {
         match timeout(moment, options.acquire(&key)).await {
             Err(_) => abandoned += 1,
             Ok(Ok(lease)) => {
-                let token = lease.token();
+                let token = match lease.slot() {
+                    Some(slot) => format!("{}@{slot}", lease.token()),
+                    None => lease.token().to_string(),
+                };
                 say(&format!("TAKE {token}"));
                 let _ = lease.release().await;
                 say(&format!("END {token}"));
@@ -290,14 +313,33 @@ impl Register {
         }
     }
 
+    /// The run's register: the resource every lease of the lock, fair,
+    /// election and read-write scenarios reads and writes.
+    pub fn resource(&self) -> &str {
+        match self {
+            Register::Pg { resource, .. } | Register::Redis { resource, .. } => resource,
+        }
+    }
+
     /// Reads the register (recording the token, when fenced).
     pub async fn read(&self, token: FencingToken) -> Answer<String> {
+        self.read_on(self.resource(), token).await
+    }
+
+    /// Writes `value` (fenced by the token, when fenced).
+    pub async fn write(&self, token: FencingToken, value: &str) -> Answer<()> {
+        self.write_on(self.resource(), token, value).await
+    }
+
+    /// Reads the fenced resource `resource` (the permits scenario fences
+    /// each slot as a resource of its own, `<run>:pool:<slot>`).
+    pub async fn read_on(&self, resource: &str, token: FencingToken) -> Answer<String> {
         match self {
             Register::Redis {
                 conn,
-                resource,
                 fence,
                 fenced,
+                ..
             } => {
                 let mut conn = conn.clone();
                 let read = if *fenced {
@@ -322,7 +364,7 @@ impl Register {
                 }
             }
             Register::Pg { .. } => {
-                self.pg_transaction(token, |tx, resource| {
+                self.pg_transaction(resource, token, |tx, resource| {
                     Box::pin(async move {
                         let row = tx
                             .query_one(
@@ -341,14 +383,14 @@ impl Register {
         }
     }
 
-    /// Writes `value` (fenced by the token, when fenced).
-    pub async fn write(&self, token: FencingToken, value: &str) -> Answer<()> {
+    /// Writes `value` to `resource` (fenced by the token, when fenced).
+    pub async fn write_on(&self, resource: &str, token: FencingToken, value: &str) -> Answer<()> {
         match self {
             Register::Redis {
                 conn,
-                resource,
                 fence,
                 fenced,
+                ..
             } => {
                 let mut conn = conn.clone();
                 let written = if *fenced {
@@ -372,7 +414,7 @@ impl Register {
             }
             Register::Pg { .. } => {
                 let value = value.to_owned();
-                self.pg_transaction(token, move |tx, resource| {
+                self.pg_transaction(resource, token, move |tx, resource| {
                     Box::pin(async move {
                         tx.execute(
                             &format!(
@@ -396,6 +438,7 @@ impl Register {
     /// time), so nothing half-done lingers on it.
     async fn pg_transaction<T>(
         &self,
+        resource: &str,
         token: FencingToken,
         body: impl for<'a> FnOnce(
             &'a tokio_postgres::Transaction<'a>,
@@ -407,9 +450,9 @@ impl Register {
         let Register::Pg {
             conn,
             client,
-            resource,
             fence,
             fenced,
+            ..
         } = self
         else {
             return Answer::Failed("not a PostgreSQL register".into());
@@ -506,26 +549,40 @@ async fn lease(
     lost: LostSignal,
     waited_since_us: Option<u64>,
 ) {
+    let tag = token.to_string();
     match waited_since_us {
-        Some(since) => say(&format!("BEGIN {token} {since}")),
-        None => say(&format!("BEGIN {token}")),
+        Some(since) => say(&format!("BEGIN {tag} {since}")),
+        None => say(&format!("BEGIN {tag}")),
     }
-    let watcher = tokio::spawn(async move {
-        lost.lost().await;
-        say(&format!("LOST {}", lost.token()));
-    });
-    lease_body(register, work, token).await;
-    say(&format!("END {token}"));
+    let watcher = watch_lost(lost, tag.clone());
+    lease_body(register, register.resource(), work, token, &tag).await;
+    say(&format!("END {tag}"));
     watcher.abort();
 }
 
-async fn lease_body(register: &Register, work: Duration, token: FencingToken) {
-    let read = match register.read(token).await {
+/// Prints `LOST <tag>` when the lease's lost signal fires.
+fn watch_lost(lost: LostSignal, tag: String) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        lost.lost().await;
+        say(&format!("LOST {tag}"));
+    })
+}
+
+/// One step on `resource`: read, work, write `count + 1`; every line
+/// names the lease by `tag` (its token; permits: `<token>@<slot>`).
+async fn lease_body(
+    register: &Register,
+    resource: &str,
+    work: Duration,
+    token: FencingToken,
+    tag: &str,
+) {
+    let read = match register.read_on(resource, token).await {
         Answer::Done(value) => value,
-        Answer::Stale(highest) => return say(&format!("RSTALE {token} {highest}")),
-        Answer::Failed(err) => return say(&format!("RERR {token} {}", one_line(&err))),
+        Answer::Stale(highest) => return say(&format!("RSTALE {tag} {highest}")),
+        Answer::Failed(err) => return say(&format!("RERR {tag} {}", one_line(&err))),
     };
-    say(&format!("READ {token} {read}"));
+    say(&format!("READ {tag} {read}"));
     let count: u64 = read
         .split(':')
         .next()
@@ -533,12 +590,90 @@ async fn lease_body(register: &Register, work: Duration, token: FencingToken) {
         .unwrap_or(0);
     tokio::time::sleep(work).await;
     let value = format!("{}:{token}", count + 1);
-    say(&format!("SEND {token} {value}"));
-    match register.write(token, &value).await {
-        Answer::Done(()) => say(&format!("OK {token}")),
-        Answer::Stale(highest) => say(&format!("STALE {token} {highest}")),
-        Answer::Failed(err) => say(&format!("WERR {token} {}", one_line(&err))),
+    say(&format!("SEND {tag} {value}"));
+    match register.write_on(resource, token, &value).await {
+        Answer::Done(()) => say(&format!("OK {tag}")),
+        Answer::Stale(highest) => say(&format!("STALE {tag} {highest}")),
+        Answer::Failed(err) => say(&format!("WERR {tag} {}", one_line(&err))),
     }
+}
+
+/// The read-write scenario's reader: `#[distributed_lock(mode =
+/// "shared")]` on the run's key. It touches the register (a fenced read,
+/// which records its token: the resource fences readers and writers with
+/// one `>=` rule), works, and touches it again, the second touch being
+/// the one a pause or a partition delays past the ttl.
+#[distributed_lock(
+    key = "dlock-fault:{run}",
+    ttl = "1s",
+    wait = "3s",
+    mode = "shared",
+    backend = "fault",
+    on_lost = "finish"
+)]
+async fn touch(
+    run: String,
+    register: Arc<Register>,
+    work: Duration,
+    token: FencingToken,
+    lost: LostSignal,
+) -> Result<(), LockError> {
+    let tag = token.to_string();
+    say(&format!("BEGIN {tag} shared"));
+    let watcher = watch_lost(lost, tag.clone());
+    for pass in 0..2 {
+        if pass == 1 {
+            tokio::time::sleep(work).await;
+        }
+        match register.read(token).await {
+            Answer::Done(value) => say(&format!("READ {tag} {value}")),
+            Answer::Stale(highest) => {
+                say(&format!("RSTALE {tag} {highest}"));
+                break;
+            }
+            Answer::Failed(err) => {
+                say(&format!("RERR {tag} {}", one_line(&err)));
+                break;
+            }
+        }
+    }
+    say(&format!("END {tag}"));
+    watcher.abort();
+    Ok(())
+}
+
+/// The permits scenario's lease: one of [`PERMITS`] permits of the run's
+/// key, taken through `LockOptions::permits` (the macro's `permits = 2`;
+/// the macro binds no slot, and the body needs it), and one step on the
+/// slot's own fenced resource ([`slot_resource`]). Lines name the lease
+/// `<token>@<slot>`.
+async fn permit(config: &Config, register: &Register, work: Duration) -> Result<(), LockError> {
+    let lease = LockOptions::new(TTL)
+        .wait(WAIT)
+        .permits(PERMITS)
+        .backend("fault")
+        .acquire(lock_key(&config.run))
+        .await?;
+    let token = lease.token();
+    // A permit lease always has a slot; `u32::MAX` would be a slot out of
+    // range, which the checker reports.
+    let slot = lease.slot().unwrap_or(u32::MAX);
+    let tag = format!("{token}@{slot}");
+    say(&format!("BEGIN {tag}"));
+    let watcher = watch_lost(lease.lost_signal(), tag.clone());
+    lease_body(
+        register,
+        &slot_resource(&config.run, slot),
+        work,
+        token,
+        &tag,
+    )
+    .await;
+    say(&format!("END {tag}"));
+    watcher.abort();
+    // A lost lease's release may fail: the slot is gone already.
+    let _ = lease.release().await;
+    Ok(())
 }
 
 pub fn one_line(text: &str) -> String {
@@ -570,8 +705,7 @@ pub fn main(config: Config) {
         };
         match config.scenario.as_str() {
             "election" => super::election::campaign(&config, register).await,
-            "fair" => take_leases(&config, register, true).await,
-            _ => take_leases(&config, register, false).await,
+            _ => take_leases(&config, register).await,
         }
     });
 }
@@ -631,18 +765,22 @@ async fn register_lock_backend(config: &Config) -> bool {
 /// The lock and fair scenarios: lease after lease until the deadline. A
 /// fair acquisition that timed out prints `TIMEOUT` with the moment its
 /// wait began.
-async fn take_leases(config: &Config, register: Arc<Register>, fair: bool) {
+async fn take_leases(config: &Config, register: Arc<Register>) {
+    let fair = config.scenario == "fair";
+    let permits = config.scenario == "permits";
     let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
     while now_us() < config.deadline_us {
         if let Some(give_up_after) = take_abandon_order(config) {
-            abandon_round(&config.run, &give_up_after, fair).await;
+            abandon_round(&config.run, &give_up_after, fair, permits).await;
         }
         let work = Duration::from_millis(rng.range(30, 90));
         let began_us = now_us();
-        let taken = if fair {
-            increment_fair(config.run.clone(), register.clone(), work, began_us).await
-        } else {
-            increment(config.run.clone(), register.clone(), work).await
+        let taken = match config.scenario.as_str() {
+            "fair" => increment_fair(config.run.clone(), register.clone(), work, began_us).await,
+            "permits" => permit(config, &register, work).await,
+            // Read-write: half the leases write, half read.
+            "rw" if rng.chance(50) => touch(config.run.clone(), register.clone(), work).await,
+            _ => increment(config.run.clone(), register.clone(), work).await,
         };
         match taken {
             Ok(()) => {}

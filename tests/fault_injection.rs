@@ -97,8 +97,8 @@
 //!
 //! | run | locks | register | checked besides the lock runs' checks |
 //! | --- | --- | --- | --- |
-//! | permits file, pg | as the lock run on that store, `permits(2)`, the lock run's faults | one fenced resource per slot, `<run>:pool:<slot>`, on the lock run's register | per slot: no stale write, tokens rising, no lost increment; at most 2 holders with accepted writes at any moment, every slot in `0..2` |
-//! | read-write file, pg | as the lock run on that store, writers `mode = "exclusive"` and readers `mode = "shared"`, the lock run's faults | the lock run's | no stale writer's write accepted past a reader's or writer's higher token; no current reader refused |
+//! | permits file, redis, pg | as the lock run on that store, `permits(2)`, the lock run's faults | one fenced resource per slot, `<run>:pool:<slot>`, on the lock run's register | per slot: no stale write, tokens rising, no lost increment; at most 2 holders with accepted writes at any moment, every slot in `0..2` |
+//! | read-write file, redis, pg | as the lock run on that store, writers `mode = "exclusive"` and readers `mode = "shared"`, the lock run's faults | the lock run's | no stale writer's write accepted past a reader's or writer's higher token; no current reader refused |
 //!
 //! A store that keeps shared locks and permits is one line of the run list
 //! (`+ Lock::File => <permits run>, <read-write run>;` in `fault_runs!`).
@@ -473,8 +473,9 @@ fault_runs! {
 
     // Permits (`permits = 2`, a fenced register per slot) and read-write
     // (`mode = "exclusive"` writers, `mode = "shared"` readers) runs, one
-    // line per store that keeps both (Redis: once its support is merged).
+    // line per store that keeps both.
     + Lock::File => file_permits_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_write_and_no_more_holders_than_permits, file_read_write_locks_under_pauses_kills_breaks_partitions_and_abandons_accept_no_stale_writer_and_refuse_no_current_reader;
+    + Lock::Redis => redis_permits_under_pauses_kills_restarts_partitions_abandons_rewinds_accept_no_stale_write_and_no_more_holders_than_permits, redis_read_write_locks_under_pauses_kills_restarts_partitions_abandons_rewinds_accept_no_stale_writer_and_refuse_no_current_reader;
     + Lock::Pg => pg_permits_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_write_and_no_more_holders_than_permits, pg_read_write_locks_under_pauses_kills_terminations_partitions_abandons_rewinds_accept_no_stale_writer_and_refuse_no_current_reader;
 }
 

@@ -1198,7 +1198,9 @@ macro_rules! phase_hold {
 ///   (the wait probe's brief shared locks on the key itself could not be
 ///   told apart from a reader's). In a live phase the reader is granted the
 ///   phase token; otherwise it draws one as [`TRY_LOCK`] does and records
-///   it. A failed draw gives back what the attempt took (session locks
+///   it. A live phase whose row lost its token (a DBA truncated the table)
+///   refuses new readers until it ends: a token drawn anew would be above
+///   the current readers', whom a `>=` fence would then refuse. A failed draw gives back what the attempt took (session locks
 ///   outlive a failed statement).
 /// - `dlock_mark(key, seed, owner, ttl_ms)`: while readers hold, leaves or
 ///   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
@@ -1237,8 +1239,12 @@ BEGIN
     live := EXISTS (",
     phase_hold!(),
     ");
+    IF live AND r.phase_token IS NULL THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RETURN;
+    END IF;
     PERFORM pg_catalog.pg_advisory_lock_shared(p);
-    IF live AND r.phase_token IS NOT NULL THEN
+    IF live THEN
         granted_token := r.phase_token;
         RETURN;
     END IF;

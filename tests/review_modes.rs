@@ -147,6 +147,9 @@ fn log_line(log: &std::path::Path, line: &str) {
 }
 
 async fn mix_child(parts: Vec<String>) {
+    if parts[0] == "stale-read" {
+        return stale_reader_child(&parts[1..]).await;
+    }
     let [role, kind, dir, rw_key, permit_key, log, seconds] = &parts[..] else {
         panic!("mix role: KIND DIR RWKEY PKEY LOG SECONDS, got {parts:?}");
     };
@@ -482,4 +485,79 @@ async fn file_a_try_lock_writer_never_holds_readers_off() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_try_lock_writer_never_holds_readers_off() {
     a_try_lock_writer_never_holds_readers_off("pg").await;
+}
+
+/// A reader that holds for `ttl`, prints its token, then tells whether it
+/// heard of its loss.
+async fn stale_reader_child(args: &[String]) {
+    let [kind, dir, key] = args else {
+        panic!("stale-read: KIND DIR KEY");
+    };
+    let lease = LockOptions::new(Duration::from_secs(1))
+        .mode(LockMode::Shared)
+        .acquire_on(child_backend(kind, dir).await, key.as_str())
+        .await
+        .expect("reader");
+    println!("held {}", lease.token().get());
+    let lost = tokio::time::timeout(Duration::from_secs(20), lease.lost()).await;
+    println!("{}", if lost.is_ok() { "lost" } else { "kept" });
+}
+
+/// A reader stopped (SIGSTOP) past its ttl while a writer takes the key:
+/// the writer's token is above the reader's, so the reader's fenced write
+/// is refused, and the reader, resumed, hears that its lease is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_a_reader_stopped_past_its_ttl_is_fenced_out_and_told() {
+    use std::io::BufRead as _;
+    let dir = tempfile_dir("file");
+    let key = fresh_key("review-stopped-reader");
+    let mut child = support::spawn_child(
+        CHILD_ROLE,
+        "stale-read",
+        &["file", &dir.display().to_string(), key.as_str()],
+    );
+    let mut lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut next_report = || {
+        loop {
+            let line = lines.next().expect("a line").expect("read");
+            if line.starts_with("held ") || line == "lost" || line == "kept" {
+                break line;
+            }
+        }
+    };
+    let held = next_report();
+    let token: u64 = held
+        .strip_prefix("held ")
+        .expect("held")
+        .parse()
+        .expect("token");
+    let pid = child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .acquire_on(either_backend("file", &dir).await, &key)
+        .await
+        .expect("the writer gets the key once the stopped reader's ttl ran out");
+    assert!(
+        writer.token().get() > token,
+        "the writer's token is above the stale reader's"
+    );
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let told = next_report();
+    assert_eq!(told, "lost", "the resumed reader hears of its loss");
+    assert!(child.wait().expect("exit").success());
+    assert!(!writer.is_lost(), "the writer still holds");
+    writer.release().await.expect("release");
 }

@@ -561,3 +561,51 @@ async fn file_a_reader_stopped_past_its_ttl_is_fenced_out_and_told() {
     assert!(!writer.is_lost(), "the writer still holds");
     writer.release().await.expect("release");
 }
+
+/// A DBA's transaction that holds `dlock_phases` locked (LOCK TABLE, a
+/// TRUNCATE left open) past the lock session's lock_timeout refuses a
+/// reader's attempt, which took nothing: the session and every other lease
+/// on it live on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_phases_table_fails_a_reader_without_losing_the_sessions_other_leases() {
+    let pg: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), dlock::pg::PgOptions::new().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    // The objects exist before the DBA locks the table.
+    let warm = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(pg.clone(), fresh_key("review-locked-warm"))
+        .await
+        .expect("reader");
+    warm.release().await.expect("release");
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(pg.clone(), fresh_key("review-locked-other"))
+        .await
+        .expect("an exclusive lease on the one session");
+    let mut dba = raw_client().await;
+    let tx = dba.transaction().await.expect("begin");
+    tx.batch_execute("LOCK TABLE dlock.dlock_phases IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("lock the table");
+    let reader_key = fresh_key("review-locked-reader");
+    let refused = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .acquire_on(pg.clone(), &reader_key)
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    tx.rollback().await.expect("rollback");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !writer.is_lost(),
+        "the exclusive lease on the session lives on after a reader's attempt was refused by a locked table"
+    );
+    writer.release().await.expect("release");
+    // The refused attempt left nothing held: a writer elsewhere takes the key.
+    let elsewhere = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend().await, &reader_key)
+        .await
+        .expect("the refused reader's key is free");
+    elsewhere.release().await.expect("release");
+}

@@ -150,6 +150,9 @@ async fn mix_child(parts: Vec<String>) {
     if parts[0] == "stale-read" {
         return stale_reader_child(&parts[1..]).await;
     }
+    if parts[0] == "read-stream" {
+        return read_stream_child(&parts[1..]).await;
+    }
     let [role, kind, dir, rw_key, permit_key, log, seconds] = &parts[..] else {
         panic!("mix role: KIND DIR RWKEY PKEY LOG SECONDS, got {parts:?}");
     };
@@ -608,4 +611,65 @@ async fn a_locked_phases_table_fails_a_reader_without_losing_the_sessions_other_
         .await
         .expect("the refused reader's key is free");
     elsewhere.release().await.expect("release");
+}
+
+/// Readers back to back for `seconds`, each holding a little while, so that
+/// with several such processes the key is never free of readers.
+async fn read_stream_child(args: &[String]) {
+    let [kind, dir, key, seconds] = args else {
+        panic!("read-stream: KIND DIR KEY SECONDS");
+    };
+    let backend = child_backend(kind, dir).await;
+    let until = std::time::Instant::now() + Duration::from_secs(seconds.parse().expect("seconds"));
+    println!("held 0");
+    while std::time::Instant::now() < until {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .mode(LockMode::Shared)
+            .wait(Duration::from_secs(20))
+            .acquire_on(backend.clone(), key.as_str())
+            .await
+            .expect("a reader");
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        lease.release().await.expect("release");
+    }
+}
+
+/// Four processes stream readers onto one key; a writer that waits gets
+/// it well within its wait.
+async fn a_writer_is_not_starved_by_readers_of_four_processes(kind: &str) {
+    let dir = tempfile_dir(kind);
+    let key = fresh_key("review-starve");
+    let d = dir.display().to_string();
+    let mut children: Vec<_> = (0..4)
+        .map(|_| support::spawn_child(CHILD_ROLE, "read-stream", &[kind, &d, key.as_str(), "12"]))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = tokio::time::Instant::now();
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(8))
+        .acquire_on(either_backend(kind, &dir).await, &key)
+        .await;
+    let took = started.elapsed();
+    let ok = writer.is_ok();
+    if let Ok(lease) = writer {
+        lease.release().await.expect("release");
+    }
+    for child in &mut children {
+        assert!(
+            child.wait().expect("exit").success(),
+            "a reader process failed"
+        );
+    }
+    assert!(ok, "{kind}: the writer starved for {took:?}");
+    eprintln!("{kind}: the writer got in after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_a_writer_is_not_starved_by_readers_of_four_processes() {
+    a_writer_is_not_starved_by_readers_of_four_processes("file").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_writer_is_not_starved_by_readers_of_four_processes() {
+    a_writer_is_not_starved_by_readers_of_four_processes("pg").await;
 }

@@ -673,3 +673,53 @@ async fn file_a_writer_is_not_starved_by_readers_of_four_processes() {
 async fn pg_a_writer_is_not_starved_by_readers_of_four_processes() {
     a_writer_is_not_starved_by_readers_of_four_processes("pg").await;
 }
+
+/// The token sequence set back (`setval`) while readers hold: a reader
+/// joining the phase still gets the phase token, and the writer after
+/// them, and the readers after it, still get tokens above every earlier
+/// one (the draw is floored at the server's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_back_while_readers_hold_never_lowers_a_later_token() {
+    let key = fresh_key("review-setval");
+    let shared = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let set_back = || async {
+        raw_client()
+            .await
+            .batch_execute(
+                "SELECT pg_catalog.setval('dlock.dlock_token_seq', \
+                 GREATEST(1, (SELECT last_value FROM dlock.dlock_token_seq) - 3600000000))",
+            )
+            .await
+            .expect("set the sequence back an hour");
+    };
+    let first = shared
+        .acquire_on(backend().await, &key)
+        .await
+        .expect("reader");
+    set_back().await;
+    let second = shared
+        .acquire_on(backend().await, &key)
+        .await
+        .expect("reader");
+    assert_eq!(second.token(), first.token(), "the phase token");
+    let read_token = first.token();
+    first.release().await.expect("release");
+    second.release().await.expect("release");
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend().await, &key)
+        .await
+        .expect("writer");
+    assert!(writer.token() > read_token);
+    let write_token = writer.token();
+    writer.release().await.expect("release");
+    set_back().await;
+    let third = shared
+        .acquire_on(backend().await, &key)
+        .await
+        .expect("reader");
+    assert!(
+        third.token() > write_token,
+        "a reader's token is above the writer's before it"
+    );
+    third.release().await.expect("release");
+}

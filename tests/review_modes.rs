@@ -723,3 +723,48 @@ async fn a_sequence_set_back_while_readers_hold_never_lowers_a_later_token() {
     );
     third.release().await.expect("release");
 }
+
+/// A DBA drops the functions (or the table) while a reader holds: the
+/// backend makes them again, and readers and writers keep their rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
+    let key = fresh_key("review-dropped");
+    let shared = LockOptions::new(Duration::from_secs(30))
+        .mode(LockMode::Shared)
+        .wait(Duration::from_secs(5));
+    let backend_a = backend().await;
+    let first = shared
+        .acquire_on(backend_a.clone(), &key)
+        .await
+        .expect("reader");
+    raw_client()
+        .await
+        .batch_execute(
+            "DROP FUNCTION dlock.dlock_try_shared(text, int8); \
+             DROP FUNCTION dlock.dlock_mark(text, int8, text, int8); \
+             DROP FUNCTION dlock.dlock_try_permit(text, int8, int4, int4[])",
+        )
+        .await
+        .expect("drop the functions");
+    let second = shared.acquire_on(backend_a.clone(), &key).await;
+    let second = match second {
+        Ok(lease) => lease,
+        Err(err) => {
+            eprintln!("first attempt after the drop: {err}");
+            shared
+                .acquire_on(backend_a.clone(), &key)
+                .await
+                .expect("a reader once the functions are made again")
+        }
+    };
+    assert_eq!(second.token(), first.token(), "the phase token");
+    let read_token = first.token();
+    first.release().await.expect("release");
+    second.release().await.expect("release");
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend().await, &key)
+        .await
+        .expect("writer");
+    assert!(writer.token() > read_token);
+    writer.release().await.expect("release");
+}

@@ -367,6 +367,7 @@ fn run_mix(kind: &str, children: usize, seconds: u64, kills: bool) {
     );
     assert!(count("write") > 0 && count("read") > 0 && count("permit") > 0);
     assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn tempfile_dir(kind: &str) -> std::path::PathBuf {
@@ -767,4 +768,77 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
         .expect("writer");
     assert!(writer.token() > read_token);
     writer.release().await.expect("release");
+}
+
+/// A temp-dir cleaner removes every alive file (the group's and the
+/// readers') while readers hold: a writer waiting behind them still gets
+/// the key soon after the last reader releases, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_a_cleaner_removing_alive_files_mid_phase_neither_frees_nor_strands_the_key() {
+    let dir = tempfile_dir("file");
+    let key = fresh_key("review-cleaner");
+    let shared = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let first = shared
+        .acquire_on(either_backend("file", &dir).await, &key)
+        .await
+        .expect("reader");
+    let second = shared
+        .acquire_on(either_backend("file", &dir).await, &key)
+        .await
+        .expect("reader");
+    let mut removed = 0;
+    for entry in std::fs::read_dir(&dir).expect("dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "alive") {
+            std::fs::remove_file(&path).expect("remove");
+            removed += 1;
+        }
+    }
+    assert!(
+        removed >= 3,
+        "the group's and both readers' files, got {removed}"
+    );
+    let writer_backend = either_backend("file", &dir).await;
+    let writer = tokio::spawn({
+        let key = key.clone();
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .wait(Duration::from_secs(20))
+                .acquire_on(writer_backend, &key)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!writer.is_finished(), "the writer waits while readers hold");
+    let late = shared
+        .acquire_on(either_backend("file", &dir).await, &key)
+        .await;
+    assert!(
+        matches!(late, Err(LockError::Held { .. })),
+        "a new reader waits behind the writer: {late:?}"
+    );
+    let read_token = first.token();
+    first.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !writer.is_finished(),
+        "the writer waits while one reader holds"
+    );
+    second.release().await.expect("release");
+    let started = tokio::time::Instant::now();
+    let lease = support::within(20, "the writer", writer)
+        .await
+        .expect("task")
+        .expect("the writer gets the key");
+    eprintln!(
+        "the writer got in {:?} after the last release",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(lease.token() > read_token);
+    lease.release().await.expect("release");
 }

@@ -733,7 +733,19 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
     let shared = LockOptions::new(Duration::from_secs(30))
         .mode(LockMode::Shared)
         .wait(Duration::from_secs(5));
-    let backend_a = backend().await;
+    // A schema of its own: the drop must not reach other tests' attempts
+    // (one whose function is dropped under it fails, and its session ends).
+    let in_schema = || async {
+        Arc::new(
+            PgBackend::connect_with(
+                &conn(),
+                dlock::pg::PgOptions::new().schema("dlock_review_drop"),
+            )
+            .await
+            .expect("connect"),
+        ) as Arc<dyn Backend>
+    };
+    let backend_a = in_schema().await;
     let first = shared
         .acquire_on(backend_a.clone(), &key)
         .await
@@ -741,9 +753,9 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
     raw_client()
         .await
         .batch_execute(
-            "DROP FUNCTION dlock.dlock_try_shared(text, int8); \
-             DROP FUNCTION dlock.dlock_mark(text, int8, text, int8); \
-             DROP FUNCTION dlock.dlock_try_permit(text, int8, int4, int4[])",
+            "DROP FUNCTION dlock_review_drop.dlock_try_shared(text, int8); \
+             DROP FUNCTION dlock_review_drop.dlock_mark(text, int8, text, int8); \
+             DROP FUNCTION dlock_review_drop.dlock_try_permit(text, int8, int4, int4[])",
         )
         .await
         .expect("drop the functions");
@@ -763,11 +775,16 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
     first.release().await.expect("release");
     second.release().await.expect("release");
     let writer = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(backend().await, &key)
+        .acquire_on(in_schema().await, &key)
         .await
         .expect("writer");
     assert!(writer.token() > read_token);
     writer.release().await.expect("release");
+    drop(backend_a);
+    let _ = raw_client()
+        .await
+        .batch_execute("DROP SCHEMA IF EXISTS dlock_review_drop CASCADE")
+        .await;
 }
 
 /// A temp-dir cleaner removes every alive file (the group's and the

@@ -158,22 +158,41 @@ async fn mix_child(parts: Vec<String>) {
     };
     assert_eq!(role, "mix");
     let backend = child_backend(kind, dir).await;
-    let log = std::path::PathBuf::from(log);
-    let pid = std::process::id();
-    let mut rng = Rng(u64::from(pid) ^ (now_ns() as u64) | 1);
     let until = std::time::Instant::now() + Duration::from_secs(seconds.parse().expect("seconds"));
+    mix_loop(
+        backend,
+        rw_key.clone(),
+        permit_key.clone(),
+        std::path::PathBuf::from(log),
+        until,
+        std::process::id(),
+    )
+    .await;
+}
+
+/// Random readers, writers and permit holders until `until`, each attempt
+/// cancelled at a random point, each grant and release logged as `id`'s.
+async fn mix_loop(
+    backend: Arc<dyn Backend>,
+    rw_key: String,
+    permit_key: String,
+    log: std::path::PathBuf,
+    until: std::time::Instant,
+    pid: u32,
+) {
+    let mut rng = Rng(u64::from(pid) ^ (now_ns() as u64) | 1);
     while std::time::Instant::now() < until {
         let pick = rng.next(10);
         let (what, key, options) = match pick {
             0..=4 => (
                 "read",
-                rw_key,
+                &rw_key,
                 LockOptions::new(Duration::from_secs(5)).mode(LockMode::Shared),
             ),
-            5..=6 => ("write", rw_key, LockOptions::new(Duration::from_secs(5))),
+            5..=6 => ("write", &rw_key, LockOptions::new(Duration::from_secs(5))),
             _ => (
                 "permit",
-                permit_key,
+                &permit_key,
                 LockOptions::new(Duration::from_secs(5)).permits(2),
             ),
         };
@@ -858,4 +877,100 @@ async fn file_a_cleaner_removing_alive_files_mid_phase_neither_frees_nor_strands
     );
     assert!(lease.token() > read_token);
     lease.release().await.expect("release");
+}
+
+/// The same mix within one process: tasks sharing one backend (one lock
+/// session, re-entrant advisory locks) and tasks of a second backend.
+async fn tasks_of_one_process_mix(kind: &str) {
+    let dir = tempfile_dir(kind);
+    let log = dir.join("mix.log");
+    let (rw_key, permit_key) = (
+        fresh_key("review-tasks-rw").as_str().to_owned(),
+        fresh_key("review-tasks-permit").as_str().to_owned(),
+    );
+    let one_session = either_backend(kind, &dir).await;
+    let other: Arc<dyn Backend> = if kind == "pg" {
+        Arc::new(
+            PgBackend::connect_with(&conn(), dlock::pg::PgOptions::new().sessions(2))
+                .await
+                .expect("connect"),
+        )
+    } else {
+        either_backend(kind, &dir).await
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(12);
+    let tasks: Vec<_> = (0..8u32)
+        .map(|id| {
+            let backend = if id < 5 {
+                one_session.clone()
+            } else {
+                other.clone()
+            };
+            tokio::spawn(mix_loop(
+                backend,
+                rw_key.clone(),
+                permit_key.clone(),
+                log.clone(),
+                until,
+                id + 1,
+            ))
+        })
+        .collect();
+    for task in tasks {
+        support::within(60, "a mixing task", task)
+            .await
+            .expect("task");
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let (done, bad) = check_log(&text);
+    let count = |w: &str| done.iter().filter(|i| i.what == w).count();
+    eprintln!(
+        "{kind} tasks: {} reads, {} writes, {} permits; {} violations",
+        count("read"),
+        count("write"),
+        count("permit"),
+        bad.len()
+    );
+    assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant() {
+    tasks_of_one_process_mix("pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant() {
+    tasks_of_one_process_mix("file").await;
+}
+
+/// The log checker itself finds what it looks for.
+#[test]
+fn the_log_checker_finds_overlaps_low_tokens_and_too_many_permits() {
+    let bad_log = "G write 10 -1 1 100\nG read 9 -1 2 150\nR write 10 -1 1 200\nR read 9 -1 2 250\n\
+                   G read 20 -1 3 300\nG read 21 -1 4 310\nR read 20 -1 3 400\nR read 21 -1 4 410\n\
+                   G permit 5 0 5 100\nG permit 6 1 6 110\nG permit 7 0 7 120\nK 5 130\nK 6 130\nK 7 130\n";
+    let (_, bad) = check_log(bad_log);
+    let text = bad.join("\n");
+    assert!(text.contains("overlap with a writer"), "{text}");
+    assert!(
+        text.contains("overlapping readers with two tokens"),
+        "{text}"
+    );
+    assert!(text.contains("permit holders at once"), "{text}");
+    assert!(text.contains("one slot held twice"), "{text}");
+    let (_, low) = check_log(
+        "G read 30 -1 1 100\nR read 30 -1 1 200\nG write 29 -1 2 300\nR write 29 -1 2 400\nG read 28 -1 3 500\nR read 28 -1 3 600\n",
+    );
+    let text = low.join("\n");
+    assert!(text.contains("a writer's token not above"), "{text}");
+    assert!(
+        text.contains("a reader's token not above an earlier writer's"),
+        "{text}"
+    );
+    let (_, good) = check_log(
+        "G write 10 -1 1 100\nR write 10 -1 1 200\nG read 11 -1 2 300\nR read 11 -1 2 400\n",
+    );
+    assert!(good.is_empty(), "{good:?}");
 }

@@ -376,9 +376,10 @@ impl Inner {
     }
 
     /// The error of a shared or permit statement that failed. The
-    /// statement gives back what it took when its draw fails; after any
-    /// other failure on a live connection it may have left a lock behind,
-    /// and ending the session is the one sure way to drop it.
+    /// statement gives back what it took when its draw fails or a lock it
+    /// waited for timed out; after any other failure on a live connection
+    /// (a cancel, which no exception handler catches) it may have left a
+    /// lock behind, and ending the session is the one sure way to drop it.
     async fn mode_failed(
         &self,
         session: &LockSession,
@@ -390,9 +391,14 @@ impl Inner {
                 || *code == SqlState::UNDEFINED_TABLE
                 || *code == SqlState::INVALID_SCHEMA_NAME
         });
-        let refused = err
-            .as_db_error()
-            .is_some_and(|db| db.message().contains(sql::REFUSED));
+        // The functions give back what they took when a statement inside
+        // them fails (a lock they waited for past the session's
+        // lock_timeout among them: a DBA's LOCK TABLE or TRUNCATE left
+        // open), so the session and the other leases on it live on.
+        let refused = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+            || err
+                .as_db_error()
+                .is_some_and(|db| db.message().contains(sql::REFUSED));
         if missing {
             // Dropped while the service runs (the table, the functions or
             // the token sequence): made again, for the next attempt.

@@ -1198,7 +1198,9 @@ macro_rules! phase_hold {
 ///   (the wait probe's brief shared locks on the key itself could not be
 ///   told apart from a reader's). In a live phase the reader is granted the
 ///   phase token; otherwise it draws one as [`TRY_LOCK`] does and records
-///   it. A failed draw gives back what the attempt took (session locks
+///   it. A live phase whose row lost its token (a DBA truncated the table)
+///   refuses new readers until it ends: a token drawn anew would be above
+///   the current readers', whom a `>=` fence would then refuse. A failed draw gives back what the attempt took (session locks
 ///   outlive a failed statement).
 /// - `dlock_mark(key, seed, owner, ttl_ms)`: while readers hold, leaves or
 ///   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
@@ -1226,6 +1228,7 @@ DECLARE
     p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
     r record;
     live pg_catalog.bool;
+    took_p pg_catalog.bool := false;
 BEGIN
     PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
     INSERT INTO {schema}.dlock_phases (lock_id) VALUES (h) ON CONFLICT (lock_id) DO NOTHING;
@@ -1234,24 +1237,29 @@ BEGIN
     IF marked THEN RETURN; END IF;
     marked := false;
     IF NOT pg_catalog.pg_try_advisory_lock_shared(h) THEN RETURN; END IF;
-    live := EXISTS (",
+    BEGIN
+        live := EXISTS (",
     phase_hold!(),
     ");
-    PERFORM pg_catalog.pg_advisory_lock_shared(p);
-    IF live AND r.phase_token IS NOT NULL THEN
-        granted_token := r.phase_token;
-        RETURN;
-    END IF;
-    BEGIN
+        IF live AND r.phase_token IS NULL THEN
+            PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+            RETURN;
+        END IF;
+        PERFORM pg_catalog.pg_advisory_lock_shared(p);
+        took_p := true;
+        IF live THEN
+            granted_token := r.phase_token;
+            RETURN;
+        END IF;
         granted_token := (",
     draw_token!("", ""),
     ");
+        UPDATE {schema}.dlock_phases SET phase_token = granted_token WHERE lock_id OPERATOR(pg_catalog.=) h;
     EXCEPTION WHEN OTHERS THEN
-        PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+        IF took_p THEN PERFORM pg_catalog.pg_advisory_unlock_shared(p); END IF;
         PERFORM pg_catalog.pg_advisory_unlock_shared(h);
         RAISE;
     END;
-    UPDATE {schema}.dlock_phases SET phase_token = granted_token WHERE lock_id OPERATOR(pg_catalog.=) h;
 END
 $f$;
 CREATE OR REPLACE FUNCTION {schema}.dlock_mark(k pg_catalog.text, seed pg_catalog.int8, me pg_catalog.text,

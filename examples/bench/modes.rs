@@ -282,15 +282,27 @@ pub struct PermitOutcome {
     pub round_trips: u64,
 }
 
+/// What the permit contenders write down as they acquire.
+#[derive(Default)]
+struct PermitBook {
+    /// Per slot, the task that held it last.
+    last_holder: HashMap<u32, usize>,
+    turns: u64,
+    handoffs: u64,
+    /// Per task, its turns.
+    per_task: Vec<u64>,
+}
+
 /// `TASKS` tasks of one process loop on one key with `PERMITS` permits:
 /// acquire (waiting), no work, release, for `time`, through a counting
 /// wrapper around `backend`.
 pub async fn permits(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Res<PermitOutcome> {
     let counting = Counting::new(backend);
     let key = LockKey::new(key)?;
-    // Per slot, the task that held it last; and per task, its turns.
-    let book: Arc<Mutex<(HashMap<u32, usize>, u64, u64, Vec<u64>)>> =
-        Arc::new(Mutex::new((HashMap::new(), 0, 0, vec![0; TASKS])));
+    let book = Arc::new(Mutex::new(PermitBook {
+        per_task: vec![0; TASKS],
+        ..PermitBook::default()
+    }));
     let started = Instant::now();
     let deadline = started + time;
     let handles: Vec<_> = (0..TASKS)
@@ -309,12 +321,12 @@ pub async fn permits(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Re
                     let slot = lease.slot().ok_or("a permit lease without a slot")?;
                     {
                         let mut book = book.lock().unwrap_or_else(PoisonError::into_inner);
-                        let previous = book.0.insert(slot, i);
-                        book.1 += 1;
+                        let previous = book.last_holder.insert(slot, i);
+                        book.turns += 1;
                         if previous.is_some_and(|p| p != i) {
-                            book.2 += 1;
+                            book.handoffs += 1;
                         }
-                        book.3[i] += 1;
+                        book.per_task[i] += 1;
                     }
                     lease.release().await?;
                 }
@@ -330,11 +342,11 @@ pub async fn permits(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Re
     let calls = &counting.calls;
     let attempts = Calls::get(&calls.attempts);
     Ok(PermitOutcome {
-        turns_per_s: book.1 as f64 / elapsed,
-        handoffs_per_s: book.2 as f64 / elapsed,
-        turns: book.1,
-        handoffs: book.2,
-        tasks_served: book.3.iter().filter(|&&n| n > 0).count(),
+        turns_per_s: book.turns as f64 / elapsed,
+        handoffs_per_s: book.handoffs as f64 / elapsed,
+        turns: book.turns,
+        handoffs: book.handoffs,
+        tasks_served: book.per_task.iter().filter(|&&n| n > 0).count(),
         attempts,
         refused: attempts - Calls::get(&calls.granted),
         releases: Calls::get(&calls.releases),

@@ -13,7 +13,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
 use crate::stats::Measured;
-use crate::{BoxError, Config, Res};
+use crate::{Config, Res};
 
 /// The ttl every cycle asks for.
 pub const TTL: Duration = Duration::from_secs(30);
@@ -29,7 +29,8 @@ pub struct Row {
 }
 
 impl Row {
-    fn new<F, Fut>(name: impl Into<String>, make: F) -> Self
+    /// A row named `name` whose rounds `make` runs.
+    pub fn new<F, Fut>(name: impl Into<String>, make: F) -> Self
     where
         F: Fn(usize, Instant) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Res<Vec<Duration>>> + Send + 'static,
@@ -64,9 +65,10 @@ macro_rules! timed {
             $body
             samples.push(started.elapsed());
         }
-        Ok::<_, BoxError>(samples)
+        Ok::<_, $crate::BoxError>(samples)
     }};
 }
+pub(crate) use timed;
 
 /// The dlock row of a backend: `LockOptions::acquire_on` + `Lease::release`
 /// of keys `bench:<run>:<tag>:<task>`.

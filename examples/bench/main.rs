@@ -9,6 +9,7 @@
 //! cargo run --release --example bench -- --only server         # Redis server CPU per cycle
 //! cargo run --release --example bench -- --only election --out /tmp/election.md
 //! cargo run --release --example bench -- --only acks --out /tmp/acks.md  # replica acks
+//! cargo run --release --example bench -- --only modes --out /tmp/modes.md # read-write locks, permits
 //! ```
 //!
 //! Servers: `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`) and
@@ -22,6 +23,7 @@ mod election;
 mod handoff;
 mod heap;
 mod held;
+mod modes;
 mod overhead;
 mod report;
 mod server;
@@ -109,7 +111,7 @@ impl Config {
                 "--campaigner" => role = Role::Campaigner(args.by_ref().collect()),
                 // `cargo bench` passes this to every bench target.
                 "--bench" => {}
-                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server,election,acks)").into()),
+                other => return Err(format!("unknown argument {other} (try --smoke, --out PATH, --only cycle,handoff,macro,held,cross,server,election,acks,modes)").into()),
             }
         }
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));

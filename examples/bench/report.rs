@@ -6,7 +6,7 @@ use std::sync::Arc;
 use dlock::Backend;
 
 use crate::stats::{show, show_rate};
-use crate::{Config, Res, acks, cross, cycle, election, handoff, held, overhead, server};
+use crate::{Config, Res, acks, cross, cycle, election, handoff, held, modes, overhead, server};
 
 /// Concurrency levels of the uncontended cycle.
 const CONCURRENCY: [usize; 2] = [1, 64];
@@ -607,6 +607,130 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         }
         let _ = writeln!(body);
         drop(pair);
+    }
+
+    if cfg.wants("modes") {
+        eprintln!("scenario 9: read-write locks and permits");
+        // One entry per backend; one that does not keep shared locks and
+        // permits yet (`supports_access`) is named and skipped, so a
+        // backend that gains them is measured with no change here.
+        let backends: [(&str, Arc<dyn Backend>); 2] = [
+            (
+                "PostgreSQL",
+                Arc::new(dlock::pg::PgBackend::connect(&cfg.pg_conn).await?),
+            ),
+            (
+                "Redis",
+                Arc::new(dlock::redis::RedisBackend::connect(&cfg.redis_url).await?),
+            ),
+        ];
+        let _ = writeln!(
+            body,
+            "## 9. Read-write locks and permits\n\n**Shared against exclusive cycle.** As scenario 1 (each task acquires and releases a key of its own, ttl 30 s, {} interleaved rounds of {:?} per row and concurrency, after a warm-up; throughput is the median of the rounds), once with `LockMode::Exclusive` and once with `LockMode::Shared`, on one backend instance. *cost vs exclusive* is the exclusive row's cycles/s over this row's (dlock's rows against dlock's exclusive, the hand-written against the hand-written exclusive pair): what a cycle costs, 1.00 = the same.\n",
+            cfg.rounds, cfg.round
+        );
+        let _ = writeln!(
+            body,
+            "| backend | implementation | tasks | cycles/s | median | p99 | cost vs exclusive |\n| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+        );
+        let mut permit_rows = Vec::new();
+        let mut skipped = Vec::new();
+        for (name, backend) in backends {
+            let permits = dlock::backend::Access::Permits {
+                permits: modes::PERMITS,
+            };
+            if !backend.supports_access(dlock::backend::Access::Shared)
+                || !backend.supports_access(permits)
+            {
+                skipped.push(name);
+                continue;
+            }
+            let kind = format!("{}Backend", if name == "Redis" { "Redis" } else { "Pg" });
+            let mut rows = modes::cycle_rows(&kind, backend.clone(), &cfg.run);
+            if name == "PostgreSQL" {
+                rows.extend(modes::pg_hand_rows(cfg).await?);
+            }
+            let results = cycle::measure(&rows, &CONCURRENCY, cfg.rounds, cfg.round).await?;
+            for (r, (row, per_tasks)) in rows.iter().zip(&results).enumerate() {
+                for (c, m) in per_tasks.iter().enumerate() {
+                    let exclusive = results[r - r % 2][c].rate();
+                    let _ = writeln!(
+                        body,
+                        "| {name} | {} | {} | {} | {} | {} | {:.2} |",
+                        row.name,
+                        CONCURRENCY[c],
+                        show_rate(m.rate()),
+                        show(m.median()),
+                        show(m.p99()),
+                        exclusive / m.rate()
+                    );
+                }
+            }
+            let cost = results[0][1].rate() / results[1][1].rate();
+            targets.push((
+                format!("{name} shared cycle, 64 tasks: <= 1.2 x an exclusive cycle"),
+                format!(
+                    "{cost:.2} x ({} vs {} cycles/s)",
+                    show_rate(results[1][1].rate()),
+                    show_rate(results[0][1].rate())
+                ),
+                yes(cost <= 1.2),
+            ));
+            let key = format!("bench:{}:permits:{name}", cfg.run);
+            let o = modes::permits(backend, &key, cfg.handoff_time).await?;
+            let per_handoff = o.round_trips as f64 / o.handoffs.max(1) as f64;
+            targets.push((
+                format!(
+                    "{name} permits ({} of them, {} tasks): <= 3 round trips per handoff",
+                    modes::PERMITS,
+                    modes::TASKS
+                ),
+                format!(
+                    "{per_handoff:.1} ({} round trips, {} handoffs)",
+                    o.round_trips, o.handoffs
+                ),
+                yes(per_handoff <= 3.0),
+            ));
+            permit_rows.push((name, o));
+        }
+        if !skipped.is_empty() {
+            let _ = writeln!(
+                body,
+                "\nNot measured: {} (refuses shared locks and permits in this build, `Backend::supports_access`).",
+                skipped.join(", ")
+            );
+        }
+        let _ = writeln!(
+            body,
+            "\n**Contended permits.** {} tasks of one process loop on ONE key with `permits({})`: acquire (waiting), no work, release; {:?} per backend. A *turn* is any acquisition; a *handoff* is one of a slot (`Lease::slot`) whose previous holder was another task. The backend is wrapped in a counter of the calls dlock makes on it: *round trips* are attempts (`try_acquire`), releases and renewals, each one statement or script on the server; subscriptions (a waiter asking to be told of a release) are counted apart, since on PostgreSQL they are answered in process.\n",
+            modes::TASKS,
+            modes::PERMITS,
+            cfg.handoff_time
+        );
+        let _ = writeln!(
+            body,
+            "| backend | turns/s | handoffs/s | tasks served | attempts (refused) | releases | renewals | subscriptions | other calls | round trips per turn | round trips per handoff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
+        for (name, o) in &permit_rows {
+            let _ = writeln!(
+                body,
+                "| {name} | {} | {} | {}/{} | {} ({}) | {} | {} | {} | {} | {:.2} | {:.2} |",
+                show_rate(o.turns_per_s),
+                show_rate(o.handoffs_per_s),
+                o.tasks_served,
+                modes::TASKS,
+                o.attempts,
+                o.refused,
+                o.releases,
+                o.renewals,
+                o.subscribes,
+                o.other,
+                o.round_trips as f64 / o.turns.max(1) as f64,
+                o.round_trips as f64 / o.handoffs.max(1) as f64
+            );
+        }
+        let _ = writeln!(body);
+        clean_redis(cfg).await?;
     }
 
     let mut out = String::new();

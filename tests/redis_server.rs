@@ -838,3 +838,39 @@ async fn a_waiting_caller_returns_by_its_deadline_when_the_server_stops_answerin
     }
     drop(holder);
 }
+
+/// A server that lost its script cache (`SCRIPT FLUSH`, as after a
+/// restart) under held leases of every kind: the next renewal batch gets
+/// `NOSCRIPT`, loads the renewal scripts and renews in the same call, and
+/// no lease is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewals_go_on_after_the_server_loses_its_script_cache() {
+    let server = RedisServer::start(&[]);
+    let backend = connect(&server.url()).await;
+    let ttl = Duration::from_millis(900);
+    let exclusive = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), &fresh_key("flush-exclusive"))
+        .await
+        .expect("free");
+    let shared = LockOptions::new(ttl)
+        .mode(dlock::LockMode::Shared)
+        .acquire_on(backend.clone(), &fresh_key("flush-shared"))
+        .await
+        .expect("free");
+    let permit = LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(backend.clone(), &fresh_key("flush-permit"))
+        .await
+        .expect("free");
+    for _ in 0..2 {
+        assert_eq!(server.cli(&["SCRIPT", "FLUSH"]), "OK");
+        // Several renewal intervals, past the ttl.
+        sleep(Duration::from_millis(1200)).await;
+        exclusive.check().expect("the exclusive lease was renewed");
+        shared.check().expect("the shared lease was renewed");
+        permit.check().expect("the permit was renewed");
+    }
+    exclusive.release().await.expect("release");
+    shared.release().await.expect("release");
+    permit.release().await.expect("release");
+}

@@ -1004,6 +1004,59 @@ fn side_renewal_parts(renewal: &Renewal<'_>) -> (&'static Script, Vec<String>, V
     }
 }
 
+/// Appends one owner-checked renewal call per lease of `leases` to `pipe`,
+/// each by its script's hash.
+fn renewal_calls(pipe: &mut ::redis::Pipeline, leases: &[Renewal<'_>]) {
+    for lease in leases {
+        if lease.access != Access::Exclusive {
+            let (script, keys, args) = side_renewal_parts(lease);
+            let call = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
+            call.arg(keys).arg(args);
+            continue;
+        }
+        let call = pipe.cmd("EVALSHA");
+        let (lock, info) = keyspace::lock_and_info_names(lease.key);
+        match lease.recorded {
+            None => call
+                .arg(scripts::EXTEND.get_hash())
+                .arg(2)
+                .arg(lock)
+                .arg(info),
+            Some(_) => call
+                .arg(scripts::EXTEND_AS.get_hash())
+                .arg(3)
+                .arg(lock)
+                .arg(info)
+                .arg(keyspace::holder_name(lease.key)),
+        };
+        call.arg(&held_value(lease.owner, UNWAITED)[..])
+            .arg(ttl_millis(lease.ttl));
+        if let Some((identity, token)) = lease.recorded {
+            call.arg(token.get()).arg(identity);
+        }
+    }
+}
+
+/// The pipeline that sends `leases`' renewals again to a server without
+/// their scripts: every renewal script loaded, then the batch, in one round
+/// trip. One load after the other (each a round trip) would queue, each,
+/// behind an acquisition's `WAIT` on the shared connection when replica
+/// acks are asked for: four of them outlasted a 1.5 s lease's first renewal.
+fn reload_renewals(leases: &[Renewal<'_>]) -> ::redis::Pipeline {
+    let mut reload = ::redis::pipe();
+    reload.ignore_errors();
+    for lua in [
+        scripts::EXTEND_LUA,
+        scripts::EXTEND_AS_LUA.as_str(),
+        scripts::SHARED_EXTEND_LUA,
+        scripts::PERMIT_EXTEND_LUA,
+    ] {
+        reload.cmd("SCRIPT").arg("LOAD").arg(lua).ignore();
+    }
+    renewal_calls(&mut reload, leases);
+    reload
+}
+
 /// The invocation of a shared or permit renewal.
 fn side_renewal(renewal: &Renewal<'_>) -> ScriptInvocation<'static> {
     let (script, keys, args) = side_renewal_parts(renewal);
@@ -1179,34 +1232,7 @@ impl Backend for RedisBackend {
         }
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
-        for lease in leases {
-            if lease.access != Access::Exclusive {
-                let (script, keys, args) = side_renewal_parts(lease);
-                let call = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(keys.len());
-                call.arg(keys).arg(args);
-                continue;
-            }
-            let call = pipe.cmd("EVALSHA");
-            let (lock, info) = keyspace::lock_and_info_names(lease.key);
-            match lease.recorded {
-                None => call
-                    .arg(scripts::EXTEND.get_hash())
-                    .arg(2)
-                    .arg(lock)
-                    .arg(info),
-                Some(_) => call
-                    .arg(scripts::EXTEND_AS.get_hash())
-                    .arg(3)
-                    .arg(lock)
-                    .arg(info)
-                    .arg(keyspace::holder_name(lease.key)),
-            };
-            call.arg(&held_value(lease.owner, UNWAITED)[..])
-                .arg(ttl_millis(lease.ttl));
-            if let Some((identity, token)) = lease.recorded {
-                call.arg(token.get()).arg(identity);
-            }
-        }
+        renewal_calls(&mut pipe, leases);
         let pipe = &pipe;
         let behind_sentinels = self.inner.commands.is_sentinel();
         let sent = self
@@ -1215,23 +1241,16 @@ impl Backend for RedisBackend {
             .send(self.call_limit(), |mut conn| async move {
                 let mut answers: Vec<RedisResult<i64>> = pipe.query_async(&mut conn).await?;
                 // A server that lost its script cache (a restart, SCRIPT
-                // FLUSH): load the script and send the batch again (renewing
-                // twice is harmless).
+                // FLUSH; or one that never ran them, so a new server's
+                // first renewal): load the scripts and send the batch
+                // again, in one pipeline (renewing twice is harmless).
                 let no_script = |answer: &RedisResult<i64>| {
                     answer.as_ref().is_err_and(|err| {
                         err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
                     })
                 };
                 if answers.iter().any(no_script) {
-                    for script in [
-                        &*scripts::EXTEND,
-                        &*scripts::EXTEND_AS,
-                        &*scripts::SHARED_EXTEND,
-                        &*scripts::PERMIT_EXTEND,
-                    ] {
-                        script.prepare_invoke().load_async(&mut conn).await?;
-                    }
-                    answers = pipe.query_async(&mut conn).await?;
+                    answers = reload_renewals(leases).query_async(&mut conn).await?;
                 }
                 // A replica's refusal is the connection's failure: behind
                 // sentinels the primary is looked up again and the batch

@@ -495,3 +495,164 @@ async fn a_fair_writer_behind_readers_gets_the_key_and_a_read_held_key_is_listed
     assert!(writer.token() > phase);
     writer.release().await.expect("release");
 }
+
+/// A shared attempt by a fresh owner on `key`, with `ttl`.
+async fn try_read(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    ttl: Duration,
+) -> dlock::backend::Attempt {
+    use dlock::backend::{Access, AcquireRequest};
+    let owner = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(key, &owner, ttl).with_access(Access::Shared);
+    backend
+        .try_acquire(&request)
+        .await
+        .expect("backend answers")
+}
+
+/// The key's fence counter: the last token issued for it.
+fn last_issued(key: &LockKey) -> u64 {
+    cli(&["GET", &format!("dlock:{{{key}}}:fence")])
+        .parse()
+        .expect("a fence counter")
+}
+
+/// The read phase's token deleted (an operator's `DEL`, an eviction) while
+/// a reader holds: the sentinel still stands for that reader, so a new
+/// reader is refused rather than given a new, higher token (which a `>=`
+/// fence would then hold against the current reader); the current reader's
+/// token stays the highest issued and it renews as before, and once it
+/// releases, the phase ends and a writer gets a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_phase_token_refuses_new_readers_until_the_phase_ends() {
+    use dlock::backend::{
+        Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let backend = backend().await;
+    let key = fresh_key("rw-lost-phase");
+    let ttl = Duration::from_secs(30);
+    let owner = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(&key, &owner, ttl).with_access(Access::Shared);
+    let current = match backend
+        .try_acquire(&request)
+        .await
+        .expect("backend answers")
+    {
+        Attempt::Acquired(grant) => grant.token,
+        other => panic!("a fresh key is free: {other:?}"),
+    };
+    assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:phase")]), "1");
+
+    match try_read(&backend, &key, ttl).await {
+        Attempt::Held { expires_in } => assert!(
+            expires_in.is_some_and(|left| left > Duration::ZERO),
+            "refused until the sentinel's expiry, got {expires_in:?}"
+        ),
+        Attempt::Acquired(grant) => panic!(
+            "a new reader was granted {} beside the current reader's {current}",
+            grant.token
+        ),
+        other => panic!("an unexpected answer: {other:?}"),
+    }
+    assert_eq!(
+        last_issued(&key),
+        current.get(),
+        "the current reader's token is still the highest issued"
+    );
+    let renewal = Renewal::new(&key, &owner, ttl).holding(Access::Shared, None);
+    assert!(backend.extend(&renewal).await.expect("backend answers"));
+
+    let release = ReleaseRequest::new(&key, &owner).holding(Access::Shared, None);
+    assert_eq!(
+        backend.release(&release).await.expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let writer = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the phase ended with its reader");
+    assert!(
+        writer.token() > current,
+        "{} after {current}",
+        writer.token()
+    );
+    writer.release().await.expect("release");
+}
+
+/// The readers' hash deleted while a reader holds: a new reader never gets
+/// a token above the current reader's (it is refused while the sentinel
+/// stands), the current reader learns it lost at its next renewal (never
+/// re-added), and no writer gets the key while the reader could still
+/// believe it holds by its validity (the sentinel lives its ttl).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_expires() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
+    let backend = backend().await;
+    let key = fresh_key("rw-lost-readers");
+    let ttl = Duration::from_millis(2_000);
+    let owner = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(&key, &owner, ttl).with_access(Access::Shared);
+    let sent = Instant::now();
+    let current = match backend
+        .try_acquire(&request)
+        .await
+        .expect("backend answers")
+    {
+        Attempt::Acquired(grant) => grant.token,
+        other => panic!("a fresh key is free: {other:?}"),
+    };
+    // What the reader believes, by its own clock: it holds until then.
+    let valid_until = sent + ttl;
+    assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:readers")]), "1");
+
+    match try_read(&backend, &key, Duration::from_secs(30)).await {
+        Attempt::Held { .. } => {}
+        Attempt::Acquired(grant) => assert!(
+            grant.token <= current,
+            "a new reader was granted {} above the current reader's {current}",
+            grant.token
+        ),
+        other => panic!("an unexpected answer: {other:?}"),
+    }
+    assert_eq!(
+        last_issued(&key),
+        current.get(),
+        "the current reader's token is still the highest issued"
+    );
+    let other = OwnerId::random().expect("random");
+    let writer = AcquireRequest::new(&key, &other, ttl);
+    assert!(
+        matches!(
+            backend.try_acquire(&writer).await.expect("backend answers"),
+            Attempt::Held { .. }
+        ),
+        "a writer beside a reader that believes it holds"
+    );
+
+    let renewal = Renewal::new(&key, &owner, ttl).holding(Access::Shared, None);
+    assert!(
+        !backend.extend(&renewal).await.expect("backend answers"),
+        "the reader whose entry is gone is told it lost"
+    );
+    assert_eq!(
+        cli(&["EXISTS", &format!("dlock:{{{key}}}:readers")]),
+        "0",
+        "and is not written back"
+    );
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the sentinel expires with its reader");
+    assert!(
+        Instant::now() >= valid_until,
+        "a writer got the key before the reader's validity ran out"
+    );
+    assert!(
+        writer.token() > current,
+        "{} after {current}",
+        writer.token()
+    );
+    writer.release().await.expect("release");
+}

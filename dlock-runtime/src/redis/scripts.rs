@@ -805,6 +805,21 @@ end
 ///   phase token, unless a live writer-waiting mark stands (rule M3): then
 ///   refused until the mark's expiry, and the mark flagged `+`, so the
 ///   writer takes the key marked and its release publishes.
+/// - A *lost* phase: the sentinel stands but its token or its readers'
+///   hash is gone (an operator's `DEL`, eviction under `maxmemory`), or
+///   the hash holds no live reader. Refused until the sentinel's `PTTL`,
+///   the sentinel marked `+` (so the last reader's release wakes the
+///   caller), and nothing written else: no new token is drawn and no live
+///   reader's entry deleted (a reader of the phase retrying is refused
+///   too, as its token cannot be told; its entry ends with its ttl or its
+///   release). The readers the sentinel stands for may still
+///   believe they hold with the phase's token, so a new phase's higher
+///   token would make a `>=` fence refuse them, and, once it ended, let a
+///   writer in beside them. The lost phase still ends as any phase does:
+///   its readers' releases (the last one deletes the sentinel), or the
+///   sentinel's expiry, which is its longest-lived reader's; a reader whose
+///   entry went with the hash is told it lost at its next renewal
+///   ([`SHARED_EXTEND_LUA`] answers 0, never re-adds it).
 /// - No phase (the key free): refused while a live mark stands, as above;
 ///   else a new phase, its token drawn as [`ACQUIRE_LUA`] draws one (the
 ///   counter advanced, floored at the server clock, so above every token
@@ -836,18 +851,19 @@ end
 if held then
   local readers = live(KEYS[3], now)
   local token = redis.pcall('GET', KEYS[5])
-  if next(readers) and type(token) == 'string' then
-    if not readers[owner] and writer_waits() then
-      return redis.call('PTTL', KEYS[4])
-    end
-    readers[owner] = tostring(now + ttl)
-    redis.call('HSET', KEYS[3], owner, readers[owner])
-    stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
-    if ARGV[3] == '+' then
-      redis.call('SETRANGE', KEYS[1], 32, '+')
-    end
-    return token
+  if not next(readers) or type(token) ~= 'string' then
+    return refused(KEYS[1], held)
   end
+  if not readers[owner] and writer_waits() then
+    return redis.call('PTTL', KEYS[4])
+  end
+  readers[owner] = tostring(now + ttl)
+  redis.call('HSET', KEYS[3], owner, readers[owner])
+  stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
+  if ARGV[3] == '+' then
+    redis.call('SETRANGE', KEYS[1], 32, '+')
+  end
+  return token
 end
 if writer_waits() then
   return redis.call('PTTL', KEYS[4])
@@ -867,7 +883,10 @@ return token
 
 /// Renews a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash, `KEYS[3]`
 /// phase token; `ARGV[1]` owner id, `ARGV[2]` ttl in ms. Returns 1 if
-/// renewed, 0 if the caller holds no live share of the phase.
+/// renewed, 0 if the caller holds no live share of the phase: a reader
+/// whose entry is gone (the hash deleted or evicted) learns it lost, and
+/// is never written back (the phase token, if it was lost, stays lost:
+/// `PEXPIRE` of a missing key writes nothing).
 ///
 /// Why one atomic step: checked apart, the reader's share could run out,
 /// the phase end and a writer take the key between the check and the

@@ -108,10 +108,11 @@
 //! runs of the binary overlap (`fault::overlap`): the first run test to
 //! start launches every run test's run that the command line selects (its
 //! filters, `--exact` and `--skip` read as libtest reads them), each in a
-//! thread of its own, and every run test waits for its own run's report,
-//! so the whole binary takes about as long as its longest run rather than
-//! the sum of its runs over libtest's threads; `DLOCK_FAULT_OVERLAP=<n>`
-//! caps how many runs go at once. A test's run prints its schedule and
+//! thread of its own, eight at a time (their PostgreSQL connections stay
+//! under the server's default 100), and every run test waits for its own
+//! run's report, so the whole binary takes about the sum of its runs over
+//! eight rather than over libtest's threads; `DLOCK_FAULT_OVERLAP=<n>`
+//! sets how many runs go at once. A test's run prints its schedule and
 //! report when that test gets it (at once with `--nocapture`).
 //!
 //! The seed is printed with the schedule; `DLOCK_FAULT_SEED=<seed>`

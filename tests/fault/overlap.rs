@@ -17,8 +17,11 @@
 //! not launched (should this reading ever differ from libtest's) makes its
 //! run itself, in its own thread, as before.
 //!
-//! `DLOCK_FAULT_OVERLAP=<n>` lets at most `n` launched runs go at once (the
-//! others wait their turn, in the table's order); unset, all go at once.
+//! At most [`DEFAULT_AT_ONCE`] launched runs go at once (the others wait
+//! their turn, in the table's order), `DLOCK_FAULT_OVERLAP=<n>` at most `n`:
+//! every run's workers and register hold PostgreSQL connections, and all
+//! of the runs at once (lock, election, fair, permits and read-write runs on
+//! every store) would pass the server's default `max_connections` of 100.
 //!
 //! A launched run does not print as it goes (its lines would land in the
 //! output of whichever test launched it): its test prints the run's log
@@ -27,6 +30,11 @@
 //! as a whole.
 
 use std::collections::HashMap;
+
+/// How many launched runs go at once unless `DLOCK_FAULT_OVERLAP` says:
+/// about 80 PostgreSQL connections at the peak, the short runs' total in
+/// about 90 s of wall time on two cores.
+pub const DEFAULT_AT_ONCE: usize = 8;
 use std::panic::resume_unwind;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
@@ -85,7 +93,7 @@ fn launch(runs: &[Entry]) -> HashMap<&'static str, JoinHandle<Report>> {
         .ok()
         .and_then(|n| n.parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(usize::MAX);
+        .unwrap_or(DEFAULT_AT_ONCE);
     let gate = Arc::new(Gate {
         free: Mutex::new(at_once),
         freed: Condvar::new(),

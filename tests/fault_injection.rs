@@ -17,9 +17,9 @@
 //! | pg | `PgBackend`, shared PostgreSQL, schema `dlock_fault_<id>` of the run's own (dropped at the end) | Redis hash (`RedisFence`) | `pg_terminate_backend` of the holder's session | the holder's link to PostgreSQL | seeded: `setval(<schema>.dlock_token_seq, 1)` and every lock session of the workers terminated, or the sequence dropped and recreated |
 //! | etcd (feature `etcd`; lock and election runs, no fair mode) | `EtcdBackend`, a three-member cluster of the run's own, each worker through its proxy to one member | PostgreSQL row (`PgFence`) | SIGKILL of the cluster's leader, started again after the fault's length | the holder's link to its member | none (the token is the cluster's revision) |
 //!
-//! Every run also drives the abandon fault: a worker makes its next 3 to 6
+//! Every run also drives the abandon fault: a worker makes its next 4 to 8
 //! acquisitions through `LockOptions::acquire` (the macro's key, ttl and
-//! wait) and gives up on each after a seeded 0–3 ms; one that completes
+//! wait) and gives up on each after a seeded 0–1 ms; one that completes
 //! first is released at once. It hits when at least one attempt was given
 //! up mid-flight. Every fault kind of a run's list must hit at least once.
 //!

@@ -307,8 +307,11 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
             Fault::Abandon | Fault::Rewind => Duration::ZERO,
         };
         let give_up_after = match kind {
-            Fault::Abandon => (0..rng.range(3, 6))
-                .map(|_| Duration::from_micros(rng.range(0, 3_000)))
+            // Given up within a millisecond: a Redis script is often
+            // answered in less, so later give-ups (up to 3 ms) left whole
+            // rounds with nothing given up mid-flight.
+            Fault::Abandon => (0..rng.range(4, 8))
+                .map(|_| Duration::from_micros(rng.range(0, 1_000)))
                 .collect(),
             _ => Vec::new(),
         };

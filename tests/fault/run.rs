@@ -456,6 +456,8 @@ struct Shared {
     events: Vec<Event>,
     /// Per slot: the live process and what it is doing.
     phase: HashMap<usize, (usize, Phase)>,
+    /// Per slot: whether its current or last lease was a reader's.
+    reading: HashMap<usize, bool>,
 }
 
 /// The worker processes; every one is SIGKILLed and reaped on drop.
@@ -516,6 +518,9 @@ impl Workers {
                     && shared.phase.get(&slot).is_none_or(|(p, _)| *p <= process)
                 {
                     shared.phase.insert(slot, (process, phase));
+                    if matches!(event.what.as_str(), "BEGIN" | "TAKE") {
+                        shared.reading.insert(slot, event.detail == "shared");
+                    }
                 }
                 shared.events.push(event);
             }
@@ -550,6 +555,16 @@ impl Workers {
     /// and its write (waiting up to `for_working` for one); waits up to
     /// `patience` for any.
     fn holder(&self, patience: Duration, for_working: Duration) -> Option<usize> {
+        self.holder_where(patience, for_working, false)
+    }
+
+    /// [`Workers::holder`], of a writer's lease only if `writer`.
+    fn holder_where(
+        &self,
+        patience: Duration,
+        for_working: Duration,
+        writer: bool,
+    ) -> Option<usize> {
         let started = Instant::now();
         let deadline = started + patience;
         loop {
@@ -560,7 +575,9 @@ impl Workers {
                         .phase
                         .iter()
                         .find(|(slot, (process, phase))| {
-                            *phase == want && self.process_of[**slot] == *process
+                            *phase == want
+                                && self.process_of[**slot] == *process
+                                && !(writer && shared.reading.get(slot) == Some(&true))
                         })
                         .map(|(slot, _)| *slot)
                 };
@@ -966,6 +983,13 @@ pub fn run(settings: Settings) -> Report {
             (Fault::Pause, _) if !settings.fenced => {
                 workers.holder(Duration::from_secs(3), Duration::from_secs(1))
             }
+            // A paused reader leaves the key to the other readers, and a
+            // writer gets in only once the pause outlasts the reader's
+            // lease on the server too: a paused writer is the one whose
+            // pause lets another worker in, which the run must show.
+            (Fault::Pause, Scenario::ReadWrite) => workers
+                .holder_where(Duration::from_secs(3), Duration::ZERO, true)
+                .or_else(|| workers.holder(Duration::from_secs(1), Duration::ZERO)),
             _ => workers.holder(Duration::from_secs(3), Duration::ZERO),
         };
         let slot = target.unwrap_or(planned.fallback_slot);

@@ -16,13 +16,19 @@
 //! decides here who of this process may ask the server. A key held or
 //! being taken exclusively here refuses readers and permits, and a key
 //! with readers or permits here refuses a writer (who leaves its mark).
-//! Two readers of this process may hold through one session: each holds
-//! its own count of the session's shared lock (the server counts holds),
-//! so each release drops only its own. Permit attempts of one key take
-//! turns in process and skip the slots this process holds, so a slot is
-//! never granted twice through a re-entrant session.
+//! The readers of one key in this process share one hold on the server
+//! (a [`ReadHold`]): the first one's attempt takes it, the others join it
+//! in process, asking the server only whether a writer's mark stands, and
+//! the last one out drops it. So no shared attempt is ever sent on a
+//! session that holds the key (the server's phase probe could not tell
+//! the session's own hold from none), and while the hold is being dropped
+//! the next reader waits for that before it asks the server anew. Permit
+//! attempts of one key take turns in process and skip the slots this
+//! process holds, so a slot is never granted twice through a re-entrant
+//! session.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -69,7 +75,10 @@ pub(super) struct Modes {
     try_permit_sql: String,
     mark_sql: String,
     unmark_sql: String,
+    marked_sql: String,
     exists_sql: String,
+    /// Names each [`ReadHold`].
+    next_read: AtomicU64,
 }
 
 /// One key's holds in this process.
@@ -84,6 +93,43 @@ struct ModeKey {
     turn: Arc<AsyncMutex<()>>,
     /// Dropped with the entry, which wakes this process's waiters.
     gone: Option<watch::Sender<()>>,
+    /// The server's shared hold of the key that this process's readers
+    /// share, from the grant of the first until the unlock of the last.
+    read: Option<ReadHold>,
+}
+
+impl ModeKey {
+    /// Nothing here holds, takes or gives back the key.
+    fn unused(&self) -> bool {
+        self.holds.is_empty() && self.pending == 0 && self.read.is_none()
+    }
+}
+
+/// One shared hold of a key on a lock session, shared by this process's
+/// readers of the key (see the module docs).
+struct ReadHold {
+    id: u64,
+    session: Arc<LockSession>,
+    token: FencingToken,
+    /// Readers counted on it: their leases, and joins on their way.
+    members: usize,
+    /// While its unlock is on its way: changes (its sender drops) once the
+    /// unlock is done.
+    unlocking: Option<watch::Receiver<()>>,
+}
+
+/// What a shared attempt does, decided in process.
+enum ReadStep {
+    /// Joins this process's hold (counted on it already).
+    Join {
+        id: u64,
+        session: Arc<LockSession>,
+        token: FencingToken,
+    },
+    /// Waits for the unlock of this process's hold.
+    AfterUnlock(watch::Receiver<()>),
+    /// Asks the server.
+    Start,
 }
 
 struct ModeHold {
@@ -107,7 +153,9 @@ impl Modes {
             try_permit_sql: sql::render(sql::TRY_PERMIT, quoted_schema),
             mark_sql: sql::render(sql::MARK, quoted_schema),
             unmark_sql: sql::render(sql::UNMARK, quoted_schema),
+            marked_sql: sql::render(sql::MARKED, quoted_schema),
             exists_sql: sql::render(sql::MODES_EXIST, quoted_schema),
+            next_read: AtomicU64::new(0),
         }
     }
 
@@ -127,9 +175,7 @@ impl Modes {
     /// a writer of this process is refused (the server would let it through
     /// a session of theirs).
     pub(super) fn busy(&self, key: &LockKey) -> bool {
-        self.keys()
-            .get(key)
-            .is_some_and(|entry| entry.pending > 0 || !entry.holds.is_empty())
+        self.keys().get(key).is_some_and(|entry| !entry.unused())
     }
 
     /// The session `owner`'s live shared or permit lease on `key` is held on.
@@ -176,7 +222,7 @@ impl Drop for Pending<'_> {
         let mut keys = self.inner.modes.keys();
         if let Some(entry) = keys.get_mut(self.key) {
             entry.pending = entry.pending.saturating_sub(1);
-            if entry.pending == 0 && entry.holds.is_empty() {
+            if entry.unused() {
                 keys.remove(self.key);
             }
         }
@@ -256,17 +302,200 @@ impl Inner {
                     inner: &inner,
                     key: &key,
                 };
-                let _turn = match access {
-                    Access::Permits { .. } => Some(turn.lock().await),
-                    _ => None,
-                };
-                inner.mode_on_server(&key, owner, ttl, access).await
+                match access {
+                    Access::Permits { .. } => {
+                        let _turn = turn.lock().await;
+                        inner.mode_on_server(&key, owner, ttl, access).await
+                    }
+                    _ => inner.shared_attempt(&key, owner, ttl, &turn).await,
+                }
             }
         };
         match self.home.run_detachable(attempt, give_back).await {
             Ok(outcome) => outcome,
             Err(NoRuntime) => Err(no_runtime(Operation::Acquire, key)),
         }
+    }
+
+    /// A shared attempt: joins this process's hold of the key, or, taking
+    /// the key's turn, asks the server for one (see the module docs).
+    async fn shared_attempt(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        turn: &AsyncMutex<()>,
+    ) -> Result<Attempt, LockError> {
+        loop {
+            if let ReadStep::Join { id, session, token } = self.read_step(key) {
+                match self.join_read(key, owner, ttl, id, session, token).await? {
+                    Some(attempt) => return Ok(attempt),
+                    None => continue,
+                }
+            }
+            let _turn = turn.lock().await;
+            match self.read_step(key) {
+                ReadStep::Start => {
+                    return self.mode_on_server(key, owner, ttl, Access::Shared).await;
+                }
+                ReadStep::Join { id, .. } => {
+                    // Another attempt took the hold while this one waited
+                    // for the turn: joined above, on the next round.
+                    self.leave_read(key, id).await;
+                }
+                ReadStep::AfterUnlock(mut unlocked) => {
+                    let _ = unlocked.changed().await;
+                }
+            }
+        }
+    }
+
+    /// What a shared attempt of `key` does now; a join is counted on the
+    /// hold at once, so the hold cannot be dropped under it.
+    fn read_step(&self, key: &LockKey) -> ReadStep {
+        let mut keys = self.modes.keys();
+        let Some(entry) = keys.get_mut(key) else {
+            return ReadStep::Start;
+        };
+        match entry.read.as_mut() {
+            Some(read) if read.session.is_ended() => {
+                // Gone with its session on the server; the session's end
+                // is being told to the leases on it.
+                entry.read = None;
+                ReadStep::Start
+            }
+            Some(ReadHold {
+                unlocking: Some(unlocked),
+                ..
+            }) => ReadStep::AfterUnlock(unlocked.clone()),
+            Some(read) => {
+                read.members += 1;
+                ReadStep::Join {
+                    id: read.id,
+                    session: Arc::clone(&read.session),
+                    token: read.token,
+                }
+            }
+            None => ReadStep::Start,
+        }
+    }
+
+    /// A reader joins this process's hold `id` of `key` (counted on it by
+    /// [`Inner::read_step`]), unless a writer's mark stands (rule M3: asked
+    /// of the server, so a stream of this process's readers does not starve
+    /// a writer elsewhere). `None` if the hold went with its session
+    /// meanwhile: the attempt starts over.
+    async fn join_read(
+        self: &Arc<Self>,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        id: u64,
+        session: Arc<LockSession>,
+        token: FencingToken,
+    ) -> Result<Option<Attempt>, LockError> {
+        let marked = match self.session().await {
+            Ok(asked) => asked
+                .query_one(
+                    &self.modes.marked_sql,
+                    &[&key.as_str(), &self.options.key_seed],
+                )
+                .await
+                .and_then(|row| row.try_get::<_, bool>(0))
+                .map_err(|err| {
+                    self.failed(
+                        Operation::Acquire,
+                        key,
+                        "asking for a writer's mark failed",
+                        err,
+                    )
+                }),
+            Err(err) => Err(err),
+        };
+        match marked {
+            Ok(false) => {}
+            Ok(true) => {
+                self.leave_read(key, id).await;
+                self.modes.poll(key);
+                return Ok(Some(Attempt::Held {
+                    expires_in: Some(QUEUE_ENTRY_TTL / 3),
+                }));
+            }
+            Err(err) => {
+                self.leave_read(key, id).await;
+                return Err(err);
+            }
+        }
+        {
+            let mut keys = self.modes.keys();
+            let Some(entry) = keys.get_mut(key) else {
+                return Ok(None);
+            };
+            if entry.read.as_ref().is_none_or(|read| read.id != id) || session.is_ended() {
+                return Ok(None);
+            }
+            let deadline_slot =
+                self.deadlines
+                    .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
+            entry.holds.insert(
+                owner,
+                ModeHold {
+                    session: Arc::clone(&session),
+                    slot: None,
+                    token,
+                    deadline_slot,
+                    releasing: false,
+                },
+            );
+        }
+        Ok(Some(Attempt::Acquired(
+            Grant::new(token).lost_with(session.loss_group()),
+        )))
+    }
+
+    /// One reader leaves this process's hold `id` of `key`; the last one
+    /// out drops it on the server, and the next reader waits for that.
+    async fn leave_read(&self, key: &LockKey, id: u64) {
+        let (session, unlocked) = {
+            let mut keys = self.modes.keys();
+            let Some(read) = keys
+                .get_mut(key)
+                .and_then(|entry| entry.read.as_mut())
+                .filter(|read| read.id == id && read.unlocking.is_none())
+            else {
+                return;
+            };
+            read.members = read.members.saturating_sub(1);
+            if read.members > 0 {
+                return;
+            }
+            let (unlocked, waiting) = watch::channel(());
+            read.unlocking = Some(waiting);
+            (Arc::clone(&read.session), unlocked)
+        };
+        let seed = self.options.key_seed;
+        let answer = session
+            .query(sql::UNLOCK_SHARED, &[&key.as_str(), &seed])
+            .await;
+        if let Err(err) = answer
+            && !err.is_closed()
+            && !session.is_ended()
+        {
+            // Whether the hold is gone is unknown: ending the session
+            // drops it for sure (and tells the leases on it).
+            tracing::warn!(key = %key, error = %err, "dropping a shared hold failed");
+            session.end(format!("could not release `{key}`"));
+        }
+        let mut keys = self.modes.keys();
+        if let Some(entry) = keys.get_mut(key) {
+            if entry.read.as_ref().is_some_and(|read| read.id == id) {
+                entry.read = None;
+            }
+            if entry.unused() {
+                keys.remove(key);
+            }
+        }
+        drop(unlocked);
     }
 
     async fn mode_on_server(
@@ -367,6 +596,15 @@ impl Inner {
                     releasing: false,
                 },
             );
+            if access == Access::Shared {
+                entry.read = Some(ReadHold {
+                    id: self.modes.next_read.fetch_add(1, Ordering::Relaxed),
+                    session: Arc::clone(&session),
+                    token,
+                    members: 1,
+                    unlocking: None,
+                });
+            }
         }
         let grant = Grant::new(token).lost_with(session.loss_group());
         Ok(Attempt::Acquired(match slot {
@@ -578,10 +816,11 @@ impl Inner {
         overdue: bool,
     ) -> Option<Result<bool, LockError>> {
         let now = Instant::now();
-        let picked: Vec<(OwnerId, Arc<LockSession>, Option<u32>, bool)> = {
+        let picked: Vec<(OwnerId, Arc<LockSession>, Option<u32>, bool)>;
+        let read = {
             let mut keys = self.modes.keys();
             let entry = keys.get_mut(key)?;
-            let picked: Vec<_> = entry
+            picked = entry
                 .holds
                 .iter_mut()
                 .filter(|(holder, hold)| {
@@ -602,7 +841,10 @@ impl Inner {
             if picked.is_empty() && owner.is_some_and(|o| !entry.holds.contains_key(&o)) {
                 return None;
             }
-            picked
+            // Every shared hold here is a member of the key's read hold,
+            // but for those on a session that just ended (whose hold went
+            // with it).
+            entry.read.as_ref().map(|read| (read.id, read.session.id))
         };
         let inner = Arc::clone(self);
         let unlocked_key = key.clone();
@@ -620,9 +862,16 @@ impl Inner {
                                 .await
                         }
                         None => {
-                            session
-                                .query(sql::UNLOCK_SHARED, &[&key.as_str(), &seed])
-                                .await
+                            inner.forget_mode(&key, holder);
+                            if let Some((read, on)) = read
+                                && on == session.id
+                            {
+                                inner.leave_read(&key, read).await;
+                            }
+                            if live && matches!(released, Ok(false)) {
+                                released = Ok(true);
+                            }
+                            continue;
                         }
                     };
                     inner.forget_mode(&key, holder);
@@ -665,7 +914,14 @@ impl Inner {
                 }
                 !on_it
             });
-            !entry.holds.is_empty() || entry.pending > 0
+            if entry
+                .read
+                .as_ref()
+                .is_some_and(|read| read.session.id == id)
+            {
+                entry.read = None;
+            }
+            !entry.unused()
         });
         forgotten
     }
@@ -680,7 +936,7 @@ impl Inner {
         if let Some(hold) = entry.holds.remove(&owner) {
             self.deadlines.remove(hold.deadline_slot);
         }
-        if entry.holds.is_empty() && entry.pending == 0 {
+        if entry.unused() {
             keys.remove(key);
         }
     }

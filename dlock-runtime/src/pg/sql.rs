@@ -1187,21 +1187,30 @@ macro_rules! phase_hold {
 /// Keys are never spliced into the functions: they take the key as an
 /// argument and hash it on the server as every lock statement does.
 ///
-/// - `dlock_try_shared(key, seed)`: takes the row of the key `FOR UPDATE`
-///   first, so shared attempts of one key are serialised until each one
-///   commits, which comes after it took its locks. It refuses (`marked`)
-///   while a writer's mark is live, then tries the shared advisory lock of
-///   the key (`pg_try_advisory_lock_shared`, which conflicts with any
-///   exclusive holder, of dlock or not). A reader also holds a shared lock
-///   on the phase key `hashtextextended('dlock-phase:' || key, seed)`,
-///   which only readers take: the phase is live when a session holds it
-///   (the wait probe's brief shared locks on the key itself could not be
-///   told apart from a reader's). In a live phase the reader is granted the
-///   phase token; otherwise it draws one as [`TRY_LOCK`] does and records
-///   it. A live phase whose row lost its token (a DBA truncated the table)
+/// - `dlock_try_shared(key, seed)`: tries the shared advisory lock of the
+///   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive
+///   holder, of dlock or not), then refuses (`marked`) while a writer's
+///   mark is live. A reader also holds a shared lock on the phase key
+///   `hashtextextended('dlock-phase:' || key, seed)`, which only readers
+///   take: the phase is live while a session holds it (the wait probe's
+///   brief shared locks on the key itself could not be told apart from a
+///   reader's). Whether another session does is one non-blocking
+///   transaction-level exclusive try of the phase key: granted, no phase
+///   is live, and the attempt starts one, drawing the token as
+///   [`TRY_LOCK`] does and writing it into the key's row while it still
+///   holds that exclusive lock, which the commit drops only once the row
+///   is visible. Refused, a phase is live and the reader joins it: it takes
+///   the phase key shared (waiting, at most for a starter's commit) and
+///   reads the phase token with a snapshot taken after that. The try
+///   cannot tell the session's own holds from none, so the backend never
+///   sends this on a session that holds the key shared (readers of one
+///   process share one hold, see the `modes` module). No row is locked
+///   and no lock table is scanned: a reader costs what a writer does. A
+///   live phase whose row lost its token (a DBA truncated the table)
 ///   refuses new readers until it ends: a token drawn anew would be above
-///   the current readers', whom a `>=` fence would then refuse. A failed draw gives back what the attempt took (session locks
-///   outlive a failed statement).
+///   the current readers', whom a `>=` fence would then refuse. A failed
+///   draw gives back what the attempt took (session locks outlive a failed
+///   statement).
 /// - `dlock_mark(key, seed, owner, ttl_ms)`: while readers hold, leaves or
 ///   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
 ///   waiting writer is enough to hold new readers off); answers whether
@@ -1226,35 +1235,37 @@ LANGUAGE plpgsql AS $f$
 DECLARE
     h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
     p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
-    r record;
-    live pg_catalog.bool;
     took_p pg_catalog.bool := false;
 BEGIN
     PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
-    INSERT INTO {schema}.dlock_phases (lock_id) VALUES (h) ON CONFLICT (lock_id) DO NOTHING;
-    SELECT * INTO r FROM {schema}.dlock_phases WHERE lock_id OPERATOR(pg_catalog.=) h FOR UPDATE;
-    marked := r.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp();
-    IF marked THEN RETURN; END IF;
     marked := false;
     IF NOT pg_catalog.pg_try_advisory_lock_shared(h) THEN RETURN; END IF;
     BEGIN
-        live := EXISTS (",
-    phase_hold!(),
-    ");
-        IF live AND r.phase_token IS NULL THEN
+        marked := EXISTS (SELECT FROM {schema}.dlock_phases AS t
+                          WHERE t.lock_id OPERATOR(pg_catalog.=) h
+                            AND t.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp());
+        IF marked THEN
             PERFORM pg_catalog.pg_advisory_unlock_shared(h);
             RETURN;
         END IF;
-        PERFORM pg_catalog.pg_advisory_lock_shared(p);
-        took_p := true;
-        IF live THEN
-            granted_token := r.phase_token;
-            RETURN;
-        END IF;
-        granted_token := (",
+        IF pg_catalog.pg_try_advisory_xact_lock(p) THEN
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+            took_p := true;
+            granted_token := (",
     draw_token!("", ""),
     ");
-        UPDATE {schema}.dlock_phases SET phase_token = granted_token WHERE lock_id OPERATOR(pg_catalog.=) h;
+            INSERT INTO {schema}.dlock_phases AS t (lock_id, phase_token) VALUES (h, granted_token)
+            ON CONFLICT (lock_id) DO UPDATE SET phase_token = excluded.phase_token;
+        ELSE
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+            took_p := true;
+            SELECT t.phase_token INTO granted_token FROM {schema}.dlock_phases AS t
+            WHERE t.lock_id OPERATOR(pg_catalog.=) h;
+            IF granted_token IS NULL THEN
+                PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+                PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+            END IF;
+        END IF;
     EXCEPTION WHEN OTHERS THEN
         IF took_p THEN PERFORM pg_catalog.pg_advisory_unlock_shared(p); END IF;
         PERFORM pg_catalog.pg_advisory_unlock_shared(h);
@@ -1312,11 +1323,12 @@ END
 $setup$"
 );
 
-/// A shared attempt: one statement (see [`MODES_SETUP`]). Returns the
-/// token (NULL: refused) and whether a writer's mark refused it.
+/// A shared attempt: one statement (see [`MODES_SETUP`]), sent only on a
+/// session that holds nothing of the key. Returns the token (NULL:
+/// refused) and whether a writer's mark refused it.
 pub(super) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_shared($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
 
-/// Drops one reader's hold: the phase key first, so that once the key
+/// Drops this process's shared hold of a key (its last reader left): the phase key first, so that once the key
 /// itself is free no phase looks live (a reader that came after a writer
 /// who took the key in between would otherwise be granted the old phase's
 /// token, below the writer's).
@@ -1328,6 +1340,15 @@ SELECT pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended(
 /// Leaves or refreshes a writer-waiting mark while readers hold (rule
 /// M3); answers whether readers hold.
 pub(super) const MARK: &str = "SELECT {schema}.dlock_mark($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.text, $4::pg_catalog.int8)";
+
+/// Whether a writer's mark on the key is live: a reader of this process
+/// that joins the read phase it holds (see the `modes` module) asks this
+/// instead of the server's locks, so a stream of such readers does not
+/// starve a waiting writer of another process (rule M3).
+pub(super) const MARKED: &str = "\
+SELECT EXISTS (SELECT FROM {schema}.dlock_phases AS t
+               WHERE t.lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
+                 AND t.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())";
 
 /// Removes `owner`'s writer-waiting mark, if it is the key's mark.
 pub(super) const UNMARK: &str = "\

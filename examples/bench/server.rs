@@ -110,13 +110,15 @@ impl Cost {
 
 /// A redis-server of the benchmark's own on a free loopback port, stopped
 /// when dropped.
-struct PrivateRedis {
+pub struct PrivateRedis {
     child: Child,
-    url: String,
+    /// Where it listens.
+    pub url: String,
 }
 
 impl PrivateRedis {
-    async fn start() -> Res<Self> {
+    /// Starts one and waits until it answers.
+    pub async fn start() -> Res<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
@@ -154,6 +156,19 @@ impl PrivateRedis {
         Ok(redis::Client::open(self.url.as_str())?
             .get_multiplexed_async_connection()
             .await?)
+    }
+
+    /// How many scripts (`EVALSHA`, `EVAL`) the server has run: each one
+    /// round trip of an attempt, a release or a renewal, counted where they
+    /// arrive, so an attempt a backend answers in process is not one.
+    pub async fn script_calls(&self) -> Res<u64> {
+        let mut conn = self.connection().await?;
+        Ok(command_stats(&mut conn)
+            .await?
+            .iter()
+            .filter(|cost| matches!(cost.command.as_str(), "evalsha" | "eval"))
+            .map(|cost| cost.calls)
+            .sum())
     }
 }
 

@@ -309,8 +309,11 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
         let give_up_after = match kind {
             // Given up within a millisecond: a Redis script is often
             // answered in less, so later give-ups (up to 3 ms) left whole
-            // rounds with nothing given up mid-flight.
-            Fault::Abandon => (0..rng.range(4, 8))
+            // rounds with nothing given up mid-flight; and a PostgreSQL
+            // reader's attempt, one statement, is as quick. Eight to
+            // sixteen of them, so a round where none lands mid-flight is
+            // rare (four to eight left one in about ten runs).
+            Fault::Abandon => (0..rng.range(8, 16))
                 .map(|_| Duration::from_micros(rng.range(0, 1_000)))
                 .collect(),
             _ => Vec::new(),

@@ -330,9 +330,11 @@
 //! a shared lock on the key's *phase key*
 //! (`hashtextextended('dlock-phase:' || key, seed)`), which only readers
 //! take, so the read phase is live while a session holds it; the phase
-//! token and the writer-waiting mark are a row of `<schema>.dlock_phases`,
-//! which every shared attempt locks first, so attempts of one key are
-//! serialised until each commits. A writer refused while readers hold
+//! token and the writer-waiting mark are a row of `<schema>.dlock_phases`.
+//! Whether a phase is live is a non-blocking try of the phase key, and the
+//! reader that starts one writes its token while it holds that key
+//! exclusively; the readers of one key in a process share one hold on the
+//! server. A writer refused while readers hold
 //! leaves its mark in that row (one more statement, sent only where the
 //! functions exist, so a service that never reads shared creates nothing).
 //! A permit is the exclusive advisory lock of

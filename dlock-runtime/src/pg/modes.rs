@@ -55,6 +55,9 @@ const RECHECK: Duration = Duration::from_millis(100);
 /// How long a failed look for the functions of [`sql::MODES_SETUP`] is
 /// believed before a refused writer looks again.
 const ABSENT_BELIEVED: Duration = Duration::from_secs(10);
+/// How soon an owner whose own hold of the key is on its way out looks
+/// again.
+const OWN_RELEASE_PENDING: Duration = Duration::from_millis(10);
 /// How many keys waiters poll for before the list is started afresh.
 const POLLED_KEPT: usize = 4096;
 
@@ -285,6 +288,14 @@ impl Inner {
             if entry.access.is_some_and(|held| held != access) {
                 // A key is used one way (rule M1).
                 return Ok(Attempt::Held { expires_in: None });
+            }
+            if entry.holds.contains_key(owner) {
+                // The owner's hold is being released, or ran out and is
+                // about to be: a new grant must not take its place in the
+                // book while its release is on the way.
+                return Ok(Attempt::Held {
+                    expires_in: Some(OWN_RELEASE_PENDING),
+                });
             }
             entry.access = Some(access);
             entry.pending += 1;

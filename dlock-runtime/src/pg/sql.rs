@@ -40,9 +40,16 @@
 /// with every lease on it. With it the statement fails fast, with an error
 /// that says why. Set before the session's setup too, which reads the
 /// sequence's position (and so waits for the same lock).
+///
+/// And read committed, whatever isolation a DBA set for the role or the
+/// database: a shared attempt that joins a read phase reads its token
+/// with a snapshot taken after it waited for the phase's start (see
+/// [`MODES_SETUP`]), which a snapshot held from the statement's start
+/// would not see.
 pub(super) const SESSION_DEFAULTS: &str = "\
 SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
-       pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false)";
+       pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false),
+       pg_catalog.set_config('default_transaction_isolation'::pg_catalog.text, 'read committed'::pg_catalog.text, false)";
 
 /// The advisory key of a lock key: `hashtextextended(key, seed)`, the 64-bit
 /// text hash PostgreSQL itself uses for hash partitioning, so it is stable
@@ -1199,9 +1206,15 @@ macro_rules! phase_hold {
 ///   is live, and the attempt starts one, drawing the token as
 ///   [`TRY_LOCK`] does and writing it into the key's row while it still
 ///   holds that exclusive lock, which the commit drops only once the row
-///   is visible. Refused, a phase is live and the reader joins it: it takes
-///   the phase key shared (waiting, at most for a starter's commit) and
-///   reads the phase token with a snapshot taken after that. The try
+///   is visible. Refused, the reader takes the phase key shared (waiting,
+///   at most for a starter's end) and tries again: granted now, whoever it
+///   waited behind left without a phase (rolled back, or its session
+///   ended), and it starts one itself; refused, the others hold it as
+///   members of a committed phase, and it joins, reading the phase token
+///   with a snapshot taken after its grant (lock sessions run read
+///   committed, see [`SESSION_DEFAULTS`]). A failure or a cancel inside
+///   gives back what the attempt took, so no session holds the phase key
+///   without its phase's row. The try
 ///   cannot tell the session's own holds from none, so the backend never
 ///   sends this on a session that holds the key shared (readers of one
 ///   process share one hold, see the `modes` module). No row is locked
@@ -1236,6 +1249,7 @@ DECLARE
     h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
     p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
     took_p pg_catalog.bool := false;
+    starts pg_catalog.bool;
 BEGIN
     PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
     marked := false;
@@ -1244,29 +1258,57 @@ BEGIN
         marked := EXISTS (SELECT FROM {schema}.dlock_phases AS t
                           WHERE t.lock_id OPERATOR(pg_catalog.=) h
                             AND t.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp());
-        IF marked THEN
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RAISE;
+    END;
+    IF marked THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RETURN;
+    END IF;
+    -- The phase key's tries are outside every block: a transaction-level
+    -- lock taken in a block that fails goes at once, before the handler
+    -- gave back this session's locks, and a joiner waiting behind would
+    -- then find the phase key still held and take the row for a phase's.
+    starts := pg_catalog.pg_try_advisory_xact_lock(p);
+    IF NOT starts THEN
+        BEGIN
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
             PERFORM pg_catalog.pg_advisory_unlock_shared(h);
-            RETURN;
-        END IF;
-        IF pg_catalog.pg_try_advisory_xact_lock(p) THEN
-            PERFORM pg_catalog.pg_advisory_lock_shared(p);
-            took_p := true;
-            granted_token := (",
-    draw_token!("", ""),
-    ");
-            INSERT INTO {schema}.dlock_phases AS t (lock_id, phase_token) VALUES (h, granted_token)
-            ON CONFLICT (lock_id) DO UPDATE SET phase_token = excluded.phase_token;
-        ELSE
-            PERFORM pg_catalog.pg_advisory_lock_shared(p);
-            took_p := true;
-            SELECT t.phase_token INTO granted_token FROM {schema}.dlock_phases AS t
-            WHERE t.lock_id OPERATOR(pg_catalog.=) h;
+            RAISE;
+        END;
+        took_p := true;
+        -- Granted once no starter held the phase key: whoever this waited
+        -- behind committed its phase, or left without one.
+        starts := pg_catalog.pg_try_advisory_xact_lock(p);
+        IF NOT starts THEN
+            BEGIN
+                SELECT t.phase_token INTO granted_token FROM {schema}.dlock_phases AS t
+                WHERE t.lock_id OPERATOR(pg_catalog.=) h;
+            EXCEPTION WHEN OTHERS OR query_canceled THEN
+                PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+                PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+                RAISE;
+            END;
             IF granted_token IS NULL THEN
                 PERFORM pg_catalog.pg_advisory_unlock_shared(p);
                 PERFORM pg_catalog.pg_advisory_unlock_shared(h);
             END IF;
+            RETURN;
         END IF;
-    EXCEPTION WHEN OTHERS THEN
+    END IF;
+    BEGIN
+        IF NOT took_p THEN
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+            took_p := true;
+        END IF;
+        granted_token := (",
+    draw_token!("", ""),
+    ");
+        INSERT INTO {schema}.dlock_phases AS t (lock_id, phase_token) VALUES (h, granted_token)
+        ON CONFLICT (lock_id) DO UPDATE SET phase_token = excluded.phase_token;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
         IF took_p THEN PERFORM pg_catalog.pg_advisory_unlock_shared(p); END IF;
         PERFORM pg_catalog.pg_advisory_unlock_shared(h);
         RAISE;
@@ -1309,7 +1351,7 @@ BEGIN
                 granted_token := (",
     draw_token!("", ""),
     ");
-            EXCEPTION WHEN OTHERS THEN
+            EXCEPTION WHEN OTHERS OR query_canceled THEN
                 PERFORM pg_catalog.pg_advisory_unlock(sh);
                 RAISE;
             END;

@@ -406,6 +406,7 @@ impl RedisBuilder {
                 label: self.label,
                 replica_acks: self.replica_acks,
                 acks_gate: tokio::sync::Mutex::new(()),
+                newcomers: Default::default(),
                 sentinel_service: None,
             }),
         })
@@ -518,6 +519,7 @@ impl RedisBuilder {
             label: self.label,
             replica_acks: self.replica_acks,
             acks_gate: tokio::sync::Mutex::new(()),
+            newcomers: Default::default(),
             sentinel_service: Some(service),
         });
         tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));

@@ -97,20 +97,22 @@ return redis.call('GET', KEYS[2])
 /// that grants a key (exclusive, fair, shared, permit):
 ///
 /// - `server_time()`: the server clock as the µs text tokens are drawn
-///   from.
+///   from; `clock_of(time)` the same of a `TIME` reply the script has.
 /// - `draw(fence, clock)`: a token exactly as [`ACQUIRE_LUA`] draws one
 ///   (the fast path when the clock is above the last token, else `INCR`
 ///   with the clock as its floor); `nil` when the counter cannot rise.
 macro_rules! token_lua {
     () => {
         r"
-local function server_time()
-  local now = redis.call('TIME')
+local function clock_of(now)
   local micros = now[2]
   if #micros < 6 then
     micros = string.rep('0', 6 - #micros) .. micros
   end
   return now[1] .. micros
+end
+local function server_time()
+  return clock_of(redis.call('TIME'))
 end
 local function draw(fence, clock)
   local last = redis.pcall('SET', fence, clock, 'GET')
@@ -707,7 +709,9 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 /// Expiries are the server's clock (`TIME`), never a client's; the dead
 /// entries a script meets are pruned by it.
 ///
-/// - `now_ms()`: the server clock in ms.
+/// - `now_ms()`: the server clock in ms; `ms_of(time)` the same of a
+///   `TIME` reply the script has (one `TIME` serves a script that also
+///   draws a token).
 /// - `live(hash, now)`: the live entries of a holders' hash, field →
 ///   value (its leading number is the expiry), the dead ones deleted; a
 ///   value of another type reads as none.
@@ -726,9 +730,11 @@ macro_rules! modes_lua {
         r"
 local READ_PHASE = '00000000000000000000000000000000'
 local PERMITS = '00000000000000000000000000000001'
-local function now_ms()
-  local now = redis.call('TIME')
+local function ms_of(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function now_ms()
+  return ms_of(redis.call('TIME'))
 end
 local function live(hash, now)
   local all = redis.pcall('HGETALL', hash)
@@ -837,7 +843,8 @@ local held = redis.pcall('GET', KEYS[1])
 if held and not reading(held) then
   return refused(KEYS[1], held)
 end
-local now = now_ms()
+local time = redis.call('TIME')
+local now = ms_of(time)
 local function writer_waits()
   local mark = redis.pcall('GET', KEYS[4])
   if type(mark) ~= 'string' then
@@ -868,7 +875,7 @@ end
 if writer_waits() then
   return redis.call('PTTL', KEYS[4])
 end
-local token = draw(KEYS[2], server_time())
+local token = draw(KEYS[2], clock_of(time))
 if not token then
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
 end
@@ -933,9 +940,9 @@ local readers = live(KEYS[2], now)
 if not readers[ARGV[1]] then
   return 0
 end
-redis.call('HDEL', KEYS[2], ARGV[1])
 readers[ARGV[1]] = nil
 if next(readers) then
+  redis.call('HDEL', KEYS[2], ARGV[1])
   stretch({KEYS[1], KEYS[2], KEYS[3]}, last(readers) - now)
   return 1
 end
@@ -973,7 +980,8 @@ local held = redis.pcall('GET', KEYS[1])
 if held and not permitted(held) then
   return refused(KEYS[1], held)
 end
-local now = now_ms()
+local time = redis.call('TIME')
+local now = ms_of(time)
 local slots = {}
 if held then
   slots = live(KEYS[3], now)
@@ -1006,7 +1014,7 @@ if not taken then
   end
   return soonest - now
 end
-local token = draw(KEYS[2], server_time())
+local token = draw(KEYS[2], clock_of(time))
 if not token then
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
 end

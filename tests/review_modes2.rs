@@ -4,85 +4,39 @@
 //! has a schema of its own, so a DBA's table lock or a terminated session
 //! there touches no other test.
 
+mod pg_support;
+mod support;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::pg::tokio_postgres::{self, NoTls};
-use dlock::pg::{PgBackend, PgOptions};
-use dlock::{Backend, LockError, LockMode, LockOptions};
+use dlock::pg::PgBackend;
+use dlock::pg::tokio_postgres::Client;
+use dlock::{Backend, Lease, LockError, LockKey, LockMode, LockOptions};
 use dlock_runtime::conformance::fresh_key;
+use pg_support::{ScratchSchema, shared_client, shared_conn};
+use tokio::task::JoinHandle;
 
-fn conn() -> String {
-    std::env::var("DLOCK_PG_URL")
-        .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
-}
-
-/// A schema of the test's own, dropped when the test ends.
-struct Schema(String);
-
-impl Schema {
-    fn new(what: &str) -> Self {
-        let key = fresh_key(what);
-        let tag: String = key
-            .as_str()
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .collect::<String>()
-            .to_ascii_lowercase();
-        Self(format!("dlock_t_{}", &tag[tag.len().saturating_sub(16)..]))
-    }
-
-    /// `dlock_phases` of this schema, for SQL.
-    fn phases(&self) -> String {
-        format!("\"{}\".dlock_phases", self.0)
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let sql = format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.0);
-        let _ = std::process::Command::new("psql")
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "test",
-                "-qc",
-                &sql,
-            ])
-            .output();
-    }
-}
-
-async fn backend_at(url: &str, schema: &Schema) -> Arc<dyn Backend> {
+async fn backend_at(url: &str, schema: &ScratchSchema) -> Arc<dyn Backend> {
     Arc::new(
-        PgBackend::connect_with(url, PgOptions::new().schema(&schema.0))
+        PgBackend::connect_with(url, schema.options())
             .await
             .expect("PostgreSQL"),
     )
-}
-
-async fn backend(schema: &Schema) -> Arc<dyn Backend> {
-    backend_at(&conn(), schema).await
-}
-
-async fn raw_client() -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(&conn(), NoTls)
-        .await
-        .expect("plain connection");
-    tokio::spawn(connection);
-    client
 }
 
 fn shared() -> LockOptions {
     LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared)
 }
 
+/// `dlock_phases` of `schema`, for SQL.
+fn phases(schema: &ScratchSchema) -> String {
+    format!("\"{}\".dlock_phases", schema.name)
+}
+
 /// Phase 1 (a reader), then a writer, so the key's row keeps the old
 /// phase's token, below the writer's. Returns (old phase token, writer token).
-async fn old_phase_then_writer(on: &Arc<dyn Backend>, key: &dlock::LockKey) -> (u64, u64) {
+async fn old_phase_then_writer(on: &Arc<dyn Backend>, key: &LockKey) -> (u64, u64) {
     let r = shared().acquire_on(on.clone(), key).await.expect("reader");
     let t1 = r.token().get();
     r.release().await.expect("release");
@@ -96,38 +50,51 @@ async fn old_phase_then_writer(on: &Arc<dyn Backend>, key: &dlock::LockKey) -> (
     (t1, tw)
 }
 
-/// A starter whose statement fails after its transaction-level try of the
-/// phase key was granted (here: its upsert waits past lock_timeout for a
-/// DBA's lock on dlock_phases) rolls back; a joiner of another process that
-/// was waiting on the phase key behind it is then granted the phase key and
-/// reads the row the starter never wrote: the *old* phase's token, below the
-/// writer's token issued since.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
-    let schema = Schema::new("review2-failed-starter");
-    let key = fresh_key("review2-failed-starter");
-    let a = backend(&schema).await;
-    let (t1, tw) = old_phase_then_writer(&a, &key).await;
-    let mut dba = raw_client().await;
-    let tx = dba.transaction().await.expect("begin");
-    // Blocks INSERT/UPDATE, not SELECT: the mark check and the joiner's read go through.
-    tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", schema.phases()))
-        .await
-        .expect("lock the table");
-    let starter_on = backend(&schema).await;
-    let joiner_on = backend(&schema).await;
+/// A read phase starting while a DBA holds `dlock_phases` locked against
+/// writes (reads go through): a starter, whose upsert waits for the table,
+/// and, `after` later, a joiner of another process (connecting to
+/// `joiner_url`), which waits on the phase key behind it.
+struct BlockedStart {
+    /// In the transaction that holds the table lock: `ROLLBACK` ends it.
+    dba: Client,
+    starter: JoinHandle<Result<Lease, LockError>>,
+    joiner: JoinHandle<Result<Lease, LockError>>,
+}
+
+async fn blocked_start(
+    schema: &ScratchSchema,
+    key: &LockKey,
+    joiner_url: &str,
+    after: Duration,
+) -> BlockedStart {
+    let dba = shared_client().await;
+    dba.batch_execute(&format!(
+        "BEGIN; LOCK TABLE {} IN EXCLUSIVE MODE",
+        phases(schema)
+    ))
+    .await
+    .expect("lock the table");
+    let starter_on = backend_at(&shared_conn(), schema).await;
+    let joiner_on = backend_at(joiner_url, schema).await;
     let k = key.clone();
     let starter = tokio::spawn(async move { shared().acquire_on(starter_on, &k).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(after).await;
     let k = key.clone();
     let joiner = tokio::spawn(async move { shared().acquire_on(joiner_on, &k).await });
-    let started = starter.await.expect("join");
-    assert!(
-        started.is_err(),
-        "the starter's upsert waited past lock_timeout: {started:?}"
-    );
-    let joined = joiner.await.expect("join");
-    tx.rollback().await.expect("rollback");
+    BlockedStart {
+        dba,
+        starter,
+        joiner,
+    }
+}
+
+/// The joiner's answer: refused or failed, or granted a token above the
+/// writer's (and `equal_to`'s, if a starter holds beside it).
+async fn assert_joiner_above(
+    joined: Result<Lease, LockError>,
+    (t1, tw): (u64, u64),
+    equal_to: Option<&Lease>,
+) {
     match joined {
         Ok(lease) => {
             let t = lease.token().get();
@@ -136,123 +103,97 @@ async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
                 t > tw,
                 "reader granted token {t}: the old phase's is {t1}, a writer got {tw} since"
             );
+            if let Some(other) = equal_to {
+                assert_eq!(t, other.token().get(), "overlapping readers, two tokens");
+            }
         }
         Err(LockError::Held { .. }) | Err(LockError::Backend { .. }) => {}
         Err(other) => panic!("unexpected {other:?}"),
     }
 }
 
+/// A starter whose statement fails after its try of the phase key was
+/// granted (its upsert waits past lock_timeout for a DBA's lock on
+/// dlock_phases) gives the phase key back; a joiner of another process
+/// waiting behind it must then start the phase itself, not read the row
+/// the starter never wrote (the old phase's token, below a writer's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
+    let schema = ScratchSchema::new("r2_failed");
+    let key = fresh_key("review2-failed-starter");
+    let a = backend_at(&shared_conn(), &schema).await;
+    let tokens = old_phase_then_writer(&a, &key).await;
+    let run = blocked_start(&schema, &key, &shared_conn(), Duration::from_millis(300)).await;
+    let started = run.starter.await.expect("join");
+    assert!(
+        started.is_err(),
+        "the starter's upsert waited past lock_timeout: {started:?}"
+    );
+    let joined = run.joiner.await.expect("join");
+    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_joiner_above(joined, tokens, None).await;
+}
+
 /// The same, the starter's server process ended by a DBA
-/// (`pg_terminate_backend`) while its upsert waits: its transaction rolls
-/// back, and the joiner waiting behind it reads the old phase's token.
+/// (`pg_terminate_backend`) while its upsert waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() {
-    let schema = Schema::new("review2-killed-starter");
+    let schema = ScratchSchema::new("r2_killed");
     let key = fresh_key("review2-killed-starter");
-    let a = backend(&schema).await;
-    let (t1, tw) = old_phase_then_writer(&a, &key).await;
-    let mut dba = raw_client().await;
-    let tx = dba.transaction().await.expect("begin");
-    tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", schema.phases()))
-        .await
-        .expect("lock the table");
-    let starter_on = backend(&schema).await;
-    let joiner_on = backend(&schema).await;
-    let k = key.clone();
-    let starter = tokio::spawn(async move { shared().acquire_on(starter_on, &k).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let k = key.clone();
-    let joiner = tokio::spawn(async move { shared().acquire_on(joiner_on, &k).await });
+    let a = backend_at(&shared_conn(), &schema).await;
+    let tokens = old_phase_then_writer(&a, &key).await;
+    let run = blocked_start(&schema, &key, &shared_conn(), Duration::from_millis(150)).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // The starter: the session waiting for a relation lock on dlock_phases.
-    let killed = raw_client()
+    let killed = shared_client()
         .await
         .query(
             "SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l
              WHERE l.locktype = 'relation' AND NOT l.granted
                AND l.relation = $1::text::regclass",
-            &[&schema.phases()],
+            &[&phases(&schema)],
         )
         .await
         .expect("terminate the starter");
     assert_eq!(killed.len(), 1, "one starter waited for the table");
-    let started = starter.await.expect("join");
+    let started = run.starter.await.expect("join");
     assert!(started.is_err(), "{started:?}");
-    let joined = joiner.await.expect("join");
-    tx.rollback().await.expect("rollback");
-    match joined {
-        Ok(lease) => {
-            let t = lease.token().get();
-            lease.release().await.ok();
-            assert!(
-                t > tw,
-                "reader granted token {t}: the old phase's is {t1}, a writer got {tw} since"
-            );
-        }
-        Err(LockError::Held { .. }) | Err(LockError::Backend { .. }) => {}
-        Err(other) => panic!("unexpected {other:?}"),
-    }
+    let joined = run.joiner.await.expect("join");
+    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
+    assert_joiner_above(joined, tokens, None).await;
 }
 
 /// A role or database whose `default_transaction_isolation` is
-/// `repeatable read` or `serializable` (a DBA's setting, as statement_timeout on the role is):
-/// a joiner's snapshot is its statement's start, taken before it waited
-/// for the starter's commit, so it reads the old phase's token while the
-/// starter's readers hold the new one: two overlapping readers with two
-/// tokens, one below the writer's.
+/// `serializable` (a DBA's setting): the joiner reads the phase token with
+/// a snapshot taken after it waited for the starter's commit, so both
+/// hold with the starter's token, above the writer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_under_repeatable_read_gets_the_starters_token() {
-    let schema = Schema::new("review2-rr-joiner");
+    let schema = ScratchSchema::new("r2_rr");
     let key = fresh_key("review2-rr-joiner");
-    let a = backend(&schema).await;
-    let (t1, tw) = old_phase_then_writer(&a, &key).await;
-    let mut dba = raw_client().await;
-    let tx = dba.transaction().await.expect("begin");
-    tx.batch_execute(&format!("LOCK TABLE {} IN EXCLUSIVE MODE", schema.phases()))
-        .await
-        .expect("lock the table");
-    let starter_on = backend(&schema).await;
-    let joiner_on = backend_at(
-        &format!(
-            "{} options='-c default_transaction_isolation=serializable'",
-            conn()
-        ),
-        &schema,
-    )
-    .await;
-    let k = key.clone();
-    let starter = tokio::spawn(async move { shared().acquire_on(starter_on, &k).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let k = key.clone();
-    let joiner = tokio::spawn(async move { shared().acquire_on(joiner_on, &k).await });
+    let a = backend_at(&shared_conn(), &schema).await;
+    let tokens = old_phase_then_writer(&a, &key).await;
+    let serializable = format!(
+        "{} options='-c default_transaction_isolation=serializable'",
+        shared_conn()
+    );
+    let run = blocked_start(&schema, &key, &serializable, Duration::from_millis(150)).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // The DBA lets go: the starter writes its token and commits.
-    tx.rollback().await.expect("rollback");
-    let started = starter
+    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
+    let started = run
+        .starter
         .await
         .expect("join")
         .expect("the starter gets the key");
-    let joined = joiner.await.expect("join");
-    match joined {
-        Ok(lease) => {
-            let (t, ts) = (lease.token().get(), started.token().get());
-            lease.release().await.ok();
-            started.release().await.ok();
-            assert!(
-                t == ts && t > tw,
-                "overlapping readers got {ts} and {t}: the old phase's is {t1}, a writer got {tw} since"
-            );
-        }
-        Err(LockError::Held { .. }) | Err(LockError::Backend { .. }) => {
-            started.release().await.ok();
-        }
-        Err(other) => panic!("unexpected {other:?}"),
-    }
+    let joined = run.joiner.await.expect("join");
+    assert_joiner_above(joined, tokens, Some(&started)).await;
+    started.release().await.ok();
 }
 
 /// The pid of a session holding `key`'s advisory lock shared (seed 0).
-async fn shared_holder_pid(key: &dlock::LockKey) -> Option<i32> {
-    raw_client()
+async fn shared_holder_pid(key: &LockKey) -> Option<i32> {
+    shared_client()
         .await
         .query_opt(
             "SELECT l.pid FROM pg_locks AS l
@@ -272,19 +213,19 @@ async fn shared_holder_pid(key: &dlock::LockKey) -> Option<i32> {
 /// lease that is not lost while a writer elsewhere holds the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_joining_a_hold_whose_session_was_ended_is_not_granted_beside_a_writer() {
-    let schema = Schema::new("review2-join-dead");
+    let schema = ScratchSchema::new("r2_join_dead");
     let mut doubles = 0;
     let rounds = 4;
     for _ in 0..rounds {
         let key = fresh_key("review2-join-dead");
-        let a = backend(&schema).await;
-        let b = backend(&schema).await;
+        let a = backend_at(&shared_conn(), &schema).await;
+        let b = backend_at(&shared_conn(), &schema).await;
         let first = shared()
             .acquire_on(a.clone(), &key)
             .await
             .expect("first reader");
         let pid = shared_holder_pid(&key).await.expect("the hold's session");
-        raw_client()
+        shared_client()
             .await
             .execute("SELECT pg_terminate_backend($1, 2000)", &[&pid])
             .await

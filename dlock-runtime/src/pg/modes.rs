@@ -445,23 +445,38 @@ impl Inner {
             if entry.read.as_ref().is_none_or(|read| read.id != id) || session.is_ended() {
                 return Ok(None);
             }
-            let deadline_slot =
-                self.deadlines
-                    .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
-            entry.holds.insert(
-                owner,
-                ModeHold {
-                    session: Arc::clone(&session),
-                    slot: None,
-                    token,
-                    deadline_slot,
-                    releasing: false,
-                },
-            );
+            self.book(entry, key, owner, ttl, &session, None, token);
         }
         Ok(Some(Attempt::Acquired(
             Grant::new(token).lost_with(session.loss_group()),
         )))
+    }
+
+    /// Books `owner`'s grant of `key` in its entry, with its deadline.
+    #[allow(clippy::too_many_arguments)]
+    fn book(
+        self: &Arc<Self>,
+        entry: &mut ModeKey,
+        key: &LockKey,
+        owner: OwnerId,
+        ttl: Duration,
+        session: &Arc<LockSession>,
+        slot: Option<u32>,
+        token: FencingToken,
+    ) {
+        let deadline_slot =
+            self.deadlines
+                .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
+        entry.holds.insert(
+            owner,
+            ModeHold {
+                session: Arc::clone(session),
+                slot,
+                token,
+                deadline_slot,
+                releasing: false,
+            },
+        );
     }
 
     /// One reader leaves this process's hold `id` of `key`; the last one
@@ -594,19 +609,7 @@ impl Inner {
         {
             let mut keys = self.modes.keys();
             let entry = keys.entry(key.clone()).or_default();
-            let deadline_slot =
-                self.deadlines
-                    .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
-            entry.holds.insert(
-                owner,
-                ModeHold {
-                    session: Arc::clone(&session),
-                    slot,
-                    token,
-                    deadline_slot,
-                    releasing: false,
-                },
-            );
+            self.book(entry, key, owner, ttl, &session, slot, token);
             if access == Access::Shared {
                 entry.read = Some(ReadHold {
                     id: self.modes.next_read.fetch_add(1, Ordering::Relaxed),

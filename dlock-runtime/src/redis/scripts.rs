@@ -839,12 +839,6 @@ pub(super) const SHARED_ACQUIRE_LUA: &str = concat!(
     modes_lua!(),
     r"
 local owner, ttl = ARGV[1], tonumber(ARGV[2])
-local held = redis.pcall('GET', KEYS[1])
-if held and not reading(held) then
-  return refused(KEYS[1], held)
-end
-local time = redis.call('TIME')
-local now = ms_of(time)
 local function writer_waits()
   local mark = redis.pcall('GET', KEYS[4])
   if type(mark) ~= 'string' then
@@ -855,35 +849,43 @@ local function writer_waits()
   end
   return true
 end
-if held then
-  local readers = live(KEYS[3], now)
-  local token = redis.pcall('GET', KEYS[5])
-  if not next(readers) or type(token) ~= 'string' then
-    return refused(KEYS[1], held)
-  end
-  if not readers[owner] and writer_waits() then
+if redis.call('SET', KEYS[1], READ_PHASE .. ARGV[3], 'NX', 'PX', ttl) then
+  -- The key was free: a new phase, unless a writer waits for the key.
+  if writer_waits() then
+    redis.call('DEL', KEYS[1])
     return redis.call('PTTL', KEYS[4])
   end
-  readers[owner] = tostring(now + ttl)
-  redis.call('HSET', KEYS[3], owner, readers[owner])
-  stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
-  if ARGV[3] == '+' then
-    redis.call('SETRANGE', KEYS[1], 32, '+')
+  local time = redis.call('TIME')
+  local token = draw(KEYS[2], clock_of(time))
+  if not token then
+    redis.call('DEL', KEYS[1])
+    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
   end
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], owner, tostring(ms_of(time) + ttl))
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  redis.call('SET', KEYS[5], token, 'PX', ttl)
   return token
 end
-if writer_waits() then
+local held = redis.pcall('GET', KEYS[1])
+if not reading(held) then
+  return refused(KEYS[1], held)
+end
+local now = now_ms()
+local readers = live(KEYS[3], now)
+local token = redis.pcall('GET', KEYS[5])
+if not next(readers) or type(token) ~= 'string' then
+  return refused(KEYS[1], held)
+end
+if not readers[owner] and writer_waits() then
   return redis.call('PTTL', KEYS[4])
 end
-local token = draw(KEYS[2], clock_of(time))
-if not token then
-  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
+readers[owner] = tostring(now + ttl)
+redis.call('HSET', KEYS[3], owner, readers[owner])
+stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
+if ARGV[3] == '+' then
+  redis.call('SETRANGE', KEYS[1], 32, '+')
 end
-redis.call('DEL', KEYS[3])
-redis.call('SET', KEYS[1], READ_PHASE .. ARGV[3], 'PX', ttl)
-redis.call('HSET', KEYS[3], owner, tostring(now + ttl))
-redis.call('PEXPIRE', KEYS[3], ttl)
-redis.call('SET', KEYS[5], token, 'PX', ttl)
 return token
 "
 );

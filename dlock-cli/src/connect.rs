@@ -115,27 +115,10 @@ fn file_path(rest: &str) -> Result<PathBuf, Failure> {
              file:///var/lib/dlock",
         ));
     }
-    let decoded = percent_decode(path).ok_or_else(|| {
+    let decoded = dlock::__private::percent_decode(path).ok_or_else(|| {
         Failure::usage("--backend: the file URL has a bad %-escape or is not UTF-8 once decoded")
     })?;
     Ok(PathBuf::from(decoded))
-}
-
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 #[cfg(test)]

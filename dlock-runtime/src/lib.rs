@@ -40,6 +40,7 @@ pub mod key;
 pub mod lease;
 pub mod memory;
 pub mod options;
+mod percent;
 #[cfg(feature = "pg")]
 pub mod pg;
 #[cfg(feature = "redis")]

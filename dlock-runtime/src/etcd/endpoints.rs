@@ -79,8 +79,10 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
         None => None,
         Some(user_info) => {
             let (user, password) = user_info.split_once(':').unwrap_or((user_info, ""));
-            let (Some(user), Some(password)) = (percent_decode(user), percent_decode(password))
-            else {
+            let (Some(user), Some(password)) = (
+                crate::percent::decode(user),
+                crate::percent::decode(password),
+            ) else {
                 return Err(invalid(format!(
                     "{address}: the user info is not valid percent-encoded UTF-8"
                 )));
@@ -126,25 +128,6 @@ fn shown(scheme: &str, host: &str, had_user_info: bool) -> String {
 
 fn invalid(reason: String) -> LockError {
     LockError::backend(KIND, Operation::Connect, "", reason)
-}
-
-/// `%XX` escapes decoded; `None` for a broken escape or bytes that are not
-/// UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Every form of the password that could show up in a message: as

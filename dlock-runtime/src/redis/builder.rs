@@ -15,11 +15,12 @@ use ::redis::{
 use tokio::time::{sleep, timeout};
 
 use super::commands::Commands;
-use super::redact::{percent_decode, redact_url, scrub, secrets_of};
+use super::redact::{redact_url, scrub, secrets_of};
 use super::sentinel::Sentinels;
 use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
 use crate::error::{LockError, Operation};
+use crate::percent::decode_lossy;
 
 /// The first pause before connecting again when a server refused or
 /// dropped the first connection (it may be starting); doubled each time, up
@@ -678,10 +679,10 @@ impl SentinelUrl {
         };
         let auth = user_info.map(|info| match info.split_once(':') {
             Some((user, password)) => (
-                Some(percent_decode(user)).filter(|user| !user.is_empty()),
-                percent_decode(password),
+                Some(decode_lossy(user)).filter(|user| !user.is_empty()),
+                decode_lossy(password),
             ),
-            None => (None, percent_decode(info)),
+            None => (None, decode_lossy(info)),
         });
         let mut sentinels = Vec::new();
         for host in hosts.split(',') {
@@ -724,7 +725,7 @@ impl SentinelUrl {
         }
         Some(Ok(Self {
             sentinels,
-            service: percent_decode(service),
+            service: decode_lossy(service),
             auth,
             db,
         }))

@@ -11,6 +11,8 @@ use std::cmp::Reverse;
 
 use ::redis::IntoConnectionInfo as _;
 
+use crate::percent::decode_lossy;
+
 /// Query parameters that hold a password: `pass` is the one redis-rs reads
 /// (unix sockets); `password` is hidden too, wherever it is written. Both
 /// in any case (`PASS`, `Password`): see [`is_password_param`].
@@ -81,7 +83,7 @@ pub(crate) fn secrets_of(url: &str) -> Vec<String> {
             None => parsed.username(),
         };
         secrets.push(user_info.to_owned());
-        secrets.push(percent_decode(user_info));
+        secrets.push(decode_lossy(user_info));
         for (name, value) in parsed.query_pairs() {
             if is_password_param(&name) {
                 secrets.push(value.into_owned());
@@ -151,27 +153,7 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
 /// `application/x-www-form-urlencoded` decoding, as query parameters are
 /// read: `+` is a space.
 fn form_decode(text: &str) -> String {
-    percent_decode(&text.replace('+', " "))
-}
-
-pub(crate) fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let (Some(hi), Some(lo)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
-        {
-            out.push((hi * 16 + lo) as u8);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    decode_lossy(&text.replace('+', " "))
 }
 
 #[cfg(test)]

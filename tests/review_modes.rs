@@ -1,6 +1,7 @@
 //! Hostile review of shared locks and permits: what operators and other
 //! callers do to a running system.
 
+mod pg_support;
 mod support;
 
 use std::sync::Arc;
@@ -588,11 +589,13 @@ async fn file_a_reader_stopped_past_its_ttl_is_fenced_out_and_told() {
 /// A DBA's transaction that holds `dlock_phases` locked (LOCK TABLE, a
 /// TRUNCATE left open) past the lock session's lock_timeout refuses a
 /// reader's attempt, which took nothing: the session and every other lease
-/// on it live on.
+/// on it live on. In a schema of its own: the table lock would hold up
+/// every other test's readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_phases_table_fails_a_reader_without_losing_the_sessions_other_leases() {
+    let schema = pg_support::ScratchSchema::new("locked_phases");
     let pg: Arc<dyn Backend> = Arc::new(
-        PgBackend::connect_with(&conn(), dlock::pg::PgOptions::new().sessions(1))
+        PgBackend::connect_with(&conn(), schema.options().sessions(1))
             .await
             .expect("connect"),
     );
@@ -609,9 +612,12 @@ async fn a_locked_phases_table_fails_a_reader_without_losing_the_sessions_other_
         .expect("an exclusive lease on the one session");
     let mut dba = raw_client().await;
     let tx = dba.transaction().await.expect("begin");
-    tx.batch_execute("LOCK TABLE dlock.dlock_phases IN ACCESS EXCLUSIVE MODE")
-        .await
-        .expect("lock the table");
+    tx.batch_execute(&format!(
+        "LOCK TABLE \"{}\".dlock_phases IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("lock the table");
     let reader_key = fresh_key("review-locked-reader");
     let refused = LockOptions::new(Duration::from_secs(30))
         .mode(LockMode::Shared)
@@ -626,8 +632,13 @@ async fn a_locked_phases_table_fails_a_reader_without_losing_the_sessions_other_
     );
     writer.release().await.expect("release");
     // The refused attempt left nothing held: a writer elsewhere takes the key.
+    let elsewhere_on: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), schema.options())
+            .await
+            .expect("connect"),
+    );
     let elsewhere = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(backend().await, &reader_key)
+        .acquire_on(elsewhere_on, &reader_key)
         .await
         .expect("the refused reader's key is free");
     elsewhere.release().await.expect("release");

@@ -712,9 +712,10 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 /// - `now_ms()`: the server clock in ms; `ms_of(time)` the same of a
 ///   `TIME` reply the script has (one `TIME` serves a script that also
 ///   draws a token).
-/// - `live(hash, now)`: the live entries of a holders' hash, field →
+/// - `live(hash, now, all)`: the live entries of a holders' hash, field →
 ///   value (its leading number is the expiry), the dead ones deleted; a
-///   value of another type reads as none.
+///   value of another type reads as none. `all`, if given, is the hash's
+///   `HGETALL` the script already read.
 /// - `last(entries)`: the latest expiry among `entries`, 0 for none.
 /// - `stretch(names, left)`: sets every key of `names` to expire in `left`
 ///   ms (the sentinel, the hash, the phase token): they live exactly as
@@ -736,8 +737,8 @@ end
 local function now_ms()
   return ms_of(redis.call('TIME'))
 end
-local function live(hash, now)
-  local all = redis.pcall('HGETALL', hash)
+local function live(hash, now, all)
+  all = all or redis.pcall('HGETALL', hash)
   local entries, dead = {}, {}
   if type(all) ~= 'table' or all.err then
     return entries
@@ -937,8 +938,22 @@ local held = redis.pcall('GET', KEYS[1])
 if not reading(held) then
   return 0
 end
+local function ended()
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  if string.byte(held, -1) == 43 then
+    redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  end
+  return 1
+end
+local all = redis.pcall('HGETALL', KEYS[2])
+if type(all) == 'table' and #all == 2 and all[1] == ARGV[1] then
+  -- The phase's one reader. The sentinel lives exactly as long as the
+  -- longest-lived reader, so while it stands that reader is live: no
+  -- clock is needed to end the phase.
+  return ended()
+end
 local now = now_ms()
-local readers = live(KEYS[2], now)
+local readers = live(KEYS[2], now, all)
 if not readers[ARGV[1]] then
   return 0
 end
@@ -948,11 +963,7 @@ if next(readers) then
   stretch({KEYS[1], KEYS[2], KEYS[3]}, last(readers) - now)
   return 1
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-if string.byte(held, -1) == 43 then
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
-end
-return 1
+return ended()
 "
 );
 

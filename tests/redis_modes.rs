@@ -656,3 +656,38 @@ async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_exp
     );
     writer.release().await.expect("release");
 }
+
+/// A reader whose ttl ran out while an operator kept its phase alive
+/// (`PEXPIRE` on the sentinel, `PERSIST` on the readers' hash) is answered
+/// "not held" at its release, never "held to the end": the release of a
+/// phase's one reader still reads its expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_past_its_ttl_in_a_phase_an_operator_stretched_is_not_told_it_held_to_the_end() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("stretched-phase");
+    let owner = OwnerId::random().expect("owner");
+    let taken = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &owner, Duration::from_millis(300))
+                .with_access(Access::Shared),
+        )
+        .await
+        .expect("backend answers");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let lock = redis_support::lock_name(&key);
+    let readers = format!("dlock:{{{key}}}:readers");
+    assert_eq!(cli(&["PEXPIRE", &lock, "60000"]), "1");
+    assert_eq!(cli(&["PERSIST", &readers]), "1");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let released = backend
+        .release(&ReleaseRequest::new(&key, &owner).holding(Access::Shared, None))
+        .await
+        .expect("release");
+    cli(&["DEL", &lock, &readers, &format!("dlock:{{{key}}}:phase")]);
+    assert_ne!(
+        released,
+        ReleaseOutcome::Released,
+        "a reader 300 ms past its ttl was told it held to the end"
+    );
+}

@@ -407,7 +407,6 @@ impl RedisBuilder {
                 label: self.label,
                 replica_acks: self.replica_acks,
                 acks_gate: tokio::sync::Mutex::new(()),
-                newcomers: Default::default(),
                 sentinel_service: None,
             }),
         })
@@ -520,7 +519,6 @@ impl RedisBuilder {
             label: self.label,
             replica_acks: self.replica_acks,
             acks_gate: tokio::sync::Mutex::new(()),
-            newcomers: Default::default(),
             sentinel_service: Some(service),
         });
         tokio::spawn(super::watch_primary(Arc::downgrade(&inner)));

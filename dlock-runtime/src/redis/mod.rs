@@ -234,7 +234,6 @@
 mod builder;
 mod commands;
 mod keyspace;
-mod newcomers;
 mod redact;
 mod scripts;
 mod sentinel;
@@ -345,8 +344,6 @@ struct Inner {
     acks_gate: tokio::sync::Mutex<()>,
     /// The primary's name, behind sentinels.
     sentinel_service: Option<String>,
-    /// Permit callers that queue behind this process's waiters.
-    newcomers: newcomers::Newcomers,
 }
 
 impl RedisBackend {
@@ -735,16 +732,6 @@ impl RedisBackend {
         permits: u32,
     ) -> Result<Attempt, LockError> {
         let names = PermitNames::of(request.key);
-        if request.waits
-            && self.inner.newcomers.queue_here(
-                request.owner,
-                self.inner.subscriber.has_waiters(&names.released),
-            )
-        {
-            return Ok(Attempt::Held {
-                expires_in: Some(newcomers::QUEUED_RECHECK),
-            });
-        }
         let mark = self.mark_for(request, &names.released);
         let args = [
             request.owner.to_hex().to_vec(),
@@ -753,19 +740,14 @@ impl RedisBackend {
             bytes(permits),
         ];
         let keys = [bytes(&names.lock), bytes(&names.fence), bytes(&names.slots)];
-        let answer = self
-            .attempt(
-                request,
-                &names.fence,
-                &scripts::PERMIT_ACQUIRE,
-                &keys,
-                &args,
-            )
-            .await;
-        if request.waits && !matches!(answer, Ok(Attempt::Held { .. })) {
-            self.inner.newcomers.done(request.owner);
-        }
-        answer
+        self.attempt(
+            request,
+            &names.fence,
+            &scripts::PERMIT_ACQUIRE,
+            &keys,
+            &args,
+        )
+        .await
     }
 
     /// An acquire script's answer: the token when taken (and the slot,

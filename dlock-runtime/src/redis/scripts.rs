@@ -946,13 +946,12 @@ local function ended()
   return 1
 end
 local all = redis.pcall('HGETALL', KEYS[2])
-if type(all) == 'table' and #all == 2 and all[1] == ARGV[1] then
-  -- The phase's one reader. The sentinel lives exactly as long as the
-  -- longest-lived reader, so while it stands that reader is live: no
-  -- clock is needed to end the phase.
+local now = now_ms()
+if type(all) == 'table' and #all == 2 and all[1] == ARGV[1]
+    and (tonumber(string.match(all[2], '^%d+') or '') or 0) > now then
+  -- The phase's one reader, live: the phase ends with it.
   return ended()
 end
-local now = now_ms()
 local readers = live(KEYS[2], now, all)
 if not readers[ARGV[1]] then
   return 0

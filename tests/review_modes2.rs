@@ -53,48 +53,59 @@ async fn old_phase_then_writer(on: &Arc<dyn Backend>, key: &LockKey) -> (u64, u6
 /// A read phase starting while a DBA holds `dlock_phases` locked against
 /// writes (reads go through): a starter, whose upsert waits for the table,
 /// and, `after` later, a joiner of another process (connecting to
-/// `joiner_url`), which waits on the phase key behind it.
+/// `joiner_url`), which waits on the phase key behind it. Before it, in a
+/// schema of its own, an old phase and a writer (see
+/// [`old_phase_then_writer`]).
 struct BlockedStart {
+    schema: ScratchSchema,
     /// In the transaction that holds the table lock: `ROLLBACK` ends it.
     dba: Client,
     starter: JoinHandle<Result<Lease, LockError>>,
     joiner: JoinHandle<Result<Lease, LockError>>,
+    /// The old phase's token and the writer's.
+    tokens: (u64, u64),
 }
 
-async fn blocked_start(
-    schema: &ScratchSchema,
-    key: &LockKey,
-    joiner_url: &str,
-    after: Duration,
-) -> BlockedStart {
+async fn blocked_start(label: &str, joiner_url: &str, after: Duration) -> BlockedStart {
+    let schema = ScratchSchema::new(label);
+    let key = fresh_key(label);
+    let a = backend_at(&shared_conn(), &schema).await;
+    let tokens = old_phase_then_writer(&a, &key).await;
     let dba = shared_client().await;
     dba.batch_execute(&format!(
         "BEGIN; LOCK TABLE {} IN EXCLUSIVE MODE",
-        phases(schema)
+        phases(&schema)
     ))
     .await
     .expect("lock the table");
-    let starter_on = backend_at(&shared_conn(), schema).await;
-    let joiner_on = backend_at(joiner_url, schema).await;
+    let starter_on = backend_at(&shared_conn(), &schema).await;
+    let joiner_on = backend_at(joiner_url, &schema).await;
     let k = key.clone();
     let starter = tokio::spawn(async move { shared().acquire_on(starter_on, &k).await });
     tokio::time::sleep(after).await;
     let k = key.clone();
     let joiner = tokio::spawn(async move { shared().acquire_on(joiner_on, &k).await });
     BlockedStart {
+        schema,
         dba,
         starter,
         joiner,
+        tokens,
     }
 }
 
-/// The joiner's answer: refused or failed, or granted a token above the
-/// writer's (and `equal_to`'s, if a starter holds beside it).
+/// The joiner's answer, once the DBA let go: refused or failed, or granted
+/// a token above the writer's (and `equal_to`'s, if a starter holds beside
+/// it).
 async fn assert_joiner_above(
-    joined: Result<Lease, LockError>,
+    joiner: JoinHandle<Result<Lease, LockError>>,
+    dba: &Client,
     (t1, tw): (u64, u64),
     equal_to: Option<&Lease>,
 ) {
+    let joined = joiner.await.expect("join");
+    // Ends the DBA's transaction if it is still open (a warning if not).
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
     match joined {
         Ok(lease) => {
             let t = lease.token().get();
@@ -119,30 +130,20 @@ async fn assert_joiner_above(
 /// the starter never wrote (the old phase's token, below a writer's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
-    let schema = ScratchSchema::new("r2_failed");
-    let key = fresh_key("review2-failed-starter");
-    let a = backend_at(&shared_conn(), &schema).await;
-    let tokens = old_phase_then_writer(&a, &key).await;
-    let run = blocked_start(&schema, &key, &shared_conn(), Duration::from_millis(300)).await;
+    let run = blocked_start("r2_failed", &shared_conn(), Duration::from_millis(300)).await;
     let started = run.starter.await.expect("join");
     assert!(
         started.is_err(),
         "the starter's upsert waited past lock_timeout: {started:?}"
     );
-    let joined = run.joiner.await.expect("join");
-    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
-    assert_joiner_above(joined, tokens, None).await;
+    assert_joiner_above(run.joiner, &run.dba, run.tokens, None).await;
 }
 
 /// The same, the starter's server process ended by a DBA
 /// (`pg_terminate_backend`) while its upsert waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() {
-    let schema = ScratchSchema::new("r2_killed");
-    let key = fresh_key("review2-killed-starter");
-    let a = backend_at(&shared_conn(), &schema).await;
-    let tokens = old_phase_then_writer(&a, &key).await;
-    let run = blocked_start(&schema, &key, &shared_conn(), Duration::from_millis(150)).await;
+    let run = blocked_start("r2_killed", &shared_conn(), Duration::from_millis(150)).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // The starter: the session waiting for a relation lock on dlock_phases.
     let killed = shared_client()
@@ -151,16 +152,14 @@ async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() 
             "SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l
              WHERE l.locktype = 'relation' AND NOT l.granted
                AND l.relation = $1::text::regclass",
-            &[&phases(&schema)],
+            &[&phases(&run.schema)],
         )
         .await
         .expect("terminate the starter");
     assert_eq!(killed.len(), 1, "one starter waited for the table");
     let started = run.starter.await.expect("join");
     assert!(started.is_err(), "{started:?}");
-    let joined = run.joiner.await.expect("join");
-    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
-    assert_joiner_above(joined, tokens, None).await;
+    assert_joiner_above(run.joiner, &run.dba, run.tokens, None).await;
 }
 
 /// A role or database whose `default_transaction_isolation` is
@@ -169,15 +168,11 @@ async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() 
 /// hold with the starter's token, above the writer's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_under_repeatable_read_gets_the_starters_token() {
-    let schema = ScratchSchema::new("r2_rr");
-    let key = fresh_key("review2-rr-joiner");
-    let a = backend_at(&shared_conn(), &schema).await;
-    let tokens = old_phase_then_writer(&a, &key).await;
     let serializable = format!(
         "{} options='-c default_transaction_isolation=serializable'",
         shared_conn()
     );
-    let run = blocked_start(&schema, &key, &serializable, Duration::from_millis(150)).await;
+    let run = blocked_start("r2_rr", &serializable, Duration::from_millis(150)).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // The DBA lets go: the starter writes its token and commits.
     run.dba.batch_execute("ROLLBACK").await.expect("rollback");
@@ -186,8 +181,7 @@ async fn a_joiner_under_repeatable_read_gets_the_starters_token() {
         .await
         .expect("join")
         .expect("the starter gets the key");
-    let joined = run.joiner.await.expect("join");
-    assert_joiner_above(joined, tokens, Some(&started)).await;
+    assert_joiner_above(run.joiner, &run.dba, run.tokens, Some(&started)).await;
     started.release().await.ok();
 }
 

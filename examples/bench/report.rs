@@ -679,7 +679,7 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
             let key = format!("bench:{}:permits:{name}", cfg.run);
             let o = if name == "Redis" {
                 // On a server of its own, whose script count is the round
-                // trips: the backend answers some attempts in process.
+                // trips as they reached it.
                 let private = server::PrivateRedis::start().await?;
                 let on: Arc<dyn Backend> =
                     Arc::new(dlock::redis::RedisBackend::connect(&private.url).await?);

@@ -405,25 +405,7 @@ impl Inner {
         session: Arc<LockSession>,
         token: FencingToken,
     ) -> Result<Option<Attempt>, LockError> {
-        let marked = match self.session().await {
-            Ok(asked) => asked
-                .query_one(
-                    &self.modes.marked_sql,
-                    &[&key.as_str(), &self.options.key_seed],
-                )
-                .await
-                .and_then(|row| row.try_get::<_, bool>(0))
-                .map_err(|err| {
-                    self.failed(
-                        Operation::Acquire,
-                        key,
-                        "asking for a writer's mark failed",
-                        err,
-                    )
-                }),
-            Err(err) => Err(err),
-        };
-        match marked {
+        match self.writer_marked(key).await {
             Ok(false) => {}
             Ok(true) => {
                 self.leave_read(key, id).await;
@@ -450,6 +432,26 @@ impl Inner {
         Ok(Some(Attempt::Acquired(
             Grant::new(token).lost_with(session.loss_group()),
         )))
+    }
+
+    /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
+    async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
+        let session = self.session().await?;
+        session
+            .query_one(
+                &self.modes.marked_sql,
+                &[&key.as_str(), &self.options.key_seed],
+            )
+            .await
+            .and_then(|row| row.try_get::<_, bool>(0))
+            .map_err(|err| {
+                self.failed(
+                    Operation::Acquire,
+                    key,
+                    "asking for a writer's mark failed",
+                    err,
+                )
+            })
     }
 
     /// Books `owner`'s grant of `key` in its entry, with its deadline.

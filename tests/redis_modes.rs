@@ -691,3 +691,249 @@ async fn a_reader_past_its_ttl_in_a_phase_an_operator_stretched_is_not_told_it_h
         "a reader 300 ms past its ttl was told it held to the end"
     );
 }
+
+/// Waits until `backend` answers a permit attempt of `key` in process
+/// ([`Attempt::Behind`]): a waiter of this process is queued on the key,
+/// and the server told a refused attempt when the permits run out.
+/// Panics after 10 s.
+async fn until_queued_in_process(backend: &Arc<dyn Backend>, key: &LockKey, permits: u32) {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Look};
+    let probe = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(key, &probe, Duration::from_secs(30))
+        .with_access(Access::Permits { permits })
+        .with_waits(true)
+        .with_look(Look::First);
+    let started = Instant::now();
+    loop {
+        match backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers")
+        {
+            Attempt::Behind { .. } => return,
+            Attempt::Acquired(_) => panic!("the probe took a permit of `{key}`"),
+            _ => {}
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no waiter of this process queued on `{key}`"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Takes `count` permits of `key` (of `permits`) directly, for `ttl`: never
+/// renewed, as a crashed holder's.
+async fn take_permits(
+    backend: &Arc<dyn Backend>,
+    key: &LockKey,
+    permits: u32,
+    count: u32,
+    ttl: Duration,
+) -> Vec<OwnerId> {
+    use dlock::backend::{Access, AcquireRequest, Attempt};
+    let mut owners = Vec::new();
+    for _ in 0..count {
+        let owner = OwnerId::random().expect("random");
+        let request =
+            AcquireRequest::new(key, &owner, ttl).with_access(Access::Permits { permits });
+        let taken = backend
+            .try_acquire(&request)
+            .await
+            .expect("backend answers");
+        assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+        owners.push(owner);
+    }
+    owners
+}
+
+/// Behind a waiter of its own process, a caller's first attempt and the
+/// look right after it subscribed are answered in process; a retry always
+/// asks the server, and so does a caller that would not wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_behind_its_processs_waiters_is_answered_in_process_and_a_retry_asks_the_server() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Look};
+    let backend = backend().await;
+    let key = fresh_key("permit-behind");
+    let holder = take_permits(&backend, &key, 1, 1, Duration::from_secs(30)).await;
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .permits(1)
+                .wait(Duration::from_secs(20))
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    until_queued_in_process(&backend, &key, 1).await;
+    let other = OwnerId::random().expect("random");
+    let request = AcquireRequest::new(&key, &other, Duration::from_secs(30))
+        .with_access(Access::Permits { permits: 1 })
+        .with_waits(true);
+    for look in [
+        Look::Again,
+        Look::Subscribed {
+            queued_behind: false,
+        },
+    ] {
+        let answer = backend
+            .try_acquire(&request.with_look(look))
+            .await
+            .expect("backend answers");
+        assert!(
+            matches!(
+                answer,
+                Attempt::Held {
+                    expires_in: Some(_)
+                }
+            ),
+            "{look:?} asks the server: {answer:?}"
+        );
+    }
+    let answer = backend
+        .try_acquire(&request.with_look(Look::First).with_waits(false))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(
+            answer,
+            Attempt::Held {
+                expires_in: Some(_)
+            }
+        ),
+        "a caller that would not wait asks the server: {answer:?}"
+    );
+    backend
+        .release(
+            &dlock::backend::ReleaseRequest::new(&key, &holder[0])
+                .holding(Access::Permits { permits: 1 }, None),
+        )
+        .await
+        .expect("release");
+    let lease = support::within(10, "the waiter's permit", waiter)
+        .await
+        .expect("the waiter's task")
+        .expect("the waiter gets the permit");
+    lease.release().await.expect("release");
+}
+
+/// A caller answered in process behind a waiter of its own process, with
+/// a wait far shorter than that waiter's nap, is not told "held" on the
+/// backend's word: at its deadline it asks the server, and takes the
+/// permit an operator freed without any announcement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_wait_behind_its_processs_waiters_asks_the_server_before_it_times_out() {
+    let backend = backend().await;
+    let key = fresh_key("permit-behind-short");
+    take_permits(&backend, &key, 1, 1, Duration::from_secs(30)).await;
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            LockOptions::new(Duration::from_secs(30))
+                .permits(1)
+                .wait(Duration::from_secs(30))
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    until_queued_in_process(&backend, &key, 1).await;
+    // The slot goes without a release: nothing is published.
+    let slots = format!("dlock:{{{key}}}:slots");
+    assert_eq!(cli(&["HDEL", &slots, "0"]), "1");
+    let short = LockOptions::new(Duration::from_secs(30))
+        .permits(1)
+        .wait(Duration::from_millis(300))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the caller's last look at its deadline finds the slot free");
+    assert_eq!(short.slot(), Some(0));
+    short.release().await.expect("release");
+    let lease = support::within(20, "the long waiter's permit", waiter)
+        .await
+        .expect("the waiter's task")
+        .expect("the long waiter gets the permit after the short one");
+    lease.release().await.expect("release");
+}
+
+/// Permits of a crashed holder come free by their ttl, which announces
+/// nothing: a caller answered in process behind a waiter of its own
+/// process naps no longer than that expiry, and both take a permit soon
+/// after it (well before the 10 s a waiter otherwise sleeps without news,
+/// and their wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_a_crashed_holder_left_reach_a_caller_that_queued_in_process() {
+    let backend = backend().await;
+    let key = fresh_key("permit-behind-crash");
+    take_permits(&backend, &key, 2, 2, Duration::from_millis(1500)).await;
+    let wait = |backend: Arc<dyn Backend>, key: LockKey| async move {
+        LockOptions::new(Duration::from_secs(30))
+            .permits(2)
+            .wait(Duration::from_secs(20))
+            .acquire_on(backend, &key)
+            .await
+    };
+    let first = tokio::spawn(wait(backend.clone(), key.clone()));
+    until_queued_in_process(&backend, &key, 2).await;
+    let second = tokio::spawn(wait(backend.clone(), key.clone()));
+    // Each holds on (a release would wake the other) until both have one:
+    // within 8 s of a 1.5 s ttl, short of both the 10 s nap without news
+    // and the 20 s wait (whose end asks the server).
+    let mut leases = Vec::new();
+    for (name, waiter) in [("first", first), ("second", second)] {
+        let lease = support::within(8, "a freed permit", waiter)
+            .await
+            .expect("the waiter's task")
+            .unwrap_or_else(|err| panic!("the {name} waiter gets a freed permit: {err}"));
+        leases.push(lease);
+    }
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}
+
+/// Two of three permits go without an announcement and one is released:
+/// its announcement wakes one waiter, whose grant finds two more free and
+/// wakes the two waiters queued in process behind it, so all three take a
+/// permit within their wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_that_finds_more_permits_free_wakes_as_many_waiters_of_its_process() {
+    use dlock::backend::{Access, ReleaseRequest};
+    let backend = backend().await;
+    let key = fresh_key("permit-behind-burst");
+    let holders = take_permits(&backend, &key, 3, 3, Duration::from_secs(30)).await;
+    let wait = |backend: Arc<dyn Backend>, key: LockKey| async move {
+        LockOptions::new(Duration::from_secs(30))
+            .permits(3)
+            .wait(Duration::from_secs(6))
+            .acquire_on(backend, &key)
+            .await
+    };
+    let mut waiters = vec![tokio::spawn(wait(backend.clone(), key.clone()))];
+    until_queued_in_process(&backend, &key, 3).await;
+    for _ in 0..2 {
+        waiters.push(tokio::spawn(wait(backend.clone(), key.clone())));
+    }
+    // Let the two queue behind the first (answered in process).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slots = format!("dlock:{{{key}}}:slots");
+    assert_eq!(cli(&["HDEL", &slots, "1", "2"]), "2");
+    backend
+        .release(
+            &ReleaseRequest::new(&key, &holders[0]).holding(Access::Permits { permits: 3 }, None),
+        )
+        .await
+        .expect("release");
+    let mut leases = Vec::new();
+    for waiter in waiters {
+        leases.push(
+            waiter
+                .await
+                .expect("the waiter's task")
+                .expect("every waiter gets one of the freed permits"),
+        );
+    }
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}

@@ -144,6 +144,21 @@ pub mod implementing;
 ///   its own ttl (rule 4); a retry by an owner that holds is a success
 ///   (rule 3) with its slot, or with the phase token.
 ///
+/// # Waiting behind this process's own waiters
+///
+/// [`AcquireRequest::look`] says where in its wait an attempt stands
+/// ([`Look`]). A backend may answer a [`Look::First`] attempt, or a
+/// [`Look::Subscribed`] one whose notice is queued behind another waiter
+/// of this process, with [`Attempt::Behind`] instead of asking its store,
+/// but only when every release it announces wakes a waiter of this process
+/// that then asks the store, the waiter ahead will be woken before the
+/// caller, and the answer bounds the caller's nap by the earliest expiry
+/// the store last told of (so a holder that ends by its ttl, which
+/// announces nothing, is noticed as soon as it would have been). A
+/// [`Look::Again`] attempt always asks the store. The core, in turn, never
+/// fails a caller whose every answer was `Behind`: at its deadline it asks
+/// once more with [`Look::Again`].
+///
 /// Each rule fits in one round trip per attempt: a Redis script reads the
 /// readers' hash, the mark and the slots and answers; PostgreSQL takes
 /// `pg_try_advisory_lock_shared` on an owned session (the mark in a row).
@@ -483,6 +498,33 @@ pub struct AcquireRequest<'a> {
     /// (it will try again): only a waiting writer leaves a writer-waiting
     /// mark (rule M3). `false` unless set.
     pub waits: bool,
+    /// Where in the caller's wait this attempt stands; [`Look::Again`]
+    /// (ask the store) unless set. See "Waiting behind this process's own
+    /// waiters" on [`Backend`].
+    pub look: Look,
+}
+
+/// Where in its caller's wait an attempt stands
+/// ([`AcquireRequest::look`]): what lets a backend answer a caller that
+/// arrives behind waiters of its own process without asking its store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Look {
+    /// The caller's first attempt, before it waits for anything.
+    First,
+    /// The attempt right after the caller subscribed to the key's release
+    /// notice ([`Backend::subscribe`]), before it napped: it catches a
+    /// release that came between the first attempt and the subscription.
+    Subscribed {
+        /// Whether the caller's notice is queued behind another waiter of
+        /// this process that a release wakes first
+        /// ([`ReleaseNotice::is_queued_behind`]).
+        queued_behind: bool,
+    },
+    /// Any other attempt: after a nap (a release notice, a holder's
+    /// expiry, the safety net), after a failure, or made on its own. The
+    /// store is asked.
+    Again,
 }
 
 impl<'a> AcquireRequest<'a> {
@@ -497,12 +539,19 @@ impl<'a> AcquireRequest<'a> {
             queue: Queue::Barge,
             access: Access::Exclusive,
             waits: false,
+            look: Look::Again,
         }
     }
 
     /// The same request, from a caller that waits (`true`) or not.
     pub fn with_waits(mut self, waits: bool) -> Self {
         self.waits = waits;
+        self
+    }
+
+    /// The same request, standing in its caller's wait as `look` says.
+    pub fn with_look(mut self, look: Look) -> Self {
+        self.look = look;
         self
     }
 
@@ -638,6 +687,17 @@ pub enum Attempt {
         /// on the release notice.
         expires_in: Option<Duration>,
     },
+    /// Someone else holds the key, answered without asking the store: a
+    /// waiter of this process queued ahead of the caller is woken first by
+    /// the next release and asks the store then (see "Waiting behind this
+    /// process's own waiters" on [`Backend`]). Only ever the answer to a
+    /// [`Look::First`] or [`Look::Subscribed`] attempt of a caller that
+    /// waits.
+    Behind {
+        /// How long until the earliest expiry the store last told of: the
+        /// caller looks again then even if nothing wakes it.
+        expires_in: Duration,
+    },
 }
 
 impl fmt::Debug for Attempt {
@@ -646,6 +706,10 @@ impl fmt::Debug for Attempt {
             Attempt::Acquired(grant) => f.debug_tuple("Acquired").field(&grant.token).finish(),
             Attempt::Held { expires_in } => f
                 .debug_struct("Held")
+                .field("expires_in", expires_in)
+                .finish(),
+            Attempt::Behind { expires_in } => f
+                .debug_struct("Behind")
                 .field("expires_in", expires_in)
                 .finish(),
         }

@@ -21,6 +21,7 @@ pub struct ReleaseNotice {
     woken: bool,
     pass_on: Option<Box<dyn FnOnce() + Send + 'static>>,
     recheck: Option<Duration>,
+    queued_behind: Option<Box<dyn Fn() -> bool + Send + 'static>>,
 }
 
 impl ReleaseNotice {
@@ -32,6 +33,7 @@ impl ReleaseNotice {
             woken: false,
             pass_on: None,
             recheck: None,
+            queued_behind: None,
         }
     }
 
@@ -47,6 +49,7 @@ impl ReleaseNotice {
             woken: false,
             pass_on: Some(Box::new(pass_on)),
             recheck: None,
+            queued_behind: None,
         }
     }
 
@@ -57,6 +60,22 @@ impl ReleaseNotice {
     pub fn recheck_within(mut self, every: Duration) -> Self {
         self.recheck = Some(every);
         self
+    }
+
+    /// For a backend that wakes its waiters one at a time in the order
+    /// they subscribed: `behind` tells whether this notice is still queued
+    /// behind another waiter of the process, one that a release wakes
+    /// first ([`crate::backend::Look::Subscribed`]).
+    pub fn queued_by(mut self, behind: impl Fn() -> bool + Send + 'static) -> Self {
+        self.queued_behind = Some(Box::new(behind));
+        self
+    }
+
+    /// Whether this notice, unresolved, is queued behind another waiter of
+    /// the process that a release wakes first. `false` for a notice that
+    /// keeps no such order, and once it has resolved.
+    pub fn is_queued_behind(&self) -> bool {
+        !self.woken && self.queued_behind.as_ref().is_some_and(|behind| behind())
     }
 
     /// How soon the waiter must look again on its own, if the notice may

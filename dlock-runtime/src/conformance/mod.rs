@@ -1277,7 +1277,9 @@ async fn take_as(
         .expect("backend answers")
     {
         Attempt::Acquired(grant) => grant.token,
-        Attempt::Held { .. } => panic!("`{key}` must be free for {identity}"),
+        Attempt::Held { .. } | Attempt::Behind { .. } => {
+            panic!("`{key}` must be free for {identity}")
+        }
     }
 }
 

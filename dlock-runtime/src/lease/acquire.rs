@@ -13,8 +13,8 @@ use tracing::{Instrument as _, Span};
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL,
-    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, Look, OwnerId,
+    QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
 use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, Operation};
@@ -335,6 +335,12 @@ fn may_retry(terms: &Terms, err: &LockError) -> bool {
 /// the same (a lost reply), so a failed acquisition gives its owner's key
 /// back too. The wake-up that ended a nap is kept until the attempt after
 /// it is answered: a waiter that gives up in between passes it on.
+///
+/// Each attempt says where in the wait it stands ([`Look`]), so a backend
+/// may answer a caller that arrives behind waiters of its own process
+/// without asking its store ([`Attempt::Behind`]); a caller whose every
+/// answer was that asks the store once more at its deadline, so none
+/// times out on the backend's word alone.
 async fn take(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
@@ -367,22 +373,46 @@ async fn take(
         // serves as the instant the attempt was sent (a little early, so
         // the lease's lifetime is, if anything, counted short).
         let sent = started;
-        let first = attempt(backend, key, *owner, terms, Queue::Barge);
+        let first = attempt(backend, key, *owner, terms, Queue::Barge, Look::First);
+        // Whether the store itself answered an attempt (not the backend in
+        // process, behind this process's waiters).
+        let mut asked = true;
+        // Whether the next attempt is the look right after subscribing.
+        let mut just_subscribed = true;
         match by_deadline(kind, Operation::Acquire, key, terms, deadline, first).await {
             Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
             Ok(Attempt::Held { .. }) => held(&mut clear_mark),
+            Ok(Attempt::Behind { .. }) => asked = false,
             Err(err) => {
                 unsure = true;
                 if !may_retry(&err) {
                     break 'attempts Err(err);
                 }
                 failure = Some(err);
+                just_subscribed = false;
             }
         }
         let mut backoff = MIN_BACKOFF;
         let mut woken_by: Option<ReleaseNotice> = None;
         loop {
             let now = Instant::now();
+            if now >= deadline && !asked {
+                // Every answer came from the backend in process: the store
+                // has the last word before the caller is told "held".
+                let sent = Instant::now();
+                let last = attempt(backend, key, *owner, terms, Queue::Barge, Look::Again);
+                match by_deadline(kind, Operation::Acquire, key, terms, deadline, last).await {
+                    Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
+                    Ok(_) => {
+                        held(&mut clear_mark);
+                        break 'attempts Err(contended(Instant::now()));
+                    }
+                    Err(err) => {
+                        unsure = true;
+                        break 'attempts Err(err);
+                    }
+                }
+            }
             if now >= deadline {
                 break 'attempts Err(failure.unwrap_or_else(|| contended(now)));
             }
@@ -400,12 +430,20 @@ async fn take(
                     Ok(notice) => notice,
                     Err(err) if may_retry(&err) => {
                         failure = Some(err);
+                        just_subscribed = false;
                         continue;
                     }
                     Err(err) => break 'attempts Err(err),
                 };
+            let look = if std::mem::take(&mut just_subscribed) {
+                Look::Subscribed {
+                    queued_behind: notice.is_queued_behind(),
+                }
+            } else {
+                Look::Again
+            };
             let sent = Instant::now();
-            let again = attempt(backend, key, *owner, terms, Queue::Barge);
+            let again = attempt(backend, key, *owner, terms, Queue::Barge, look);
             let answer = by_deadline(kind, Operation::Acquire, key, terms, deadline, again).await;
             if answer.is_ok()
                 && let Some(woken) = woken_by.take()
@@ -416,10 +454,13 @@ async fn take(
                 Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
                 Ok(Attempt::Held { expires_in }) => {
                     held(&mut clear_mark);
+                    asked = true;
                     expires_in
                 }
+                Ok(Attempt::Behind { expires_in }) => Some(expires_in),
                 Err(err) => {
                     unsure = true;
+                    asked = true;
                     // Dropped unanswered: the wake-up goes to another waiter.
                     woken_by = None;
                     if !may_retry(&err) {
@@ -510,13 +551,13 @@ async fn take_fair(
     // The first try, unless waiters of this process are known to queue
     // on the key (it could only lose to them): then straight to the queue.
     if !backend.queued_here(key) {
-        let first = attempt(backend, key, *owner, terms, Queue::Respect);
+        let first = attempt(backend, key, *owner, terms, Queue::Respect, Look::First);
         match by_deadline(kind, Operation::Acquire, key, terms, deadline, first).await {
             Ok(Attempt::Acquired(grant)) => {
                 leave.disarm();
                 return Ok((grant, started));
             }
-            Ok(Attempt::Held { .. }) => {}
+            Ok(Attempt::Held { .. } | Attempt::Behind { .. }) => {}
             // Kept, so a deadline that passes before the store answers
             // again names the failure rather than a timeout.
             Err(err) if may_retry(&err) => failure = Some(err),
@@ -551,11 +592,12 @@ async fn take_fair(
             }
         }
         let sent = Instant::now();
-        let joined = attempt(backend, key, *owner, terms, join);
+        let joined = attempt(backend, key, *owner, terms, join, Look::Again);
         let expires_in =
             match by_deadline(kind, Operation::Acquire, key, terms, deadline, joined).await {
                 Ok(Attempt::Acquired(grant)) => break Ok((grant, sent)),
                 Ok(Attempt::Held { expires_in }) => expires_in,
+                Ok(Attempt::Behind { expires_in }) => Some(expires_in),
                 Err(err) if may_retry(&err) => {
                     failure = Some(err);
                     continue;
@@ -689,6 +731,7 @@ fn attempt(
     owner: OwnerId,
     terms: &Terms,
     queue: Queue,
+    look: Look,
 ) -> impl Future<Output = Result<Attempt, LockError>> + Send + 'static {
     let work = {
         let (backend, key) = (Arc::clone(backend), key.clone());
@@ -701,7 +744,8 @@ fn attempt(
                 .with_label(label.as_deref())
                 .with_queue(queue)
                 .with_access(access)
-                .with_waits(waits);
+                .with_waits(waits)
+                .with_look(look);
             backend.try_acquire(&request).await
         }
     };
@@ -772,7 +816,7 @@ impl GiveBack {
 
 impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
     async fn handle(self, outcome: Result<Attempt, LockError>) {
-        if self.queued || !matches!(outcome, Ok(Attempt::Held { .. })) {
+        if self.queued || !matches!(outcome, Ok(Attempt::Held { .. } | Attempt::Behind { .. })) {
             self.release().await;
         }
     }

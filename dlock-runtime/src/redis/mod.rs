@@ -258,10 +258,10 @@ use ::redis::{
 };
 use async_trait::async_trait;
 use futures_util::StreamExt as _;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep};
 
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue,
+    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, Look, OwnerId, Queue,
     ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
@@ -732,6 +732,9 @@ impl RedisBackend {
         permits: u32,
     ) -> Result<Attempt, LockError> {
         let names = PermitNames::of(request.key);
+        if let Some(expires_in) = self.behind_own_waiters(request, &names.released) {
+            return Ok(Attempt::Behind { expires_in });
+        }
         let mark = self.mark_for(request, &names.released);
         let args = [
             request.owner.to_hex().to_vec(),
@@ -740,14 +743,47 @@ impl RedisBackend {
             bytes(permits),
         ];
         let keys = [bytes(&names.lock), bytes(&names.fence), bytes(&names.slots)];
-        self.attempt(
-            request,
-            &names.fence,
-            &scripts::PERMIT_ACQUIRE,
-            &keys,
-            &args,
-        )
-        .await
+        let sent = Instant::now();
+        let answer = self
+            .attempt(
+                request,
+                &names.fence,
+                &scripts::PERMIT_ACQUIRE,
+                &keys,
+                &args,
+            )
+            .await;
+        if let Ok(Attempt::Held {
+            expires_in: Some(expires_in),
+        }) = &answer
+        {
+            self.inner
+                .subscriber
+                .note_expiry(&names.released, sent + *expires_in);
+        }
+        answer
+    }
+
+    /// A permit attempt answered in process: a caller that waits, making
+    /// its first attempt or the one right after it subscribed, queues
+    /// behind this process's waiters of the key while they are queued and
+    /// the earliest expiry the server last told of is ahead. A release is
+    /// announced to every process (the sentinel is marked once any attempt
+    /// was refused) and wakes the longest waiter here, which asks the
+    /// server; an attempt that takes a permit and finds more free wakes as
+    /// many more; and the caller looks again at that expiry on its own.
+    /// So asking would only find the key full, or take a permit from a
+    /// waiter that was here first. `None`: ask the server.
+    fn behind_own_waiters(&self, request: &AcquireRequest<'_>, released: &str) -> Option<Duration> {
+        let queued = match request.look {
+            Look::First => true,
+            Look::Subscribed { queued_behind } => queued_behind,
+            _ => false,
+        };
+        if !(queued && request.waits && request.identity.is_none()) {
+            return None;
+        }
+        self.inner.subscriber.queued_nap(released)
     }
 
     /// An acquire script's answer: the token when taken (and the slot,
@@ -763,8 +799,13 @@ impl RedisBackend {
     ) -> Result<Attempt, LockError> {
         if let Access::Permits { permits } = access
             && let Value::Array(parts) = reply
-            && let [Value::BulkString(token), Value::Int(slot)] = parts.as_slice()
+            && let [Value::BulkString(token), Value::Int(slot), rest @ ..] = parts.as_slice()
         {
+            if let [Value::Int(free @ 1..)] = rest {
+                let free = usize::try_from(*free).unwrap_or(usize::MAX);
+                let released = PermitNames::of(key).released;
+                self.inner.subscriber.wake_queued(&released, free);
+            }
             let token = std::str::from_utf8(token)
                 .ok()
                 .and_then(|token| token.parse::<u64>().ok())

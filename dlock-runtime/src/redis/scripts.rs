@@ -969,8 +969,9 @@ return ended()
 /// A permit attempt ([`crate::backend::Access::Permits`]). `KEYS[1]` lock
 /// key, `KEYS[2]` fence key, `KEYS[3]` the slots' hash; `ARGV[1]` owner id,
 /// `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take the key with,
-/// `ARGV[4]` the number of permits. Returns `{token, slot}` when the
-/// caller holds a slot of `0..permits`, else the ms until the soonest slot
+/// `ARGV[4]` the number of permits. Returns `{token, slot, free}` when
+/// the caller holds a slot of `0..permits` (`free`: how many slots are
+/// still free, which wakes as many waiters of the caller's process), else the ms until the soonest slot
 /// runs out (or the exclusive or shared holder's `PTTL`), with the
 /// refusal to mark the sentinel if any.
 ///
@@ -1043,7 +1044,13 @@ else
   redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
   redis.call('PEXPIRE', KEYS[3], ttl)
 end
-return {token, taken}
+local free = 0
+for slot = 0, permits - 1 do
+  if not slots[tostring(slot)] then
+    free = free + 1
+  end
+end
+return {token, taken, free}
 "
 );
 

@@ -113,6 +113,10 @@ struct Channel {
     mailboxes: HashMap<[u8; 32], Mailbox>,
     /// The waiters in the order they subscribed; a message wakes the first.
     queue: VecDeque<Arc<Ticket>>,
+    /// The earliest expiry of the key's permits as the server last told a
+    /// refused attempt of this process: how long a caller answered in
+    /// process, behind the queue, naps at most.
+    expiry: Option<Instant>,
 }
 
 /// Where a fair waiter's handoff message is put: the latest one
@@ -138,6 +142,7 @@ impl Channel {
             heard: watch::channel(0).0,
             mailboxes: HashMap::new(),
             queue: VecDeque::new(),
+            expiry: None,
         }
     }
 
@@ -410,6 +415,7 @@ impl Subscriber {
                 }
             }));
         }
+        let place = Arc::downgrade(&ticket);
         let wait = async move {
             let _interest = interest;
             // A closed channel (the subscriber is gone) also ends the wait.
@@ -423,13 +429,60 @@ impl Subscriber {
         // the next waiter of this process gets the wake-up instead.
         let shared = Arc::downgrade(&self.shared);
         let channel = channel.to_owned();
+        let (queue_of, queue_name) = (shared.clone(), channel.clone());
         Ok(ReleaseNotice::passing_on(wait, move || {
             if let Some(shared) = shared.upgrade()
                 && let Some(entry) = shared.channels().by_name.get_mut(&channel)
             {
                 entry.wake_one();
             }
+        })
+        .queued_by(move || {
+            // Queued, and not first: a waiter ahead is woken before it.
+            let (Some(shared), Some(ticket)) = (queue_of.upgrade(), place.upgrade()) else {
+                return false;
+            };
+            shared
+                .channels()
+                .by_name
+                .get(&queue_name)
+                .and_then(|entry| entry.queue.iter().position(|t| Arc::ptr_eq(t, &ticket)))
+                .is_some_and(|place| place > 0)
         }))
+    }
+
+    /// How long a caller of this process may nap without asking the
+    /// server, behind the waiters queued on `channel`: the time left until
+    /// the permits' earliest expiry the server last told of, if waiters
+    /// are queued on a confirmed subscription and that expiry is ahead.
+    pub(crate) fn queued_nap(&self, channel: &str) -> Option<Duration> {
+        let channels = self.shared.channels();
+        let entry = channels.by_name.get(channel)?;
+        if entry.queue.is_empty() || entry.confirmed_in != Some(channels.generation) {
+            return None;
+        }
+        let left = entry.expiry?.checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
+    /// Keeps `at`, the permits' earliest expiry the server told a refused
+    /// attempt of, for the waiters on `channel` (if any wait).
+    pub(crate) fn note_expiry(&self, channel: &str, at: Instant) {
+        if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
+            entry.expiry = Some(at);
+        }
+    }
+
+    /// Wakes up to `count` waiters queued on `channel`, the longest
+    /// waiting first: an attempt found that many permits still free after
+    /// it took one, freed by expiry or by releases whose wake-ups found
+    /// nobody queued.
+    pub(crate) fn wake_queued(&self, channel: &str, count: usize) {
+        if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
+            for _ in 0..count.min(entry.queue.len()) {
+                entry.wake_one();
+            }
+        }
     }
 
     /// Whether waiters of this process wait on `channel` now.

@@ -518,73 +518,107 @@ fn last_issued(key: &LockKey) -> u64 {
         .expect("a fence counter")
 }
 
-/// The read phase's token deleted (an operator's `DEL`, an eviction) while
-/// a reader holds: the sentinel still stands for that reader, so a new
-/// reader is refused rather than given a new, higher token (which a `>=`
-/// fence would then hold against the current reader); the current reader's
-/// token stays the highest issued and it renews as before, and once it
-/// releases, the phase ends and a writer gets a higher token.
+/// The phase key deleted (an operator's `DEL`, an eviction) while one
+/// reader holds (its record is in that key) or two do (the key holds the
+/// token): the sentinel still stands for them, so a new reader is refused
+/// rather than given a new, higher token (which a `>=` fence would then
+/// hold against the current readers), the current token stays the highest
+/// issued, each reader is told it lost at its next renewal and at its
+/// release, and no writer gets the key before the sentinel, which lives as
+/// long as the readers' validity, runs out; then it does, with a higher
+/// token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_phase_token_refuses_new_readers_until_the_phase_ends() {
+async fn a_lost_phase_key_refuses_new_readers_and_writers_and_its_readers_learn_they_lost() {
     use dlock::backend::{
         Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal,
     };
     let backend = backend().await;
-    let key = fresh_key("rw-lost-phase");
-    let ttl = Duration::from_secs(30);
-    let owner = OwnerId::random().expect("random");
-    let request = AcquireRequest::new(&key, &owner, ttl).with_access(Access::Shared);
-    let current = match backend
-        .try_acquire(&request)
-        .await
-        .expect("backend answers")
-    {
-        Attempt::Acquired(grant) => grant.token,
-        other => panic!("a fresh key is free: {other:?}"),
-    };
-    assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:phase")]), "1");
+    for readers in [1, 2] {
+        let key = fresh_key(&format!("rw-lost-phase-{readers}"));
+        let ttl = Duration::from_millis(2_000);
+        let sent = Instant::now();
+        let mut owners = Vec::new();
+        let mut current = None;
+        for _ in 0..readers {
+            let owner = OwnerId::random().expect("random");
+            let request = AcquireRequest::new(&key, &owner, ttl).with_access(Access::Shared);
+            match backend
+                .try_acquire(&request)
+                .await
+                .expect("backend answers")
+            {
+                Attempt::Acquired(grant) => current = Some(grant.token),
+                other => panic!("readers share a fresh key: {other:?}"),
+            }
+            owners.push(owner);
+        }
+        let current = current.expect("a reader");
+        let valid_until = sent + ttl;
+        assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:phase")]), "1");
 
-    match try_read(&backend, &key, ttl).await {
-        Attempt::Held { expires_in } => assert!(
-            expires_in.is_some_and(|left| left > Duration::ZERO),
-            "refused until the sentinel's expiry, got {expires_in:?}"
-        ),
-        Attempt::Acquired(grant) => panic!(
-            "a new reader was granted {} beside the current reader's {current}",
-            grant.token
-        ),
-        other => panic!("an unexpected answer: {other:?}"),
+        match try_read(&backend, &key, Duration::from_secs(30)).await {
+            Attempt::Held { expires_in } => assert!(
+                expires_in.is_some_and(|left| left > Duration::ZERO),
+                "refused until the sentinel's expiry, got {expires_in:?}"
+            ),
+            Attempt::Acquired(grant) => panic!(
+                "a new reader was granted {} beside the current readers' {current}",
+                grant.token
+            ),
+            other => panic!("an unexpected answer: {other:?}"),
+        }
+        assert_eq!(
+            last_issued(&key),
+            current.get(),
+            "the current readers' token is still the highest issued"
+        );
+        for owner in &owners {
+            let renewal = Renewal::new(&key, owner, ttl).holding(Access::Shared, None);
+            assert!(
+                !backend.extend(&renewal).await.expect("backend answers"),
+                "a reader of a lost phase is told it lost ({readers} readers)"
+            );
+            let release = ReleaseRequest::new(&key, owner).holding(Access::Shared, None);
+            assert_ne!(
+                backend.release(&release).await.expect("backend answers"),
+                ReleaseOutcome::Released,
+                "a reader of a lost phase is not told it held to the end"
+            );
+        }
+        let other = OwnerId::random().expect("random");
+        assert!(
+            matches!(
+                backend
+                    .try_acquire(&AcquireRequest::new(&key, &other, ttl))
+                    .await
+                    .expect("backend answers"),
+                Attempt::Held { .. }
+            ),
+            "a writer beside readers that believe they hold"
+        );
+        let writer = LockOptions::new(Duration::from_secs(30))
+            .wait(Duration::from_secs(20))
+            .acquire_on(backend.clone(), &key)
+            .await
+            .expect("the sentinel expires with its readers");
+        assert!(
+            Instant::now() >= valid_until,
+            "a writer got the key before the readers' validity ran out"
+        );
+        assert!(
+            writer.token() > current,
+            "{} after {current}",
+            writer.token()
+        );
+        writer.release().await.expect("release");
     }
-    assert_eq!(
-        last_issued(&key),
-        current.get(),
-        "the current reader's token is still the highest issued"
-    );
-    let renewal = Renewal::new(&key, &owner, ttl).holding(Access::Shared, None);
-    assert!(backend.extend(&renewal).await.expect("backend answers"));
-
-    let release = ReleaseRequest::new(&key, &owner).holding(Access::Shared, None);
-    assert_eq!(
-        backend.release(&release).await.expect("backend answers"),
-        ReleaseOutcome::Released
-    );
-    let writer = LockOptions::new(ttl)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("the phase ended with its reader");
-    assert!(
-        writer.token() > current,
-        "{} after {current}",
-        writer.token()
-    );
-    writer.release().await.expect("release");
 }
 
-/// The readers' hash deleted while a reader holds: a new reader never gets
-/// a token above the current reader's (it is refused while the sentinel
-/// stands), the current reader learns it lost at its next renewal (never
-/// re-added), and no writer gets the key while the reader could still
-/// believe it holds by its validity (the sentinel lives its ttl).
+/// The readers' hash deleted while two readers hold: a new reader never
+/// gets a token above the current readers' (it is refused while the
+/// sentinel stands), a current reader learns it lost at its next renewal
+/// (never re-added), and no writer gets the key while the readers could
+/// still believe they hold by their validity (the sentinel lives its ttl).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_expires() {
     use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
@@ -602,6 +636,16 @@ async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_exp
         Attempt::Acquired(grant) => grant.token,
         other => panic!("a fresh key is free: {other:?}"),
     };
+    // A second reader: the phase's readers move into the hash.
+    let second = OwnerId::random().expect("random");
+    let joined = backend
+        .try_acquire(&AcquireRequest::new(&key, &second, ttl).with_access(Access::Shared))
+        .await
+        .expect("backend answers");
+    assert!(
+        matches!(&joined, Attempt::Acquired(grant) if grant.token == current),
+        "{joined:?}"
+    );
     // What the reader believes, by its own clock: it holds until then.
     let valid_until = sent + ttl;
     assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:readers")]), "1");
@@ -658,7 +702,7 @@ async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_exp
 }
 
 /// A reader whose ttl ran out while an operator kept its phase alive
-/// (`PEXPIRE` on the sentinel, `PERSIST` on the readers' hash) is answered
+/// (`PEXPIRE` on the sentinel, `PERSIST` on the phase key) is answered
 /// "not held" at its release, never "held to the end": the release of a
 /// phase's one reader still reads its expiry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -678,7 +722,7 @@ async fn a_reader_past_its_ttl_in_a_phase_an_operator_stretched_is_not_told_it_h
     let lock = redis_support::lock_name(&key);
     let readers = format!("dlock:{{{key}}}:readers");
     assert_eq!(cli(&["PEXPIRE", &lock, "60000"]), "1");
-    assert_eq!(cli(&["PERSIST", &readers]), "1");
+    assert_eq!(cli(&["PERSIST", &format!("dlock:{{{key}}}:phase")]), "1");
     tokio::time::sleep(Duration::from_millis(600)).await;
     let released = backend
         .release(&ReleaseRequest::new(&key, &owner).holding(Access::Shared, None))
@@ -936,4 +980,83 @@ async fn a_grant_that_finds_more_permits_free_wakes_as_many_waiters_of_its_proce
     for lease in leases {
         lease.release().await.expect("release");
     }
+}
+
+/// The sentinel deleted while two readers hold (their hash stays): a new
+/// reader starts a new phase with a higher token, and the old readers,
+/// whose hash is left over, are told they lost at their next renewal and
+/// at their release, before and after a second reader of the new phase
+/// joins (which clears the left-over hash); the new phase's readers renew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_left_in_a_hash_from_a_lost_phase_never_renew_into_a_new_one() {
+    use dlock::backend::{
+        Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let backend = backend().await;
+    let key = fresh_key("rw-stale-hash");
+    let ttl = Duration::from_secs(30);
+    let read = |owner: OwnerId| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            match backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl).with_access(Access::Shared))
+                .await
+                .expect("backend answers")
+            {
+                Attempt::Acquired(grant) => grant.token,
+                other => panic!("a reader is refused: {other:?}"),
+            }
+        }
+    };
+    let old = [
+        OwnerId::random().expect("random"),
+        OwnerId::random().expect("random"),
+    ];
+    let old_token = read(old[0]).await;
+    read(old[1]).await;
+    assert_eq!(cli(&["DEL", &redis_support::lock_name(&key)]), "1");
+    let new = [
+        OwnerId::random().expect("random"),
+        OwnerId::random().expect("random"),
+    ];
+    let new_token = read(new[0]).await;
+    assert!(new_token > old_token, "{new_token} after {old_token}");
+    let renews = |owner: OwnerId| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            backend
+                .extend(&Renewal::new(&key, &owner, ttl).holding(Access::Shared, None))
+                .await
+                .expect("backend answers")
+        }
+    };
+    assert!(
+        !renews(old[0]).await,
+        "an old reader renewed into the new phase"
+    );
+    read(new[1]).await;
+    for owner in old {
+        assert!(
+            !renews(owner).await,
+            "an old reader renewed into the new phase"
+        );
+        let release = ReleaseRequest::new(&key, &owner).holding(Access::Shared, None);
+        assert_ne!(
+            backend.release(&release).await.expect("backend answers"),
+            ReleaseOutcome::Released
+        );
+    }
+    for owner in new {
+        assert!(renews(owner).await, "a reader of the new phase renews");
+        let release = ReleaseRequest::new(&key, &owner).holding(Access::Shared, None);
+        assert_eq!(
+            backend.release(&release).await.expect("backend answers"),
+            ReleaseOutcome::Released
+        );
+    }
+    assert_eq!(
+        cli(&["EXISTS", &redis_support::lock_name(&key)]),
+        "0",
+        "the new phase ended with its last reader"
+    );
 }

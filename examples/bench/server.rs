@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dlock::{Backend, LockKey, LockOptions};
+use dlock::{Backend, LockKey, LockMode, LockOptions};
 use redis::Script;
 use redis::aio::MultiplexedConnection;
 
@@ -24,6 +24,9 @@ pub const TASKS: usize = 16;
 pub enum Protocol {
     /// dlock through its public API: `LockOptions::acquire_on` + `Lease::release`.
     Dlock,
+    /// The same in shared mode (`LockOptions::mode(LockMode::Shared)`):
+    /// each cycle a read phase of one reader.
+    DlockShared,
     /// dlock's two scripts sent by hand.
     Floor,
     /// rslock: `SET NX PX` + its compare-and-delete script.
@@ -46,8 +49,9 @@ return '0'
 ";
 
 impl Protocol {
-    pub const ALL: [Protocol; 5] = [
+    pub const ALL: [Protocol; 6] = [
         Protocol::Dlock,
+        Protocol::DlockShared,
         Protocol::Floor,
         Protocol::Tokenless,
         Protocol::Rslock,
@@ -57,6 +61,9 @@ impl Protocol {
     pub fn label(self) -> &'static str {
         match self {
             Protocol::Dlock => "dlock: LockOptions::acquire_on + Lease::release",
+            Protocol::DlockShared => {
+                "dlock, shared: LockOptions::mode(Shared).acquire_on + Lease::release"
+            }
             Protocol::Floor => "floor: dlock's acquire + release scripts by hand",
             Protocol::Rslock => "rslock 0.10: SET NX PX + unlock script",
             Protocol::Bare => "bare SET NX PX + DEL (no owner check, no token)",
@@ -286,7 +293,7 @@ pub async fn measure(run: &str, cycles: u64, rounds: usize) -> Res<Vec<Cost>> {
 /// One protocol, ready to cycle.
 #[derive(Clone)]
 enum Cycler {
-    Dlock(Arc<dyn Backend>, String),
+    Dlock(Arc<dyn Backend>, LockMode, String),
     /// dlock's scripts, or the tokenless ones, by hand; the tag names which.
     Floor(MultiplexedConnection, Arc<Script>, Arc<Script>, String),
     Rslock(rslock::LockManager, String),
@@ -306,7 +313,13 @@ impl Cycler {
         Ok(match protocol {
             Protocol::Dlock => Cycler::Dlock(
                 Arc::new(dlock::redis::RedisBackend::connect(url).await?),
+                LockMode::Exclusive,
                 tag,
+            ),
+            Protocol::DlockShared => Cycler::Dlock(
+                Arc::new(dlock::redis::RedisBackend::connect(url).await?),
+                LockMode::Shared,
+                format!("{tag}:shared"),
             ),
             Protocol::Floor => Cycler::Floor(
                 conn().await?,
@@ -347,9 +360,10 @@ impl Cycler {
     async fn cycle(&self, task: usize, n: u64) -> Res<()> {
         let owner = crate::cycle::owner_hex(task, n);
         match self {
-            Cycler::Dlock(backend, tag) => {
+            Cycler::Dlock(backend, mode, tag) => {
                 let key = LockKey::new(format!("{tag}:dlock:{task}"))?;
                 let lease = LockOptions::new(TTL)
+                    .mode(*mode)
                     .acquire_on(backend.clone(), &key)
                     .await?;
                 lease.release().await?;

@@ -12,8 +12,8 @@
 //! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
 //! | `dlock:{T}:waiter:<owner id>` | string, with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl its attempt asked for (ms) and its holder record; refreshed by the waiter's attempts, deleted by the handoff to it or its leaving |
 //! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
-//! | `dlock:{T}:readers` | hash, with the read phase's `PX` | while readers hold (the lock key then holds the read phase's sentinel, 32 zeros and the waiter mark): each reader's owner id → its expiry in server ms; read only while the sentinel stands |
-//! | `dlock:{T}:phase` | string, with the read phase's `PX` | the read phase's token, drawn by its first reader |
+//! | `dlock:{T}:readers` | hash, with the read phase's `PX` | while two or more readers hold (the lock key then holds the read phase's sentinel, 32 zeros and the waiter mark): each reader's owner id → its expiry in server ms; read only while the sentinel stands and the phase key holds the token alone |
+//! | `dlock:{T}:phase` | string, with the read phase's `PX` | the read phase's token, drawn by its first reader, and, while that reader is the phase's only one, `<token> <owner id>` (the key's `PX` then its expiry) |
 //! | `dlock:{T}:writer` | string, `PX` [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL) | a writer-waiting mark: the owner id of an exclusive attempt that found readers, and `+` once a reader was refused by it; deleted when its owner takes the key or gives up |
 //! | `dlock:{T}:slots` | hash, with the permits' `PX` | while permits are held (the lock key then holds the permits' sentinel, 31 zeros, `1` and the waiter mark): slot → `<expiry in server ms> <owner id>` |
 //!
@@ -139,11 +139,12 @@ pub(crate) struct SharedNames {
     pub(crate) lock: String,
     /// The fencing counter.
     pub(crate) fence: String,
-    /// The readers' hash: owner id → expiry (server ms).
+    /// The readers' hash, while two or more read: owner id → expiry
+    /// (server ms).
     pub(crate) readers: String,
     /// The writer-waiting mark: owner id and flag, `PX` its life.
     pub(crate) writer: String,
-    /// The read phase's token.
+    /// The read phase: its token, and its one reader while it has one.
     pub(crate) phase: String,
     /// The channel a release is announced on.
     pub(crate) released: String,

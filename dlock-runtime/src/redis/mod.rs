@@ -45,8 +45,8 @@
 //! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
-//! | `dlock:{T}:readers` | hash with the read phase's `PX` | while readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
-//! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token |
+//! | `dlock:{T}:readers` | hash with the read phase's `PX` | while two or more readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
+//! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token, and while it has one reader, that reader's owner id (its expiry the key's `PX`) |
 //! | `dlock:{T}:writer` | string, `PX` 3 s | a writer-waiting mark: the owner id of a writer that found readers |
 //! | `dlock:{T}:slots` | hash with the permits' `PX` | while permits are held: slot → expiry in server ms and owner id |
 //!
@@ -116,14 +116,19 @@
 //!   lock key holds a value of a lock's shape that no owner id is (32
 //!   zeros, or 31 zeros and `1`, and the waiter mark), with a `PX` as long
 //!   as the longest-lived holder's. An exclusive attempt, of this dlock or
-//!   an older one, just finds the key held; the holders sit in a hash
-//!   beside it (`…:readers`, owner → expiry; `…:slots`, slot → expiry and
-//!   owner), expiries by the server's clock, dead entries pruned by the
-//!   scripts, and read only while the sentinel stands, so a force release
-//!   ends them all.
+//!   an older one, just finds the key held; the holders sit beside it (a
+//!   read phase's one reader in `…:phase` with the token, more readers in
+//!   a hash `…:readers`, owner → expiry; permits in `…:slots`, slot →
+//!   expiry and owner), expiries by the server's clock, dead entries
+//!   pruned by the scripts, and read only while the sentinel stands, so a
+//!   force release ends them all. A phase of one reader, the common case,
+//!   writes no hash: its attempt makes the calls an exclusive one makes,
+//!   its release one more (the phase key's expiry).
 //! - **Tokens** are drawn as an exclusive acquisition draws them (the
 //!   fence counter, floored at the server clock): a read phase's first
-//!   reader draws one and keeps it in `…:phase` for the readers that join;
+//!   reader draws one and keeps it in `…:phase` for the readers that join
+//!   (a phase whose `…:phase` is lost refuses new readers and renewals,
+//!   and ends with the sentinel's ttl);
 //!   a permit draws one per grant. They keep rising across a lost counter.
 //! - **Writers first.** An exclusive attempt that finds readers leaves a
 //!   mark, `…:writer` (its owner id, `PX`

@@ -702,8 +702,9 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 /// in a hash beside it, read only while the sentinel stands (so a force
 /// release, which deletes the lock key, ends them all at once):
 ///
-/// - `dlock:{T}:readers`: owner id → expiry (server ms), and
-///   `dlock:{T}:phase`, the read phase's token;
+/// - `dlock:{T}:phase`, the read phase: its token and, while it has one
+///   reader, that reader's owner id (its expiry the key's own); with more,
+///   `dlock:{T}:readers`, owner id → expiry;
 /// - `dlock:{T}:slots`: slot → `<expiry ms> <owner id>`.
 ///
 /// Expiries are the server's clock (`TIME`), never a client's; the dead
@@ -718,7 +719,7 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 ///   `HGETALL` the script already read.
 /// - `last(entries)`: the latest expiry among `entries`, 0 for none.
 /// - `stretch(names, left)`: sets every key of `names` to expire in `left`
-///   ms (the sentinel, the hash, the phase token): they live exactly as
+///   ms (the sentinel, the hash, the phase key): they live exactly as
 ///   long as the longest-lived holder.
 /// - `mark_waited(lock, held)`: marks a held value of the lock's shape `+`
 ///   (its release then publishes); the refusal, if the server refused it.
@@ -726,6 +727,9 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 ///   the lock's `PTTL`, with the refusal to mark it if any.
 /// - `reading(held)`, `permitted(held)`: whether `held` is the read
 ///   phase's or the permits' sentinel.
+/// - `phase_of(phase)`: the phase key's token and, if the phase has one
+///   reader, its owner id and the ms it has left (the key's `PTTL`: `nil`
+///   if the key has no expiry); `nil` for a missing or foreign value.
 macro_rules! modes_lua {
     () => {
         r"
@@ -793,53 +797,73 @@ end
 local function permitted(held)
   return type(held) == 'string' and #held == 33 and string.sub(held, 1, 32) == PERMITS
 end
+local function phase_of(phase)
+  local value = redis.pcall('GET', phase)
+  if type(value) ~= 'string' then
+    return nil
+  end
+  local token, lone = string.match(value, '^(%d+) (%x+)$')
+  if not token then
+    return string.match(value, '^(%d+)$')
+  end
+  local left = redis.call('PTTL', phase)
+  if left <= 0 then
+    return token, lone, nil
+  end
+  return token, lone, left
+end
 "
     };
 }
 
 /// A shared attempt ([`crate::backend::Access::Shared`]). `KEYS[1]` lock
 /// key, `KEYS[2]` fence key, `KEYS[3]` readers' hash, `KEYS[4]` the
-/// writer-waiting mark, `KEYS[5]` the phase token; `ARGV[1]` the owner id
+/// writer-waiting mark, `KEYS[5]` the phase key; `ARGV[1]` the owner id
 /// (32 hex digits), `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take
 /// the key with (`-` or `+`, as for [`ACQUIRE_LUA`]). Answers as
 /// [`ACQUIRE_LUA`] does: the token as a bulk string, or the ms to look
 /// again in (with the refusal to mark the holder, if any).
 ///
+/// The phase key is the read phase: `<token> <owner>` while its first
+/// reader is its only one (no hash is written; the key's `PX` is that
+/// reader's expiry), `<token>` once a second reader joined, the readers
+/// then in the hash (owner → expiry).
+///
+/// - No phase (the key free): refused while a live writer-waiting mark
+///   stands (rule M3: the mark flagged `+`, so the writer takes the key
+///   marked and its release publishes); else a new phase, its token drawn
+///   as [`ACQUIRE_LUA`] draws one (the counter advanced, floored at the
+///   server clock, so above every token before, across a lost counter
+///   too), kept in the phase key with the caller as its one reader. This
+///   path runs before the helpers are defined: it is the common one, and
+///   it costs what an exclusive attempt does.
 /// - An exclusive holder or permits hold the key: refused, the holder's
 ///   value marked `+` so its release wakes the caller.
 /// - A live read phase: a reader of it retrying (rule M5) is granted the
 ///   phase token with its expiry renewed; anyone else joins it with the
-///   phase token, unless a live writer-waiting mark stands (rule M3): then
-///   refused until the mark's expiry, and the mark flagged `+`, so the
-///   writer takes the key marked and its release publishes.
-/// - A *lost* phase: the sentinel stands but its token or its readers'
-///   hash is gone (an operator's `DEL`, eviction under `maxmemory`), or
-///   the hash holds no live reader. Refused until the sentinel's `PTTL`,
-///   the sentinel marked `+` (so the last reader's release wakes the
-///   caller), and nothing written else: no new token is drawn and no live
-///   reader's entry deleted (a reader of the phase retrying is refused
-///   too, as its token cannot be told; its entry ends with its ttl or its
-///   release). The readers the sentinel stands for may still
-///   believe they hold with the phase's token, so a new phase's higher
-///   token would make a `>=` fence refuse them, and, once it ended, let a
-///   writer in beside them. The lost phase still ends as any phase does:
-///   its readers' releases (the last one deletes the sentinel), or the
-///   sentinel's expiry, which is its longest-lived reader's; a reader whose
-///   entry went with the hash is told it lost at its next renewal
-///   ([`SHARED_EXTEND_LUA`] answers 0, never re-adds it).
-/// - No phase (the key free): refused while a live mark stands, as above;
-///   else a new phase, its token drawn as [`ACQUIRE_LUA`] draws one (the
-///   counter advanced, floored at the server clock, so above every token
-///   before, across a lost counter too) and kept as the phase's.
+///   phase token, unless a live writer-waiting mark stands (refused until
+///   the mark's expiry, the mark flagged). The second reader moves the
+///   first into the hash beside it (any hash already there is left from a
+///   lost phase, and goes).
+/// - A *lost* phase: the sentinel stands but its phase key is gone (an
+///   operator's `DEL`, eviction under `maxmemory`) or lost its expiry (a
+///   `PERSIST`), or no reader of it is live. Refused until the sentinel's `PTTL`, the sentinel marked `+`
+///   (so the last reader's release wakes the caller), and nothing written
+///   else: no new token is drawn and no live reader's entry deleted. The
+///   readers the sentinel stands for may still believe they hold with the
+///   phase's token, so a new phase's higher token would make a `>=` fence
+///   refuse them, and, once it ended, let a writer in beside them. A lost
+///   phase ends by the sentinel's expiry, which is its longest-lived
+///   reader's; its readers are told they lost at their next renewal
+///   ([`SHARED_EXTEND_LUA`] answers 0).
 ///
 /// Why one atomic step: the sentinel, the readers and the mark are read
 /// and written together, so no writer takes the key between a reader's
 /// check and its join, and two first readers never draw two phase tokens.
 pub(super) const SHARED_ACQUIRE_LUA: &str = concat!(
     token_lua!(),
-    modes_lua!(),
     r"
-local owner, ttl = ARGV[1], tonumber(ARGV[2])
+local owner = ARGV[1]
 local function writer_waits()
   local mark = redis.pcall('GET', KEYS[4])
   if type(mark) ~= 'string' then
@@ -850,7 +874,7 @@ local function writer_waits()
   end
   return true
 end
-if redis.call('SET', KEYS[1], READ_PHASE .. ARGV[3], 'NX', 'PX', ttl) then
+if redis.call('SET', KEYS[1], '00000000000000000000000000000000' .. ARGV[3], 'NX', 'PX', ARGV[2]) then
   -- The key was free: a new phase, unless a writer waits for the key.
   if writer_waits() then
     redis.call('DEL', KEYS[1])
@@ -862,20 +886,45 @@ if redis.call('SET', KEYS[1], READ_PHASE .. ARGV[3], 'NX', 'PX', ttl) then
     redis.call('DEL', KEYS[1])
     return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
   end
-  redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], owner, tostring(ms_of(time) + ttl))
-  redis.call('PEXPIRE', KEYS[3], ttl)
-  redis.call('SET', KEYS[5], token, 'PX', ttl)
+  redis.call('SET', KEYS[5], token .. ' ' .. owner, 'PX', ARGV[2])
   return token
 end
+local ttl = tonumber(ARGV[2])
+",
+    modes_lua!(),
+    r"
 local held = redis.pcall('GET', KEYS[1])
 if not reading(held) then
   return refused(KEYS[1], held)
 end
 local now = now_ms()
+local token, lone, left = phase_of(KEYS[5])
+if not token or (lone and not left) then
+  return refused(KEYS[1], held)
+end
+local function granted()
+  if ARGV[3] == '+' then
+    redis.call('SETRANGE', KEYS[1], 32, '+')
+  end
+  return token
+end
+if lone == owner then
+  redis.call('SET', KEYS[5], token .. ' ' .. owner, 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return granted()
+end
+if lone then
+  if writer_waits() then
+    return redis.call('PTTL', KEYS[4])
+  end
+  redis.call('DEL', KEYS[3])
+  redis.call('HSET', KEYS[3], lone, tostring(now + left), owner, tostring(now + ttl))
+  redis.call('SET', KEYS[5], token)
+  stretch({KEYS[1], KEYS[3], KEYS[5]}, math.max(left, ttl))
+  return granted()
+end
 local readers = live(KEYS[3], now)
-local token = redis.pcall('GET', KEYS[5])
-if not next(readers) or type(token) ~= 'string' then
+if not next(readers) then
   return refused(KEYS[1], held)
 end
 if not readers[owner] and writer_waits() then
@@ -884,19 +933,15 @@ end
 readers[owner] = tostring(now + ttl)
 redis.call('HSET', KEYS[3], owner, readers[owner])
 stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
-if ARGV[3] == '+' then
-  redis.call('SETRANGE', KEYS[1], 32, '+')
-end
-return token
+return granted()
 "
 );
 
 /// Renews a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash, `KEYS[3]`
-/// phase token; `ARGV[1]` owner id, `ARGV[2]` ttl in ms. Returns 1 if
+/// phase key; `ARGV[1]` owner id, `ARGV[2]` ttl in ms. Returns 1 if
 /// renewed, 0 if the caller holds no live share of the phase: a reader
-/// whose entry is gone (the hash deleted or evicted) learns it lost, and
-/// is never written back (the phase token, if it was lost, stays lost:
-/// `PEXPIRE` of a missing key writes nothing).
+/// whose entry is gone (the phase key or the hash deleted or evicted)
+/// learns it lost, and is never written back.
 ///
 /// Why one atomic step: checked apart, the reader's share could run out,
 /// the phase end and a writer take the key between the check and the
@@ -906,6 +951,18 @@ pub(super) const SHARED_EXTEND_LUA: &str = concat!(
     r"
 if not reading(redis.pcall('GET', KEYS[1])) then
   return 0
+end
+local token, lone, left = phase_of(KEYS[3])
+if not token then
+  return 0
+end
+if lone then
+  if lone ~= ARGV[1] or not left then
+    return 0
+  end
+  redis.call('SET', KEYS[3], token .. ' ' .. lone, 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
 end
 local now = now_ms()
 local readers = live(KEYS[2], now)
@@ -920,22 +977,28 @@ return 1
 );
 
 /// Releases a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash,
-/// `KEYS[3]` phase token; `ARGV[1]` owner id. Returns 1 if released, 0 if
-/// the caller held no live share. The last reader's release ends the
-/// phase (the sentinel, the hash and the phase token deleted) and, when
-/// the sentinel is marked `+` (a writer, or a waiter, found the phase),
-/// publishes on the release channel (the lock key with `lock` replaced by
-/// `released`); an earlier reader's cuts the sentinel's life to the
-/// longest-lived reader left.
+/// `KEYS[3]` phase key; `ARGV[1]` owner id. Returns 1 if released, 0 if
+/// the caller held no live share (its entry gone with a lost phase key, or
+/// past its expiry). The last reader's release ends the phase (the
+/// sentinel, the hash and the phase key deleted) and, when the sentinel is
+/// marked `+` (a writer, or a waiter, found the phase), publishes on the
+/// release channel (the lock key with `lock` replaced by `released`); an
+/// earlier reader's cuts the sentinel's life to the longest-lived reader
+/// left. The release of a phase's one reader runs before the helpers are
+/// defined, as the first reader's attempt does.
 ///
 /// Why one atomic step: the phase ends, and the release is announced,
 /// exactly when the last share goes, so a waiting writer neither misses
 /// it nor is woken while a reader holds.
 pub(super) const SHARED_RELEASE_LUA: &str = concat!(
-    modes_lua!(),
     r"
 local held = redis.pcall('GET', KEYS[1])
-if not reading(held) then
+if not (type(held) == 'string' and #held == 33
+    and string.sub(held, 1, 32) == '00000000000000000000000000000000') then
+  return 0
+end
+local phase = redis.pcall('GET', KEYS[3])
+if type(phase) ~= 'string' then
   return 0
 end
 local function ended()
@@ -945,14 +1008,19 @@ local function ended()
   end
   return 1
 end
-local all = redis.pcall('HGETALL', KEYS[2])
-local now = now_ms()
-if type(all) == 'table' and #all == 2 and all[1] == ARGV[1]
-    and (tonumber(string.match(all[2], '^%d+') or '') or 0) > now then
-  -- The phase's one reader, live: the phase ends with it.
-  return ended()
+if string.find(phase, ' ', 1, true) then
+  -- The phase's one reader: the phase ends with it, if it is live (its
+  -- expiry is the phase key's: one an operator took away is not).
+  if string.sub(phase, -33) == ' ' .. ARGV[1] and redis.call('PTTL', KEYS[3]) > 0 then
+    return ended()
+  end
+  return 0
 end
-local readers = live(KEYS[2], now, all)
+",
+    modes_lua!(),
+    r"
+local now = now_ms()
+local readers = live(KEYS[2], now)
 if not readers[ARGV[1]] then
   return 0
 end

@@ -142,6 +142,20 @@
 //!   channel; a reader refused by a mark flags it, so the writer takes the
 //!   key marked and its release publishes; removing a mark on give-up
 //!   always does.
+//! - **Permit waiters of one process queue in it.** A release publishes
+//!   once, and wakes the longest-waiting waiter of each process, which
+//!   asks the server. A caller that arrives behind waiters of its own
+//!   process (its first attempt, and its look right after it subscribed
+//!   while its notice is queued behind another's) is answered in process,
+//!   [`Attempt::Behind`], instead of asking: the server would only find
+//!   the permits taken, or give one to the newcomer ahead of the waiter
+//!   that was here first. So a permit handoff is two round trips, the
+//!   release and the woken waiter's attempt. The answer naps no longer than
+//!   the permits' earliest expiry the server last told a refused attempt
+//!   of this process (a crashed holder's permit frees by its ttl, which
+//!   publishes nothing); a grant that finds more permits free wakes as
+//!   many waiters; and a caller that only ever got such answers asks the
+//!   server at its deadline before it is told "held".
 //! - **Renewals** of readers and permits go in the same pipeline as
 //!   exclusive ones ([`Backend::extend_many`]).
 //! - [`Backend::holder`] reads a read-held or permit-held key as held, by

@@ -459,3 +459,84 @@ async fn released_shared_and_permit_keys_are_forgotten() {
     }
     assert_eq!(memory.tracked_keys(), 0, "released keys must not pile up");
 }
+
+/// A backend that answers every first look and every look right after
+/// subscribing `Behind` (the second one late, after the caller's short
+/// wait ran out), and asks its memory store otherwise: the caller, whose
+/// every answer came in process, asks the store once more at its deadline
+/// and takes the free key, never told "held" on the backend's word alone.
+#[tokio::test]
+async fn a_caller_answered_only_in_process_asks_the_store_before_it_times_out() {
+    use async_trait::async_trait;
+    use dlock::LockKey;
+    use dlock::backend::{
+        AcquireRequest, Attempt, Holding, Look, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
+        Renewal,
+    };
+    use std::sync::Mutex;
+
+    struct LateBehind {
+        inner: MemoryBackend,
+        looks: Mutex<Vec<Look>>,
+    }
+    #[async_trait]
+    impl Backend for LateBehind {
+        fn kind(&self) -> &'static str {
+            "late-behind"
+        }
+        async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+            self.looks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(request.look);
+            let behind = Attempt::Behind {
+                expires_in: Duration::from_secs(1),
+            };
+            match request.look {
+                Look::First => Ok(behind),
+                Look::Subscribed { .. } => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Ok(behind)
+                }
+                _ => self.inner.try_acquire(request).await,
+            }
+        }
+        async fn extend(&self, renewal: &Renewal<'_>) -> Result<bool, LockError> {
+            self.inner.extend(renewal).await
+        }
+        async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
+            self.inner.release(lease).await
+        }
+        async fn subscribe(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+            self.inner.subscribe(key).await
+        }
+        async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
+            self.inner.force_release(key).await
+        }
+        async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {
+            self.inner.holder(key).await
+        }
+        async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
+            self.inner.watch_holder(key).await
+        }
+    }
+    let backend = Arc::new(LateBehind {
+        inner: MemoryBackend::new(),
+        looks: Mutex::new(Vec::new()),
+    });
+    let key = dlock_runtime::conformance::fresh_key("late-behind");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_millis(20))
+        .acquire_on(backend.clone() as Arc<dyn Backend>, &key)
+        .await;
+    let looks = backend
+        .looks
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let lease = lease.unwrap_or_else(|err| {
+        panic!("told {err} on the backend's word alone; looks sent: {looks:?}")
+    });
+    assert_eq!(looks.last(), Some(&Look::Again), "{looks:?}");
+    lease.release().await.expect("release");
+}

@@ -1060,3 +1060,83 @@ async fn readers_left_in_a_hash_from_a_lost_phase_never_renew_into_a_new_one() {
         "the new phase ended with its last reader"
     );
 }
+
+/// A permit freed with no announcement and no expiry (an operator's
+/// `HDEL`; eviction and a failover that lost the write are alike) while a
+/// waiter of this process is queued: a caller arriving right after, even
+/// answered in process behind that waiter, asks the server within a
+/// moment and takes the permit, rather than napping with the queue until
+/// a nap without news runs out (10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_freed_without_an_announcement_goes_to_a_caller_arriving_behind_a_queued_waiter() {
+    let backend = backend().await;
+    let key = fresh_key("permit-behind-hdel");
+    take_permits(&backend, &key, 1, 1, Duration::from_secs(30)).await;
+    let wait = |backend: Arc<dyn Backend>, key: LockKey, wait: u64| async move {
+        LockOptions::new(Duration::from_secs(30))
+            .permits(1)
+            .wait(Duration::from_secs(wait))
+            .acquire_on(backend, &key)
+            .await
+    };
+    let mut queued = tokio::spawn(wait(backend.clone(), key.clone(), 60));
+    until_queued_in_process(&backend, &key, 1).await;
+    assert_eq!(cli(&["HDEL", &format!("dlock:{{{key}}}:slots"), "0"]), "1");
+    let mut arrival = tokio::spawn(wait(backend.clone(), key.clone(), 20));
+    let taken = support::within(3, "the freed permit", async {
+        tokio::select! {
+            got = &mut arrival => got,
+            got = &mut queued => got,
+        }
+    })
+    .await;
+    queued.abort();
+    arrival.abort();
+    let lease = taken
+        .expect("the caller's task")
+        .expect("a caller gets the freed permit");
+    lease.release().await.expect("release");
+}
+
+/// `FLUSHALL` on a server of the test's own frees both permits of a key
+/// with no announcement (the pub/sub connection lives on): two callers
+/// arriving behind a waiter of this process each take one within a
+/// moment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_a_flushall_freed_go_to_callers_arriving_behind_a_queued_waiter() {
+    let server = RedisServer::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&server.url())
+            .await
+            .expect("the test's server"),
+    );
+    let key = fresh_key("permit-behind-flush");
+    take_permits(&backend, &key, 2, 2, Duration::from_secs(30)).await;
+    let wait = |backend: Arc<dyn Backend>, key: LockKey, wait: u64| async move {
+        LockOptions::new(Duration::from_secs(30))
+            .permits(2)
+            .wait(Duration::from_secs(wait))
+            .acquire_on(backend, &key)
+            .await
+    };
+    let queued = tokio::spawn(wait(backend.clone(), key.clone(), 60));
+    until_queued_in_process(&backend, &key, 2).await;
+    assert_eq!(server.cli(&["FLUSHALL"]), "OK");
+    let arrivals = [
+        tokio::spawn(wait(backend.clone(), key.clone(), 20)),
+        tokio::spawn(wait(backend.clone(), key.clone(), 20)),
+    ];
+    let mut leases = Vec::new();
+    for arrival in arrivals {
+        leases.push(
+            support::within(4, "a permit FLUSHALL freed", arrival)
+                .await
+                .expect("the caller's task")
+                .expect("each arriving caller gets a freed permit"),
+        );
+    }
+    queued.abort();
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}

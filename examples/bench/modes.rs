@@ -139,6 +139,9 @@ pub struct Calls {
     pub attempts: AtomicU64,
     /// Attempts answered with a grant.
     pub granted: AtomicU64,
+    /// Attempts the backend answered in process, behind waiters of this
+    /// process (`Attempt::Behind`): no round trip.
+    pub behind: AtomicU64,
     /// `release`.
     pub releases: AtomicU64,
     /// `extend` and `extend_many` (one call each).
@@ -157,9 +160,11 @@ impl Calls {
     }
 
     /// The calls that each go to the server as (at least) one round trip:
-    /// attempts, releases and renewals.
+    /// attempts that asked the store, releases and renewals.
     pub fn round_trips(&self) -> u64 {
-        Self::get(&self.attempts) + Self::get(&self.releases) + Self::get(&self.renewals)
+        Self::get(&self.attempts) - Self::get(&self.behind)
+            + Self::get(&self.releases)
+            + Self::get(&self.renewals)
     }
 }
 
@@ -193,8 +198,10 @@ impl Backend for Counting {
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
         Self::count(&self.calls.attempts);
         let answer = self.inner.try_acquire(request).await;
-        if matches!(answer, Ok(Attempt::Acquired(_))) {
-            Self::count(&self.calls.granted);
+        match answer {
+            Ok(Attempt::Acquired(_)) => Self::count(&self.calls.granted),
+            Ok(Attempt::Behind { .. }) => Self::count(&self.calls.behind),
+            _ => {}
         }
         answer
     }
@@ -268,6 +275,8 @@ pub struct PermitOutcome {
     pub attempts: u64,
     /// Attempts refused (the key's permits all held).
     pub refused: u64,
+    /// Of those, the ones answered in process (`Attempt::Behind`).
+    pub behind: u64,
     /// Releases.
     pub releases: u64,
     /// Renewals (none expected at a 30 s ttl over seconds).
@@ -280,7 +289,7 @@ pub struct PermitOutcome {
     pub subscribes: u64,
     /// Any other call.
     pub other: u64,
-    /// Attempts + releases + renewals.
+    /// Attempts that asked the store + releases + renewals.
     pub round_trips: u64,
 }
 
@@ -350,6 +359,7 @@ pub async fn permits(backend: Arc<dyn Backend>, key: &str, time: Duration) -> Re
         tasks_served: book.per_task.iter().filter(|&&n| n > 0).count(),
         attempts,
         refused: attempts - Calls::get(&calls.granted),
+        behind: Calls::get(&calls.behind),
         releases: Calls::get(&calls.releases),
         renewals: Calls::get(&calls.renewals),
         subscribes: Calls::get(&calls.subscribes),

@@ -720,25 +720,26 @@ pub async fn run_all(cfg: &Config) -> Res<String> {
         }
         let _ = writeln!(
             body,
-            "\n**Contended permits.** {} tasks of one process loop on ONE key with `permits({})`: acquire (waiting), no work, release; {:?} per backend. A *turn* is any acquisition; a *handoff* is one of a slot (`Lease::slot`) whose previous holder was another task. The backend is wrapped in a counter of the calls dlock makes on it: *round trips* are attempts (`try_acquire`), releases and renewals, each one statement or script on the server; subscriptions (a waiter asking to be told of a release) are counted apart, since on PostgreSQL they are answered in process. The Redis row runs on a redis-server of the benchmark's own, whose count of scripts run is its *server round trips*: what reached the server, whatever a backend answers in process.\n",
+            "\n**Contended permits.** {} tasks of one process loop on ONE key with `permits({})`: acquire (waiting), no work, release; {:?} per backend. A *turn* is any acquisition; a *handoff* is one of a slot (`Lease::slot`) whose previous holder was another task. The backend is wrapped in a counter of the calls dlock makes on it: *round trips* are attempts (`try_acquire`) the backend did not answer in process, releases and renewals, each one statement or script on the server (*in process*: the refusals a Redis backend answers without asking, behind a waiter of its own process); subscriptions (a waiter asking to be told of a release) are counted apart, since on PostgreSQL they are answered in process. The Redis row runs on a redis-server of the benchmark's own, whose count of scripts run is its *server round trips*: what reached the server, whatever a backend answers in process.\n",
             modes::TASKS,
             modes::PERMITS,
             cfg.handoff_time
         );
         let _ = writeln!(
             body,
-            "| backend | turns/s | handoffs/s | tasks served | attempts (refused) | releases | renewals | subscriptions | other calls | calls per handoff | server round trips per handoff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+            "| backend | turns/s | handoffs/s | tasks served | attempts (refused; in process) | releases | renewals | subscriptions | other calls | calls per handoff | server round trips per handoff |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
         );
         for (name, o) in &permit_rows {
             let _ = writeln!(
                 body,
-                "| {name} | {} | {} | {}/{} | {} ({}) | {} | {} | {} | {} | {:.2} | {:.2} |",
+                "| {name} | {} | {} | {}/{} | {} ({}; {}) | {} | {} | {} | {} | {:.2} | {:.2} |",
                 show_rate(o.turns_per_s),
                 show_rate(o.handoffs_per_s),
                 o.tasks_served,
                 modes::TASKS,
                 o.attempts,
                 o.refused,
+                o.behind,
                 o.releases,
                 o.renewals,
                 o.subscribes,

@@ -156,8 +156,9 @@ pub mod implementing;
 /// the store last told of (so a holder that ends by its ttl, which
 /// announces nothing, is noticed as soon as it would have been). A
 /// [`Look::Again`] attempt always asks the store. The core, in turn, never
-/// fails a caller whose every answer was `Behind`: at its deadline it asks
-/// once more with [`Look::Again`].
+/// lets a caller whose every answer was `Behind` wait long or fail on the
+/// backend's word: it asks with [`Look::Again`] within 200 ms, or at its
+/// deadline if that comes first.
 ///
 /// Each rule fits in one round trip per attempt: a Redis script reads the
 /// readers' hash, the mark and the slots and answers; PostgreSQL takes

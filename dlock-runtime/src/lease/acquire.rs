@@ -26,6 +26,12 @@ use crate::token::FencingToken;
 /// The longest a waiter sleeps without trying again, whatever the backend
 /// says: a safety net should a release notice ever be lost.
 const MAX_NAP: Duration = Duration::from_secs(10);
+/// The longest a caller whose every answer came from the backend in
+/// process ([`Attempt::Behind`]) naps before it asks the store itself: the
+/// store's word reaches every waiter soon, whatever the backend's view of
+/// the queue ahead (a key freed with no announcement, say), at one round
+/// trip for a caller that waits longer than this.
+const FIRST_ASK_WITHIN: Duration = Duration::from_millis(200);
 /// Added to a holder's remaining lifetime before retrying, so the retry lands
 /// after the expiry rather than just before it.
 const EXPIRY_SLACK: Duration = Duration::from_millis(2);
@@ -339,8 +345,9 @@ fn may_retry(terms: &Terms, err: &LockError) -> bool {
 /// Each attempt says where in the wait it stands ([`Look`]), so a backend
 /// may answer a caller that arrives behind waiters of its own process
 /// without asking its store ([`Attempt::Behind`]); a caller whose every
-/// answer was that asks the store once more at its deadline, so none
-/// times out on the backend's word alone.
+/// answer was that asks the store after [`FIRST_ASK_WITHIN`] or at its
+/// deadline, whichever comes first, so none waits long, or times out, on
+/// the backend's word alone.
 async fn take(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
@@ -474,6 +481,10 @@ async fn take(
             backoff = MIN_BACKOFF;
             let now = Instant::now();
             if now >= deadline {
+                if !asked {
+                    // The loop's head asks the store before it says "held".
+                    continue;
+                }
                 break 'attempts Err(contended(now));
             }
             // Until the holder's lease runs out, or as soon as a notice that
@@ -481,6 +492,7 @@ async fn take(
             let nap = [
                 expires_in.map(|expires_in| expires_in + EXPIRY_SLACK),
                 notice.recheck(),
+                (!asked).then_some(FIRST_ASK_WITHIN),
             ]
             .into_iter()
             .flatten()

@@ -146,16 +146,21 @@
 //!   once, and wakes the longest-waiting waiter of each process, which
 //!   asks the server. A caller that arrives behind waiters of its own
 //!   process (its first attempt, and its look right after it subscribed
-//!   while its notice is queued behind another's) is answered in process,
+//!   while its notice is queued behind another's) within 100 ms of the
+//!   server saying every permit is taken is answered in process,
 //!   [`Attempt::Behind`], instead of asking: the server would only find
 //!   the permits taken, or give one to the newcomer ahead of the waiter
-//!   that was here first. So a permit handoff is two round trips, the
-//!   release and the woken waiter's attempt. The answer naps no longer than
-//!   the permits' earliest expiry the server last told a refused attempt
-//!   of this process (a crashed holder's permit frees by its ttl, which
-//!   publishes nothing); a grant that finds more permits free wakes as
-//!   many waiters; and a caller that only ever got such answers asks the
-//!   server at its deadline before it is told "held".
+//!   that was here first. So under contention a permit handoff is two
+//!   round trips, the release and the woken waiter's attempt. The answer
+//!   naps no longer than the permits' earliest expiry the server last told
+//!   a refused attempt of this process (a crashed holder's permit frees by
+//!   its ttl, which publishes nothing); a grant that finds more permits
+//!   free wakes as many waiters; and a caller that only ever got such
+//!   answers asks the server at its deadline before it is told "held". A
+//!   permit freed with no announcement and no expiry (an operator's
+//!   `HDEL`, eviction, a failover that lost writes) is found by the next
+//!   caller that asks, or by a waiter when its nap runs out (at most 10 s),
+//!   as before.
 //! - **Renewals** of readers and permits go in the same pipeline as
 //!   exclusive ones ([`Backend::extend_many`]).
 //! - [`Backend::holder`] reads a read-held or permit-held key as held, by
@@ -778,15 +783,16 @@ impl RedisBackend {
         {
             self.inner
                 .subscriber
-                .note_expiry(&names.released, sent + *expires_in);
+                .note_refusal(&names.released, sent + *expires_in);
         }
         answer
     }
 
     /// A permit attempt answered in process: a caller that waits, making
     /// its first attempt or the one right after it subscribed, queues
-    /// behind this process's waiters of the key while they are queued and
-    /// the earliest expiry the server last told of is ahead. A release is
+    /// behind this process's waiters of the key while they are queued, the
+    /// server said every permit was taken a moment ago, and the earliest
+    /// expiry it last told of is ahead. A release is
     /// announced to every process (the sentinel is marked once any attempt
     /// was refused) and wakes the longest waiter here, which asks the
     /// server; an attempt that takes a permit and finds more free wakes as
@@ -820,10 +826,10 @@ impl RedisBackend {
             && let Value::Array(parts) = reply
             && let [Value::BulkString(token), Value::Int(slot), rest @ ..] = parts.as_slice()
         {
-            if let [Value::Int(free @ 1..)] = rest {
-                let free = usize::try_from(*free).unwrap_or(usize::MAX);
+            if let [Value::Int(free)] = rest {
+                let free = usize::try_from(*free).unwrap_or(0);
                 let released = PermitNames::of(key).released;
-                self.inner.subscriber.wake_queued(&released, free);
+                self.inner.subscriber.note_grant(&released, free);
             }
             let token = std::str::from_utf8(token)
                 .ok()

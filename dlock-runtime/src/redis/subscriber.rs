@@ -58,6 +58,12 @@ const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// sentinels close them when they can) must not keep serving the
 /// subscriptions.
 const PRIMARY_CHECK_EVERY: u32 = 5;
+/// How long after the server said every permit of a key is taken a caller
+/// may still be answered in process, behind this process's waiters: a
+/// permit freed without an announcement (an operator's `HDEL`, eviction,
+/// a failover that lost writes) is then asked for by the next caller at
+/// most this long after.
+const FULL_FRESH: Duration = Duration::from_millis(100);
 /// After a failed attempt to open a connection, subscriptions fail at once
 /// for this long (their waiters poll) instead of each trying again in
 /// turn.
@@ -117,6 +123,10 @@ struct Channel {
     /// refused attempt of this process: how long a caller answered in
     /// process, behind the queue, naps at most.
     expiry: Option<Instant>,
+    /// When the server last told an attempt of this process that every
+    /// permit of the key is taken (a refusal, or a grant of the last free
+    /// one): a caller is answered in process only shortly after.
+    full_at: Option<Instant>,
 }
 
 /// Where a fair waiter's handoff message is put: the latest one
@@ -143,6 +153,7 @@ impl Channel {
             mailboxes: HashMap::new(),
             queue: VecDeque::new(),
             expiry: None,
+            full_at: None,
         }
     }
 
@@ -454,32 +465,43 @@ impl Subscriber {
     /// How long a caller of this process may nap without asking the
     /// server, behind the waiters queued on `channel`: the time left until
     /// the permits' earliest expiry the server last told of, if waiters
-    /// are queued on a confirmed subscription and that expiry is ahead.
+    /// are queued on a confirmed subscription, that expiry is ahead, and
+    /// the server said every permit was taken less than [`FULL_FRESH`]
+    /// ago.
     pub(crate) fn queued_nap(&self, channel: &str) -> Option<Duration> {
         let channels = self.shared.channels();
         let entry = channels.by_name.get(channel)?;
         if entry.queue.is_empty() || entry.confirmed_in != Some(channels.generation) {
             return None;
         }
-        let left = entry.expiry?.checked_duration_since(Instant::now())?;
+        let now = Instant::now();
+        if entry.full_at? + FULL_FRESH <= now {
+            return None;
+        }
+        let left = entry.expiry?.checked_duration_since(now)?;
         (!left.is_zero()).then_some(left)
     }
 
-    /// Keeps `at`, the permits' earliest expiry the server told a refused
-    /// attempt of, for the waiters on `channel` (if any wait).
-    pub(crate) fn note_expiry(&self, channel: &str, at: Instant) {
+    /// The server refused a permit attempt on `channel`'s key: every
+    /// permit is taken, the earliest to run out at `expiry`.
+    pub(crate) fn note_refusal(&self, channel: &str, expiry: Instant) {
         if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
-            entry.expiry = Some(at);
+            entry.expiry = Some(expiry);
+            entry.full_at = Some(Instant::now());
         }
     }
 
-    /// Wakes up to `count` waiters queued on `channel`, the longest
-    /// waiting first: an attempt found that many permits still free after
-    /// it took one, freed by expiry or by releases whose wake-ups found
-    /// nobody queued.
-    pub(crate) fn wake_queued(&self, channel: &str, count: usize) {
+    /// The server granted a permit on `channel`'s key and found `free`
+    /// more free: none, and every permit is taken; else as many waiters
+    /// queued here wake, the longest waiting first (the permits were freed
+    /// by expiry, or by releases whose wake-ups found nobody queued, or
+    /// with no announcement at all).
+    pub(crate) fn note_grant(&self, channel: &str, free: usize) {
         if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
-            for _ in 0..count.min(entry.queue.len()) {
+            if free == 0 {
+                entry.full_at = Some(Instant::now());
+            }
+            for _ in 0..free.min(entry.queue.len()) {
                 entry.wake_one();
             }
         }

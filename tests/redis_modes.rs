@@ -703,8 +703,10 @@ async fn a_lost_readers_hash_refuses_new_readers_and_writers_until_the_phase_exp
 
 /// A reader whose ttl ran out while an operator kept its phase alive
 /// (`PEXPIRE` on the sentinel, `PERSIST` on the phase key) is answered
-/// "not held" at its release, never "held to the end": the release of a
-/// phase's one reader still reads its expiry.
+/// "not held" at its release, never "held to the end": a phase key that
+/// lost its expiry reads as a lost phase. (An operator who stretches the
+/// phase key's ttl stretches the lease, as one who stretches an exclusive
+/// holder's lock key does.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_past_its_ttl_in_a_phase_an_operator_stretched_is_not_told_it_held_to_the_end() {
     use dlock::backend::{Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest};
@@ -936,52 +938,6 @@ async fn permits_a_crashed_holder_left_reach_a_caller_that_queued_in_process() {
     }
 }
 
-/// Two of three permits go without an announcement and one is released:
-/// its announcement wakes one waiter, whose grant finds two more free and
-/// wakes the two waiters queued in process behind it, so all three take a
-/// permit within their wait.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_that_finds_more_permits_free_wakes_as_many_waiters_of_its_process() {
-    use dlock::backend::{Access, ReleaseRequest};
-    let backend = backend().await;
-    let key = fresh_key("permit-behind-burst");
-    let holders = take_permits(&backend, &key, 3, 3, Duration::from_secs(30)).await;
-    let wait = |backend: Arc<dyn Backend>, key: LockKey| async move {
-        LockOptions::new(Duration::from_secs(30))
-            .permits(3)
-            .wait(Duration::from_secs(6))
-            .acquire_on(backend, &key)
-            .await
-    };
-    let mut waiters = vec![tokio::spawn(wait(backend.clone(), key.clone()))];
-    until_queued_in_process(&backend, &key, 3).await;
-    for _ in 0..2 {
-        waiters.push(tokio::spawn(wait(backend.clone(), key.clone())));
-    }
-    // Let the two queue behind the first (answered in process).
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let slots = format!("dlock:{{{key}}}:slots");
-    assert_eq!(cli(&["HDEL", &slots, "1", "2"]), "2");
-    backend
-        .release(
-            &ReleaseRequest::new(&key, &holders[0]).holding(Access::Permits { permits: 3 }, None),
-        )
-        .await
-        .expect("release");
-    let mut leases = Vec::new();
-    for waiter in waiters {
-        leases.push(
-            waiter
-                .await
-                .expect("the waiter's task")
-                .expect("every waiter gets one of the freed permits"),
-        );
-    }
-    for lease in leases {
-        lease.release().await.expect("release");
-    }
-}
-
 /// The sentinel deleted while two readers hold (their hash stays): a new
 /// reader starts a new phase with a higher token, and the old readers,
 /// whose hash is left over, are told they lost at their next renewal and
@@ -1139,4 +1095,96 @@ async fn permits_a_flushall_freed_go_to_callers_arriving_behind_a_queued_waiter(
     for lease in leases {
         lease.release().await.expect("release");
     }
+}
+
+/// An operator shortens the phase key of a one-reader phase (the reader's
+/// record) to 300 ms; a second reader joins and leaves: the first reader,
+/// moved into the hash, keeps the sentinel's (its lease's) expiry, so no
+/// writer gets the key, and no reader a higher token, while its 30 s
+/// lease still checks valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shortened_phase_key_lets_no_writer_or_higher_token_in_beside_its_reader_after_a_join() {
+    let backend = backend().await;
+    let key = fresh_key("rw-shortened-phase");
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let first = read.acquire_on(backend.clone(), &key).await.expect("free");
+    assert_eq!(
+        cli(&["PEXPIRE", &format!("dlock:{{{key}}}:phase"), "300"]),
+        "1"
+    );
+    let second = read.acquire_on(backend.clone(), &key).await.expect("joins");
+    assert_eq!(second.token(), first.token());
+    second.release().await.expect("release");
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert!(first.check().is_ok(), "the first reader's lease is valid");
+    let writer = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), &key)
+        .await;
+    assert!(
+        matches!(writer, Err(LockError::Held { .. })),
+        "a writer beside a reader whose lease checks valid: {:?}",
+        writer.as_ref().map(|lease| lease.token())
+    );
+    if let dlock::backend::Attempt::Acquired(grant) =
+        try_read(&backend, &key, Duration::from_secs(30)).await
+    {
+        assert_eq!(
+            grant.token,
+            first.token(),
+            "a reader got a token other than the live reader's"
+        );
+    }
+    backend.force_release(&key).await.expect("force release");
+    drop(first);
+}
+
+/// A lone reader with a ttl past 10^14 ms (through the backend's own
+/// interface: `LockOptions` caps a ttl at 30 days) is written into the
+/// readers' hash as the integer it is when a second reader joins, never in
+/// exponent form (which would read back as an expiry long past): it is not
+/// pruned as dead, no writer gets in, and it renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_reader_with_a_huge_ttl_stays_live_when_a_second_reader_joins() {
+    use dlock::backend::{
+        Access, AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let backend = backend().await;
+    let key = fresh_key("rw-huge-ttl");
+    let huge = Duration::from_millis(1 << 50);
+    let first = OwnerId::random().expect("random");
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &first, huge).with_access(Access::Shared))
+        .await
+        .expect("backend answers");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let second = OwnerId::random().expect("random");
+    let joined = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &second, Duration::from_secs(5)).with_access(Access::Shared),
+        )
+        .await
+        .expect("backend answers");
+    assert!(matches!(joined, Attempt::Acquired(_)), "{joined:?}");
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &second).holding(Access::Shared, None))
+            .await
+            .expect("backend answers"),
+        ReleaseOutcome::Released
+    );
+    let writer = OwnerId::random().expect("random");
+    let refused = backend
+        .try_acquire(&AcquireRequest::new(&key, &writer, Duration::from_secs(5)))
+        .await
+        .expect("backend answers");
+    let renews = backend
+        .extend(&Renewal::new(&key, &first, huge).holding(Access::Shared, None))
+        .await
+        .expect("backend answers");
+    backend.force_release(&key).await.expect("force release");
+    assert!(
+        matches!(refused, Attempt::Held { .. }),
+        "a writer beside the huge-ttl reader: {refused:?}"
+    );
+    assert!(renews, "the huge-ttl reader was dropped as dead");
 }

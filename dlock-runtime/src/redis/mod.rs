@@ -123,7 +123,13 @@
 //!   pruned by the scripts, and read only while the sentinel stands, so a
 //!   force release ends them all. A phase of one reader, the common case,
 //!   writes no hash: its attempt makes the calls an exclusive one makes,
-//!   its release one more (the phase key's expiry).
+//!   its release one more (the phase key's expiry). That reader's lease
+//!   lives as long as its phase key, as an exclusive holder's lives as
+//!   long as its lock key: an operator who stretches the key's ttl
+//!   stretches it; one who deletes the key or takes its ttl away
+//!   (`PERSIST`) makes the phase lost (below); one who shortens it cuts
+//!   nothing, since a second reader that joins records the first with the
+//!   sentinel's expiry when that is later.
 //! - **Tokens** are drawn as an exclusive acquisition draws them (the
 //!   fence counter, floored at the server clock): a read phase's first
 //!   reader draws one and keeps it in `…:phase` for the readers that join
@@ -154,13 +160,13 @@
 //!   round trips, the release and the woken waiter's attempt. The answer
 //!   naps no longer than the permits' earliest expiry the server last told
 //!   a refused attempt of this process (a crashed holder's permit frees by
-//!   its ttl, which publishes nothing); a grant that finds more permits
-//!   free wakes as many waiters; and a caller that only ever got such
-//!   answers asks the server at its deadline before it is told "held". A
-//!   permit freed with no announcement and no expiry (an operator's
-//!   `HDEL`, eviction, a failover that lost writes) is found by the next
-//!   caller that asks, or by a waiter when its nap runs out (at most 10 s),
-//!   as before.
+//!   its ttl, which publishes nothing), and a caller that only ever got
+//!   such answers asks the server within 200 ms, or at its deadline if
+//!   that is sooner, so a permit freed with no announcement and no expiry
+//!   (an operator's `HDEL`, eviction, a failover that lost writes) is
+//!   found by the callers that arrive for it. (A waiter that asked, and
+//!   was refused, looks again when its nap runs out, at most 10 s, as
+//!   before.)
 //! - **Renewals** of readers and permits go in the same pipeline as
 //!   exclusive ones ([`Backend::extend_many`]).
 //! - [`Backend::holder`] reads a read-held or permit-held key as held, by
@@ -464,7 +470,7 @@ impl RedisBackend {
                 call.arg(arg);
             }
             let reply: Value = self.run(Operation::Acquire, key, &call).await?;
-            return self.read_attempt_at(key, fence, request.access, &reply);
+            return self.read_attempt_at(request, fence, &reply);
         };
         let mut pipe = ::redis::pipe();
         pipe.ignore_errors();
@@ -542,7 +548,7 @@ impl RedisBackend {
         let reply = reply.map_err(|err| {
             self.error(Operation::Acquire, key, self.describe(&Failure::Redis(err)))
         })?;
-        let attempt = self.read_attempt_at(key, fence, request.access, &reply)?;
+        let attempt = self.read_attempt_at(request, fence, &reply)?;
         let Attempt::Acquired(grant) = &attempt else {
             return Ok(attempt);
         };
@@ -795,10 +801,10 @@ impl RedisBackend {
     /// expiry it last told of is ahead. A release is
     /// announced to every process (the sentinel is marked once any attempt
     /// was refused) and wakes the longest waiter here, which asks the
-    /// server; an attempt that takes a permit and finds more free wakes as
-    /// many more; and the caller looks again at that expiry on its own.
-    /// So asking would only find the key full, or take a permit from a
-    /// waiter that was here first. `None`: ask the server.
+    /// server; and the caller looks again at that expiry on its own, and
+    /// asks the server soon in any case (the core's rule). So asking would
+    /// only find the key full, or take a permit from a waiter that was
+    /// here first. `None`: ask the server.
     fn behind_own_waiters(&self, request: &AcquireRequest<'_>, released: &str) -> Option<Duration> {
         let queued = match request.look {
             Look::First => true,
@@ -811,25 +817,24 @@ impl RedisBackend {
         self.inner.subscriber.queued_nap(released)
     }
 
-    /// An acquire script's answer: the token when taken (and the slot,
-    /// for a permit: `{token, slot}`), the holder's remaining ttl when held
-    /// (with the refusal to mark it, if any). `fence` names the fence key
-    /// in an error.
+    /// An acquire script's answer to `request`: the token when taken (and
+    /// the slot, for a permit: `{token, slot, free}`), the holder's
+    /// remaining ttl when held (with the refusal to mark it, if any).
+    /// `fence` names the fence key in an error.
     fn read_attempt_at(
         &self,
-        key: &LockKey,
+        request: &AcquireRequest<'_>,
         fence: &str,
-        access: Access,
         reply: &Value,
     ) -> Result<Attempt, LockError> {
-        if let Access::Permits { permits } = access
+        let key = request.key;
+        if let Access::Permits { permits } = request.access
             && let Value::Array(parts) = reply
             && let [Value::BulkString(token), Value::Int(slot), rest @ ..] = parts.as_slice()
         {
-            if let [Value::Int(free)] = rest {
-                let free = usize::try_from(*free).unwrap_or(0);
+            if let [Value::Int(0)] = rest {
                 let released = PermitNames::of(key).released;
-                self.inner.subscriber.note_grant(&released, free);
+                self.inner.subscriber.note_full(&released);
             }
             let token = std::str::from_utf8(token)
                 .ok()

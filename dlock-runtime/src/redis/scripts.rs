@@ -712,7 +712,9 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 ///
 /// - `now_ms()`: the server clock in ms; `ms_of(time)` the same of a
 ///   `TIME` reply the script has (one `TIME` serves a script that also
-///   draws a token).
+///   draws a token); `ms(value)` an expiry written as the integer it is
+///   (`tostring` would write a huge one in exponent form, which reads
+///   back as a small number).
 /// - `live(hash, now, all)`: the live entries of a holders' hash, field →
 ///   value (its leading number is the expiry), the dead ones deleted; a
 ///   value of another type reads as none. `all`, if given, is the hash's
@@ -737,6 +739,9 @@ local READ_PHASE = '00000000000000000000000000000000'
 local PERMITS = '00000000000000000000000000000001'
 local function ms_of(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+local function ms(value)
+  return string.format('%d', value)
 end
 local function now_ms()
   return ms_of(redis.call('TIME'))
@@ -917,8 +922,11 @@ if lone then
   if writer_waits() then
     return redis.call('PTTL', KEYS[4])
   end
+  -- The first reader lives as long as the sentinel does if that is
+  -- longer: an operator who cut the phase key's ttl cut no lease.
+  left = math.max(left, redis.call('PTTL', KEYS[1]))
   redis.call('DEL', KEYS[3])
-  redis.call('HSET', KEYS[3], lone, tostring(now + left), owner, tostring(now + ttl))
+  redis.call('HSET', KEYS[3], lone, ms(now + left), owner, ms(now + ttl))
   redis.call('SET', KEYS[5], token)
   stretch({KEYS[1], KEYS[3], KEYS[5]}, math.max(left, ttl))
   return granted()
@@ -930,7 +938,7 @@ end
 if not readers[owner] and writer_waits() then
   return redis.call('PTTL', KEYS[4])
 end
-readers[owner] = tostring(now + ttl)
+readers[owner] = ms(now + ttl)
 redis.call('HSET', KEYS[3], owner, readers[owner])
 stretch({KEYS[1], KEYS[3], KEYS[5]}, last(readers) - now)
 return granted()
@@ -969,7 +977,7 @@ local readers = live(KEYS[2], now)
 if not readers[ARGV[1]] then
   return 0
 end
-readers[ARGV[1]] = tostring(now + tonumber(ARGV[2]))
+readers[ARGV[1]] = ms(now + tonumber(ARGV[2]))
 redis.call('HSET', KEYS[2], ARGV[1], readers[ARGV[1]])
 stretch({KEYS[1], KEYS[2], KEYS[3]}, last(readers) - now)
 return 1
@@ -1039,7 +1047,8 @@ return ended()
 /// `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take the key with,
 /// `ARGV[4]` the number of permits. Returns `{token, slot, free}` when
 /// the caller holds a slot of `0..permits` (`free`: how many slots are
-/// still free, which wakes as many waiters of the caller's process), else the ms until the soonest slot
+/// still free; none tells the caller's process that every permit is
+/// taken), else the ms until the soonest slot
 /// runs out (or the exclusive or shared holder's `PTTL`), with the
 /// refusal to mark the sentinel if any.
 ///
@@ -1099,7 +1108,7 @@ local token = draw(KEYS[2], clock_of(time))
 if not token then
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
 end
-slots[tostring(taken)] = tostring(now + ttl) .. ' ' .. owner
+slots[tostring(taken)] = ms(now + ttl) .. ' ' .. owner
 if held then
   redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
   stretch({KEYS[1], KEYS[3]}, last(slots) - now)
@@ -1169,7 +1178,7 @@ local slot = held_slot(slots, ARGV[1], ARGV[3])
 if not slot then
   return 0
 end
-slots[slot] = tostring(now + tonumber(ARGV[2])) .. ' ' .. ARGV[1]
+slots[slot] = ms(now + tonumber(ARGV[2])) .. ' ' .. ARGV[1]
 redis.call('HSET', KEYS[2], slot, slots[slot])
 stretch({KEYS[1], KEYS[2]}, last(slots) - now)
 return 1

@@ -491,19 +491,11 @@ impl Subscriber {
         }
     }
 
-    /// The server granted a permit on `channel`'s key and found `free`
-    /// more free: none, and every permit is taken; else as many waiters
-    /// queued here wake, the longest waiting first (the permits were freed
-    /// by expiry, or by releases whose wake-ups found nobody queued, or
-    /// with no announcement at all).
-    pub(crate) fn note_grant(&self, channel: &str, free: usize) {
+    /// The server granted a permit on `channel`'s key and found no other
+    /// free: every permit is taken.
+    pub(crate) fn note_full(&self, channel: &str) {
         if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
-            if free == 0 {
-                entry.full_at = Some(Instant::now());
-            }
-            for _ in 0..free.min(entry.queue.len()) {
-                entry.wake_one();
-            }
+            entry.full_at = Some(Instant::now());
         }
     }
 

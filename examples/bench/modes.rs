@@ -22,6 +22,7 @@ use dlock::{Backend, Holding, LockError, LockKey, LockMode, LockOptions};
 use tokio::time::Instant;
 
 use crate::cycle::{Row, TTL, pg_client, spawn_all};
+use crate::stats::{Measured, median_f64};
 use crate::{Config, Res};
 
 /// Permits of the contended key.
@@ -64,6 +65,46 @@ pub fn cycle_rows(kind: &str, backend: Arc<dyn Backend>, run: &str) -> Vec<Row> 
         )
     })
     .collect()
+}
+
+/// The rounds of the shared-against-exclusive rows: at least nine, for the
+/// paired ratio's median.
+pub fn rounds(configured: usize) -> usize {
+    if configured <= 1 {
+        configured
+    } else {
+        configured.max(9)
+    }
+}
+
+/// The cost of the shared row against the exclusive one, paired round by
+/// round (each round runs the two back to back): the median of the
+/// rounds' exclusive-over-shared throughput ratios, and the lowest and
+/// highest.
+pub fn paired_cost(exclusive: &Measured, shared: &Measured) -> (f64, f64, f64) {
+    let ratios: Vec<f64> = exclusive
+        .rates
+        .iter()
+        .zip(&shared.rates)
+        .map(|(x, s)| x / s.max(1e-9))
+        .collect();
+    let lowest = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let highest = ratios.iter().copied().fold(0.0, f64::max);
+    (median_f64(&ratios), lowest, highest)
+}
+
+/// `VACUUM`s dlock's PostgreSQL tables (holder records, read phases): with
+/// autovacuum off, as on the benchmark's server, every earlier run's
+/// upserts leave dead row versions that slow the next run's.
+pub async fn vacuum_pg(cfg: &Config) -> Res<()> {
+    let client = pg_client(&cfg.pg_conn).await?;
+    for table in ["dlock.dlock_holders", "dlock.dlock_phases"] {
+        // A table a fresh server does not have yet is nothing to vacuum.
+        if let Err(err) = client.batch_execute(&format!("VACUUM {table}")).await {
+            eprintln!("VACUUM {table}: {err}");
+        }
+    }
+    Ok(())
 }
 
 /// The hand-written PostgreSQL peers: `pg_try_advisory_lock_shared` +

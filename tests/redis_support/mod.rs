@@ -273,12 +273,28 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
     for server in &servers {
         loop {
             let info = server.cli(&["CLUSTER", "INFO"]);
-            if info.contains("cluster_state:ok") && info.contains(&known) {
+            // Every node must also see each replica as one: `--cluster
+            // create` returns before the last `CLUSTER REPLICATE` has
+            // spread, and a test that looks for a master's replica then
+            // finds only masters.
+            let nodes = server.cli(&["CLUSTER", "NODES"]);
+            let seen_replicas = nodes
+                .lines()
+                .filter(|line| {
+                    line.split_whitespace()
+                        .nth(2)
+                        .is_some_and(|f| f.contains("slave"))
+                })
+                .count();
+            if info.contains("cluster_state:ok")
+                && info.contains(&known)
+                && seen_replicas == 3 * replicas
+            {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "the cluster never became ok:\n{info}"
+                "the cluster never became ok with its replicas:\n{info}\n{nodes}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }

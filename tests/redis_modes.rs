@@ -1188,3 +1188,85 @@ async fn a_lone_reader_with_a_huge_ttl_stays_live_when_a_second_reader_joins() {
     );
     assert!(renews, "the huge-ttl reader was dropped as dead");
 }
+
+/// Ttls at and past 10^17 ms (a lone reader's own, through the backend's
+/// interface; or its phase key's, stretched by an operator) are written to
+/// the server as the integers they are, never as `1e+17`, which Redis
+/// refuses: a second reader joins, and the phase keeps its expiries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_reader_joins_a_lone_reader_whose_ttl_is_past_ten_to_the_seventeenth_ms() {
+    use dlock::backend::{Access, AcquireRequest, Attempt};
+    let backend = backend().await;
+    let phase = |key: &LockKey| format!("dlock:{{{key}}}:phase");
+    let readers = |key: &LockKey| format!("dlock:{{{key}}}:readers");
+    let join = |key: LockKey| {
+        let backend = backend.clone();
+        async move {
+            let second = OwnerId::random().expect("random");
+            backend
+                .try_acquire(
+                    &AcquireRequest::new(&key, &second, Duration::from_secs(5))
+                        .with_access(Access::Shared),
+                )
+                .await
+        }
+    };
+
+    let key = fresh_key("rw-ttl-1e17");
+    let first = OwnerId::random().expect("random");
+    let huge = Duration::from_millis(100_000_000_000_000_000);
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &first, huge).with_access(Access::Shared))
+        .await
+        .expect("backend answers");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let joined = join(key.clone()).await;
+    let kept = cli(&["PTTL", &readers(&key)]);
+    backend.force_release(&key).await.expect("force release");
+    assert!(matches!(joined, Ok(Attempt::Acquired(_))), "{joined:?}");
+    assert_ne!(kept, "-1", "the readers' hash was left without an expiry");
+
+    let key = fresh_key("rw-stretched-2e17");
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let lease = read.acquire_on(backend.clone(), &key).await.expect("free");
+    assert_eq!(cli(&["PEXPIRE", &phase(&key), "200000000000000000"]), "1");
+    let joined = join(key.clone()).await;
+    backend.force_release(&key).await.expect("force release");
+    assert!(matches!(joined, Ok(Attempt::Acquired(_))), "{joined:?}");
+    drop(lease);
+}
+
+/// An operator shortens a one-reader phase's key and makes its sentinel
+/// persistent: a second reader is refused (a sentinel without an expiry
+/// tells no reader's, so the phase reads as lost) rather than re-timing
+/// the sentinel by the shortened key, and no writer gets in beside the
+/// first reader while its lease checks valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persisted_sentinel_and_a_shortened_phase_key_let_no_writer_in_beside_the_reader() {
+    use dlock::backend::Attempt;
+    let backend = backend().await;
+    let key = fresh_key("rw-persisted-sentinel");
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let first = read.acquire_on(backend.clone(), &key).await.expect("free");
+    assert_eq!(
+        cli(&["PEXPIRE", &format!("dlock:{{{key}}}:phase"), "300"]),
+        "1"
+    );
+    assert_eq!(cli(&["PERSIST", &redis_support::lock_name(&key)]), "1");
+    let joined = try_read(&backend, &key, Duration::from_secs(30)).await;
+    assert!(
+        matches!(joined, Attempt::Held { .. }),
+        "a reader joined a phase whose sentinel has no expiry: {joined:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(first.check().is_ok(), "the first reader's lease is valid");
+    let writer = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), &key)
+        .await;
+    backend.force_release(&key).await.expect("force release");
+    assert!(
+        matches!(writer, Err(LockError::Held { .. })),
+        "a writer beside a reader whose lease checks valid"
+    );
+    drop(first);
+}

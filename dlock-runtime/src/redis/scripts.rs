@@ -721,7 +721,8 @@ pub(super) static FORCE_RELEASE: LazyLock<Script> =
 ///   `HGETALL` the script already read.
 /// - `last(entries)`: the latest expiry among `entries`, 0 for none.
 /// - `stretch(names, left)`: sets every key of `names` to expire in `left`
-///   ms (the sentinel, the hash, the phase key): they live exactly as
+///   ms (the sentinel, the hash, the phase key; written as an integer, as
+///   `ms` writes one): they live exactly as
 ///   long as the longest-lived holder.
 /// - `mark_waited(lock, held)`: marks a held value of the lock's shape `+`
 ///   (its release then publishes); the refusal, if the server refused it.
@@ -774,7 +775,7 @@ local function last(entries)
 end
 local function stretch(names, left)
   for _, name in ipairs(names) do
-    redis.call('PEXPIRE', name, math.max(left, 1))
+    redis.call('PEXPIRE', name, ms(math.max(left, 1)))
   end
 end
 local function mark_waited(lock, held)
@@ -923,8 +924,14 @@ if lone then
     return redis.call('PTTL', KEYS[4])
   end
   -- The first reader lives as long as the sentinel does if that is
-  -- longer: an operator who cut the phase key's ttl cut no lease.
-  left = math.max(left, redis.call('PTTL', KEYS[1]))
+  -- longer: an operator who cut the phase key's ttl cut no lease. A
+  -- sentinel without an expiry (an operator's PERSIST) tells none: the
+  -- phase reads as lost, as a phase key without one does.
+  local sentinel = redis.call('PTTL', KEYS[1])
+  if sentinel <= 0 then
+    return refused(KEYS[1], held)
+  end
+  left = math.max(left, sentinel)
   redis.call('DEL', KEYS[3])
   redis.call('HSET', KEYS[3], lone, ms(now + left), owner, ms(now + ttl))
   redis.call('SET', KEYS[5], token)
@@ -1117,9 +1124,9 @@ if held then
   end
 else
   redis.call('DEL', KEYS[3])
-  redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ttl)
+  redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ARGV[2])
   redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
-  redis.call('PEXPIRE', KEYS[3], ttl)
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
 local free = 0
 for slot = 0, permits - 1 do

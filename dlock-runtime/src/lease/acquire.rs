@@ -403,24 +403,11 @@ async fn take(
         let mut woken_by: Option<ReleaseNotice> = None;
         loop {
             let now = Instant::now();
-            if now >= deadline && !asked {
-                // Every answer came from the backend in process: the store
-                // has the last word before the caller is told "held".
-                let sent = Instant::now();
-                let last = attempt(backend, key, *owner, terms, Queue::Barge, Look::Again);
-                match by_deadline(kind, Operation::Acquire, key, terms, deadline, last).await {
-                    Ok(Attempt::Acquired(grant)) => break 'attempts Ok((grant, sent)),
-                    Ok(_) => {
-                        held(&mut clear_mark);
-                        break 'attempts Err(contended(Instant::now()));
-                    }
-                    Err(err) => {
-                        unsure = true;
-                        break 'attempts Err(err);
-                    }
-                }
-            }
-            if now >= deadline {
+            // Past the deadline, a caller whose every answer came from the
+            // backend in process goes round once more: the store has the
+            // last word before it is told "held".
+            let past = now >= deadline;
+            if past && asked {
                 break 'attempts Err(failure.unwrap_or_else(|| contended(now)));
             }
             if let Some(err) = &failure {
@@ -442,7 +429,7 @@ async fn take(
                     }
                     Err(err) => break 'attempts Err(err),
                 };
-            let look = if std::mem::take(&mut just_subscribed) {
+            let look = if std::mem::take(&mut just_subscribed) && !past {
                 Look::Subscribed {
                     queued_behind: notice.is_queued_behind(),
                 }

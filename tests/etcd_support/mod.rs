@@ -173,7 +173,51 @@ pub struct Cluster {
 impl Cluster {
     /// Starts `size` members and waits until every one of them answers a
     /// read (which needs a leader).
+    ///
+    /// A port [`free_port`] handed out can be taken by another test before
+    /// its member binds it: a cluster whose member found its port in use
+    /// is started again on fresh ports (up to three times).
     pub fn start(size: usize) -> Self {
+        for _ in 0..2 {
+            let cluster = Self::launch(size);
+            if cluster.wait_all_healthy() {
+                return cluster;
+            }
+        }
+        let cluster = Self::launch(size);
+        assert!(
+            cluster.wait_all_healthy(),
+            "etcd members kept finding their ports taken"
+        );
+        cluster
+    }
+
+    /// Waits until every member answers a read; `false` if one found its
+    /// port in use (it exits at once). Panics after 30 s.
+    fn wait_all_healthy(&self) -> bool {
+        for member in &self.members {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if etcdctl(&member.endpoint(), &["endpoint", "health"]).is_some() {
+                    break;
+                }
+                if member.log().contains("address already in use") {
+                    return false;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {} did not become healthy:\n{}",
+                    member.name,
+                    member.log()
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        true
+    }
+
+    /// Starts `size` members on fresh ports, without waiting for them.
+    fn launch(size: usize) -> Self {
         sweep_dirs_of_dead_processes();
         let token = random_word();
         let pid = std::process::id();
@@ -201,11 +245,7 @@ impl Cluster {
             member.initial = (initial.clone(), token.clone());
             member.launch();
         }
-        let cluster = Self { members };
-        for i in 0..size {
-            cluster.wait_healthy(i);
-        }
-        cluster
+        Self { members }
     }
 
     /// Waits until member `i` answers a read.

@@ -985,3 +985,76 @@ fn the_log_checker_finds_overlaps_low_tokens_and_too_many_permits() {
     );
     assert!(good.is_empty(), "{good:?}");
 }
+
+/// Shared locks and permits send prepared statements: once a lock session
+/// prepared them, an attempt, a release and an in-process reader's check
+/// for a writer's mark are one round trip each, and the server parses and
+/// plans none of them again. (Sent as text, each would be a prepare and an
+/// execution: twice the round trips, and a plan per call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_and_permit_cycles_parse_no_statement_once_their_session_prepared_them() {
+    let config: tokio_postgres::Config = conn().parse().expect("a PostgreSQL connection string");
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let proxy = support::proxy::Proxy::bind_pg(format!("127.0.0.1:{port}")).await;
+    let through = format!(
+        "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
+        proxy.port,
+        config.get_user().unwrap_or("postgres"),
+        config.get_dbname().unwrap_or("test"),
+    );
+    let pg: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&through, dlock::pg::PgOptions::new().sessions(1))
+            .await
+            .expect("PostgreSQL through the proxy"),
+    );
+    let ttl = Duration::from_secs(30);
+    let (read_key, permit_key) = (fresh_key("prepared-read"), fresh_key("prepared-permit"));
+    let cycles = |n: usize| {
+        let pg = pg.clone();
+        let (read_key, permit_key) = (read_key.clone(), permit_key.clone());
+        async move {
+            for _ in 0..n {
+                let shared = LockOptions::new(ttl).mode(LockMode::Shared);
+                let first = shared
+                    .acquire_on(pg.clone(), &read_key)
+                    .await
+                    .expect("reader");
+                // Joins the first reader's hold in process: asks the server
+                // only whether a writer's mark stands.
+                let second = shared
+                    .acquire_on(pg.clone(), &read_key)
+                    .await
+                    .expect("joiner");
+                assert_eq!(
+                    first.token(),
+                    second.token(),
+                    "readers of one phase share its token"
+                );
+                second.release().await.expect("joiner's release");
+                first.release().await.expect("reader's release");
+                let permit = LockOptions::new(ttl)
+                    .permits(2)
+                    .acquire_on(pg.clone(), &permit_key)
+                    .await
+                    .expect("permit");
+                permit.release().await.expect("permit's release");
+            }
+        }
+    };
+    // The first round makes the functions and prepares the statements.
+    cycles(1).await;
+    let (parsed, bound) = (proxy.pg_sent(b'P'), proxy.pg_sent(b'B'));
+    cycles(10).await;
+    assert_eq!(
+        proxy.pg_sent(b'P'),
+        parsed,
+        "a shared or permit cycle prepared a statement again"
+    );
+    // Each round: the reader's attempt and release, the joiner's check,
+    // the permit's attempt and release.
+    assert!(
+        proxy.pg_sent(b'B') >= bound + 10 * 5,
+        "the cycles' statements did not go through the proxy: {} executions",
+        proxy.pg_sent(b'B') - bound
+    );
+}

@@ -8,8 +8,12 @@
 //! connections open at the time: they carry nothing more, either way, but
 //! stay open, while new connections are forwarded (a NAT or load balancer
 //! that forgot a connection's state, a peer that lost power).
+//!
+//! A proxy bound with [`Proxy::bind_pg`] also counts the PostgreSQL
+//! protocol messages clients send, by type (`b'P'` for Parse: a statement
+//! prepared), so a test can tell what a backend sends per call.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -26,8 +30,13 @@ pub struct Proxy {
     /// One flag per connection forwarded so far, in the order they were
     /// accepted: set, it carries nothing.
     silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
+    /// Client messages by type, if this proxy counts them.
+    pg_sent: Option<Arc<PgCounts>>,
     accept: AbortHandle,
 }
+
+/// Client messages of the PostgreSQL protocol, counted by type byte.
+type PgCounts = [AtomicUsize; 256];
 
 impl Proxy {
     /// Listens on a free loopback port and forwards to `upstream`
@@ -39,6 +48,24 @@ impl Proxy {
 
     /// [`Proxy::start`] from inside a runtime.
     pub async fn bind(upstream: String) -> Self {
+        Self::bind_counting(upstream, None).await
+    }
+
+    /// [`Proxy::bind`] for a PostgreSQL server, counting the messages
+    /// clients send (see [`Proxy::pg_sent`]).
+    pub async fn bind_pg(upstream: String) -> Self {
+        let counts: PgCounts = std::array::from_fn(|_| AtomicUsize::new(0));
+        Self::bind_counting(upstream, Some(Arc::new(counts))).await
+    }
+
+    /// How many messages of type `kind` (`b'P'`: Parse) clients sent
+    /// through a proxy bound with [`Proxy::bind_pg`].
+    pub fn pg_sent(&self, kind: u8) -> usize {
+        self.pg_sent.as_ref().expect("a proxy bound with bind_pg")[usize::from(kind)]
+            .load(Ordering::SeqCst)
+    }
+
+    async fn bind_counting(upstream: String, pg_sent: Option<Arc<PgCounts>>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
@@ -52,6 +79,7 @@ impl Proxy {
             let replies = replies.clone();
             let pipes = pipes.clone();
             let silenced = silenced.clone();
+            let pg_sent = pg_sent.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let silent = Arc::new(AtomicBool::new(false));
@@ -70,13 +98,22 @@ impl Proxy {
                     // the modes: a connection accepted while the old ones
                     // are cut forwards nothing under the old mode.
                     let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
-                    let up = tokio::spawn(pipe(cr, sw, open.subscribe(), None, silent.clone()));
+                    let counter = pg_sent.clone().map(PgCounter::new);
+                    let up = tokio::spawn(pipe(
+                        cr,
+                        sw,
+                        open.subscribe(),
+                        None,
+                        silent.clone(),
+                        counter,
+                    ));
                     let down = tokio::spawn(pipe(
                         sr,
                         cw,
                         open.subscribe(),
                         Some(replies.subscribe()),
                         silent,
+                        None,
                     ));
                     pipes.retain(|p| !p.is_finished());
                     pipes.push(up.abort_handle());
@@ -91,6 +128,7 @@ impl Proxy {
             replies,
             pipes,
             silenced,
+            pg_sent,
             accept,
         }
     }
@@ -160,6 +198,7 @@ async fn pipe(
     mut open: watch::Receiver<bool>,
     deliver: Option<watch::Receiver<bool>>,
     silent: Arc<AtomicBool>,
+    mut counter: Option<PgCounter>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -167,6 +206,9 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        if let Some(counter) = counter.as_mut() {
+            counter.feed(&buf[..n]);
+        }
         if open.wait_for(|open| *open).await.is_err() {
             return;
         }
@@ -177,6 +219,62 @@ async fn pipe(
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
+        }
+    }
+}
+
+/// Reads one connection's client stream as PostgreSQL protocol messages
+/// and counts them by type. Messages before the startup message (which
+/// opens with its protocol version, 3.0) have no type byte: the startup
+/// message itself and an SSL or GSS encryption request.
+struct PgCounter {
+    counts: Arc<PgCounts>,
+    started: bool,
+    /// The head of the message being read: its type byte (if typed) and
+    /// its four length bytes.
+    head: Vec<u8>,
+    /// What is left of the body of the message being read.
+    skip: usize,
+}
+
+impl PgCounter {
+    fn new(counts: Arc<PgCounts>) -> Self {
+        Self {
+            counts,
+            started: false,
+            head: Vec::with_capacity(5),
+            skip: 0,
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let want = if self.started { 5 } else { 8 };
+            let n = (want - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.head.len() < want {
+                return;
+            }
+            let at = if self.started { 1 } else { 0 };
+            let len = u32::from_be_bytes(self.head[at..at + 4].try_into().unwrap_or_default());
+            if self.started {
+                self.counts[usize::from(self.head[0])].fetch_add(1, Ordering::SeqCst);
+                self.skip = (len as usize).saturating_sub(4);
+            } else {
+                let code = u32::from_be_bytes(self.head[4..8].try_into().unwrap_or_default());
+                // 3.0: the startup message; anything else asks for
+                // encryption (or cancels) and is answered before it.
+                self.started = code == 196_608;
+                self.skip = (len as usize).saturating_sub(8);
+            }
+            self.head.clear();
         }
     }
 }

@@ -8,9 +8,10 @@
 //! a session holds that. The phase token and the writer-waiting mark live
 //! in a row of `<schema>.dlock_phases` (see [`sql::MODES_SETUP`]). A permit
 //! is one exclusive advisory lock per (key, slot), every slot tried in one
-//! statement. Each attempt is one statement, on a session the backend owns,
-//! so a holder whose process dies frees its hold the moment its connection
-//! ends, and a session that ends marks every lease on it lost.
+//! statement. Each attempt is one statement, prepared once per session
+//! (see [`ModeSql`]), on a session the backend owns, so a holder whose
+//! process dies frees its hold the moment its connection ends, and a
+//! session that ends marks every lease on it lost.
 //!
 //! In process: advisory locks are re-entrant per session, so the backend
 //! decides here who of this process may ask the server. A key held or
@@ -39,7 +40,7 @@ use tokio_postgres::error::SqlState;
 use super::deadlines::Slot;
 use super::home::NoRuntime;
 use super::locks::no_runtime;
-use super::session::{Failure, LockSession};
+use super::session::{Failure, LockSession, ModeSql};
 use super::{Inner, KIND, sql, xact};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL, ReleaseNotice,
@@ -74,11 +75,11 @@ pub(super) struct Modes {
     /// looked for them and found none, when.
     ready: AsyncMutex<(bool, Option<Instant>)>,
     setup_sql: String,
-    try_shared_sql: String,
-    try_permit_sql: String,
+    /// The statements each lock session prepares for shared locks and
+    /// permits.
+    statements: ModeSql,
     mark_sql: String,
     unmark_sql: String,
-    marked_sql: String,
     exists_sql: String,
     /// Names each [`ReadHold`].
     next_read: AtomicU64,
@@ -152,11 +153,15 @@ impl Modes {
             marked: Mutex::default(),
             ready: AsyncMutex::new((false, None)),
             setup_sql: sql::render(sql::MODES_SETUP, quoted_schema),
-            try_shared_sql: sql::render(sql::TRY_SHARED, quoted_schema),
-            try_permit_sql: sql::render(sql::TRY_PERMIT, quoted_schema),
+            statements: ModeSql {
+                try_shared: sql::render(sql::TRY_SHARED, quoted_schema),
+                unlock_shared: sql::render(sql::UNLOCK_SHARED, quoted_schema),
+                try_permit: sql::render(sql::TRY_PERMIT, quoted_schema),
+                unlock_permit: sql::render(sql::UNLOCK_PERMIT, quoted_schema),
+                marked: sql::render(sql::MARKED, quoted_schema),
+            },
             mark_sql: sql::render(sql::MARK, quoted_schema),
             unmark_sql: sql::render(sql::UNMARK, quoted_schema),
-            marked_sql: sql::render(sql::MARKED, quoted_schema),
             exists_sql: sql::render(sql::MODES_EXIST, quoted_schema),
             next_read: AtomicU64::new(0),
         }
@@ -437,21 +442,22 @@ impl Inner {
     /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
     async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
         let session = self.session().await?;
-        session
-            .query_one(
-                &self.modes.marked_sql,
-                &[&key.as_str(), &self.options.key_seed],
+        async {
+            let statements = session.modes(&self.modes.statements).await?;
+            session
+                .query_one(&statements.marked, &[&key.as_str(), &self.options.key_seed])
+                .await?
+                .try_get::<_, bool>(0)
+        }
+        .await
+        .map_err(|err| {
+            self.failed(
+                Operation::Acquire,
+                key,
+                "asking for a writer's mark failed",
+                err,
             )
-            .await
-            .and_then(|row| row.try_get::<_, bool>(0))
-            .map_err(|err| {
-                self.failed(
-                    Operation::Acquire,
-                    key,
-                    "asking for a writer's mark failed",
-                    err,
-                )
-            })
+        })
     }
 
     /// Books `owner`'s grant of `key` in its entry, with its deadline.
@@ -502,9 +508,13 @@ impl Inner {
             (Arc::clone(&read.session), unlocked)
         };
         let seed = self.options.key_seed;
-        let answer = session
-            .query(sql::UNLOCK_SHARED, &[&key.as_str(), &seed])
-            .await;
+        let answer = async {
+            let statements = session.modes(&self.modes.statements).await?;
+            session
+                .query(&statements.unlock_shared, &[&key.as_str(), &seed])
+                .await
+        }
+        .await;
         if let Err(err) = answer
             && !err.is_closed()
             && !session.is_ended()
@@ -552,30 +562,36 @@ impl Inner {
                             .collect()
                     })
                     .unwrap_or_default();
-                session
-                    .query_one(
-                        &self.modes.try_permit_sql,
-                        &[&key.as_str(), &seed, &n, &skipped],
-                    )
-                    .await
-                    .and_then(|row| {
-                        Ok((
-                            row.try_get::<_, Option<i64>>(1)?,
-                            row.try_get::<_, Option<i32>>(0)?,
-                            false,
-                        ))
-                    })
-            }
-            _ => session
-                .query_one(&self.modes.try_shared_sql, &[&key.as_str(), &seed])
+                async {
+                    let statements = session.modes(&self.modes.statements).await?;
+                    let row = session
+                        .query_one(
+                            &statements.try_permit,
+                            &[&key.as_str(), &seed, &n, &skipped],
+                        )
+                        .await?;
+                    Ok((
+                        row.try_get::<_, Option<i64>>(1)?,
+                        row.try_get::<_, Option<i32>>(0)?,
+                        false,
+                    ))
+                }
                 .await
-                .and_then(|row| {
+            }
+            _ => {
+                async {
+                    let statements = session.modes(&self.modes.statements).await?;
+                    let row = session
+                        .query_one(&statements.try_shared, &[&key.as_str(), &seed])
+                        .await?;
                     Ok((
                         row.try_get::<_, Option<i64>>(0)?,
                         None,
                         row.try_get::<_, Option<bool>>(1)?.unwrap_or(false),
                     ))
-                }),
+                }
+                .await
+            }
         };
         let (token, slot, marked) = match answer {
             Ok(answer) => answer,
@@ -873,9 +889,16 @@ impl Inner {
                     let answer = match slot.map(i32::try_from) {
                         Some(slot) => {
                             let slot = slot.unwrap_or(i32::MAX);
-                            session
-                                .query(sql::UNLOCK_PERMIT, &[&key.as_str(), &seed, &slot])
-                                .await
+                            async {
+                                let statements = session.modes(&inner.modes.statements).await?;
+                                session
+                                    .query(
+                                        &statements.unlock_permit,
+                                        &[&key.as_str(), &seed, &slot],
+                                    )
+                                    .await
+                            }
+                            .await
                         }
                         None => {
                             inner.forget_mode(&key, holder);

@@ -384,6 +384,10 @@ pub(super) struct LockSession {
     /// The statements of leases that record an identity, prepared on the
     /// first such lease (they name a table that only exists from then on).
     recording: OnceCell<Recording>,
+    /// The statements of shared locks and permits, prepared on the
+    /// session's first such statement (they name functions and a table
+    /// that only exist once shared locks or permits are in use).
+    modes: OnceCell<ModeStatements>,
     /// Held while identity records are written or deleted on this session
     /// (a renewal writing missing ones again, an unlock deleting one), so
     /// that a renewal's write is never sent after the lease's unlock.
@@ -464,6 +468,26 @@ pub(super) struct Recording {
     pub(super) delete_released: Statement,
 }
 
+/// A lock session's statements for shared locks and permits (see the
+/// `modes` module): prepared once, so each attempt and each release is
+/// one round trip, and the server plans none of them again.
+pub(super) struct ModeStatements {
+    pub(super) try_shared: Statement,
+    pub(super) unlock_shared: Statement,
+    pub(super) try_permit: Statement,
+    pub(super) unlock_permit: Statement,
+    pub(super) marked: Statement,
+}
+
+/// The SQL of [`ModeStatements`], the schema filled in.
+pub(super) struct ModeSql {
+    pub(super) try_shared: String,
+    pub(super) unlock_shared: String,
+    pub(super) try_permit: String,
+    pub(super) unlock_permit: String,
+    pub(super) marked: String,
+}
+
 /// How many released records a session keeps before it deletes them.
 pub(super) const RELEASED_BATCH: usize = 64;
 
@@ -540,6 +564,7 @@ impl LockSession {
             try_lock: statements.0,
             unlock: statements.1,
             recording: OnceCell::new(),
+            modes: OnceCell::new(),
             record_writes: AsyncMutex::new(()),
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
@@ -788,6 +813,30 @@ impl LockSession {
                     try_lock: prepare(try_lock_sql).await?,
                     unlock: prepare(unlock_sql).await?,
                     delete_released: prepare(delete_released_sql).await?,
+                })
+            })
+            .await
+    }
+
+    /// The statements of shared locks and permits, prepared on first use
+    /// (after the backend made what they name).
+    pub(super) async fn modes(
+        &self,
+        sql: &ModeSql,
+    ) -> Result<&ModeStatements, tokio_postgres::Error> {
+        self.modes
+            .get_or_try_init(|| async {
+                let prepare = |sql| async move {
+                    let prepared = self.client.prepare(sql).await;
+                    self.count_answer(&prepared);
+                    prepared
+                };
+                Ok(ModeStatements {
+                    try_shared: prepare(&sql.try_shared).await?,
+                    unlock_shared: prepare(&sql.unlock_shared).await?,
+                    try_permit: prepare(&sql.try_permit).await?,
+                    unlock_permit: prepare(&sql.unlock_permit).await?,
+                    marked: prepare(&sql.marked).await?,
                 })
             })
             .await

@@ -1058,3 +1058,358 @@ async fn shared_and_permit_cycles_parse_no_statement_once_their_session_prepared
         proxy.pg_sent(b'B') - bound
     );
 }
+
+// Shared locks' and permits' prepared statements under a DBA's changes
+// (each statement prepared on its own first use, a failed prepare ending
+// no session).
+
+fn scratch_schema(label: &str) -> String {
+    let id = dlock_runtime::conformance::fresh_key("s").to_string();
+    let tail: String = id
+        .chars()
+        .rev()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(12)
+        .collect();
+    format!("dlock_rv_{label}_{}", tail.to_ascii_lowercase())
+}
+
+async fn in_schema(schema: &str) -> Arc<dyn Backend> {
+    Arc::new(
+        PgBackend::connect_with(
+            &conn(),
+            dlock::pg::PgOptions::new().schema(schema).sessions(1),
+        )
+        .await
+        .expect("connect"),
+    )
+}
+
+async fn drop_schema(schema: &str) {
+    let _ = raw_client()
+        .await
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await;
+}
+
+/// Permits never read `dlock_phases` (`dlock_try_permit` touches no
+/// table), so a DBA's change to that table must not reach a permit
+/// attempt, let alone the other leases on its session. Since 51da160 a
+/// permit attempt on a session that has not prepared yet prepares MARKED
+/// (which names `dlock_phases.mark_until`) too; the prepare fails with
+/// 42703, `mode_failed` takes it for a failed execution and ends the
+/// session: the permit is refused and an unrelated exclusive lease on the
+/// session is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_change_to_the_phase_table_costs_permits_nothing() {
+    let schema = scratch_schema("perm");
+    let ttl = Duration::from_secs(30);
+    // One backend makes the table and functions.
+    let maker = in_schema(&schema).await;
+    LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(maker.clone(), &fresh_key("rv-maker"))
+        .await
+        .expect("a permit")
+        .release()
+        .await
+        .expect("release");
+    // A DBA changes the table of read phases (used only by shared locks).
+    raw_client()
+        .await
+        .batch_execute(&format!(
+            "ALTER TABLE {schema}.dlock_phases RENAME COLUMN mark_until TO mark_expires"
+        ))
+        .await
+        .expect("alter the phase table");
+    // Another service: an exclusive lease, then its first permit.
+    let service = in_schema(&schema).await;
+    let writer = LockOptions::new(ttl)
+        .acquire_on(service.clone(), &fresh_key("rv-excl"))
+        .await
+        .expect("an exclusive lock");
+    let permit = LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(service.clone(), &fresh_key("rv-permit"))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let writer_lost = writer.is_lost();
+    drop_schema(&schema).await;
+    let permit = permit.map(|lease| lease.token());
+    eprintln!("permit: {permit:?}\nexclusive lease lost: {writer_lost}");
+    assert!(
+        permit.is_ok(),
+        "a permit attempt failed over a table permits never use: {permit:?}"
+    );
+    assert!(
+        !writer_lost,
+        "an exclusive lease was lost because a permit attempt on its session failed"
+    );
+}
+
+/// A service that uses only shared locks never calls `dlock_try_permit`,
+/// so a DBA dropping that function must not cost its readers anything.
+/// (HOLDS as seen by the caller: a join's mark check on a session that has
+/// not prepared fails — the prepare of all five statements trips on the
+/// missing function — but the acquire loop retries it until it lands on a
+/// prepared session. Nothing runs the setup again meanwhile.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_permit_function_costs_readers_nothing_and_heals() {
+    let schema = scratch_schema("join");
+    let ttl = Duration::from_secs(30);
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(
+            &conn(),
+            dlock::pg::PgOptions::new().schema(&schema).sessions(3),
+        )
+        .await
+        .expect("connect"),
+    );
+    let key = fresh_key("rv-join");
+    let shared = LockOptions::new(ttl).mode(LockMode::Shared);
+    let first = shared
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the first reader");
+    raw_client()
+        .await
+        .batch_execute(&format!(
+            "DROP FUNCTION {schema}.dlock_try_permit(text, int8, int4, int4[])"
+        ))
+        .await
+        .expect("drop the permit function");
+    let mut failed = Vec::new();
+    for round in 0..30 {
+        // Other work of the service (an exclusive lock on another key)
+        // moves the round-robin choice of lock session along.
+        if round % 3 != 0 {
+            LockOptions::new(ttl)
+                .acquire_on(backend.clone(), &fresh_key("rv-other"))
+                .await
+                .expect("an exclusive lock")
+                .release()
+                .await
+                .expect("release");
+        }
+        match shared.acquire_on(backend.clone(), &key).await {
+            Ok(joiner) => {
+                assert_eq!(
+                    joiner.token(),
+                    first.token(),
+                    "a joiner shares the phase token"
+                );
+                joiner.release().await.expect("release");
+            }
+            Err(err) => failed.push(format!("join {round}: {err}")),
+        }
+    }
+    let first_lost = first.is_lost();
+    let _ = first.release().await;
+    drop(backend);
+    drop_schema(&schema).await;
+    eprintln!(
+        "{} of 30 joins failed:\n{}",
+        failed.len(),
+        failed.join("\n")
+    );
+    assert!(!first_lost, "the first reader's lease was lost");
+    assert!(
+        failed.is_empty(),
+        "joins of a live read phase failed over a function readers never call: {failed:#?}"
+    );
+}
+
+/// Many tasks use a fresh backend's lock session for the first time at
+/// once (each prepares, or waits for the one that does), some of them
+/// given up at random points: no error, never more holders than permits,
+/// and once everyone is gone every slot can be had again from another
+/// backend (nothing is left held on the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_use_with_cancellations_leaves_nothing_held() {
+    let schema = scratch_schema("first");
+    let ttl = Duration::from_secs(30);
+    let permits = 3u32;
+    for round in 0..6u64 {
+        let backend = in_schema(&schema).await;
+        let key = fresh_key("rv-first");
+        let holders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..24u64 {
+            let (backend, key, holders, most) =
+                (backend.clone(), key.clone(), holders.clone(), most.clone());
+            let mode = i % 2 == 0;
+            tasks.push(tokio::spawn(async move {
+                let options = if mode {
+                    LockOptions::new(ttl).permits(permits)
+                } else {
+                    LockOptions::new(ttl).mode(LockMode::Shared)
+                };
+                // Shared and permit attempts of one key would refuse each
+                // other: readers take a key of their own.
+                let key = if mode {
+                    key
+                } else {
+                    dlock::LockKey::new(format!("{key}:r")).expect("key")
+                };
+                let give_up = Duration::from_micros((round * 7919 + i * 104_729) % 3000);
+                let attempt = options.acquire_on(backend, &key);
+                match tokio::time::timeout(give_up, attempt).await {
+                    Err(_) => Ok(()),
+                    Ok(Err(dlock::LockError::Held { .. })) => Ok(()),
+                    Ok(Err(err)) => Err(format!("{err}")),
+                    Ok(Ok(lease)) => {
+                        if mode {
+                            let now = holders.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                            most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                            holders.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        if i % 3 == 0 {
+                            drop(lease);
+                        } else {
+                            lease.release().await.map_err(|e| format!("{e}"))?;
+                        }
+                        Ok(())
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task").expect("no attempt fails");
+        }
+        assert!(most.load(std::sync::atomic::Ordering::SeqCst) <= permits as usize);
+        drop(backend);
+        // Another backend: every slot, and the key exclusively on the
+        // readers' key, within a few seconds (drops release best effort).
+        let other = in_schema(&schema).await;
+        let mut slots = Vec::new();
+        for _ in 0..permits {
+            slots.push(
+                LockOptions::new(ttl)
+                    .permits(permits)
+                    .wait(Duration::from_secs(5))
+                    .acquire_on(other.clone(), &key)
+                    .await
+                    .expect("every slot free once all are gone"),
+            );
+        }
+        let readers_key = dlock::LockKey::new(format!("{key}:r")).expect("key");
+        LockOptions::new(ttl)
+            .wait(Duration::from_secs(5))
+            .acquire_on(other.clone(), &readers_key)
+            .await
+            .expect("the readers' key free once all are gone")
+            .release()
+            .await
+            .expect("release");
+        for slot in slots {
+            slot.release().await.expect("release");
+        }
+    }
+    drop_schema(&schema).await;
+}
+
+/// A DBA drops `dlock_phases` while a reader holds, and permit holders
+/// hold: the permit holders and the reader keep their leases, new permits
+/// come at once, new readers of other keys come after at most one error,
+/// and once the phase is over its key is read again with a token above the
+/// old phase's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_phase_table_mid_run_heals_and_loses_no_lease() {
+    let schema = scratch_schema("tbl");
+    let ttl = Duration::from_secs(30);
+    let backend = in_schema(&schema).await;
+    let shared = LockOptions::new(ttl).mode(LockMode::Shared);
+    let key = fresh_key("rv-tbl");
+    let reader = shared
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("reader");
+    let permit_key = fresh_key("rv-tbl-permit");
+    let permit = LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(backend.clone(), &permit_key)
+        .await
+        .expect("permit");
+    raw_client()
+        .await
+        .batch_execute(&format!("DROP TABLE {schema}.dlock_phases"))
+        .await
+        .expect("drop the table");
+    let second_permit = LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(backend.clone(), &permit_key)
+        .await;
+    let other = fresh_key("rv-tbl-other");
+    let mut errors = Vec::new();
+    let mut other_reader = None;
+    for _ in 0..3 {
+        match shared.acquire_on(backend.clone(), &other).await {
+            Ok(lease) => {
+                other_reader = Some(lease);
+                break;
+            }
+            Err(err) => errors.push(format!("{err}")),
+        }
+    }
+    let joiner = shared.acquire_on(backend.clone(), &key).await;
+    let (reader_lost, permit_lost) = (reader.is_lost(), permit.is_lost());
+    eprintln!(
+        "second permit: {:?}\nother reader after {} errors: {errors:?}\njoiner: {:?}\nlost: reader {reader_lost} permit {permit_lost}",
+        second_permit.as_ref().map(|l| l.token()),
+        errors.len(),
+        joiner.as_ref().map(|l| l.token()),
+    );
+    let old = reader.token();
+    if let Ok(j) = joiner {
+        assert_eq!(j.token(), old);
+        j.release().await.expect("release");
+    }
+    reader.release().await.expect("release");
+    let later = shared.acquire_on(backend.clone(), &key).await;
+    drop_schema(&schema).await;
+    assert!(!reader_lost && !permit_lost, "a lease was lost");
+    assert!(second_permit.is_ok(), "a permit while the table was gone");
+    assert!(other_reader.is_some() && errors.len() <= 1, "{errors:?}");
+    assert!(later.expect("a reader after the phase").token() > old);
+}
+
+/// Permits never touch `dlock_phases`, so a DBA's transaction that holds
+/// a lock on it (TRUNCATE, ALTER TABLE, VACUUM FULL, LOCK TABLE, left
+/// open) must not hold up a permit attempt. Since 51da160 the first permit
+/// attempt on a lock session prepares MARKED too, whose parse waits for
+/// that lock until the session's `lock_timeout`, and then fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_lock_on_the_phase_table_does_not_hold_up_permits() {
+    let schema = scratch_schema("lockt");
+    let ttl = Duration::from_secs(30);
+    let maker = in_schema(&schema).await;
+    LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(maker.clone(), &fresh_key("rv-lockt-maker"))
+        .await
+        .expect("a permit")
+        .release()
+        .await
+        .expect("release");
+    let dba = raw_client().await;
+    dba.batch_execute(&format!(
+        "BEGIN; LOCK TABLE {schema}.dlock_phases IN ACCESS EXCLUSIVE MODE"
+    ))
+    .await
+    .expect("the DBA's open transaction");
+    let service = in_schema(&schema).await;
+    let started = std::time::Instant::now();
+    let permit = LockOptions::new(ttl)
+        .permits(2)
+        .acquire_on(service.clone(), &fresh_key("rv-lockt"))
+        .await;
+    let took = started.elapsed();
+    let _ = dba.batch_execute("COMMIT").await;
+    drop_schema(&schema).await;
+    let permit = permit.map(|lease| lease.token());
+    eprintln!("permit after {took:?}: {permit:?}");
+    assert!(permit.is_ok(), "{permit:?}");
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+}

@@ -9,7 +9,7 @@
 //! in a row of `<schema>.dlock_phases` (see [`sql::MODES_SETUP`]). A permit
 //! is one exclusive advisory lock per (key, slot), every slot tried in one
 //! statement. Each attempt is one statement, prepared once per session
-//! (see [`ModeSql`]), on a session the backend owns, so a holder whose
+//! (see [`ModeStatement`]), on a session the backend owns, so a holder whose
 //! process dies frees its hold the moment its connection ends, and a
 //! session that ends marks every lease on it lost.
 //!
@@ -40,7 +40,7 @@ use tokio_postgres::error::SqlState;
 use super::deadlines::Slot;
 use super::home::NoRuntime;
 use super::locks::no_runtime;
-use super::session::{Failure, LockSession, ModeSql};
+use super::session::{Failure, LockSession, ModeSql, ModeStatement};
 use super::{Inner, KIND, sql, xact};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL, ReleaseNotice,
@@ -442,22 +442,34 @@ impl Inner {
     /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
     async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
         let session = self.session().await?;
-        async {
-            let statements = session.modes(&self.modes.statements).await?;
+        let answer = async {
+            let statement = session
+                .mode_statement(ModeStatement::Marked, &self.modes.statements)
+                .await?;
             session
-                .query_one(&statements.marked, &[&key.as_str(), &self.options.key_seed])
+                .query_one(statement, &[&key.as_str(), &self.options.key_seed])
                 .await?
                 .try_get::<_, bool>(0)
         }
-        .await
-        .map_err(|err| {
-            self.failed(
-                Operation::Acquire,
-                key,
-                "asking for a writer's mark failed",
-                err,
-            )
-        })
+        .await;
+        match answer {
+            Ok(marked) => Ok(marked),
+            Err(err) => {
+                // A join asks the server nothing else, so it makes what is
+                // gone again itself: the next join finds it.
+                if self.remake_if_missing(key, &err).await
+                    && let Err(failure) = self.modes_ready(Operation::Acquire, key).await
+                {
+                    tracing::warn!(key = %key, error = %failure, "cannot make the phase table again");
+                }
+                Err(self.failed(
+                    Operation::Acquire,
+                    key,
+                    "asking for a writer's mark failed",
+                    err,
+                ))
+            }
+        }
     }
 
     /// Books `owner`'s grant of `key` in its entry, with its deadline.
@@ -509,10 +521,10 @@ impl Inner {
         };
         let seed = self.options.key_seed;
         let answer = async {
-            let statements = session.modes(&self.modes.statements).await?;
-            session
-                .query(&statements.unlock_shared, &[&key.as_str(), &seed])
-                .await
+            let statement = session
+                .mode_statement(ModeStatement::UnlockShared, &self.modes.statements)
+                .await?;
+            session.query(statement, &[&key.as_str(), &seed]).await
         }
         .await;
         if let Err(err) = answer
@@ -546,6 +558,17 @@ impl Inner {
         self.modes_ready(Operation::Acquire, key).await?;
         let session = self.session().await?;
         let seed = self.options.key_seed;
+        let which = match access {
+            Access::Permits { .. } => ModeStatement::TryPermit,
+            _ => ModeStatement::TryShared,
+        };
+        // A prepare takes no lock: one that fails (what it names is gone
+        // or changed, or locked by a DBA past the session's lock_timeout)
+        // leaves the session and the other leases on it alone.
+        let statement = match session.mode_statement(which, &self.modes.statements).await {
+            Ok(statement) => statement,
+            Err(err) => return Err(self.mode_unprepared(key, err).await),
+        };
         let answer = match access {
             Access::Permits { permits } => {
                 let n = i32::try_from(permits).unwrap_or(i32::MAX);
@@ -563,12 +586,8 @@ impl Inner {
                     })
                     .unwrap_or_default();
                 async {
-                    let statements = session.modes(&self.modes.statements).await?;
                     let row = session
-                        .query_one(
-                            &statements.try_permit,
-                            &[&key.as_str(), &seed, &n, &skipped],
-                        )
+                        .query_one(statement, &[&key.as_str(), &seed, &n, &skipped])
                         .await?;
                     Ok((
                         row.try_get::<_, Option<i64>>(1)?,
@@ -580,9 +599,8 @@ impl Inner {
             }
             _ => {
                 async {
-                    let statements = session.modes(&self.modes.statements).await?;
                     let row = session
-                        .query_one(&statements.try_shared, &[&key.as_str(), &seed])
+                        .query_one(statement, &[&key.as_str(), &seed])
                         .await?;
                     Ok((
                         row.try_get::<_, Option<i64>>(0)?,
@@ -656,11 +674,7 @@ impl Inner {
         key: &LockKey,
         err: tokio_postgres::Error,
     ) -> LockError {
-        let missing = err.code().is_some_and(|code| {
-            *code == SqlState::UNDEFINED_FUNCTION
-                || *code == SqlState::UNDEFINED_TABLE
-                || *code == SqlState::INVALID_SCHEMA_NAME
-        });
+        let missing = self.remake_if_missing(key, &err).await;
         // The functions give back what they took when a statement inside
         // them fails (a lock they waited for past the session's
         // lock_timeout among them: a DBA's LOCK TABLE or TRUNCATE left
@@ -669,16 +683,7 @@ impl Inner {
             || err
                 .as_db_error()
                 .is_some_and(|db| db.message().contains(sql::REFUSED));
-        if missing {
-            // Dropped while the service runs (the table, the functions or
-            // the token sequence): made again, for the next attempt.
-            *self.modes.ready.lock().await = (false, None);
-            if sql::sequence_missing(&err)
-                && let Err(failure) = Box::pin(self.restore_objects()).await
-            {
-                tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");
-            }
-        } else if !refused && !err.is_closed() && !session.is_ended() {
+        if !missing && !refused && !err.is_closed() && !session.is_ended() {
             session.end(format!("a shared or permit statement for `{key}` failed"));
         }
         self.failed(
@@ -687,6 +692,38 @@ impl Inner {
             "the shared or permit statement failed",
             err,
         )
+    }
+
+    /// The error of a shared or permit statement that could not be
+    /// prepared: it ran nothing, so the session lives on.
+    async fn mode_unprepared(&self, key: &LockKey, err: tokio_postgres::Error) -> LockError {
+        self.remake_if_missing(key, &err).await;
+        self.failed(
+            Operation::Acquire,
+            key,
+            "the shared or permit statement could not be prepared",
+            err,
+        )
+    }
+
+    /// Whether `err` says that what shared locks and permits need is gone
+    /// (the table, a function or the token sequence, dropped while the
+    /// service runs): it is made again, for the next attempt.
+    async fn remake_if_missing(&self, key: &LockKey, err: &tokio_postgres::Error) -> bool {
+        let missing = err.code().is_some_and(|code| {
+            *code == SqlState::UNDEFINED_FUNCTION
+                || *code == SqlState::UNDEFINED_TABLE
+                || *code == SqlState::INVALID_SCHEMA_NAME
+        });
+        if missing {
+            *self.modes.ready.lock().await = (false, None);
+            if sql::sequence_missing(err)
+                && let Err(failure) = Box::pin(self.restore_objects()).await
+            {
+                tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");
+            }
+        }
+        missing
     }
 
     /// Makes the table and functions of [`sql::MODES_SETUP`] once.
@@ -890,12 +927,14 @@ impl Inner {
                         Some(slot) => {
                             let slot = slot.unwrap_or(i32::MAX);
                             async {
-                                let statements = session.modes(&inner.modes.statements).await?;
-                                session
-                                    .query(
-                                        &statements.unlock_permit,
-                                        &[&key.as_str(), &seed, &slot],
+                                let statement = session
+                                    .mode_statement(
+                                        ModeStatement::UnlockPermit,
+                                        &inner.modes.statements,
                                     )
+                                    .await?;
+                                session
+                                    .query(statement, &[&key.as_str(), &seed, &slot])
                                     .await
                             }
                             .await

@@ -384,10 +384,12 @@ pub(super) struct LockSession {
     /// The statements of leases that record an identity, prepared on the
     /// first such lease (they name a table that only exists from then on).
     recording: OnceCell<Recording>,
-    /// The statements of shared locks and permits, prepared on the
-    /// session's first such statement (they name functions and a table
-    /// that only exist once shared locks or permits are in use).
-    modes: OnceCell<ModeStatements>,
+    /// The statements of shared locks and permits (by
+    /// [`ModeStatement`]), each prepared on its first use on this session:
+    /// they name functions and a table that exist only once shared locks
+    /// or permits are in use, and each names only what it needs, so a
+    /// change to what one names reaches no other.
+    modes: [OnceCell<Statement>; ModeStatement::COUNT],
     /// Held while identity records are written or deleted on this session
     /// (a renewal writing missing ones again, an unlock deleting one), so
     /// that a renewal's write is never sent after the lease's unlock.
@@ -468,24 +470,41 @@ pub(super) struct Recording {
     pub(super) delete_released: Statement,
 }
 
-/// A lock session's statements for shared locks and permits (see the
-/// `modes` module): prepared once, so each attempt and each release is
+/// A statement of shared locks and permits (see the `modes` module),
+/// prepared once per lock session, so each attempt and each release is
 /// one round trip, and the server plans none of them again.
-pub(super) struct ModeStatements {
-    pub(super) try_shared: Statement,
-    pub(super) unlock_shared: Statement,
-    pub(super) try_permit: Statement,
-    pub(super) unlock_permit: Statement,
-    pub(super) marked: Statement,
+#[derive(Clone, Copy)]
+pub(super) enum ModeStatement {
+    TryShared,
+    UnlockShared,
+    TryPermit,
+    UnlockPermit,
+    Marked,
 }
 
-/// The SQL of [`ModeStatements`], the schema filled in.
+impl ModeStatement {
+    const COUNT: usize = 5;
+}
+
+/// The SQL of each [`ModeStatement`], the schema filled in.
 pub(super) struct ModeSql {
     pub(super) try_shared: String,
     pub(super) unlock_shared: String,
     pub(super) try_permit: String,
     pub(super) unlock_permit: String,
     pub(super) marked: String,
+}
+
+impl ModeSql {
+    fn of(&self, statement: ModeStatement) -> &str {
+        match statement {
+            ModeStatement::TryShared => &self.try_shared,
+            ModeStatement::UnlockShared => &self.unlock_shared,
+            ModeStatement::TryPermit => &self.try_permit,
+            ModeStatement::UnlockPermit => &self.unlock_permit,
+            ModeStatement::Marked => &self.marked,
+        }
+    }
 }
 
 /// How many released records a session keeps before it deletes them.
@@ -564,7 +583,7 @@ impl LockSession {
             try_lock: statements.0,
             unlock: statements.1,
             recording: OnceCell::new(),
-            modes: OnceCell::new(),
+            modes: std::array::from_fn(|_| OnceCell::new()),
             record_writes: AsyncMutex::new(()),
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
@@ -818,26 +837,18 @@ impl LockSession {
             .await
     }
 
-    /// The statements of shared locks and permits, prepared on first use
-    /// (after the backend made what they name).
-    pub(super) async fn modes(
+    /// `statement` (its SQL in `sql`), prepared on its first use on this
+    /// session (after the backend made what it names).
+    pub(super) async fn mode_statement(
         &self,
+        statement: ModeStatement,
         sql: &ModeSql,
-    ) -> Result<&ModeStatements, tokio_postgres::Error> {
-        self.modes
+    ) -> Result<&Statement, tokio_postgres::Error> {
+        self.modes[statement as usize]
             .get_or_try_init(|| async {
-                let prepare = |sql| async move {
-                    let prepared = self.client.prepare(sql).await;
-                    self.count_answer(&prepared);
-                    prepared
-                };
-                Ok(ModeStatements {
-                    try_shared: prepare(&sql.try_shared).await?,
-                    unlock_shared: prepare(&sql.unlock_shared).await?,
-                    try_permit: prepare(&sql.try_permit).await?,
-                    unlock_permit: prepare(&sql.unlock_permit).await?,
-                    marked: prepare(&sql.marked).await?,
-                })
+                let prepared = self.client.prepare(sql.of(statement)).await;
+                self.count_answer(&prepared);
+                prepared
             })
             .await
     }

@@ -1094,12 +1094,10 @@ async fn drop_schema(schema: &str) {
 
 /// Permits never read `dlock_phases` (`dlock_try_permit` touches no
 /// table), so a DBA's change to that table must not reach a permit
-/// attempt, let alone the other leases on its session. Since 51da160 a
-/// permit attempt on a session that has not prepared yet prepares MARKED
-/// (which names `dlock_phases.mark_until`) too; the prepare fails with
-/// 42703, `mode_failed` takes it for a failed execution and ends the
-/// session: the permit is refused and an unrelated exclusive lease on the
-/// session is lost.
+/// attempt, let alone the other leases on its session. (When a session
+/// prepared every mode statement at once, a permit's first attempt
+/// prepared MARKED, which names `dlock_phases.mark_until`, failed with
+/// 42703 and ended the session.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dba_change_to_the_phase_table_costs_permits_nothing() {
     let schema = scratch_schema("perm");
@@ -1377,9 +1375,9 @@ async fn dropping_the_phase_table_mid_run_heals_and_loses_no_lease() {
 
 /// Permits never touch `dlock_phases`, so a DBA's transaction that holds
 /// a lock on it (TRUNCATE, ALTER TABLE, VACUUM FULL, LOCK TABLE, left
-/// open) must not hold up a permit attempt. Since 51da160 the first permit
-/// attempt on a lock session prepares MARKED too, whose parse waits for
-/// that lock until the session's `lock_timeout`, and then fails.
+/// open) must not hold up a permit attempt. (When a session prepared every
+/// mode statement at once, a permit's first attempt prepared MARKED, whose
+/// parse waited for that lock until the session's `lock_timeout`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dba_lock_on_the_phase_table_does_not_hold_up_permits() {
     let schema = scratch_schema("lockt");

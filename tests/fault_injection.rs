@@ -395,18 +395,24 @@ macro_rules! fault_runs {
             #[cfg(all($(feature = $feature)?))]
             #[test]
             fn $name() {
-                $accept(&overlap::report(stringify!($name), RUNS));
+                for report in overlap::report(stringify!($name), RUNS) {
+                    $accept(&report);
+                }
             }
         )*
         $(
             #[test]
             fn $permits() {
-                assert_permits_run_is_safe(&overlap::report(stringify!($permits), RUNS));
+                for report in overlap::report(stringify!($permits), RUNS) {
+                    assert_permits_run_is_safe(&report);
+                }
             }
 
             #[test]
             fn $read_write() {
-                assert_read_write_run_is_safe(&overlap::report(stringify!($read_write), RUNS));
+                for report in overlap::report(stringify!($read_write), RUNS) {
+                    assert_read_write_run_is_safe(&report);
+                }
             }
         )*
     };

@@ -40,6 +40,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 
 use super::run::{Report, Settings, run};
+use crate::support::seeds::{env_seed, seeds};
 
 /// A run test: its name (the test function's) and its run's settings.
 pub struct Entry {
@@ -48,44 +49,70 @@ pub struct Entry {
 }
 
 /// The launched runs, by test name, taken out by the test that waits.
-static LAUNCHED: OnceLock<Mutex<HashMap<&'static str, JoinHandle<Report>>>> = OnceLock::new();
+static LAUNCHED: OnceLock<Mutex<Launched>> = OnceLock::new();
 
-/// The report of the run of test `name` (an entry of `runs`, the table of
-/// every run test of the binary), its log printed: launched with every
-/// selected run by the first call, or made here if it was not launched.
-pub fn report(name: &str, runs: &[Entry]) -> Report {
+/// The runs of each test, by its name: one a seed.
+type Launched = HashMap<&'static str, Vec<JoinHandle<Report>>>;
+
+/// The reports of the runs of test `name` (an entry of `runs`, the table
+/// of every run test of the binary), one a seed of the test's
+/// ([`seeds_of`]), each log printed: launched with every selected run by
+/// the first call, or made here if they were not launched.
+pub fn report(name: &str, runs: &[Entry]) -> Vec<Report> {
     let launched = LAUNCHED.get_or_init(|| Mutex::new(launch(runs)));
-    let handle = launched
+    let handles = launched
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .remove(name);
-    let report = match handle {
-        // The run's panic was printed in its own thread, into whichever
+    let reports: Vec<Report> = match handles {
+        // A run's panic was printed in its own thread, into whichever
         // test's output launched it: say it again here.
-        Some(handle) => handle.join().unwrap_or_else(|panic| {
-            let message = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("(no message)");
-            eprintln!("the run of {name} panicked: {message}");
-            resume_unwind(panic)
-        }),
+        Some(handles) => handles
+            .into_iter()
+            .map(|handle| {
+                handle.join().unwrap_or_else(|panic| {
+                    let message = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("(no message)");
+                    eprintln!("the run of {name} panicked: {message}");
+                    resume_unwind(panic)
+                })
+            })
+            .collect(),
         None => {
             let entry = runs
                 .iter()
                 .find(|entry| entry.name == name)
                 .unwrap_or_else(|| panic!("{name} is not in the table of runs"));
-            run((entry.settings)())
+            seeds_of(entry.name)
+                .into_iter()
+                .map(|seed| run(with_seed((entry.settings)(), seed)))
+                .collect()
         }
     };
-    report.print_log();
-    report
+    for report in &reports {
+        report.print_log();
+    }
+    reports
 }
 
-/// Starts the run of every selected test of `runs`, each in a thread named
-/// after its test.
-fn launch(runs: &[Entry]) -> HashMap<&'static str, JoinHandle<Report>> {
+/// The seeds the run test `name` runs: `DLOCK_FAULT_SEED` alone when set,
+/// else the test's seeds (`support::seeds`: `tests/seeds.txt`,
+/// `DLOCK_SEED`, `DLOCK_FRESH_SEEDS`).
+fn seeds_of(name: &str) -> Vec<u64> {
+    env_seed("DLOCK_FAULT_SEED").map_or_else(|| seeds(name), |seed| vec![seed])
+}
+
+fn with_seed(mut settings: Settings, seed: u64) -> Settings {
+    settings.seed = seed;
+    settings
+}
+
+/// Starts the runs of every selected test of `runs`, one a seed, each in a
+/// thread named after its test.
+fn launch(runs: &[Entry]) -> Launched {
     let command_line = CommandLine::parse(std::env::args().skip(1));
     let echo =
         command_line.nocapture || std::env::var("RUST_TEST_NOCAPTURE").is_ok_and(|v| v != "0");
@@ -101,18 +128,23 @@ fn launch(runs: &[Entry]) -> HashMap<&'static str, JoinHandle<Report>> {
     runs.iter()
         .filter(|entry| command_line.runs(entry.name))
         .map(|entry| {
-            let settings = entry.settings;
-            let gate = gate.clone();
-            let handle = std::thread::Builder::new()
-                .name(entry.name.to_owned())
-                .spawn(move || {
-                    let _turn = gate.enter();
-                    let mut settings = settings();
-                    settings.echo = echo;
-                    run(settings)
+            let handles = seeds_of(entry.name)
+                .into_iter()
+                .map(|seed| {
+                    let settings = entry.settings;
+                    let gate = gate.clone();
+                    std::thread::Builder::new()
+                        .name(entry.name.to_owned())
+                        .spawn(move || {
+                            let _turn = gate.enter();
+                            let mut settings = with_seed(settings(), seed);
+                            settings.echo = echo;
+                            run(settings)
+                        })
+                        .expect("start a run's thread")
                 })
-                .expect("start a run's thread");
-            (entry.name, handle)
+                .collect();
+            (entry.name, handles)
         })
         .collect()
 }

@@ -33,14 +33,3 @@ impl Rng {
         }
     }
 }
-
-/// A fresh seed when none is given.
-pub fn random_seed() -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(
-        &dlock::backend::OwnerId::random()
-            .expect("random")
-            .as_bytes()[..8],
-    );
-    u64::from_le_bytes(bytes)
-}

@@ -33,6 +33,7 @@ use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
 use crate::support::proxy::Proxy;
+use crate::support::seeds::{env_seed, fresh_seed};
 
 /// What the workers do with the run's lock store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,10 +190,11 @@ impl Settings {
     /// The settings of a lock run on `lock`, overridable through the
     /// environment (`DLOCK_FAULT_SEED`, `DLOCK_FAULT_SECS`).
     pub fn from_env(lock: Lock, default_secs: u64) -> Self {
-        let seed = std::env::var("DLOCK_FAULT_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(super::rng::random_seed);
+        // The run tests set their own seeds (`fault::overlap`); this one is
+        // the long run's.
+        let seed = env_seed("DLOCK_FAULT_SEED")
+            .or_else(|| env_seed("DLOCK_SEED"))
+            .unwrap_or_else(fresh_seed);
         let secs = std::env::var("DLOCK_FAULT_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
@@ -272,7 +274,17 @@ pub struct Planned {
     /// PostgreSQL rewind: drop and recreate the sequence (else set it back
     /// and end the workers' sessions).
     pub recreate: bool,
+    /// A spare place at the end of the schedule: taken by a retry of a
+    /// kind that has not hit yet, else left empty.
+    pub spare: bool,
 }
+
+/// How many times a kind of fault that has not hit yet is injected again,
+/// in place of the next seeded kind, before the run gives up on it. A fault
+/// lands on a moment of a live system (a holder found, an acquisition in
+/// flight), and a seed cannot fix that moment: so a miss is retried, not
+/// taken as the run's verdict.
+pub const RETRIES: usize = 6;
 
 /// The schedule for `settings`: every fault kind once first (in a seeded
 /// order), then seeded kinds at seeded moments until the end.
@@ -280,16 +292,6 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
     let mut rng = Rng::new(settings.seed);
     let mut first = settings.faults.clone();
     rng.shuffle(&mut first);
-    // PostgreSQL frees a silent holder's lock only when the server ends its
-    // session (idle_session_timeout 1.5 s in the workers), so pauses and
-    // partitions there last longer.
-    let (low, high) = match settings.lock {
-        Lock::Pg => (2_500, 4_000),
-        Lock::File | Lock::Redis => (1_500, 3_000),
-        // The store keeps a silent holder's key up to 2 s.
-        #[cfg(feature = "etcd")]
-        Lock::Etcd => (2_500, 4_000),
-    };
     let mut at = Duration::from_millis(rng.range(2_000, 3_000));
     let end = settings.duration.saturating_sub(Duration::from_secs(4));
     let mut planned = Vec::new();
@@ -300,37 +302,105 @@ pub fn plan(settings: &Settings) -> Vec<Planned> {
         } else {
             settings.faults[rng.range(0, settings.faults.len() as u64 - 1) as usize]
         };
-        let length = match kind {
-            Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
-            Fault::Kill => Duration::from_millis(rng.range(200, 800)),
-            Fault::Server => Duration::from_millis(rng.range(100, 500)),
-            Fault::Abandon | Fault::Rewind => Duration::ZERO,
-        };
-        let give_up_after = match kind {
-            // Given up within a millisecond: a Redis script is often
-            // answered in less, so later give-ups (up to 3 ms) left whole
-            // rounds with nothing given up mid-flight; and a PostgreSQL
-            // reader's attempt, one statement, is as quick. Eight to
-            // sixteen of them, so a round where none lands mid-flight is
-            // rare (four to eight left one in about ten runs).
-            Fault::Abandon => (0..rng.range(8, 16))
-                .map(|_| Duration::from_micros(rng.range(0, 1_000)))
-                .collect(),
-            _ => Vec::new(),
-        };
-        planned.push(Planned {
-            at,
-            kind,
-            length,
-            fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
-            cut: rng.chance(50),
-            give_up_after,
-            recreate: rng.chance(50),
-        });
-        at += length + Duration::from_millis(rng.range(1_000, 3_000));
+        let fault = draw(settings, kind, at, &mut rng);
+        at += fault.length + Duration::from_millis(rng.range(1_000, 3_000));
+        planned.push(fault);
         index += 1;
     }
+    // Spare places up to the end, a second apart, taken only by the
+    // retries of kinds that have not hit yet.
+    while at < settings.duration {
+        let mut spare = draw(settings, Fault::Abandon, at, &mut rng);
+        spare.spare = true;
+        planned.push(spare);
+        at += Duration::from_secs(1);
+    }
     planned
+}
+
+/// The retry of a kind that has not hit yet, in place of `planned`: its
+/// own seeded shape, drawn from the seed and the place in the schedule, so
+/// a seed replays its retries too.
+fn retry(settings: &Settings, kind: Fault, planned: &Planned, index: usize) -> Planned {
+    let mut rng = Rng::new(settings.seed ^ (index as u64 + 1).wrapping_mul(0xA24B_AED4_963E_E407));
+    draw(settings, kind, planned.at, &mut rng)
+}
+
+/// One fault of `kind` at `at`, its shape drawn from `rng`.
+fn draw(settings: &Settings, kind: Fault, at: Duration, rng: &mut Rng) -> Planned {
+    // PostgreSQL frees a silent holder's lock only when the server ends its
+    // session (idle_session_timeout 1.5 s in the workers), so pauses and
+    // partitions there last longer.
+    let (low, high) = match settings.lock {
+        Lock::Pg => (2_500, 4_000),
+        Lock::File | Lock::Redis => (1_500, 3_000),
+        // The store keeps a silent holder's key up to 2 s.
+        #[cfg(feature = "etcd")]
+        Lock::Etcd => (2_500, 4_000),
+    };
+    let length = match kind {
+        Fault::Pause | Fault::Partition => Duration::from_millis(rng.range(low, high)),
+        Fault::Kill => Duration::from_millis(rng.range(200, 800)),
+        Fault::Server => Duration::from_millis(rng.range(100, 500)),
+        Fault::Abandon | Fault::Rewind => Duration::ZERO,
+    };
+    let give_up_after = match kind {
+        // Given up within a millisecond: a Redis script is often
+        // answered in less, so later give-ups (up to 3 ms) left whole
+        // rounds with nothing given up mid-flight; and a PostgreSQL
+        // reader's attempt, one statement, is as quick. Eight to
+        // sixteen of them; a round where none lands mid-flight still
+        // happens on a loaded machine, and is retried (`RETRIES`).
+        Fault::Abandon => (0..rng.range(8, 16))
+            .map(|_| Duration::from_micros(rng.range(0, 1_000)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    Planned {
+        at,
+        kind,
+        length,
+        fallback_slot: rng.range(0, settings.workers as u64 - 1) as usize,
+        cut: rng.chance(50),
+        give_up_after,
+        recreate: rng.chance(50),
+        spare: false,
+    }
+}
+
+/// Whether `fault` counts as a hit of its kind (pauses: of a holder, for
+/// longer than the ttl).
+fn counts_as_hit(fault: &Injected) -> bool {
+    fault.hit && (fault.kind != Fault::Pause || fault.length > TTL)
+}
+
+/// What the driver injects in the place of the seeded `planned` (the
+/// `index`th of the schedule): a kind not tried yet, in the seeded order
+/// of the schedule's first round; else a kind that was tried and has not
+/// hit yet, while it has retries left (the first such of `kinds`); else
+/// `planned`'s own. So every kind has its first try early, and a fault
+/// that missed is tried again at the next free place.
+fn next_kind(
+    kinds: &[Fault],
+    schedule: &[Planned],
+    injected: &[Injected],
+    retried: &BTreeMap<Fault, usize>,
+) -> Option<Fault> {
+    let tried = |kind: Fault| injected.iter().any(|f| f.kind == kind);
+    let untried = schedule[..kinds.len().min(schedule.len())]
+        .iter()
+        .map(|p| p.kind)
+        .find(|&kind| !tried(kind));
+    untried.or_else(|| {
+        kinds.iter().copied().find(|&kind| {
+            retried.get(&kind).copied().unwrap_or(0) < RETRIES && !has_hit(kind, injected)
+        })
+    })
+}
+
+/// Whether a fault of `kind` among `injected` hit.
+fn has_hit(kind: Fault, injected: &[Injected]) -> bool {
+    injected.iter().any(|f| f.kind == kind && counts_as_hit(f))
 }
 
 /// A fault that happened.
@@ -370,8 +440,7 @@ impl Report {
     pub fn hits(&self, kind: Fault) -> usize {
         self.injected
             .iter()
-            .filter(|f| f.kind == kind && f.hit)
-            .filter(|f| kind != Fault::Pause || f.length > TTL)
+            .filter(|f| f.kind == kind && counts_as_hit(f))
             .count()
     }
 
@@ -486,7 +555,10 @@ impl Workers {
                 "--nocapture",
                 "--quiet",
             ])
-            .env(WORKER_ENV, self.configs[slot].encode())
+            .env(WORKER_ENV, {
+                self.configs[slot].process = self.next_process;
+                self.configs[slot].encode()
+            })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -543,15 +615,26 @@ impl Workers {
 
     fn kill(&mut self, slot: usize) {
         if let Some(mut child) = self.slots[slot].take() {
+            // Read before the signal: from this instant on the process may
+            // run no more code, so no belief of it lasts past it, and the
+            // store's hold of its key runs from a word said before it.
+            let killed_us = now_us();
             let _ = child.kill();
             let _ = child.wait();
-            self.killed_at.insert(self.process_of[slot], now_us());
+            self.killed_at.insert(self.process_of[slot], killed_us);
             self.shared
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .phase
                 .insert(slot, (self.process_of[slot], Phase::Idle));
         }
+    }
+
+    /// Whether the process in `slot` is between its read and its write of
+    /// the register, by what it printed.
+    fn is_working(&self, slot: usize) -> bool {
+        let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        shared.phase.get(&slot) == Some(&(self.process_of[slot], Phase::Working))
     }
 
     /// A slot whose process holds the lock, preferring one between its read
@@ -771,6 +854,7 @@ pub fn run(settings: Settings) -> Report {
     let schedule = plan(&settings);
     let shown: Vec<String> = schedule
         .iter()
+        .filter(|p| !p.spare)
         .map(|p| {
             format!(
                 "{:.1}s {} {:.1}s",
@@ -946,6 +1030,7 @@ pub fn run(settings: Settings) -> Report {
             seed: settings.seed,
             pg_schema: pg_schema.clone(),
             scratch: scratch.0.display().to_string(),
+            process: 0,
         })
         .collect();
     let mut workers = Workers {
@@ -967,8 +1052,32 @@ pub fn run(settings: Settings) -> Report {
     let mut pauses = Vec::new();
     let mut partitions = Vec::new();
     let mut server_faults = Vec::new();
-    for planned in &schedule {
-        let wait = planned.at.saturating_sub(begun.elapsed());
+    // A retry longer than the fault it replaces moves the rest of the
+    // schedule later by the difference, so that faults keep their gaps.
+    let mut shift = Duration::ZERO;
+    let mut retried = BTreeMap::new();
+    for (index, seeded) in schedule.iter().enumerate() {
+        let instead;
+        let planned = match next_kind(&settings.faults, &schedule, &injected, &retried) {
+            Some(kind) if kind != seeded.kind || seeded.spare => {
+                instead = retry(&settings, kind, seeded, index);
+                &instead
+            }
+            Some(_) => seeded,
+            None if seeded.spare => continue,
+            None => seeded,
+        };
+        if injected.iter().any(|f| f.kind == planned.kind) && !has_hit(planned.kind, &injected) {
+            let retries = retried.entry(planned.kind).or_insert(0);
+            *retries += 1;
+            log.line(&format!(
+                "  {:.1}s: {} has not hit yet: injected again (retry {retries} of {RETRIES})",
+                begun.elapsed().as_secs_f64(),
+                planned.kind,
+            ));
+        }
+        let wait = (planned.at + shift).saturating_sub(begun.elapsed());
+        shift += planned.length.saturating_sub(seeded.length);
         std::thread::sleep(wait);
         if begun.elapsed() + planned.length > settings.duration {
             break;
@@ -1009,6 +1118,10 @@ pub fn run(settings: Settings) -> Report {
                 // Read before SIGCONT: every line printed after the resume
                 // is later.
                 let resumed_us = now_us();
+                // Stopped, the process printed nothing since the signal, and
+                // its reader has long read what came before: the phase is
+                // the one it was stopped in.
+                let mid_step = workers.is_working(slot);
                 workers.signal(slot, libc::SIGCONT);
                 if planned.length > TTL {
                     pauses.push(Pause {
@@ -1017,7 +1130,11 @@ pub fn run(settings: Settings) -> Report {
                         resumed_us,
                     });
                 }
-                on_holder
+                // A leader, or an unfenced holder, is paused to resume with
+                // a stale write on its way (what those runs must show): a
+                // pause that caught it elsewhere is tried again.
+                let wants_mid_step = settings.scenario == Scenario::Election || !settings.fenced;
+                on_holder && (mid_step || !wants_mid_step)
             }
             Fault::Kill => {
                 workers.kill(slot);

@@ -106,6 +106,10 @@ pub struct Config {
     pub pg_schema: String,
     /// The run's scratch directory, where the driver leaves abandon orders.
     pub scratch: String,
+    /// Which process of the run this is (the driver counts them from 0 as
+    /// it starts and restarts them): with the seed, what its own choices
+    /// are drawn from.
+    pub process: usize,
 }
 
 impl Config {
@@ -124,6 +128,7 @@ impl Config {
             self.seed.to_string(),
             self.pg_schema.clone(),
             self.scratch.clone(),
+            self.process.to_string(),
         ]
         .join("\u{1f}")
     }
@@ -144,6 +149,7 @@ impl Config {
             seed,
             pg_schema,
             scratch,
+            process,
         ] = parts.as_slice()
         else {
             return None;
@@ -162,6 +168,7 @@ impl Config {
             seed: seed.parse().ok()?,
             pg_schema: pg_schema.to_string(),
             scratch: scratch.to_string(),
+            process: process.parse().ok()?,
         })
     }
 }
@@ -768,7 +775,7 @@ async fn register_lock_backend(config: &Config) -> bool {
 async fn take_leases(config: &Config, register: Arc<Register>) {
     let fair = config.scenario == "fair";
     let permits = config.scenario == "permits";
-    let mut rng = Rng::new(config.seed ^ (config.slot as u64).wrapping_mul(0x9E37) ^ now_us());
+    let mut rng = Rng::new(config.seed ^ (config.process as u64 + 1).wrapping_mul(0x9E37_79B9));
     while now_us() < config.deadline_us {
         if let Some(give_up_after) = take_abandon_order(config) {
             abandon_round(&config.run, &give_up_after, fair, permits).await;

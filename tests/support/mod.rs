@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod seeds;
 
 use std::process::Command;
 use std::time::Duration;

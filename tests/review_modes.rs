@@ -121,6 +121,17 @@ async fn child_backend(kind: &str, dir: &str) -> Arc<dyn Backend> {
 
 struct Rng(u64);
 impl Rng {
+    /// A generator for `seed` (xorshift: any seed but 0, which stays 0).
+    fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// The seed of the `n`th of the things seeded from `seed` (a child
+    /// process, a task): apart for each `n`.
+    fn derive(seed: u64, n: u64) -> u64 {
+        seed ^ (n + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
     fn next(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -154,8 +165,8 @@ async fn mix_child(parts: Vec<String>) {
     if parts[0] == "read-stream" {
         return read_stream_child(&parts[1..]).await;
     }
-    let [role, kind, dir, rw_key, permit_key, log, seconds] = &parts[..] else {
-        panic!("mix role: KIND DIR RWKEY PKEY LOG SECONDS, got {parts:?}");
+    let [role, kind, dir, rw_key, permit_key, log, seconds, seed] = &parts[..] else {
+        panic!("mix role: KIND DIR RWKEY PKEY LOG SECONDS SEED, got {parts:?}");
     };
     assert_eq!(role, "mix");
     let backend = child_backend(kind, dir).await;
@@ -167,12 +178,14 @@ async fn mix_child(parts: Vec<String>) {
         std::path::PathBuf::from(log),
         until,
         std::process::id(),
+        seed.parse().expect("seed"),
     )
     .await;
 }
 
 /// Random readers, writers and permit holders until `until`, each attempt
-/// cancelled at a random point, each grant and release logged as `id`'s.
+/// cancelled at a random point, each grant and release logged as `pid`'s;
+/// every choice drawn from `seed`.
 async fn mix_loop(
     backend: Arc<dyn Backend>,
     rw_key: String,
@@ -180,8 +193,9 @@ async fn mix_loop(
     log: std::path::PathBuf,
     until: std::time::Instant,
     pid: u32,
+    seed: u64,
 ) {
-    let mut rng = Rng(u64::from(pid) ^ (now_ns() as u64) | 1);
+    let mut rng = Rng::new(seed);
     while std::time::Instant::now() < until {
         let pick = rng.next(10);
         let (what, key, options) = match pick {
@@ -330,12 +344,19 @@ fn check_log(text: &str) -> (Vec<Interval>, Vec<String>) {
     (done, bad)
 }
 
-fn run_mix(kind: &str, children: usize, seconds: u64, kills: bool) {
+fn run_mix(test: &str, kind: &str, children: usize, seconds: u64, kills: bool) {
+    for seed in support::seeds::seeds(test) {
+        support::seeds::announce(test, seed);
+        run_mix_seeded(seed, kind, children, seconds, kills);
+    }
+}
+
+fn run_mix_seeded(seed: u64, kind: &str, children: usize, seconds: u64, kills: bool) {
     let dir = tempfile_dir(kind);
     let rw_key = fresh_key("review-mix-rw");
     let permit_key = fresh_key("review-mix-permit");
     let log = dir.join("mix.log");
-    let args = |_: usize| {
+    let args = |n: u64| {
         vec![
             kind.to_owned(),
             dir.display().to_string(),
@@ -343,25 +364,34 @@ fn run_mix(kind: &str, children: usize, seconds: u64, kills: bool) {
             permit_key.as_str().to_owned(),
             log.display().to_string(),
             seconds.to_string(),
+            Rng::derive(seed, n).to_string(),
         ]
     };
-    let spawn = |i: usize| {
-        let a = args(i);
+    // Every process started gets a seed of its own, the restarted too.
+    let mut started_children = 0;
+    let mut spawn = || {
+        let a = args(started_children);
+        started_children += 1;
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
         support::spawn_child(CHILD_ROLE, "mix", &a)
     };
-    let mut procs: Vec<std::process::Child> = (0..children).map(spawn).collect();
+    let mut procs: Vec<std::process::Child> = (0..children).map(|_| spawn()).collect();
     let started = std::time::Instant::now();
-    let mut rng = Rng(now_ns() as u64 | 1);
+    let mut rng = Rng::new(seed);
     if kills {
         while started.elapsed() < Duration::from_secs(seconds.saturating_sub(2)) {
             std::thread::sleep(Duration::from_millis(500 + rng.next(1000)));
             let victim = rng.next(procs.len() as u64) as usize;
             let pid = procs[victim].id();
+            // The kill's instant is read before the signal: after it the
+            // victim runs no more code, so none of its beliefs outlasts
+            // it. Read after `wait`, a lease granted to another process
+            // between the death and the log line looked like an overlap.
+            let killed_ns = now_ns();
             let _ = procs[victim].kill();
             let _ = procs[victim].wait();
-            log_line(&log, &format!("K {pid} {}", now_ns()));
-            procs[victim] = spawn(victim);
+            log_line(&log, &format!("K {pid} {killed_ns}"));
+            procs[victim] = spawn();
         }
     }
     for mut p in procs {
@@ -402,12 +432,24 @@ fn tempfile_dir(kind: &str) -> std::path::PathBuf {
 
 #[test]
 fn file_many_processes_mixing_modes_with_cancels_and_sigkills_keep_every_invariant() {
-    run_mix("file", 5, 14, true);
+    run_mix(
+        "file_many_processes_mixing_modes_with_cancels_and_sigkills_keep_every_invariant",
+        "file",
+        5,
+        14,
+        true,
+    );
 }
 
 #[test]
 fn pg_many_processes_mixing_modes_with_cancels_and_sigkills_keep_every_invariant() {
-    run_mix("pg", 5, 14, true);
+    run_mix(
+        "pg_many_processes_mixing_modes_with_cancels_and_sigkills_keep_every_invariant",
+        "pg",
+        5,
+        14,
+        true,
+    );
 }
 
 async fn either_backend(kind: &str, dir: &std::path::Path) -> Arc<dyn Backend> {
@@ -892,7 +934,14 @@ async fn file_a_cleaner_removing_alive_files_mid_phase_neither_frees_nor_strands
 
 /// The same mix within one process: tasks sharing one backend (one lock
 /// session, re-entrant advisory locks) and tasks of a second backend.
-async fn tasks_of_one_process_mix(kind: &str) {
+async fn tasks_of_one_process_mix(test: &str, kind: &str) {
+    for seed in support::seeds::seeds(test) {
+        support::seeds::announce(test, seed);
+        tasks_of_one_process_mix_seeded(seed, kind).await;
+    }
+}
+
+async fn tasks_of_one_process_mix_seeded(seed: u64, kind: &str) {
     let dir = tempfile_dir(kind);
     let log = dir.join("mix.log");
     let (rw_key, permit_key) = (
@@ -924,6 +973,7 @@ async fn tasks_of_one_process_mix(kind: &str) {
                 log.clone(),
                 until,
                 id + 1,
+                Rng::derive(seed, u64::from(id)),
             ))
         })
         .collect();
@@ -948,12 +998,20 @@ async fn tasks_of_one_process_mix(kind: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant() {
-    tasks_of_one_process_mix("pg").await;
+    tasks_of_one_process_mix(
+        "pg_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant",
+        "pg",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant() {
-    tasks_of_one_process_mix("file").await;
+    tasks_of_one_process_mix(
+        "file_tasks_of_one_process_mixing_modes_with_cancels_keep_every_invariant",
+        "file",
+    )
+    .await;
 }
 
 /// The log checker itself finds what it looks for.

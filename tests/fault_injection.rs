@@ -115,10 +115,14 @@
 //! sets how many runs go at once. A test's run prints its schedule and
 //! report when that test gets it (at once with `--nocapture`).
 //!
-//! The seed is printed with the schedule; `DLOCK_FAULT_SEED=<seed>`
-//! replays the same fault schedule, and `DLOCK_FAULT_SECS` sets the length
-//! of every run. The long runs (`DLOCK_FAULT_SCENARIO`: `lock`, the
-//! default, `election`, `fair`, `permits` or `rw`):
+//! Each run test runs the seeds `tests/seeds.txt` lists for it (see
+//! `support::seeds`: `DLOCK_SEED=<seed>` replays one, `DLOCK_FRESH_SEEDS=<n>`
+//! adds fresh ones); the seed is printed with the schedule, and
+//! `DLOCK_FAULT_SEED=<seed>` replays the same fault schedule too. A kind of
+//! fault that did not hit is injected again, up to `fault::run::RETRIES`
+//! times. `DLOCK_FAULT_SECS` sets the length of every run. The long runs
+//! (`DLOCK_FAULT_SCENARIO`: `lock`, the default, `election`, `fair`,
+//! `permits` or `rw`):
 //!
 //! ```sh
 //! DLOCK_FAULT_BACKEND=redis DLOCK_FAULT_SECS=600 DLOCK_FAULT_SEED=42 \

@@ -1270,3 +1270,81 @@ async fn a_persisted_sentinel_and_a_shortened_phase_key_let_no_writer_in_beside_
     );
     drop(first);
 }
+
+/// A permit count as large as the option allows (`u32::MAX`) costs the
+/// server what the key's holders cost, not what its slots would: on a
+/// server of the test's own, an attempt on a free key, one beside a live
+/// permit, and one that meets a dead slot entry beside live permits (which
+/// the script prunes, a write, before it picks a slot) are each answered
+/// at once, the slots' hash holds one entry a live holder, and another
+/// client's `PING`s meanwhile are answered `PONG`, never `BUSY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_count_of_u32_max_costs_the_server_its_holders_not_its_slots() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = RedisServer::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&server.url())
+            .await
+            .expect("the test's server"),
+    );
+    let key = fresh_key("permits-u32-max");
+    let slots = format!("dlock:{{{key}}}:slots");
+    // Another client pings the server all along, on its own connection.
+    let done = Arc::new(AtomicBool::new(false));
+    let pinger = std::thread::spawn({
+        let (done, port) = (done.clone(), server.address());
+        move || {
+            let mut replies = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                replies.push(redis_support::cli(
+                    &["-u", &format!("redis://{port}")],
+                    &["PING"],
+                ));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            replies
+        }
+    });
+    let take = |what: &'static str| {
+        let (backend, key) = (backend.clone(), key.clone());
+        support::within(10, what, async move {
+            LockOptions::new(Duration::from_secs(30))
+                .permits(u32::MAX)
+                .acquire_on(backend, &key)
+                .await
+        })
+    };
+    let first = take("a permit of a free key")
+        .await
+        .expect("a free key grants a permit");
+    assert_eq!(first.slot(), Some(0));
+    let second = take("a permit beside a live one")
+        .await
+        .expect("a second permit is granted");
+    assert_eq!(second.slot(), Some(1));
+    assert_eq!(server.cli(&["HLEN", &slots]), "2");
+    // A dead entry (its expiry long past) in a slot no holder has.
+    assert_eq!(
+        server.cli(&["HSET", &slots, "5", "1 0123456789abcdef0123456789abcdef"]),
+        "1"
+    );
+    let third = take("a permit beside a dead slot entry")
+        .await
+        .expect("a third permit is granted");
+    assert_eq!(third.slot(), Some(2));
+    assert_eq!(
+        server.cli(&["HLEN", &slots]),
+        "3",
+        "one entry a live holder: the dead one pruned, no other written"
+    );
+    done.store(true, Ordering::Relaxed);
+    let replies = pinger.join().expect("the pinging thread");
+    assert!(
+        !replies.is_empty() && replies.iter().all(|reply| reply == "PONG"),
+        "another client was not answered: {replies:?}"
+    );
+    for lease in [first, second, third] {
+        lease.release().await.expect("release");
+    }
+    assert_eq!(server.cli(&["EXISTS", &slots]), "0");
+}

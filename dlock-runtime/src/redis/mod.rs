@@ -136,6 +136,9 @@
 //!   (a phase whose `…:phase` is lost refuses new readers and renewals,
 //!   and ends with the sentinel's ttl);
 //!   a permit draws one per grant. They keep rising across a lost counter.
+//! - **Permit counts.** A permit attempt walks the live slots, never the
+//!   count: it costs the server the same for `permits(2)` as for
+//!   `permits(u32::MAX)`.
 //! - **Writers first.** An exclusive attempt that finds readers leaves a
 //!   mark, `…:writer` (its owner id, `PX`
 //!   [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), refreshed by
@@ -753,9 +756,10 @@ impl RedisBackend {
         .await
     }
 
-    /// A permit attempt (rules M1, M2, M5): the permit script tries every
-    /// slot of `0..permits` in one round trip (see
-    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    /// A permit attempt (rules M1, M2, M5): the permit script finds the
+    /// caller's slot, or the lowest free one of `0..permits`, in one round
+    /// trip, at a cost that grows with the live holders, not with `permits`
+    /// (see `scripts::PERMIT_ACQUIRE_LUA`).
     async fn try_acquire_permit(
         &self,
         request: &AcquireRequest<'_>,

@@ -1073,6 +1073,15 @@ return ended()
 /// as the longest-lived permit. A full set marks the sentinel `+`, so the
 /// next permit's release publishes.
 ///
+/// *Lost* permits: the sentinel stands but no slot of it is live (the
+/// hash deleted or evicted, or of another type). Refused until the
+/// sentinel's `PTTL`, the sentinel marked `+`, and nothing written but
+/// the dead entries pruned, as a lost read phase is ([`SHARED_ACQUIRE_LUA`]): the holders the
+/// sentinel stands for may still believe they hold, so a grant now would
+/// put more than `permits` holders on the key. The sentinel lives as long
+/// as its longest-lived holder; the holders are told they lost at their
+/// next renewal ([`PERMIT_EXTEND_LUA`] answers 0).
+///
 /// Why one atomic step: two attempts that read the slots apart could both
 /// find the same slot free and both take it.
 pub(super) const PERMIT_ACQUIRE_LUA: &str = concat!(
@@ -1089,6 +1098,9 @@ local now = ms_of(time)
 local slots = {}
 if held then
   slots = live(KEYS[3], now)
+  if not next(slots) then
+    return refused(KEYS[1], held)
+  end
 end
 -- The slots of `0..permits` the live entries name (a caller with another
 -- count may have written others), and the caller's own among them.

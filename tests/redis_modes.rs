@@ -1295,15 +1295,18 @@ async fn a_permit_count_of_u32_max_costs_the_server_its_holders_not_its_slots() 
     let pinger = std::thread::spawn({
         let (done, port) = (done.clone(), server.address());
         move || {
+            // At least one, however late the thread starts.
             let mut replies = Vec::new();
-            while !done.load(Ordering::Relaxed) {
+            loop {
                 replies.push(redis_support::cli(
                     &["-u", &format!("redis://{port}")],
                     &["PING"],
                 ));
+                if done.load(Ordering::Relaxed) {
+                    return replies;
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
-            replies
         }
     });
     let take = |what: &'static str| {
@@ -1341,7 +1344,7 @@ async fn a_permit_count_of_u32_max_costs_the_server_its_holders_not_its_slots() 
     done.store(true, Ordering::Relaxed);
     let replies = pinger.join().expect("the pinging thread");
     assert!(
-        !replies.is_empty() && replies.iter().all(|reply| reply == "PONG"),
+        replies.iter().all(|reply| reply == "PONG"),
         "another client was not answered: {replies:?}"
     );
     for lease in [first, second, third] {
@@ -1362,7 +1365,7 @@ async fn a_lost_slots_hash_refuses_new_permits_until_its_holders_leases_expire()
     use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
     let backend = backend().await;
     let key = fresh_key("permits-lost-slots");
-    let ttl = Duration::from_millis(2_000);
+    let ttl = Duration::from_millis(3_000);
     let access = Access::Permits { permits: 2 };
     let attempt = |owner: OwnerId| {
         let (backend, key) = (backend.clone(), key.clone());
@@ -1388,9 +1391,25 @@ async fn a_lost_slots_hash_refuses_new_permits_until_its_holders_leases_expire()
     let third = attempt(OwnerId::random().expect("random")).await;
     assert!(matches!(third, Attempt::Held { .. }), "{third:?}");
 
-    assert_eq!(cli(&["DEL", &format!("dlock:{{{key}}}:slots")]), "1");
+    // The checks below hold while the holders' validity lasts; a run so
+    // slow that it ends first proves nothing either way.
+    let inconclusive = || {
+        let late = Instant::now() >= valid_until;
+        if late {
+            eprintln!("the holders' {ttl:?} validity ran out before the checks: inconclusive");
+        }
+        late
+    };
+    let deleted = cli(&["DEL", &format!("dlock:{{{key}}}:slots")]);
+    if deleted != "1" && inconclusive() {
+        return;
+    }
+    assert_eq!(deleted, "1");
     for _ in 0..2 {
         let answer = attempt(OwnerId::random().expect("random")).await;
+        if matches!(answer, Attempt::Acquired(_)) && inconclusive() {
+            return;
+        }
         assert!(
             matches!(answer, Attempt::Held { .. }),
             "a permit was granted beside two holders that believe they hold: {answer:?}"

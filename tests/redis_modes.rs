@@ -872,23 +872,24 @@ async fn a_caller_behind_its_processs_waiters_is_answered_in_process_and_a_retry
 async fn a_short_wait_behind_its_processs_waiters_asks_the_server_before_it_times_out() {
     let backend = backend().await;
     let key = fresh_key("permit-behind-short");
-    take_permits(&backend, &key, 1, 1, Duration::from_secs(30)).await;
+    take_permits(&backend, &key, 2, 2, Duration::from_secs(30)).await;
     let waiter = tokio::spawn({
         let (backend, key) = (backend.clone(), key.clone());
         async move {
             LockOptions::new(Duration::from_secs(30))
-                .permits(1)
+                .permits(2)
                 .wait(Duration::from_secs(30))
                 .acquire_on(backend, &key)
                 .await
         }
     });
-    until_queued_in_process(&backend, &key, 1).await;
-    // The slot goes without a release: nothing is published.
+    until_queued_in_process(&backend, &key, 2).await;
+    // Slot 0 goes without a release (slot 1 stays live, so the permits
+    // are not lost): nothing is published.
     let slots = format!("dlock:{{{key}}}:slots");
     assert_eq!(cli(&["HDEL", &slots, "0"]), "1");
     let short = LockOptions::new(Duration::from_secs(30))
-        .permits(1)
+        .permits(2)
         .wait(Duration::from_millis(300))
         .acquire_on(backend.clone(), &key)
         .await
@@ -1018,25 +1019,25 @@ async fn readers_left_in_a_hash_from_a_lost_phase_never_renew_into_a_new_one() {
 }
 
 /// A permit freed with no announcement and no expiry (an operator's
-/// `HDEL`; eviction and a failover that lost the write are alike) while a
-/// waiter of this process is queued: a caller arriving right after, even
-/// answered in process behind that waiter, asks the server within a
-/// moment and takes the permit, rather than napping with the queue until
+/// `HDEL`; a failover that lost the write is alike) while the other
+/// permit stays held and a waiter of this process is queued: a caller
+/// arriving right after, even answered in process behind that waiter,
+/// asks the server within a moment and takes the permit, rather than napping with the queue until
 /// a nap without news runs out (10 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_freed_without_an_announcement_goes_to_a_caller_arriving_behind_a_queued_waiter() {
     let backend = backend().await;
     let key = fresh_key("permit-behind-hdel");
-    take_permits(&backend, &key, 1, 1, Duration::from_secs(30)).await;
+    take_permits(&backend, &key, 2, 2, Duration::from_secs(30)).await;
     let wait = |backend: Arc<dyn Backend>, key: LockKey, wait: u64| async move {
         LockOptions::new(Duration::from_secs(30))
-            .permits(1)
+            .permits(2)
             .wait(Duration::from_secs(wait))
             .acquire_on(backend, &key)
             .await
     };
     let mut queued = tokio::spawn(wait(backend.clone(), key.clone(), 60));
-    until_queued_in_process(&backend, &key, 1).await;
+    until_queued_in_process(&backend, &key, 2).await;
     assert_eq!(cli(&["HDEL", &format!("dlock:{{{key}}}:slots"), "0"]), "1");
     let mut arrival = tokio::spawn(wait(backend.clone(), key.clone(), 20));
     let taken = support::within(3, "the freed permit", async {
@@ -1269,4 +1270,182 @@ async fn a_persisted_sentinel_and_a_shortened_phase_key_let_no_writer_in_beside_
         "a writer beside a reader whose lease checks valid"
     );
     drop(first);
+}
+
+/// A permit count as large as the option allows (`u32::MAX`) costs the
+/// server what the key's holders cost, not what its slots would: on a
+/// server of the test's own, an attempt on a free key, one beside a live
+/// permit, and one that meets a dead slot entry beside live permits (which
+/// the script prunes, a write, before it picks a slot) are each answered
+/// at once, the slots' hash holds one entry a live holder, and another
+/// client's `PING`s meanwhile are answered `PONG`, never `BUSY`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_count_of_u32_max_costs_the_server_its_holders_not_its_slots() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = RedisServer::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&server.url())
+            .await
+            .expect("the test's server"),
+    );
+    let key = fresh_key("permits-u32-max");
+    let slots = format!("dlock:{{{key}}}:slots");
+    // Another client pings the server all along, on its own connection.
+    let done = Arc::new(AtomicBool::new(false));
+    let pinger = std::thread::spawn({
+        let (done, port) = (done.clone(), server.address());
+        move || {
+            // At least one, however late the thread starts.
+            let mut replies = Vec::new();
+            loop {
+                replies.push(redis_support::cli(
+                    &["-u", &format!("redis://{port}")],
+                    &["PING"],
+                ));
+                if done.load(Ordering::Relaxed) {
+                    return replies;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    });
+    let take = |what: &'static str| {
+        let (backend, key) = (backend.clone(), key.clone());
+        support::within(10, what, async move {
+            LockOptions::new(Duration::from_secs(30))
+                .permits(u32::MAX)
+                .acquire_on(backend, &key)
+                .await
+        })
+    };
+    let first = take("a permit of a free key")
+        .await
+        .expect("a free key grants a permit");
+    assert_eq!(first.slot(), Some(0));
+    let second = take("a permit beside a live one")
+        .await
+        .expect("a second permit is granted");
+    assert_eq!(second.slot(), Some(1));
+    assert_eq!(server.cli(&["HLEN", &slots]), "2");
+    // A dead entry (its expiry long past) in a slot no holder has.
+    assert_eq!(
+        server.cli(&["HSET", &slots, "5", "1 0123456789abcdef0123456789abcdef"]),
+        "1"
+    );
+    let third = take("a permit beside a dead slot entry")
+        .await
+        .expect("a third permit is granted");
+    assert_eq!(third.slot(), Some(2));
+    assert_eq!(
+        server.cli(&["HLEN", &slots]),
+        "3",
+        "one entry a live holder: the dead one pruned, no other written"
+    );
+    done.store(true, Ordering::Relaxed);
+    let replies = pinger.join().expect("the pinging thread");
+    assert!(
+        replies.iter().all(|reply| reply == "PONG"),
+        "another client was not answered: {replies:?}"
+    );
+    for lease in [first, second, third] {
+        lease.release().await.expect("release");
+    }
+    assert_eq!(server.cli(&["EXISTS", &slots]), "0");
+}
+
+/// The slots' hash deleted (an operator's `DEL`, an eviction) while both
+/// permits of `permits(2)` are held and the sentinel stands: the two
+/// holders may still believe they hold, so no attempt is granted a permit
+/// (and no token above theirs is drawn) until the sentinel, which lives as
+/// long as their longest lease, runs out; each holder is told it lost at
+/// its next renewal, and is not written back; then the key grants
+/// permits again, with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_slots_hash_refuses_new_permits_until_its_holders_leases_expire() {
+    use dlock::backend::{Access, AcquireRequest, Attempt, Renewal};
+    let backend = backend().await;
+    let key = fresh_key("permits-lost-slots");
+    let ttl = Duration::from_millis(3_000);
+    let access = Access::Permits { permits: 2 };
+    let attempt = |owner: OwnerId| {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            backend
+                .try_acquire(&AcquireRequest::new(&key, &owner, ttl).with_access(access))
+                .await
+                .expect("backend answers")
+        }
+    };
+    let sent = Instant::now();
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let owner = OwnerId::random().expect("random");
+        match attempt(owner).await {
+            Attempt::Acquired(grant) => holders.push((owner, grant.slot, grant.token)),
+            other => panic!("a free permit is refused: {other:?}"),
+        }
+    }
+    // What the holders believe, by their own clock: they hold until then.
+    let valid_until = sent + ttl;
+    let highest = holders.iter().map(|(_, _, token)| *token).max();
+    let third = attempt(OwnerId::random().expect("random")).await;
+    assert!(matches!(third, Attempt::Held { .. }), "{third:?}");
+
+    // The checks below hold while the holders' validity lasts; a run so
+    // slow that it ends first proves nothing either way.
+    let inconclusive = || {
+        let late = Instant::now() >= valid_until;
+        if late {
+            eprintln!("the holders' {ttl:?} validity ran out before the checks: inconclusive");
+        }
+        late
+    };
+    let deleted = cli(&["DEL", &format!("dlock:{{{key}}}:slots")]);
+    if deleted != "1" && inconclusive() {
+        return;
+    }
+    assert_eq!(deleted, "1");
+    for _ in 0..2 {
+        let answer = attempt(OwnerId::random().expect("random")).await;
+        if matches!(answer, Attempt::Acquired(_)) && inconclusive() {
+            return;
+        }
+        assert!(
+            matches!(answer, Attempt::Held { .. }),
+            "a permit was granted beside two holders that believe they hold: {answer:?}"
+        );
+    }
+    assert_eq!(
+        Some(last_issued(&key)),
+        highest.map(|token| token.get()),
+        "the holders' tokens are still the highest issued"
+    );
+    for (owner, slot, _) in &holders {
+        let renewal = Renewal::new(&key, owner, ttl).holding(access, *slot);
+        assert!(
+            !backend.extend(&renewal).await.expect("backend answers"),
+            "a holder whose slot is gone is told it lost"
+        );
+    }
+    assert_eq!(
+        cli(&["EXISTS", &format!("dlock:{{{key}}}:slots")]),
+        "0",
+        "and is not written back"
+    );
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .permits(2)
+        .wait(Duration::from_secs(20))
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the sentinel expires with its holders' leases");
+    assert!(
+        Instant::now() >= valid_until,
+        "a permit was granted before the holders' validity ran out"
+    );
+    assert!(
+        Some(lease.token()) > highest,
+        "{} after {highest:?}",
+        lease.token()
+    );
+    lease.release().await.expect("release");
 }

@@ -251,6 +251,32 @@ async fn the_documented_least_privilege_acl_user_can_lock_wait_renew_and_release
         .release()
         .await
         .expect("release");
+    // Permits: a grant, a refused attempt that marks the sentinel, and a
+    // release that wakes the waiter.
+    let key = fresh_key("acl-permit");
+    let one = LockOptions::new(Duration::from_secs(10)).permits(1);
+    let permit = one
+        .clone()
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    let waiter = tokio::spawn({
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            one.wait(Duration::from_secs(10))
+                .acquire_on(backend, &key)
+                .await
+        }
+    });
+    sleep(Duration::from_millis(200)).await;
+    permit.release().await.expect("release");
+    within(15, "the permit waiter", waiter)
+        .await
+        .expect("task")
+        .expect("acquired")
+        .release()
+        .await
+        .expect("release");
     assert_eq!(refused(), Vec::<String>::new(), "commands the ACL refused");
 
     // The docs' note: a database other than 0 takes `+select` too.

@@ -136,6 +136,14 @@
 //!   (a phase whose `…:phase` is lost refuses new readers and renewals,
 //!   and ends with the sentinel's ttl);
 //!   a permit draws one per grant. They keep rising across a lost counter.
+//! - **Lost holders.** A sentinel that stands with no live holder beside
+//!   it (the readers' or slots' hash deleted by an operator or evicted
+//!   under `maxmemory`) stands for holders that may still believe they
+//!   hold: new readers, and new permits, are refused until it expires
+//!   with the longest-lived of them, and each of them is told it lost at
+//!   its next renewal. A permit attempt walks the live slots, never the
+//!   count: it costs the server the same for `permits(2)` as for
+//!   `permits(u32::MAX)`.
 //! - **Writers first.** An exclusive attempt that finds readers leaves a
 //!   mark, `…:writer` (its owner id, `PX`
 //!   [`QUEUE_ENTRY_TTL`](crate::backend::QUEUE_ENTRY_TTL)), refreshed by
@@ -163,10 +171,10 @@
 //!   its ttl, which publishes nothing), and a caller that only ever got
 //!   such answers asks the server within 200 ms, or at its deadline if
 //!   that is sooner, so a permit freed with no announcement and no expiry
-//!   (an operator's `HDEL`, eviction, a failover that lost writes) is
-//!   found by the callers that arrive for it. (A waiter that asked, and
-//!   was refused, looks again when its nap runs out, at most 10 s, as
-//!   before.)
+//!   (an operator's `HDEL` of its slot while other permits hold, a
+//!   failover that lost writes) is found by the callers that arrive for
+//!   it. (A waiter that asked, and was refused, looks again when its nap
+//!   runs out, at most 10 s, as before.)
 //! - **Renewals** of readers and permits go in the same pipeline as
 //!   exclusive ones ([`Backend::extend_many`]).
 //! - [`Backend::holder`] reads a read-held or permit-held key as held, by
@@ -753,9 +761,10 @@ impl RedisBackend {
         .await
     }
 
-    /// A permit attempt (rules M1, M2, M5): the permit script tries every
-    /// slot of `0..permits` in one round trip (see
-    /// `scripts::PERMIT_ACQUIRE_LUA`).
+    /// A permit attempt (rules M1, M2, M5): the permit script finds the
+    /// caller's slot, or the lowest free one of `0..permits`, in one round
+    /// trip, at a cost that grows with the live holders, not with `permits`
+    /// (see `scripts::PERMIT_ACQUIRE_LUA`).
     async fn try_acquire_permit(
         &self,
         request: &AcquireRequest<'_>,

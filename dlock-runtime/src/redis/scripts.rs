@@ -1059,12 +1059,28 @@ return ended()
 /// runs out (or the exclusive or shared holder's `PTTL`), with the
 /// refusal to mark the sentinel if any.
 ///
-/// Every slot is tried in this one step: the caller's own live slot first
-/// (a retry, rule M5), else the first free one. A grant draws a token anew
-/// as [`ACQUIRE_LUA`] draws one (so a slot's tokens rise, across a lost
-/// counter too), writes `<expiry> <owner id>` to the slot and keeps the
-/// sentinel alive as long as the longest-lived permit. A full set marks
-/// the sentinel `+`, so the next permit's release publishes.
+/// The step costs what the key's holders cost, never what its permits
+/// would: it walks the live entries of the hash, not the slots, so a
+/// count of `u32::MAX` blocks the server no longer than a count of 2 (a
+/// Lua loop over the slots would run for minutes, the server answering
+/// every other client `BUSY`, past the reach of `SCRIPT KILL` once the
+/// script pruned a dead entry). The caller's own live slot is granted
+/// again (a retry, rule M5), else the lowest slot no entry names: the
+/// walk up from 0 stops at the first gap, so it steps over at most the
+/// entries there are. A grant draws a token anew as [`ACQUIRE_LUA`] draws
+/// one (so a slot's tokens rise, across a lost counter too), writes
+/// `<expiry> <owner id>` to the slot and keeps the sentinel alive as long
+/// as the longest-lived permit. A full set marks the sentinel `+`, so the
+/// next permit's release publishes.
+///
+/// *Lost* permits: the sentinel stands but no slot of it is live (the
+/// hash deleted or evicted, or of another type). Refused until the
+/// sentinel's `PTTL`, the sentinel marked `+`, and nothing written but
+/// the dead entries pruned, as a lost read phase is ([`SHARED_ACQUIRE_LUA`]): the holders the
+/// sentinel stands for may still believe they hold, so a grant now would
+/// put more than `permits` holders on the key. The sentinel lives as long
+/// as its longest-lived holder; the holders are told they lost at their
+/// next renewal ([`PERMIT_EXTEND_LUA`] answers 0).
 ///
 /// Why one atomic step: two attempts that read the slots apart could both
 /// find the same slot free and both take it.
@@ -1082,28 +1098,42 @@ local now = ms_of(time)
 local slots = {}
 if held then
   slots = live(KEYS[3], now)
-end
-local taken
-for slot = 0, permits - 1 do
-  local value = slots[tostring(slot)]
-  if value and string.sub(value, -32) == owner then
-    taken = slot
-    break
+  if not next(slots) then
+    return refused(KEYS[1], held)
   end
 end
-if not taken then
-  for slot = 0, permits - 1 do
-    if not slots[tostring(slot)] then
-      taken = slot
-      break
+-- The slots of `0..permits` the live entries name (a caller with another
+-- count may have written others), and the caller's own among them.
+local function counted(field)
+  local slot = tonumber(string.match(field, '^%d+$') or '')
+  return slot and slot < permits and ms(slot) == field
+end
+local taken, used = nil, 0
+for field, value in pairs(slots) do
+  if counted(field) then
+    used = used + 1
+    if not taken and string.sub(value, -32) == owner then
+      taken = tonumber(field)
     end
   end
 end
 if not taken then
+  local slot = 0
+  while slots[ms(slot)] do
+    slot = slot + 1
+  end
+  if slot < permits then
+    taken = slot
+    used = used + 1
+  end
+end
+if not taken then
   local soonest
-  for slot = 0, permits - 1 do
-    local expiry = tonumber(string.match(slots[tostring(slot)], '^%d+'))
-    soonest = math.min(soonest or expiry, expiry)
+  for field, value in pairs(slots) do
+    if counted(field) then
+      local expiry = tonumber(string.match(value, '^%d+'))
+      soonest = math.min(soonest or expiry, expiry)
+    end
   end
   local refusal = mark_waited(KEYS[1], held)
   if refusal then
@@ -1115,9 +1145,9 @@ local token = draw(KEYS[2], clock_of(time))
 if not token then
   return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise')
 end
-slots[tostring(taken)] = ms(now + ttl) .. ' ' .. owner
+slots[ms(taken)] = ms(now + ttl) .. ' ' .. owner
 if held then
-  redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
+  redis.call('HSET', KEYS[3], ms(taken), slots[ms(taken)])
   stretch({KEYS[1], KEYS[3]}, last(slots) - now)
   if ARGV[3] == '+' then
     redis.call('SETRANGE', KEYS[1], 32, '+')
@@ -1125,16 +1155,10 @@ if held then
 else
   redis.call('DEL', KEYS[3])
   redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ARGV[2])
-  redis.call('HSET', KEYS[3], tostring(taken), slots[tostring(taken)])
+  redis.call('HSET', KEYS[3], ms(taken), slots[ms(taken)])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
-local free = 0
-for slot = 0, permits - 1 do
-  if not slots[tostring(slot)] then
-    free = free + 1
-  end
-end
-return {token, taken, free}
+return {token, taken, permits - used}
 "
 );
 

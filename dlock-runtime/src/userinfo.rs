@@ -14,6 +14,7 @@
 /// What ends the user info or the authority for a parser that follows the
 /// URL standard (redis-rs): it splits the user info at the last `@` of the
 /// authority, which ends at the first of these.
+#[cfg(feature = "redis")]
 pub(crate) const URL_STANDARD: &[char] = &['/', '?', '#'];
 
 /// What ends the user info or the authority for tokio-postgres: it splits
@@ -33,6 +34,7 @@ pub(crate) fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
 
 /// `url`'s user info, by [`split_user_info`]; `None` when it has none or
 /// is not a `scheme://` URL (a key=value string holding `://`, say).
+#[cfg(any(feature = "redis", feature = "pg"))]
 pub(crate) fn user_info(url: &str) -> Option<&str> {
     let (scheme, after_scheme) = url.split_once("://")?;
     if !is_scheme(scheme) {
@@ -45,6 +47,7 @@ pub(crate) fn user_info(url: &str) -> Option<&str> {
 /// `delimiters` would read `url` otherwise than [`split_user_info`]: its
 /// user info holds one of them, so part of it (a password, maybe) would be
 /// taken for a host, a port, a path or a query, and shown as one.
+#[cfg(any(feature = "redis", feature = "pg"))]
 pub(crate) fn misread_by(url: &str, delimiters: &[char]) -> bool {
     user_info(url).is_some_and(|info| info.contains(delimiters))
 }
@@ -59,6 +62,7 @@ pub(crate) const MISREAD: &str = "the URL has an `@` after a `/`, `?` or `#`, so
 
 /// Whether `word` is a URL scheme (`ALPHA *( ALPHA / DIGIT / "+" / "-" /
 /// "." )`).
+#[cfg(any(feature = "redis", feature = "pg"))]
 fn is_scheme(word: &str) -> bool {
     word.starts_with(|c: char| c.is_ascii_alphabetic())
         && word
@@ -66,7 +70,7 @@ fn is_scheme(word: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "redis"))]
 mod tests {
     use super::*;
 

@@ -314,3 +314,46 @@ async fn a_release_whose_reply_was_lost_and_whose_retry_finds_the_key_free_is_un
     let other = shared().await;
     assert_eq!(other.holder(&key).await.expect("holder"), None);
 }
+
+/// etcd tells a lease's time left in whole seconds, cut down: a lease with
+/// 1.9 s left reads 1 s. The time left a holder is shown (the `dlock`
+/// command's "expires in", an HTTP `Retry-After`) must never be less than
+/// the lease can still have: at least the ttl less the time since the
+/// acquisition started, read as late as possible.
+#[tokio::test]
+async fn the_time_left_on_a_held_key_is_never_less_than_its_lease_has() {
+    let backend = Arc::new(shared().await);
+    let key = fresh_key("time-left");
+    let ttl = Duration::from_secs(2);
+    let started = Instant::now();
+    let lease = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), key.clone())
+        .await
+        .expect("free");
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    let at_least = ttl.saturating_sub(started.elapsed());
+    let expires_in = holding.expires_in.expect("etcd tells a lease's time left");
+    assert!(
+        expires_in >= at_least,
+        "shown {expires_in:?} left, while the lease has at least {at_least:?}"
+    );
+    // A refused acquisition carries the same reading, for `Retry-After`.
+    let refused = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), key.clone())
+        .await
+        .expect_err("held");
+    let at_least = ttl.saturating_sub(started.elapsed());
+    let LockError::Held {
+        holder: Some(holder),
+        ..
+    } = &refused
+    else {
+        panic!("refused without a holder: {refused:?}");
+    };
+    let expires_in = holder.expires_in.expect("etcd tells a lease's time left");
+    assert!(
+        expires_in >= at_least,
+        "a refusal shows {expires_in:?} left, while the lease has at least {at_least:?}"
+    );
+    lease.release().await.expect("release");
+}

@@ -888,9 +888,15 @@ async fn an_at_sign_after_the_host_of_a_postgres_url_is_refused_without_showing_
         );
         assert_hidden("an @ after the host of a URL", secrets, &shown);
     }
-    // An `@` ending the user info and another in the query are fine: the
-    // parser splits at the first.
-    let fine = "postgresql://postgres@127.0.0.1:1/test?application_name=a@b&connect_timeout=1";
+    // An `@` ending the user info is the last one: another, even where the
+    // parser would read the URL right, makes the text before it user info
+    // that may hold a password, so it is refused. Written as %40 it is fine.
+    let ambiguous = "postgresql://postgres@127.0.0.1:1/test?application_name=a@b&connect_timeout=1";
+    let err = within(15, "connect", PgBackend::connect(ambiguous))
+        .await
+        .expect_err("an `@` in the query must be refused");
+    assert!(err.to_string().contains("%40"), "{err}");
+    let fine = "postgresql://postgres@127.0.0.1:1/test?application_name=a%40b&connect_timeout=1";
     let err = within(15, "connect", PgBackend::connect(fine))
         .await
         .expect_err("nothing listens on port 1");
@@ -898,4 +904,104 @@ async fn an_at_sign_after_the_host_of_a_postgres_url_is_refused_without_showing_
         !err.to_string().contains("%40"),
         "a well-formed URL was refused: {err}"
     );
+}
+
+// ------------------------------------------------------------ URL forms
+
+/// Passwords written without percent-encoding, each holding a character a
+/// URL parser may read as the end of the user info, the host or the port
+/// (`/`, `?`, `#`, `@`, `:`), and what must never be shown of each: every
+/// part between those characters. The first is digits before a `/`, which
+/// a parser that ends the authority at the first `/` reads as a port.
+const UNENCODED_PASSWORDS: [(&str, &[&str]); 6] = [
+    ("4817/Summer-Kx!", &["4817", "Summer-Kx"]),
+    ("Sl1/Sl2", &["Sl1", "Sl2"]),
+    ("Qm3?Qm4=Qm5", &["Qm3", "Qm4", "Qm5"]),
+    ("Hs6#Hs7", &["Hs6", "Hs7"]),
+    ("At8@At9", &["At8", "At9"]),
+    ("Cn0:Cn1", &["Cn0", "Cn1"]),
+];
+
+/// The URL forms a password goes into: `{pw}` stands for it, `{port}` for
+/// a port nothing listens on. A `cluster` form is two seeds of one
+/// builder, told it is a cluster.
+const UNENCODED_FORMS: [(&str, &str); 9] = [
+    ("redis://", "redis://app:{pw}@127.0.0.1:{port}"),
+    (
+        "redis:// with a database",
+        "redis://app:{pw}@127.0.0.1:{port}/1",
+    ),
+    ("rediss://", "rediss://app:{pw}@127.0.0.1:{port}"),
+    (
+        "redis+sentinel://",
+        "redis+sentinel://app:{pw}@127.0.0.1:{port}/mymaster",
+    ),
+    (
+        "redis+sentinel:// without a service",
+        "redis+sentinel://app:{pw}@127.0.0.1:{port}",
+    ),
+    (
+        "redis+sentinel:// with only a database",
+        "redis+sentinel://app:{pw}@127.0.0.1:{port}/1",
+    ),
+    (
+        "rediss+sentinel:// with a database",
+        "rediss+sentinel://:{pw}@127.0.0.1:{port}/mymaster/1",
+    ),
+    ("cluster seeds", "redis://app:{pw}@127.0.0.1:{port}"),
+    (
+        "postgresql://",
+        "postgresql://app:{pw}@127.0.0.1:{port}/test",
+    ),
+];
+
+/// Everything connecting with `url` shows (the builder's or options'
+/// `Debug`, the error's whole chain), for the form named `form`.
+async fn shown_connecting(form: &str, url: &str) -> String {
+    let timeout = Duration::from_millis(300);
+    if form.starts_with("postgresql") {
+        let options = PgOptions::new().connect_timeout(timeout);
+        let err = PgBackend::connect_with(url, options)
+            .await
+            .expect_err("nothing listens");
+        return shown_error(&err);
+    }
+    let mut builder = RedisBackend::builder(url)
+        .connect_timeout(timeout)
+        .response_timeout(timeout);
+    if form.starts_with("cluster") {
+        let other = url.replace(
+            &format!(":{}", url.rsplit(':').next().unwrap_or_default()),
+            &format!(":{}", closed_port()),
+        );
+        builder = builder.node(&other).cluster(true);
+    }
+    let mut shown = format!("{builder:?}\n");
+    let err = builder.connect().await.expect_err("nothing listens");
+    shown.push_str(&shown_error(&err));
+    shown
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_part_of_an_unencoded_password_is_shown_in_any_url_form() {
+    capture_traces();
+    let mut attempts = Vec::new();
+    for (form, template) in UNENCODED_FORMS {
+        for (password, parts) in UNENCODED_PASSWORDS {
+            let url = template
+                .replace("{pw}", password)
+                .replace("{port}", &closed_port().to_string());
+            attempts.push(async move {
+                let shown = within(15, form, shown_connecting(form, &url)).await;
+                (
+                    format!("{form} with the password {password:?}"),
+                    parts,
+                    shown,
+                )
+            });
+        }
+    }
+    for (case, parts, shown) in futures_util::future::join_all(attempts).await {
+        assert_hidden(&case, parts, &shown);
+    }
 }

@@ -549,6 +549,64 @@ fn an_unreachable_store_is_a_clear_error_that_shows_no_password() {
     }
 }
 
+/// A password written without percent-encoding, holding a character a URL
+/// parser may end the user info, the host or the port at, in every URL form
+/// the command takes: nothing listens, and no part of the password (the
+/// text between those characters) is printed.
+#[test]
+#[cfg(all(feature = "redis", feature = "pg"))]
+fn no_part_of_an_unencoded_password_is_printed_in_any_url_form() {
+    let passwords: [(&str, &[&str]); 6] = [
+        ("4817/Summer-Kx!", &["4817", "Summer-Kx"]),
+        ("Sl1/Sl2", &["Sl1", "Sl2"]),
+        ("Qm3?Qm4=Qm5", &["Qm3", "Qm4", "Qm5"]),
+        ("Hs6#Hs7", &["Hs6", "Hs7"]),
+        ("At8@At9", &["At8", "At9"]),
+        ("Cn0:Cn1", &["Cn0", "Cn1"]),
+    ];
+    let forms = [
+        "redis://app:{pw}@127.0.0.1:1",
+        "redis://app:{pw}@127.0.0.1:1/1",
+        "rediss://app:{pw}@127.0.0.1:1",
+        "redis+sentinel://app:{pw}@127.0.0.1:1",
+        "redis+sentinel://app:{pw}@127.0.0.1:1/1",
+        "redis+sentinel://app:{pw}@127.0.0.1:1/mymaster",
+        "rediss+sentinel://:{pw}@127.0.0.1:1/mymaster/1",
+        "postgresql://app:{pw}@127.0.0.1:1/test",
+    ];
+    // All at once: a reachable-looking URL is retried for the command's
+    // whole connect timeout.
+    let runs: Vec<_> = forms
+        .iter()
+        .flat_map(|form| passwords.iter().map(move |run| (*form, *run)))
+        .map(|(form, (password, parts))| {
+            let store = Store {
+                kind: "none",
+                url: form.replace("{pw}", password),
+                dir: None,
+            };
+            let run = std::thread::spawn(move || dlock(&store, &["show", "k"]));
+            (form, password, parts, run)
+        })
+        .collect();
+    for (form, password, parts, run) in runs {
+        let output = run.join().expect("the dlock run");
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        for part in parts {
+            assert!(
+                !printed.contains(part),
+                "{form} with {password:?}: `{part}` was printed: {printed}"
+            );
+        }
+        assert!(!printed.contains("panicked"), "{printed}");
+    }
+}
+
 #[test]
 fn a_backend_url_dlock_does_not_know_is_a_usage_error_that_does_not_echo_it() {
     for url in [

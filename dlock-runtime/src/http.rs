@@ -3,22 +3,28 @@
 //! A handler annotated with `#[distributed_lock]` may return
 //! `Result<T, LockError>`: axum turns the error into a response through
 //! [`IntoResponse`], with the status a client can act on and, when waiting
-//! helps, a `Retry-After` header. A 4xx body is plain text naming the key
-//! (built from the request's own values), and for a held key nothing of
-//! its holder: the host, pid and label in [`LockError::Held`] describe the
-//! fleet, which is no business of an anonymous client, so they go to the
-//! log (`tracing`, at `debug`). A 5xx body is a fixed sentence, and the
-//! whole error goes to the log (at `warn`): a backend's message names
-//! users, hosts and databases.
+//! helps, a `Retry-After` header.
 //!
-//! | error | status | `Retry-After` |
-//! | --- | --- | --- |
-//! | [`Held`](LockError::Held) | 409 Conflict | the holder's remaining ttl, else [`RETRY_AFTER`] |
-//! | [`StaleToken`](LockError::StaleToken) | 409 Conflict | — |
-//! | [`Timeout`](LockError::Timeout) | 503 Service Unavailable | [`RETRY_AFTER`] |
-//! | [`LeaseLost`](LockError::LeaseLost), [`Backend`](LockError::Backend) | 503 Service Unavailable | — |
-//! | [`InvalidKey`](LockError::InvalidKey) | 400 Bad Request | — |
-//! | [`UnknownBackend`](LockError::UnknownBackend), [`InvalidOption`](LockError::InvalidOption), [`NoRuntime`](LockError::NoRuntime) | 500 Internal Server Error | — |
+//! **What the body says**, one rule for every variant: a fixed plain-text
+//! sentence chosen by the variant, in which a 4xx names the lock key that
+//! the request's own values made (`Held`, `InvalidKey`, control characters
+//! escaped) and a 5xx names nothing. Nothing else an error carries is ever
+//! in a body: not a held key's holder (its host, pid and label describe
+//! the fleet, which is no business of an anonymous client), not a stale
+//! write's resource or tokens (the resource's name and another writer's
+//! token are the server's internals), not a backend's message (it names
+//! users, hosts and databases), not an option's or a key's reason. The
+//! whole error goes to the log (`tracing`): a 4xx at `debug`, a 5xx at
+//! `warn`.
+//!
+//! | error | status | `Retry-After` | body names |
+//! | --- | --- | --- | --- |
+//! | [`Held`](LockError::Held) | 409 Conflict | the holder's remaining ttl, else [`RETRY_AFTER`] | the key |
+//! | [`StaleToken`](LockError::StaleToken) | 409 Conflict | — | nothing |
+//! | [`Timeout`](LockError::Timeout) | 503 Service Unavailable | [`RETRY_AFTER`] | nothing |
+//! | [`LeaseLost`](LockError::LeaseLost), [`Backend`](LockError::Backend) | 503 Service Unavailable | — | nothing |
+//! | [`InvalidKey`](LockError::InvalidKey) | 400 Bad Request | — | the key |
+//! | [`UnknownBackend`](LockError::UnknownBackend), [`InvalidOption`](LockError::InvalidOption), [`NoRuntime`](LockError::NoRuntime) | 500 Internal Server Error | — | nothing |
 //!
 //! Why, in the terms of RFC 9110:
 //!
@@ -121,22 +127,12 @@ impl IntoResponse for LockError {
     fn into_response(self) -> Response {
         let status = self.status();
         let retry_after = self.retry_after();
-        let body = if status.is_server_error() {
+        if status.is_server_error() {
             tracing::warn!(error = %self, status = status.as_u16(), "a locked request failed");
-            match self {
-                LockError::Timeout { .. } => "timed out waiting for a lock; try again\n",
-                LockError::LeaseLost { .. } => "the lock was lost while the request ran\n",
-                LockError::Backend { .. } => "the lock service is unavailable\n",
-                _ => "internal server error\n",
-            }
-            .to_owned()
-        } else if let LockError::Held { key, .. } = &self {
-            tracing::debug!(error = %self, "a locked request found its key held");
-            format!("lock `{key}` is held by another request; try again later\n")
         } else {
-            format!("{self}\n")
-        };
-        let mut response = (status, body).into_response();
+            tracing::debug!(error = %self, status = status.as_u16(), "a locked request was refused");
+        }
+        let mut response = (status, body(&self)).into_response();
         if let Some(delay) = retry_after {
             response
                 .headers_mut()
@@ -146,9 +142,46 @@ impl IntoResponse for LockError {
     }
 }
 
+/// The response body for `error`, by one rule (see the module docs): a
+/// fixed sentence chosen by the variant, in which a 4xx names the lock key
+/// its request's values made and nothing else; a 5xx names nothing.
+fn body(error: &LockError) -> String {
+    // Exhaustive on purpose: a new variant must choose its sentence here,
+    // and may show nothing of what it carries but a 4xx's key.
+    match error {
+        LockError::Held { key, .. } => {
+            format!(
+                "lock `{}` is held by another request; try again later\n",
+                shown_key(key)
+            )
+        }
+        LockError::InvalidKey { key, .. } => format!(
+            "lock key `{}` cannot be used (empty, too long or with a NUL); change the request\n",
+            shown_key(key)
+        ),
+        LockError::StaleToken { .. } => {
+            "this write was refused: a newer writer has already changed what it writes to\n"
+                .to_owned()
+        }
+        LockError::Timeout { .. } => "timed out waiting for a lock; try again\n".to_owned(),
+        LockError::LeaseLost { .. } => "the lock was lost while the request ran\n".to_owned(),
+        LockError::Backend { .. } => "the lock service is unavailable\n".to_owned(),
+        LockError::UnknownBackend { .. }
+        | LockError::InvalidOption { .. }
+        | LockError::NoRuntime { .. } => "internal server error\n".to_owned(),
+    }
+}
+
+/// A key as a body shows it: its control characters escaped, so a key
+/// made from request values cannot add lines to the body.
+fn shown_key(key: &str) -> String {
+    key.escape_debug().to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::token::FencingToken;
 
     #[test]
     fn a_held_key_retries_after_the_holders_remaining_ttl() {
@@ -169,6 +202,98 @@ mod tests {
             holder: None,
         };
         assert_eq!(unknown.retry_after(), Some(RETRY_AFTER));
+    }
+
+    /// Every variant, its key (if it has one) `key` and everything else it
+    /// carries made from `detail` and `token`.
+    fn every_variant(key: &str, detail: &str, token: u64) -> Vec<LockError> {
+        use crate::error::{LostReason, Operation};
+        let holder =
+            crate::HolderInfo::decode(&format!("1\t{detail}-host\t{}\t{detail}", token % 100_000))
+                .expect("a holder record");
+        let errors = vec![
+            LockError::Held {
+                key: key.into(),
+                holder: Some(Box::new(
+                    crate::Holding::new(Some(FencingToken::new(token)), Some(detail.into()))
+                        .expiring_in(Duration::from_secs(17))
+                        .held_by(Some(holder)),
+                )),
+            },
+            LockError::Timeout {
+                key: key.into(),
+                waited: Duration::from_millis(token),
+            },
+            LockError::LeaseLost {
+                key: key.into(),
+                token: FencingToken::new(token),
+                reason: LostReason::Expired,
+            },
+            LockError::UnknownBackend {
+                name: detail.into(),
+                registered: detail.into(),
+            },
+            LockError::backend("pg", Operation::Acquire, key, detail.to_owned()),
+            LockError::invalid_key(key, detail),
+            LockError::InvalidOption {
+                option: "ttl",
+                reason: detail.into(),
+            },
+            LockError::NoRuntime { key: key.into() },
+            LockError::StaleToken {
+                resource: detail.into(),
+                offered: FencingToken::new(token),
+                highest: FencingToken::new(token + 1),
+            },
+        ];
+        // Fails to compile when a variant is added: list it above too.
+        let mut seen = [false; 9];
+        for error in &errors {
+            seen[match error {
+                LockError::Held { .. } => 0,
+                LockError::Timeout { .. } => 1,
+                LockError::LeaseLost { .. } => 2,
+                LockError::UnknownBackend { .. } => 3,
+                LockError::Backend { .. } => 4,
+                LockError::InvalidKey { .. } => 5,
+                LockError::InvalidOption { .. } => 6,
+                LockError::NoRuntime { .. } => 7,
+                LockError::StaleToken { .. } => 8,
+            }] = true;
+        }
+        assert!(seen.iter().all(|seen| *seen), "every variant is listed");
+        errors
+    }
+
+    #[test]
+    fn a_body_is_its_variants_fixed_sentence_naming_at_most_a_client_errors_key() {
+        let key = "order:7";
+        let first = every_variant(key, "pg:billing.invoices#row-42", 1_796_390_175_400_577);
+        let second = every_variant(key, "web-3.internal", 4121);
+        for (one, other) in first.iter().zip(&second) {
+            let shown = body(one);
+            // Nothing but the variant and the key decides the body.
+            assert_eq!(shown, body(other), "{one}");
+            for detail in [
+                "pg:billing",
+                "invoices",
+                "row-42",
+                "1796390175400577",
+                "web-3",
+            ] {
+                assert!(!shown.contains(detail), "{one}: {detail:?} in {shown:?}");
+            }
+            let keyed = matches!(one, LockError::Held { .. } | LockError::InvalidKey { .. });
+            // Only a client error names a key: a stale write has none.
+            assert!(!keyed || one.status().is_client_error(), "{one}");
+            assert_eq!(shown.contains(key), keyed, "{one}: {shown:?}");
+            assert!(
+                shown.ends_with('\n') && shown.lines().count() == 1,
+                "{shown:?}"
+            );
+        }
+        let odd = body(&LockError::invalid_key("a\nb", "has a line break"));
+        assert_eq!(odd.lines().count(), 1, "{odd:?}");
     }
 
     #[test]

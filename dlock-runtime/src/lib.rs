@@ -47,6 +47,8 @@ pub mod pg;
 pub mod redis;
 pub mod registry;
 pub mod token;
+#[cfg(any(feature = "redis", feature = "pg", feature = "etcd"))]
+mod userinfo;
 
 pub use backend::{
     Access, Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome,

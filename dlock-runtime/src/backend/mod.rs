@@ -397,7 +397,11 @@ pub struct Holding {
     pub token: Option<FencingToken>,
     /// The identity its acquisition recorded, if it recorded one.
     pub identity: Option<String>,
-    /// How long its lease has left unless renewed, when the store knows.
+    /// How long its lease has left unless renewed, when the store knows:
+    /// never less than the lease has, so the key is free by then unless
+    /// renewed. A store that tells time left coarsely rounds up, and adds
+    /// how late it may delete an expired lease's key (within
+    /// [`Backend::expiry_slack`]).
     pub expires_in: Option<Duration>,
     /// The host, pid and label its acquisition recorded, and how long it
     /// has held the key, when the store keeps them (see [`crate::holder`]).

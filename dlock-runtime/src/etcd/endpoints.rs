@@ -103,15 +103,13 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
 }
 
 /// What follows `scheme://`, as user info, host and path. The user info
-/// ends at the LAST `@`, wherever it is: a password written without
-/// percent-encoding may hold `/`, `?` or `#`, and reading the authority
-/// as ending at the first of those would leave the password in the path,
-/// in the address shown. (No etcd endpoint has an `@` in its path.)
+/// ends at the LAST `@`, wherever it is ([`crate::userinfo`]): a password
+/// written without percent-encoding may hold `/`, `?` or `#`, and reading
+/// the authority as ending at the first of those would leave the password
+/// in the path, in the address shown. (No etcd endpoint has an `@` in its
+/// path.)
 fn split_authority(rest: &str) -> (Option<&str>, &str, &str) {
-    let (user_info, after) = match rest.rsplit_once('@') {
-        Some((user_info, after)) => (Some(user_info), after),
-        None => (None, rest),
-    };
+    let (user_info, after) = crate::userinfo::split_user_info(rest);
     let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
     let (host, path) = after.split_at(host_end);
     (user_info, host, path)

@@ -161,6 +161,15 @@ const UNSENT_PAUSE: Duration = Duration::from_millis(20);
 /// looks for expired leases every 500 ms and revokes them through one
 /// round of consensus.
 const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
+/// The longest a lease whose time left etcd reads as `seconds` can keep
+/// its key: etcd cuts the time left down to whole seconds (1.9 s reads 1),
+/// so it is rounded up, and its leader deletes the key up to
+/// [`EXPIRY_SWEEP`] after the lease ran out. Shown as a holder's "expires
+/// in" and sent as `Retry-After`, which must not send a client back
+/// before the key can be free.
+fn time_left(seconds: u64) -> Duration {
+    Duration::from_secs(seconds.saturating_add(1)) + EXPIRY_SWEEP
+}
 /// How many times a release is sent before its failure is the answer.
 const RELEASE_TRIES: usize = 3;
 /// The pause after a release that got no answer, before sending it again.
@@ -798,7 +807,7 @@ impl Backend for EtcdBackend {
             })
             .await?;
         if let Ok(seconds) = u64::try_from(left.ttl()) {
-            holding = holding.expiring_in(Duration::from_secs(seconds));
+            holding = holding.expiring_in(time_left(seconds));
         }
         Ok(Some(holding))
     }

@@ -218,24 +218,18 @@ impl PgOptions {
     }
 }
 
-/// True when `conn` is a URL whose first `@` is not in its authority (what
-/// lies between `://` and the first `/`, `?` or `#`) or whose authority has
-/// more than one. tokio-postgres splits the user info at the first `@` of
-/// the whole string, wherever it is, so a password in the query holding an
-/// `@` (`?user=app&password=a@b`) would make everything before that `@` the
+/// True when `conn` is a URL that tokio-postgres would read otherwise than
+/// dlock reads every URL ([`crate::userinfo`]): its user info (everything
+/// before the last `@` after `://`) holds a `/`, `?`, `#` or another `@`.
+/// tokio-postgres splits the user info at the first `@` of the whole
+/// string, wherever it is, so a password in the query holding an `@`
+/// (`?user=app&password=a@b`) would make everything before that `@` the
 /// user name and the rest the host — shown by every error and by `Debug`.
 pub(super) fn misplaced_at_sign(conn: &str) -> bool {
-    let Some(rest) = ["postgres://", "postgresql://"]
+    let is_url = ["postgres://", "postgresql://"]
         .iter()
-        .find_map(|scheme| conn.strip_prefix(scheme))
-    else {
-        return false;
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest.find('@') {
-        None => false,
-        Some(first) => first > authority_end || rest[first + 1..authority_end].contains('@'),
-    }
+        .any(|scheme| conn.starts_with(scheme));
+    is_url && crate::userinfo::misread_by(conn, crate::userinfo::FIRST_AT_SIGN)
 }
 
 /// Why tokio-postgres refused a connection string, in words safe to show,

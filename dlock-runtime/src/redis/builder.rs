@@ -21,6 +21,7 @@ use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
 use crate::error::{LockError, Operation};
 use crate::percent::decode_lossy;
+use crate::userinfo::{self, URL_STANDARD};
 
 /// The first pause before connecting again when a server refused or
 /// dropped the first connection (it may be starting); doubled each time, up
@@ -265,6 +266,18 @@ impl RedisBuilder {
             return Err(LockError::InvalidOption {
                 option: "url",
                 reason: reason.clone(),
+            });
+        }
+        // redis-rs would take part of such a URL's user info for its host,
+        // port or path, and show it in its errors.
+        if self
+            .urls
+            .iter()
+            .any(|url| userinfo::misread_by(url, URL_STANDARD))
+        {
+            return Err(LockError::InvalidOption {
+                option: "url",
+                reason: userinfo::MISREAD.to_owned(),
             });
         }
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
@@ -667,13 +680,12 @@ impl SentinelUrl {
             return None;
         };
         let form = "a sentinel URL is redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]";
-        let (authority, path) = match rest.split_once('/') {
+        // The user info first, by the rule every URL is read by: a
+        // password may hold `/`, which must not end the hosts.
+        let (user_info, after) = userinfo::split_user_info(rest);
+        let (hosts, path) = match after.split_once('/') {
             Some(parts) => parts,
             None => return Some(Err(format!("{form}: the service name is missing"))),
-        };
-        let (user_info, hosts) = match authority.rsplit_once('@') {
-            Some((user_info, hosts)) => (Some(user_info), hosts),
-            None => (None, authority),
         };
         let auth = user_info.map(|info| match info.split_once(':') {
             Some((user, password)) => (
@@ -754,6 +766,15 @@ mod tests {
         assert_eq!(tls.sentinels, vec!["rediss://h:1".to_owned()]);
         assert_eq!(tls.auth, Some((None, "pw".into())));
         assert!(SentinelUrl::read("redis://h:6379").is_none());
+        let slash = SentinelUrl::read("redis+sentinel://app:2024/Summer!@h:1/m/1")
+            .expect("a sentinel URL")
+            .expect("readable");
+        assert_eq!(slash.sentinels, vec!["redis://h:1".to_owned()]);
+        assert_eq!(
+            slash.auth,
+            Some((Some("app".into()), "2024/Summer!".into()))
+        );
+        assert_eq!((slash.service.as_str(), slash.db), ("m", 1));
     }
 
     #[test]
@@ -767,6 +788,8 @@ mod tests {
             "redis+sentinel://:secret@h1/m?password=secret",
             "redis+sentinel://:secret@h1/m#secret",
             "redis+sentinel://:secret@h1/m/-1",
+            "redis+sentinel://app:secret/x@h1:26379",
+            "redis+sentinel://app:26379/secret@h1",
         ] {
             let reason = SentinelUrl::read(url)
                 .expect("a sentinel URL")

@@ -4,14 +4,16 @@
 //! (`redis://user:password@host`) or, for a unix socket, in the query
 //! (`redis+unix:///path?pass=password&user=user`). Both are read with the
 //! parser redis-rs itself uses, so what is hidden is what the client sends;
-//! a URL redis-rs cannot read is never shown at all, since a password in it
-//! may sit anywhere.
+//! a URL redis-rs cannot read, or would read otherwise than dlock's rule
+//! for user info ([`crate::userinfo`]), is never shown at all, since a
+//! password in it may sit anywhere.
 
 use std::cmp::Reverse;
 
 use ::redis::IntoConnectionInfo as _;
 
 use crate::percent::decode_lossy;
+use crate::userinfo::{self, URL_STANDARD};
 
 /// Query parameters that hold a password: `pass` is the one redis-rs reads
 /// (unix sockets); `password` is hidden too, wherever it is written. Both
@@ -31,6 +33,9 @@ pub(crate) fn redact_url(url: &str) -> String {
     // Shown only if redis-rs reads it too: a password typed where neither
     // parser expects one (an unencoded `/` or `#` in it, say) must not end
     // up shown as a host or a path.
+    if userinfo::misread_by(url, URL_STANDARD) {
+        return UNREADABLE.to_owned();
+    }
     let Some(mut parsed) = url
         .into_connection_info()
         .ok()
@@ -127,11 +132,9 @@ fn password_params(query: &str) -> Vec<String> {
 }
 
 /// The password of the user info as typed (or the whole user info when it
-/// has no `:`), found by text alone.
+/// has no `:`), found by text alone, by dlock's rule for user info.
 fn typed_user_info(url: &str) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let (user_info, _host) = authority.rsplit_once('@')?;
+    let user_info = userinfo::user_info(url)?;
     let secret = user_info.split_once(':').map_or(user_info, |(_, p)| p);
     Some(secret.to_owned())
 }
@@ -194,6 +197,8 @@ mod tests {
             "redis://:pa/ss@host",
             "redis://:pa#ss@host",
             "redis://:123/x@host",
+            "redis://app:2024/Summer!@host",
+            "redis://app:6379/0?x@host",
             "http://user:pw@host",
         ] {
             assert_eq!(redact_url(unreadable), UNREADABLE, "{unreadable}");

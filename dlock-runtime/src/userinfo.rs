@@ -1,0 +1,108 @@
+//! Where a URL's user info ends: one rule for every URL dlock reads,
+//! redacts or refuses.
+//!
+//! A password written without percent-encoding may hold `/`, `?`, `#`,
+//! `@` or `:`. The URL standard ends the authority at the first `/`, `?`
+//! or `#`, so such a password would be read as a host, a port or a path,
+//! and shown as one (`redis://app:2024/Summer!@host` names the host `app`
+//! and the port `2024`). dlock reads every URL the other way: any `@`
+//! after `scheme://` means the text before it, up to the last `@`, is user
+//! info, which may be credentials and is never shown in any part. A URL a
+//! client library would read differently (see [`misread_by`]) is refused
+//! before the library sees it.
+
+/// What ends the user info or the authority for a parser that follows the
+/// URL standard (redis-rs): it splits the user info at the last `@` of the
+/// authority, which ends at the first of these.
+#[cfg(feature = "redis")]
+pub(crate) const URL_STANDARD: &[char] = &['/', '?', '#'];
+
+/// What ends the user info or the authority for tokio-postgres: it splits
+/// the user info at the first `@` of the whole string.
+#[cfg(feature = "pg")]
+pub(crate) const FIRST_AT_SIGN: &[char] = &['/', '?', '#', '@'];
+
+/// What follows `scheme://` (`after_scheme`), as the user info (everything
+/// before its last `@`, if it has one) and the rest (host, port, path,
+/// query).
+pub(crate) fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
+    match after_scheme.rsplit_once('@') {
+        Some((user_info, rest)) => (Some(user_info), rest),
+        None => (None, after_scheme),
+    }
+}
+
+/// `url`'s user info, by [`split_user_info`]; `None` when it has none or
+/// is not a `scheme://` URL (a key=value string holding `://`, say).
+#[cfg(any(feature = "redis", feature = "pg"))]
+pub(crate) fn user_info(url: &str) -> Option<&str> {
+    let (scheme, after_scheme) = url.split_once("://")?;
+    if !is_scheme(scheme) {
+        return None;
+    }
+    split_user_info(after_scheme).0
+}
+
+/// True when a parser whose user info or authority ends at any of
+/// `delimiters` would read `url` otherwise than [`split_user_info`]: its
+/// user info holds one of them, so part of it (a password, maybe) would be
+/// taken for a host, a port, a path or a query, and shown as one.
+#[cfg(any(feature = "redis", feature = "pg"))]
+pub(crate) fn misread_by(url: &str, delimiters: &[char]) -> bool {
+    user_info(url).is_some_and(|info| info.contains(delimiters))
+}
+
+/// Why a URL [`misread_by`] its client is refused, and how to write it;
+/// never the URL itself.
+#[cfg(feature = "redis")]
+pub(crate) const MISREAD: &str = "the URL has an `@` after a `/`, `?` or `#`, so the text before \
+     its last `@` may be a password that its client would read as a host, a port or a path: percent-encode `/`, `?`, `#` and `@` in the user \
+     name and the password (%2F, %3F, %23, %40) and any `@` after the host as %40 (the URL is \
+     not shown: it may hold a password)";
+
+/// Whether `word` is a URL scheme (`ALPHA *( ALPHA / DIGIT / "+" / "-" /
+/// "." )`).
+#[cfg(any(feature = "redis", feature = "pg"))]
+fn is_scheme(word: &str) -> bool {
+    word.starts_with(|c: char| c.is_ascii_alphabetic())
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+}
+
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_info_ends_at_the_last_at_sign_after_the_scheme() {
+        assert_eq!(
+            user_info("redis+sentinel://app:2024/Summer!@127.0.0.1:27999"),
+            Some("app:2024/Summer!")
+        );
+        assert_eq!(user_info("redis://a:p@ss@host/0"), Some("a:p@ss"));
+        assert_eq!(user_info("redis://host/0?x=a@b"), Some("host/0?x=a"));
+        assert_eq!(user_info("redis://host:6379/0"), None);
+        assert_eq!(user_info("host=h password=a://b@c"), None);
+        assert_eq!(user_info("hunter2"), None);
+    }
+
+    #[test]
+    fn a_delimiter_in_the_user_info_is_a_misreading() {
+        for url in [
+            "redis://app:2024/Summer!@host",
+            "redis://:pa?ss@host",
+            "redis://:pa#ss@host",
+            "redis://host/0?password=a@b",
+        ] {
+            assert!(misread_by(url, URL_STANDARD), "{url}");
+        }
+        for url in [
+            "redis://app:p@ss@host/0",
+            "redis://app:p:ss@host",
+            "redis://host/0",
+        ] {
+            assert!(!misread_by(url, URL_STANDARD), "{url}");
+        }
+    }
+}

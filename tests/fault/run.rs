@@ -637,6 +637,16 @@ impl Workers {
         shared.phase.get(&slot) == Some(&(self.process_of[slot], Phase::Working))
     }
 
+    /// Whether the process in `slot` holds the key, and not as a reader,
+    /// by what it printed.
+    fn holds_as_writer(&self, slot: usize) -> bool {
+        let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        matches!(
+            shared.phase.get(&slot),
+            Some(&(process, Phase::Holding | Phase::Working)) if process == self.process_of[slot]
+        ) && shared.reading.get(&slot) != Some(&true)
+    }
+
     /// A slot whose process holds the lock, preferring one between its read
     /// and its write (waiting up to `for_working` for one); waits up to
     /// `patience` for any.
@@ -1122,6 +1132,7 @@ pub fn run(settings: Settings) -> Report {
                 // its reader has long read what came before: the phase is
                 // the one it was stopped in.
                 let mid_step = workers.is_working(slot);
+                let writer_held = workers.holds_as_writer(slot);
                 workers.signal(slot, libc::SIGCONT);
                 if planned.length > TTL {
                     pauses.push(Pause {
@@ -1134,7 +1145,11 @@ pub fn run(settings: Settings) -> Report {
                 // a stale write on its way (what those runs must show): a
                 // pause that caught it elsewhere is tried again.
                 let wants_mid_step = settings.scenario == Scenario::Election || !settings.fenced;
-                on_holder && (mid_step || !wants_mid_step)
+                // A paused reader leaves the key to the other readers: only
+                // a paused writer lets another worker in beside it, which a
+                // read-write run must show.
+                let wants_writer = settings.scenario == Scenario::ReadWrite;
+                on_holder && (mid_step || !wants_mid_step) && (writer_held || !wants_writer)
             }
             Fault::Kill => {
                 workers.kill(slot);

@@ -1,8 +1,10 @@
 //! Faults on a real three-member etcd cluster, one cluster per test (and
 //! one test at a time: three clusters of three members at once would
 //! starve each other's heartbeats on a small machine): the leader killed
-//! while a lock is held, a follower killed, and a holder cut off from the
-//! cluster, by its member freezing or by its own link going silent.
+//! while a lock is held, the leader's host dying again and again under a
+//! lock and an election leader at the shortest ttl kept through a leader
+//! change, a follower killed, and a holder cut off from the cluster, by
+//! its member freezing or by its own link going silent.
 
 mod etcd_support;
 mod support;
@@ -10,6 +12,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dlock::election::Election;
 use dlock::etcd::EtcdBackend;
 use dlock::{LockError, LockKey, LockOptions};
 use etcd_support::{Cluster, random_word};
@@ -107,6 +110,73 @@ async fn killing_the_leader_keeps_a_held_lock_exclusive_and_tokens_rising() {
         last = lease.token();
         lease.release().await.expect("release");
     }
+}
+
+/// A lock and an election leader with the shortest ttl the backend keeps
+/// through a leader change (three times the cluster's minimum lease ttl:
+/// 3 s on the test cluster), on a backend with the default timeouts,
+/// through three deaths of the leader member. The leader dies as a host
+/// that loses power does: it stops answering, and its connections stay
+/// open with nothing coming back (SIGSTOP), so a request that went to it
+/// waits until its caller gives up; it is killed and started again once
+/// the round is over. The lock's renewals fall due every third of its ttl,
+/// and each death comes at another moment before the next one (early,
+/// midway, late in the interval), so renewals go out while the dead leader
+/// is still taken for alive, during the election and after it. The
+/// property is that neither holder is told it lost, through each death and
+/// a whole ttl after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_and_an_election_leader_at_the_shortest_supported_ttl_survive_the_leader_members_death()
+ {
+    let _one = one_at_a_time().await;
+    let mut cluster = Cluster::start(3);
+    let endpoints = cluster.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let backend = Arc::new(
+        EtcdBackend::connect(&endpoints)
+            .await
+            .expect("the cluster answers"),
+    );
+    let ttl = backend.min_lease_ttl() * 3;
+    let key = fresh_key("leader-kills");
+    let held = take(&backend, &key, ttl).await;
+    let taken = Instant::now();
+    let election = Election::new(fresh_key("leader-kills-election"), "survivor", ttl)
+        .expect("a valid election")
+        .on(backend.clone());
+    let leadership = within(20, "the only candidate to be elected", election.campaign())
+        .await
+        .expect("elected");
+    let interval = ttl / 3;
+    for (round, before_renewal) in [0.15, 0.45, 0.75].into_iter().enumerate() {
+        let leader = cluster.leader().await;
+        // The next moment `before_renewal` of an interval before one of the
+        // lock's renewals, at least 50 ms from now.
+        let mut dies_at = taken + interval.mul_f64(1.0 - before_renewal);
+        while dies_at < Instant::now() + Duration::from_millis(50) {
+            dies_at += interval;
+        }
+        tokio::time::sleep_until(dies_at.into()).await;
+        cluster.members[leader].freeze();
+        let watch_until = Instant::now() + ttl;
+        while Instant::now() < watch_until {
+            if let Err(err) = held.check() {
+                panic!("round {round}: the lock's holder was told it lost {key}: {err}");
+            }
+            if let Err(err) = leadership.check() {
+                panic!("round {round}: the elected leader was told it lost: {err}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Back as a follower for the next round.
+        cluster.members[leader].kill();
+        cluster.members[leader].launch();
+        tokio::task::block_in_place(|| cluster.wait_healthy(leader));
+    }
+    assert!(held.check().is_ok(), "the lock's holder lost its lease");
+    assert!(leadership.check().is_ok(), "the leader lost its term");
+    leadership.resign().await.expect("resign");
+    held.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -512,3 +512,57 @@ async fn a_handed_over_key_reads_with_the_identity_and_token_its_wait_recorded()
     );
     assert_eq!(one.holder(&key).await.expect("holder"), None);
 }
+
+/// Rule M3 holds for a fair writer too: a fair writer of one process is
+/// not starved by readers of another process that keep joining their
+/// process's shared hold. Four reader tasks of one backend each hold the
+/// key 4 s (longer than a writer's mark lives unless refreshed) and take
+/// it again as soon as they let go, staggered by 250 ms, so the key is
+/// never free of readers unless new ones are refused; a fair writer on a
+/// second backend comes once they all hold. Its mark keeps new readers out
+/// for as long as it waits, the readers drain, and it gets the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_writer_is_not_starved_by_readers_that_keep_joining_their_processs_hold() {
+    const READERS: u32 = 4;
+    const HOLD: Duration = Duration::from_secs(4);
+    const STAGGER: Duration = Duration::from_millis(250);
+    let readers_side = backend().await;
+    let writer_side = backend().await;
+    let key = fresh_key("fair-writer-readers");
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut readers = Vec::new();
+    for i in 0..READERS {
+        let (backend, key, done) = (readers_side.clone(), key.clone(), done.clone());
+        readers.push(tokio::spawn(async move {
+            sleep(STAGGER * i).await;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let reader = LockOptions::new(Duration::from_secs(30))
+                    .mode(dlock::LockMode::Shared)
+                    .wait(Duration::from_secs(30))
+                    .acquire_on(backend.clone(), key.clone())
+                    .await
+                    .expect("a reader gets the key once the writer is done");
+                let until = Instant::now() + HOLD;
+                while Instant::now() < until && !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    sleep(Duration::from_millis(50)).await;
+                }
+                reader.release().await.expect("release");
+            }
+        }));
+    }
+    sleep(STAGGER * READERS).await;
+    let writer = within(
+        20,
+        "the fair writer's acquisition to end",
+        fair(Duration::from_secs(8)).acquire_on(writer_side.clone(), key.clone()),
+    )
+    .await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let writer = writer.expect("the fair writer gets the key once the readers drained");
+    writer.release().await.expect("release");
+    for reader in readers {
+        within(40, "a reader task to end", reader)
+            .await
+            .expect("reader task");
+    }
+}

@@ -612,6 +612,14 @@ pub struct Renewal<'a> {
     pub access: Access,
     /// The permit slot ([`Grant::slot`]); `None` for other access.
     pub slot: Option<u32>,
+    /// How long the lease stays valid, from when the renewal is sent, if
+    /// this renewal does not go through; `None` if not known (a renewal
+    /// sent outside the lease scheduler). A backend that waits for an
+    /// answer, or tries more than once, within one renewal keeps each try
+    /// to a share of it, so an answer that never comes does not use up the
+    /// time in which a retry could still keep the lease (etcd: a request
+    /// stuck on a dead leader member).
+    pub time_left: Option<Duration>,
 }
 
 impl<'a> Renewal<'a> {
@@ -624,7 +632,16 @@ impl<'a> Renewal<'a> {
             recorded: None,
             access: Access::Exclusive,
             slot: None,
+            time_left: None,
         }
+    }
+
+    /// The same renewal, of a lease that stays valid for `left` from when
+    /// the renewal is sent if the renewal does not go through
+    /// ([`Renewal::time_left`]).
+    pub fn expiring_in(mut self, left: Duration) -> Self {
+        self.time_left = Some(left);
+        self
     }
 
     /// The same renewal, of a lease held as `access` (in `slot`, for a

@@ -118,6 +118,7 @@ macro_rules! conformance_suite {
             permits_at_most_n_hold_at_once_in_distinct_slots,
             readers_overlap_and_a_writer_overlaps_no_one,
             a_waiting_writer_is_not_starved_by_a_stream_of_readers,
+            a_waiting_fair_writer_is_not_starved_by_another_processs_readers,
             tokens_fence_stale_writers_and_never_current_readers,
             permit_tokens_rise_per_slot,
             a_crashed_permit_holder_frees_its_slot_after_the_ttl,
@@ -2402,6 +2403,75 @@ pub async fn a_waiting_writer_is_not_starved_by_a_stream_of_readers(backend: Arc
         .await
         .expect("readers go again after the writer");
     reader.release().await.expect("release");
+}
+
+/// Rule M3 for a fair writer, and across processes: a fair writer on one
+/// instance is not starved by readers on another that keep joining the
+/// key while readers of their own process hold it. A new reader comes
+/// every 100 ms and each holds the key longer than a writer's mark lives
+/// unless its waiter keeps it ([`QUEUE_ENTRY_TTL`] and a second), so the
+/// key is never free of readers unless new ones are refused for as long
+/// as the writer waits: then those that hold finish and the writer gets
+/// the key, with a token above theirs.
+///
+/// [`QUEUE_ENTRY_TTL`]: crate::backend::QUEUE_ENTRY_TTL
+pub async fn a_waiting_fair_writer_is_not_starved_by_another_processs_readers(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    if !keeps_access(&backend, crate::backend::Access::Shared).await
+        || !keeps_fair_queues(&backend).await
+    {
+        return;
+    }
+    let hold = crate::backend::QUEUE_ENTRY_TTL + Duration::from_secs(1);
+    let key = fresh_key("fair-rw-starve");
+    let first = shared(30_000, Duration::ZERO)
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("a free key");
+    let reader_token = first.token();
+    let mut holding = std::collections::VecDeque::from([(first, Instant::now())]);
+    let writer = {
+        let key = key.clone();
+        tokio::spawn(async move { fair(30_000, hold * 3).acquire_on(another, key).await })
+    };
+    while !writer.is_finished() {
+        sleep(Duration::from_millis(100)).await;
+        while holding
+            .front()
+            .is_some_and(|(_, since)| since.elapsed() >= hold)
+        {
+            if let Some((reader, _)) = holding.pop_front() {
+                reader.release().await.expect("release");
+            }
+        }
+        match shared(30_000, Duration::ZERO)
+            .acquire_on(backend.clone(), &key)
+            .await
+        {
+            Ok(reader) => holding.push_back((reader, Instant::now())),
+            Err(LockError::Held { .. }) => {}
+            Err(err) => panic!("a reader failed: {err}"),
+        }
+    }
+    let writer = writer.await.expect("task").unwrap_or_else(|err| {
+        panic!(
+            "the fair writer starved: readers of another process kept joining for as long as \
+             it waited ({err})"
+        )
+    });
+    assert!(
+        holding.is_empty(),
+        "{} readers hold the key together with the fair writer",
+        holding.len()
+    );
+    assert!(
+        writer.token() > reader_token,
+        "the writer's token {} is above the readers' {reader_token}",
+        writer.token()
+    );
+    writer.release().await.expect("release");
 }
 
 /// Tokens of a read-write lock: an exclusive token is above every token

@@ -43,9 +43,11 @@
 //!   deletes an expired lease's key, and the watch sees that too.
 //! - **Every call is bounded**: connecting by the connect timeout (an
 //!   unreachable cluster is an error, never a hang), every request by the
-//!   response timeout. A release that gets no answer is sent again, up to
-//!   three times in all; a retry that finds the key no longer the
-//!   caller's answers [`ReleaseOutcome::Unconfirmed`]. A member that lost its leader refuses at once
+//!   response timeout (a renewal's tries by the time its lease has left,
+//!   see "A leader change" below). A release that gets no answer is sent
+//!   again, up to three times in all; a retry that finds the key no longer
+//!   the caller's answers [`ReleaseOutcome::Unconfirmed`]. A member that
+//!   lost its leader refuses at once
 //!   (`require_leader`), so a holder cut off with it fails its renewals
 //!   and is told its lease is lost when the lease's validity ends.
 //!
@@ -91,6 +93,16 @@
 //!   over (etcd keeps a lease's remaining time only on its leader, unless
 //!   the cluster runs with `--experimental-enable-lease-checkpoint`), so
 //!   none expires because renewals could not reach a leader meanwhile.
+//!   A renewal's keep-alive and read go out once more, to a member the
+//!   client picks anew, whenever a quarter of the time the lease has left
+//!   ([`Renewal::time_left`], at most the response timeout) passes without
+//!   an answer, and the first answer of any try counts: a request stuck on
+//!   a leader whose host died (its connection open, nothing coming back)
+//!   or on a member waiting for it never uses up the lease. A lease whose
+//!   ttl is at least three times [`EtcdBackend::min_lease_ttl`] (6 s with
+//!   etcd's defaults) is kept through the loss of the leader member,
+//!   whenever it comes; a shorter one may run out when the election takes
+//!   longer than it has left.
 //!   The other side of it: the key of a holder that died shortly before a
 //!   leader change stays held for up to a whole ttl more than
 //!   [`Backend::expiry_slack`] says (measured on etcd 3.4: a 10 s lease
@@ -121,8 +133,10 @@ use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, Error as EtcdError, GetOptions, KeyValue,
     LeaseGrantOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
+use futures_util::StreamExt;
 use futures_util::future::join_all;
-use tokio::time::{sleep, timeout};
+use futures_util::stream::FuturesUnordered;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::backend::{
     AcquireRequest, Attempt, Backend, Grant, Holding, ReleaseNotice, ReleaseOutcome,
@@ -174,6 +188,13 @@ fn time_left(seconds: u64) -> Duration {
 const RELEASE_TRIES: usize = 3;
 /// The pause after a release that got no answer, before sending it again.
 const RELEASE_PAUSE: Duration = Duration::from_millis(50);
+/// A renewal's request waits alone for an answer at most this share of the
+/// time its lease has left before it is sent once more
+/// ([`renewal_try_limit`]).
+const RENEWAL_TRIES: u32 = 4;
+/// The shortest wait for an answer to one try of a renewal's request
+/// before another joins it.
+const MIN_RENEWAL_TRY: Duration = Duration::from_millis(100);
 /// gRPC's status code `UNAVAILABLE`.
 const GRPC_UNAVAILABLE: i32 = 14;
 
@@ -255,33 +276,113 @@ impl EtcdBackend {
         &self,
         operation: Operation,
         key: &str,
-        mut request: F,
+        request: F,
     ) -> Result<T, LockError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, EtcdError>>,
     {
         let limit = self.inner.response_timeout;
-        let tries = async {
-            loop {
-                match request().await {
-                    Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
-                    answer => return answer,
+        match within(limit, request).await {
+            Some(answer) => answer.map_err(|err| self.error(operation, key, &err.to_string())),
+            None => Err(self.no_answer(operation, key, limit)),
+        }
+    }
+
+    /// Runs one request of a renewal, which may be sent more than once (a
+    /// keep-alive, a read), for a lease that stays valid for `time_left`
+    /// from `started`. A try that has no answer within a share of the time
+    /// left (see [`renewal_try_limit`]) is joined by another one at once,
+    /// through the client's balancer, which picks a member anew; the first
+    /// answer of any try is the answer. So an answer that never comes (a
+    /// request stuck on a leader member whose host died, or on a member
+    /// waiting for it) never uses up the time in which another try can
+    /// still keep the lease, and a try that is only waiting for the new
+    /// leader is not given up. A try that fails ends the renewal only if no
+    /// other try is still out. Without a `time_left`, one try, as
+    /// [`EtcdBackend::bounded`].
+    async fn renewing<T, F, Fut>(
+        &self,
+        operation: Operation,
+        key: &str,
+        time_left: Option<Duration>,
+        started: Instant,
+        mut request: F,
+    ) -> Result<T, LockError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, EtcdError>>,
+    {
+        let Some(time_left) = time_left else {
+            return self.bounded(operation, key, request).await;
+        };
+        let deadline = started + time_left;
+        let mut tries = FuturesUnordered::new();
+        let mut next_try = Instant::now();
+        let mut failed = None;
+        loop {
+            let now = Instant::now();
+            if now >= next_try && now < deadline {
+                if !tries.is_empty() {
+                    tracing::debug!(
+                        key,
+                        tries = tries.len(),
+                        "no answer to a renewal's request yet; sending it once more"
+                    );
+                }
+                tries.push(request());
+                next_try = now + renewal_try_limit(deadline - now, self.inner.response_timeout);
+            }
+            tokio::select! {
+                Some(answer) = tries.next() => match answer {
+                    // Not sent (its member is down): another try soon.
+                    Err(err) if never_sent(&err) => {
+                        next_try = next_try.min(Instant::now() + UNSENT_PAUSE);
+                    }
+                    // One try failed (its member went away, or lost its
+                    // leader) while others may still be answered.
+                    Err(err) if !tries.is_empty() => failed = Some(err),
+                    answer => {
+                        return answer.map_err(|err| self.error(operation, key, &err.to_string()));
+                    }
+                },
+                () = sleep_until(next_try.min(deadline)) => {
+                    if Instant::now() >= deadline {
+                        return Err(match failed {
+                            Some(err) => self.error(operation, key, &err.to_string()),
+                            None => self.no_answer(operation, key, time_left),
+                        });
+                    }
                 }
             }
-        };
-        match timeout(limit, tries).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(err)) => Err(self.error(operation, key, &err.to_string())),
-            Err(_) => Err(self.error(
-                operation,
-                key,
-                &format!(
-                    "no answer from {} within {limit:?}",
-                    self.inner.shown.join(", ")
-                ),
-            )),
         }
+    }
+
+    fn no_answer(&self, operation: Operation, key: &str, limit: Duration) -> LockError {
+        self.error(
+            operation,
+            key,
+            &format!(
+                "no answer from {} within {limit:?}",
+                self.inner.shown.join(", ")
+            ),
+        )
+    }
+
+    /// A read-only transaction of a renewal (see [`EtcdBackend::renewing`]).
+    async fn renewal_read(
+        &self,
+        key: &str,
+        time_left: Option<Duration>,
+        started: Instant,
+        txn: Txn,
+    ) -> Result<TxnResponse, LockError> {
+        self.renewing(Operation::Extend, key, time_left, started, || {
+            let mut kv = self.inner.client.kv_client();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     async fn txn(
@@ -299,14 +400,17 @@ impl EtcdBackend {
     }
 
     /// Keeps `lease` alive once: `false` if etcd does not know it (it ran
-    /// out, or was revoked).
+    /// out, or was revoked). For a renewal, with the time its lease has
+    /// left from `started` (see [`EtcdBackend::renewing`]).
     async fn keep_alive(
         &self,
         operation: Operation,
         key: &str,
         lease: i64,
+        time_left: Option<Duration>,
+        started: Instant,
     ) -> Result<bool, LockError> {
-        self.bounded(operation, key, || {
+        self.renewing(operation, key, time_left, started, || {
             let mut leases = self.inner.client.lease_client();
             async move {
                 match leases.keep_alive(lease).await {
@@ -354,7 +458,11 @@ impl EtcdBackend {
                 .await?;
             // An existing lease is this acquisition's own: counted anew
             // from now (rule 3), unless it ran out meanwhile.
-            if granted || self.keep_alive(operation, key, lease).await? {
+            if granted
+                || self
+                    .keep_alive(operation, key, lease, None, Instant::now())
+                    .await?
+            {
                 return Ok(granted);
             }
         }
@@ -474,13 +582,24 @@ impl EtcdBackend {
             .map(|r| lease_id(r.owner, lease_seconds(r.ttl)))
             .collect();
         // Each lease kept alive, all at once; then one read of every key.
-        let alive = join_all(
-            renewals
-                .iter()
-                .zip(&leases)
-                .map(|(r, lease)| self.keep_alive(Operation::Extend, r.key.as_str(), *lease)),
-        )
+        let started = Instant::now();
+        let alive = join_all(renewals.iter().zip(&leases).map(|(r, lease)| {
+            self.keep_alive(
+                Operation::Extend,
+                r.key.as_str(),
+                *lease,
+                r.time_left,
+                started,
+            )
+        }))
         .await;
+        // The read serves every lease of the batch: tried for as long as
+        // the one with the most time left has.
+        let read_time_left = renewals
+            .iter()
+            .map(|r| r.time_left)
+            .collect::<Option<Vec<Duration>>>()
+            .and_then(|left| left.into_iter().max());
         // Every lock key, and the identity record of each lease taken
         // with one (rewritten below if it went missing).
         let mut reads = Vec::with_capacity(2 * renewals.len());
@@ -506,7 +625,10 @@ impl EtcdBackend {
         };
         let reads = Txn::new().and_then(reads);
         let first = renewals.first().map_or("", |r| r.key.as_str());
-        let read = match self.txn(Operation::Extend, first, reads).await {
+        let read = match self
+            .renewal_read(first, read_time_left, started, reads)
+            .await
+        {
             Ok(read) => read.op_responses(),
             Err(err) => {
                 let text = err.to_string();
@@ -559,6 +681,36 @@ impl EtcdBackend {
         }
         answers
     }
+}
+
+/// Runs `request` for up to `limit`, sending it again when it could not
+/// be sent at all (see [`never_sent`]); `None` if no answer came in time.
+async fn within<T, F, Fut>(limit: Duration, mut request: F) -> Option<Result<T, EtcdError>>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
+    let tries = async {
+        loop {
+            match request().await {
+                Err(err) if never_sent(&err) => sleep(UNSENT_PAUSE).await,
+                answer => return answer,
+            }
+        }
+    };
+    timeout(limit, tries).await.ok()
+}
+
+/// How long one try of a renewal's request waits alone for its answer
+/// before another joins it, with `left` until its lease's validity ends:
+/// a quarter of that (so several more tries fit after one that got no
+/// answer), at least [`MIN_RENEWAL_TRY`], at most the response timeout,
+/// and never past the end.
+fn renewal_try_limit(left: Duration, response_timeout: Duration) -> Duration {
+    (left / RENEWAL_TRIES)
+        .max(MIN_RENEWAL_TRY)
+        .min(response_timeout)
+        .min(left)
 }
 
 /// Whether a request failed before it left: the connection to the member

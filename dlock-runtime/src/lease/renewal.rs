@@ -362,17 +362,19 @@ async fn send(renewer: Arc<Renewer>, batch: Batch) {
     else {
         return;
     };
+    let sent = Instant::now();
     let renewals: Vec<Renewal<'_>> = batch
         .iter()
-        .map(|(_, shared, ttl, _)| {
-            let renewal = shared.renewal(*ttl);
+        .map(|(_, shared, ttl, valid_until)| {
+            let renewal = shared
+                .renewal(*ttl)
+                .expiring_in(valid_until.saturating_duration_since(sent));
             match &shared.identity {
                 Some(identity) => renewal.recording(identity, shared.token),
                 None => renewal,
             }
         })
         .collect();
-    let sent = Instant::now();
     // Past the last lease's validity every answer is moot: the expiry has
     // marked them all lost by then.
     let last_valid = batch.iter().map(|b| b.3).max().unwrap_or(sent);

@@ -37,7 +37,13 @@
 //!   attempts cannot pass a queued fair waiter either (nor can an older
 //!   dlock's, nor any other client's `pg_try_advisory_lock`).
 //! - Later `Join`s of the owner refresh its entry's expiry, or answer
-//!   `Acquired` once the wait took the key (rule 3). An entry not refreshed
+//!   `Acquired` once the wait took the key (rule 3). Each `Join` answered
+//!   `Held` also leaves or refreshes the owner's writer-waiting mark where
+//!   readers hold the key (rule M3, see the `modes` module): the server's
+//!   queue keeps new shared holders of other sessions out, but readers of
+//!   a process that holds the key shared join that process's hold and ask
+//!   only whether a writer's mark stands, so without a fresh mark they
+//!   would starve the fair writer. The grant clears the mark. An entry not refreshed
 //!   within its `entry_ttl`, or left by a release of its owner (rule F3),
 //!   ends its wait: the task asks the server to cancel the statement (a
 //!   cancel request, on a connection of its own) and waits for the
@@ -256,7 +262,7 @@ impl Inner {
         let (key, owner, ttl) = (request.key, *request.owner, request.ttl);
         let place: Place = (key.clone(), owner);
         let now = Instant::now();
-        let (reserved, id, stop, done, first) = {
+        let started = 'queues: {
             let mut queues = self.fair.queues_in_use();
             let expires_in = {
                 let mut keys = self.keys();
@@ -287,7 +293,7 @@ impl Inner {
                     waiter.expires_at = now + entry_ttl;
                     waiter.entry_ttl = entry_ttl;
                     waiter.ttl = ttl;
-                    return Ok(Attempt::Held { expires_in });
+                    break 'queues (expires_in, None);
                 }
                 // The wait ended with an error: this attempt answers it,
                 // and the next one queues again.
@@ -319,7 +325,19 @@ impl Inner {
                     failed: None,
                 },
             );
-            (reserved, id, stop, done, (first_sender, first))
+            (
+                None,
+                Some((reserved, id, stop, done, (first_sender, first))),
+            )
+        };
+        let (reserved, id, stop, done, first) = match started {
+            (_, Some(started)) => started,
+            (expires_in, None) => {
+                // The entry was refreshed: a writer that waits keeps its
+                // mark fresh too (rule M3).
+                self.mark_writer(key, owner).await;
+                return Ok(Attempt::Held { expires_in });
+            }
         };
         let (first_sender, first) = first;
         let wait = Wait {
@@ -340,7 +358,10 @@ impl Inner {
             return Err(no_runtime(Operation::Acquire, key));
         }
         match first.await {
-            Ok(First::Queued) => Ok(Attempt::Held { expires_in: None }),
+            Ok(First::Queued) => {
+                self.mark_writer(key, owner).await;
+                Ok(Attempt::Held { expires_in: None })
+            }
             Ok(First::Granted(grant)) => Ok(Attempt::Acquired(grant)),
             Ok(First::Failed(err)) => Err(err),
             Err(_) => Err(no_runtime(Operation::Acquire, key)),
@@ -1152,4 +1173,6 @@ async fn deliver(
         // For watches of the free key, in other processes too.
         inner.announce_later(&on, &wait.key, advisory_key);
     }
+    // Taking the key clears the owner's writer-waiting mark.
+    inner.unmark_writer(&wait.key, wait.owner).await;
 }

@@ -54,12 +54,12 @@
 //!    store that cannot enumerate its locks must say so, never answer a
 //!    short list.
 //! 10. **A force release can name what it breaks**:
-//!    `force_release_holding` breaks the key only while its holder is the
-//!    lease named (by the token `holder` read), the comparison and the
-//!    break in one step; otherwise it changes nothing and says whether
-//!    another holds the key or nobody does. The default refuses every
-//!    call, which is safe, but leaves `dlock release` unable to break a
-//!    lock on the store.
+//!     `force_release_holding` breaks the key only while its holder is the
+//!     lease named (by the token `holder` read), the comparison and the
+//!     break in one step; otherwise it changes nothing and says whether
+//!     another holds the key or nobody does. The default refuses every
+//!     call, which is safe, but leaves `dlock release` unable to break a
+//!     lock on the store.
 //!
 //! Fair mode is optional. A backend that leaves
 //! [`supports_fair`](crate::Backend::supports_fair) at its default `false`

@@ -1138,7 +1138,7 @@ impl Inner {
         if state.group {
             return Ok(Some(group_holding(state.clone(), now)));
         }
-        if self.live_holder(name, &state, now, false)?.is_none() {
+        if self.live_holder(name, state, now, false)?.is_none() {
             return Ok(None);
         }
         // The counter is the last token drawn, and only an acquisition

@@ -340,7 +340,7 @@ impl Backend for PgBackend {
     /// owner-checked on its own session, so its other leases live on. A
     /// lease of another process: one statement ends its session only if
     /// that session still holds the key for the lease named
-    /// ([`sql::TERMINATE_NAMED_HOLDER`](super::sql::TERMINATE_NAMED_HOLDER)).
+    /// (`sql::TERMINATE_NAMED_HOLDER`).
     async fn force_release_holding(
         &self,
         key: &LockKey,

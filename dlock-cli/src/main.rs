@@ -3,14 +3,14 @@
 //! ```text
 //! dlock --backend URL list [PREFIX]        the held keys and their holders
 //! dlock --backend URL show KEY             who holds one key
-//! dlock --backend URL release KEY --force  breaks a lock, after asking
+//! dlock --backend URL release KEY --force  breaks the lock it shows, after asking
 //! dlock --backend URL watch KEY            every acquisition and release
 //! ```
 //!
 //! Each takes `--json`; a failure then also prints `{"error": …,
 //! "exit_status": …}` on stdout. The exit status is 0 on success (and for
 //! `watch` stopped with Ctrl-C, its normal end), 1 on an error (or a
-//! refusal), 2 on a usage error (a key no lock can have included), and 3
+//! refusal, or a release whose holder changed), 2 on a usage error (a key no lock can have included), and 3
 //! when `show` or `release` finds the key free, so a script can tell "free"
 //! from "could not ask".
 
@@ -33,14 +33,15 @@ use output::{
 
 /// Exit status: `show` or `release` found the key free.
 const NOT_HELD: u8 = 3;
-/// Exit status: an error, or a release that was refused or declined.
+/// Exit status: an error, or a release that was refused or declined, or
+/// whose holder changed.
 const FAILED: u8 = 1;
 /// Exit status: the command line is wrong (as clap's own errors).
 const USAGE: u8 = 2;
 
 const AFTER_HELP: &str = "\
-Exit status: 0 success; 1 error, or a release refused or declined; 2 usage error;
-3 the key is not held (show, release).
+Exit status: 0 success; 1 error, or a release refused, declined or whose holder
+changed (nothing released); 2 usage error; 3 the key is not held (show, release).
 
 The backend URL may carry a password: prefer DLOCK_BACKEND to --backend, which
 other users can read in the process list. dlock never prints it.";

@@ -13,7 +13,8 @@ use dlock::memory::MemoryBackend;
 use dlock::{Backend, LockError, LockKey};
 use dlock_runtime::FencingToken;
 use dlock_runtime::backend::{
-    AcquireRequest, Attempt, Grant, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    AcquireRequest, Attempt, ForceRelease, Grant, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
 };
 
 /// The one rule a [`Wrong`] backend breaks.
@@ -60,6 +61,10 @@ enum Flaw {
     /// As `NotCancelSafeAfterGrant`, with await points that are 25 ms
     /// round trips to a server rather than yields.
     SlowGrantWedge,
+    /// `force_release_holding` breaks whoever holds the key, not only the
+    /// holder it names (a re-check and a blind break as two steps, with
+    /// the holder changed before the re-check).
+    ForceReleaseHoldingBreaksAnyHolder,
 }
 
 /// One store shared by every instance (as one server is shared by many
@@ -302,6 +307,21 @@ impl Backend for Wrong {
         self.inner.force_release(key).await
     }
 
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &dlock::backend::Holding,
+    ) -> Result<ForceRelease, LockError> {
+        if self.flaw == Flaw::ForceReleaseHoldingBreaksAnyHolder {
+            return Ok(if self.inner.force_release(key).await? {
+                ForceRelease::Released
+            } else {
+                ForceRelease::NotHeld
+            });
+        }
+        self.inner.force_release_holding(key, expected).await
+    }
+
     async fn holder(&self, key: &LockKey) -> Result<Option<dlock::backend::Holding>, LockError> {
         self.inner.holder(key).await
     }
@@ -411,6 +431,11 @@ rejects!(
     the_suite_rejects_a_backend_whose_try_acquire_dropped_after_the_grant_blocks_the_key,
     Flaw::NotCancelSafeAfterGrant,
     a_try_acquire_dropped_half_way_leaves_nothing_stuck
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_named_force_release_breaks_a_later_holder,
+    Flaw::ForceReleaseHoldingBreaksAnyHolder,
+    a_force_release_naming_a_holder_that_changed_breaks_nothing
 );
 rejects!(
     the_suite_rejects_a_backend_whose_force_release_restarts_the_tokens,

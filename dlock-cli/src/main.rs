@@ -3,14 +3,14 @@
 //! ```text
 //! dlock --backend URL list [PREFIX]        the held keys and their holders
 //! dlock --backend URL show KEY             who holds one key
-//! dlock --backend URL release KEY --force  breaks a lock, after asking
+//! dlock --backend URL release KEY --force  breaks the lock it shows, after asking
 //! dlock --backend URL watch KEY            every acquisition and release
 //! ```
 //!
 //! Each takes `--json`; a failure then also prints `{"error": …,
 //! "exit_status": …}` on stdout. The exit status is 0 on success (and for
 //! `watch` stopped with Ctrl-C, its normal end), 1 on an error (or a
-//! refusal), 2 on a usage error (a key no lock can have included), and 3
+//! refusal, or a release whose holder changed), 2 on a usage error (a key no lock can have included), and 3
 //! when `show` or `release` finds the key free, so a script can tell "free"
 //! from "could not ask".
 
@@ -24,7 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Parser, Subcommand};
-use dlock::{Backend, LockError, LockKey};
+use dlock::backend::{ForceRelease, Holding};
+use dlock::{Backend, FencingToken, LockError, LockKey};
 
 use output::{
     HoldingView, ListView, LockView, ReleaseView, ShowView, WatchEvent, json_line, printable,
@@ -32,14 +33,15 @@ use output::{
 
 /// Exit status: `show` or `release` found the key free.
 const NOT_HELD: u8 = 3;
-/// Exit status: an error, or a release that was refused or declined.
+/// Exit status: an error, or a release that was refused or declined, or
+/// whose holder changed.
 const FAILED: u8 = 1;
 /// Exit status: the command line is wrong (as clap's own errors).
 const USAGE: u8 = 2;
 
 const AFTER_HELP: &str = "\
-Exit status: 0 success; 1 error, or a release refused or declined; 2 usage error;
-3 the key is not held (show, release).
+Exit status: 0 success; 1 error, or a release refused, declined or whose holder
+changed (nothing released); 2 usage error; 3 the key is not held (show, release).
 
 The backend URL may carry a password: prefer DLOCK_BACKEND to --backend, which
 other users can read in the process list. dlock never prints it.";
@@ -82,11 +84,14 @@ enum Command {
         /// The lock key
         key: String,
     },
-    /// Release KEY whoever holds it; its holder sees its lease lost
+    /// Release KEY held by the holder it names; its holder sees its lease lost
     ///
-    /// The holder finds out at its next renewal and stops. On PostgreSQL the
-    /// holder's database session is ended, which releases every lock that
-    /// session holds, and the holder is told at once.
+    /// It names the holder it read (or the lease `--token` names) and
+    /// breaks only that lease: if another holds the key by then, nothing is
+    /// released and the exit status is 1. The holder finds out at its next
+    /// renewal and stops. On PostgreSQL the holder's database session is
+    /// ended, which releases every lock that session holds, and the holder
+    /// is told at once.
     Release {
         /// The lock key
         key: String,
@@ -96,6 +101,10 @@ enum Command {
         /// Do not ask for confirmation (needed when stdin is not a terminal)
         #[arg(long, short = 'y')]
         yes: bool,
+        /// Break the lock only if it is held by the lease with this fencing
+        /// token (as `show` prints it), not whichever holds it now
+        #[arg(long, value_name = "TOKEN")]
+        token: Option<u64>,
     },
     /// Print every acquisition and release of KEY until Ctrl-C
     Watch {
@@ -238,7 +247,9 @@ async fn run(cli: Cli) -> Result<u8, Failure> {
     match (cli.command, key) {
         (Command::List { prefix }, _) => list(&*backend, &prefix, json).await,
         (Command::Show { .. }, Some(key)) => show(&*backend, &key, json).await,
-        (Command::Release { yes, .. }, Some(key)) => release(&*backend, &key, yes, json).await,
+        (Command::Release { yes, token, .. }, Some(key)) => {
+            release(&*backend, &key, yes, token.map(FencingToken::new), json).await
+        }
         (Command::Watch { every, .. }, Some(key)) => {
             tokio::select! {
                 result = watch(backend, &key, every, json) => result,
@@ -295,22 +306,39 @@ async fn show(backend: &dyn Backend, key: &LockKey, json: bool) -> Result<u8, Fa
     Ok(if holding.is_some() { 0 } else { NOT_HELD })
 }
 
+/// Breaks the lease on `key` that it names, and only that one: the one
+/// whose token `--token` gives, else the holder it reads first and shows.
+/// The backend compares and breaks in one step
+/// ([`Backend::force_release_holding`]), so a holder that changed since it
+/// was read (while the operator answered, say) is never broken instead.
 async fn release(
     backend: &dyn Backend,
     key: &LockKey,
     yes: bool,
+    token: Option<FencingToken>,
     json: bool,
 ) -> Result<u8, Failure> {
     let shown = printable(key.as_str());
     let pg = backend.kind() == "pg";
-    let Some(holding) = backend.holder(key).await?.as_ref().map(HoldingView::of) else {
+    let Some(read) = backend.holder(key).await? else {
         return not_released(
             key,
             json,
             format!("`{shown}` is not held: nothing to release."),
         );
     };
-    if !yes {
+    let holding = HoldingView::of(&read);
+    let Some(named) = token.or(read.token) else {
+        return Err(Failure::error(format!(
+            "not releasing `{shown}`: it is held by {}, with no fencing token to name that \
+             lease by, so dlock cannot make sure it breaks only that one",
+            holding.holder_text()
+        )));
+    };
+    // A `--token` that names another lease than the one read: nothing to
+    // ask about, and the backend refuses it.
+    let confirmed_holder = read.token == Some(named);
+    if !yes && confirmed_holder {
         if !io::stdin().is_terminal() {
             return Err(Failure::error(format!(
                 "not releasing `{shown}`: there is no terminal to ask for confirmation on \
@@ -325,27 +353,32 @@ async fn release(
             );
         }
         question.push_str(&format!(
-            "Release lock `{shown}` held by {}? [y/N] ",
+            "Release lock `{shown}` held by {}, token {named}? [y/N] ",
             holding.holder_text()
         ));
         if !confirm(question).await? {
             return Err(Failure::error(format!("`{shown}` was not released.")));
         }
-        // The answer took a while: break only the lock that was shown.
-        let now = backend.holder(key).await?.as_ref().map(HoldingView::of);
-        if !now.as_ref().is_some_and(|now| now.same_lease(&holding)) {
+    }
+    match backend
+        .force_release_holding(key, &Holding::new(Some(named), None))
+        .await?
+    {
+        ForceRelease::Released => {}
+        ForceRelease::NotHeld => {
+            return not_released(
+                key,
+                json,
+                format!("`{shown}` was released by its holder meanwhile: nothing to release."),
+            );
+        }
+        // `HolderChanged`, and any answer a later version adds.
+        _ => {
             return Err(Failure::error(format!(
-                "the holder of `{shown}` changed while you answered: nothing was released; \
-                 run the command again"
+                "the holder of `{shown}` changed: nothing was released (the lease with token \
+                 {named} no longer holds it); see who holds it now with `dlock show`"
             )));
         }
-    }
-    if !backend.force_release(key).await? {
-        return not_released(
-            key,
-            json,
-            format!("`{shown}` was released by its holder meanwhile: nothing to release."),
-        );
     }
     let mut out = io::stdout().lock();
     if json {
@@ -364,7 +397,7 @@ async fn release(
         };
         writeln!(
             out,
-            "Released `{shown}`, held by {}. {consequence}",
+            "Released `{shown}`, held by {}, token {named}. {consequence}",
             holding.holder_text()
         )?;
     }

@@ -327,6 +327,7 @@ on_every_store!(
     show_names_the_holder_and_a_free_key_exits_with_3,
     release_refuses_without_force_or_a_terminal_and_keeps_the_lock,
     release_force_yes_frees_the_key_and_its_holder_sees_its_lease_lost,
+    release_naming_a_holder_that_changed_releases_nothing_and_exits_1,
     watch_prints_an_acquisition_and_a_release,
 );
 
@@ -472,6 +473,60 @@ fn release_force_yes_frees_the_key_and_its_holder_sees_its_lease_lost(store: &St
         "{}",
         describe(&output)
     );
+}
+
+/// The lease `release` names is the one it breaks: a holder that let go
+/// and took the key again since (a new lease, a new token) is not broken
+/// by a release naming the first, which says so and exits with 1.
+fn release_naming_a_holder_that_changed_releases_nothing_and_exits_1(store: &Store) {
+    let key = format!("{}k", prefix());
+    let mut holder = Holder::start(store);
+    let first = holder.take(&key);
+    holder.release(&key);
+    let second = holder.take(&key);
+    assert_ne!(first, second);
+
+    let named = first.to_string();
+    let output = dlock(
+        store,
+        &["release", &key, "--force", "--yes", "--token", &named],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "the holder of `{key}` changed: nothing was released"
+        )),
+        "{}",
+        describe(&output)
+    );
+    let output = dlock(
+        store,
+        &[
+            "release", &key, "--force", "--yes", "--token", &named, "--json",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(json(&output)["exit_status"], 1);
+
+    // The second lease still holds the key.
+    let output = dlock(store, &["show", &key, "--json"]);
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let doc = json(&output);
+    assert_eq!(doc["pid"], holder.pid, "{doc}");
+    if let Some(token) = doc["token"].as_u64() {
+        assert_eq!(token, second, "{doc}");
+    }
+
+    // Named, it is broken.
+    let named = second.to_string();
+    let output = dlock(
+        store,
+        &["release", &key, "--force", "--yes", "--token", &named],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", describe(&output));
+    let lost = holder.expect_lost(&key);
+    assert!(lost.contains(&format!("fencing token {second}")), "{lost}");
 }
 
 fn watch_prints_an_acquisition_and_a_release(store: &Store) {

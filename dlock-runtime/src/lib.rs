@@ -51,8 +51,8 @@ pub mod token;
 mod userinfo;
 
 pub use backend::{
-    Access, Attempt, Backend, Grant, Holding, LossGroup, OwnerId, ReleaseNotice, ReleaseOutcome,
-    Renewal,
+    Access, Attempt, Backend, ForceRelease, Grant, Holding, LossGroup, OwnerId, ReleaseNotice,
+    ReleaseOutcome, Renewal,
 };
 pub use error::{BoxError, LockError, LostReason, Operation};
 pub use holder::HolderInfo;

@@ -16,8 +16,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, QUEUE_ENTRY_TTL,
-    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    self, Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, Holding, OwnerId,
+    QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::LockError;
 use crate::holder::HolderInfo;
@@ -222,6 +222,16 @@ impl Entry {
         self.live_slots(now)
             .find(|(_, h)| h.owner == *owner)
             .map(|(slot, _)| slot)
+    }
+
+    /// Breaks every lease on the key (an administrator's force release):
+    /// its holder, readers and permits, and a writer's mark.
+    fn break_all(&mut self) {
+        self.holder = None;
+        self.readers.clear();
+        self.slots.clear();
+        self.writer_waiting = None;
+        self.announce_release();
     }
 
     fn announce_release(&self) {
@@ -716,13 +726,31 @@ impl Backend for MemoryBackend {
             return Ok(false);
         };
         let was_held = entry.shown_holder(now).is_some();
-        entry.holder = None;
-        entry.readers.clear();
-        entry.slots.clear();
-        entry.writer_waiting = None;
-        entry.announce_release();
+        entry.break_all();
         entries.forget_if_idle(key);
         Ok(was_held)
+    }
+
+    /// Compares the holder `holder` shows with the one named and breaks
+    /// the key under the one mutex, so no acquisition comes in between.
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let named = backend::named_token(self.kind(), key, expected)?;
+        let now = Instant::now();
+        let mut entries = self.lock();
+        let Some(entry) = entries.by_key.get_mut(key) else {
+            return Ok(ForceRelease::NotHeld);
+        };
+        let shown = entry.shown_holder(now).map(|holder| Some(holder.token));
+        let answer = ForceRelease::compare(shown, named);
+        if answer == ForceRelease::Released {
+            entry.break_all();
+            entries.forget_if_idle(key);
+        }
+        Ok(answer)
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {

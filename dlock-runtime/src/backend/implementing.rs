@@ -53,6 +53,13 @@
 //!    `held(prefix)` lists the live holders under a prefix, or fails: a
 //!    store that cannot enumerate its locks must say so, never answer a
 //!    short list.
+//! 10. **A force release can name what it breaks**:
+//!     `force_release_holding` breaks the key only while its holder is the
+//!     lease named (by the token `holder` read), the comparison and the
+//!     break in one step; otherwise it changes nothing and says whether
+//!     another holds the key or nobody does. The default refuses every
+//!     call, which is safe, but leaves `dlock release` unable to break a
+//!     lock on the store.
 //!
 //! Fair mode is optional. A backend that leaves
 //! [`supports_fair`](crate::Backend::supports_fair) at its default `false`
@@ -120,8 +127,8 @@
 //!
 //! use async_trait::async_trait;
 //! use dlock_runtime::backend::{
-//!     AcquireRequest, Attempt, Backend, Grant, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
-//!     ReleaseRequest, Renewal,
+//!     AcquireRequest, Attempt, Backend, ForceRelease, Grant, Holding, OwnerId, ReleaseNotice,
+//!     ReleaseOutcome, ReleaseRequest, Renewal,
 //! };
 //! use dlock_runtime::{FencingToken, HolderInfo, LockError, LockKey};
 //! use tokio::sync::watch;
@@ -253,6 +260,24 @@
 //!             let held = slot.holder.take().is_some();
 //!             slot.released.send_modify(|n| *n += 1);
 //!             held
+//!         }))
+//!     }
+//!
+//!     async fn force_release_holding(
+//!         &self,
+//!         key: &LockKey,
+//!         expected: &Holding,
+//!     ) -> Result<ForceRelease, LockError> {
+//!         // Rule 10: compare the holder named and break it in one step.
+//!         let named = dlock_runtime::backend::named_token(self.kind(), key, expected)?;
+//!         Ok(self.with_slot(key, |slot, _| {
+//!             let now = slot.holder.as_ref().map(|(_, token, _)| Some(*token));
+//!             let answer = ForceRelease::compare(now, named);
+//!             if answer == ForceRelease::Released {
+//!                 slot.holder = None;
+//!                 slot.released.send_modify(|n| *n += 1);
+//!             }
+//!             answer
 //!         }))
 //!     }
 //!

@@ -326,11 +326,53 @@ pub trait Backend: Send + Sync + 'static {
     /// at its next renewal (or at once, through its loss group) and sees its
     /// lease lost. `Ok(false)` if the key was not held.
     ///
+    /// It breaks whoever holds the key when the call reaches the store: to
+    /// break only a holder that was read and shown first (an operator's
+    /// confirmation takes a while), use [`Backend::force_release_holding`].
+    ///
     /// # Cancel safety
     ///
     /// Dropped half-way, the lock may or may not be broken; the call can be
     /// repeated.
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError>;
+
+    /// Administrative: breaks `key` as [`Backend::force_release`] does, but
+    /// only if its holder is still the lease `expected` names, a
+    /// [`Backend::holder`] answer read before: the lease whose fencing token
+    /// is `expected.token` (tokens rise per key, so no two leases share one;
+    /// the shared holders of one read phase share it, and the phase is that
+    /// lease). The comparison and the break are one atomic step (a script,
+    /// one statement, a transaction, the store's own lock), so a holder that
+    /// changed between the read and this call is never broken instead:
+    /// the answer is then [`ForceRelease::HolderChanged`], or
+    /// [`ForceRelease::NotHeld`] when nobody holds the key, and nothing is
+    /// changed.
+    ///
+    /// A holding without a token cannot be told from a later holder's: it
+    /// is refused with an error, and nothing is changed. So is every call
+    /// to the default, for a backend that does not implement it: refusing is
+    /// safe, breaking whoever holds the key would not be.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Backend::force_release`]: dropped half-way, the named lease may
+    /// or may not be broken (never another); the call can be repeated.
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let _ = expected;
+        Err(LockError::backend(
+            self.kind(),
+            Operation::Release,
+            key.as_str(),
+            format!(
+                "the {} backend cannot break only a named holder's lease; nothing was released",
+                self.kind()
+            ),
+        ))
+    }
 
     /// Who holds `key` now: `None` when nobody does. The answer carries the
     /// identity the acquisition recorded ([`AcquireRequest::identity`]) and
@@ -430,6 +472,51 @@ impl Holding {
         self.holder = holder;
         self
     }
+}
+
+/// The answer to one [`Backend::force_release_holding`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ForceRelease {
+    /// The lease named held the key, and is broken: its holder sees its
+    /// lease lost.
+    Released,
+    /// Another lease holds the key now: nothing was changed.
+    HolderChanged,
+    /// Nobody holds the key: nothing was changed.
+    NotHeld,
+}
+
+impl ForceRelease {
+    /// The answer for a key whose holder now has token `now` (`None`: the
+    /// key is free), when the lease named had token `named`: `Released`
+    /// when they are the same (the caller then breaks the lease, in the
+    /// same atomic step as the read).
+    pub fn compare(now: Option<Option<FencingToken>>, named: FencingToken) -> Self {
+        match now {
+            None => Self::NotHeld,
+            Some(Some(token)) if token == named => Self::Released,
+            Some(_) => Self::HolderChanged,
+        }
+    }
+}
+
+/// The token a [`Backend::force_release_holding`] call compares: the
+/// holding's, or the error that refuses a holding without one.
+pub fn named_token(
+    kind: &'static str,
+    key: &LockKey,
+    expected: &Holding,
+) -> Result<FencingToken, LockError> {
+    expected.token.ok_or_else(|| {
+        LockError::backend(
+            kind,
+            Operation::Release,
+            key.as_str(),
+            "the holder named has no fencing token, so it cannot be told from a later \
+             holder; nothing was released",
+        )
+    })
 }
 
 /// The longest identity an acquisition may record, in bytes.

@@ -250,6 +250,13 @@ impl crate::Backend for CountingBackend {
     async fn force_release(&self, key: &crate::LockKey) -> Result<bool, crate::LockError> {
         self.inner.force_release(key).await
     }
+    async fn force_release_holding(
+        &self,
+        key: &crate::LockKey,
+        expected: &crate::backend::Holding,
+    ) -> Result<crate::backend::ForceRelease, crate::LockError> {
+        self.inner.force_release_holding(key, expected).await
+    }
     async fn holder(
         &self,
         key: &crate::LockKey,

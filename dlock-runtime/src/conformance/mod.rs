@@ -77,6 +77,7 @@ macro_rules! conformance_suite {
             extend_many_answers_each_lease_on_its_own,
             extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch,
             tokens_keep_rising_after_a_force_release,
+            a_force_release_naming_a_holder_that_changed_breaks_nothing,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
             lost_signal_fires_when_the_lease_is_taken_away,
@@ -583,6 +584,80 @@ pub async fn tokens_keep_rising_after_a_force_release(backend: Arc<dyn Backend>)
     );
     next.release().await.expect("release");
     drop(broken);
+}
+
+/// A force release that names the holder it breaks
+/// (`force_release_holding`, as an operator confirms a holder shown to
+/// them) breaks only that lease. Through another instance (an
+/// administrator's process): the holder is read, lets go and takes the key
+/// again; naming the first lease then answers `HolderChanged` and breaks
+/// nothing, the second lease keeps the key. Naming the second breaks it
+/// (its holder is told), and naming it again answers `NotHeld`.
+pub async fn a_force_release_naming_a_holder_that_changed_breaks_nothing(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    use crate::backend::ForceRelease;
+    let key = fresh_key("forced-named");
+    let first = take(&backend, &key, 10_000, Duration::ZERO, "free").await;
+    let shown = another
+        .holder(&key)
+        .await
+        .expect("backend answers")
+        .expect("the key is held");
+    assert_eq!(
+        shown.token,
+        Some(first.token()),
+        "the holder read must name the lease's token"
+    );
+    first.release().await.expect("release");
+    // Renewed every second: its holder is told soon once it is broken.
+    let second = take(&backend, &key, 3_000, Duration::ZERO, "free again").await;
+    let answer = another
+        .force_release_holding(&key, &shown)
+        .await
+        .expect("backend answers");
+    assert_eq!(
+        answer,
+        ForceRelease::HolderChanged,
+        "a force release naming a lease that ended must find the holder changed"
+    );
+    let now = another
+        .holder(&key)
+        .await
+        .expect("backend answers")
+        .expect("the second lease must still hold the key");
+    assert_eq!(now.token, Some(second.token()));
+    assert!(
+        second.check().is_ok(),
+        "a force release naming another lease must not break this one"
+    );
+    let contender = options(10_000).acquire_on(another.clone(), &key).await;
+    assert!(
+        matches!(contender, Err(LockError::Held { .. })),
+        "the second lease must still keep the key: {contender:?}"
+    );
+
+    let answer = another
+        .force_release_holding(&key, &now)
+        .await
+        .expect("backend answers");
+    assert_eq!(answer, ForceRelease::Released, "the named holder is broken");
+    within(10, "the broken holder's lost signal", second.lost()).await;
+    assert!(
+        another
+            .holder(&key)
+            .await
+            .expect("backend answers")
+            .is_none(),
+        "the key must be free once its named holder is broken"
+    );
+    let answer = another
+        .force_release_holding(&key, &now)
+        .await
+        .expect("backend answers");
+    assert_eq!(answer, ForceRelease::NotHeld, "nothing is left to break");
+    drop(second);
 }
 
 /// A lease that is not renewed expires: the key is free after its ttl, and

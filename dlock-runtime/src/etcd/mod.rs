@@ -139,7 +139,7 @@ use futures_util::stream::FuturesUnordered;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::backend::{
-    AcquireRequest, Attempt, Backend, Grant, Holding, ReleaseNotice, ReleaseOutcome,
+    AcquireRequest, Attempt, Backend, ForceRelease, Grant, Holding, ReleaseNotice, ReleaseOutcome,
     ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
@@ -929,6 +929,58 @@ impl Backend for EtcdBackend {
             self.revoke(kv.lease()).await;
         }
         Ok(broken.is_some())
+    }
+
+    /// One transaction: the lock key's create revision (its token) compared
+    /// with the token named, and the deletes of [`Backend::force_release`]
+    /// only if they are equal; else a read of the lock key, which tells a
+    /// changed holder from none.
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let named = crate::backend::named_token(KIND, key, expected)?;
+        let revision = i64::try_from(named.get()).map_err(|_| {
+            self.error(
+                Operation::Release,
+                key.as_str(),
+                "the token named is no etcd revision; nothing was released",
+            )
+        })?;
+        let names = Names::of(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                names.lock.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([
+                TxnOp::delete(
+                    names.lock.as_str(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                ),
+                TxnOp::delete(names.holder.as_str(), None),
+                TxnOp::delete(names.identity.as_str(), None),
+            ])
+            .or_else([TxnOp::get(names.lock.as_str(), None)]);
+        let answer = self.txn(Operation::Release, key.as_str(), txn).await?;
+        let found = first_kv(&answer.op_responses(), 0);
+        if !answer.succeeded() {
+            return Ok(match found {
+                Some(_) => ForceRelease::HolderChanged,
+                None => ForceRelease::NotHeld,
+            });
+        }
+        match found {
+            Some(kv) => {
+                self.revoke(kv.lease()).await;
+                Ok(ForceRelease::Released)
+            }
+            // Compared equal, so the key existed: a delete that found
+            // nothing cannot be, but says nothing was broken.
+            None => Ok(ForceRelease::NotHeld),
+        }
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {

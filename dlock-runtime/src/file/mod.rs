@@ -81,8 +81,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, OwnerId, Queue,
-    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    self, Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, Holding, OwnerId,
+    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::holder::{HolderInfo, check_label};
@@ -1068,9 +1068,35 @@ impl Inner {
     fn force_release(&self, name: &str) -> io::Result<bool> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
-        let Some(mut state) = self.read_state(name)? else {
+        let Some(state) = self.read_state(name)? else {
             return Ok(false);
         };
+        self.break_all(name, state, now)
+    }
+
+    /// Compares the holder `holding` shows with the one named (`named`,
+    /// its token) and breaks the key as [`Inner::force_release`] does,
+    /// both with the key's file locked, so no acquisition comes in between.
+    fn force_release_holding(&self, name: &str, named: FencingToken) -> io::Result<ForceRelease> {
+        let _guard = self.lock_key(name)?;
+        let now = now_us();
+        let Some(mut state) = self.read_state(name)? else {
+            return Ok(ForceRelease::NotHeld);
+        };
+        let shown = self
+            .shown_holding(name, &mut state, now)?
+            .map(|(_, holding)| holding.token);
+        let answer = ForceRelease::compare(shown, named);
+        if answer == ForceRelease::Released {
+            self.break_all(name, state, now)?;
+        }
+        Ok(answer)
+    }
+
+    /// Breaks every lease of the key (its holder, or its read phase or
+    /// permits), with the key's file locked by the caller; whether it was
+    /// held.
+    fn break_all(&self, name: &str, mut state: State, now: u64) -> io::Result<bool> {
         let was_held = state.owner.is_some() && state.expires_at_us > now;
         if state.group
             && let Some(group) = state.owner
@@ -1097,11 +1123,22 @@ impl Inner {
         let Some(mut state) = self.read_state(name)? else {
             return Ok(None);
         };
-        self.normalize(name, &mut state, now, false)?;
+        self.shown_holding(name, &mut state, now)
+    }
+
+    /// [`Inner::holding`] of `state`, read by the caller with the key's
+    /// file locked.
+    fn shown_holding(
+        &self,
+        name: &str,
+        state: &mut State,
+        now: u64,
+    ) -> io::Result<Option<(String, Holding)>> {
+        self.normalize(name, state, now, false)?;
         if state.group {
-            return Ok(Some(group_holding(state, now)));
+            return Ok(Some(group_holding(state.clone(), now)));
         }
-        if self.live_holder(name, &state, now, false)?.is_none() {
+        if self.live_holder(name, state, now, false)?.is_none() {
             return Ok(None);
         }
         // The counter is the last token drawn, and only an acquisition
@@ -1116,10 +1153,10 @@ impl Inner {
             let held_for = Duration::from_micros(now.saturating_sub(held.since_us));
             Some(info.held_for(held_for))
         });
-        let holding = Holding::new(Some(token), state.identity)
+        let holding = Holding::new(Some(token), state.identity.clone())
             .expiring_in(Duration::from_micros(state.expires_at_us - now))
             .held_by(holder);
-        Ok(Some((state.key, holding)))
+        Ok(Some((state.key.clone(), holding)))
     }
 
     fn holder(&self, name: &str) -> io::Result<Option<Holding>> {
@@ -1401,6 +1438,21 @@ impl Backend for FileBackend {
         let name = file_name(key);
         self.blocking(Operation::Release, key.as_str(), move |inner| {
             inner.force_release(&name)
+        })
+        .await
+    }
+
+    /// Compares and breaks with the key's file locked (see
+    /// [`Backend::force_release_holding`]).
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let named = backend::named_token(KIND, key, expected)?;
+        let name = file_name(key);
+        self.blocking(Operation::Release, key.as_str(), move |inner| {
+            inner.force_release_holding(&name, named)
         })
         .await
     }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use super::home::NoRuntime;
 use super::locks::{GiveBack, no_runtime};
 use super::session::{Failure, LockSession};
-use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
+use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, sql};
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, OwnerId, QUEUE_ENTRY_TTL, Queue,
-    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,
+    QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -334,6 +334,86 @@ impl Backend for PgBackend {
             tracing::warn!(key = %key, pid, gone, "force release: ended the PostgreSQL session holding the key");
         }
         Ok(!rows.is_empty())
+    }
+
+    /// A lease of this process is compared in process and unlocked
+    /// owner-checked on its own session, so its other leases live on. A
+    /// lease of another process: one statement ends its session only if
+    /// that session still holds the key for the lease named
+    /// (`sql::TERMINATE_NAMED_HOLDER`).
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &crate::backend::Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let named = crate::backend::named_token(KIND, key, expected)?;
+        // Taken, held or let go here: this process decides, and never ends
+        // its own session.
+        let own = self
+            .inner
+            .keys()
+            .get(key)
+            .map(|entry| entry.holding().map(|held| (entry.owner, held.token)));
+        match own {
+            Some(Some((owner, token))) if token == named => {
+                return Ok(if self.inner.unlock(key, Some(owner), false).await? {
+                    ForceRelease::Released
+                } else {
+                    ForceRelease::NotHeld
+                });
+            }
+            Some(_) => return Ok(ForceRelease::HolderChanged),
+            None => {}
+        }
+        let Ok(token) = i64::try_from(named.get()) else {
+            return Ok(ForceRelease::HolderChanged);
+        };
+        let own_sessions: Vec<i32> = self
+            .inner
+            .slots
+            .iter()
+            .filter_map(|slot| slot.current().as_ref().map(|session| session.pid))
+            .collect();
+        let session = self.inner.session().await?;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
+            &key.as_str(),
+            &self.inner.options.key_seed,
+            &token,
+            &TERMINATE_WAIT_MS,
+            &own_sessions,
+        ];
+        let rows = match session
+            .query(&self.inner.terminate_named_sql, &params)
+            .await
+        {
+            Ok(rows) => rows,
+            // No table of records: no lease of another process could be
+            // named by its token.
+            Err(err) if sql::sequence_missing(&err) => Vec::new(),
+            Err(err) => {
+                return Err(self.inner.failed(
+                    Operation::Release,
+                    key,
+                    "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
+                    err,
+                ));
+            }
+        };
+        for row in &rows {
+            let pid: Option<i32> = row.try_get(0).ok();
+            let gone: bool = row.try_get(1).unwrap_or(false);
+            tracing::warn!(key = %key, pid, gone, token = named.get(), "force release: ended the PostgreSQL session holding the named lease");
+        }
+        if !rows.is_empty() {
+            return Ok(ForceRelease::Released);
+        }
+        // Nothing was ended: only the answer's wording depends on this read.
+        let (_, held) = self.inner.key_held(key).await?;
+        Ok(if held {
+            ForceRelease::HolderChanged
+        } else {
+            ForceRelease::NotHeld
+        })
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<crate::backend::Holding>, LockError> {

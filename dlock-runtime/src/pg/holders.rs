@@ -261,7 +261,10 @@ impl Inner {
     }
 
     /// `key`'s advisory key, and whether a session holds it exclusively.
-    async fn key_held(self: &Arc<Self>, key: &LockKey) -> Result<(i64, bool), LockError> {
+    pub(super) async fn key_held(
+        self: &Arc<Self>,
+        key: &LockKey,
+    ) -> Result<(i64, bool), LockError> {
         let session = self.session().await?;
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] = [
             (&key.as_str(), Type::TEXT),

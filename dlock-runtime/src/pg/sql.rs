@@ -301,6 +301,45 @@ FROM (",
     ") AS h"
 );
 
+/// Ends the session holding a key (`$1`, with its key seed `$2`) only if
+/// it holds it for the lease named by its token (`$3`), as
+/// [`HOLDER_SESSION`] and [`HOLDER_RECORD`] read a holder: a session other
+/// than this one and those of `$5` (this backend's own lock sessions, whose
+/// leases it unlocks itself) that holds the key's advisory lock
+/// exclusively, whose record of the key has that token and names the
+/// session (its pid and its start, so a later session that got the same
+/// pid is never taken for it), and that does not hold the key's
+/// `rewriting` mark (a lock statement that has not committed, whose record
+/// may be an earlier lease's; see [`TRY_LOCK_RECORDING`]). Waits as
+/// [`TERMINATE_HOLDERS`] does (up to `$4` ms). No row: the named lease does
+/// not hold the key, and nothing was ended.
+///
+/// One statement, so the check and the termination name the same session:
+/// a holder that changed since an operator was shown it, or another
+/// session holding the key meanwhile, is never ended. (Its snapshot of the
+/// records is taken as the statement starts, the lock table read a moment
+/// later: the named session alone could, within that moment, let go of
+/// the lease and take the key again with another. It is then still the
+/// session named, holding the key.)
+pub(super) const TERMINATE_NAMED_HOLDER: &str = concat!(
+    "SELECT l.pid, pg_catalog.pg_terminate_backend(l.pid, $4::pg_catalog.int8)
+FROM pg_catalog.pg_locks AS l,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k,
+     {schema}.dlock_holders AS r
+WHERE ",
+    exclusive_hold!(),
+    "
+  AND l.pid <> pg_catalog.pg_backend_pid()
+  AND l.pid <> ALL ($5::pg_catalog.int4[])
+  AND r.lock_id = k.h AND r.key = $1::pg_catalog.text
+  AND r.token = $3::pg_catalog.int8 AND r.pid = l.pid
+  AND r.session_start = (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a)
+  AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks AS m
+                  WHERE m.pid = l.pid AND m.locktype = 'advisory'::pg_catalog.text
+                    AND m.objsubid = 2::pg_catalog.int2 AND m.database = l.database
+                    AND m.classid = l.classid AND m.objid = l.objid)"
+);
+
 /// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
 /// does, and, only if it was taken, records who took it in
 /// `{schema}.dlock_holders` (`CREATE_HOLDERS_TABLE`), for

@@ -299,8 +299,8 @@ use futures_util::StreamExt as _;
 use tokio::time::{Instant, sleep};
 
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, Look, OwnerId, Queue,
-    ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
+    Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, Holding, Look, OwnerId,
+    Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
 use crate::error::{BoxError, LockError, Operation};
 use crate::holder::HolderInfo;
@@ -1505,6 +1505,31 @@ impl Backend for RedisBackend {
             .arg(&names.released);
         let deleted: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(deleted == 1)
+    }
+
+    /// One script compares the holder's token, read as `holder` reads it,
+    /// and breaks the lock (see [`Backend::force_release_holding`]).
+    async fn force_release_holding(
+        &self,
+        key: &LockKey,
+        expected: &Holding,
+    ) -> Result<ForceRelease, LockError> {
+        let named = crate::backend::named_token(KIND, key, expected)?;
+        let names = Keyspace::of(key);
+        let mut script = scripts::FORCE_RELEASE_HOLDING.prepare_invoke();
+        script
+            .key(&names.lock)
+            .key(&names.info)
+            .key(&names.fence)
+            .key(keyspace::holder_name(key))
+            .arg(&names.released)
+            .arg(named.get().to_string());
+        let answer: i64 = self.run(Operation::Release, key, &script).await?;
+        Ok(match answer {
+            1 => ForceRelease::Released,
+            -1 => ForceRelease::NotHeld,
+            _ => ForceRelease::HolderChanged,
+        })
     }
 
     async fn holder(&self, key: &LockKey) -> Result<Option<Holding>, LockError> {

@@ -472,6 +472,42 @@ end
 return 0
 ";
 
+/// Breaks a lock as [`FORCE_RELEASE_LUA`] does, only if its holder is the
+/// lease the caller names by its token: the token [`HOLDER_LUA`] reads for
+/// it (the identity record's, when the lock's owner wrote one, else the
+/// key's last token drawn, for a value dlock wrote). `KEYS[1]` lock key,
+/// `KEYS[2]` holder info key, `KEYS[3]` fence key, `KEYS[4]` identity
+/// record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
+/// if the named lease was broken, 0 if another holds the key (or one whose
+/// token cannot be read), -1 if nobody does.
+///
+/// Why one atomic step: an operator confirms the holder they were shown; a
+/// check and a break sent apart would break whoever took the key in
+/// between.
+pub(super) const FORCE_RELEASE_HOLDING_LUA: &str = r"
+local held = redis.pcall('GET', KEYS[1])
+if not held then
+  return -1
+end
+if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
+  return 0
+end
+local token
+local record = redis.pcall('GET', KEYS[4])
+if type(record) == 'string' and string.sub(record, 1, 33) == string.sub(held, 1, 32) .. ' ' then
+  token = string.match(record, '^%x+ (%d+) ')
+else
+  token = redis.pcall('GET', KEYS[3])
+end
+if token ~= ARGV[2] then
+  return 0
+end
+local stem = string.sub(KEYS[1], 1, -5)
+redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
+redis.call('PUBLISH', ARGV[1], 'released')
+return 1
+";
+
 /// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
 /// `KEYS[4]` the identity record, `ARGV[4]` the identity, `ARGV[5]` `w`
 /// when the caller waits. In the same step
@@ -684,6 +720,8 @@ pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 pub(super) static FAIR_ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(FAIR_ACQUIRE_LUA));
 pub(super) static FORCE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE_LUA));
+pub(super) static FORCE_RELEASE_HOLDING: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE_HOLDING_LUA));
 
 // ---------------------------------------------------------------------------
 // Shared locks and permits (rules M1 to M5 on `Backend`).

@@ -28,6 +28,9 @@ struct Solo {
     dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
+    /// The length of `etcd.log` when the running process was started:
+    /// what it wrote begins there.
+    log_from: usize,
 }
 
 impl Solo {
@@ -44,9 +47,21 @@ impl Solo {
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             child: None,
+            log_from: 0,
         };
-        solo.launch();
-        solo
+        // A free port can be taken by another test before etcd binds it:
+        // etcd then exits, and starts again on fresh ports.
+        for _ in 0..3 {
+            solo.spawn();
+            if solo.wait_up() {
+                return solo;
+            }
+            solo.kill();
+            let _ = std::fs::remove_dir_all(solo.dir.join("data"));
+            solo.port = free_port();
+            solo.peer = free_port();
+        }
+        panic!("etcd kept finding its ports taken:\n{}", solo.log());
     }
 
     /// A member on free ports, not started: flags to set, then
@@ -64,6 +79,7 @@ impl Solo {
             dir,
             extra: Vec::new(),
             child: None,
+            log_from: 0,
         }
     }
 
@@ -73,7 +89,11 @@ impl Solo {
 
     fn launch(&mut self) {
         self.spawn();
-        self.wait_up();
+        assert!(self.wait_up(), "etcd exited:\n{}", self.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
     }
 
     /// Starts the process, without waiting for it to answer.
@@ -83,6 +103,7 @@ impl Solo {
             .append(true)
             .open(self.dir.join("etcd.log"))
             .expect("log");
+        self.log_from = self.log().len();
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let mut command = Command::new("etcd");
         command
@@ -109,12 +130,41 @@ impl Solo {
         self.child = Some(command.spawn().expect("etcd"));
     }
 
-    /// Waits until the member answers.
-    fn wait_up(&self) {
+    /// Waits until the member answers; `false` if its process exited
+    /// (its port was taken). An answer counts only while this process
+    /// runs and has said it serves clients on the port: then the port is
+    /// its own, not another test's etcd's.
+    fn wait_up(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
-        // `endpoint status` needs no credentials once auth is on.
-        while etcdctl(&self.endpoint(), &["endpoint", "status"]).is_none() {
-            assert!(Instant::now() < deadline, "etcd did not start");
+        let serving = format!(
+            "serving insecure client requests on 127.0.0.1:{},",
+            self.port
+        );
+        loop {
+            let exited = self
+                .child
+                .as_mut()
+                .expect("spawned")
+                .try_wait()
+                .expect("try_wait")
+                .is_some();
+            if exited {
+                return false;
+            }
+            // `endpoint status` needs no credentials once auth is on.
+            if self
+                .log()
+                .get(self.log_from..)
+                .is_some_and(|log| log.contains(&serving))
+                && etcdctl(&self.endpoint(), &["endpoint", "status"]).is_some()
+            {
+                return true;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not start:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -879,6 +929,7 @@ impl PartCluster {
                 dir,
                 extra,
                 child: None,
+                log_from: 0,
             });
         }
         // Started together, then waited for (on this thread: a member
@@ -886,8 +937,8 @@ impl PartCluster {
         for member in &mut members {
             member.spawn();
         }
-        for member in &members {
-            member.wait_up();
+        for member in &mut members {
+            assert!(member.wait_up(), "etcd exited:\n{}", member.log());
         }
         Self { members, net }
     }

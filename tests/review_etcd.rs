@@ -707,7 +707,7 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
             .await
             .expect("connect"),
     );
-    for ttl in [Duration::from_millis(100), Duration::from_secs(1)] {
+    for ttl in [Duration::from_millis(100), Duration::from_secs(2)] {
         let key = fresh_key("short-ttl");
         let held = LockOptions::new(ttl)
             .acquire_on(holder_side.clone(), key.clone())
@@ -716,8 +716,10 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
         // Renewals go on for a while. At 100 ms a renewal has about 60 ms
         // to come back, which a loaded machine can miss; the lease is then
         // lost early, which is no break of exclusion, so only the
-        // whole-second ttl must still hold here.
-        tokio::time::sleep(ttl * 3).await;
+        // whole-second ttl must still hold here. At 2 s (renewed every
+        // 667 ms) a pause of over a second still leaves a renewal in time,
+        // as 1 s (renewed every 333 ms, 500 ms response timeout) did not.
+        tokio::time::sleep(ttl * 2).await;
         if ttl >= Duration::from_secs(1) {
             assert!(held.check().is_ok(), "{ttl:?}: renewed");
         }
@@ -1093,19 +1095,22 @@ async fn changing_the_ttl_keeps_the_token_and_exclusion() {
             .await
             .expect("extend")
     );
+    let extended = Instant::now();
     tokio::time::sleep(secs(3)).await;
     assert!(matches!(others_try().await, Attempt::Held { .. }));
     assert_eq!(token_now().await, Some(token));
     // A retry of the acquisition with yet another ttl: the same token.
+    // Its 10 s lease outlasts the check below by far; the 6 s one would
+    // have ended by then.
     let Attempt::Acquired(again) = backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, secs(4)))
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(10)))
         .await
         .expect("retry")
     else {
         panic!("a retry by the holder is a success")
     };
     assert_eq!(again.token, token);
-    tokio::time::sleep(secs(3)).await;
+    tokio::time::sleep_until((extended + secs(7)).into()).await;
     assert!(matches!(others_try().await, Attempt::Held { .. }));
     // Back to the first ttl, renewed as such.
     assert!(

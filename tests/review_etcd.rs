@@ -136,28 +136,11 @@ impl Solo {
     /// its own, not another test's etcd's.
     fn wait_up(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let serving = format!(
-            "serving insecure client requests on 127.0.0.1:{},",
-            self.port
-        );
         loop {
-            let exited = self
-                .child
-                .as_mut()
-                .expect("spawned")
-                .try_wait()
-                .expect("try_wait")
-                .is_some();
-            if exited {
+            if self.exited() {
                 return false;
             }
-            // `endpoint status` needs no credentials once auth is on.
-            if self
-                .log()
-                .get(self.log_from..)
-                .is_some_and(|log| log.contains(&serving))
-                && etcdctl(&self.endpoint(), &["endpoint", "status"]).is_some()
-            {
+            if self.answers() {
                 return true;
             }
             assert!(
@@ -167,6 +150,30 @@ impl Solo {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether its process has exited.
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .expect("spawned")
+            .try_wait()
+            .expect("try_wait")
+            .is_some()
+    }
+
+    /// Whether it answers on its client port, having said in its log that
+    /// it serves clients there (call while it runs).
+    fn answers(&self) -> bool {
+        let serving = format!(
+            "serving insecure client requests on 127.0.0.1:{},",
+            self.port
+        );
+        // `endpoint status` needs no credentials once auth is on.
+        self.log()
+            .get(self.log_from..)
+            .is_some_and(|log| log.contains(&serving))
+            && etcdctl(&self.endpoint(), &["endpoint", "status"]).is_some()
     }
 
     fn kill(&mut self) {
@@ -897,7 +904,21 @@ struct PartCluster {
 }
 
 impl PartCluster {
+    /// A free port can be taken by another test before a member binds it:
+    /// that member exits, and the cluster starts again on fresh ports.
     async fn start() -> Self {
+        for _ in 0..2 {
+            if let Some(cluster) = Self::launch().await {
+                return cluster;
+            }
+        }
+        Self::launch()
+            .await
+            .expect("etcd members kept finding their ports taken")
+    }
+
+    /// `None` if a member exited (its port was taken).
+    async fn launch() -> Option<Self> {
         let listen: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let net = PeerNet::bind(&listen).await;
         let initial: Vec<String> = (0..3)
@@ -939,10 +960,22 @@ impl PartCluster {
         for member in &mut members {
             member.spawn();
         }
-        for member in &mut members {
-            assert!(member.wait_up(), "etcd exited:\n{}", member.log());
+        // Every member is watched at once: one that exited may keep the
+        // others from ever answering.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut up = [false; 3];
+        while up.contains(&false) {
+            for (i, member) in members.iter_mut().enumerate() {
+                if member.exited() {
+                    eprintln!("etcd exited, starting again:\n{}", member.log());
+                    return None;
+                }
+                up[i] = up[i] || member.answers();
+            }
+            assert!(Instant::now() < deadline, "etcd members did not start");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        Self { members, net }
+        Some(Self { members, net })
     }
 
     fn endpoints_but(&self, x: usize) -> Vec<String> {

@@ -334,13 +334,18 @@ async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
         .acquire_on(backend(), "fair-behind-readers")
         .await
         .expect("a free key");
+    // A writer keeps the key until the test has made its plain attempt:
+    // else both could be served and gone before it.
+    let (go, _) = tokio::sync::watch::channel(false);
     let fair_writer = |backend: Arc<dyn Backend>| {
+        let mut go = go.subscribe();
         tokio::spawn(async move {
             let lease = LockOptions::new(Duration::from_secs(10))
                 .fair(true)
                 .wait(Duration::from_secs(20))
                 .acquire_on(backend, "fair-behind-readers")
                 .await?;
+            let _ = go.wait_for(|go| *go).await;
             let token = lease.token();
             lease.release().await?;
             Ok::<_, dlock::LockError>(token)
@@ -363,6 +368,7 @@ async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
         .await
         .expect("attempt");
     assert!(matches!(barged, Attempt::Held { .. }), "{barged:?}");
+    go.send_replace(true);
     let first = first.await.expect("task").expect("the first writer");
     let second = second.await.expect("task").expect("the second writer");
     assert!(read_token < first, "a writer's token is above the readers'");

@@ -37,7 +37,20 @@ async fn quick(Path(id): Path<u64>) -> Result<String, LockError> {
     Ok(format!("quick {id} done\n"))
 }
 
-/// The example's routes plus `/slow/{id}` and `/quick/{id}`, on 127.0.0.1:0.
+/// Lets [`pay_held`] finish: a permit per handler to let go.
+static PAY_HELD_GO: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+/// The example's `pay` (the same key and ttl), but it holds its key until
+/// the test lets it go, not for a fixed 300 ms: a request that arrives late
+/// on a loaded machine still finds the key held.
+#[distributed_lock(key = "order:{id}", ttl = "30s")]
+async fn pay_held(Path(id): Path<u64>, token: FencingToken) -> Result<String, LockError> {
+    PAY_HELD_GO.acquire().await.expect("never closed").forget();
+    Ok(format!("order {id} paid under fencing token {token}\n"))
+}
+
+/// The example's routes plus `/slow/{id}`, `/quick/{id}` and
+/// `/orders/{id}/pay-held`, on 127.0.0.1:0.
 async fn serve() -> SocketAddr {
     static BACKEND: Once = Once::new();
     BACKEND.call_once(|| {
@@ -45,7 +58,8 @@ async fn serve() -> SocketAddr {
     });
     let app: Router = service::app()
         .route("/slow/{id}", post(slow))
-        .route("/quick/{id}", post(quick));
+        .route("/quick/{id}", post(quick))
+        .route("/orders/{id}/pay-held", post(pay_held));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("local address");
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -96,12 +110,28 @@ async fn post_to(addr: SocketAddr, path: &str) -> Reply {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_requests_for_one_key_get_one_200_and_409s_with_retry_after() {
     let addr = serve().await;
-    let requests: Vec<_> = (0..20)
-        .map(|_| tokio::spawn(post_to(addr, "/orders/1/pay")))
-        .collect();
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        requests.spawn(post_to(addr, "/orders/1/pay-held"));
+    }
+    // The one that takes `order:1` holds it until the other 19 have their
+    // replies; a second holder would wait too, so 19 never arrive.
     let mut replies = Vec::new();
-    for request in requests {
-        replies.push(request.await.expect("request task"));
+    let _ = tokio::time::timeout(Duration::from_secs(20), async {
+        while replies.len() < 19 {
+            replies.push(
+                requests
+                    .join_next()
+                    .await
+                    .expect("a request")
+                    .expect("request task"),
+            );
+        }
+    })
+    .await;
+    PAY_HELD_GO.add_permits(20);
+    while let Some(reply) = requests.join_next().await {
+        replies.push(reply.expect("request task"));
     }
     let ok: Vec<_> = replies.iter().filter(|r| r.status == 200).collect();
     assert_eq!(ok.len(), 1, "exactly one request pays: {replies:#?}");

@@ -298,20 +298,28 @@ async fn a_release_whose_reply_was_lost_and_whose_retry_finds_the_key_free_is_un
     // The release reaches etcd and frees the key; its answer is dropped,
     // then the connection breaks, so the backend asks again.
     proxy.mute_replies();
+    let watched = key.clone();
     let release = tokio::spawn(async move {
         backend
             .release(&ReleaseRequest::new(&key, &owner))
             .await
             .map(|outcome| (outcome, key))
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Only once etcd has applied the release is the reply's loss the case
+    // under test: the key is seen free from another connection.
+    let other = shared().await;
+    within(10, "the release to reach etcd", async {
+        while other.holder(&watched).await.expect("holder").is_some() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     proxy.cut();
     let (outcome, key) = within(10, "the release to answer", release)
         .await
         .expect("release task")
         .expect("the retry answers");
     assert_eq!(outcome, ReleaseOutcome::Unconfirmed);
-    let other = shared().await;
     assert_eq!(other.holder(&key).await.expect("holder"), None);
 }
 

@@ -308,6 +308,23 @@ async fn readers_in_two_processes_share_the_phase_and_a_killed_one_leaves_the_ot
     lease.release().await.expect("release");
 }
 
+/// How many waiters the queue file of `key` (a plain name) lists: a
+/// header line, then one line per waiter.
+fn queued(dir: &std::path::Path, key: &str) -> usize {
+    std::fs::read_to_string(dir.join(format!("{key}.queue")))
+        .map_or(0, |text| text.lines().skip(1).count())
+}
+
+/// Waits until the queue of `key` lists `waiters` entries.
+async fn until_queued(dir: &std::path::Path, key: &str, waiters: usize) {
+    within(10, "the waiter joins the queue", async {
+        while queued(dir, key) < waiters {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
     let dir = fresh_dir();
@@ -317,22 +334,29 @@ async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
         .acquire_on(backend(), "fair-behind-readers")
         .await
         .expect("a free key");
+    // A writer keeps the key until the test has made its plain attempt:
+    // else both could be served and gone before it.
+    let (go, _) = tokio::sync::watch::channel(false);
     let fair_writer = |backend: Arc<dyn Backend>| {
+        let mut go = go.subscribe();
         tokio::spawn(async move {
             let lease = LockOptions::new(Duration::from_secs(10))
                 .fair(true)
                 .wait(Duration::from_secs(20))
                 .acquire_on(backend, "fair-behind-readers")
                 .await?;
+            let _ = go.wait_for(|go| *go).await;
             let token = lease.token();
             lease.release().await?;
             Ok::<_, dlock::LockError>(token)
         })
     };
+    // Each writer is in line (its entry in the key's queue file) before
+    // the next one starts, so the order they queued is known.
     let first = fair_writer(backend());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_queued(&dir, "fair-behind-readers", 1).await;
     let second = fair_writer(backend());
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until_queued(&dir, "fair-behind-readers", 2).await;
     let read_token = reader.token();
     reader.release().await.expect("release");
     // The last reader's release hands the key to the first in line, so a
@@ -344,6 +368,7 @@ async fn fair_writers_behind_readers_are_served_in_the_order_they_queued() {
         .await
         .expect("attempt");
     assert!(matches!(barged, Attempt::Held { .. }), "{barged:?}");
+    go.send_replace(true);
     let first = first.await.expect("task").expect("the first writer");
     let second = second.await.expect("task").expect("the second writer");
     assert!(read_token < first, "a writer's token is above the readers'");
@@ -559,7 +584,7 @@ async fn finished_leases_leave_no_alive_files_behind() {
     released.release().await.expect("release");
     assert_eq!(alive_files(), 0);
     let kept = LockOptions::new(Duration::from_secs(10))
-        .min_hold(Duration::from_millis(200))
+        .min_hold(Duration::from_secs(2))
         .acquire_on(backend.clone(), "tidy")
         .await
         .expect("free");
@@ -573,8 +598,14 @@ async fn finished_leases_leave_no_alive_files_behind() {
         .await
         .expect("free after the minimum hold");
     next.release().await.expect("release");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(alive_files(), 0, "alive files must not pile up");
+    // The minimum hold's own release (timed, in the background) may still
+    // be finishing: wait for the count to settle, not a fixed time.
+    within(10, "alive files must not pile up", async {
+        while alive_files() != 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
 }
 
 /// The alive files in `dir`.
@@ -636,7 +667,7 @@ async fn a_holder_puts_its_removed_alive_file_back_at_renewal() {
     // watch it.
     let dir = fresh_dir();
     let backend: Arc<dyn Backend> = Arc::new(FileBackend::open(&dir).expect("dir"));
-    let lease = LockOptions::new(Duration::from_millis(600))
+    let lease = LockOptions::new(Duration::from_secs(3))
         .acquire_on(backend.clone(), "restored")
         .await
         .expect("free");

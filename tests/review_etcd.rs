@@ -28,6 +28,9 @@ struct Solo {
     dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
+    /// The length of `etcd.log` when the running process was started:
+    /// what it wrote begins there.
+    log_from: usize,
 }
 
 impl Solo {
@@ -44,9 +47,21 @@ impl Solo {
             dir,
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             child: None,
+            log_from: 0,
         };
-        solo.launch();
-        solo
+        // A free port can be taken by another test before etcd binds it:
+        // etcd then exits, and starts again on fresh ports.
+        for _ in 0..3 {
+            solo.spawn();
+            if solo.wait_up() {
+                return solo;
+            }
+            solo.kill();
+            let _ = std::fs::remove_dir_all(solo.dir.join("data"));
+            solo.port = free_port();
+            solo.peer = free_port();
+        }
+        panic!("etcd kept finding its ports taken:\n{}", solo.log());
     }
 
     /// A member on free ports, not started: flags to set, then
@@ -64,6 +79,7 @@ impl Solo {
             dir,
             extra: Vec::new(),
             child: None,
+            log_from: 0,
         }
     }
 
@@ -73,7 +89,11 @@ impl Solo {
 
     fn launch(&mut self) {
         self.spawn();
-        self.wait_up();
+        assert!(self.wait_up(), "etcd exited:\n{}", self.log());
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("etcd.log")).unwrap_or_default()
     }
 
     /// Starts the process, without waiting for it to answer.
@@ -83,6 +103,7 @@ impl Solo {
             .append(true)
             .open(self.dir.join("etcd.log"))
             .expect("log");
+        self.log_from = self.log().len();
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let mut command = Command::new("etcd");
         command
@@ -109,14 +130,50 @@ impl Solo {
         self.child = Some(command.spawn().expect("etcd"));
     }
 
-    /// Waits until the member answers.
-    fn wait_up(&self) {
+    /// Waits until the member answers; `false` if its process exited
+    /// (its port was taken). An answer counts only while this process
+    /// runs and has said it serves clients on the port: then the port is
+    /// its own, not another test's etcd's.
+    fn wait_up(&mut self) -> bool {
         let deadline = Instant::now() + Duration::from_secs(30);
-        // `endpoint status` needs no credentials once auth is on.
-        while etcdctl(&self.endpoint(), &["endpoint", "status"]).is_none() {
-            assert!(Instant::now() < deadline, "etcd did not start");
+        loop {
+            if self.exited() {
+                return false;
+            }
+            if self.answers() {
+                return true;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd did not start:\n{}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Whether its process has exited.
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .expect("spawned")
+            .try_wait()
+            .expect("try_wait")
+            .is_some()
+    }
+
+    /// Whether it answers on its client port, having said in its log that
+    /// it serves clients there (call while it runs).
+    fn answers(&self) -> bool {
+        let serving = format!(
+            "serving insecure client requests on 127.0.0.1:{},",
+            self.port
+        );
+        // `endpoint status` needs no credentials once auth is on.
+        self.log()
+            .get(self.log_from..)
+            .is_some_and(|log| log.contains(&serving))
+            && etcdctl(&self.endpoint(), &["endpoint", "status"]).is_some()
     }
 
     fn kill(&mut self) {
@@ -657,7 +714,7 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
             .await
             .expect("connect"),
     );
-    for ttl in [Duration::from_millis(100), Duration::from_secs(1)] {
+    for ttl in [Duration::from_millis(100), Duration::from_secs(2)] {
         let key = fresh_key("short-ttl");
         let held = LockOptions::new(ttl)
             .acquire_on(holder_side.clone(), key.clone())
@@ -666,8 +723,10 @@ async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
         // Renewals go on for a while. At 100 ms a renewal has about 60 ms
         // to come back, which a loaded machine can miss; the lease is then
         // lost early, which is no break of exclusion, so only the
-        // whole-second ttl must still hold here.
-        tokio::time::sleep(ttl * 3).await;
+        // whole-second ttl must still hold here. At 2 s (renewed every
+        // 667 ms) a pause of over a second still leaves a renewal in time,
+        // as 1 s (renewed every 333 ms, 500 ms response timeout) did not.
+        tokio::time::sleep(ttl * 2).await;
         if ttl >= Duration::from_secs(1) {
             assert!(held.check().is_ok(), "{ttl:?}: renewed");
         }
@@ -845,7 +904,21 @@ struct PartCluster {
 }
 
 impl PartCluster {
+    /// A free port can be taken by another test before a member binds it:
+    /// that member exits, and the cluster starts again on fresh ports.
     async fn start() -> Self {
+        for _ in 0..2 {
+            if let Some(cluster) = Self::launch().await {
+                return cluster;
+            }
+        }
+        Self::launch()
+            .await
+            .expect("etcd members kept finding their ports taken")
+    }
+
+    /// `None` if a member exited (its port was taken).
+    async fn launch() -> Option<Self> {
         let listen: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let net = PeerNet::bind(&listen).await;
         let initial: Vec<String> = (0..3)
@@ -879,6 +952,7 @@ impl PartCluster {
                 dir,
                 extra,
                 child: None,
+                log_from: 0,
             });
         }
         // Started together, then waited for (on this thread: a member
@@ -886,10 +960,22 @@ impl PartCluster {
         for member in &mut members {
             member.spawn();
         }
-        for member in &members {
-            member.wait_up();
+        // Every member is watched at once: one that exited may keep the
+        // others from ever answering.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut up = [false; 3];
+        while up.contains(&false) {
+            for (i, member) in members.iter_mut().enumerate() {
+                if member.exited() {
+                    eprintln!("etcd exited, starting again:\n{}", member.log());
+                    return None;
+                }
+                up[i] = up[i] || member.answers();
+            }
+            assert!(Instant::now() < deadline, "etcd members did not start");
+            std::thread::sleep(Duration::from_millis(50));
         }
-        Self { members, net }
+        Some(Self { members, net })
     }
 
     fn endpoints_but(&self, x: usize) -> Vec<String> {
@@ -1045,19 +1131,22 @@ async fn changing_the_ttl_keeps_the_token_and_exclusion() {
             .await
             .expect("extend")
     );
+    let extended = Instant::now();
     tokio::time::sleep(secs(3)).await;
     assert!(matches!(others_try().await, Attempt::Held { .. }));
     assert_eq!(token_now().await, Some(token));
     // A retry of the acquisition with yet another ttl: the same token.
+    // Its 10 s lease outlasts the check below by far; the 6 s one would
+    // have ended by then.
     let Attempt::Acquired(again) = backend
-        .try_acquire(&AcquireRequest::new(&key, &owner, secs(4)))
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(10)))
         .await
         .expect("retry")
     else {
         panic!("a retry by the holder is a success")
     };
     assert_eq!(again.token, token);
-    tokio::time::sleep(secs(3)).await;
+    tokio::time::sleep_until((extended + secs(7)).into()).await;
     assert!(matches!(others_try().await, Attempt::Held { .. }));
     // Back to the first ttl, renewed as such.
     assert!(

@@ -34,20 +34,28 @@ const CHILD_ROLE: &str = "DLOCK_ELECTION_TEST_CHILD";
 /// The terms' ttl: a leader killed on Redis is replaced within it.
 const TTL: Duration = Duration::from_secs(2);
 
-/// Connects to the store a spec names: `file:DIR`, `redis:URL` or `pg:CONN`.
-/// PostgreSQL sessions are pinged often and ended by the server after a
-/// second of silence, so a stopped leader loses its session soon.
+/// Connects to the store a spec names: `file:DIR`, `redis:URL`, `pg:CONN`
+/// or `pg-idle:CONN`. On `pg` sessions keep the default liveness and idle
+/// settings: a killed leader's session ends with its connection. On
+/// `pg-idle` the server ends a session after 4 s of silence, so a stopped
+/// leader loses its session soon, while a live one (pinged every second,
+/// each ping given a second) may stall 3 s before it is taken for frozen.
 async fn connect(spec: &str) -> Arc<dyn Backend> {
     let (kind, target) = spec.split_once(':').expect("KIND:TARGET");
     match kind {
         "file" => Arc::new(FileBackend::open(target).expect("lock directory")),
         "redis" => Arc::new(RedisBackend::connect(target).await.expect("redis")),
         "pg" => Arc::new(
+            PgBackend::connect_with(target, PgOptions::new())
+                .await
+                .expect("postgres"),
+        ),
+        "pg-idle" => Arc::new(
             PgBackend::connect_with(
                 target,
                 PgOptions::new()
-                    .liveness_interval(Duration::from_millis(300))
-                    .server_idle_timeout(Some(Duration::from_secs(1))),
+                    .liveness_interval(Duration::from_secs(1))
+                    .server_idle_timeout(Some(Duration::from_secs(4))),
             )
             .await
             .expect("postgres"),
@@ -330,6 +338,11 @@ fn pg_store() -> String {
     format!("pg:{}", pg_support::shared_conn())
 }
 
+/// PostgreSQL with sessions the server ends after a few seconds of silence.
+fn pg_idle_store() -> String {
+    format!("pg-idle:{}", pg_support::shared_conn())
+}
+
 /// Three campaigners: exactly one leads at a time as observers see it; the
 /// leader killed with SIGKILL is replaced, a resigning leader is replaced,
 /// and observers see every change in order with rising tokens.
@@ -500,7 +513,7 @@ async fn redis_a_stopped_leader_resumes_deposed_and_its_writes_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pg_a_stopped_leader_resumes_deposed_and_its_writes_are_refused() {
-    a_stopped_leader_resumes_deposed_and_its_writes_are_refused(pg_store()).await;
+    a_stopped_leader_resumes_deposed_and_its_writes_are_refused(pg_idle_store()).await;
 }
 
 /// In one process on memory: three campaigning tasks, one leads at a time;

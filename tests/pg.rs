@@ -598,7 +598,27 @@ async fn readers_in_two_processes_share_the_phase_token_while_a_writer_in_a_thir
         std::io::Write::write_all(stdin, b"release\n").expect("tell the child");
         assert!(child.wait().expect("child exits").success());
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The writer waits once its mark is in the server's row (its own
+    // connect and first attempt may take a while on a slow machine).
+    let admin = raw_client().await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let marked: bool = admin
+            .query_one(
+                "SELECT EXISTS (SELECT FROM dlock.dlock_phases AS t
+                 WHERE t.lock_id = hashtextextended($1::text, 0)
+                   AND t.mark_until > clock_timestamp())",
+                &[&key.as_str()],
+            )
+            .await
+            .expect("the key's mark")
+            .get(0);
+        if marked || writer.is_finished() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the writer marked the key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         !writer.is_finished(),
         "the writer waits while both readers hold"

@@ -307,13 +307,13 @@ async fn a_fair_wait_outlasts_a_roles_statement_timeout_and_the_sessions_lock_ti
         .await
         .expect("free key");
     // A statement_timeout from the connection (as a DBA's ALTER ROLE
-    // sets one), a lock session lock_timeout of 200 ms, and liveness
-    // checks every 400 ms: all far below the wait. Two waiters, one whose
-    // wait statement records its holder and one whose does not.
+    // sets one) of 800 ms, a lock session lock_timeout of 500 ms, and
+    // liveness checks every second: all below the wait. Two waiters, one
+    // whose wait statement records its holder and one whose does not.
     let strict = |options: PgOptions| {
         connect_to_owned(
-            format!("{} options='-c statement_timeout=300'", shared_conn()),
-            options.liveness_interval(Duration::from_millis(400)),
+            format!("{} options='-c statement_timeout=800'", shared_conn()),
+            options.liveness_interval(Duration::from_secs(1)),
         )
     };
     let recording = spawn_fair(&strict(PgOptions::new()).await, &key);

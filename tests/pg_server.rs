@@ -994,6 +994,32 @@ async fn lock_statements_move_the_sequence_without_waiting_for_a_wal_flush() {
         .expect("connect");
     let shared: Arc<dyn Backend> = Arc::new(backend.clone());
     let pids = backend.session_pids().await;
+    // The WAL writer writes out pending asynchronous commits every
+    // wal_writer_delay (200 ms by default), so its writes grow with the
+    // test's wall time on a slow machine: 10 s (the most allowed) leaves it
+    // a write or two, while commits that wait write once each.
+    admin
+        .batch_execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+        .await
+        .expect("a slow WAL writer");
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload");
+    within(10, "the server to read its settings again", async {
+        loop {
+            let delay: String = admin
+                .query_one("SHOW wal_writer_delay", &[])
+                .await
+                .expect("wal_writer_delay")
+                .get(0);
+            if delay == "10s" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     admin
         .query_one("SELECT pg_stat_reset_shared('wal')", &[])
         .await

@@ -1249,14 +1249,15 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
             .await
             .expect("connect"),
     );
-    // Statements on these sessions time out (300 ms) before they would
-    // give up waiting for the sequence (1 s).
+    // Statements on these sessions time out (800 ms) before they would
+    // give up waiting for the sequence (1 s), and not before a statement
+    // that waits for nothing is done on a busy server.
     let base = conn();
     let timing_out = if base.starts_with("postgres") {
         let sep = if base.contains('?') { '&' } else { '?' };
-        format!("{base}{sep}options=-c%20statement_timeout%3D300")
+        format!("{base}{sep}options=-c%20statement_timeout%3D800")
     } else {
-        format!("{base} options='-c statement_timeout=300'")
+        format!("{base} options='-c statement_timeout=800'")
     };
     let impatient: Arc<dyn Backend> = Arc::new(
         PgBackend::connect_with(&timing_out, scratch.options().sessions(1))

@@ -10,19 +10,109 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::pg::PgBackend;
 use dlock::pg::tokio_postgres::Client;
+use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, Lease, LockError, LockKey, LockMode, LockOptions};
 use dlock_runtime::conformance::fresh_key;
 use pg_support::{ScratchSchema, shared_client, shared_conn};
 use tokio::task::JoinHandle;
 
 async fn backend_at(url: &str, schema: &ScratchSchema) -> Arc<dyn Backend> {
+    backend_with(url, schema.options()).await
+}
+
+async fn backend_with(url: &str, options: PgOptions) -> Arc<dyn Backend> {
     Arc::new(
-        PgBackend::connect_with(url, schema.options())
+        PgBackend::connect_with(url, options)
             .await
             .expect("PostgreSQL"),
     )
+}
+
+/// How long a blocked start's sessions wait for a lock before they fail.
+#[derive(Clone, Copy, PartialEq)]
+enum LockWait {
+    /// The default `lock_timeout`, half the default liveness interval (1 s).
+    Default,
+    /// 10 s (half a 20 s liveness interval): the starter and the joiner
+    /// wait until the test acts, however slow the machine.
+    Long,
+}
+
+impl LockWait {
+    fn options(self, schema: &ScratchSchema) -> PgOptions {
+        match self {
+            Self::Default => schema.options(),
+            Self::Long => schema
+                .options()
+                .liveness_interval(Duration::from_secs(20))
+                .server_idle_timeout(None),
+        }
+    }
+}
+
+/// How long the test waits for a session to come to a lock wait.
+const COME_TO_WAIT: Duration = Duration::from_secs(10);
+
+/// The pid of the one session waiting for a relation lock on
+/// `dlock_phases` of `schema` (`task`'s), once there is one; `None` if
+/// `task` ended first.
+async fn waiting_on_the_table(
+    schema: &ScratchSchema,
+    task: &JoinHandle<Result<Lease, LockError>>,
+) -> Option<i32> {
+    let admin = shared_client().await;
+    let deadline = tokio::time::Instant::now() + COME_TO_WAIT;
+    loop {
+        let rows = admin
+            .query(
+                "SELECT l.pid FROM pg_locks AS l
+                 WHERE l.locktype = 'relation' AND NOT l.granted
+                   AND l.relation = $1::text::regclass",
+                &[&phases(schema)],
+            )
+            .await
+            .expect("the table's waiters");
+        if let [row] = rows.as_slice() {
+            return Some(row.get(0));
+        }
+        if task.is_finished() {
+            return None;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a session came to wait for the table: {} waiters",
+            rows.len()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until a session waits for an advisory lock `pid` holds (the
+/// joiner, behind the starter on the phase key).
+async fn joiner_waiting_behind(pid: i32) {
+    let admin = shared_client().await;
+    let deadline = tokio::time::Instant::now() + COME_TO_WAIT;
+    loop {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks AS l
+                 WHERE l.locktype = 'advisory' AND NOT l.granted
+                   AND $1 = ANY(pg_blocking_pids(l.pid))",
+                &[&pid],
+            )
+            .await
+            .expect("the starter's waiters")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the joiner came to wait behind the starter"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 fn shared() -> LockOptions {
@@ -52,10 +142,12 @@ async fn old_phase_then_writer(on: &Arc<dyn Backend>, key: &LockKey) -> (u64, u6
 
 /// A read phase starting while a DBA holds `dlock_phases` locked against
 /// writes (reads go through): a starter, whose upsert waits for the table,
-/// and, `after` later, a joiner of another process (connecting to
+/// and, once it waits, a joiner of another process (connecting to
 /// `joiner_url`), which waits on the phase key behind it. Before it, in a
 /// schema of its own, an old phase and a writer (see
-/// [`old_phase_then_writer`]).
+/// [`old_phase_then_writer`]). With [`LockWait::Long`] both are seen
+/// waiting before this returns; with the default the starter may fail
+/// (its lock_timeout) before the joiner comes.
 struct BlockedStart {
     schema: ScratchSchema,
     /// In the transaction that holds the table lock: `ROLLBACK` ends it.
@@ -66,7 +158,7 @@ struct BlockedStart {
     tokens: (u64, u64),
 }
 
-async fn blocked_start(label: &str, joiner_url: &str, after: Duration) -> BlockedStart {
+async fn blocked_start(label: &str, joiner_url: &str, wait: LockWait) -> BlockedStart {
     let schema = ScratchSchema::new(label);
     let key = fresh_key(label);
     let a = backend_at(&shared_conn(), &schema).await;
@@ -78,13 +170,17 @@ async fn blocked_start(label: &str, joiner_url: &str, after: Duration) -> Blocke
     ))
     .await
     .expect("lock the table");
-    let starter_on = backend_at(&shared_conn(), &schema).await;
-    let joiner_on = backend_at(joiner_url, &schema).await;
+    let starter_on = backend_with(&shared_conn(), wait.options(&schema)).await;
+    let joiner_on = backend_with(joiner_url, wait.options(&schema)).await;
     let k = key.clone();
     let starter = tokio::spawn(async move { shared().acquire_on(starter_on, &k).await });
-    tokio::time::sleep(after).await;
+    let starter_pid = waiting_on_the_table(&schema, &starter).await;
     let k = key.clone();
     let joiner = tokio::spawn(async move { shared().acquire_on(joiner_on, &k).await });
+    if wait == LockWait::Long {
+        let pid = starter_pid.expect("the starter waits for the table until its lock_timeout");
+        joiner_waiting_behind(pid).await;
+    }
     BlockedStart {
         schema,
         dba,
@@ -130,7 +226,7 @@ async fn assert_joiner_above(
 /// the starter never wrote (the old phase's token, below a writer's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
-    let run = blocked_start("r2_failed", &shared_conn(), Duration::from_millis(300)).await;
+    let run = blocked_start("r2_failed", &shared_conn(), LockWait::Default).await;
     let started = run.starter.await.expect("join");
     assert!(
         started.is_err(),
@@ -143,8 +239,7 @@ async fn a_joiner_behind_a_failed_starter_never_gets_the_old_phases_token() {
 /// (`pg_terminate_backend`) while its upsert waits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() {
-    let run = blocked_start("r2_killed", &shared_conn(), Duration::from_millis(150)).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let run = blocked_start("r2_killed", &shared_conn(), LockWait::Long).await;
     // The starter: the session waiting for a relation lock on dlock_phases.
     let killed = shared_client()
         .await
@@ -159,6 +254,11 @@ async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() 
     assert_eq!(killed.len(), 1, "one starter waited for the table");
     let started = run.starter.await.expect("join");
     assert!(started.is_err(), "{started:?}");
+    // The joiner starts the phase itself: once its upsert waits for the
+    // table, the DBA lets go and it writes a token of its own (it would
+    // not wait if it read the old phase's).
+    waiting_on_the_table(&run.schema, &run.joiner).await;
+    run.dba.batch_execute("ROLLBACK").await.expect("rollback");
     assert_joiner_above(run.joiner, &run.dba, run.tokens, None).await;
 }
 
@@ -172,8 +272,7 @@ async fn a_joiner_under_repeatable_read_gets_the_starters_token() {
         "{} options='-c default_transaction_isolation=serializable'",
         shared_conn()
     );
-    let run = blocked_start("r2_rr", &serializable, Duration::from_millis(150)).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let run = blocked_start("r2_rr", &serializable, LockWait::Long).await;
     // The DBA lets go: the starter writes its token and commits.
     run.dba.batch_execute("ROLLBACK").await.expect("rollback");
     let started = run

@@ -164,7 +164,7 @@ impl OwnServer {
         // Under /tmp: the `postgres` user must be able to reach it.
         let dir = std::env::temp_dir().join(format!("dlock-pg-{id}"));
         std::fs::create_dir_all(&dir).expect("server dir");
-        let server = Self {
+        let mut server = Self {
             dir,
             port: free_port(),
             bin,
@@ -192,9 +192,8 @@ impl OwnServer {
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600))
             .expect("key mode");
         let settings = format!(
-            "\nlisten_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+            "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
              fsync = off\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\nmax_connections = 40\n",
-            server.port,
             server.dir.display(),
             cert.display(),
             key.display(),
@@ -203,7 +202,7 @@ impl OwnServer {
         let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
         text.push_str(&settings);
         std::fs::write(&conf, text).expect("write postgresql.conf");
-        server.pg_ctl_start();
+        server.start_on_a_free_port();
         server
     }
 
@@ -223,8 +222,13 @@ impl OwnServer {
     }
 
     pub fn pg_ctl_start(&self) {
+        run(&mut self.pg_ctl_start_command());
+    }
+
+    fn pg_ctl_start_command(&self) -> Command {
         let log = self.dir.join("log");
-        run(self.as_postgres("pg_ctl").args([
+        let mut command = self.as_postgres("pg_ctl");
+        command.args([
             "-D",
             path(&self.data()),
             "-l",
@@ -233,7 +237,40 @@ impl OwnServer {
             "-t",
             "30",
             "start",
-        ]));
+        ]);
+        command
+    }
+
+    /// Starts the server for the first time, on `self.port` (written to
+    /// its settings), or on a fresh port if another process took that one
+    /// between its pick and the server's bind.
+    fn start_on_a_free_port(&mut self) {
+        let conf = self.data().join("postgresql.conf");
+        let log = self.dir.join("log");
+        for tries in 1.. {
+            // The last `port` line of the settings wins.
+            let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+            text.push_str(&format!("\nport = {}\n", self.port));
+            std::fs::write(&conf, text).expect("write postgresql.conf");
+            let logged = std::fs::metadata(&log).map_or(0, |m| m.len());
+            let out = self
+                .pg_ctl_start_command()
+                .output()
+                .expect("run pg_ctl start");
+            if out.status.success() {
+                return;
+            }
+            let log_text = std::fs::read(&log).unwrap_or_default();
+            let since = usize::try_from(logged).unwrap_or(0).min(log_text.len());
+            let log_text = String::from_utf8_lossy(&log_text[since..]);
+            assert!(
+                log_text.contains("Address already in use") && tries < 5,
+                "pg_ctl start failed: {}{}{log_text}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            self.port = free_port();
+        }
     }
 
     pub fn pg_ctl_stop(&self, mode: &str) -> Output {
@@ -268,7 +305,7 @@ impl OwnServer {
         if is_root() {
             run(Command::new("chown").args(["-R", "postgres:postgres", path(&dir)]));
         }
-        let replica = OwnServer {
+        let mut replica = OwnServer {
             dir,
             port: free_port(),
             bin: self.bin.clone(),
@@ -295,12 +332,11 @@ impl OwnServer {
         let conf = replica.data().join("postgresql.conf");
         let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
         text.push_str(&format!(
-            "\nport = {}\nunix_socket_directories = '{}'\nhot_standby = on\n",
-            replica.port,
+            "\nunix_socket_directories = '{}'\nhot_standby = on\n",
             replica.dir.display(),
         ));
         std::fs::write(&conf, text).expect("write postgresql.conf");
-        replica.pg_ctl_start();
+        replica.start_on_a_free_port();
         replica
     }
 

@@ -328,9 +328,11 @@ async fn keys_lock_every_key_and_pass_one_token_per_key() {
     assert!(is_free("macro-keys", "account:2").await);
 }
 
-#[distributed_lock(key = "slow", ttl = "600ms", backend = "macro-renew")]
+// The body outlasts three ttls, each renewed with two thirds of it to
+// spare: a loaded machine's stall of a few hundred ms loses no lease.
+#[distributed_lock(key = "slow", ttl = "1s", backend = "macro-renew")]
 async fn slow_job() -> Result<&'static str, LockError> {
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     Ok("done")
 }
 

@@ -174,7 +174,10 @@ async fn panicking_body_still_releases_the_key() {
 
 static ABORTED_BODY_FINISHED: AtomicUsize = AtomicUsize::new(0);
 
-#[distributed_lock(key = "abortable", ttl = "300ms", backend = "macro-abort")]
+// The ttls of the two bodies broken by hand below outlast a loaded
+// machine's stall before the break (an expired key cannot be broken), and
+// the loss is noticed by the next renewal.
+#[distributed_lock(key = "abortable", ttl = "2s", backend = "macro-abort")]
 async fn abortable_job(entered: oneshot::Sender<()>) -> Result<(), LockError> {
     let _ = entered.send(());
     tokio::time::sleep(PATIENCE * 2).await;
@@ -209,7 +212,7 @@ async fn on_lost_abort_cancels_the_body_and_returns_lease_lost() {
 
 #[distributed_lock(
     key = "finishing",
-    ttl = "300ms",
+    ttl = "2s",
     backend = "macro-finish",
     on_lost = "finish"
 )]

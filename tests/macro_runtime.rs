@@ -174,7 +174,10 @@ async fn panicking_body_still_releases_the_key() {
 
 static ABORTED_BODY_FINISHED: AtomicUsize = AtomicUsize::new(0);
 
-#[distributed_lock(key = "abortable", ttl = "300ms", backend = "macro-abort")]
+// The ttls of the two bodies broken by hand below outlast a loaded
+// machine's stall before the break (an expired key cannot be broken), and
+// the loss is noticed by the next renewal.
+#[distributed_lock(key = "abortable", ttl = "2s", backend = "macro-abort")]
 async fn abortable_job(entered: oneshot::Sender<()>) -> Result<(), LockError> {
     let _ = entered.send(());
     tokio::time::sleep(PATIENCE * 2).await;
@@ -209,7 +212,7 @@ async fn on_lost_abort_cancels_the_body_and_returns_lease_lost() {
 
 #[distributed_lock(
     key = "finishing",
-    ttl = "300ms",
+    ttl = "2s",
     backend = "macro-finish",
     on_lost = "finish"
 )]
@@ -328,9 +331,11 @@ async fn keys_lock_every_key_and_pass_one_token_per_key() {
     assert!(is_free("macro-keys", "account:2").await);
 }
 
-#[distributed_lock(key = "slow", ttl = "600ms", backend = "macro-renew")]
+// The body outlasts three ttls, each renewed with two thirds of it to
+// spare: a loaded machine's stall of a few hundred ms loses no lease.
+#[distributed_lock(key = "slow", ttl = "1s", backend = "macro-renew")]
 async fn slow_job() -> Result<&'static str, LockError> {
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    tokio::time::sleep(Duration::from_millis(3500)).await;
     Ok("done")
 }
 

@@ -168,7 +168,7 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
 async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {
     let backend = backend().await;
     let key = dlock_runtime::conformance::fresh_key("deleted");
-    let lease = LockOptions::new(Duration::from_millis(900))
+    let lease = LockOptions::new(Duration::from_secs(3))
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
@@ -194,7 +194,7 @@ async fn a_holder_whose_key_is_deleted_externally_sees_its_lease_lost() {
 async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_leaves_it_alone() {
     let backend = backend().await;
     let key = dlock_runtime::conformance::fresh_key("overwritten");
-    let lease = LockOptions::new(Duration::from_millis(900))
+    let lease = LockOptions::new(Duration::from_secs(3))
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
@@ -219,7 +219,7 @@ async fn a_holder_whose_key_is_overwritten_externally_sees_its_lease_lost_and_le
     );
     // A value of another type is "not the owner" too, not a script error.
     let other = dlock_runtime::conformance::fresh_key("overwritten-hash");
-    let lease = LockOptions::new(Duration::from_millis(900))
+    let lease = LockOptions::new(Duration::from_secs(3))
         .acquire_on(backend.clone(), &other)
         .await
         .expect("free");
@@ -271,7 +271,7 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
     let (mut watch, lines) = monitor();
     let backend = backend().await;
     let key = dlock_runtime::conformance::fresh_key("sub-ms-ttl");
-    let lease = LockOptions::new(Duration::from_micros(300_500))
+    let lease = LockOptions::new(Duration::from_micros(2_000_500))
         .acquire_on(backend, &key)
         .await
         .expect("free");
@@ -296,10 +296,10 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
     assert_eq!(
         sent,
         [
-            ("3".to_owned(), "301".to_owned()),
-            ("2".to_owned(), "301".to_owned())
+            ("3".to_owned(), "2001".to_owned()),
+            ("2".to_owned(), "2001".to_owned())
         ],
-        "a ttl of 300.5 ms must reach the server as 301 ms (acquire, then extend)"
+        "a ttl of 2000.5 ms must reach the server as 2001 ms (acquire, then extend)"
     );
 }
 
@@ -783,7 +783,7 @@ async fn a_lease_left_to_expire_leaves_no_holder_info_behind() {
     let backend = backend().await;
     let key = dlock_runtime::conformance::fresh_key("info-expires");
     let (lock, info) = (lock_name(&key), info_name(&key));
-    let lease = LockOptions::new(Duration::from_millis(300))
+    let lease = LockOptions::new(Duration::from_secs(2))
         .renew(false)
         .acquire_on(backend.clone(), &key)
         .await

@@ -291,17 +291,16 @@ async fn a_handoff_lasts_the_smaller_of_the_ttl_and_the_entry_life_left_with_a_r
     let backend = backend().await;
     let mut conn = raw().await;
     let ttl = Duration::from_secs(30);
+    // The entries live, and the handed lease lasts, long enough that a
+    // loaded machine's stall between the join and the release, or between
+    // the handoff and the look at the lock's PX, does not outlast them.
     for (waiter_ttl, entry_ttl, pause) in [
         // The entry's life left is shorter: the lease lasts that.
-        (
-            ttl,
-            Duration::from_millis(1_500),
-            Duration::from_millis(500),
-        ),
+        (ttl, Duration::from_secs(6), Duration::from_millis(500)),
         // The ttl asked for is shorter: the lease lasts the ttl.
         (
-            Duration::from_millis(700),
             Duration::from_secs(3),
+            Duration::from_secs(8),
             Duration::ZERO,
         ),
     ] {

@@ -3,8 +3,9 @@
 //! (`--replicaof`) and three sentinels (`redis-server <conf> --sentinel`,
 //! quorum 2, `down-after-milliseconds` 1000), all killed and their
 //! directories removed on drop. The conformance suite shares one such
-//! deployment for the whole binary; every test that breaks one has its
-//! own.
+//! deployment for the whole binary (its sentinels wait 5000 ms before
+//! taking the primary as down: nothing there wants a failover); every test
+//! that breaks one has its own.
 
 mod redis_support;
 mod support;
@@ -35,25 +36,44 @@ struct Sentinel {
 }
 
 impl Sentinel {
-    fn start(primary_port: u16) -> Self {
-        let port = redis_support::free_port(false);
-        let dir = redis_support::fresh_dir("sentinel");
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile sentinel.log\n\
-                 sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
-                 sentinel down-after-milliseconds {SERVICE} 1000\n\
-                 sentinel failover-timeout {SERVICE} 3000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                dir = dir.display()
-            ),
-        )
-        .expect("write sentinel.conf");
+    /// Starts a sentinel on a free port; if another process took the port
+    /// first (the sentinel exits), again on a fresh one.
+    fn start(primary_port: u16, down_after_ms: u32) -> Self {
+        for _ in 0..5 {
+            let port = redis_support::free_port(false);
+            let dir = redis_support::fresh_dir("sentinel");
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\nlogfile sentinel.log\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n\
+                     sentinel failover-timeout {SERVICE} 3000\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir = dir.display()
+                ),
+            )
+            .expect("write sentinel.conf");
+            let mut sentinel = Self {
+                child: None,
+                port,
+                dir,
+            };
+            if sentinel.launch() {
+                return sentinel;
+            }
+        }
+        panic!("no sentinel came up on any of five free ports");
+    }
+
+    /// Runs `redis-server --sentinel` on the directory's config and waits
+    /// until this very process answers on the port: false if it exited
+    /// (its port taken).
+    fn launch(&mut self) -> bool {
         let mut command = Command::new("redis-server");
         command
-            .arg(&conf)
+            .arg(self.dir.join("sentinel.conf"))
             .arg("--sentinel")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -68,20 +88,32 @@ impl Sentinel {
             });
         }
         let child = command.spawn().expect("redis-server must be installed");
-        let sentinel = Self {
-            child: Some(child),
-            port,
-            dir,
-        };
+        // Another process on the port may answer a PING: only this
+        // process's own id in `INFO server` says it is up.
+        let own = format!("process_id:{}", child.id());
+        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
-        while sentinel.cli(&["PING"]) != "PONG" {
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false;
+            }
+            if self
+                .cli(&["INFO", "server"])
+                .lines()
+                .any(|l| l.trim() == own)
+            {
+                return true;
+            }
             assert!(
                 Instant::now() < deadline,
-                "the sentinel on port {port} did not come up"
+                "the sentinel on port {} did not come up",
+                self.port
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        sentinel
     }
 
     fn url(&self) -> String {
@@ -108,26 +140,7 @@ impl Sentinel {
     /// Starts the sentinel again from the config file it rewrote.
     fn relaunch(&mut self) {
         self.kill();
-        let mut command = Command::new("redis-server");
-        command
-            .arg(self.dir.join("sentinel.conf"))
-            .arg("--sentinel")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: as in `start`.
-        unsafe {
-            command.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        self.child = Some(command.spawn().expect("redis-server must be installed"));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.cli(&["PING"]) != "PONG" {
-            assert!(Instant::now() < deadline, "the sentinel did not come back");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert!(self.launch(), "the sentinel did not come back");
     }
 
     fn kill(&mut self) {
@@ -155,12 +168,20 @@ struct Deployment {
 impl Deployment {
     /// Starts the servers and waits until the replica is in sync and every
     /// sentinel knows the replica and the two other sentinels (a failover
-    /// needs both).
+    /// needs both). The sentinels take a primary silent for a second as
+    /// down.
     fn start() -> Self {
+        Self::start_with(1000)
+    }
+
+    /// As [`start`](Self::start), with the sentinels' `down-after-milliseconds`.
+    fn start_with(down_after_ms: u32) -> Self {
         let primary = RedisServer::start(&[]);
         let replica_of = format!("127.0.0.1 {}", primary.port);
         let replica = RedisServer::start(&["--replicaof", &replica_of]);
-        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
+        let sentinels: Vec<Sentinel> = (0..3)
+            .map(|_| Sentinel::start(primary.port, down_after_ms))
+            .collect();
         let deployment = Self {
             primary,
             replica,
@@ -253,7 +274,9 @@ fn shared() -> &'static Vec<String> {
     SHARED.get_or_init(|| {
         let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
-            let deployment = Deployment::start();
+            // Nothing here wants a failover: a primary starved for a
+            // second on a loaded machine must not be taken as down.
+            let deployment = Deployment::start_with(5000);
             if let Ok(mut started) = STARTED.lock() {
                 for server in [&deployment.primary, &deployment.replica] {
                     if let Some(pid) = server.pid() {
@@ -294,7 +317,7 @@ dlock_runtime::conformance_suite!(backend);
 async fn replica_acks_grant_when_the_replica_acknowledges_and_give_the_key_back_when_too_few_do() {
     let urls: Vec<&str> = backend_urls().await;
     let acked = RedisBackend::sentinel(&urls, SERVICE)
-        .replica_acks(1, Duration::from_millis(500))
+        .replica_acks(1, Duration::from_secs(2))
         .connect()
         .await
         .expect("connect");
@@ -334,7 +357,7 @@ async fn replica_acks_give_back_a_short_acknowledged_permit_or_read_on_its_own_s
     let urls: Vec<&str> = backend_urls().await;
     let acked: Arc<dyn Backend> = Arc::new(
         RedisBackend::sentinel(&urls, SERVICE)
-            .replica_acks(1, Duration::from_millis(500))
+            .replica_acks(1, Duration::from_secs(2))
             .connect()
             .await
             .expect("connect"),
@@ -1549,7 +1572,9 @@ async fn replica_acks_behind_a_paused_primary_never_queue_a_caller_past_its_own_
 
 /// `replica_acks` with the replica paused and acquisitions taking turns
 /// for their `WAIT`s: a held lease's renewals do not take a turn behind
-/// them, so the lease (ttl 1.5 s) outlives four seconds of such traffic.
+/// them, so the lease (ttl 3 s) outlives four seconds of such traffic
+/// (sixteen callers' turns of 300 ms each, 4.8 s, would outlast the two
+/// thirds of a ttl a renewal has).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_replicas() {
     let deployment = Deployment::start();
@@ -1565,7 +1590,7 @@ async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_r
             .expect("connect"),
     );
     let key = dlock_runtime::conformance::fresh_key("sentinel-acks-renewal");
-    let held = LockOptions::new(Duration::from_millis(1500))
+    let held = LockOptions::new(Duration::from_secs(3))
         .acquire_on(backend.clone(), &key)
         .await
         .expect("the replica acknowledges");
@@ -1573,7 +1598,7 @@ async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_r
     signal(replica_pid, libc::SIGSTOP);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut busy = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..16 {
         let backend = backend.clone();
         let stop = stop.clone();
         busy.push(tokio::spawn(async move {

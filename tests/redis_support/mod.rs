@@ -81,27 +81,36 @@ impl RedisServer {
     /// server's directory).
     pub fn start(args: &[&str]) -> Self {
         let bus = args.contains(&"--cluster-enabled");
-        let port = free_port(bus);
-        if args.contains(&"--tls-port")
-            && let Ok(mut ports) = TLS_PORTS.lock()
-        {
-            ports.push(port);
+        // A port found free may be taken before the server binds it (or,
+        // in a cluster, its bus port): the server then exits, and starts
+        // again on a fresh port.
+        for _ in 0..5 {
+            let port = free_port(bus);
+            if args.contains(&"--tls-port")
+                && let Ok(mut ports) = TLS_PORTS.lock()
+            {
+                ports.push(port);
+            }
+            let dir = fresh_dir("redis");
+            let mut server = Self {
+                child: None,
+                port,
+                args: args
+                    .iter()
+                    .map(|a| {
+                        a.replace("{port}", &port.to_string())
+                            .replace("{dir}", &dir.to_string_lossy())
+                    })
+                    .collect(),
+                dir,
+            };
+            match server.try_launch() {
+                Ok(()) => return server,
+                Err(log) if log.contains("Address already in use") => continue,
+                Err(log) => panic!("redis-server exited:\n{log}"),
+            }
         }
-        let dir = fresh_dir("redis");
-        let mut server = Self {
-            child: None,
-            port,
-            args: args
-                .iter()
-                .map(|a| {
-                    a.replace("{port}", &port.to_string())
-                        .replace("{dir}", &dir.to_string_lossy())
-                })
-                .collect(),
-            dir,
-        };
-        server.launch();
-        server
+        panic!("redis-server found its port taken on five free ports in a row");
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -115,6 +124,13 @@ impl RedisServer {
     }
 
     fn launch(&mut self) {
+        if let Err(log) = self.try_launch() {
+            panic!("redis-server exited:\n{log}");
+        }
+    }
+
+    /// Starts the server and waits until it is ready; its log if it exited.
+    fn try_launch(&mut self) -> Result<(), String> {
         let mut command = Command::new("redis-server");
         command
             .args(["--port", &self.port.to_string()])
@@ -142,21 +158,30 @@ impl RedisServer {
             .spawn()
             .expect("redis-server must be installed (scripts/test installs it)");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    /// Waits until the server answers on its port.
-    fn wait_ready(&mut self) {
+    /// Waits until this server (not another process on its port: its own
+    /// log line, which starts with its pid, says it is ready) answers on
+    /// its port; its log if it exited.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let log_path = self.dir.join("server.log");
+        let ready = format!("{}:", self.pid().expect("just started"));
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
-                panic!("redis-server exited with {status}:\n{log}");
+                self.child = None;
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                return Err(format!("(exit {status})\n{log}"));
             }
-            if ping(self.port) {
-                return;
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if log.lines().any(|line| {
+                line.starts_with(&ready) && line.contains("Ready to accept connections")
+            }) && ping(self.port)
+            {
+                return Ok(());
             }
             std::thread::sleep(Duration::from_millis(20));
         }

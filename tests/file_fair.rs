@@ -14,7 +14,7 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock::backend::{OwnerId, QUEUE_ENTRY_TTL};
+use dlock::backend::OwnerId;
 use dlock::file::FileBackend;
 use dlock::{Backend, LockOptions};
 use support::within;
@@ -96,6 +96,23 @@ fn queued(dir: &Path, key: &str) -> usize {
         .map_or(0, |text| text.lines().skip(1).count())
 }
 
+/// The expiries (microseconds since the epoch) of the entries in the queue
+/// of `key`, in order.
+fn entry_expiries(dir: &Path, key: &str) -> Vec<u64> {
+    std::fs::read_to_string(dir.join(format!("{key}.queue")))
+        .expect("the queue file")
+        .lines()
+        .skip(1)
+        .map(|entry| {
+            entry
+                .split(' ')
+                .nth(2)
+                .and_then(|expiry| expiry.parse().ok())
+                .unwrap_or_else(|| panic!("a queue entry with an expiry: {entry}"))
+        })
+        .collect()
+}
+
 /// Waits until the queue of `key` lists `waiters` entries.
 async fn until_queued(dir: &Path, key: &str, waiters: usize) {
     within(10, "the waiter joins the queue", async {
@@ -131,27 +148,25 @@ async fn a_queued_waiter_killed_with_sigkill_is_skipped_at_once_and_never_handed
     let live = tokio::spawn({
         let backend = backend.clone();
         async move {
-            LockOptions::new(Duration::from_secs(30))
+            let lease = LockOptions::new(Duration::from_secs(30))
                 .wait(Duration::from_secs(20))
                 .fair(true)
                 .acquire_on(backend, key)
-                .await
+                .await;
+            (lease, now_us())
         }
     });
     until_queued(&dir, key, 2).await;
     killed.kill().expect("SIGKILL the first waiter");
     killed.wait().expect("reap");
-    // Its entry was refreshed at most a third of its life ago: a release
-    // that waited for it to expire would keep the live waiter two seconds
-    // and more.
-    let released_at = Instant::now();
+    // A release that waited for the killed waiter's entry (first in line)
+    // to expire would keep the live waiter until then: the expiry the
+    // queue file gives it, a queue entry's life after its last refresh.
+    let killed_entry_expires_at_us = entry_expiries(&dir, key)[0];
     let first = holder.token();
     holder.release().await.expect("release");
-    let lease = within(10, "the live waiter", live)
-        .await
-        .expect("task")
-        .expect("the live waiter is served");
-    let waited = released_at.elapsed();
+    let (lease, served_at_us) = within(10, "the live waiter", live).await.expect("task");
+    let lease = lease.expect("the live waiter is served");
     assert_eq!(
         lease.token().get(),
         first.get() + 1,
@@ -159,9 +174,10 @@ async fn a_queued_waiter_killed_with_sigkill_is_skipped_at_once_and_never_handed
          for the killed one"
     );
     assert!(
-        waited < QUEUE_ENTRY_TTL / 3,
-        "the live waiter waited {waited:?} after the release: the killed waiter's \
-         entry held the queue up"
+        served_at_us < killed_entry_expires_at_us,
+        "the live waiter was served {} us past the killed waiter's entry's expiry: \
+         that entry held the queue up",
+        served_at_us - killed_entry_expires_at_us
     );
     assert_eq!(
         files_ending(&dir, ".alive"),

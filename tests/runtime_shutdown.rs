@@ -269,22 +269,38 @@ fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fa
     assert_free(still_held(file_backend(&dir), &[warm]));
 
     let key = fresh_key("forked");
+    // The child tells through a pipe that it dropped the lease: a byte, or
+    // the end of the pipe should it die first.
+    let mut pipe = [0; 2];
+    // SAFETY: pipe() fills the two descriptors of a fresh pipe.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0, "pipe failed");
+    let [from_child, to_parent] = pipe;
     // SAFETY: the child only takes and drops a lease on runtimes of its
-    // own and then sleeps, alive (so its process keeps the alive file open
-    // unless the lease was released), until the parent kills it.
+    // own, says so, and then sleeps, alive (so its process keeps the alive
+    // file open unless the lease was released), until the parent kills it.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork failed");
     if pid == 0 {
+        unsafe { libc::close(from_child) };
         let backend = FileBackend::open(&dir).expect("lock dir");
         let runtime = short_lived_runtime();
         let lease = runtime.block_on(take(Arc::new(backend), &key));
         drop(runtime);
         drop(lease);
+        // SAFETY: writes one byte from a live buffer to the pipe.
+        unsafe { libc::write(to_parent, b"d".as_ptr().cast(), 1) };
         loop {
             std::thread::sleep(Duration::from_secs(60));
         }
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // SAFETY: closes this process's copy of the write end, then reads one
+    // byte into a live buffer: the child's, or 0 at its end.
+    unsafe { libc::close(to_parent) };
+    let mut byte = 0u8;
+    while unsafe { libc::read(from_child, (&raw mut byte).cast(), 1) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    unsafe { libc::close(from_child) };
     // Taken and dropped by the child, which is still alive.
     let held = still_held(file_backend(&dir), &[key]);
     let mut status = 0;

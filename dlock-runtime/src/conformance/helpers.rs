@@ -108,10 +108,15 @@ pub async fn poll_then_drop<F: Future>(fut: F, polls: usize) {
 pub struct CountingBackend {
     inner: Arc<dyn crate::Backend>,
     attempts: std::sync::atomic::AtomicUsize,
+    answered: std::sync::atomic::AtomicUsize,
     failures: std::sync::atomic::AtomicUsize,
     hang_next: std::sync::atomic::AtomicBool,
     joined: std::sync::Mutex<std::collections::HashSet<crate::backend::OwnerId>>,
     first_tries: std::sync::atomic::AtomicUsize,
+    /// A clock the caller advances, and its reading when a fair waiter's
+    /// attempt first queued it.
+    clock: Option<std::sync::Arc<std::sync::atomic::AtomicUsize>>,
+    queued_at: std::sync::Mutex<Option<usize>>,
 }
 
 impl CountingBackend {
@@ -126,11 +131,35 @@ impl CountingBackend {
         std::sync::Arc::new(Self {
             inner,
             attempts: std::sync::atomic::AtomicUsize::new(0),
+            answered: std::sync::atomic::AtomicUsize::new(0),
             failures: std::sync::atomic::AtomicUsize::new(failures),
             hang_next: std::sync::atomic::AtomicBool::new(false),
             joined: std::sync::Mutex::default(),
             first_tries: std::sync::atomic::AtomicUsize::new(0),
+            clock: None,
+            queued_at: std::sync::Mutex::default(),
         })
+    }
+
+    /// Wraps `inner`, and reads `clock` when an attempt first queues a fair
+    /// waiter (see [`Self::queued_at`]).
+    pub fn with_clock(
+        inner: Arc<dyn crate::Backend>,
+        clock: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) -> Arc<Self> {
+        let mut counting = Self::failing_first(inner, 0);
+        Arc::get_mut(&mut counting).expect("just made").clock = Some(clock);
+        counting
+    }
+
+    /// The clock's reading (see [`Self::with_clock`]) when a
+    /// [`Queue::Join`](crate::backend::Queue::Join) attempt was first
+    /// answered `Held` or `Behind`: when its waiter was in the queue.
+    pub fn queued_at(&self) -> Option<usize> {
+        *self
+            .queued_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The next acquisition attempt never gets an answer.
@@ -142,6 +171,12 @@ impl CountingBackend {
     /// How many acquisition attempts went through so far.
     pub fn attempts(&self) -> usize {
         self.attempts.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// How many acquisition attempts have had their answer (or error) so
+    /// far: as many as [`Self::attempts`] when none is in flight.
+    pub fn answered(&self) -> usize {
+        self.answered.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// How many fair callers' first tries ([`Queue::Respect`] attempts)
@@ -185,6 +220,7 @@ impl crate::Backend for CountingBackend {
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
+            self.answered.fetch_add(1, Ordering::SeqCst);
             return Err(crate::LockError::backend(
                 self.inner.kind(),
                 crate::error::Operation::Acquire,
@@ -201,6 +237,19 @@ impl crate::Backend for CountingBackend {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(*request.owner);
         }
+        if let Some(clock) = &self.clock
+            && matches!(request.queue, crate::backend::Queue::Join { .. })
+            && matches!(
+                answer,
+                Ok(crate::backend::Attempt::Held { .. } | crate::backend::Attempt::Behind { .. })
+            )
+        {
+            self.queued_at
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get_or_insert_with(|| clock.load(Ordering::SeqCst));
+        }
+        self.answered.fetch_add(1, Ordering::SeqCst);
         answer
     }
     fn expiry_slack(&self) -> std::time::Duration {

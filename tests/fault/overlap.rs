@@ -125,18 +125,29 @@ fn launch(runs: &[Entry]) -> Launched {
         free: Mutex::new(at_once),
         freed: Condvar::new(),
     });
-    runs.iter()
+    // Every selected test's seeds first: a missing one fails here, before
+    // any run has started.
+    let selected: Vec<(&Entry, Vec<u64>)> = runs
+        .iter()
         .filter(|entry| command_line.runs(entry.name))
-        .map(|entry| {
-            let handles = seeds_of(entry.name)
+        .map(|entry| (entry, seeds_of(entry.name)))
+        .collect();
+    selected
+        .into_iter()
+        .map(|(entry, seeds)| {
+            let handles = seeds
                 .into_iter()
                 .map(|seed| {
                     let settings = entry.settings;
+                    let name = entry.name;
                     let gate = gate.clone();
                     std::thread::Builder::new()
                         .name(entry.name.to_owned())
                         .spawn(move || {
                             let _turn = gate.enter();
+                            // Said before the run, so that a run that
+                            // panics still names its seed.
+                            eprintln!("{name}: seed {seed} (DLOCK_SEED={seed} replays it)");
                             let mut settings = with_seed(settings(), seed);
                             settings.echo = echo;
                             run(settings)

@@ -1077,6 +1077,12 @@ pub fn run(settings: Settings) -> Report {
             None if seeded.spare => continue,
             None => seeded,
         };
+        let wait = (planned.at + shift).saturating_sub(begun.elapsed());
+        shift += planned.length.saturating_sub(seeded.length);
+        std::thread::sleep(wait);
+        if begun.elapsed() + planned.length > settings.duration {
+            break;
+        }
         if injected.iter().any(|f| f.kind == planned.kind) && !has_hit(planned.kind, &injected) {
             let retries = retried.entry(planned.kind).or_insert(0);
             *retries += 1;
@@ -1085,12 +1091,6 @@ pub fn run(settings: Settings) -> Report {
                 begun.elapsed().as_secs_f64(),
                 planned.kind,
             ));
-        }
-        let wait = (planned.at + shift).saturating_sub(begun.elapsed());
-        shift += planned.length.saturating_sub(seeded.length);
-        std::thread::sleep(wait);
-        if begun.elapsed() + planned.length > settings.duration {
-            break;
         }
         // An abandon order goes to any worker (its acquisitions are the
         // target, not its lease); every other fault waits for a holder. An
@@ -1119,9 +1119,10 @@ pub fn run(settings: Settings) -> Report {
         let mut note = String::new();
         let from_us = now_us();
         let hit = match planned.kind {
-            Fault::Pause => {
+            Fault::Pause => 'pause: {
                 if !workers.signal(slot, libc::SIGSTOP) {
-                    continue;
+                    note = "its process was gone".to_owned();
+                    break 'pause false;
                 }
                 let stopped_us = now_us();
                 std::thread::sleep(planned.length);
@@ -1224,7 +1225,7 @@ pub fn run(settings: Settings) -> Report {
                     None => false,
                 },
             },
-            Fault::Partition => {
+            Fault::Partition => 'partition: {
                 let proxy = match settings.lock {
                     Lock::File => Some(&register_proxies[slot]),
                     Lock::Redis | Lock::Pg => lock_proxies[slot].as_ref(),
@@ -1232,7 +1233,8 @@ pub fn run(settings: Settings) -> Report {
                     Lock::Etcd => lock_proxies[slot].as_ref(),
                 };
                 let Some(proxy) = proxy else {
-                    continue;
+                    note = "no proxy on its link".to_owned();
+                    break 'partition false;
                 };
                 let frozen_us = now_us();
                 proxy.freeze();

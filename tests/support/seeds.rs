@@ -32,10 +32,12 @@ pub fn seeds(test: &str) -> Vec<u64> {
         !seeds.is_empty(),
         "tests/seeds.txt has no seed for the randomized test `{test}`: add a line `{test} <seed>`"
     );
-    let fresh = std::env::var("DLOCK_FRESH_SEEDS")
-        .ok()
-        .and_then(|n| n.trim().parse::<usize>().ok())
-        .unwrap_or(0);
+    let fresh = match std::env::var("DLOCK_FRESH_SEEDS") {
+        Ok(n) => n.trim().parse::<usize>().unwrap_or_else(|_| {
+            panic!("DLOCK_FRESH_SEEDS must be a whole number of seeds, not {n:?}")
+        }),
+        Err(_) => 0,
+    };
     seeds.extend((0..fresh).map(|_| fresh_seed()));
     seeds
 }

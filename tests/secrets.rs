@@ -1005,3 +1005,26 @@ async fn no_part_of_an_unencoded_password_is_shown_in_any_url_form() {
         assert_hidden(&case, parts, &shown);
     }
 }
+
+/// An etcd endpoint whose text before `://` is no scheme (it holds the
+/// user and the start of a password): the error shows nothing of it.
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn an_etcd_endpoint_without_a_scheme_is_refused_without_showing_it() {
+    for (url, secrets) in [
+        ("root:Ee1://Ee2@127.0.0.1:2379", &["root", "Ee1", "Ee2"][..]),
+        (
+            "root:Ef1:/Ef2@x://127.0.0.1:2379",
+            &["root", "Ef1", "Ef2"][..],
+        ),
+        (" http://root:Eh1/Eh2@127.0.0.1:1", &["Eh1", "Eh2"][..]),
+    ] {
+        let builder =
+            dlock::etcd::EtcdBackend::builder(&[url]).connect_timeout(Duration::from_millis(300));
+        let shown = format!("{builder:?}\n");
+        let err = within(15, url, builder.connect())
+            .await
+            .expect_err("no scheme");
+        assert_hidden(url, secrets, &(shown + &shown_error(&err)));
+    }
+}

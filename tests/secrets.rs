@@ -1005,3 +1005,129 @@ async fn no_part_of_an_unencoded_password_is_shown_in_any_url_form() {
         assert_hidden(&case, parts, &shown);
     }
 }
+
+/// A Redis URL written with leading or trailing spaces or control
+/// characters: the client's URL parser strips them, so the user info is
+/// read as written there, and a password holding a `?`, `#` or `/` must
+/// never be read (and shown) as a host, a port or a query. Nor may a tab
+/// or line break inside the URL, which the URL parser removes, change how
+/// it is read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_url_with_leading_spaces_or_control_characters_shows_no_password() {
+    capture_traces();
+    let port = closed_port();
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            format!(" redis://app:4817?Lq2@127.0.0.1:{port}"),
+            &["4817", "Lq2"],
+        ),
+        (
+            format!(" redis://app:4817#Lf2@127.0.0.1:{port}"),
+            &["4817", "Lf2"],
+        ),
+        (
+            format!("\tredis://app:4817?Lt2@127.0.0.1:{port}"),
+            &["4817", "Lt2"],
+        ),
+        (
+            format!("\u{1}redis://app:4817?Lc2@127.0.0.1:{port}"),
+            &["4817", "Lc2"],
+        ),
+        (
+            format!(" rediss://app:4817?Ls2@127.0.0.1:{port}"),
+            &["4817", "Ls2"],
+        ),
+        (
+            format!(" redis://4817?Lu2@127.0.0.1:{port}"),
+            &["4817", "Lu2"],
+        ),
+        (
+            format!(" redis://app:4817/0?Lv2@127.0.0.1:{port} "),
+            &["4817", "Lv2"],
+        ),
+        (
+            format!("re\tdis://app:4817?Lw2@127.0.0.1:{port}"),
+            &["4817", "Lw2"],
+        ),
+        (
+            format!("\nredis+sentinel://app:Ss1/Ss2@127.0.0.1:{port}/mymaster"),
+            &["Ss1", "Ss2"],
+        ),
+    ];
+    for (url, secrets) in &cases {
+        let case = format!("{url:?}");
+        let shown = within(15, &case, shown_connecting("redis", url)).await;
+        assert_hidden(&case, secrets, &shown);
+    }
+}
+
+/// A password in a Redis URL's query, written with an unencoded `#` or
+/// `&` or with a percent-encoded parameter name: no part of the query is
+/// shown, so no tail of the password is either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_tail_of_a_redis_query_password_is_shown() {
+    capture_traces();
+    let port = closed_port();
+    let cases: Vec<(String, &[&str])> = vec![
+        (
+            "unix:///nonexistent/r.sock?pass=Ux1#Ux2&user=app".to_owned(),
+            &["Ux1", "Ux2"],
+        ),
+        (
+            "redis+unix:///nonexistent/r.sock?pass=Uy1&Uy2&user=app".to_owned(),
+            &["Uy1", "Uy2"],
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/0?password=Qx1#Qx2"),
+            &["Qx1", "Qx2"],
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/0?password=Qy1&Qy2"),
+            &["Qy1", "Qy2"],
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/0?pass%77ord=Qo1#Qo2"),
+            &["Qo1", "Qo2"],
+        ),
+        (
+            format!("redis://127.0.0.1:{port}/0?pass%77ord=Qw1"),
+            &["Qw1"],
+        ),
+        (
+            format!("redis://[::1]:{port}/0?password=Qi1#Qi2"),
+            &["Qi1", "Qi2"],
+        ),
+        (
+            format!("redis://[::1]:{port}/0?db=1&PASS=Qj1&Qj2"),
+            &["Qj1", "Qj2"],
+        ),
+    ];
+    for (url, secrets) in &cases {
+        let case = format!("{url:?}");
+        let shown = within(15, &case, shown_connecting("redis", url)).await;
+        assert_hidden(&case, secrets, &shown);
+    }
+}
+
+/// An etcd endpoint whose text before `://` is no scheme (it holds the
+/// user and the start of a password): the error shows nothing of it.
+#[cfg(feature = "etcd")]
+#[tokio::test]
+async fn an_etcd_endpoint_without_a_scheme_is_refused_without_showing_it() {
+    for (url, secrets) in [
+        ("root:Ee1://Ee2@127.0.0.1:2379", &["root", "Ee1", "Ee2"][..]),
+        (
+            "root:Ef1:/Ef2@x://127.0.0.1:2379",
+            &["root", "Ef1", "Ef2"][..],
+        ),
+        (" http://root:Eh1/Eh2@127.0.0.1:1", &["Eh1", "Eh2"][..]),
+    ] {
+        let builder =
+            dlock::etcd::EtcdBackend::builder(&[url]).connect_timeout(Duration::from_millis(300));
+        let shown = format!("{builder:?}\n");
+        let err = within(15, url, builder.connect())
+            .await
+            .expect_err("no scheme");
+        assert_hidden(url, secrets, &(shown + &shown_error(&err)));
+    }
+}

@@ -662,6 +662,56 @@ fn no_part_of_an_unencoded_password_is_printed_in_any_url_form() {
     }
 }
 
+/// A password in a Redis URL's query, written with an unencoded `#` or
+/// `&` or a percent-encoded parameter name, or a password a URL parser
+/// would read as a port for the spaces before the scheme: nothing listens,
+/// and no part of the password is printed.
+#[test]
+#[cfg(feature = "redis")]
+fn no_part_of_a_redis_query_password_is_printed() {
+    let cases: [(&str, &[&str]); 6] = [
+        (
+            "unix:///nonexistent/r.sock?pass=Ux1#Ux2&user=app",
+            &["Ux1", "Ux2"],
+        ),
+        ("redis://127.0.0.1:1/0?password=Qx1#Qx2", &["Qx1", "Qx2"]),
+        ("redis://127.0.0.1:1/0?password=Qy1&Qy2", &["Qy1", "Qy2"]),
+        ("redis://127.0.0.1:1/0?pass%77ord=Qo1#Qo2", &["Qo1", "Qo2"]),
+        ("redis://[::1]:1/0?password=Qi1#Qi2", &["Qi1", "Qi2"]),
+        ("\u{1}redis://app:4817?Lc2@127.0.0.1:1", &["4817", "Lc2"]),
+    ];
+    // All at once: a reachable-looking URL is retried for the command's
+    // whole connect timeout.
+    let runs: Vec<_> = cases
+        .into_iter()
+        .map(|(url, parts)| {
+            let store = Store {
+                kind: "none",
+                url: url.to_owned(),
+                dir: None,
+            };
+            let run = std::thread::spawn(move || dlock(&store, &["show", "k"]));
+            (url, parts, run)
+        })
+        .collect();
+    for (url, parts, run) in runs {
+        let output = run.join().expect("the dlock run");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_ne!(output.status.code(), Some(0), "{url:?}: {printed}");
+        for part in parts {
+            assert!(
+                !printed.contains(part),
+                "{url:?}: `{part}` was printed: {printed}"
+            );
+        }
+        assert!(!printed.contains("panicked"), "{printed}");
+    }
+}
+
 #[test]
 fn a_backend_url_dlock_does_not_know_is_a_usage_error_that_does_not_echo_it() {
     for url in [

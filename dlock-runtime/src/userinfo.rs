@@ -34,9 +34,13 @@ pub(crate) fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
 
 /// `url`'s user info, by [`split_user_info`]; `None` when it has none or
 /// is not a `scheme://` URL (a key=value string holding `://`, say).
+/// Leading and trailing spaces and C0 control characters are not part of
+/// the URL: the URL standard strips them before it finds the scheme
+/// (redis-rs's parser does), so ` redis://app:pw@host` has the user info
+/// `app:pw` too.
 #[cfg(any(feature = "redis", feature = "pg"))]
 pub(crate) fn user_info(url: &str) -> Option<&str> {
-    let (scheme, after_scheme) = url.split_once("://")?;
+    let (scheme, after_scheme) = url.trim_matches(is_c0_or_space).split_once("://")?;
     if !is_scheme(scheme) {
         return None;
     }
@@ -52,6 +56,31 @@ pub(crate) fn misread_by(url: &str, delimiters: &[char]) -> bool {
     user_info(url).is_some_and(|info| info.contains(delimiters))
 }
 
+/// A space or a C0 control character, which the URL standard strips from
+/// both ends of a URL.
+#[cfg(any(feature = "redis", feature = "pg"))]
+fn is_c0_or_space(c: char) -> bool {
+    c <= ' '
+}
+
+/// True when a parser that follows the URL standard (redis-rs) would read
+/// another text than `url` as written: the standard removes every tab and
+/// line break, wherever it is, so `re\tdis://app:4817?pw@host` is a
+/// `redis://` URL to it while dlock's rule sees no scheme, and the
+/// password would be read as a host and a port. Such a URL is refused
+/// and never shown.
+#[cfg(feature = "redis")]
+pub(crate) fn rewritten_by_url_standard(url: &str) -> bool {
+    url.contains(['\t', '\n', '\r'])
+}
+
+/// Why a URL [`rewritten_by_url_standard`] is refused; never the URL
+/// itself.
+#[cfg(feature = "redis")]
+pub(crate) const REWRITTEN: &str = "the URL holds a tab or a line break, which its client \
+     would remove, reading another URL than the one written: write it without them (the URL \
+     is not shown: it may hold a password)";
+
 /// Why a URL [`misread_by`] its client is refused, and how to write it;
 /// never the URL itself.
 #[cfg(feature = "redis")]
@@ -62,8 +91,8 @@ pub(crate) const MISREAD: &str = "the URL has an `@` after a `/`, `?` or `#`, so
 
 /// Whether `word` is a URL scheme (`ALPHA *( ALPHA / DIGIT / "+" / "-" /
 /// "." )`).
-#[cfg(any(feature = "redis", feature = "pg"))]
-fn is_scheme(word: &str) -> bool {
+#[cfg(any(feature = "redis", feature = "pg", feature = "etcd"))]
+pub(crate) fn is_scheme(word: &str) -> bool {
     word.starts_with(|c: char| c.is_ascii_alphabetic())
         && word
             .chars()
@@ -85,6 +114,8 @@ mod tests {
         assert_eq!(user_info("redis://host:6379/0"), None);
         assert_eq!(user_info("host=h password=a://b@c"), None);
         assert_eq!(user_info("hunter2"), None);
+        assert_eq!(user_info(" redis://app:pw@host"), Some("app:pw"));
+        assert_eq!(user_info("\u{1}\tredis://4817?x@host\n"), Some("4817?x"));
     }
 
     #[test]
@@ -94,6 +125,8 @@ mod tests {
             "redis://:pa?ss@host",
             "redis://:pa#ss@host",
             "redis://host/0?password=a@b",
+            " redis://app:4817?x@host",
+            "\u{1}redis://app:4817#x@host",
         ] {
             assert!(misread_by(url, URL_STANDARD), "{url}");
         }

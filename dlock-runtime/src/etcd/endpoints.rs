@@ -50,7 +50,13 @@ pub(super) fn parse_all(endpoints: &[&str]) -> Result<Vec<Endpoint>, LockError> 
 /// One endpoint URL. The error never shows the URL itself, only what it
 /// would show with the credentials hidden, if that can be told.
 pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // What comes before `://` is shown only if it is a scheme: otherwise
+    // it may be a user and the start of a password
+    // (`root:pw://rest@host`), and nothing of the endpoint is shown.
+    let Some((scheme, rest)) = url
+        .split_once("://")
+        .filter(|(scheme, _)| crate::userinfo::is_scheme(scheme))
+    else {
         return Err(invalid(
             "an endpoint must be a URL like http://127.0.0.1:2379 (it is not shown: it may hold a password)"
                 .into(),
@@ -187,6 +193,8 @@ mod tests {
             "http://:hunter2@host:2379",
             "hunter2",
             "http://app:hunter2%zz@host",
+            "app:hunter2://x@host:2379",
+            " http://app:hunter2@host:2379",
         ] {
             // `Endpoint` has no `Debug`: it holds the password.
             let Err(err) = parse(url) else {

@@ -268,6 +268,17 @@ impl RedisBuilder {
                 reason: reason.clone(),
             });
         }
+        // redis-rs would read another URL than the one written.
+        if self
+            .urls
+            .iter()
+            .any(|url| userinfo::rewritten_by_url_standard(url))
+        {
+            return Err(LockError::InvalidOption {
+                option: "url",
+                reason: userinfo::REWRITTEN.to_owned(),
+            });
+        }
         // redis-rs would take part of such a URL's user info for its host,
         // port or path, and show it in its errors.
         if self

@@ -33,7 +33,7 @@ pub(crate) fn redact_url(url: &str) -> String {
     // Shown only if redis-rs reads it too: a password typed where neither
     // parser expects one (an unencoded `/` or `#` in it, say) must not end
     // up shown as a host or a path.
-    if userinfo::misread_by(url, URL_STANDARD) {
+    if userinfo::misread_by(url, URL_STANDARD) || userinfo::rewritten_by_url_standard(url) {
         return UNREADABLE.to_owned();
     }
     let Some(mut parsed) = url
@@ -53,22 +53,21 @@ pub(crate) fn redact_url(url: &str) -> String {
     if hidden.is_err() {
         return UNREADABLE.to_owned();
     }
+    // A password in the query may run past where the query parser ends
+    // it: an unencoded `&` makes its tail a parameter of its own, an
+    // unencoded `#` a fragment. So none of such a query is shown, nor the
+    // fragment, whatever the parameters' names.
     if parsed
         .query_pairs()
         .any(|(name, _)| is_password_param(&name))
+        || has_password_param(url)
     {
-        let pairs: Vec<(String, String)> = parsed
-            .query_pairs()
-            .map(|(name, value)| {
-                let value = if is_password_param(&name) {
-                    HIDDEN.to_owned()
-                } else {
-                    value.into_owned()
-                };
-                (name.into_owned(), value)
-            })
-            .collect();
-        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+        parsed.set_query(None);
+        parsed.set_fragment(None);
+        let mut shown: String = parsed.into();
+        shown.push('?');
+        shown.push_str(HIDDEN);
+        return shown;
     }
     parsed.into()
 }
@@ -116,6 +115,19 @@ fn is_password_param(name: &str) -> bool {
     PASSWORD_PARAMS
         .iter()
         .any(|param| param.eq_ignore_ascii_case(name))
+}
+
+/// Whether `url` has a password query parameter as written, in any case
+/// and any spelling (percent-encoded names decoded): the text after the
+/// first `?` is searched past any `#`, so a parameter the URL parser would
+/// put in the fragment counts too.
+fn has_password_param(url: &str) -> bool {
+    url.split_once('?').is_some_and(|(_, query)| {
+        query.split(['&', '#', ';']).any(|pair| {
+            let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+            is_password_param(form_decode(name).trim())
+        })
+    })
 }
 
 /// The password query parameters' values in `query`, raw and decoded.
@@ -178,15 +190,19 @@ mod tests {
         assert_eq!(redact_url("redis://a:p@ss@host"), "redis://a:***@host");
         assert_eq!(
             redact_url("redis+unix:///run/redis.sock?pass=s3cret&user=app&db=1"),
-            "redis+unix:///run/redis.sock?pass=***&user=app&db=1"
+            "redis+unix:///run/redis.sock?***"
         );
         assert_eq!(
             redact_url("unix:///run/redis.sock?user=app&pass=p%26w"),
-            "unix:///run/redis.sock?user=app&pass=***"
+            "unix:///run/redis.sock?***"
         );
         assert_eq!(
             redact_url("redis://host/0?PASSWORD=s3cret&Pass=p2&db=1"),
-            "redis://host/0?PASSWORD=***&Pass=***&db=1"
+            "redis://host/0?***"
+        );
+        assert_eq!(
+            redact_url("redis://host/0?db=1&protocol=resp3#x"),
+            "redis://host/0?db=1&protocol=resp3#x"
         );
     }
 
@@ -200,8 +216,42 @@ mod tests {
             "redis://app:2024/Summer!@host",
             "redis://app:6379/0?x@host",
             "http://user:pw@host",
+            " redis://app:4817?x@host",
+            "re\tdis://app:4817?x@host",
         ] {
             assert_eq!(redact_url(unreadable), UNREADABLE, "{unreadable}");
+        }
+    }
+
+    #[test]
+    fn nothing_of_a_query_holding_a_password_is_shown() {
+        for (url, shown) in [
+            (
+                "unix:///tmp/x.sock?pass=Ux1#Ux2&user=app",
+                "unix:///tmp/x.sock?***",
+            ),
+            (
+                "redis://127.0.0.1:1/0?password=Qx1#Qx2",
+                "redis://127.0.0.1:1/0?***",
+            ),
+            (
+                "redis://127.0.0.1:1/0?password=Qy1&Qy2",
+                "redis://127.0.0.1:1/0?***",
+            ),
+            (
+                "redis://127.0.0.1:1/0?pass%77ord=Qo1#Qo2",
+                "redis://127.0.0.1:1/0?***",
+            ),
+            (
+                "redis://[::1]:1/0?db=1#&password=Qf1",
+                "redis://[::1]:1/0?***",
+            ),
+            (
+                "redis://:pw@[::1]:1/0?PASS+=Qs1",
+                "redis://:***@[::1]:1/0?***",
+            ),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
         }
     }
 

@@ -106,9 +106,9 @@
 //!   is kept through the loss of the leader member, whenever it comes,
 //!   with up to 64 leases renewed by one backend (measured on a 2-core
 //!   machine); a shorter one may run out when the election takes longer
-//!   than it has left. With hundreds of leases on one backend, the retries
-//!   of all their renewals may not all be answered in time at that ttl:
-//!   give them a longer one.
+//!   than it has left. With more leases on one backend (128 lost a few),
+//!   the retries of all their renewals may not all be answered in time at
+//!   that ttl: give them a longer one.
 //!   The other side of it: the key of a holder that died shortly before a
 //!   leader change stays held for up to a whole ttl more than
 //!   [`Backend::expiry_slack`] says (measured on etcd 3.4: a 10 s lease

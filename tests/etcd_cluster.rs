@@ -179,6 +179,49 @@ async fn a_lock_and_an_election_leader_at_the_shortest_supported_ttl_survive_the
     held.release().await.expect("release");
 }
 
+/// Twenty leases on one backend at the shortest supported ttl (three times
+/// [`EtcdBackend::min_lease_ttl`]) through a freeze of the leader member's
+/// process (its host dead: connections stay open, nothing comes back):
+/// none of the holders is told it lost, for two ttls after the freeze. The
+/// renewals' requests that were riding the connection to the frozen member
+/// all fail together when its keep-alive times out; each is sent again, to
+/// a live member, while its lease has time left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_leases_on_one_backend_at_the_shortest_supported_ttl_survive_a_leader_members_freeze()
+ {
+    let _one = one_at_a_time().await;
+    let mut cluster = Cluster::start(3);
+    let endpoints = cluster.endpoints();
+    let endpoints: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+    let backend = Arc::new(
+        EtcdBackend::connect(&endpoints)
+            .await
+            .expect("the cluster answers"),
+    );
+    let ttl = backend.min_lease_ttl() * 3;
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let key = fresh_key(&format!("many-{i}"));
+        held.push((take(&backend, &key, ttl).await, key));
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let leader = cluster.leader().await;
+    cluster.members[leader].freeze();
+    let watch_until = Instant::now() + ttl * 2;
+    while Instant::now() < watch_until {
+        for (lease, key) in &held {
+            if let Err(err) = lease.check() {
+                panic!("the holder of {key} was told it lost: {err}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.members[leader].kill();
+    for (lease, _) in held {
+        let _ = lease.release().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_follower_lets_locking_go_on() {
     let _one = one_at_a_time().await;

@@ -1484,3 +1484,85 @@ async fn a_lost_slots_hash_refuses_new_permits_until_its_holders_leases_expire()
     );
     lease.release().await.expect("release");
 }
+
+/// An expiry past 2^63 ms in a slot entry (an operator's `HSET`) stretches
+/// the permits' sentinel and hash to the longest expiry Redis accepts,
+/// never by a negative (overflowed) `PEXPIRE`, which would delete them and
+/// let more holders in than there are permits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_entry_with_an_expiry_past_two_to_the_sixty_third_lets_no_extra_permit_holder_in() {
+    use dlock::backend::{Access, AcquireRequest, Attempt};
+    let backend = backend().await;
+    let key = fresh_key("permits-huge-expiry");
+    let slots = format!("dlock:{{{key}}}:slots");
+    let lock = format!("dlock:{{{key}}}:lock");
+    let attempt = || {
+        let (backend, key) = (backend.clone(), key.clone());
+        async move {
+            let owner = OwnerId::random().expect("random");
+            backend
+                .try_acquire(
+                    &AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+                        .with_access(Access::Permits { permits: 2 }),
+                )
+                .await
+                .expect("backend answers")
+        }
+    };
+    let first = attempt().await;
+    assert!(matches!(first, Attempt::Acquired(_)), "{first:?}");
+    cli(&[
+        "HSET",
+        &slots,
+        "7",
+        "99999999999999999999 0123456789abcdef0123456789abcdef",
+    ]);
+    let mut granted = 1;
+    for _ in 0..4 {
+        if matches!(attempt().await, Attempt::Acquired(_)) {
+            granted += 1;
+        }
+    }
+    let (lock_pttl, slots_pttl) = (cli(&["PTTL", &lock]), cli(&["PTTL", &slots]));
+    cli(&["DEL", &lock, &slots]);
+    assert_eq!(granted, 2, "holders of a 2-permit key");
+    assert!(
+        lock_pttl.parse::<i64>().is_ok_and(|ms| ms > 0)
+            && slots_pttl.parse::<i64>().is_ok_and(|ms| ms > 0),
+        "the sentinel's and the hash's PTTL: {lock_pttl}, {slots_pttl}"
+    );
+}
+
+/// An expiry past 2^63 ms in a reader's entry (an operator's `HSET`) keeps
+/// the read phase standing when another reader joins: no writer gets the
+/// key while the readers hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_entry_with_an_expiry_past_two_to_the_sixty_third_lets_no_writer_in() {
+    let backend = backend().await;
+    let key = fresh_key("rw-huge-expiry");
+    let readers = format!("dlock:{{{key}}}:readers");
+    let lock = format!("dlock:{{{key}}}:lock");
+    let phase = format!("dlock:{{{key}}}:phase");
+    let read = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let a = read.acquire_on(backend.clone(), &key).await.expect("free");
+    let b = read.acquire_on(backend.clone(), &key).await.expect("joins");
+    cli(&[
+        "HSET",
+        &readers,
+        "0123456789abcdef0123456789abcdef",
+        "99999999999999999999",
+    ]);
+    let c = read.acquire_on(backend.clone(), &key).await.expect("joins");
+    let writer = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(backend.clone(), &key)
+        .await;
+    let writer_in = writer.is_ok();
+    if let Ok(writer) = writer {
+        let _ = writer.release().await;
+    }
+    for lease in [a, b, c] {
+        let _ = lease.release().await;
+    }
+    cli(&["DEL", &lock, &readers, &phase]);
+    assert!(!writer_in, "a writer got the key while readers hold");
+}

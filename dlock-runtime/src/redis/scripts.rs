@@ -752,7 +752,9 @@ pub(super) static FORCE_RELEASE_HOLDING: LazyLock<Script> =
 ///   `TIME` reply the script has (one `TIME` serves a script that also
 ///   draws a token); `ms(value)` an expiry written as the integer it is
 ///   (`tostring` would write a huge one in exponent form, which reads
-///   back as a small number).
+///   back as a small number), at most 2^62 (an entry an operator wrote may
+///   hold any expiry, and `%d` writes one of 2^63 or more as a negative
+///   number: a `PEXPIRE` by it would delete the holders' keys).
 /// - `live(hash, now, all)`: the live entries of a holders' hash, field →
 ///   value (its leading number is the expiry), the dead ones deleted; a
 ///   value of another type reads as none. `all`, if given, is the hash's
@@ -779,8 +781,13 @@ local PERMITS = '00000000000000000000000000000001'
 local function ms_of(now)
   return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 end
+-- 2^62 ms, some 146 million years: the longest expiry `ms` writes. An
+-- operator-written entry's expiry may be any number; `%d` would write one
+-- of 2^63 or more as a negative one, and a negative `PEXPIRE` deletes the
+-- key.
+local LONGEST_MS = 4611686018427387904
 local function ms(value)
-  return string.format('%d', value)
+  return string.format('%d', math.min(value, LONGEST_MS))
 end
 local function now_ms()
   return ms_of(redis.call('TIME'))

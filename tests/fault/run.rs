@@ -637,6 +637,26 @@ impl Workers {
         shared.phase.get(&slot) == Some(&(self.process_of[slot], Phase::Working))
     }
 
+    /// Whether another process began a lease between `from_us` and `to_us`
+    /// beside the one the process in `slot` held then (in its permit slot,
+    /// with permits), by what the processes printed.
+    fn began_beside(&self, slot: usize, from_us: u64, to_us: u64) -> bool {
+        let process = self.process_of[slot];
+        let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let held_slot = shared
+            .events
+            .iter()
+            .rev()
+            .find(|ev| ev.process == process && ev.what == "BEGIN" && ev.t_us <= from_us)
+            .and_then(|ev| ev.slot);
+        shared.events.iter().any(|ev| {
+            ev.process != process
+                && ev.what == "BEGIN"
+                && (from_us..=to_us).contains(&ev.t_us)
+                && (held_slot.is_none() || ev.slot == held_slot)
+        })
+    }
+
     /// Whether the process in `slot` holds the key, and not as a reader,
     /// by what it printed.
     fn holds_as_writer(&self, slot: usize) -> bool {
@@ -1135,6 +1155,11 @@ pub fn run(settings: Settings) -> Report {
                 let mid_step = workers.is_working(slot);
                 let writer_held = workers.holds_as_writer(slot);
                 workers.signal(slot, libc::SIGCONT);
+                // What the others printed while it was stopped has reached
+                // their readers by now (a line takes microseconds; this
+                // leaves a loaded machine room).
+                std::thread::sleep(Duration::from_millis(200));
+                let let_in = workers.began_beside(slot, stopped_us, resumed_us);
                 if planned.length > TTL {
                     pauses.push(Pause {
                         process: workers.process_of[slot],
@@ -1150,7 +1175,15 @@ pub fn run(settings: Settings) -> Report {
                 // a paused writer lets another worker in beside it, which a
                 // read-write run must show.
                 let wants_writer = settings.scenario == Scenario::ReadWrite;
-                on_holder && (mid_step || !wants_mid_step) && (writer_held || !wants_writer)
+                // A fenced run must show a pause letting another worker in
+                // beside the holder (into its slot, with permits): a pause
+                // during which nobody came (the other permit was free, the
+                // others were between leases) is tried again.
+                let wants_let_in = settings.scenario != Scenario::Election && settings.fenced;
+                on_holder
+                    && (mid_step || !wants_mid_step)
+                    && (writer_held || !wants_writer)
+                    && (let_in || !wants_let_in)
             }
             Fault::Kill => {
                 workers.kill(slot);

@@ -311,6 +311,9 @@ async fn show(backend: &dyn Backend, key: &LockKey, json: bool) -> Result<u8, Fa
 /// The backend compares and breaks in one step
 /// ([`Backend::force_release_holding`]), so a holder that changed since it
 /// was read (while the operator answered, say) is never broken instead.
+/// On a key held as permits only the permit named is broken (or the
+/// backend refuses, breaking nothing), and the message says the key is
+/// still held by the others.
 async fn release(
     backend: &dyn Backend,
     key: &LockKey,
@@ -380,6 +383,14 @@ async fn release(
             )));
         }
     }
+    // Only the lease named is broken: a key held as permits (or by a
+    // phase of shared holders another read named) may still be held by
+    // its other leases, and the operator is told so rather than that the
+    // key is free. A failed read only leaves the note out.
+    let still = match backend.holder(key).await {
+        Ok(Some(now)) if now.token != Some(named) => Some(HoldingView::of(&now).holder_text()),
+        _ => None,
+    };
     let mut out = io::stdout().lock();
     if json {
         let view = ReleaseView {
@@ -395,11 +406,20 @@ async fn release(
         } else {
             "The holder sees its lease lost at its next renewal."
         };
-        writeln!(
-            out,
-            "Released `{shown}`, held by {}, token {named}. {consequence}",
-            holding.holder_text()
-        )?;
+        match still {
+            None => writeln!(
+                out,
+                "Released `{shown}`, held by {}, token {named}. {consequence}",
+                holding.holder_text()
+            )?,
+            Some(other) => writeln!(
+                out,
+                "Released the lease with token {named} on `{shown}`, held by {}. {consequence} \
+                 Only that lease was broken: `{shown}` is still held, by {other} (its other \
+                 permits are kept).",
+                holding.holder_text()
+            )?,
+        }
     }
     Ok(0)
 }

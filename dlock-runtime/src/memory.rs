@@ -732,7 +732,8 @@ impl Backend for MemoryBackend {
     }
 
     /// Compares the holder `holder` shows with the one named and breaks
-    /// the key under the one mutex, so no acquisition comes in between.
+    /// the key under the one mutex, so no acquisition comes in between. A
+    /// key held as permits loses only the permit whose token is named.
     async fn force_release_holding(
         &self,
         key: &LockKey,
@@ -744,6 +745,24 @@ impl Backend for MemoryBackend {
         let Some(entry) = entries.by_key.get_mut(key) else {
             return Ok(ForceRelease::NotHeld);
         };
+        let by_permits = entry.live_holder(now).is_none() && entry.readers_left(now).is_none();
+        if by_permits && entry.live_slots(now).next().is_some() {
+            // Held as permits: only the permit named is broken, its slot
+            // found by its own token; the others keep theirs.
+            let Some(slot) = entry
+                .live_slots(now)
+                .find(|(_, holder)| holder.token == named)
+                .and_then(|(slot, _)| usize::try_from(slot).ok())
+            else {
+                return Ok(ForceRelease::HolderChanged);
+            };
+            if let Some(held) = entry.slots.get_mut(slot) {
+                *held = None;
+            }
+            entry.announce_release();
+            entries.forget_if_idle(key);
+            return Ok(ForceRelease::Released);
+        }
         let shown = entry.shown_holder(now).map(|holder| Some(holder.token));
         let answer = ForceRelease::compare(shown, named);
         if answer == ForceRelease::Released {

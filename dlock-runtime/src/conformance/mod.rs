@@ -78,6 +78,7 @@ macro_rules! conformance_suite {
             extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch,
             tokens_keep_rising_after_a_force_release,
             a_force_release_naming_a_holder_that_changed_breaks_nothing,
+            a_force_release_naming_a_permit_breaks_only_that_permit,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
             lost_signal_fires_when_the_lease_is_taken_away,
@@ -672,6 +673,103 @@ pub async fn a_force_release_naming_a_holder_that_changed_breaks_nothing(
         .expect("backend answers");
     assert_eq!(answer, ForceRelease::NotHeld, "nothing is left to break");
     drop(second);
+}
+
+/// A force release that names one permit of a key held as permits breaks
+/// that permit alone, or is refused with an error and breaks nothing:
+/// never the key's other permits. With permits A and B held, naming B by
+/// its token leaves A's release answering `Released`. With B released by
+/// its holder, naming B (a lease shown a moment before) breaks nothing,
+/// and A keeps its permit.
+pub async fn a_force_release_naming_a_permit_breaks_only_that_permit(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    use crate::backend::{Access, ForceRelease, Holding, ReleaseOutcome, ReleaseRequest};
+    let access = Access::Permits { permits: 2 };
+    if !keeps_access(&backend, access).await {
+        return;
+    }
+    let take_permit = |key: LockKey| {
+        let backend = backend.clone();
+        async move {
+            let owner = OwnerId::random().expect("an owner id");
+            let request =
+                AcquireRequest::new(&key, &owner, Duration::from_secs(30)).with_access(access);
+            match backend
+                .try_acquire(&request)
+                .await
+                .expect("backend answers")
+            {
+                Attempt::Acquired(grant) => (owner, grant.token, grant.slot),
+                other => panic!("a free permit must be granted: {other:?}"),
+            }
+        }
+    };
+    let release = |key: LockKey, owner: OwnerId, slot: Option<u32>| {
+        let backend = backend.clone();
+        async move {
+            backend
+                .release(&ReleaseRequest::new(&key, &owner).holding(access, slot))
+                .await
+                .expect("backend answers")
+        }
+    };
+
+    // Both held: naming the one shown breaks that one at most.
+    let key = fresh_key("forced-permit");
+    let a = take_permit(key.clone()).await;
+    let b = take_permit(key.clone()).await;
+    let named = b.1;
+    let (named_lease, other_lease) = (b, a);
+    let answer = another
+        .force_release_holding(&key, &Holding::new(Some(named), None))
+        .await;
+    let other_out = release(key.clone(), other_lease.0, other_lease.2).await;
+    assert_eq!(
+        other_out,
+        ReleaseOutcome::Released,
+        "naming permit {named} (answered {answer:?}) must not break permit {}",
+        other_lease.1
+    );
+    let named_out = release(key.clone(), named_lease.0, named_lease.2).await;
+    match answer {
+        Ok(ForceRelease::Released) => assert_ne!(
+            named_out,
+            ReleaseOutcome::Released,
+            "the permit named was answered broken, yet its holder still held it"
+        ),
+        // Refused, or not found: nothing may be broken.
+        other => assert_eq!(
+            named_out,
+            ReleaseOutcome::Released,
+            "a force release answering {other:?} must break nothing"
+        ),
+    }
+
+    // The permit named was released by its holder meanwhile: nothing breaks.
+    let key = fresh_key("forced-permit-gone");
+    let a = take_permit(key.clone()).await;
+    let b = take_permit(key.clone()).await;
+    let named = b.1;
+    let (gone, kept) = (b, a);
+    assert_eq!(
+        release(key.clone(), gone.0, gone.2).await,
+        ReleaseOutcome::Released
+    );
+    let answer = another
+        .force_release_holding(&key, &Holding::new(Some(named), None))
+        .await;
+    assert!(
+        !matches!(answer, Ok(ForceRelease::Released)),
+        "naming permit {named}, which its holder released, must break nothing: {answer:?}"
+    );
+    assert_eq!(
+        release(key.clone(), kept.0, kept.2).await,
+        ReleaseOutcome::Released,
+        "naming a released permit ({answer:?}) must not break permit {}",
+        kept.1
+    );
 }
 
 /// A lease that is not renewed expires: the key is free after its ttl, and

@@ -1077,12 +1077,17 @@ impl Inner {
     /// Compares the holder `holding` shows with the one named (`named`,
     /// its token) and breaks the key as [`Inner::force_release`] does,
     /// both with the key's file locked, so no acquisition comes in between.
+    /// A key held as permits loses only the permit whose token is named
+    /// ([`Inner::force_release_permit`]).
     fn force_release_holding(&self, name: &str, named: FencingToken) -> io::Result<ForceRelease> {
         let _guard = self.lock_key(name)?;
         let now = now_us();
         let Some(mut state) = self.read_state(name)? else {
             return Ok(ForceRelease::NotHeld);
         };
+        if let Some(answer) = self.force_release_permit(name, &mut state, named.get(), now)? {
+            return Ok(answer);
+        }
         let shown = self
             .shown_holding(name, &mut state, now)?
             .map(|(_, holding)| holding.token);

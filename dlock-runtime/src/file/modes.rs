@@ -369,6 +369,40 @@ impl Inner {
         Ok(ours)
     }
 
+    /// A force release naming the permit whose token is `named`, with the
+    /// key's file locked by the caller: `None` if the key is not held as
+    /// permits. Else only that permit is dropped (its holder finds it gone
+    /// at its next renewal) and the answer is `Released`, or
+    /// `HolderChanged` when no live permit has that token (nothing is
+    /// changed): the key's other permits are never broken.
+    pub(super) fn force_release_permit(
+        &self,
+        name: &str,
+        state: &mut State,
+        named: u64,
+        now: u64,
+    ) -> io::Result<Option<crate::backend::ForceRelease>> {
+        use crate::backend::ForceRelease;
+        let live_permit = |m: &Member| m.slot.is_some() && m.expires_at_us > now;
+        if !state.group || !state.members.iter().any(live_permit) {
+            return Ok(None);
+        }
+        let before = state.members.len();
+        state
+            .members
+            .retain(|m| !(live_permit(m) && m.token == named));
+        if state.members.len() == before {
+            return Ok(Some(ForceRelease::HolderChanged));
+        }
+        self.normalize(name, state, now, true)?;
+        if !state.group && state.queued && self.hand_to_first(name, state, now)? {
+            // Handed over, the state written durably.
+        } else {
+            self.write_state(name, state, false)?;
+        }
+        Ok(Some(ForceRelease::Released))
+    }
+
     /// The group just ended: hands the key to the first live fair waiter,
     /// as an exclusive holder's release does. True if it did (the queue
     /// and the state written); else the queue is pruned and `state.queued`

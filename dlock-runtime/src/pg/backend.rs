@@ -408,7 +408,9 @@ impl Backend for PgBackend {
             return Ok(ForceRelease::Released);
         }
         // Nothing was ended: only the answer's wording depends on this read.
-        let (_, held) = self.inner.key_held(key).await?;
+        // The holder read, not only the exclusive lock's: a key held as
+        // permits or shared is held, and is not answered `NotHeld`.
+        let held = self.inner.holder(key).await?.is_some();
         Ok(if held {
             ForceRelease::HolderChanged
         } else {

@@ -1508,7 +1508,9 @@ impl Backend for RedisBackend {
     }
 
     /// One script compares the holder's token, read as `holder` reads it,
-    /// and breaks the lock (see [`Backend::force_release_holding`]).
+    /// and breaks the lock (see [`Backend::force_release_holding`]). A key
+    /// held as permits is refused with an error, nothing broken: its slots
+    /// keep no token to tell the permit named from the others.
     async fn force_release_holding(
         &self,
         key: &LockKey,
@@ -1526,6 +1528,16 @@ impl Backend for RedisBackend {
             .arg(named.get().to_string());
         let answer: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(match answer {
+            -2 => {
+                return Err(self.error(
+                    Operation::Release,
+                    key,
+                    "the key is held as permits, and the Redis backend keeps no token per \
+                     permit, so the permit named cannot be told from the others; nothing was \
+                     released (`force_release` breaks every permit of the key)"
+                        .to_owned(),
+                ));
+            }
             1 => ForceRelease::Released,
             -1 => ForceRelease::NotHeld,
             _ => ForceRelease::HolderChanged,

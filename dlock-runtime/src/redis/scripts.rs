@@ -479,12 +479,19 @@ return 0
 /// `KEYS[2]` holder info key, `KEYS[3]` fence key, `KEYS[4]` identity
 /// record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
 /// if the named lease was broken, 0 if another holds the key (or one whose
-/// token cannot be read), -1 if nobody does.
+/// token cannot be read), -1 if nobody does, -2 (nothing changed) if the
+/// key is held as permits: their slots keep no token, so the permit named
+/// cannot be told from the others, and breaking the key would break them
+/// all.
 ///
 /// Why one atomic step: an operator confirms the holder they were shown; a
 /// check and a break sent apart would break whoever took the key in
 /// between.
 pub(super) const FORCE_RELEASE_HOLDING_LUA: &str = r"
+local stem = string.sub(KEYS[1], 1, -5)
+if redis.call('EXISTS', stem .. 'slots') == 1 then
+  return -2
+end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
   return -1
@@ -502,8 +509,7 @@ end
 if token ~= ARGV[2] then
   return 0
 end
-local stem = string.sub(KEYS[1], 1, -5)
-redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
+redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'writer')
 redis.call('PUBLISH', ARGV[1], 'released')
 return 1
 ";

@@ -657,6 +657,15 @@ impl Workers {
         })
     }
 
+    /// Whether the process in `slot` holds the key, by what it printed.
+    fn is_holding(&self, slot: usize) -> bool {
+        let shared = self.shared.lock().unwrap_or_else(PoisonError::into_inner);
+        matches!(
+            shared.phase.get(&slot),
+            Some(&(process, Phase::Holding | Phase::Working)) if process == self.process_of[slot]
+        )
+    }
+
     /// Whether the process in `slot` holds the key, and not as a reader,
     /// by what it printed.
     fn holds_as_writer(&self, slot: usize) -> bool {
@@ -1153,6 +1162,9 @@ pub fn run(settings: Settings) -> Report {
                 // its reader has long read what came before: the phase is
                 // the one it was stopped in.
                 let mid_step = workers.is_working(slot);
+                // Chosen as a holder a moment before the signal, it may have
+                // let go meanwhile: only a pause of a holder counts.
+                let holding = workers.is_holding(slot);
                 let writer_held = workers.holds_as_writer(slot);
                 workers.signal(slot, libc::SIGCONT);
                 // What the others printed while it was stopped has reached
@@ -1181,6 +1193,7 @@ pub fn run(settings: Settings) -> Report {
                 // others were between leases) is tried again.
                 let wants_let_in = settings.scenario != Scenario::Election && settings.fenced;
                 on_holder
+                    && holding
                     && (mid_step || !wants_mid_step)
                     && (writer_held || !wants_writer)
                     && (let_in || !wants_let_in)

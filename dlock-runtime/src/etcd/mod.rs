@@ -905,14 +905,7 @@ impl Backend for EtcdBackend {
                 CompareOp::Equal,
                 owner.to_vec(),
             )])
-            .and_then([
-                TxnOp::delete(
-                    names.lock.as_str(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                ),
-                TxnOp::delete(names.holder.as_str(), None),
-                TxnOp::delete(names.identity.as_str(), None),
-            ]);
+            .and_then(ending_deletes(&names));
         // A request without an answer (a timeout, a connection lost on the
         // way back) may have released the key: it is sent again (up to
         // [`RELEASE_TRIES`] in all; the first retry may still meet the
@@ -962,14 +955,7 @@ impl Backend for EtcdBackend {
 
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
         let names = Names::of(key);
-        let txn = Txn::new().and_then([
-            TxnOp::delete(
-                names.lock.as_str(),
-                Some(DeleteOptions::new().with_prev_key()),
-            ),
-            TxnOp::delete(names.holder.as_str(), None),
-            TxnOp::delete(names.identity.as_str(), None),
-        ]);
+        let txn = Txn::new().and_then(ending_deletes(&names));
         let answer = self.txn(Operation::Release, key.as_str(), txn).await?;
         let broken = first_kv(&answer.op_responses(), 0);
         if let Some(kv) = &broken {
@@ -1002,14 +988,7 @@ impl Backend for EtcdBackend {
                 CompareOp::Equal,
                 revision,
             )])
-            .and_then([
-                TxnOp::delete(
-                    names.lock.as_str(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                ),
-                TxnOp::delete(names.holder.as_str(), None),
-                TxnOp::delete(names.identity.as_str(), None),
-            ])
+            .and_then(ending_deletes(&names))
             .or_else([TxnOp::get(names.lock.as_str(), None)]);
         let answer = self.txn(Operation::Release, key.as_str(), txn).await?;
         let found = first_kv(&answer.op_responses(), 0);
@@ -1133,4 +1112,18 @@ impl fmt::Debug for EtcdBackend {
             .field("label", &self.inner.label)
             .finish_non_exhaustive()
     }
+}
+
+/// The deletes that end a lease, in one transaction: the lock key (its
+/// value read back, to tell what was broken), its holder record and its
+/// identity.
+fn ending_deletes(names: &Names) -> [TxnOp; 3] {
+    [
+        TxnOp::delete(
+            names.lock.as_str(),
+            Some(DeleteOptions::new().with_prev_key()),
+        ),
+        TxnOp::delete(names.holder.as_str(), None),
+        TxnOp::delete(names.identity.as_str(), None),
+    ]
 }

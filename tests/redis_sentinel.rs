@@ -5,7 +5,8 @@
 //! directories removed on drop. The conformance suite shares one such
 //! deployment for the whole binary (its sentinels wait 5000 ms before
 //! taking the primary as down: nothing there wants a failover); every test
-//! that breaks one has its own.
+//! that breaks one has its own, and a test that forces its failover waits
+//! 5000 ms too, so that no second failover follows the forced one.
 
 mod redis_support;
 mod support;
@@ -172,6 +173,15 @@ impl Deployment {
     /// down.
     fn start() -> Self {
         Self::start_with(1000)
+    }
+
+    /// For a test that forces its failover (`SENTINEL FAILOVER`): the
+    /// sentinels wait 5 s before they take the primary as down, so on a
+    /// loaded machine a PING answered late never starts a second,
+    /// automatic failover behind the one the test forced, which would move
+    /// the primary back while the test looks for it on the new one.
+    fn start_for_a_forced_failover() -> Self {
+        Self::start_with(5000)
     }
 
     /// As [`start`](Self::start), with the sentinels' `down-after-milliseconds`.
@@ -505,7 +515,7 @@ async fn after_the_primary_dies_tokens_rise_above_the_ones_the_replica_missed_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_a_release_on_the_new_primary_after_a_forced_failover() {
-    let deployment = Deployment::start();
+    let deployment = Deployment::start_for_a_forced_failover();
     let holder_side: Arc<dyn Backend> = Arc::new(deployment.backend().await);
     let waiter_backend = deployment.backend().await;
     let waiter_side: Arc<dyn Backend> = Arc::new(waiter_backend.clone());
@@ -595,7 +605,7 @@ async fn release_wakes_the_waiter(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locking_goes_on_through_a_forced_failover_without_a_new_backend() {
-    let deployment = Deployment::start();
+    let deployment = Deployment::start_for_a_forced_failover();
     let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
     let key = dlock_runtime::conformance::fresh_key("sentinel-forced");
     let lock = redis_support::lock_name(&key);
@@ -1637,7 +1647,7 @@ async fn replica_acks_never_hold_a_renewal_behind_the_acquisitions_waiting_for_r
 /// files), a forced failover is followed by the same backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failover_is_followed() {
-    let mut deployment = Deployment::start();
+    let mut deployment = Deployment::start_for_a_forced_failover();
     let backend: Arc<dyn Backend> = Arc::new(deployment.backend().await);
     let key = dlock_runtime::conformance::fresh_key("sentinel-down-and-back");
     let held = LockOptions::new(Duration::from_secs(2))

@@ -245,10 +245,13 @@ async fn tokens_keep_rising_after_the_database_is_restored_from_an_older_copy() 
 
 /// A connection string naming both servers, as an application names a
 /// primary and its standby: the read-write one is used, whichever it is.
+/// Neither server is ever paused (a stopped one refuses at once), so the
+/// connect timeout is only for a machine slowed by other work: a password
+/// exchange can take seconds then.
 fn both(primary: &OwnServer, standby: &OwnServer) -> String {
     format!(
         "host=127.0.0.1,127.0.0.1 port={},{} user=postgres dbname=postgres password='{}' \
-         target_session_attrs=read-write connect_timeout=2",
+         target_session_attrs=read-write connect_timeout=15",
         primary.port,
         standby.port,
         PASSWORD.replace('\'', "\\'"),

@@ -65,6 +65,10 @@ enum Flaw {
     /// holder it names (a re-check and a blind break as two steps, with
     /// the holder changed before the re-check).
     ForceReleaseHoldingBreaksAnyHolder,
+    /// `force_release_holding` reads the holder, compares its token, and
+    /// breaks the key in a second step: a holder that let go and took
+    /// the key again in between loses its next lease.
+    ForceReleaseHoldingChecksThenBreaks,
 }
 
 /// One store shared by every instance (as one server is shared by many
@@ -319,6 +323,22 @@ impl Backend for Wrong {
                 ForceRelease::NotHeld
             });
         }
+        if self.flaw == Flaw::ForceReleaseHoldingChecksThenBreaks {
+            let now = self.inner.holder(key).await?;
+            let Some(now) = now else {
+                return Ok(ForceRelease::NotHeld);
+            };
+            if now.token != expected.token {
+                return Ok(ForceRelease::HolderChanged);
+            }
+            // The second round trip.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            return Ok(if self.inner.force_release(key).await? {
+                ForceRelease::Released
+            } else {
+                ForceRelease::NotHeld
+            });
+        }
         self.inner.force_release_holding(key, expected).await
     }
 
@@ -436,6 +456,11 @@ rejects!(
     the_suite_rejects_a_backend_whose_named_force_release_breaks_a_later_holder,
     Flaw::ForceReleaseHoldingBreaksAnyHolder,
     a_force_release_naming_a_holder_that_changed_breaks_nothing
+);
+rejects!(
+    the_suite_rejects_a_backend_whose_named_force_release_checks_then_breaks,
+    Flaw::ForceReleaseHoldingChecksThenBreaks,
+    a_force_release_racing_its_holder_breaks_only_the_lease_it_names
 );
 rejects!(
     the_suite_rejects_a_backend_whose_force_release_restarts_the_tokens,

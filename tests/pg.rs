@@ -1074,3 +1074,35 @@ async fn a_backend_whose_runtime_shut_down_frees_what_it_held_and_works_from_ano
     .expect("the ttl freed the key");
     after_ttl.release().await.expect("release");
 }
+
+/// A force release naming a lease, racing its holder's release, with a
+/// busy lock table (another session holds 2,000 advisory locks, so
+/// reading the table takes a while): it ends the holder's session only
+/// while that session holds the named lease, never just after it let go,
+/// whatever the read of the lock table costs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_force_release_racing_its_holder_beside_a_busy_lock_table_breaks_only_the_lease_it_names()
+{
+    let busy = raw_client().await;
+    let class: i32 = rand_class();
+    busy.execute(
+        "SELECT pg_advisory_lock($1::int4, g) FROM generate_series(1, 2000) AS g",
+        &[&class],
+    )
+    .await
+    .expect("2,000 advisory locks for the lock table");
+    dlock_runtime::conformance::a_force_release_racing_its_holder_breaks_only_the_lease_it_names(
+        backend().await,
+        backend().await,
+    )
+    .await;
+    drop(busy);
+}
+
+/// An `int4` class for the busy session's locks, other than any other
+/// test's run at the same time.
+fn rand_class() -> i32 {
+    let owner = OwnerId::random().expect("an owner id").to_hex();
+    i32::from_str_radix(std::str::from_utf8(&owner[..7]).expect("hex"), 16)
+        .expect("seven hex digits")
+}

@@ -327,7 +327,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
         let try_lock = client
             .prepare(&schema(dlock::pg::protocol::TRY_LOCK_RECORDING))
             .await?;
-        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        let unlock = client.prepare(dlock::pg::protocol::UNLOCK_GATED).await?;
         let delete_released = client
             .prepare(&schema(dlock::pg::protocol::DELETE_RELEASED))
             .await?;

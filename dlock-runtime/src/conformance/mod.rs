@@ -78,6 +78,7 @@ macro_rules! conformance_suite {
             extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch,
             tokens_keep_rising_after_a_force_release,
             a_force_release_naming_a_holder_that_changed_breaks_nothing,
+            a_force_release_racing_its_holder_breaks_only_the_lease_it_names,
             a_force_release_naming_a_permit_breaks_only_that_permit,
             expiry_frees_the_key,
             renewal_keeps_a_lease_alive_past_several_ttls,
@@ -673,6 +674,112 @@ pub async fn a_force_release_naming_a_holder_that_changed_breaks_nothing(
         .expect("backend answers");
     assert_eq!(answer, ForceRelease::NotHeld, "nothing is left to break");
     drop(second);
+}
+
+/// A force release that names a lease breaks that lease or nothing, even
+/// racing its holder: one instance takes the key and lets it go again in
+/// a tight loop while another reads the holder and force-releases the
+/// lease it read, over and over, as an operator answering `y` would. A
+/// force release answered `Released` must have broken the lease it named
+/// (whose own release then fails); one answered otherwise must have
+/// broken nothing (the named lease's own release succeeds). A check and a
+/// break in two steps fail this: the holder lets go between them and
+/// takes the key again, and the break hits the next lease.
+pub async fn a_force_release_racing_its_holder_breaks_only_the_lease_it_names(
+    backend: Arc<dyn Backend>,
+    another: Arc<dyn Backend>,
+) {
+    use crate::backend::{ForceRelease, ReleaseOutcome, ReleaseRequest};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const RACE: Duration = Duration::from_secs(3);
+    let key = fresh_key("forced-race");
+    let stop = Arc::new(AtomicBool::new(false));
+    let holder = tokio::spawn({
+        let (backend, key, stop) = (backend.clone(), key.clone(), Arc::clone(&stop));
+        async move {
+            // Each lease's token, and what its own release answered.
+            let mut released: HashMap<u64, Result<ReleaseOutcome, String>> = HashMap::new();
+            // Half the time let go at once and take the key again (the
+            // race of a check and a break), half the time held for up to
+            // as long as a force release takes (breaks that land).
+            let holds = [1, 2, 5, 20, 50].map(Duration::from_millis).into_iter();
+            let mut holds = holds.cycle();
+            let began = Instant::now();
+            while !stop.load(Ordering::SeqCst) {
+                let tight = (began.elapsed().as_millis() / 500).is_multiple_of(2);
+                let owner = OwnerId::random().expect("an owner id");
+                let request = AcquireRequest::new(&key, &owner, Duration::from_secs(10));
+                match backend.try_acquire(&request).await {
+                    Ok(Attempt::Acquired(grant)) => {
+                        if tight {
+                            tokio::task::yield_now().await;
+                        } else {
+                            sleep(holds.next().unwrap_or_default()).await;
+                        }
+                        let outcome = backend
+                            .release(&ReleaseRequest::new(&key, &owner))
+                            .await
+                            .map_err(|err| err.to_string());
+                        released.insert(grant.token.get(), outcome);
+                    }
+                    // Broken a moment ago (a session that comes back, say).
+                    Ok(_) | Err(_) => sleep(Duration::from_millis(5)).await,
+                }
+            }
+            released
+        }
+    });
+    let mut answers = Vec::new();
+    let began = Instant::now();
+    while began.elapsed() < RACE {
+        // A store in this process answers without a pause: yield, so the
+        // holder's task runs too.
+        tokio::task::yield_now().await;
+        let shown = match another.holder(&key).await {
+            Ok(Some(shown)) => shown,
+            Ok(None) => continue,
+            Err(err) => panic!("the holder read failed: {err}"),
+        };
+        let Some(token) = shown.token else { continue };
+        let answer = another
+            .force_release_holding(&key, &shown)
+            .await
+            .expect("backend answers");
+        answers.push((token.get(), answer));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let released = within(30, "the holder's loop", holder)
+        .await
+        .expect("the holder's loop");
+    let broken = answers
+        .iter()
+        .filter(|(_, answer)| *answer == ForceRelease::Released)
+        .count();
+    eprintln!(
+        "{} force releases raced {} leases; {broken} answered released",
+        answers.len(),
+        released.len()
+    );
+    for (token, answer) in &answers {
+        // A lease broken before its acquisition's answer reached its
+        // holder: the holder never knew it, and has nothing to tell.
+        let Some(own) = released.get(token) else {
+            continue;
+        };
+        match answer {
+            ForceRelease::Released => assert!(
+                !matches!(own, Ok(ReleaseOutcome::Released)),
+                "a force release naming lease {token} answered released, yet that lease's own \
+                 release succeeded after it: the break hit another lease"
+            ),
+            other => assert!(
+                matches!(own, Ok(ReleaseOutcome::Released)),
+                "a force release naming lease {token} answered {other:?}, yet that lease's own \
+                 release answered {own:?}: it broke something"
+            ),
+        }
+    }
 }
 
 /// A force release that names one permit of a key held as permits breaks

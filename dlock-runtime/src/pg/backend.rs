@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::home::NoRuntime;
 use super::locks::{GiveBack, no_runtime};
 use super::session::{Failure, LockSession};
-use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, sql};
+use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -338,9 +338,9 @@ impl Backend for PgBackend {
 
     /// A lease of this process is compared in process and unlocked
     /// owner-checked on its own session, so its other leases live on. A
-    /// lease of another process: one statement ends its session only if
-    /// that session still holds the key for the lease named
-    /// (`sql::TERMINATE_NAMED_HOLDER`).
+    /// lease of another process: its session is ended only if it holds the
+    /// key for the lease named, read and ended under the key's release
+    /// gate ([`Inner::terminate_named`]).
     async fn force_release_holding(
         &self,
         key: &LockKey,
@@ -374,36 +374,13 @@ impl Backend for PgBackend {
             .iter()
             .filter_map(|slot| slot.current().as_ref().map(|session| session.pid))
             .collect();
-        let session = self.inner.session().await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] = [
-            &key.as_str(),
-            &self.inner.options.key_seed,
-            &token,
-            &TERMINATE_WAIT_MS,
-            &own_sessions,
-        ];
-        let rows = match session
-            .query(&self.inner.terminate_named_sql, &params)
+        let rows = self
+            .inner
+            .terminate_named(key, token, &own_sessions)
             .await
-        {
-            Ok(rows) => rows,
-            // No table of records: no lease of another process could be
-            // named by its token.
-            Err(err) if sql::sequence_missing(&err) => Vec::new(),
-            Err(err) => {
-                return Err(self.inner.failed(
-                    Operation::Release,
-                    key,
-                    "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
-                    err,
-                ));
-            }
-        };
-        for row in &rows {
-            let pid: Option<i32> = row.try_get(0).ok();
-            let gone: bool = row.try_get(1).unwrap_or(false);
-            tracing::warn!(key = %key, pid, gone, token = named.get(), "force release: ended the PostgreSQL session holding the named lease");
-        }
+            .map_err(|failure| {
+                LockError::backend(KIND, Operation::Release, key.as_str(), failure)
+            })?;
         if !rows.is_empty() {
             return Ok(ForceRelease::Released);
         }

@@ -40,7 +40,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use super::session::{Failure, LockSession};
-use super::{Entry, Inner, KIND, UNWATCHED_RECHECK, sql, xact};
+use super::{Entry, Inner, KIND, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, sql, xact};
 use crate::backend::{self, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
 use crate::holder::HolderInfo;
@@ -703,6 +703,69 @@ impl Inner {
         let missing = found.missing();
         (found.exists && !missing.is_empty())
             .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
+    }
+
+    /// Ends the session of another process that holds `key` for the lease
+    /// whose token is `token`, and returns a row (its pid, and whether it
+    /// ended in time) for each session ended: none if the lease named does
+    /// not hold the key. Never a session of `own` (this backend's).
+    ///
+    /// On a connection of its own, in one transaction: the key's release
+    /// gate is taken exclusively first (`sql::RELEASE_GATE`), so no session
+    /// lets go of the key or takes it until the transaction ends; then the
+    /// lock table is read (`sql::GATED_HOLDERS`), and only then, with a
+    /// snapshot taken after that read, the records
+    /// (`sql::TERMINATE_NAMED_HOLDER`). Read in one statement, the records
+    /// would be the statement's snapshot, older than the lock table: a
+    /// holder that let go of the named lease and took the key again in
+    /// between would be ended for the lease it no longer held, with every
+    /// other lock of its session.
+    pub(super) async fn terminate_named(
+        &self,
+        key: &LockKey,
+        token: i64,
+        own: &[i32],
+    ) -> Result<Vec<tokio_postgres::Row>, Failure> {
+        // Dropping `close` closes the connection (and rolls back whatever
+        // is left open).
+        let (close, closed) = oneshot::channel();
+        let mut client = self
+            .connector
+            .open(self.connector.connect_timeout(), closed, |_| {})
+            .await?;
+        let ended = async {
+            let tx = client.transaction().await?;
+            let seed = &self.options.key_seed;
+            tx.query(sql::RELEASE_GATE, &[&key.as_str(), seed]).await?;
+            let pids: Vec<i32> = tx
+                .query(sql::GATED_HOLDERS, &[&key.as_str(), seed, &own])
+                .await?
+                .iter()
+                .map(|row| row.try_get(0))
+                .collect::<Result<_, _>>()?;
+            if pids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&key.as_str(), seed, &token, &TERMINATE_WAIT_MS, &pids];
+            let rows = match tx.query(&self.terminate_named_sql, &params).await {
+                Ok(rows) => rows,
+                // No table of records: no lease of another process could
+                // be named by its token.
+                Err(err) if sql::sequence_missing(&err) => return Ok(Vec::new()),
+                Err(err) => return Err(err),
+            };
+            tx.commit().await?;
+            Ok(rows)
+        }
+        .await;
+        drop(close);
+        ended.map_err(|err| {
+            Failure::new(
+                "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
+                err,
+            )
+        })
     }
 
     /// Creates the table of holder records, or brings an older dlock's to

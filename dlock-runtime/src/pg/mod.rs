@@ -381,12 +381,15 @@ mod xact;
 /// speak the same protocol (the benchmark's raw tokio-postgres floor issues
 /// exactly these; `{schema}` stands for the quoted schema). A lease takes
 /// its lock with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING) and
-/// drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED), or, with
-/// holder records off or unusable, [`TRY_LOCK`](protocol::TRY_LOCK) and
-/// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
+/// drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED) (a lease
+/// with an identity) or [`UNLOCK_GATED`](protocol::UNLOCK_GATED) (one
+/// without), or, with holder records off, [`TRY_LOCK`](protocol::TRY_LOCK)
+/// and [`UNLOCK`](protocol::UNLOCK). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
-    pub use super::sql::{DELETE_RELEASED, TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_RECORDED};
+    pub use super::sql::{
+        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED, UNLOCK_RECORDED,
+    };
 }
 
 use std::collections::HashMap;

@@ -130,7 +130,14 @@ impl Inner {
                 client.query_one(sql::FAIR_SESSION_SETUP, &[]).await?;
             }
             let try_lock = client.prepare(&self.try_lock_sql).await?;
-            let unlock = client.prepare(sql::UNLOCK).await?;
+            // Behind the release gate where a lease may be named by its
+            // record (see `sql::UNLOCK_GATED`).
+            let unlock_sql = if self.options.record_holders {
+                sql::UNLOCK_GATED
+            } else {
+                sql::UNLOCK
+            };
+            let unlock = client.prepare(unlock_sql).await?;
             Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock))
         };
         let ((pid, started), try_lock, unlock) = setup

@@ -210,6 +210,47 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// and release cannot interleave with another owner's acquisition.
 pub const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)";
 
+/// The two `int4` halves of a key's *release gate*, from its advisory key
+/// `h` (an SQL expression): the bitwise complement of each half, in the
+/// `(int4, int4)` form (`objsubid` 2, never one of dlock's keys). The
+/// complement is never the `rewriting` mark's pair of the same key (a
+/// number is never its own complement), so a gate never waits for a fair
+/// waiter's mark.
+///
+/// A session that may hold a recorded lease takes its key's gate *shared*
+/// for the length of each statement that drops the key's lock
+/// ([`UNLOCK_GATED`], [`UNLOCK_RECORDED`]); a force release that names a
+/// lease takes it *exclusively* for its whole transaction
+/// ([`RELEASE_GATE`]). While the force release holds it, the session
+/// holding the key cannot let go of it, so what the force release read of
+/// that session and its record is still so when it ends the session.
+macro_rules! release_gate {
+    ($h:literal) => {
+        concat!(
+            "(OPERATOR(pg_catalog.~) (",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4))::pg_catalog.int4,
+             (OPERATOR(pg_catalog.~) ((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4))::pg_catalog.int4"
+        )
+    };
+}
+
+/// [`UNLOCK`] behind the key's release gate (see `release_gate!`), taken
+/// shared until the statement ends: what a session that records holders
+/// sends, so a force release naming one of its leases never ends it just
+/// after the lease was let go. `OFFSET 0` keeps the gate's subquery from
+/// being merged into the unlock, so the gate is taken first.
+pub const UNLOCK_GATED: &str = concat!(
+    "SELECT pg_catalog.pg_advisory_unlock(g.h)
+FROM (SELECT $1::pg_catalog.int8 AS h,
+             pg_catalog.pg_advisory_xact_lock_shared(",
+    release_gate!("$1::pg_catalog.int8"),
+    ") AS gate
+      OFFSET 0) AS g"
+);
+
 /// Drops one hold of a key's advisory lock by the key itself (its hash
 /// computed on the server): sent only to undo a lock statement that failed
 /// after it may have taken the lock, when no other lease of the session
@@ -301,44 +342,72 @@ FROM (",
     ") AS h"
 );
 
-/// Ends the session holding a key (`$1`, with its key seed `$2`) only if
-/// it holds it for the lease named by its token (`$3`), as
-/// [`HOLDER_SESSION`] and [`HOLDER_RECORD`] read a holder: a session other
-/// than this one and those of `$5` (this backend's own lock sessions, whose
-/// leases it unlocks itself) that holds the key's advisory lock
-/// exclusively, whose record of the key has that token and names the
+/// Takes a key's release gate exclusively (see `release_gate!`) until
+/// the transaction ends: the first statement of a force release that
+/// names a lease. It waits for the releases of the key under way (one
+/// statement each) and holds off the next ones, so the session holding
+/// the key keeps holding it until the force release has ended that
+/// session or let it be. Bounded by the session's `lock_timeout`.
+pub(super) const RELEASE_GATE: &str = concat!(
+    "SELECT pg_catalog.pg_advisory_xact_lock(",
+    release_gate!("k.h"),
+    ")
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
+);
+
+/// The sessions holding a key (`$1`, with its key seed `$2`) exclusively
+/// that a force release may end: other than this one and those of `$3`
+/// (this backend's own lock sessions, whose leases it unlocks itself), and
+/// not in the middle of a lock statement (one that holds the key's
+/// `rewriting` mark has not committed its record yet, see
+/// [`TRY_LOCK_RECORDING`]). The lock table is read once (a CTE read twice
+/// is computed once), so the hold and the mark are seen at one instant.
+/// Sent after [`RELEASE_GATE`], in its transaction.
+pub(super) const GATED_HOLDERS: &str = "\
+WITH k AS (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h),
+a AS (
+  SELECT l.pid, l.mode, l.granted, l.objsubid, l.classid, l.objid
+  FROM pg_catalog.pg_locks AS l
+  WHERE l.locktype = 'advisory'::pg_catalog.text
+    AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                      WHERE d.datname = pg_catalog.current_database())
+)
+SELECT l.pid
+FROM a AS l, k
+WHERE l.granted AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
+  AND l.pid <> pg_catalog.pg_backend_pid()
+  AND l.pid <> ALL ($3::pg_catalog.int4[])
+  AND NOT EXISTS (SELECT FROM a AS m
+                  WHERE m.pid = l.pid AND m.objsubid = 2::pg_catalog.int2
+                    AND m.classid = l.classid AND m.objid = l.objid)";
+
+/// Ends the session among `$5` ([`GATED_HOLDERS`]) whose record of the key
+/// (`$1`, with its key seed `$2`) names the lease with token `$3` and that
 /// session (its pid and its start, so a later session that got the same
-/// pid is never taken for it), and that does not hold the key's
-/// `rewriting` mark (a lock statement that has not committed, whose record
-/// may be an earlier lease's; see [`TRY_LOCK_RECORDING`]). Waits as
-/// [`TERMINATE_HOLDERS`] does (up to `$4` ms). No row: the named lease does
-/// not hold the key, and nothing was ended.
+/// pid is never taken for it). Waits as [`TERMINATE_HOLDERS`] does (up to
+/// `$4` ms). No row: the named lease does not hold the key, and nothing
+/// was ended.
 ///
-/// One statement, so the check and the termination name the same session:
-/// a holder that changed since an operator was shown it, or another
-/// session holding the key meanwhile, is never ended. (Its snapshot of the
-/// records is taken as the statement starts, the lock table read a moment
-/// later: the named session alone could, within that moment, let go of
-/// the lease and take the key again with another. It is then still the
-/// session named, holding the key.)
-pub(super) const TERMINATE_NAMED_HOLDER: &str = concat!(
-    "SELECT l.pid, pg_catalog.pg_terminate_backend(l.pid, $4::pg_catalog.int8)
-FROM pg_catalog.pg_locks AS l,
+/// Sent after [`GATED_HOLDERS`], in its transaction, under the release
+/// gate: this statement's snapshot of the records is taken after the lock
+/// table was read. A session found holding the key, not in a lock
+/// statement, committed the record of the lease it holds before that read;
+/// and under the gate it can neither let go of the key nor take it again,
+/// nor can any other session take it, until this ends. So the record read
+/// here is the record of the lease the session holds when it is ended: a
+/// holder that changed since an operator was shown it, a lease let go a
+/// moment before, or another session holding the key meanwhile, is never
+/// ended.
+pub(super) const TERMINATE_NAMED_HOLDER: &str = "\
+SELECT l.pid, pg_catalog.pg_terminate_backend(l.pid, $4::pg_catalog.int8)
+FROM pg_catalog.unnest($5::pg_catalog.int4[]) AS l(pid),
      (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k,
      {schema}.dlock_holders AS r
-WHERE ",
-    exclusive_hold!(),
-    "
-  AND l.pid <> pg_catalog.pg_backend_pid()
-  AND l.pid <> ALL ($5::pg_catalog.int4[])
-  AND r.lock_id = k.h AND r.key = $1::pg_catalog.text
+WHERE r.lock_id = k.h AND r.key = $1::pg_catalog.text
   AND r.token = $3::pg_catalog.int8 AND r.pid = l.pid
-  AND r.session_start = (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a)
-  AND NOT EXISTS (SELECT FROM pg_catalog.pg_locks AS m
-                  WHERE m.pid = l.pid AND m.locktype = 'advisory'::pg_catalog.text
-                    AND m.objsubid = 2::pg_catalog.int2 AND m.database = l.database
-                    AND m.classid = l.classid AND m.objid = l.objid)"
-);
+  AND r.session_start = (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a)";
 
 /// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
 /// does, and, only if it was taken, records who took it in
@@ -517,9 +586,11 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// is ever read with it. Only the lease's own record: its token (`$2`) and
 /// this session. The count consumes the delete before the unlock runs, so
 /// a delete that fails leaves the lock held (and the backend ends the
-/// session, which drops both). Asynchronous commit, as [`TRY_LOCK_RECORDING`].
-pub const UNLOCK_RECORDED: &str = "\
-WITH gone AS (
+/// session, which drops both). The key's release gate is taken shared
+/// before the unlock too, as [`UNLOCK_GATED`] takes it. Asynchronous
+/// commit, as [`TRY_LOCK_RECORDING`].
+pub const UNLOCK_RECORDED: &str = concat!(
+    "WITH gone AS (
   DELETE FROM {schema}.dlock_holders AS r
   WHERE r.lock_id = $1::pg_catalog.int8 AND r.token = $2::pg_catalog.int8
     AND r.pid = pg_catalog.pg_backend_pid()
@@ -527,7 +598,12 @@ WITH gone AS (
 )
 SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8),
        pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-FROM (SELECT pg_catalog.count(*) FROM gone) AS g";
+FROM (SELECT pg_catalog.count(*) AS deleted,
+             pg_catalog.pg_advisory_xact_lock_shared(",
+    release_gate!("$1::pg_catalog.int8"),
+    ") AS gate
+      FROM gone OFFSET 0) AS g"
+);
 
 /// Deletes, in one statement, holder records of leases this session
 /// released: the advisory keys `$1` and tokens `$2` (pairwise), of this

@@ -338,10 +338,11 @@ async fn release(
             holding.holder_text()
         )));
     };
-    // A `--token` that names another lease than the one read: nothing to
-    // ask about, and the backend refuses it.
-    let confirmed_holder = read.token == Some(named);
-    if !yes && confirmed_holder {
+    // A `--token` may name another lease than the one read (another
+    // permit of the key, say), which the backend may break: asked all the
+    // same, naming that token.
+    let named_shown = read.token == Some(named);
+    if !yes {
         if !io::stdin().is_terminal() {
             return Err(Failure::error(format!(
                 "not releasing `{shown}`: there is no terminal to ask for confirmation on \
@@ -355,10 +356,20 @@ async fn release(
                  session holds is released with it, and the holder is told at once.\n",
             );
         }
-        question.push_str(&format!(
-            "Release lock `{shown}` held by {}, token {named}? [y/N] ",
-            holding.holder_text()
-        ));
+        question.push_str(&if named_shown {
+            format!(
+                "Release lock `{shown}` held by {}, token {named}? [y/N] ",
+                holding.holder_text()
+            )
+        } else {
+            format!(
+                "Release the lease with token {named} on `{shown}` (the holder read now is {}, \
+                 token {})? [y/N] ",
+                holding.holder_text(),
+                read.token
+                    .map_or_else(|| "unknown".to_owned(), |t| t.to_string())
+            )
+        });
         if !confirm(question).await? {
             return Err(Failure::error(format!("`{shown}` was not released.")));
         }

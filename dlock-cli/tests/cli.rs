@@ -357,6 +357,7 @@ on_every_store!(
     release_force_yes_frees_the_key_and_its_holder_sees_its_lease_lost,
     release_naming_a_holder_that_changed_releases_nothing_and_exits_1,
     release_of_a_permit_key_breaks_no_other_permit_and_says_so,
+    release_naming_another_token_than_the_one_shown_still_asks_first,
     watch_prints_an_acquisition_and_a_release,
 );
 
@@ -593,6 +594,35 @@ fn release_of_a_permit_key_breaks_no_other_permit_and_says_so(store: &Store) {
     }
     // The other permit was not broken: its holder lets go of it itself.
     holder.release(&format!("{key}#{first}"));
+}
+
+/// `release --force --token` naming a lease other than the one the
+/// holder read shows (another permit of the key) still asks first: with no
+/// terminal and no `--yes` it breaks nothing, whichever permit it names.
+fn release_naming_another_token_than_the_one_shown_still_asks_first(store: &Store) {
+    let key = format!("{}q", prefix());
+    let mut holder = Holder::start(store);
+    let first = holder.permit(&key);
+    let second = holder.permit(&key);
+    for named in [first, second] {
+        let named = named.to_string();
+        let output = dlock(store, &["release", &key, "--force", "--token", &named]);
+        let text = describe(&output);
+        match output.status.code() {
+            Some(1) => assert!(
+                text.contains("not a terminal") && text.contains("--yes"),
+                "naming token {named} without a terminal must be refused for lack of an \
+                 answer: {text}"
+            ),
+            // PostgreSQL's holder read does not see another process's
+            // permits: the key reads free, and nothing is asked or broken.
+            Some(3) if store.kind == "pg" => {}
+            other => panic!("unexpected exit status {other:?} naming token {named}: {text}"),
+        }
+    }
+    // Neither permit was broken: their holder lets go of both itself.
+    holder.release(&format!("{key}#{first}"));
+    holder.release(&format!("{key}#{second}"));
 }
 
 fn watch_prints_an_acquisition_and_a_release(store: &Store) {

@@ -340,7 +340,7 @@ impl Backend for PgBackend {
     /// owner-checked on its own session, so its other leases live on. A
     /// lease of another process: its session is ended only if it holds the
     /// key for the lease named, read and ended under the key's release
-    /// gate ([`Inner::terminate_named`]).
+    /// gate (`Inner::terminate_named`).
     async fn force_release_holding(
         &self,
         key: &LockKey,

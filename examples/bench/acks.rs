@@ -14,8 +14,11 @@ use tokio::time::Instant;
 use crate::Res;
 use crate::cycle::{Row, dlock_row};
 
-/// How long a replica has to acknowledge one acquisition.
-pub const ACK_WITHIN: Duration = Duration::from_millis(500);
+/// How long a replica has to acknowledge one acquisition. `WAIT` returns
+/// as soon as the replica acknowledges, so this bounds only a failure: a
+/// replica slowed by a loaded machine (the smoke run beside the test
+/// suite) has time, and the figures are those of the acknowledgement.
+pub const ACK_WITHIN: Duration = Duration::from_secs(5);
 
 /// A primary and its replica, stopped when dropped.
 pub struct Replicated {
@@ -85,7 +88,10 @@ impl Replicated {
         Ok(vec![
             dlock_row("RedisBackend, primary + 1 replica", plain, run, "acks-off"),
             dlock_row(
-                "RedisBackend, primary + 1 replica, replica_acks(1, 500 ms)",
+                &format!(
+                    "RedisBackend, primary + 1 replica, replica_acks(1, {} ms)",
+                    ACK_WITHIN.as_millis()
+                ),
                 acked,
                 run,
                 "acks-on",

@@ -1106,3 +1106,103 @@ fn rand_class() -> i32 {
     i32::from_str_radix(std::str::from_utf8(&owner[..7]).expect("hex"), 16)
         .expect("seven hex digits")
 }
+
+/// Whether a session holds `key`'s release gate exclusively (a force
+/// release naming one of its leases is under way): the advisory lock on
+/// the complement of the halves of the key's advisory key (seed 0).
+async fn release_gate_held(admin: &tokio_postgres::Client, key: &LockKey) -> bool {
+    admin
+        .query_one(
+            "SELECT EXISTS (
+               SELECT FROM pg_locks AS l,
+                    (SELECT hashtextextended($1::text, 0) AS h) AS k
+               WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted
+                 AND l.mode = 'ExclusiveLock'
+                 AND l.classid::int8 = ((~(k.h >> 32))::int4::int8 & 4294967295)
+                 AND l.objid::int8 = ((~((k.h << 32) >> 32))::int4::int8 & 4294967295))",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("read the lock table")
+        .get(0)
+}
+
+/// A force release naming a lease that ended, whose link to the server
+/// stalls mid-call (a network cut, a suspended laptop, a CLI stopped with
+/// ^Z), holds up nothing of the holder's: the holder lets go of the lease
+/// that holds the key now, the release goes through, and the other lease
+/// on its session lives on. (The force release sends all its work in one
+/// message, which the server finishes without waiting for the client: the
+/// key's release gate, which the holder's releases wait for, is never
+/// held across a round trip.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_force_release_whose_link_stalls_never_holds_up_the_holders_release() {
+    let admin = raw_client().await;
+    let holder: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), PgOptions::new().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("forced-stalled");
+    let bystander = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), fresh_key("forced-stalled-bystander"))
+        .await
+        .expect("free");
+    let first = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free");
+    let shown = first.token();
+    first.release().await.expect("release");
+    let second = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free again");
+
+    let proxy = support::proxy::Proxy::bind(pg_addr()).await;
+    let operator: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect(&format!(
+            "host=127.0.0.1 port={} {}",
+            proxy.port,
+            conn_without_host()
+        ))
+        .await
+        .expect("connect through the proxy"),
+    );
+    let force = tokio::spawn({
+        let (operator, key) = (operator.clone(), key.clone());
+        async move {
+            operator
+                .force_release_holding(&key, &dlock::backend::Holding::new(Some(shown), None))
+                .await
+        }
+    });
+    // The link stalls once the gate is taken, or after 2 s if it never
+    // shows (a force release that holds it for no round trip).
+    let looked = Instant::now();
+    while !release_gate_held(&admin, &key).await && looked.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    proxy.freeze();
+    // Past the holder session's lock_timeout (half its 2 s liveness
+    // interval) if the gate stayed held.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let released = within(30, "the holder's release", second.release()).await;
+    assert!(
+        released.is_ok(),
+        "the holder's release of a lease the force release did not name failed: {released:?}"
+    );
+    assert!(
+        bystander.check().is_ok(),
+        "the other lease on the holder's session was lost"
+    );
+    proxy.thaw();
+    let answer = within(60, "the force release's answer", force)
+        .await
+        .expect("the force release's task");
+    assert!(
+        !matches!(answer, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming a lease that ended answered released: {answer:?}"
+    );
+    bystander.release().await.expect("release");
+}

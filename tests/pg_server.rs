@@ -1076,3 +1076,82 @@ async fn lock_statements_move_the_sequence_without_waiting_for_a_wal_flush() {
         "{LOCKS} locks wrote WAL out {writes} times: their commits waited for it"
     );
 }
+
+/// A force release by a role that may end other sessions
+/// (`pg_signal_backend`) but not see their start (`pg_read_all_stats`):
+/// the start is what tells the holder's session from a later one with its
+/// pid, so the force release ends nothing and says what the role lacks,
+/// rather than that the holder changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_by_a_role_that_cannot_see_the_holders_session_says_so_and_ends_nothing() {
+    let (admin, connection) = tokio_postgres::connect(&shared_conn(), NoTls)
+        .await
+        .expect("admin connection");
+    tokio::spawn(connection);
+    let id = OwnerId::random().expect("random").to_string();
+    let (holder_role, operator_role) = (
+        format!("dlock_h_{}", &id[..12]),
+        format!("dlock_o_{}", &id[..12]),
+    );
+    let schema = format!("dlock_sig_{}", &id[..12]);
+    let _cleanup = DropOnExit(format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; DROP ROLE IF EXISTS {holder_role}; \
+         DROP ROLE IF EXISTS {operator_role};"
+    ));
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {holder_role} LOGIN; CREATE ROLE {operator_role} LOGIN; \
+             GRANT pg_signal_backend TO {operator_role}; \
+             CREATE SCHEMA {schema} AUTHORIZATION {holder_role};"
+        ))
+        .await
+        .expect("roles and schema");
+    let config: tokio_postgres::Config = shared_conn().parse().expect("config");
+    let as_role = |role: &str| {
+        format!(
+            "host=127.0.0.1 port={} user={role} dbname={}",
+            config.get_ports().first().copied().unwrap_or(5432),
+            config.get_dbname().unwrap_or("test"),
+        )
+    };
+    let holder: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&as_role(&holder_role), PgOptions::new().schema(&schema))
+            .await
+            .expect("the holder's role owns the schema"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("forced-hidden-start");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free");
+    admin
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA {schema} TO {operator_role}; \
+             GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {operator_role}; \
+             GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {operator_role};"
+        ))
+        .await
+        .expect("grants");
+    let operator: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&as_role(&operator_role), PgOptions::new().schema(&schema))
+            .await
+            .expect("the operator's role"),
+    );
+    let answer = operator
+        .force_release_holding(
+            &key,
+            &dlock::backend::Holding::new(Some(lease.token()), None),
+        )
+        .await;
+    let text = match &answer {
+        Err(err) => err.to_string(),
+        Ok(other) => {
+            panic!("a force release that cannot tell the session apart answered {other:?}")
+        }
+    };
+    assert!(text.contains("pg_read_all_stats"), "{text}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(lease.check().is_ok(), "nothing may be ended: {text}");
+    lease.release().await.expect("release");
+    drop((operator, holder));
+}

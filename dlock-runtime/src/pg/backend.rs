@@ -374,14 +374,14 @@ impl Backend for PgBackend {
             .iter()
             .filter_map(|slot| slot.current().as_ref().map(|session| session.pid))
             .collect();
-        let rows = self
+        let ended = self
             .inner
             .terminate_named(key, token, &own_sessions)
             .await
             .map_err(|failure| {
                 LockError::backend(KIND, Operation::Release, key.as_str(), failure)
             })?;
-        if !rows.is_empty() {
+        if ended {
             return Ok(ForceRelease::Released);
         }
         // Nothing was ended: only the answer's wording depends on this read.

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
-use tokio::time::Instant;
+use tokio::time::{Instant, timeout};
 use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -706,66 +706,91 @@ impl Inner {
     }
 
     /// Ends the session of another process that holds `key` for the lease
-    /// whose token is `token`, and returns a row (its pid, and whether it
-    /// ended in time) for each session ended: none if the lease named does
-    /// not hold the key. Never a session of `own` (this backend's).
+    /// whose token is `token`: true if one was ended, false if the lease
+    /// named does not hold the key (nothing was ended). Never a session of
+    /// `own` (this backend's).
     ///
-    /// On a connection of its own, in one transaction: the key's release
-    /// gate is taken exclusively first (`sql::RELEASE_GATE`), so no session
-    /// lets go of the key or takes it until the transaction ends; then the
-    /// lock table is read (`sql::GATED_HOLDERS`), and only then, with a
-    /// snapshot taken after that read, the records
-    /// (`sql::TERMINATE_NAMED_HOLDER`). Read in one statement, the records
-    /// would be the statement's snapshot, older than the lock table: a
-    /// holder that let go of the named lease and took the key again in
-    /// between would be ended for the lease it no longer held, with every
-    /// other lock of its session.
+    /// On a connection of its own, in one round trip
+    /// ([`sql::FORCE_RELEASE_NAMED`]): under the key's release gate, the
+    /// lock table is read, and only then, with a snapshot taken after that
+    /// read, the records. Read in one statement, the records would be the
+    /// statement's snapshot, older than the lock table: a holder that let
+    /// go of the named lease and took the key again in between would be
+    /// ended for the lease it no longer held, with every other lock of its
+    /// session. The server runs the whole of it without waiting for this
+    /// client, so the gate, which the holder's own releases of the key
+    /// wait for, is held for as long as the server works, never for a
+    /// round trip or a client that stalls; and the client gives up on it
+    /// after the waits it sets, plus a connect timeout for the answer.
     pub(super) async fn terminate_named(
         &self,
         key: &LockKey,
         token: i64,
         own: &[i32],
-    ) -> Result<Vec<tokio_postgres::Row>, Failure> {
-        // Dropping `close` closes the connection (and rolls back whatever
-        // is left open).
+    ) -> Result<bool, Failure> {
+        const WHY: &str =
+            "cannot end the session holding it (needs pg_signal_backend or the holder's role)";
+        let connect = self.connector.connect_timeout();
+        let terminate_wait = Duration::from_millis(TERMINATE_WAIT_MS.unsigned_abs());
+        // The gate waits only for releases under way (one statement each),
+        // and the lock table read for the lock manager.
+        let gate = self.lock_timeout();
+        let statement_wait = gate + terminate_wait + connect;
+        let script = sql::force_release_named(
+            &self.force_release_named_sql,
+            key.as_str(),
+            self.options.key_seed,
+            token,
+            own,
+            &sql::ForceWaits {
+                gate,
+                statement: statement_wait,
+                terminate: terminate_wait,
+            },
+        );
+        // Dropping `close` closes the connection (and the server rolls
+        // back whatever it had not finished).
         let (close, closed) = oneshot::channel();
-        let mut client = self
-            .connector
-            .open(self.connector.connect_timeout(), closed, |_| {})
-            .await?;
-        let ended = async {
-            let tx = client.transaction().await?;
-            let seed = &self.options.key_seed;
-            tx.query(sql::RELEASE_GATE, &[&key.as_str(), seed]).await?;
-            let pids: Vec<i32> = tx
-                .query(sql::GATED_HOLDERS, &[&key.as_str(), seed, &own])
-                .await?
-                .iter()
-                .map(|row| row.try_get(0))
-                .collect::<Result<_, _>>()?;
-            if pids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&key.as_str(), seed, &token, &TERMINATE_WAIT_MS, &pids];
-            let rows = match tx.query(&self.terminate_named_sql, &params).await {
-                Ok(rows) => rows,
-                // No table of records: no lease of another process could
-                // be named by its token.
-                Err(err) if sql::sequence_missing(&err) => return Ok(Vec::new()),
-                Err(err) => return Err(err),
-            };
-            tx.commit().await?;
-            Ok(rows)
-        }
-        .await;
+        let client = self.connector.open(connect, closed, |_| {}).await?;
+        let answer = timeout(statement_wait * 3 + connect, client.simple_query(&script)).await;
         drop(close);
-        ended.map_err(|err| {
-            Failure::new(
-                "cannot end the session holding it (needs pg_signal_backend or the holder's role)",
-                err,
-            )
-        })
+        let messages = match answer {
+            Ok(Ok(messages)) => messages,
+            // No table of records: no lease of another process could be
+            // named by its token.
+            Ok(Err(err)) if sql::sequence_missing(&err) => return Ok(false),
+            Ok(Err(err)) => return Err(Failure::new(WHY, err)),
+            Err(_) => {
+                return Err(Failure::msg(format!(
+                    "{WHY}: no answer within {:?}",
+                    statement_wait * 3 + connect
+                )));
+            }
+        };
+        // The rows of the fourth statement, after three completions.
+        let mut completed = 0;
+        let mut ended = false;
+        for message in &messages {
+            match message {
+                SimpleQueryMessage::CommandComplete(_) => completed += 1,
+                SimpleQueryMessage::Row(row) if completed == 3 => {
+                    let pid = row.get(0).unwrap_or("?");
+                    if row.get(1) == Some("t") {
+                        return Err(Failure::msg(format!(
+                            "cannot tell whether the session holding it (pid {pid}) is the one \
+                             the lease named: its start is hidden from this role (grant it \
+                             pg_read_all_stats, or use the holder's role); nothing was ended"
+                        )));
+                    }
+                    if let Some(gone) = row.get(2) {
+                        ended = true;
+                        tracing::warn!(key = %key, pid, gone, token, "force release: ended the PostgreSQL session holding the named lease");
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(ended)
     }
 
     /// Creates the table of holder records, or brings an older dlock's to

@@ -470,8 +470,8 @@ struct Inner {
     quoted_schema: String,
     try_lock_sql: String,
     terminate_sql: String,
-    /// [`sql::TERMINATE_NAMED_HOLDER`], schema filled in.
-    terminate_named_sql: String,
+    /// [`sql::FORCE_RELEASE_NAMED`], schema filled in.
+    force_release_named_sql: String,
     /// A fair waiter's statements ([`sql::FAIR_LOCK`],
     /// [`sql::FAIR_LOCK_RECORDING`]), schema filled in.
     fair_lock_sql: String,
@@ -714,7 +714,7 @@ impl PgBackend {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             modes: modes::Modes::new(&quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
-            terminate_named_sql: sql::render(sql::TERMINATE_NAMED_HOLDER, &quoted_schema),
+            force_release_named_sql: sql::render(sql::FORCE_RELEASE_NAMED, &quoted_schema),
             fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),
             fair_lock_recording_sql: sql::render(sql::FAIR_LOCK_RECORDING, &quoted_schema),
             try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),

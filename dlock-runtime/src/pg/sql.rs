@@ -342,29 +342,52 @@ FROM (",
     ") AS h"
 );
 
-/// Takes a key's release gate exclusively (see `release_gate!`) until
-/// the transaction ends: the first statement of a force release that
-/// names a lease. It waits for the releases of the key under way (one
-/// statement each) and holds off the next ones, so the session holding
-/// the key keeps holding it until the force release has ended that
-/// session or let it be. Bounded by the session's `lock_timeout`.
-pub(super) const RELEASE_GATE: &str = concat!(
-    "SELECT pg_catalog.pg_advisory_xact_lock(",
+/// The force release that names a lease (`Backend::force_release_holding`
+/// of a lease of another process): four statements sent in one simple
+/// query, so in one implicit transaction and one round trip, on a
+/// connection of the force release's own ([`force_release_named`] fills
+/// in the key, its seed, the token, this backend's own sessions and the
+/// waits). The server runs them to the end without waiting for the client,
+/// so the gate is never held across a round trip, nor kept by a client
+/// that stalls.
+///
+/// 1. Bounds every wait below: the gate's (`lock_timeout`) and each
+///    statement (`statement_timeout`), for this transaction only.
+/// 2. Takes the key's release gate exclusively (see `release_gate!`)
+///    until the transaction ends: it waits for the releases of the key
+///    under way (one statement each) and holds off the next ones, so the
+///    session holding the key keeps holding it until the end.
+/// 3. Reads the lock table once (a CTE read twice is computed once, so
+///    the hold and the mark are seen at one instant): the sessions that
+///    hold the key exclusively, other than this one and this backend's
+///    own (whose leases it unlocks itself), and not in the middle of a
+///    lock statement (one that holds the key's `rewriting` mark has not
+///    committed its record yet, see [`TRY_LOCK_RECORDING`]). It keeps
+///    their pids in a setting of the transaction, for the next statement.
+/// 4. Reads the records, with a snapshot taken after the lock table was
+///    read, and ends each session found whose record of the key names the
+///    lease with the token given and that session (its pid and its start,
+///    so a later session that got the same pid is never taken for it),
+///    waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
+///    its pid, whether its start is hidden from this role (it then cannot
+///    be told from a later session with its pid, and is not ended), and
+///    whether it was ended (NULL: its record names another lease).
+///
+/// A session found holding the key in 3, not in a lock statement,
+/// committed the record of the lease it holds before that read; under the
+/// gate it can neither let go of the key nor take it again, nor can any
+/// other session take it, until this ends. So the record read in 4 is the
+/// record of the lease the session holds when it is ended: a holder that
+/// changed since an operator was shown it, a lease let go a moment
+/// before, or another session holding the key meanwhile, is never ended.
+pub(super) const FORCE_RELEASE_NAMED: &str = concat!(
+    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{lock_wait}'::pg_catalog.text, true),
+       pg_catalog.set_config('statement_timeout'::pg_catalog.text, '{statement_wait}'::pg_catalog.text, true);
+SELECT pg_catalog.pg_advisory_xact_lock(",
     release_gate!("k.h"),
     ")
-FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
-);
-
-/// The sessions holding a key (`$1`, with its key seed `$2`) exclusively
-/// that a force release may end: other than this one and those of `$3`
-/// (this backend's own lock sessions, whose leases it unlocks itself), and
-/// not in the middle of a lock statement (one that holds the key's
-/// `rewriting` mark has not committed its record yet, see
-/// [`TRY_LOCK_RECORDING`]). The lock table is read once (a CTE read twice
-/// is computed once), so the hold and the mark are seen at one instant.
-/// Sent after [`RELEASE_GATE`], in its transaction.
-pub(super) const GATED_HOLDERS: &str = "\
-WITH k AS (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h),
+FROM (SELECT pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8) AS h) AS k;
+WITH k AS (SELECT pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8) AS h),
 a AS (
   SELECT l.pid, l.mode, l.granted, l.objsubid, l.classid, l.objid
   FROM pg_catalog.pg_locks AS l
@@ -372,42 +395,74 @@ a AS (
     AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
                       WHERE d.datname = pg_catalog.current_database())
 )
-SELECT l.pid
+SELECT pg_catalog.set_config('dlock.force_release_pids'::pg_catalog.text,
+                             COALESCE(pg_catalog.string_agg(l.pid::pg_catalog.text, ','::pg_catalog.text),
+                                      ''::pg_catalog.text),
+                             true)
 FROM a AS l, k
 WHERE l.granted AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
   AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
   AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
   AND l.pid <> pg_catalog.pg_backend_pid()
-  AND l.pid <> ALL ($3::pg_catalog.int4[])
+  AND l.pid <> ALL ('{own}'::pg_catalog.int4[])
   AND NOT EXISTS (SELECT FROM a AS m
                   WHERE m.pid = l.pid AND m.objsubid = 2::pg_catalog.int2
-                    AND m.classid = l.classid AND m.objid = l.objid)";
+                    AND m.classid = l.classid AND m.objid = l.objid);
+SELECT l.pid, a.backend_start IS NULL,
+       CASE WHEN r.session_start = a.backend_start
+            THEN pg_catalog.pg_terminate_backend(l.pid, {terminate_wait}::pg_catalog.int8) END
+FROM pg_catalog.unnest(pg_catalog.string_to_array(
+         pg_catalog.current_setting('dlock.force_release_pids'::pg_catalog.text),
+         ','::pg_catalog.text)::pg_catalog.int4[]) AS l(pid)
+JOIN {schema}.dlock_holders AS r
+  ON r.lock_id = pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8)
+ AND r.key = {key} AND r.token = {token}::pg_catalog.int8 AND r.pid = l.pid
+LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true"
+);
 
-/// Ends the session among `$5` ([`GATED_HOLDERS`]) whose record of the key
-/// (`$1`, with its key seed `$2`) names the lease with token `$3` and that
-/// session (its pid and its start, so a later session that got the same
-/// pid is never taken for it). Waits as [`TERMINATE_HOLDERS`] does (up to
-/// `$4` ms). No row: the named lease does not hold the key, and nothing
-/// was ended.
-///
-/// Sent after [`GATED_HOLDERS`], in its transaction, under the release
-/// gate: this statement's snapshot of the records is taken after the lock
-/// table was read. A session found holding the key, not in a lock
-/// statement, committed the record of the lease it holds before that read;
-/// and under the gate it can neither let go of the key nor take it again,
-/// nor can any other session take it, until this ends. So the record read
-/// here is the record of the lease the session holds when it is ended: a
-/// holder that changed since an operator was shown it, a lease let go a
-/// moment before, or another session holding the key meanwhile, is never
-/// ended.
-pub(super) const TERMINATE_NAMED_HOLDER: &str = "\
-SELECT l.pid, pg_catalog.pg_terminate_backend(l.pid, $4::pg_catalog.int8)
-FROM pg_catalog.unnest($5::pg_catalog.int4[]) AS l(pid),
-     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k,
-     {schema}.dlock_holders AS r
-WHERE r.lock_id = k.h AND r.key = $1::pg_catalog.text
-  AND r.token = $3::pg_catalog.int8 AND r.pid = l.pid
-  AND r.session_start = (SELECT a.backend_start FROM pg_catalog.pg_stat_get_activity(l.pid) AS a)";
+/// The waits of [`FORCE_RELEASE_NAMED`].
+pub(super) struct ForceWaits {
+    /// For the key's release gate (the releases of the key under way).
+    pub(super) gate: std::time::Duration,
+    /// For each statement.
+    pub(super) statement: std::time::Duration,
+    /// For a session ended to be gone.
+    pub(super) terminate: std::time::Duration,
+}
+
+/// [`FORCE_RELEASE_NAMED`] (its schema filled in, as `rendered`) for the
+/// key `key` with key seed `seed`, naming the lease with token `token`,
+/// never ending a session of `own`: the key goes in hex-encoded (no
+/// quoting to get wrong), the numbers as decimal literals, and the waits
+/// as `waits` says.
+pub(super) fn force_release_named(
+    rendered: &str,
+    key: &str,
+    seed: i64,
+    token: i64,
+    own: &[i32],
+    waits: &ForceWaits,
+) -> String {
+    use std::fmt::Write as _;
+    let mut hex = String::with_capacity(key.len() * 2);
+    for byte in key.bytes() {
+        let _ = write!(hex, "{byte:02x}");
+    }
+    let key = format!(
+        "pg_catalog.convert_from(pg_catalog.decode('{hex}'::pg_catalog.text, 'hex'::pg_catalog.text), \
+         'UTF8'::pg_catalog.name)"
+    );
+    let own = own.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    let ms = |wait: std::time::Duration| wait.as_millis().max(1).to_string();
+    rendered
+        .replace("{lock_wait}", &ms(waits.gate))
+        .replace("{statement_wait}", &ms(waits.statement))
+        .replace("{terminate_wait}", &ms(waits.terminate))
+        .replace("{own}", &format!("{{{own}}}"))
+        .replace("{seed}", &format!("'{seed}'"))
+        .replace("{token}", &format!("'{token}'"))
+        .replace("{key}", &key)
+}
 
 /// Takes a key's session advisory lock and draws its token as [`TRY_LOCK`]
 /// does, and, only if it was taken, records who took it in

@@ -1706,3 +1706,37 @@ async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failov
     );
     lease.release().await.expect("release");
 }
+
+/// With only a minority of the sentinels answering (here one of three:
+/// the other two addresses refuse), the primary it names is not trusted:
+/// the answering one may be the sentinel that missed a failover, naming
+/// the old primary. Connecting fails, saying how many answered; with a
+/// majority back it connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_named_by_a_minority_of_the_sentinels_is_not_trusted() {
+    let urls = shared();
+    let dead = |_| format!("redis://127.0.0.1:{}", redis_support::free_port(false));
+    let minority: Vec<String> = std::iter::once(urls[0].clone())
+        .chain((0..2).map(dead))
+        .collect();
+    let minority: Vec<&str> = minority.iter().map(String::as_str).collect();
+    let err = RedisBackend::sentinel(&minority, SERVICE)
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect_err("one sentinel of three is a minority");
+    let text = err.to_string();
+    assert!(
+        text.contains("only 1 of the 3 sentinels answered"),
+        "{text}"
+    );
+    let majority: Vec<&str> = [urls[0].as_str(), urls[1].as_str(), minority[1]].to_vec();
+    let backend = RedisBackend::sentinel(&majority, SERVICE)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("two sentinels of three are a majority");
+    drop(backend);
+}

@@ -102,6 +102,7 @@ impl Sentinels {
         let mut pause = FIRST_ROUND_PAUSE;
         loop {
             let views = self.views(deadline).await;
+            let heard = views.iter().filter(|(_, view)| view.is_ok()).count();
             let mut best: Option<(usize, String, u16, Option<u64>)> = None;
             for (index, view) in views {
                 let shown = self.shown.get(index).map_or("?", String::as_str);
@@ -121,6 +122,21 @@ impl Sentinels {
                         }
                     }
                 }
+            }
+            // A minority's word is not taken: the sentinels that did not
+            // answer may be the ones that saw a failover that the ones that
+            // answered missed (down, cut off, or restarted from an older
+            // config), and the old primary they name, restarted, says it is
+            // a master until it is demoted.
+            if heard < self.majority() {
+                if heard > 0 {
+                    last = Some(format!(
+                        "only {heard} of the {} sentinels answered, and the primary a minority \
+                         names is not trusted (it may be one a failover left behind)",
+                        self.sentinels.len()
+                    ));
+                }
+                best = None;
             }
             if let Some((index, host, port, _)) = best {
                 let shown = self.shown.get(index).map_or("?", String::as_str);
@@ -182,8 +198,13 @@ impl Sentinels {
     /// periodic check whether the primary moved.
     pub(super) async fn named(&self) -> Option<String> {
         let deadline = Instant::now() + self.connect_timeout;
+        let views = self.views(deadline).await;
+        // As in `primary`: a minority's word is not taken.
+        if views.iter().filter(|(_, view)| view.is_ok()).count() < self.majority() {
+            return None;
+        }
         let mut best: Option<(String, u16, Option<u64>)> = None;
-        for (_, view) in self.views(deadline).await {
+        for (_, view) in views {
             if let Ok(Some((host, port, epoch))) = view
                 && best.as_ref().is_none_or(|(_, _, top)| epoch > *top)
             {
@@ -219,7 +240,7 @@ impl Sentinels {
                 }
             })
             .collect();
-        let majority = count / 2 + 1;
+        let majority = self.majority();
         let mut views = Vec::with_capacity(count);
         let mut answers = 0;
         while let Some(view) = asks.next().await {
@@ -236,6 +257,11 @@ impl Sentinels {
             .into_iter()
             .map(|(_, index, view)| (index, view))
             .collect()
+    }
+
+    /// How many sentinels make a majority of those configured.
+    fn majority(&self) -> usize {
+        self.sentinels.len() / 2 + 1
     }
 
     /// One connection for a short exchange, bounded by the timeouts.

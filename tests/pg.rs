@@ -1206,3 +1206,203 @@ async fn a_force_release_whose_link_stalls_never_holds_up_the_holders_release() 
     );
     bystander.release().await.expect("release");
 }
+
+/// A backend on a schema of its own (dropped by the guard), for a test
+/// that locks the table of holder records as a DBA would.
+async fn on_own_schema(options: PgOptions) -> (Arc<dyn Backend>, String, impl Drop) {
+    struct DropSchema(String);
+    impl Drop for DropSchema {
+        fn drop(&mut self) {
+            let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0);
+            let _ = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
+                runtime.block_on(async move {
+                    let (client, connection) =
+                        tokio_postgres::connect(&conn(), NoTls).await.ok()?;
+                    tokio::spawn(connection);
+                    client.batch_execute(&sql).await.ok()
+                })
+            })
+            .join();
+        }
+    }
+    let id = OwnerId::random().expect("random").to_string();
+    let schema = format!("dlock_t_{}", &id[..12]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), options.schema(&schema))
+            .await
+            .expect("connect"),
+    );
+    (backend, schema.clone(), DropSchema(schema))
+}
+
+/// Another process's session holds a key's release gate (any client can
+/// take that pair of numbers): the holder's release of the key waits past
+/// its lock timeout, then lets go without the gate. The release succeeds
+/// and the other lease on the session lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_gate_another_session_holds_still_releases_and_keeps_the_session() {
+    let admin = raw_client().await;
+    let holder: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), PgOptions::new().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("gate-taken");
+    let bystander = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), fresh_key("gate-taken-bystander"))
+        .await
+        .expect("free");
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free");
+    admin
+        .query_one(
+            "SELECT pg_advisory_lock((~(h >> 32))::int4, (~((h << 32) >> 32))::int4)
+             FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("take the gate");
+    let released = within(30, "the release", lease.release()).await;
+    assert!(released.is_ok(), "{released:?}");
+    assert!(bystander.check().is_ok(), "the holder's session was ended");
+    let next = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await;
+    assert!(next.is_ok(), "the key must be free: {next:?}");
+    drop(admin);
+}
+
+/// A force release naming a lease that ended, while a DBA holds the table
+/// of holder records locked (a `VACUUM FULL`, an `ALTER TABLE`): it waits
+/// for the table before it takes the key's release gate, so the holder's
+/// release of its current lease meanwhile goes through, and no lease of
+/// its session is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_force_release_waiting_for_a_locked_records_table_holds_up_no_release() {
+    let mut admin = raw_client().await;
+    let (holder, schema, _drop) = on_own_schema(
+        PgOptions::new()
+            .sessions(1)
+            .liveness_interval(Duration::from_secs(1)),
+    )
+    .await;
+    let operator: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), PgOptions::new().sessions(1).schema(&schema))
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("forced-table-locked");
+    let bystander = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), fresh_key("forced-table-locked-bystander"))
+        .await
+        .expect("free");
+    let first = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free");
+    let shown = first.token();
+    first.release().await.expect("release");
+    let second = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free again");
+    let dba = admin.transaction().await.expect("a transaction");
+    dba.batch_execute(&format!(
+        "LOCK TABLE {schema}.dlock_holders IN ACCESS EXCLUSIVE MODE"
+    ))
+    .await
+    .expect("lock the table");
+    let force = tokio::spawn({
+        let (operator, key) = (operator.clone(), key.clone());
+        async move {
+            operator
+                .force_release_holding(&key, &dlock::backend::Holding::new(Some(shown), None))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released = within(30, "the holder's release", second.release()).await;
+    let answer = within(30, "the force release", force)
+        .await
+        .expect("the force release's task");
+    dba.rollback().await.expect("rollback");
+    assert!(
+        released.is_ok(),
+        "the holder's release waited behind the force release: {released:?}"
+    );
+    assert!(bystander.check().is_ok(), "the holder's session was ended");
+    assert!(
+        !matches!(answer, Ok(dlock::backend::ForceRelease::Released)),
+        "{answer:?}"
+    );
+}
+
+/// A batch delete of released records that fails (the table locked by a
+/// DBA's `CREATE INDEX` past the session's lock timeout) keeps them: the
+/// key taken again on that session without a record is not read with the
+/// old lease's record, and a force release naming the old lease ends
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_batch_delete_keeps_the_released_records_so_no_lease_is_read_with_one() {
+    let mut admin = raw_client().await;
+    let (holder, schema, _drop) = on_own_schema(
+        PgOptions::new()
+            .sessions(1)
+            .liveness_interval(Duration::from_secs(1)),
+    )
+    .await;
+    let operator: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn(), PgOptions::new().sessions(1).schema(&schema))
+            .await
+            .expect("connect"),
+    );
+    let key = fresh_key("batch-kept");
+    let bystander = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holder.clone(), fresh_key("batch-kept-bystander"))
+        .await
+        .expect("free");
+    let first = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free");
+    let old = first.token();
+    let other = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holder.clone(), fresh_key("batch-kept-other"))
+        .await
+        .expect("free");
+    first.release().await.expect("release");
+    let dba = admin.transaction().await.expect("a transaction");
+    dba.batch_execute(&format!("LOCK TABLE {schema}.dlock_holders IN SHARE MODE"))
+        .await
+        .expect("lock the table");
+    // The batch falls due: this release's batch delete waits past the
+    // lock timeout and fails.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    other.release().await.expect("release");
+    let second = LockOptions::new(Duration::from_secs(60))
+        .acquire_on(holder.clone(), key.clone())
+        .await
+        .expect("free again");
+    let shown = operator.holder(&key).await.expect("backend answers");
+    let answer = operator
+        .force_release_holding(&key, &dlock::backend::Holding::new(Some(old), None))
+        .await;
+    dba.rollback().await.expect("rollback");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        shown.as_ref().and_then(|h| h.token) != Some(old),
+        "the key's new lease was read with the released lease's record: {shown:?}"
+    );
+    assert!(
+        !matches!(answer, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming a released lease answered {answer:?}"
+    );
+    assert!(second.check().is_ok(), "the key's new lease was broken");
+    assert!(bystander.check().is_ok(), "the holder's session was ended");
+}

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, timeout};
+use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -96,6 +96,45 @@ struct HolderSession {
     /// Whether the session's lock statement of the key is still running
     /// (see [`sql::HOLDER_SESSION`]): its record may not be visible yet.
     rewriting: bool,
+}
+
+/// What one run of `sql::FORCE_RELEASE_NAMED` did.
+enum NamedEnds {
+    /// The key's release gate was taken (a release under way): nothing
+    /// was read or ended; try again.
+    GateBusy,
+    /// The session with this pid holds the key, and its start is hidden
+    /// from this role: nothing was ended.
+    Hidden(String),
+    /// Whether a session was ended.
+    Ended(bool),
+}
+
+/// Reads the answer of `sql::FORCE_RELEASE_NAMED`: the gate's try is the
+/// third statement's row, the sessions found the fifth's rows.
+fn named_ends(messages: &[SimpleQueryMessage], key: &LockKey, token: i64) -> NamedEnds {
+    let mut completed = 0;
+    let mut ended = false;
+    for message in messages {
+        match message {
+            SimpleQueryMessage::CommandComplete(_) => completed += 1,
+            SimpleQueryMessage::Row(row) if completed == 2 && row.get(0) != Some("true") => {
+                return NamedEnds::GateBusy;
+            }
+            SimpleQueryMessage::Row(row) if completed == 4 => {
+                let pid = row.get(0).unwrap_or("?");
+                if row.get(1) == Some("t") {
+                    return NamedEnds::Hidden(pid.to_owned());
+                }
+                if let Some(gone) = row.get(2) {
+                    ended = true;
+                    tracing::warn!(key = %key, pid, gone, token, "force release: ended the PostgreSQL session holding the named lease");
+                }
+            }
+            _ => {}
+        }
+    }
+    NamedEnds::Ended(ended)
 }
 
 impl Inner {
@@ -752,45 +791,49 @@ impl Inner {
         // back whatever it had not finished).
         let (close, closed) = oneshot::channel();
         let client = self.connector.open(connect, closed, |_| {}).await?;
-        let answer = timeout(statement_wait * 3 + connect, client.simple_query(&script)).await;
-        drop(close);
-        let messages = match answer {
-            Ok(Ok(messages)) => messages,
-            // No table of records: no lease of another process could be
-            // named by its token.
-            Ok(Err(err)) if sql::sequence_missing(&err) => return Ok(false),
-            Ok(Err(err)) => return Err(Failure::new(WHY, err)),
-            Err(_) => {
-                return Err(Failure::msg(format!(
-                    "{WHY}: no answer within {:?}",
-                    statement_wait * 3 + connect
-                )));
+        let give_up = Instant::now() + gate;
+        let mut pause = Duration::from_millis(1);
+        let ended = loop {
+            let bound = statement_wait * 3 + connect;
+            let messages = match timeout(bound, client.simple_query(&script)).await {
+                Ok(Ok(messages)) => messages,
+                // No table of records: no lease of another process could
+                // be named by its token.
+                Ok(Err(err)) if sql::sequence_missing(&err) => break Ok(false),
+                Ok(Err(err)) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    break Err(Failure::new(
+                        "cannot end the session holding it: the table of holder records stayed \
+                         locked past the lock timeout (an ALTER TABLE, VACUUM FULL or TRUNCATE \
+                         on it?); nothing was ended",
+                        err,
+                    ));
+                }
+                Ok(Err(err)) => break Err(Failure::new(WHY, err)),
+                Err(_) => break Err(Failure::msg(format!("{WHY}: no answer within {bound:?}"))),
+            };
+            match named_ends(&messages, key, token) {
+                NamedEnds::GateBusy if Instant::now() < give_up => {
+                    sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                NamedEnds::GateBusy => {
+                    break Err(Failure::msg(format!(
+                        "cannot end the session holding it: releases of the key kept its release \
+                         gate busy for {gate:?} (or another session holds it); nothing was ended"
+                    )));
+                }
+                NamedEnds::Hidden(pid) => {
+                    break Err(Failure::msg(format!(
+                        "cannot tell whether the session holding it (pid {pid}) is the one the \
+                         lease named: its start is hidden from this role (grant it \
+                         pg_read_all_stats, or use the holder's role); nothing was ended"
+                    )));
+                }
+                NamedEnds::Ended(ended) => break Ok(ended),
             }
         };
-        // The rows of the fourth statement, after three completions.
-        let mut completed = 0;
-        let mut ended = false;
-        for message in &messages {
-            match message {
-                SimpleQueryMessage::CommandComplete(_) => completed += 1,
-                SimpleQueryMessage::Row(row) if completed == 3 => {
-                    let pid = row.get(0).unwrap_or("?");
-                    if row.get(1) == Some("t") {
-                        return Err(Failure::msg(format!(
-                            "cannot tell whether the session holding it (pid {pid}) is the one \
-                             the lease named: its start is hidden from this role (grant it \
-                             pg_read_all_stats, or use the holder's role); nothing was ended"
-                        )));
-                    }
-                    if let Some(gone) = row.get(2) {
-                        ended = true;
-                        tracing::warn!(key = %key, pid, gone, token, "force release: ended the PostgreSQL session holding the named lease");
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(ended)
+        drop(close);
+        ended
     }
 
     /// Creates the table of holder records, or brings an older dlock's to

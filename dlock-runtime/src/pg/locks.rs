@@ -474,7 +474,7 @@ impl Inner {
         immediate: bool,
     ) -> Result<Unlocked, tokio_postgres::Error> {
         if let Some(token) = record.filter(|_| !immediate) {
-            let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+            let row = self.unlock_behind_gate(session, advisory_key).await?;
             if let Some(batch) = session.released(advisory_key, token) {
                 self.delete_batch(session, batch).await;
             }
@@ -515,7 +515,7 @@ impl Inner {
                 // session here would lose every other lease on it for
                 // the sake of a record.
                 Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+                    let row = self.unlock_behind_gate(session, advisory_key).await?;
                     if let Some(batch) = session.released(advisory_key, token) {
                         self.delete_batch(session, batch).await;
                     }
@@ -523,7 +523,7 @@ impl Inner {
                 }
                 Err(err) if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
                     session.retire();
-                    let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+                    let row = self.unlock_behind_gate(session, advisory_key).await?;
                     return Ok(Unlocked {
                         held: row.try_get(0).unwrap_or(false),
                         record_left: Some(err),
@@ -532,24 +532,54 @@ impl Inner {
                 Err(err) => return Err(err),
             }
         }
-        let row = session.query_one(&session.unlock, &[&advisory_key]).await?;
+        let row = self.unlock_behind_gate(session, advisory_key).await?;
         Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)))
     }
 
+    /// Drops one hold of `advisory_key` on `session` with the session's
+    /// unlock statement, behind the key's release gate where holders are
+    /// recorded ([`sql::UNLOCK_GATED`]). A gate held past the session's
+    /// `lock_timeout` is no force release of dlock's (that holds it for
+    /// the server's work alone) but another session's lock on the same
+    /// pair of numbers: the lock is then dropped without the gate
+    /// ([`sql::UNLOCK`]), rather than ending the session and every lease
+    /// on it.
+    async fn unlock_behind_gate(
+        &self,
+        session: &LockSession,
+        advisory_key: i64,
+    ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
+        match session.query_one(&session.unlock, &[&advisory_key]).await {
+            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                tracing::warn!(
+                    advisory_key,
+                    "a release waited past the lock timeout for the key's release gate, which \
+                     another session holds; released without it"
+                );
+                session.query_one(sql::UNLOCK, &[&advisory_key]).await
+            }
+            unlocked => unlocked,
+        }
+    }
+
     /// Deletes the records of released leases `batch` of `session` (see
-    /// [`sql::DELETE_RELEASED`]). A failure leaves them: they are never
-    /// read, and the key's next recorded acquisition overwrites each.
+    /// [`sql::DELETE_RELEASED`]). A failure keeps them for the next batch:
+    /// until then the session takes no lock that records nothing of their
+    /// keys without deleting them first (see `try_lock`).
     async fn delete_batch(&self, session: &LockSession, batch: super::session::Released) {
         let (Some(started), Some(statements)) = (session.started, session.recording_prepared())
         else {
             return;
         };
-        let _ = session
+        let deleted = session
             .query_one(
                 &statements.delete_released,
                 &[&batch.lock_ids, &batch.tokens, &started],
             )
             .await;
+        if deleted.is_err() {
+            session.keep_released(batch);
+        }
     }
 
     /// Deletes every record `session` left of a released lease, before a
@@ -564,13 +594,19 @@ impl Inner {
         else {
             return false;
         };
-        session
+        let deleted = session
             .query_one(
                 &statements.delete_released,
                 &[&batch.lock_ids, &batch.tokens, &started],
             )
-            .await
-            .is_ok()
+            .await;
+        match deleted {
+            Ok(_) => true,
+            Err(_) => {
+                session.keep_released(batch);
+                false
+            }
+        }
     }
 
     /// The error of a release that dropped `key`'s lock but could not

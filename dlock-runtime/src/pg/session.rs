@@ -709,6 +709,21 @@ impl LockSession {
         due.then(|| std::mem::take(&mut *released))
     }
 
+    /// Puts back a batch of released records whose delete failed: they are
+    /// still this session's to delete, and [`left_record_of`](Self::left_record_of)
+    /// must still see them (a lock statement that records nothing checks
+    /// it, lest a lease it takes be read with an old record).
+    pub(super) fn keep_released(&self, batch: Released) {
+        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
+        let since = match (batch.since, released.since) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        released.lock_ids.extend(batch.lock_ids);
+        released.tokens.extend(batch.tokens);
+        released.since = since;
+    }
+
     /// Whether a record this session left of a released lease may be
     /// `key`'s (a record of another key with the same advisory key names
     /// that key, and is never read for this one): true when its advisory

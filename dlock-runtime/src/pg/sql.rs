@@ -343,7 +343,7 @@ FROM (",
 );
 
 /// The force release that names a lease (`Backend::force_release_holding`
-/// of a lease of another process): four statements sent in one simple
+/// of a lease of another process): five statements sent in one simple
 /// query, so in one implicit transaction and one round trip, on a
 /// connection of the force release's own ([`force_release_named`] fills
 /// in the key, its seed, the token, this backend's own sessions and the
@@ -351,41 +351,53 @@ FROM (",
 /// so the gate is never held across a round trip, nor kept by a client
 /// that stalls.
 ///
-/// 1. Bounds every wait below: the gate's (`lock_timeout`) and each
-///    statement (`statement_timeout`), for this transaction only.
-/// 2. Takes the key's release gate exclusively (see `release_gate!`)
-///    until the transaction ends: it waits for the releases of the key
-///    under way (one statement each) and holds off the next ones, so the
-///    session holding the key keeps holding it until the end.
-/// 3. Reads the lock table once (a CTE read twice is computed once, so
+/// 1. Bounds every wait below (`lock_timeout`, `statement_timeout`), for
+///    this transaction only.
+/// 2. Takes the records table's lock (`ACCESS SHARE`, until the end)
+///    before the gate: a DBA's `ALTER TABLE` or `VACUUM FULL`, granted or
+///    queued, is waited for here, with no gate held for the holder's
+///    releases to wait behind.
+/// 3. Tries the key's release gate exclusively (see `release_gate!`)
+///    until the transaction ends, without queueing: a release of the key
+///    under way (one statement) holds it shared, and the try fails, which
+///    the transaction keeps in a setting (`dlock.force_release_gate`) for
+///    the next statement and the client reads (it tries again a moment
+///    later). A force release never queues on the gate, so the holder's
+///    releases never wait behind one that waits. Taken, the gate holds off
+///    the next releases, so the session holding the key keeps holding it
+///    until the end.
+/// 4. Reads the lock table once, only if the gate was taken, (a CTE read twice is computed once, so
 ///    the hold and the mark are seen at one instant): the sessions that
 ///    hold the key exclusively, other than this one and this backend's
 ///    own (whose leases it unlocks itself), and not in the middle of a
 ///    lock statement (one that holds the key's `rewriting` mark has not
 ///    committed its record yet, see [`TRY_LOCK_RECORDING`]). It keeps
 ///    their pids in a setting of the transaction, for the next statement.
-/// 4. Reads the records, with a snapshot taken after the lock table was
+/// 5. Reads the records, with a snapshot taken after the lock table was
 ///    read, and ends each session found whose record of the key names the
 ///    lease with the token given and that session (its pid and its start,
 ///    so a later session that got the same pid is never taken for it),
 ///    waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
 ///    its pid, whether its start is hidden from this role (it then cannot
-///    be told from a later session with its pid, and is not ended), and
-///    whether it was ended (NULL: its record names another lease).
+///    be told from a later session with its pid, and is not ended; a
+///    session gone meanwhile is not hidden, only not ended), and whether
+///    it was ended (NULL: its record names another lease, or it is gone).
 ///
-/// A session found holding the key in 3, not in a lock statement,
+/// A session found holding the key in 4, not in a lock statement,
 /// committed the record of the lease it holds before that read; under the
 /// gate it can neither let go of the key nor take it again, nor can any
-/// other session take it, until this ends. So the record read in 4 is the
+/// other session take it, until this ends. So the record read in 5 is the
 /// record of the lease the session holds when it is ended: a holder that
 /// changed since an operator was shown it, a lease let go a moment
 /// before, or another session holding the key meanwhile, is never ended.
 pub(super) const FORCE_RELEASE_NAMED: &str = concat!(
     "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{lock_wait}'::pg_catalog.text, true),
        pg_catalog.set_config('statement_timeout'::pg_catalog.text, '{statement_wait}'::pg_catalog.text, true);
-SELECT pg_catalog.pg_advisory_xact_lock(",
+SELECT FROM {schema}.dlock_holders LIMIT 0;
+SELECT pg_catalog.set_config('dlock.force_release_gate'::pg_catalog.text,
+                             pg_catalog.pg_try_advisory_xact_lock(",
     release_gate!("k.h"),
-    ")
+    ")::pg_catalog.text, true)
 FROM (SELECT pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8) AS h) AS k;
 WITH k AS (SELECT pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8) AS h),
 a AS (
@@ -405,10 +417,11 @@ WHERE l.granted AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1
   AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)
   AND l.pid <> pg_catalog.pg_backend_pid()
   AND l.pid <> ALL ('{own}'::pg_catalog.int4[])
+  AND pg_catalog.current_setting('dlock.force_release_gate'::pg_catalog.text)::pg_catalog.bool
   AND NOT EXISTS (SELECT FROM a AS m
                   WHERE m.pid = l.pid AND m.objsubid = 2::pg_catalog.int2
                     AND m.classid = l.classid AND m.objid = l.objid);
-SELECT l.pid, a.backend_start IS NULL,
+SELECT l.pid, a.pid IS NOT NULL AND a.backend_start IS NULL,
        CASE WHEN r.session_start = a.backend_start
             THEN pg_catalog.pg_terminate_backend(l.pid, {terminate_wait}::pg_catalog.int8) END
 FROM pg_catalog.unnest(pg_catalog.string_to_array(

@@ -18,7 +18,8 @@ use crate::cycle::{Row, dlock_row};
 /// as soon as the replica acknowledges, so this bounds only a failure: a
 /// replica slowed by a loaded machine (the smoke run beside the test
 /// suite) has time, and the figures are those of the acknowledgement.
-pub const ACK_WITHIN: Duration = Duration::from_secs(5);
+/// Below the backend's response timeout (3 s), as `replica_acks` asks.
+pub const ACK_WITHIN: Duration = Duration::from_secs(2);
 
 /// A primary and its replica, stopped when dropped.
 pub struct Replicated {

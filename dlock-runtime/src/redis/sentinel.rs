@@ -129,7 +129,9 @@ impl Sentinels {
             // config), and the old primary they name, restarted, says it is
             // a master until it is demoted.
             if heard < self.majority() {
-                if heard > 0 {
+                // Said only when the minority named one: a minority that
+                // said it monitors no such primary keeps its own words.
+                if best.is_some() {
                     last = Some(format!(
                         "only {heard} of the {} sentinels answered, and the primary a minority \
                          names is not trusted (it may be one a failover left behind)",

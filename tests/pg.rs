@@ -1207,36 +1207,18 @@ async fn a_force_release_whose_link_stalls_never_holds_up_the_holders_release() 
     bystander.release().await.expect("release");
 }
 
-/// A backend on a schema of its own (dropped by the guard), for a test
-/// that locks the table of holder records as a DBA would.
-async fn on_own_schema(options: PgOptions) -> (Arc<dyn Backend>, String, impl Drop) {
-    struct DropSchema(String);
-    impl Drop for DropSchema {
-        fn drop(&mut self) {
-            let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0);
-            let _ = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .ok()?;
-                runtime.block_on(async move {
-                    let (client, connection) =
-                        tokio_postgres::connect(&conn(), NoTls).await.ok()?;
-                    tokio::spawn(connection);
-                    client.batch_execute(&sql).await.ok()
-                })
-            })
-            .join();
-        }
-    }
-    let id = OwnerId::random().expect("random").to_string();
-    let schema = format!("dlock_t_{}", &id[..12]);
+/// A backend on a schema of its own (dropped with it), for a test that
+/// locks the table of holder records as a DBA would.
+async fn on_own_schema(
+    options: PgOptions,
+) -> (Arc<dyn Backend>, String, pg_support::ScratchSchema) {
+    let scratch = pg_support::ScratchSchema::new("t");
     let backend: Arc<dyn Backend> = Arc::new(
-        PgBackend::connect_with(&conn(), options.schema(&schema))
+        PgBackend::connect_with(&conn(), options.schema(&scratch.name))
             .await
             .expect("connect"),
     );
-    (backend, schema.clone(), DropSchema(schema))
+    (backend, scratch.name.clone(), scratch)
 }
 
 /// Another process's session holds a key's release gate (any client can

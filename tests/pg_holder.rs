@@ -1897,3 +1897,98 @@ async fn a_release_while_a_dba_locks_the_table_ends_no_session() {
     );
     plain.release().await.expect("release");
 }
+
+/// A recording lock statement that fails on its way (here, on the key's
+/// record, which a DBA holds `FOR UPDATE` past `lock_timeout`) leaves its
+/// session holding nothing: it takes the session lock as its last step. A
+/// session that kept the lock until the backend undid it would, meanwhile,
+/// hold the key under the record of a lease it had released (its own, not
+/// yet deleted), which `show` would name and a force release naming that
+/// released lease would end the session for, with every lease on it. The
+/// same statement, let through, leaves the lock held by the session.
+#[tokio::test]
+async fn a_recording_lock_statement_that_fails_on_a_locked_record_leaves_its_session_holding_nothing()
+ {
+    let schema = ScratchSchema::new("undo");
+    let key = fresh_key("failed-statement");
+    // The backend creates the schema's objects (the table of records with
+    // the first lease that has an identity).
+    let backend = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    take(&backend, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    give_back(&backend, &key, &owner).await;
+    let statement = dlock::pg::protocol::TRY_LOCK_RECORDING
+        .replace("{schema}", &format!("\"{}\"", schema.name));
+    let session = shared_client().await;
+    session
+        .batch_execute("SET lock_timeout = '200ms'")
+        .await
+        .expect("set lock_timeout");
+    let started: std::time::SystemTime = session
+        .query_one(
+            "SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())",
+            &[],
+        )
+        .await
+        .expect("session start")
+        .get(0);
+    let advisory_locks = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                          AND objsubid = 1 AND pid = pg_backend_pid()";
+    let lock = || async {
+        let params: [&(dyn dlock::pg::tokio_postgres::types::ToSql + Sync); 6] = [
+            &key.as_str(),
+            &0_i64,
+            &None::<&str>,
+            &started,
+            &"holder",
+            &false,
+        ];
+        session.query_one(statement.as_str(), &params).await
+    };
+
+    // An earlier lease's record of the key, as its session leaves it.
+    let dba = shared_client().await;
+    dba.execute(
+        &format!(
+            "INSERT INTO {}.dlock_holders (lock_id, key, token, pid, session_start) \
+             VALUES (hashtextextended($1, 0), $1, 1, pg_backend_pid(), now())",
+            schema.name
+        ),
+        &[&key.as_str()],
+    )
+    .await
+    .expect("a record left behind");
+    dba.batch_execute(&format!(
+        "BEGIN; SELECT FROM {}.dlock_holders WHERE key = '{key}' FOR UPDATE",
+        schema.name
+    ))
+    .await
+    .expect("the DBA locks the record");
+    let err = lock().await.expect_err("the record is locked");
+    assert_eq!(
+        err.code(),
+        Some(&dlock::pg::tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{err}"
+    );
+    let held: i64 = session
+        .query_one(advisory_locks, &[])
+        .await
+        .expect("read pg_locks")
+        .get(0);
+    assert_eq!(
+        held, 0,
+        "the failed statement left its session holding the key"
+    );
+
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
+    let token: Option<i64> = lock().await.expect("the record is free").get(1);
+    assert!(token.is_some(), "the key is free");
+    let held: i64 = session
+        .query_one(advisory_locks, &[])
+        .await
+        .expect("read pg_locks")
+        .get(0);
+    assert_eq!(held, 1, "the statement that went through holds the key");
+}

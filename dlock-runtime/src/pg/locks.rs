@@ -357,11 +357,7 @@ impl Inner {
     ) {
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
-        let mut left = sql::lock_left_by(err, recording);
-        if recording && left == sql::LockLeft::Unknown {
-            left = self.recording_left_by(session, err).await;
-        }
-        match left {
+        match sql::lock_left_by(err, recording) {
             sql::LockLeft::No => {}
             // This attempt holds the lock (once more, if another lease of
             // the session holds the same advisory key): one unlock drops
@@ -400,44 +396,6 @@ impl Inner {
                     session.end(format!("could not undo a failed lock of `{key}`"));
                 }
             }
-        }
-    }
-
-    /// Where a recording lock statement that failed with `err` stopped,
-    /// when its error code alone does not say (see [`sql::lock_left_by`]):
-    /// a wait for a row of the table of holder records names it, and runs
-    /// after the lock; a wait for the table itself comes before anything
-    /// ran, and one for the token sequence after the lock, which the locks
-    /// other transactions hold now tell apart ([`sql::WHICH_LOCKED`]). So
-    /// a lock statement that waited for an `ALTER SEQUENCE` left open is
-    /// undone by one unlock, as the plain one is, not by ending the
-    /// session when another lease of it holds the same advisory key.
-    async fn recording_left_by(
-        &self,
-        session: &LockSession,
-        err: &tokio_postgres::Error,
-    ) -> sql::LockLeft {
-        if err.code() != Some(&SqlState::LOCK_NOT_AVAILABLE) {
-            return sql::LockLeft::Unknown;
-        }
-        let on_record = err
-            .as_db_error()
-            .and_then(|db| db.where_())
-            .is_some_and(|context| context.contains("relation \"dlock_holders\""));
-        if on_record {
-            return sql::LockLeft::Yes;
-        }
-        let which = sql::render(sql::WHICH_LOCKED, &self.quoted_schema);
-        let Ok(row) = session.query_one(which.as_str(), &[]).await else {
-            return sql::LockLeft::Unknown;
-        };
-        let table: Option<bool> = row.try_get(0).unwrap_or(None);
-        let sequence: Option<bool> = row.try_get(1).unwrap_or(None);
-        // Both (or neither) held now: it cannot tell which it waited for.
-        match (table == Some(true), sequence == Some(true)) {
-            (true, false) => sql::LockLeft::No,
-            (false, true) => sql::LockLeft::Yes,
-            _ => sql::LockLeft::Unknown,
         }
     }
 

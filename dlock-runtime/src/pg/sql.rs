@@ -531,6 +531,20 @@ pub(super) fn force_release_named(
 /// an instant; it sees the mark too, and does not believe the record (see
 /// `HOLDER_SESSION`).
 ///
+/// The lock is taken for the transaction first
+/// (`pg_try_advisory_xact_lock`), and for the session only as the last
+/// step, once the token is drawn and the record written (the outer
+/// `SELECT` reads `recorded` before it calls `pg_advisory_lock`, which
+/// never waits on a lock this session already holds). So a statement that
+/// fails on its way (a record's row or the sequence locked past
+/// `lock_timeout`, the sequence refused, a privilege missing) leaves its
+/// session holding nothing: the mark goes with the failed transaction, and
+/// a session that kept the lock would hold it, until the backend undid it,
+/// under a record the mark no longer covers, the record of a lease the
+/// session released earlier, which a force release naming that lease would
+/// take for the holder. Only a cancel can strike after the last step (see
+/// [`lock_left_by`]).
+///
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session
 /// and drops every lock with it.
@@ -556,7 +570,7 @@ pub const TRY_LOCK_RECORDING: &str = concat!(
 ),
 t AS (
   SELECT k.h, k.already, CASE WHEN k.rewriting IS NOT NULL
-                               AND pg_catalog.pg_try_advisory_lock(k.h) THEN (",
+                               AND pg_catalog.pg_try_advisory_xact_lock(k.h) THEN (",
     draw_token!(
         ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
               AS commit_mode",
@@ -578,7 +592,10 @@ recorded AS (
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
   RETURNING r.since
 )
-SELECT t.h, t.token, (SELECT recorded.since FROM recorded) FROM t"
+SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
+                 THEN s.token END,
+       s.since
+FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since FROM t OFFSET 0) AS s"
 );
 
 /// The channel [`ANNOUNCE`] announces acquisitions on for the
@@ -881,7 +898,10 @@ FROM (",
 /// not deleted yet), and holds it while it waits: the mark is only ever
 /// taken shared, and readers look for it only on the session that holds
 /// the key. There is no `already`: a fair session holds no other lock
-/// while it waits.
+/// while it waits. It waits for the lock as the transaction's
+/// (`pg_advisory_xact_lock`, in the same queue as the session lock) and
+/// takes it for the session as its last step, as [`TRY_LOCK_RECORDING`]
+/// does: a statement that fails after the grant leaves nothing held.
 ///
 /// Its `INSERT` holds the table's `ROW EXCLUSIVE` lock from the start of
 /// the statement, through the wait: a DBA's `ALTER TABLE`, `TRUNCATE`,
@@ -902,7 +922,7 @@ u AS (
   FROM k WHERE k.rewriting IS NOT NULL
 ),
 w AS (
-  SELECT u.h, u.prev, pg_catalog.pg_advisory_lock(u.h) AS locked
+  SELECT u.h, u.prev, pg_catalog.pg_advisory_xact_lock(u.h) AS locked
   FROM u WHERE u.unbounded IS NOT NULL
 ),
 t AS (
@@ -929,7 +949,10 @@ recorded AS (
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
   RETURNING r.since
 )
-SELECT t.h, t.token, (SELECT recorded.since FROM recorded) FROM t"
+SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
+                 THEN s.token END,
+       s.since
+FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since FROM t OFFSET 0) AS s"
 );
 
 /// Whether the session `$1` waits in an advisory lock's queue now: what a
@@ -1246,8 +1269,8 @@ pub(super) enum Unfit {
     AheadOfClock,
 }
 
-/// Whether a lock statement ([`TRY_LOCK`]) that failed left its session
-/// holding the key's lock.
+/// Whether a lock statement ([`TRY_LOCK`], [`TRY_LOCK_RECORDING`]) that
+/// failed left its session holding the key's lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum LockLeft {
     /// It failed before `pg_try_advisory_lock` ran.
@@ -1264,14 +1287,12 @@ pub(super) enum LockLeft {
 pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> LockLeft {
     use tokio_postgres::error::SqlState;
     if recording {
-        // Its INSERT also waits for locks (the table's, while the statement
-        // is planned, before anything ran; a row's, after the lock) and is
-        // refused in a read-only transaction before anything ran: only the
-        // draw's own failures say for sure.
+        // It takes the session lock as its last step, after every wait, draw
+        // and write: an error of the server says it never got there, but a
+        // cancel (or a statement timeout) can strike after that step too,
+        // while the statement ends.
         return match err.code() {
-            _ if sequence_missing(err) => LockLeft::No,
-            _ if refused_sequence(err).is_some() => LockLeft::Yes,
-            Some(code) if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED => LockLeft::Yes,
+            Some(code) if *code != SqlState::QUERY_CANCELED => LockLeft::No,
             _ => LockLeft::Unknown,
         };
     }
@@ -1298,20 +1319,6 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         _ => LockLeft::Unknown,
     }
 }
-
-/// After a recording lock statement ([`TRY_LOCK_RECORDING`]) waited too
-/// long for a lock that its error does not name, what another transaction
-/// holds now: a lock on the table of holder records that its `INSERT`
-/// waits for (taken when the statement starts, before anything in it ran),
-/// and one on the token sequence that the draw waits for (after the
-/// advisory lock was taken). See `Inner::undo_failed_lock`.
-pub(super) const WHICH_LOCKED: &str = "\
-SELECT pg_catalog.bool_or(l.relation = pg_catalog.to_regclass('{schema}.dlock_holders'::pg_catalog.text)),
-       pg_catalog.bool_or(l.relation = pg_catalog.to_regclass('{schema}.dlock_token_seq'::pg_catalog.text))
-FROM pg_catalog.pg_locks AS l
-WHERE l.locktype = 'relation'::pg_catalog.text AND l.granted
-  AND l.pid <> pg_catalog.pg_backend_pid()
-  AND l.mode = ANY ('{ShareLock,ShareRowExclusiveLock,ExclusiveLock,AccessExclusiveLock}'::pg_catalog.text[])";
 
 /// Fills `{schema}` in a statement.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {

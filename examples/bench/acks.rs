@@ -21,9 +21,13 @@ use crate::cycle::{Row, dlock_row};
 /// Below the backend's response timeout (3 s), as `replica_acks` asks.
 pub const ACK_WITHIN: Duration = Duration::from_secs(2);
 
-/// A primary and its replica, stopped when dropped.
+/// A primary and its replica, stopped when dropped, with their directory.
 pub struct Replicated {
     servers: Vec<Child>,
+    /// The servers' working directory: a replica in sync stores the
+    /// primary's snapshot there (`dump.rdb`), whatever `--save` says, so
+    /// it must not be the directory the benchmark runs in.
+    dir: std::path::PathBuf,
     /// The primary's URL.
     pub url: String,
 }
@@ -34,9 +38,11 @@ fn free_port() -> Res<u16> {
         .port())
 }
 
-fn redis_server(port: u16, extra: &[&str]) -> Res<Child> {
+fn redis_server(port: u16, dir: &std::path::Path, extra: &[&str]) -> Res<Child> {
     Command::new("redis-server")
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .arg("--dir")
+        .arg(dir)
         .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
         .args(extra)
         .stdout(Stdio::null())
@@ -49,13 +55,21 @@ impl Replicated {
     /// Starts both servers and waits until the replica is in sync.
     pub async fn start() -> Res<Self> {
         let (primary, replica) = (free_port()?, free_port()?);
+        let dir =
+            std::env::temp_dir().join(format!("dlock-bench-acks-{}-{primary}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
         let mut pair = Replicated {
-            servers: vec![redis_server(primary, &[])?],
+            servers: Vec::new(),
             url: format!("redis://127.0.0.1:{primary}"),
+            dir,
         };
+        pair.servers.push(redis_server(primary, &pair.dir, &[])?);
         let replica_of = format!("127.0.0.1 {primary}");
-        pair.servers
-            .push(redis_server(replica, &["--replicaof", &replica_of])?);
+        pair.servers.push(redis_server(
+            replica,
+            &pair.dir,
+            &["--replicaof", &replica_of],
+        )?);
         let replica_url = format!("redis://127.0.0.1:{replica}");
         let started = Instant::now();
         loop {
@@ -107,5 +121,6 @@ impl Drop for Replicated {
             let _ = server.kill();
             let _ = server.wait();
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -543,7 +543,7 @@ pub(super) fn force_release_named(
 /// under a record the mark no longer covers, the record of a lease the
 /// session released earlier, which a force release naming that lease would
 /// take for the holder. Only a cancel can strike after the last step (see
-/// [`lock_left_by`]).
+/// `lock_left_by`).
 ///
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session

@@ -456,11 +456,8 @@ pub(super) fn force_release_named(
     own: &[i32],
     waits: &ForceWaits,
 ) -> String {
-    use std::fmt::Write as _;
     let mut hex = String::with_capacity(key.len() * 2);
-    for byte in key.bytes() {
-        let _ = write!(hex, "{byte:02x}");
-    }
+    push_hex(&mut hex, key);
     let key = format!(
         "pg_catalog.convert_from(pg_catalog.decode('{hex}'::pg_catalog.text, 'hex'::pg_catalog.text), \
          'UTF8'::pg_catalog.name)"
@@ -788,6 +785,15 @@ pub(super) struct RecordRow<'a> {
     pub(super) since_us: i64,
 }
 
+/// Appends `text`'s bytes to `out` as hex digits, for a literal that
+/// `decode(…, 'hex')` reads: no character of the text can end it.
+fn push_hex(out: &mut String, text: &str) {
+    use std::fmt::Write as _;
+    for byte in text.bytes() {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
 /// [`REWRITE_RECORDS`] (its schema already filled in: `rendered`) with
 /// `wait` and `rows` filled in. Numbers go in quoted (`'-1'::int8`: a
 /// bare `-9223372036854775808::int8` would cast before negating, and
@@ -799,26 +805,21 @@ pub(super) fn rewrite_records(
     rows: &[RecordRow<'_>],
 ) -> String {
     use std::fmt::Write as _;
-    fn hex(out: &mut String, text: &str) {
-        for byte in text.bytes() {
-            let _ = write!(out, "{byte:02x}");
-        }
-    }
     let mut values = String::new();
     for (i, row) in rows.iter().enumerate() {
         if i > 0 {
             values.push_str(", ");
         }
         let _ = write!(values, "('{}'::pg_catalog.int8, '", row.lock_id);
-        hex(&mut values, row.key);
+        push_hex(&mut values, row.key);
         let _ = write!(
             values,
             "'::pg_catalog.text, '{}'::pg_catalog.int8, '",
             row.token
         );
-        hex(&mut values, row.identity);
+        push_hex(&mut values, row.identity);
         values.push_str("'::pg_catalog.text, '");
-        hex(&mut values, row.holder);
+        push_hex(&mut values, row.holder);
         let _ = write!(
             values,
             "'::pg_catalog.text, '{}'::pg_catalog.int8)",

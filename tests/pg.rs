@@ -18,7 +18,7 @@ use support::within;
 use dlock::backend::OwnerId;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
-use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
+use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions, LostReason};
 use dlock_runtime::conformance::fresh_key;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -1127,6 +1127,37 @@ async fn release_gate_held(admin: &tokio_postgres::Client, key: &LockKey) -> boo
         .get(0)
 }
 
+/// A key's lease let go and the key taken again on `holder`'s session,
+/// beside a lease of another key on that session: what the force releases
+/// below meet. Returns the bystander lease, the token of the lease that
+/// ended (the one an operator was shown) and the key's new lease.
+async fn released_and_taken_again(
+    holder: &Arc<dyn Backend>,
+    key: &LockKey,
+) -> (dlock::Lease, FencingToken, dlock::Lease) {
+    let options = LockOptions::new(Duration::from_secs(30));
+    let take = |key: LockKey| options.acquire_on(holder.clone(), key);
+    let bystander = take(fresh_key(&format!("{key}-bystander")))
+        .await
+        .expect("free");
+    let first = take(key.clone()).await.expect("free");
+    let shown = first.token();
+    first.release().await.expect("release");
+    let second = take(key.clone()).await.expect("free again");
+    (bystander, shown, second)
+}
+
+/// A force release by `operator` of `key` naming the lease with `token`.
+async fn force_naming(
+    operator: &Arc<dyn Backend>,
+    key: &LockKey,
+    token: FencingToken,
+) -> Result<dlock::backend::ForceRelease, LockError> {
+    operator
+        .force_release_holding(key, &dlock::backend::Holding::new(Some(token), None))
+        .await
+}
+
 /// A force release naming a lease that ended, whose link to the server
 /// stalls mid-call (a network cut, a suspended laptop, a CLI stopped with
 /// ^Z), holds up nothing of the holder's: the holder lets go of the lease
@@ -1144,20 +1175,7 @@ async fn a_force_release_whose_link_stalls_never_holds_up_the_holders_release() 
             .expect("connect"),
     );
     let key = fresh_key("forced-stalled");
-    let bystander = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), fresh_key("forced-stalled-bystander"))
-        .await
-        .expect("free");
-    let first = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), key.clone())
-        .await
-        .expect("free");
-    let shown = first.token();
-    first.release().await.expect("release");
-    let second = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), key.clone())
-        .await
-        .expect("free again");
+    let (bystander, shown, second) = released_and_taken_again(&holder, &key).await;
 
     let proxy = support::proxy::Proxy::bind(pg_addr()).await;
     let operator: Arc<dyn Backend> = Arc::new(
@@ -1171,11 +1189,7 @@ async fn a_force_release_whose_link_stalls_never_holds_up_the_holders_release() 
     );
     let force = tokio::spawn({
         let (operator, key) = (operator.clone(), key.clone());
-        async move {
-            operator
-                .force_release_holding(&key, &dlock::backend::Holding::new(Some(shown), None))
-                .await
-        }
+        async move { force_naming(&operator, &key, shown).await }
     });
     // The link stalls once the gate is taken, or after 2 s if it never
     // shows (a force release that holds it for no round trip).
@@ -1280,20 +1294,7 @@ async fn a_force_release_waiting_for_a_locked_records_table_holds_up_no_release(
             .expect("connect"),
     );
     let key = fresh_key("forced-table-locked");
-    let bystander = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), fresh_key("forced-table-locked-bystander"))
-        .await
-        .expect("free");
-    let first = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), key.clone())
-        .await
-        .expect("free");
-    let shown = first.token();
-    first.release().await.expect("release");
-    let second = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), key.clone())
-        .await
-        .expect("free again");
+    let (bystander, shown, second) = released_and_taken_again(&holder, &key).await;
     let dba = admin.transaction().await.expect("a transaction");
     dba.batch_execute(&format!(
         "LOCK TABLE {schema}.dlock_holders IN ACCESS EXCLUSIVE MODE"
@@ -1302,11 +1303,7 @@ async fn a_force_release_waiting_for_a_locked_records_table_holds_up_no_release(
     .expect("lock the table");
     let force = tokio::spawn({
         let (operator, key) = (operator.clone(), key.clone());
-        async move {
-            operator
-                .force_release_holding(&key, &dlock::backend::Holding::new(Some(shown), None))
-                .await
-        }
+        async move { force_naming(&operator, &key, shown).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let released = within(30, "the holder's release", second.release()).await;
@@ -1372,9 +1369,7 @@ async fn a_failed_batch_delete_keeps_the_released_records_so_no_lease_is_read_wi
         .await
         .expect("free again");
     let shown = operator.holder(&key).await.expect("backend answers");
-    let answer = operator
-        .force_release_holding(&key, &dlock::backend::Holding::new(Some(old), None))
-        .await;
+    let answer = force_naming(&operator, &key, old).await;
     dba.rollback().await.expect("rollback");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(

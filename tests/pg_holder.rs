@@ -1992,3 +1992,168 @@ async fn a_recording_lock_statement_that_fails_on_a_locked_record_leaves_its_ses
         .get(0);
     assert_eq!(held, 1, "the statement that went through holds the key");
 }
+
+/// Whether any session holds `key`'s advisory lock, by the lock table.
+async fn held_on_the_server(admin: &dlock::pg::tokio_postgres::Client, key: &LockKey) -> bool {
+    admin
+        .query_one(
+            "SELECT EXISTS (SELECT FROM pg_locks AS l, \
+                            (SELECT hashtextextended($1::text, 0) AS h) AS k \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.classid::int8 = ((k.h >> 32) & 4294967295) \
+               AND l.objid::int8 = (k.h & 4294967295) AND l.objsubid = 1)",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("read pg_locks")
+        .get(0)
+}
+
+/// A DBA's trigger on the table of holder records that fails every write:
+/// an `AFTER` row trigger, or (`deferred`) a constraint trigger that fires
+/// at commit. Both run after the lock statement's last step.
+async fn failing_trigger(admin: &dlock::pg::tokio_postgres::Client, schema: &str, deferred: bool) {
+    let when = if deferred {
+        "CONSTRAINT TRIGGER audit AFTER INSERT OR UPDATE ON {s}.dlock_holders \
+         DEFERRABLE INITIALLY DEFERRED"
+    } else {
+        "TRIGGER audit AFTER INSERT OR UPDATE ON {s}.dlock_holders"
+    };
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {schema}.audit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'audit table unavailable'; END$$; \
+             CREATE {} FOR EACH ROW EXECUTE FUNCTION {schema}.audit()",
+            when.replace("{s}", schema)
+        ))
+        .await
+        .expect("the DBA adds a trigger");
+}
+
+/// A lock statement that a DBA's trigger fails after its last step (an
+/// `AFTER` trigger, a deferred constraint trigger at commit: both run
+/// after the session lock was taken) leaves the key free: the backend
+/// unlocks what the failed statement took. A lease without an identity,
+/// which then takes the key without its record, gets it, and lets it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_failed_by_a_trigger_after_its_last_step_leaves_the_key_free() {
+    for deferred in [false, true] {
+        let schema = ScratchSchema::new("trigger");
+        let (holder, other) = two_instances(&schema).await;
+        let admin = shared_client().await;
+        let key = fresh_key("trigger");
+        let owner = OwnerId::random().expect("owner");
+        take(&holder, &key, &owner, Some("node-a"))
+            .await
+            .expect("free");
+        give_back(&holder, &key, &owner).await;
+        failing_trigger(&admin, &schema.name, deferred).await;
+
+        let err = take(&holder, &key, &owner, Some("node-a"))
+            .await
+            .expect_err("the trigger fails the statement");
+        assert!(
+            !held_on_the_server(&admin, &key).await,
+            "deferred {deferred}: the failed statement ({err}) left the key held"
+        );
+        take(&holder, &key, &owner, None)
+            .await
+            .expect("a lease without an identity takes the key without its record");
+        give_back(&holder, &key, &owner).await;
+        assert!(
+            !held_on_the_server(&admin, &key).await,
+            "deferred {deferred}: released, yet the key is held"
+        );
+        let other_owner = OwnerId::random().expect("owner");
+        take(&other, &key, &other_owner, None)
+            .await
+            .expect("free for another process");
+        give_back(&other, &key, &other_owner).await;
+    }
+}
+
+/// The case a DBA's failing trigger made of the force release: a session
+/// that let go of a lease (its record waits for the batch delete) tries
+/// the key again and fails after its last step. The key is not read with
+/// the released lease's record, a force release naming that lease ends
+/// nothing, and the other lease on the session lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_released_lease() {
+    let schema = ScratchSchema::new("trigger");
+    let holder = connect(schema.options().sessions(1)).await;
+    let operator = connect(schema.options()).await;
+    let admin = shared_client().await;
+    let (key, bystander_key) = (fresh_key("shown"), fresh_key("bystander"));
+    let (owner, bystander) = (
+        OwnerId::random().expect("owner"),
+        OwnerId::random().expect("owner"),
+    );
+    take(&holder, &bystander_key, &bystander, Some("bystander"))
+        .await
+        .expect("free");
+    let released = take(&holder, &key, &owner, None).await.expect("free");
+    give_back(&holder, &key, &owner).await;
+    failing_trigger(&admin, &schema.name, false).await;
+    take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the trigger fails the statement");
+
+    let shown = operator.holder(&key).await.expect("read");
+    assert_eq!(shown, None, "the key is read as held: {shown:?}");
+    let forced = operator
+        .force_release_holding(&key, &Holding::new(Some(released), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming the released lease answered {forced:?}"
+    );
+    let renewed = holder
+        .extend(&Renewal::new(
+            &bystander_key,
+            &bystander,
+            Duration::from_secs(30),
+        ))
+        .await;
+    assert!(
+        matches!(renewed, Ok(true)),
+        "the other lease on the session: {renewed:?}"
+    );
+}
+
+/// A lock statement whose answer the backend cannot read (a DBA changed
+/// the type of a column of the table of records) fails a lease with an
+/// identity, and what it took goes back: the key is free. A lease without
+/// one is taken without its record, as when the table is unusable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_statement_whose_answer_cannot_be_read_gives_back_what_it_took() {
+    let schema = ScratchSchema::new("answer");
+    let (holder, other) = two_instances(&schema).await;
+    let admin = shared_client().await;
+    let key = fresh_key("unreadable");
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    give_back(&holder, &key, &owner).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {}.dlock_holders ALTER COLUMN since TYPE text",
+            schema.name
+        ))
+        .await
+        .expect("the DBA changes a column's type");
+
+    let err = take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the answer cannot be read");
+    assert!(err.to_string().contains("unexpected answer"), "{err}");
+    assert!(
+        !held_on_the_server(&admin, &key).await,
+        "the failed acquisition ({err}) left the key held"
+    );
+    let other_owner = OwnerId::random().expect("owner");
+    take(&other, &key, &other_owner, None)
+        .await
+        .expect("free for another process, taken without its record");
+    give_back(&other, &key, &other_owner).await;
+}

@@ -103,12 +103,12 @@ impl Inner {
             };
             let err = match answer {
                 Ok((Ok(row), recording)) => {
-                    let parsed = row.try_get(0).and_then(|h| {
-                        let since = if recording { row.try_get(2)? } else { None };
-                        Ok((h, row.try_get(1)?, since))
-                    });
-                    return match parsed {
-                        Ok((advisory_key, token, since)) => {
+                    let taken = row
+                        .try_get::<_, i64>(0)
+                        .and_then(|h| Ok((h, row.try_get::<_, Option<i64>>(1)?)));
+                    let since = if recording { row.try_get(2) } else { Ok(None) };
+                    return match (taken, since) {
+                        (Ok((advisory_key, token)), Ok(since)) => {
                             session.learn_advisory_key(key.as_str(), advisory_key);
                             Ok(Locked {
                                 session,
@@ -118,7 +118,28 @@ impl Inner {
                                 in_flight: flight,
                             })
                         }
-                        Err(e) => Err(self.failed(Operation::Acquire, key, "unexpected answer", e)),
+                        // An answer it cannot read (a DBA changed the type
+                        // of a column of the table of records): what the
+                        // statement took and wrote goes back, and a lease
+                        // without an identity is taken without its record.
+                        (Ok((advisory_key, token)), Err(e)) => {
+                            if token.is_some() {
+                                self.give_back(&session, advisory_key, token).await;
+                            }
+                            if identity.is_none() {
+                                self.records_unusable(&e);
+                                record = false;
+                                continue;
+                            }
+                            Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
+                        }
+                        (Err(e), _) => {
+                            session.end(format!(
+                                "the lock statement of `{key}` answered what it cannot read: \
+                                 only ending the session surely drops what it took"
+                            ));
+                            Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
+                        }
                     };
                 }
                 Ok((Err(err), _)) => err,

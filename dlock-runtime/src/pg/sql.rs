@@ -539,8 +539,10 @@ pub(super) fn force_release_named(
 /// a session that kept the lock would hold it, until the backend undid it,
 /// under a record the mark no longer covers, the record of a lease the
 /// session released earlier, which a force release naming that lease would
-/// take for the holder. Only a cancel can strike after the last step (see
-/// `lock_left_by`).
+/// take for the holder. What runs after the last step (a DBA's `AFTER`
+/// trigger on the table, a deferred constraint trigger, a cancel) can
+/// still fail it with the lock held: the backend then unlocks the key
+/// (see `lock_left_by`), one round trip later.
 ///
 /// The commit is asynchronous, as [`TRY_LOCK`]'s: the table is `UNLOGGED`,
 /// and its rows are worth nothing after a crash, which ends every session
@@ -1288,13 +1290,14 @@ pub(super) enum LockLeft {
 pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> LockLeft {
     use tokio_postgres::error::SqlState;
     if recording {
-        // It takes the session lock as its last step, after every wait, draw
-        // and write: an error of the server says it never got there, but a
-        // cancel (or a statement timeout) can strike after that step too,
-        // while the statement ends.
-        return match err.code() {
-            Some(code) if *code != SqlState::QUERY_CANCELED => LockLeft::No,
-            _ => LockLeft::Unknown,
+        // It takes the session lock as its last step, after the draw and the
+        // write, but what a DBA hangs on the table of records runs later
+        // still (an `AFTER` trigger, a deferred constraint trigger at
+        // commit), and so can a cancel: only planning surely fails first.
+        return if sequence_missing(err) {
+            LockLeft::No
+        } else {
+            LockLeft::Unknown
         };
     }
     match err.code() {

@@ -1291,13 +1291,30 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
     use tokio_postgres::error::SqlState;
     if recording {
         // It takes the session lock as its last step, after the draw and the
-        // write, but what a DBA hangs on the table of records runs later
-        // still (an `AFTER` trigger, a deferred constraint trigger at
-        // commit), and so can a cancel: only planning surely fails first.
-        return if sequence_missing(err) {
-            LockLeft::No
-        } else {
-            LockLeft::Unknown
+        // write, so their failures (a lock waited for past `lock_timeout`, on
+        // the sequence or on the key's row; the sequence refused or at its
+        // end) left nothing held. But what a DBA hangs on the table of
+        // records runs later still (an `AFTER` trigger, a deferred
+        // constraint trigger at commit, a foreign key's check) and can fail
+        // the same ways: its errors name the function or the statement they
+        // came from. A cancel can strike anywhere.
+        let in_a_trigger = err
+            .as_db_error()
+            .and_then(|db| db.where_())
+            .is_some_and(|context| {
+                context.contains("function") || context.contains("SQL statement")
+            });
+        return match err.code() {
+            _ if sequence_missing(err) => LockLeft::No,
+            _ if in_a_trigger => LockLeft::Unknown,
+            _ if refused_sequence(err).is_some() => LockLeft::No,
+            Some(code)
+                if *code == SqlState::LOCK_NOT_AVAILABLE
+                    || *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED =>
+            {
+                LockLeft::No
+            }
+            _ => LockLeft::Unknown,
         };
     }
     match err.code() {

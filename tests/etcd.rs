@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 
 use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions};
-use etcd_support::{create_revision, free_port, random_word, shared_backend, shared_cluster};
+use etcd_support::{
+    RefusedPort, create_revision, free_port, random_word, shared_backend, shared_cluster,
+};
 use support::within;
 
 dlock_runtime::conformance_suite!(shared_backend);
@@ -125,7 +127,8 @@ async fn waiters_of_a_process_share_one_watch_and_each_release_wakes_one() {
 
 #[tokio::test]
 async fn an_unreachable_cluster_is_an_error_within_the_connect_timeout() {
-    let closed = format!("http://127.0.0.1:{}", free_port());
+    let refused = RefusedPort::new();
+    let closed = format!("http://127.0.0.1:{}", refused.port);
     let started = Instant::now();
     let refused = EtcdBackend::builder(&[closed.as_str()])
         .connect_timeout(Duration::from_millis(800))

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions};
-use etcd_support::{etcdctl, free_port, random_word};
+use etcd_support::{RefusedPort, etcdctl, free_port, random_word};
 
 fn fresh_key(label: &str) -> LockKey {
     LockKey::new(format!("etcd-review/{label}/{}", random_word())).expect("a key")
@@ -267,7 +267,8 @@ async fn a_wrong_password_is_a_clear_error_that_shows_no_password() {
     solo.enable_auth(PASSWORD);
     let wrong = "wr%2Fong%40pw";
     let one = format!("http://root:{wrong}@127.0.0.1:{}", solo.port);
-    let dead = format!("http://root:{wrong}@127.0.0.1:{}", free_port());
+    let refused = RefusedPort::new();
+    let dead = format!("http://root:{wrong}@127.0.0.1:{}", refused.port);
     for urls in [vec![one.clone()], vec![dead, one]] {
         let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
         let err = EtcdBackend::connect(&urls)
@@ -303,10 +304,11 @@ async fn connecting_with_credentials_while_a_listed_member_is_down_succeeds() {
     let solo = Solo::start(&[]);
     solo.enable_auth(PASSWORD);
     let live = format!("http://root:{ENCODED}@127.0.0.1:{}", solo.port);
-    let down = format!("http://root:{ENCODED}@127.0.0.1:{}", free_port());
+    let (refused, plain_refused) = (RefusedPort::new(), RefusedPort::new());
+    let down = format!("http://root:{ENCODED}@127.0.0.1:{}", refused.port);
     let plain = Solo::start(&[]);
     let plain_live = plain.endpoint();
-    let plain_down = format!("http://127.0.0.1:{}", free_port());
+    let plain_down = format!("http://127.0.0.1:{}", plain_refused.port);
     for round in 0..16 {
         let (live, down) = if round < 12 {
             (live.as_str(), down.as_str())
@@ -1226,7 +1228,8 @@ fn no_log_line_shows_a_password() {
 async fn log_everything() {
     let mut solo = Solo::start(&["--auth-token-ttl", "1"]);
     solo.enable_auth(PASSWORD);
-    let down = free_port();
+    let refused = RefusedPort::new();
+    let down = refused.port;
     let wrong = format!("http://root:wr%2Fong%40pw@127.0.0.1:{}", solo.port);
     let _ = EtcdBackend::connect(&[wrong.as_str()]).await;
     let right = format!("http://root:{ENCODED}@127.0.0.1:{}", solo.port);

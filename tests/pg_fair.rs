@@ -566,3 +566,66 @@ async fn a_fair_writer_is_not_starved_by_readers_that_keep_joining_their_process
             .expect("reader task");
     }
 }
+
+/// A fair waiter granted on a kept fair session whose record of an earlier
+/// lease of the key is still there (waiting for its batch delete), whose
+/// new record a DBA's trigger skips: the key is never read with the
+/// earlier lease's record, a force release naming that lease ends
+/// nothing, and the waiter gets the key without a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_grant_whose_record_a_trigger_skips_is_never_read_with_an_earlier_record() {
+    let schema = pg_support::ScratchSchema::new("fair");
+    let key = fresh_key("skipped");
+    let admin = shared_client().await;
+    let waiter = connect_to(&shared_conn(), schema.options().fair_sessions(1)).await;
+    let reader = connect_to(&shared_conn(), schema.options()).await;
+    // Held by a client that records nothing, so the fair session's own
+    // record of the key is the only one.
+    let hold = "SELECT pg_advisory_lock(hashtextextended($1::text, 0))";
+    let unhold = "SELECT pg_advisory_unlock(hashtextextended($1::text, 0))";
+    let served = |what: &'static str| {
+        let (admin, waiter, key) = (&admin, &waiter, key.clone());
+        async move {
+            admin.execute(hold, &[&key.as_str()]).await.expect("hold");
+            let lease = spawn_fair(waiter, &key);
+            until_queued(admin, &key, None, 10, what, |q| !q.is_empty()).await;
+            admin
+                .execute(unhold, &[&key.as_str()])
+                .await
+                .expect("let go");
+            within(10, what, lease)
+                .await
+                .expect("task")
+                .expect("served")
+        }
+    };
+    let earlier = served("the first waiter queues").await;
+    let released = earlier.token();
+    earlier.release().await.expect("release");
+
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql AS \
+             $$BEGIN RETURN NULL; END$$; \
+             CREATE TRIGGER audit BEFORE UPDATE ON {s}.dlock_holders \
+             FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
+            s = schema.name
+        ))
+        .await
+        .expect("the DBA adds a trigger that skips updates");
+    let lease = served("the second waiter queues").await;
+    let shown = reader.holder(&key).await.expect("read");
+    assert!(
+        shown.as_ref().and_then(|h| h.token) != Some(released),
+        "the key is read with the released lease's record: {shown:?}"
+    );
+    let forced = reader
+        .force_release_holding(&key, &dlock::backend::Holding::new(Some(released), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming the released lease answered {forced:?}"
+    );
+    assert!(lease.check().is_ok(), "{:?}", lease.check());
+    lease.release().await.expect("release");
+}

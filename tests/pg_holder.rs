@@ -2009,59 +2009,91 @@ async fn held_on_the_server(admin: &dlock::pg::tokio_postgres::Client, key: &Loc
         .get(0)
 }
 
-/// A DBA's trigger on the table of holder records that fails every write
-/// with the error code `code`: an `AFTER` row trigger, or (`deferred`) a
-/// constraint trigger that fires at commit. Both run after the lock
-/// statement's last step.
-async fn failing_trigger(
-    admin: &dlock::pg::tokio_postgres::Client,
-    schema: &str,
-    deferred: bool,
-    code: &str,
-) {
-    let when = if deferred {
-        "CONSTRAINT TRIGGER audit AFTER INSERT OR UPDATE ON {s}.dlock_holders \
-         DEFERRABLE INITIALLY DEFERRED"
-    } else {
-        "TRIGGER audit AFTER INSERT OR UPDATE ON {s}.dlock_holders"
-    };
-    admin
-        .batch_execute(&format!(
-            "CREATE FUNCTION {schema}.audit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$BEGIN RAISE EXCEPTION 'audit table unavailable' USING ERRCODE = '{code}'; END$$; \
-             CREATE {} FOR EACH ROW EXECUTE FUNCTION {schema}.audit()",
-            when.replace("{s}", schema)
-        ))
-        .await
-        .expect("the DBA adds a trigger");
+/// What a DBA hangs on the table of holder records, each of it run after
+/// the lock statement's last step (the session lock) or keeping its write
+/// from being done.
+#[derive(Clone, Copy, Debug)]
+enum Trigger {
+    /// An `AFTER` row trigger that raises this error code.
+    Raises(&'static str),
+    /// A constraint trigger that raises at commit.
+    RaisesAtCommit,
+    /// An `AFTER` row trigger that writes to a table that is not there
+    /// (42P01, the code of dlock's own objects gone).
+    WritesToAMissingTable,
+    /// A `BEFORE UPDATE` trigger that skips the update: no error, no write.
+    SkipsUpdates,
+}
+
+impl Trigger {
+    async fn add(self, admin: &dlock::pg::tokio_postgres::Client, schema: &str) {
+        let (trigger, body) = match self {
+            Trigger::Raises(code) => (
+                "TRIGGER audit AFTER INSERT OR UPDATE".to_owned(),
+                format!("RAISE EXCEPTION 'audit table unavailable' USING ERRCODE = '{code}';"),
+            ),
+            Trigger::RaisesAtCommit => (
+                "CONSTRAINT TRIGGER audit AFTER INSERT OR UPDATE".to_owned(),
+                "RAISE EXCEPTION 'audit table unavailable';".to_owned(),
+            ),
+            Trigger::WritesToAMissingTable => (
+                "TRIGGER audit AFTER INSERT OR UPDATE".to_owned(),
+                format!("INSERT INTO {schema}.audit_log VALUES (NEW.key); RETURN NULL;"),
+            ),
+            Trigger::SkipsUpdates => (
+                "TRIGGER audit BEFORE UPDATE".to_owned(),
+                "RETURN NULL;".to_owned(),
+            ),
+        };
+        let deferred = if matches!(self, Trigger::RaisesAtCommit) {
+            "DEFERRABLE INITIALLY DEFERRED"
+        } else {
+            ""
+        };
+        admin
+            .batch_execute(&format!(
+                "CREATE FUNCTION {schema}.audit() RETURNS trigger LANGUAGE plpgsql AS \
+                 $$BEGIN {body} END$$; \
+                 CREATE {trigger} ON {schema}.dlock_holders {deferred} \
+                 FOR EACH ROW EXECUTE FUNCTION {schema}.audit()"
+            ))
+            .await
+            .expect("the DBA adds a trigger");
+    }
 }
 
 /// A lock statement that a DBA's trigger fails after its last step (an
 /// `AFTER` trigger, a deferred constraint trigger at commit: both run
-/// after the session lock was taken) leaves the key free: the backend
-/// unlocks what the failed statement took, whatever the error says (a
-/// trigger's lock timeout is no draw's). A lease without an identity,
-/// which then takes the key without its record, gets it, and lets it go.
+/// after the session lock was taken), or whose record it skips, leaves
+/// the key free: the backend unlocks what the statement took, whatever
+/// the error says (a trigger's lock timeout is no draw's, its missing
+/// table is no missing dlock object). A lease without an identity, which
+/// then takes the key without its record, gets it, and lets it go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_statement_failed_by_a_trigger_after_its_last_step_leaves_the_key_free() {
-    for (deferred, code) in [(false, "P0001"), (true, "P0001"), (false, "55P03")] {
+    for trigger in [
+        Trigger::Raises("P0001"),
+        Trigger::RaisesAtCommit,
+        Trigger::Raises("55P03"),
+        Trigger::WritesToAMissingTable,
+        Trigger::SkipsUpdates,
+    ] {
         let schema = ScratchSchema::new("trigger");
         let (holder, other) = two_instances(&schema).await;
         let admin = shared_client().await;
         let key = fresh_key("trigger");
         let owner = OwnerId::random().expect("owner");
-        take(&holder, &key, &owner, Some("node-a"))
-            .await
-            .expect("free");
+        // A record of the key, for the trigger that skips updates to skip.
+        take(&holder, &key, &owner, None).await.expect("free");
         give_back(&holder, &key, &owner).await;
-        failing_trigger(&admin, &schema.name, deferred, code).await;
+        trigger.add(&admin, &schema.name).await;
 
         let err = take(&holder, &key, &owner, Some("node-a"))
             .await
             .expect_err("the trigger fails the statement");
         assert!(
             !held_on_the_server(&admin, &key).await,
-            "deferred {deferred}, {code}: the failed statement ({err}) left the key held"
+            "{trigger:?}: the failed statement ({err}) left the key held"
         );
         take(&holder, &key, &owner, None)
             .await
@@ -2069,7 +2101,7 @@ async fn a_lock_statement_failed_by_a_trigger_after_its_last_step_leaves_the_key
         give_back(&holder, &key, &owner).await;
         assert!(
             !held_on_the_server(&admin, &key).await,
-            "deferred {deferred}, {code}: released, yet the key is held"
+            "{trigger:?}: released, yet the key is held"
         );
         let other_owner = OwnerId::random().expect("owner");
         take(&other, &key, &other_owner, None)
@@ -2079,18 +2111,85 @@ async fn a_lock_statement_failed_by_a_trigger_after_its_last_step_leaves_the_key
     }
 }
 
-/// The case a DBA's failing trigger made of the force release: a session
-/// that let go of a lease (its record waits for the batch delete) tries
-/// the key again and fails after its last step. The key is not read with
-/// the released lease's record, a force release naming that lease ends
-/// nothing, and the other lease on the session lives on.
+/// The case a DBA's trigger made of the force release: a session that let
+/// go of a lease (its record waits for the batch delete) tries the key
+/// again, and the trigger fails the statement after its last step, or
+/// skips its record. The key is never read with the released lease's
+/// record, a force release naming that lease ends nothing, and the other
+/// lease on the session lives on; so too once a lease without an identity
+/// has taken the key without its record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_released_lease() {
+    for trigger in [
+        Trigger::Raises("P0001"),
+        Trigger::WritesToAMissingTable,
+        Trigger::SkipsUpdates,
+    ] {
+        let schema = ScratchSchema::new("trigger");
+        let holder = connect(schema.options().sessions(1)).await;
+        let operator = connect(schema.options()).await;
+        let admin = shared_client().await;
+        let (key, bystander_key) = (fresh_key("shown"), fresh_key("bystander"));
+        let (owner, bystander) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        take(&holder, &bystander_key, &bystander, Some("bystander"))
+            .await
+            .expect("free");
+        let released = take(&holder, &key, &owner, None).await.expect("free");
+        give_back(&holder, &key, &owner).await;
+        trigger.add(&admin, &schema.name).await;
+        take(&holder, &key, &owner, Some("node-a"))
+            .await
+            .expect_err("the trigger fails the statement");
+        let shown = operator.holder(&key).await.expect("read");
+        assert_eq!(shown, None, "{trigger:?}: the key is read as held");
+        let plain = take(&holder, &key, &owner, None)
+            .await
+            .expect("taken without its record");
+        let shown = operator.holder(&key).await.expect("read");
+        assert!(
+            shown.as_ref().and_then(|h| h.token) != Some(released),
+            "{trigger:?}: the lease {plain:?} is read with the released lease's record: {shown:?}"
+        );
+
+        let forced = operator
+            .force_release_holding(&key, &Holding::new(Some(released), None))
+            .await;
+        assert!(
+            !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+            "{trigger:?}: a force release naming the released lease answered {forced:?}"
+        );
+        for (key, owner) in [(&bystander_key, &bystander), (&key, &owner)] {
+            let renewed = holder
+                .extend(&Renewal::new(key, owner, Duration::from_secs(30)))
+                .await;
+            assert!(
+                matches!(renewed, Ok(true)),
+                "{trigger:?}: a lease of the session: {renewed:?}"
+            );
+        }
+        give_back(&holder, &key, &owner).await;
+    }
+}
+
+/// A failed lock statement's undo lets go of the key without its release
+/// gate when another session holds the gate (any client can take that
+/// pair of numbers), as a release does, rather than end the session and
+/// every lease on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_undo_of_a_failed_lock_behind_a_gate_held_elsewhere_keeps_the_session() {
     let schema = ScratchSchema::new("trigger");
-    let holder = connect(schema.options().sessions(1)).await;
-    let operator = connect(schema.options()).await;
+    let holder = connect(
+        schema
+            .options()
+            .sessions(1)
+            .liveness_interval(Duration::from_secs(1)),
+    )
+    .await;
     let admin = shared_client().await;
-    let (key, bystander_key) = (fresh_key("shown"), fresh_key("bystander"));
+    let (key, bystander_key) = (fresh_key("gated-undo"), fresh_key("bystander"));
     let (owner, bystander) = (
         OwnerId::random().expect("owner"),
         OwnerId::random().expect("owner"),
@@ -2098,21 +2197,21 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
     take(&holder, &bystander_key, &bystander, Some("bystander"))
         .await
         .expect("free");
-    let released = take(&holder, &key, &owner, None).await.expect("free");
-    give_back(&holder, &key, &owner).await;
-    failing_trigger(&admin, &schema.name, false, "P0001").await;
+    Trigger::Raises("P0001").add(&admin, &schema.name).await;
+    let gate = shared_client().await;
+    gate.query_one(
+        "SELECT pg_advisory_lock((~(h >> 32))::int4, (~((h << 32) >> 32))::int4) \
+         FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+        &[&key.as_str()],
+    )
+    .await
+    .expect("take the key's release gate");
     take(&holder, &key, &owner, Some("node-a"))
         .await
         .expect_err("the trigger fails the statement");
-
-    let shown = operator.holder(&key).await.expect("read");
-    assert_eq!(shown, None, "the key is read as held: {shown:?}");
-    let forced = operator
-        .force_release_holding(&key, &Holding::new(Some(released), None))
-        .await;
     assert!(
-        !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
-        "a force release naming the released lease answered {forced:?}"
+        !held_on_the_server(&admin, &key).await,
+        "the failed statement left the key held"
     );
     let renewed = holder
         .extend(&Renewal::new(
@@ -2125,6 +2224,7 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
         matches!(renewed, Ok(true)),
         "the other lease on the session: {renewed:?}"
     );
+    drop(gate);
 }
 
 /// A lock statement whose answer the backend cannot read (a DBA changed

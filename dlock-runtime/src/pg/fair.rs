@@ -886,8 +886,39 @@ async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
         let err = match answer {
             Ok(rows) => {
                 match granted(&rows, recording) {
-                    Some(Ok((advisory_key, Some(token), since))) => {
+                    // Granted, and the record written if it was to be.
+                    Some(Ok((advisory_key, Some(token), since)))
+                        if recording.is_none() || since.is_some() =>
+                    {
                         return deliver(wait, on, advisory_key, token, since).await;
+                    }
+                    // Granted, and a DBA's trigger or rule skipped the write:
+                    // the record there, if any, is an earlier lease's. The
+                    // lock goes back; a lease without an identity waits
+                    // again without its record.
+                    Some(Ok((_, Some(_), _))) => {
+                        if !inner.drop_fair_locks(&on).await {
+                            pause = restart_pause(pause);
+                            continue;
+                        }
+                        let what = format!(
+                            "the fair lock statement of `{}` wrote no record, which a trigger \
+                             or a rule on {}.dlock_holders skips: the lock was not taken",
+                            wait.key, inner.quoted_schema
+                        );
+                        if wait.identity.is_none() {
+                            inner.records_unusable(&what);
+                            record = Some(false);
+                            session = Some(on);
+                            continue;
+                        }
+                        inner.fair_session_free(&on);
+                        return wait.fail(LockError::backend(
+                            KIND,
+                            Operation::Acquire,
+                            wait.key.as_str(),
+                            Failure::msg(what),
+                        ));
                     }
                     Some(Err(err)) => err,
                     // Never: the statement waits until it is granted.

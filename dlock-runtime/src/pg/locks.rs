@@ -106,9 +106,43 @@ impl Inner {
                     let taken = row
                         .try_get::<_, i64>(0)
                         .and_then(|h| Ok((h, row.try_get::<_, Option<i64>>(1)?)));
-                    let since = if recording { row.try_get(2) } else { Ok(None) };
+                    // And whether the record it was to write is missing: a
+                    // token drawn for a key the session held for no other
+                    // lease (`already`), and no record written.
+                    let since = if recording {
+                        row.try_get(2)
+                            .and_then(|since: Option<std::time::SystemTime>| {
+                                let already: bool = row.try_get(3)?;
+                                Ok((since, !already && since.is_none()))
+                            })
+                    } else {
+                        Ok((None, false))
+                    };
                     return match (taken, since) {
-                        (Ok((advisory_key, token)), Ok(since)) => {
+                        // A DBA's trigger or rule skipped the write: the
+                        // record there, if any, is an earlier lease's. The
+                        // lock goes back; a lease without an identity is
+                        // taken without its record.
+                        (Ok((advisory_key, Some(_))), Ok((_, true))) => {
+                            self.give_back(&session, advisory_key, None).await;
+                            let what = format!(
+                                "the lock statement of `{key}` wrote no record, which a trigger \
+                                 or a rule on {}.dlock_holders skips: the lock was not taken",
+                                self.quoted_schema
+                            );
+                            if identity.is_none() {
+                                self.records_unusable(&what);
+                                record = false;
+                                continue;
+                            }
+                            Err(LockError::backend(
+                                KIND,
+                                Operation::Acquire,
+                                key.as_str(),
+                                Failure::msg(what),
+                            ))
+                        }
+                        (Ok((advisory_key, token)), Ok((since, _))) => {
                             session.learn_advisory_key(key.as_str(), advisory_key);
                             Ok(Locked {
                                 session,
@@ -411,7 +445,7 @@ impl Inner {
                     ));
                     return;
                 }
-                let unlocked = session.query_one(&session.unlock, &[&advisory_key]).await;
+                let unlocked = self.unlock_behind_gate(session, advisory_key).await;
                 session.unclaim(advisory_key);
                 if unlocked.is_err() {
                     session.end(format!("could not undo a failed lock of `{key}`"));

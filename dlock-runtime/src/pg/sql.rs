@@ -484,8 +484,10 @@ pub(super) fn force_release_named(
 /// one), the holder record (`$5`: the client's host, pid and label,
 /// [`HolderInfo::encode`](crate::HolderInfo::encode)) and the server's time
 /// of acquisition (`now()`, the statement's start). Returns the advisory
-/// key, the token (NULL: held by someone else) and the time it recorded
-/// (NULL: it recorded nothing).
+/// key, the token (NULL: held by someone else), the time it recorded
+/// (NULL: it recorded nothing) and `already` (see below): a token with
+/// neither a record nor `already` is a write that a DBA's trigger or rule
+/// skipped, and the backend gives the lock back.
 ///
 /// `holder_token` repeats the token, for a reader to tell a holder record
 /// this statement wrote from one left behind: a dlock that predates the
@@ -593,8 +595,9 @@ recorded AS (
 )
 SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
                  THEN s.token END,
-       s.since
-FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since FROM t OFFSET 0) AS s"
+       s.since, s.already
+FROM (SELECT t.h, t.token, t.already, (SELECT recorded.since FROM recorded) AS since
+      FROM t OFFSET 0) AS s"
 );
 
 /// The channel [`ANNOUNCE`] announces acquisitions on for the
@@ -1247,6 +1250,16 @@ pub(super) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// True when the error came from a function or a statement run on a lock
+/// statement's behalf (a DBA's trigger on the table of records, a foreign
+/// key's check), not from the statement itself: its context names them.
+/// The lock statements call no function that runs SQL.
+pub(super) fn raised_by_a_trigger(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error()
+        .and_then(|db| db.where_())
+        .is_some_and(|context| context.contains("function") || context.contains("SQL statement"))
+}
+
 /// What a lock statement refused its token sequence for (see
 /// `draw_token!` and [`REFUSED`]), if that is why it failed.
 pub(super) fn refused_sequence(err: &tokio_postgres::Error) -> Option<Unfit> {
@@ -1298,15 +1311,9 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         // constraint trigger at commit, a foreign key's check) and can fail
         // the same ways: its errors name the function or the statement they
         // came from. A cancel can strike anywhere.
-        let in_a_trigger = err
-            .as_db_error()
-            .and_then(|db| db.where_())
-            .is_some_and(|context| {
-                context.contains("function") || context.contains("SQL statement")
-            });
         return match err.code() {
+            _ if raised_by_a_trigger(err) => LockLeft::Unknown,
             _ if sequence_missing(err) => LockLeft::No,
-            _ if in_a_trigger => LockLeft::Unknown,
             _ if refused_sequence(err).is_some() => LockLeft::No,
             Some(code)
                 if *code == SqlState::LOCK_NOT_AVAILABLE

@@ -2023,6 +2023,14 @@ enum Trigger {
     WritesToAMissingTable,
     /// A `BEFORE UPDATE` trigger that skips the update: no error, no write.
     SkipsUpdates,
+    /// A `BEFORE` trigger that skips every insert, update and delete.
+    SkipsWrites,
+    /// A trigger that raises on delete, `AFTER` it (and the unlock beside
+    /// it) or `BEFORE`.
+    RaisesOnDelete { after: bool },
+    /// A rule that does nothing instead of a delete, which the server
+    /// refuses for a `DELETE … RETURNING`.
+    RuleKeepsDeletes,
 }
 
 impl Trigger {
@@ -2044,6 +2052,26 @@ impl Trigger {
                 "TRIGGER audit BEFORE UPDATE".to_owned(),
                 "RETURN NULL;".to_owned(),
             ),
+            Trigger::SkipsWrites => (
+                "TRIGGER audit BEFORE INSERT OR UPDATE OR DELETE".to_owned(),
+                "RETURN NULL;".to_owned(),
+            ),
+            Trigger::RaisesOnDelete { after } => (
+                format!(
+                    "TRIGGER audit {} DELETE",
+                    if after { "AFTER" } else { "BEFORE" }
+                ),
+                "RAISE EXCEPTION 'audit table unavailable';".to_owned(),
+            ),
+            Trigger::RuleKeepsDeletes => {
+                admin
+                    .batch_execute(&format!(
+                        "CREATE RULE keep AS ON DELETE TO {schema}.dlock_holders DO INSTEAD NOTHING"
+                    ))
+                    .await
+                    .expect("the DBA adds a rule");
+                return;
+            }
         };
         let deferred = if matches!(self, Trigger::RaisesAtCommit) {
             "DEFERRABLE INITIALLY DEFERRED"
@@ -2263,4 +2291,104 @@ async fn a_lock_statement_whose_answer_cannot_be_read_gives_back_what_it_took() 
         .await
         .expect("free for another process, taken without its record");
     give_back(&other, &key, &other_owner).await;
+}
+
+/// A release whose record's delete a DBA's trigger skips without an error
+/// leaves the record naming the session: the session then takes no lease
+/// without a record (another session takes it), so the key is never read
+/// with the released lease's record, a force release naming that lease
+/// ends nothing, and the other lease on the session lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_delete_a_trigger_skips_is_never_read_for_a_later_lease() {
+    let schema = ScratchSchema::new("trigger");
+    let holder = connect(schema.options().sessions(1)).await;
+    let operator = connect(schema.options()).await;
+    let admin = shared_client().await;
+    let (key, bystander_key) = (fresh_key("skipped-delete"), fresh_key("bystander"));
+    let (owner, bystander) = (
+        OwnerId::random().expect("owner"),
+        OwnerId::random().expect("owner"),
+    );
+    take(&holder, &bystander_key, &bystander, Some("bystander"))
+        .await
+        .expect("free");
+    let released = take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    Trigger::SkipsWrites.add(&admin, &schema.name).await;
+    give_back(&holder, &key, &owner).await;
+    assert!(!held_on_the_server(&admin, &key).await, "released");
+    take(&holder, &key, &owner, None)
+        .await
+        .expect("taken without its record");
+
+    let shown = operator.holder(&key).await.expect("read");
+    assert!(
+        shown.as_ref().and_then(|h| h.token) != Some(released),
+        "the key is read with the released lease's record: {shown:?}"
+    );
+    let forced = operator
+        .force_release_holding(&key, &Holding::new(Some(released), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming the released lease answered {forced:?}"
+    );
+    for (key, owner) in [(&bystander_key, &bystander), (&key, &owner)] {
+        let renewed = holder
+            .extend(&Renewal::new(key, owner, Duration::from_secs(30)))
+            .await;
+        assert!(matches!(renewed, Ok(true)), "a lease: {renewed:?}");
+    }
+    give_back(&holder, &key, &owner).await;
+}
+
+/// A release of a lease with an identity whose record's delete a DBA's
+/// trigger fails (after the unlock ran, or before) or a rule refuses
+/// still lets go of the key and ends no session: the other lease on it
+/// lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_and_keeps_the_session()
+ {
+    for trigger in [
+        Trigger::RaisesOnDelete { after: true },
+        Trigger::RaisesOnDelete { after: false },
+        Trigger::RuleKeepsDeletes,
+    ] {
+        let schema = ScratchSchema::new("trigger");
+        let holder = connect(schema.options().sessions(1)).await;
+        let admin = shared_client().await;
+        let (key, bystander_key) = (fresh_key("refused-delete"), fresh_key("bystander"));
+        let (owner, bystander) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        take(&holder, &bystander_key, &bystander, Some("bystander"))
+            .await
+            .expect("free");
+        trigger.add(&admin, &schema.name).await;
+        take(&holder, &key, &owner, Some("node-a"))
+            .await
+            .expect("free");
+        let released = holder.release(&ReleaseRequest::new(&key, &owner)).await;
+        assert!(
+            matches!(released, Ok(ReleaseOutcome::Released)),
+            "{trigger:?}: {released:?}"
+        );
+        assert!(
+            !held_on_the_server(&admin, &key).await,
+            "{trigger:?}: released, yet the key is held"
+        );
+        let renewed = holder
+            .extend(&Renewal::new(
+                &bystander_key,
+                &bystander,
+                Duration::from_secs(30),
+            ))
+            .await;
+        assert!(
+            matches!(renewed, Ok(true)),
+            "{trigger:?}: the other lease on the session: {renewed:?}"
+        );
+    }
 }

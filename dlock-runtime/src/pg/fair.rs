@@ -832,13 +832,12 @@ async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             }
         };
         let recording = on.started.filter(|_| recording);
-        if recording.is_none()
-            && on.left_record_of(wait.key.as_str())
-            && !inner.delete_released(&on).await
-        {
-            // A record it left of an earlier lease of the key could be read
-            // for this one: another session.
-            on.end("could not delete the released records of a fair session".to_owned());
+        if recording.is_none() && on.may_have_a_record_of(wait.key.as_str()) {
+            // A record it wrote of an earlier lease could be read for this
+            // one (see `LockSession::wrote_a_record`): another session.
+            on.end(
+                "a fair session that wrote holder records takes no lease without one".to_owned(),
+            );
             continue;
         }
         if !wait.until_first_in_process().await {
@@ -890,6 +889,9 @@ async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                     Some(Ok((advisory_key, Some(token), since)))
                         if recording.is_none() || since.is_some() =>
                     {
+                        if since.is_some() {
+                            on.wrote_a_record(wait.key.as_str());
+                        }
                         return deliver(wait, on, advisory_key, token, since).await;
                     }
                     // Granted, and a DBA's trigger or rule skipped the write:

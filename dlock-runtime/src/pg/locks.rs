@@ -50,18 +50,13 @@ impl Inner {
             // A session that could not tell when it started cannot name
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
-            if recording.is_none()
-                && session.left_record_of(key.as_str())
-                && !self.delete_released(&session).await
-            {
-                // A record this session left of a released lease could be
-                // read for a lease it takes now without one: it takes
-                // none (see `delete_released`).
+            if recording.is_none() && session.may_have_a_record_of(key.as_str()) {
+                // A record it wrote of an earlier lease could be read for a
+                // lease it takes now without one (see
+                // `LockSession::wrote_a_record`): it takes no new lease,
+                // and the next session (a new one, if need be) takes this.
                 session.retire();
-                if !retried {
-                    retried = true;
-                    continue;
-                }
+                continue;
             }
             let mut flight = None;
             let answer = match recording {
@@ -143,6 +138,9 @@ impl Inner {
                             ))
                         }
                         (Ok((advisory_key, token)), Ok((since, _))) => {
+                            if since.is_some() {
+                                session.wrote_a_record(key.as_str());
+                            }
                             session.learn_advisory_key(key.as_str(), advisory_key);
                             Ok(Locked {
                                 session,
@@ -534,6 +532,29 @@ impl Inner {
                     }
                     return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
                 }
+                // A DBA's trigger on the table failed the statement (an
+                // `AFTER DELETE` one after the unlock ran, a `BEFORE` one
+                // before it), or a rule refused it before anything ran:
+                // the lock goes, if it is still held (this lease's claim
+                // keeps every other lease of the session off its advisory
+                // key, so an unlock of a lock already dropped drops
+                // nothing), and the record stays. The session wrote it,
+                // so no lease of the key on it is ever read with it (see
+                // `LockSession::wrote_a_record`); ending the session would
+                // lose every other lease on it.
+                Err(err)
+                    if sql::raised_by_a_trigger(&err)
+                        || err.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED) =>
+                {
+                    tracing::warn!(
+                        advisory_key,
+                        error = %err,
+                        "a release could not delete its identity record: a trigger or a rule on the \
+                         table of holder records refused it; released without deleting it"
+                    );
+                    self.unlock_behind_gate(session, advisory_key).await?;
+                    return Ok(Unlocked::plain(true));
+                }
                 Err(err) if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
                     session.retire();
                     let row = self.unlock_behind_gate(session, advisory_key).await?;
@@ -592,33 +613,6 @@ impl Inner {
             .await;
         if deleted.is_err() {
             session.keep_released(batch);
-        }
-    }
-
-    /// Deletes every record `session` left of a released lease, before a
-    /// lock statement that records nothing: a lease it takes then of the
-    /// same advisory key would otherwise be read with the old record.
-    /// False if some may be left.
-    pub(super) async fn delete_released(&self, session: &LockSession) -> bool {
-        let Some(batch) = session.take_released() else {
-            return true;
-        };
-        let (Some(started), Some(statements)) = (session.started, session.recording_prepared())
-        else {
-            return false;
-        };
-        let deleted = session
-            .query_one(
-                &statements.delete_released,
-                &[&batch.lock_ids, &batch.tokens, &started],
-            )
-            .await;
-        match deleted {
-            Ok(_) => true,
-            Err(_) => {
-                session.keep_released(batch);
-                false
-            }
         }
     }
 

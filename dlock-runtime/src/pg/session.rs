@@ -404,6 +404,9 @@ pub(super) struct LockSession {
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
     retired: AtomicBool,
+    /// The keys whose holder records lock statements wrote on this
+    /// session (see [`wrote_a_record`](Self::wrote_a_record)).
+    recorded_keys: Mutex<HashSet<String>>,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
@@ -588,6 +591,7 @@ impl LockSession {
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
             retired: AtomicBool::new(false),
+            recorded_keys: Mutex::default(),
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
@@ -710,9 +714,7 @@ impl LockSession {
     }
 
     /// Puts back a batch of released records whose delete failed: they are
-    /// still this session's to delete, and [`left_record_of`](Self::left_record_of)
-    /// must still see them (a lock statement that records nothing checks
-    /// it, lest a lease it takes be read with an old record).
+    /// still this session's to delete, with its next batch.
     pub(super) fn keep_released(&self, batch: Released) {
         let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
         let since = match (batch.since, released.since) {
@@ -722,31 +724,6 @@ impl LockSession {
         released.lock_ids.extend(batch.lock_ids);
         released.tokens.extend(batch.tokens);
         released.since = since;
-    }
-
-    /// Whether a record this session left of a released lease may be
-    /// `key`'s (a record of another key with the same advisory key names
-    /// that key, and is never read for this one): true when its advisory
-    /// key is among them, or is not known while some are left.
-    pub(super) fn left_record_of(&self, key: &str) -> bool {
-        let known = self
-            .advisory_keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .copied();
-        let released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
-        match known {
-            Some(h) => released.lock_ids.contains(&h),
-            None => !released.lock_ids.is_empty(),
-        }
-    }
-
-    /// Every released record waiting for its batch, handed back (the
-    /// caller deletes them), if there are any.
-    pub(super) fn take_released(&self) -> Option<Released> {
-        let mut released = self.released.lock().unwrap_or_else(PoisonError::into_inner);
-        (!released.lock_ids.is_empty()).then(|| std::mem::take(&mut *released))
     }
 
     /// Undoes a [`claim`](Self::claim) when the hold ends.
@@ -903,6 +880,32 @@ impl LockSession {
     /// (a reader would take the record for the new holder's).
     pub(super) fn retire(&self) {
         self.retired.store(true, Ordering::Release);
+    }
+
+    /// Notes that a lock statement wrote a holder record of `key` on this
+    /// session. The session never takes a lease of that key without one
+    /// (see `Inner::try_lock`): the record of an earlier lease may still be
+    /// there, whatever the session did to delete it (a delete that failed,
+    /// or that a DBA's trigger or rule skipped without an error), and it
+    /// names this session and the key, so a reader would take it for the
+    /// holder's of a lease of the key taken here without one.
+    pub(super) fn wrote_a_record(&self, key: &str) {
+        let mut keys = self
+            .recorded_keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !keys.contains(key) {
+            keys.insert(key.to_owned());
+        }
+    }
+
+    /// Whether a lock statement wrote a record of `key` on this session
+    /// (see [`wrote_a_record`](Self::wrote_a_record)).
+    pub(super) fn may_have_a_record_of(&self, key: &str) -> bool {
+        self.recorded_keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(key)
     }
 
     /// True once [`retire`](Self::retire)d.

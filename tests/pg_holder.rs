@@ -2090,6 +2090,31 @@ impl Trigger {
     }
 }
 
+/// A backend of one session (`sessions(1)`) on `schema`, holding a
+/// bystander lease with an identity: whatever happens to a key the test
+/// tries there must not cost the session, so the bystander lives on.
+async fn one_session_with_a_bystander(options: PgOptions) -> (PgBackend, (LockKey, OwnerId)) {
+    let holder = connect(options.sessions(1)).await;
+    let bystander = (fresh_key("bystander"), OwnerId::random().expect("owner"));
+    take(&holder, &bystander.0, &bystander.1, Some("bystander"))
+        .await
+        .expect("free");
+    (holder, bystander)
+}
+
+/// Asserts every one of `leases` on `holder` still renews.
+async fn assert_renew(holder: &PgBackend, leases: &[(&LockKey, &OwnerId)], case: &str) {
+    for (key, owner) in leases {
+        let renewed = holder
+            .extend(&Renewal::new(key, owner, Duration::from_secs(30)))
+            .await;
+        assert!(
+            matches!(renewed, Ok(true)),
+            "{case}: the lease of {key} on the session: {renewed:?}"
+        );
+    }
+}
+
 /// A lock statement that a DBA's trigger fails after its last step (an
 /// `AFTER` trigger, a deferred constraint trigger at commit: both run
 /// after the session lock was taken), or whose record it skips, leaves
@@ -2154,17 +2179,10 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
         Trigger::SkipsUpdates,
     ] {
         let schema = ScratchSchema::new("trigger");
-        let holder = connect(schema.options().sessions(1)).await;
+        let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
         let operator = connect(schema.options()).await;
         let admin = shared_client().await;
-        let (key, bystander_key) = (fresh_key("shown"), fresh_key("bystander"));
-        let (owner, bystander) = (
-            OwnerId::random().expect("owner"),
-            OwnerId::random().expect("owner"),
-        );
-        take(&holder, &bystander_key, &bystander, Some("bystander"))
-            .await
-            .expect("free");
+        let (key, owner) = (fresh_key("shown"), OwnerId::random().expect("owner"));
         let released = take(&holder, &key, &owner, None).await.expect("free");
         give_back(&holder, &key, &owner).await;
         trigger.add(&admin, &schema.name).await;
@@ -2189,15 +2207,13 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
             !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
             "{trigger:?}: a force release naming the released lease answered {forced:?}"
         );
-        for (key, owner) in [(&bystander_key, &bystander), (&key, &owner)] {
-            let renewed = holder
-                .extend(&Renewal::new(key, owner, Duration::from_secs(30)))
-                .await;
-            assert!(
-                matches!(renewed, Ok(true)),
-                "{trigger:?}: a lease of the session: {renewed:?}"
-            );
-        }
+        let case = format!("{trigger:?}");
+        assert_renew(
+            &holder,
+            &[(&bystander.0, &bystander.1), (&key, &owner)],
+            &case,
+        )
+        .await;
         give_back(&holder, &key, &owner).await;
     }
 }
@@ -2209,22 +2225,11 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_undo_of_a_failed_lock_behind_a_gate_held_elsewhere_keeps_the_session() {
     let schema = ScratchSchema::new("trigger");
-    let holder = connect(
-        schema
-            .options()
-            .sessions(1)
-            .liveness_interval(Duration::from_secs(1)),
-    )
-    .await;
+    let (holder, bystander) =
+        one_session_with_a_bystander(schema.options().liveness_interval(Duration::from_secs(1)))
+            .await;
     let admin = shared_client().await;
-    let (key, bystander_key) = (fresh_key("gated-undo"), fresh_key("bystander"));
-    let (owner, bystander) = (
-        OwnerId::random().expect("owner"),
-        OwnerId::random().expect("owner"),
-    );
-    take(&holder, &bystander_key, &bystander, Some("bystander"))
-        .await
-        .expect("free");
+    let (key, owner) = (fresh_key("gated-undo"), OwnerId::random().expect("owner"));
     Trigger::Raises("P0001").add(&admin, &schema.name).await;
     let gate = shared_client().await;
     gate.query_one(
@@ -2241,17 +2246,7 @@ async fn the_undo_of_a_failed_lock_behind_a_gate_held_elsewhere_keeps_the_sessio
         !held_on_the_server(&admin, &key).await,
         "the failed statement left the key held"
     );
-    let renewed = holder
-        .extend(&Renewal::new(
-            &bystander_key,
-            &bystander,
-            Duration::from_secs(30),
-        ))
-        .await;
-    assert!(
-        matches!(renewed, Ok(true)),
-        "the other lease on the session: {renewed:?}"
-    );
+    assert_renew(&holder, &[(&bystander.0, &bystander.1)], "gated undo").await;
     drop(gate);
 }
 
@@ -2293,6 +2288,65 @@ async fn a_lock_statement_whose_answer_cannot_be_read_gives_back_what_it_took() 
     give_back(&other, &key, &other_owner).await;
 }
 
+/// A lock statement whose answer cannot be read may have written its
+/// record, and a delete a DBA's trigger refuses keeps it: the session that
+/// wrote it takes no lease of the key without a record, so a lease
+/// without an identity goes on another session, and a force release
+/// naming the token of the record left ends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_left_by_an_unreadable_answer_is_never_read_for_a_later_lease() {
+    let schema = ScratchSchema::new("answer");
+    let operator = connect(schema.options()).await;
+    let admin = shared_client().await;
+    let key = fresh_key("unreadable-left");
+    let owner = OwnerId::random().expect("owner");
+    take(&operator, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    give_back(&operator, &key, &owner).await;
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {}.dlock_holders ALTER COLUMN since TYPE text",
+            schema.name
+        ))
+        .await
+        .expect("the DBA changes a column's type");
+    Trigger::RaisesOnDelete { after: false }
+        .add(&admin, &schema.name)
+        .await;
+    // A session that prepares its statements after the change.
+    let holder = connect(schema.options().sessions(1)).await;
+
+    let err = take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the answer cannot be read");
+    assert!(err.to_string().contains("unexpected answer"), "{err}");
+    let taken = take(&holder, &key, &owner, None)
+        .await
+        .expect("taken without its record");
+    let left: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT token FROM {}.dlock_holders WHERE key = $1",
+                schema.name
+            ),
+            &[&key.as_str()],
+        )
+        .await
+        .expect("the record the unreadable answers left")
+        .get(0);
+    let left = FencingToken::new(u64::try_from(left).expect("a token is positive"));
+    assert_ne!(left, taken, "the record left is an unreadable lease's");
+    let forced = operator
+        .force_release_holding(&key, &Holding::new(Some(left), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+        "a force release naming the record left answered {forced:?}"
+    );
+    assert_renew(&holder, &[(&key, &owner)], "unreadable answer").await;
+}
+
 /// A release whose record's delete a DBA's trigger skips without an error
 /// leaves the record naming the session: the session then takes no lease
 /// without a record (another session takes it), so the key is never read
@@ -2301,17 +2355,13 @@ async fn a_lock_statement_whose_answer_cannot_be_read_gives_back_what_it_took() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_whose_delete_a_trigger_skips_is_never_read_for_a_later_lease() {
     let schema = ScratchSchema::new("trigger");
-    let holder = connect(schema.options().sessions(1)).await;
+    let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
     let operator = connect(schema.options()).await;
     let admin = shared_client().await;
-    let (key, bystander_key) = (fresh_key("skipped-delete"), fresh_key("bystander"));
-    let (owner, bystander) = (
-        OwnerId::random().expect("owner"),
+    let (key, owner) = (
+        fresh_key("skipped-delete"),
         OwnerId::random().expect("owner"),
     );
-    take(&holder, &bystander_key, &bystander, Some("bystander"))
-        .await
-        .expect("free");
     let released = take(&holder, &key, &owner, Some("node-a"))
         .await
         .expect("free");
@@ -2334,12 +2384,8 @@ async fn a_record_whose_delete_a_trigger_skips_is_never_read_for_a_later_lease()
         !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
         "a force release naming the released lease answered {forced:?}"
     );
-    for (key, owner) in [(&bystander_key, &bystander), (&key, &owner)] {
-        let renewed = holder
-            .extend(&Renewal::new(key, owner, Duration::from_secs(30)))
-            .await;
-        assert!(matches!(renewed, Ok(true)), "a lease: {renewed:?}");
-    }
+    let leases = [(&bystander.0, &bystander.1), (&key, &owner)];
+    assert_renew(&holder, &leases, "skipped delete").await;
     give_back(&holder, &key, &owner).await;
 }
 
@@ -2356,16 +2402,12 @@ async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_a
         Trigger::RuleKeepsDeletes,
     ] {
         let schema = ScratchSchema::new("trigger");
-        let holder = connect(schema.options().sessions(1)).await;
+        let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
         let admin = shared_client().await;
-        let (key, bystander_key) = (fresh_key("refused-delete"), fresh_key("bystander"));
-        let (owner, bystander) = (
-            OwnerId::random().expect("owner"),
+        let (key, owner) = (
+            fresh_key("refused-delete"),
             OwnerId::random().expect("owner"),
         );
-        take(&holder, &bystander_key, &bystander, Some("bystander"))
-            .await
-            .expect("free");
         trigger.add(&admin, &schema.name).await;
         take(&holder, &key, &owner, Some("node-a"))
             .await
@@ -2379,16 +2421,7 @@ async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_a
             !held_on_the_server(&admin, &key).await,
             "{trigger:?}: released, yet the key is held"
         );
-        let renewed = holder
-            .extend(&Renewal::new(
-                &bystander_key,
-                &bystander,
-                Duration::from_secs(30),
-            ))
-            .await;
-        assert!(
-            matches!(renewed, Ok(true)),
-            "{trigger:?}: the other lease on the session: {renewed:?}"
-        );
+        let case = format!("{trigger:?}");
+        assert_renew(&holder, &[(&bystander.0, &bystander.1)], &case).await;
     }
 }

@@ -922,7 +922,13 @@ async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                             Failure::msg(what),
                         ));
                     }
-                    Some(Err(err)) => err,
+                    // An answer it cannot read: the record may be there.
+                    Some(Err(err)) => {
+                        if recording.is_some() {
+                            on.wrote_a_record(wait.key.as_str());
+                        }
+                        err
+                    }
                     // Never: the statement waits until it is granted.
                     _ => {
                         if inner.drop_fair_locks(&on).await {

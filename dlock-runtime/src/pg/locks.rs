@@ -153,8 +153,10 @@ impl Inner {
                         // An answer it cannot read (a DBA changed the type
                         // of a column of the table of records): what the
                         // statement took and wrote goes back, and a lease
-                        // without an identity is taken without its record.
+                        // without an identity is taken without its record,
+                        // on another session (the record may be there).
                         (Ok((advisory_key, token)), Err(e)) => {
+                            session.wrote_a_record(key.as_str());
                             if token.is_some() {
                                 self.give_back(&session, advisory_key, token).await;
                             }

@@ -49,6 +49,11 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::backend::{AcquireRequest, Attempt, Backend, OwnerId};
 use crate::{LockError, LockKey, LockOptions, LostReason};
 
+/// What a store's clock may round a lease's expiry by (to its
+/// millisecond): a key can be free this much before a ttl after the
+/// request was sent.
+const ROUNDING: Duration = Duration::from_millis(5);
+
 mod helpers;
 
 pub use helpers::{
@@ -886,8 +891,6 @@ pub async fn expiry_frees_the_key(backend: Arc<dyn Backend>) {
     // A store that kept the lease for less (half, say) frees the key a
     // second early: a waiter retrying within that second tells.
     const TTL: Duration = Duration::from_millis(2_000);
-    // A store's clock may round the expiry to its millisecond.
-    const ROUNDING: Duration = Duration::from_millis(5);
     let key = fresh_key("expiry");
     // Before the request leaves: the lease cannot start earlier, so the
     // key must stay held until at least a ttl after this, however late the
@@ -1103,7 +1106,9 @@ pub async fn min_hold_keeps_the_key_after_early_release(backend: Arc<dyn Backend
         let early = options(10_000).acquire_on(backend.clone(), &key).await;
         match early {
             Err(LockError::Held { .. }) => break (key, token),
-            Ok(lease) if asked.elapsed() >= min_hold && min_hold < Duration::from_secs(6) => {
+            Ok(lease)
+                if asked.elapsed() + ROUNDING >= min_hold && min_hold < Duration::from_secs(6) =>
+            {
                 lease.release().await.expect("release");
                 min_hold *= 2;
             }
@@ -1760,17 +1765,23 @@ pub async fn holder_is_none_once_the_lease_expires(backend: Arc<dyn Backend>) {
             break key;
         }
         assert!(
-            asked.elapsed() >= ttl && ttl < Duration::from_secs(2),
+            asked.elapsed() + ROUNDING >= ttl && ttl < Duration::from_secs(2),
             "held: nobody read within the {ttl:?} ttl"
         );
         ttl *= 2;
     };
+    // Read until free: a store frees the key by its own clock, within its
+    // expiry slack of the ttl (etcd by a sweep of its leader's, which a
+    // loaded machine delays), so one read at a fixed instant could come
+    // before it did.
+    let deadline = Instant::now() + ttl + backend.expiry_slack() + Duration::from_secs(3);
     sleep(ttl + Duration::from_millis(400) + backend.expiry_slack()).await;
-    assert_eq!(
-        backend.holder(&key).await.expect("holder"),
-        None,
-        "the lease ran out"
-    );
+    let mut read = backend.holder(&key).await.expect("holder");
+    while read.is_some() && Instant::now() < deadline {
+        sleep(Duration::from_millis(50)).await;
+        read = backend.holder(&key).await.expect("holder");
+    }
+    assert_eq!(read, None, "the lease ran out");
 }
 
 /// A holder watch registered on a free key wakes (or says to look again) when another instance takes the key with an identity, and one registered while it is held wakes when it is released: a reader that waits on it then reads the change.
@@ -2040,12 +2051,16 @@ async fn keeps_fair_queues(backend: &Arc<dyn Backend>) -> bool {
 
 /// A fair waiter task on `backend` that records `(index, token)` in `order`
 /// once it holds the key, holds it for `hold`, and releases it.
+/// A fair waiter served: its index, its token, and when its acquisition
+/// returned.
+type Served = (usize, crate::FencingToken, Instant);
+
 fn spawn_fair_waiter(
     backend: Arc<dyn Backend>,
     key: &LockKey,
     index: usize,
     hold: Duration,
-    order: &Arc<std::sync::Mutex<Vec<(usize, crate::FencingToken)>>>,
+    order: &Arc<std::sync::Mutex<Vec<Served>>>,
 ) -> tokio::task::JoinHandle<()> {
     let (key, order) = (key.clone(), Arc::clone(order));
     tokio::spawn(async move {
@@ -2053,7 +2068,10 @@ fn spawn_fair_waiter(
             .acquire_on(backend, key)
             .await
             .expect("a fair waiter is served");
-        order.lock().expect("order").push((index, lease.token()));
+        order
+            .lock()
+            .expect("order")
+            .push((index, lease.token(), Instant::now()));
         sleep(hold).await;
         lease.release().await.expect("release");
     })
@@ -2144,10 +2162,10 @@ pub async fn fair_waiters_are_served_in_arrival_order_with_rising_tokens(
             .expect("waiter task");
     }
     let order = order.lock().expect("order").clone();
-    let served: Vec<usize> = order.iter().map(|(index, _)| *index).collect();
+    let served: Vec<usize> = order.iter().map(|(index, _, _)| *index).collect();
     assert_eq!(served, vec![0, 1, 2, 3, 4], "served in arrival order");
     let mut previous = first;
-    for (index, token) in order {
+    for (index, token, _) in order {
         assert!(
             token > previous,
             "waiter {index}'s token {token} is above the previous holder's {previous}"
@@ -2189,13 +2207,15 @@ pub async fn fair_a_cancelled_waiter_in_the_middle_does_not_hold_up_the_queue(
     within(20, "the waiter behind the cancelled one", behind)
         .await
         .expect("task");
-    let waited = cancelled_spawned.elapsed();
-    let served: Vec<usize> = order.lock().expect("order").iter().map(|o| o.0).collect();
+    let order = order.lock().expect("order").clone();
+    let served: Vec<usize> = order.iter().map(|o| o.0).collect();
     assert_eq!(
         served,
         vec![0, 2],
         "the cancelled waiter never held the key"
     );
+    // Until the waiter behind was granted, not until its task was joined.
+    let waited = order[1].2.duration_since(cancelled_spawned);
     assert!(
         waited < crate::backend::QUEUE_ENTRY_TTL,
         "the waiter behind a cancelled one was served {waited:?} after the cancelled \
@@ -2280,7 +2300,10 @@ pub async fn fair_a_handoff_to_a_waiter_that_never_listens_comes_back_within_its
     let released_at = Instant::now();
     holder.release().await.expect("release");
     within(20, "the live waiter", live).await.expect("task");
-    let waited = released_at.elapsed();
+    // Until the live waiter was granted, not until its task was joined.
+    let waited = order.lock().expect("order")[0]
+        .2
+        .duration_since(released_at);
     // The entry's life, then the live waiter's next look (a third of a
     // queue entry's life at most), with as much again to spare.
     let bound = (entry_ttl + crate::backend::QUEUE_ENTRY_TTL / 3) * 2;
@@ -2342,7 +2365,7 @@ pub async fn fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on(
     );
     within(20, "the next waiter", next).await.expect("task");
     let polls = counting.attempts() - polled;
-    let (_, token) = order.lock().expect("order")[0];
+    let (_, token, _) = order.lock().expect("order")[0];
     assert!(token > handed.token, "{token} is above {}", handed.token);
     assert_eq!(
         polls, 0,
@@ -2440,7 +2463,7 @@ pub async fn fair_a_handed_over_lease_renews_and_hands_on_when_dropped(backend: 
     let token = lease.token();
     drop(lease);
     within(20, "the second waiter", second).await.expect("task");
-    let (_, next) = order.lock().expect("order")[0];
+    let (_, next, _) = order.lock().expect("order")[0];
     assert!(next > token, "{next} is above {token}");
 }
 
@@ -2988,7 +3011,7 @@ pub async fn a_crashed_permit_holder_frees_its_slot_after_the_ttl(backend: Arc<d
             .await;
         match refused {
             Err(LockError::Held { .. }) => break key,
-            Ok(lease) if asked.elapsed() >= ttl && ttl < Duration::from_secs(3) => {
+            Ok(lease) if asked.elapsed() + ROUNDING >= ttl && ttl < Duration::from_secs(3) => {
                 lease.release().await.expect("release");
                 ttl *= 2;
             }
@@ -3018,6 +3041,11 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
             .expect("a free key");
         let counting = CountingBackend::new(backend.clone());
         let via: Arc<dyn Backend> = counting.clone();
+        // Before the writer's first attempt: a mark it leaves was written
+        // after this, and expires no earlier than a queue entry's life
+        // later (less the milliseconds a server's clock rounds away).
+        let mark_expiry =
+            Instant::now() + crate::backend::QUEUE_ENTRY_TTL - Duration::from_millis(5);
         {
             let writer = options(30_000).wait(Duration::from_secs(30));
             let waiting = writer.acquire_on(via, &key);
@@ -3031,11 +3059,14 @@ pub async fn a_cancelled_writer_leaves_no_mark_and_a_cancelled_permit_no_slot(
             })
             .await;
         }
-        // Shorter than the mark's expiry: only a removed mark lets it in.
-        let joined = shared(30_000, crate::backend::QUEUE_ENTRY_TTL * 2 / 3)
-            .acquire_on(backend.clone(), &key)
-            .await
-            .expect("the cancelled writer's mark is gone");
+        // Until the mark's earliest expiry: only a removed mark lets it in.
+        let joined = shared(
+            30_000,
+            mark_expiry.saturating_duration_since(Instant::now()),
+        )
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("the cancelled writer's mark is gone");
         joined.release().await.expect("release");
         reader.release().await.expect("release");
     }

@@ -569,11 +569,18 @@ async fn a_fair_writer_is_not_starved_by_readers_that_keep_joining_their_process
 
 /// A fair waiter granted on a kept fair session whose record of an earlier
 /// lease of the key is still there (waiting for its batch delete), whose
-/// new record a DBA's trigger skips: the key is never read with the
-/// earlier lease's record, a force release naming that lease ends
-/// nothing, and the waiter gets the key without a record.
+/// new record a DBA's trigger skips (`RETURN NULL`) or keeps as it was
+/// (`RETURN OLD`): the key is never read with the earlier lease's record,
+/// a force release naming that lease ends nothing, and the waiter gets
+/// the key without a record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_grant_whose_record_a_trigger_skips_is_never_read_with_an_earlier_record() {
+    for trigger in ["RETURN NULL;", "RETURN OLD;"] {
+        fair_grant_under_a_trigger_on_updates(trigger).await;
+    }
+}
+
+async fn fair_grant_under_a_trigger_on_updates(body: &str) {
     let schema = pg_support::ScratchSchema::new("fair");
     let key = fresh_key("skipped");
     let admin = shared_client().await;
@@ -606,26 +613,26 @@ async fn a_fair_grant_whose_record_a_trigger_skips_is_never_read_with_an_earlier
     admin
         .batch_execute(&format!(
             "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql AS \
-             $$BEGIN RETURN NULL; END$$; \
+             $$BEGIN {body} END$$; \
              CREATE TRIGGER audit BEFORE UPDATE ON {s}.dlock_holders \
              FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
             s = schema.name
         ))
         .await
-        .expect("the DBA adds a trigger that skips updates");
+        .expect("the DBA adds a trigger on updates");
     let lease = served("the second waiter queues").await;
     let shown = reader.holder(&key).await.expect("read");
     assert!(
         shown.as_ref().and_then(|h| h.token) != Some(released),
-        "the key is read with the released lease's record: {shown:?}"
+        "{body}: the key is read with the released lease's record: {shown:?}"
     );
     let forced = reader
         .force_release_holding(&key, &dlock::backend::Holding::new(Some(released), None))
         .await;
     assert!(
         !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
-        "a force release naming the released lease answered {forced:?}"
+        "{body}: a force release naming the released lease answered {forced:?}"
     );
-    assert!(lease.check().is_ok(), "{:?}", lease.check());
+    assert!(lease.check().is_ok(), "{body}: {:?}", lease.check());
     lease.release().await.expect("release");
 }

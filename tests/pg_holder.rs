@@ -2031,6 +2031,11 @@ enum Trigger {
     /// A rule that does nothing instead of a delete, which the server
     /// refuses for a `DELETE … RETURNING`.
     RuleKeepsDeletes,
+    /// A `BEFORE UPDATE` trigger that keeps the row as it was
+    /// (`RETURN OLD`): no error, and the old row returned.
+    KeepsOldRows,
+    /// A `BEFORE` trigger that blanks the time of every row written.
+    BlanksSince,
 }
 
 impl Trigger {
@@ -2055,6 +2060,14 @@ impl Trigger {
             Trigger::SkipsWrites => (
                 "TRIGGER audit BEFORE INSERT OR UPDATE OR DELETE".to_owned(),
                 "RETURN NULL;".to_owned(),
+            ),
+            Trigger::KeepsOldRows => (
+                "TRIGGER audit BEFORE UPDATE".to_owned(),
+                "RETURN OLD;".to_owned(),
+            ),
+            Trigger::BlanksSince => (
+                "TRIGGER audit BEFORE INSERT OR UPDATE".to_owned(),
+                "NEW.since := NULL; RETURN NEW;".to_owned(),
             ),
             Trigger::RaisesOnDelete { after } => (
                 format!(
@@ -2216,6 +2229,105 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
         .await;
         give_back(&holder, &key, &owner).await;
     }
+}
+
+/// A DBA's trigger that keeps the old row of a key (`RETURN OLD`), or
+/// blanks the time of a row written, never has a lease read with another
+/// lease's record: a lock statement counts its record written only when
+/// the row holds its token and its session. A lease with an identity is
+/// read with its own token or refused; one without is read with its own
+/// or as unknown; a force release naming the released lease ends nothing,
+/// and every lease of the session lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_keeps_old_rows_or_blanks_their_time_never_shows_another_leases_record() {
+    for trigger in [Trigger::KeepsOldRows, Trigger::BlanksSince] {
+        let schema = ScratchSchema::new("trigger");
+        let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
+        let operator = connect(schema.options()).await;
+        let admin = shared_client().await;
+        let (key, owner) = (fresh_key("kept-row"), OwnerId::random().expect("owner"));
+        let released = take(&holder, &key, &owner, None).await.expect("free");
+        give_back(&holder, &key, &owner).await;
+        trigger.add(&admin, &schema.name).await;
+
+        let shown_as = |shown: Option<Holding>| shown.and_then(|h| h.token);
+        if let Ok(taken) = take(&holder, &key, &owner, Some("node-a")).await {
+            let shown = shown_as(operator.holder(&key).await.expect("read"));
+            assert_eq!(
+                shown,
+                Some(taken),
+                "{trigger:?}: the lease with an identity"
+            );
+            give_back(&holder, &key, &owner).await;
+        }
+        let plain = take(&holder, &key, &owner, None)
+            .await
+            .expect("a lease without an identity is taken");
+        let shown = shown_as(operator.holder(&key).await.expect("read"));
+        assert!(
+            shown.is_none() || shown == Some(plain),
+            "{trigger:?}: the lease {plain} is read with another lease's record: {shown:?} \
+             (the released one was {released})"
+        );
+        let forced = operator
+            .force_release_holding(&key, &Holding::new(Some(released), None))
+            .await;
+        assert!(
+            !matches!(forced, Ok(dlock::backend::ForceRelease::Released)),
+            "{trigger:?}: a force release naming the released lease answered {forced:?}"
+        );
+        let case = format!("{trigger:?}");
+        let leases = [(&bystander.0, &bystander.1), (&key, &owner)];
+        assert_renew(&holder, &leases, &case).await;
+        give_back(&holder, &key, &owner).await;
+    }
+}
+
+/// A lock statement whose commit waits for a lock past the session's
+/// `lock_timeout` after its last step (a DBA's deferred unique constraint
+/// checked against a row another transaction writes: no function named in
+/// the error) leaves the key free, whether the lease has an identity (it
+/// fails) or not (it is taken without its record, and its release frees
+/// the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_whose_commit_waits_past_the_lock_timeout_leaves_the_key_free() {
+    let schema = ScratchSchema::new("trigger");
+    let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
+    let admin = shared_client().await;
+    let blocker = shared_client().await;
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {}.dlock_holders ADD CONSTRAINT one_row_per_key UNIQUE (key) \
+             DEFERRABLE INITIALLY DEFERRED",
+            schema.name
+        ))
+        .await
+        .expect("the DBA adds a deferred constraint");
+    for identity in [Some("node-a"), None] {
+        let (key, owner) = (fresh_key("commit-wait"), OwnerId::random().expect("owner"));
+        // Another transaction writes a row of the key and stays open: the
+        // commit's check of the constraint waits for it.
+        blocker
+            .batch_execute(&format!(
+                "BEGIN; INSERT INTO {}.dlock_holders (lock_id, key, token, pid, session_start) \
+                 VALUES (-42, '{key}', 1, 1, now())",
+                schema.name
+            ))
+            .await
+            .expect("the other transaction");
+        let taken = take(&holder, &key, &owner, identity).await;
+        blocker.batch_execute("ROLLBACK").await.expect("rollback");
+        match (identity, &taken) {
+            (Some(_), Err(_)) => {}
+            (None, Ok(_)) => give_back(&holder, &key, &owner).await,
+            _ => panic!("{identity:?}: the acquisition answered {taken:?}"),
+        }
+        assert!(
+            !held_on_the_server(&admin, &key).await,
+            "{identity:?}: the key is held after {taken:?}"
+        );
+    }
+    assert_renew(&holder, &[(&bystander.0, &bystander.1)], "commit wait").await;
 }
 
 /// A failed lock statement's undo lets go of the key without its release

@@ -899,6 +899,9 @@ async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                     // lock goes back; a lease without an identity waits
                     // again without its record.
                     Some(Ok((_, Some(_), _))) => {
+                        // A trigger may have written a row of its own
+                        // making (see `Inner::try_lock`).
+                        on.wrote_a_record(wait.key.as_str());
                         if !inner.drop_fair_locks(&on).await {
                             pause = restart_pause(pause);
                             continue;
@@ -1021,7 +1024,7 @@ fn granted(
 ) -> Option<Result<Granted, tokio_postgres::Error>> {
     rows.first().map(|row| {
         let since = if recording.is_some() {
-            row.try_get(2)?
+            sql::recorded_since(row, 2, None)?.0
         } else {
             None
         };

@@ -105,11 +105,8 @@ impl Inner {
                     // token drawn for a key the session held for no other
                     // lease (`already`), and no record written.
                     let since = if recording {
-                        row.try_get(2)
-                            .and_then(|since: Option<std::time::SystemTime>| {
-                                let already: bool = row.try_get(3)?;
-                                Ok((since, !already && since.is_none()))
-                            })
+                        sql::recorded_since(&row, 2, Some(3))
+                            .map(|(since, already)| (since, !already && since.is_none()))
                     } else {
                         Ok((None, false))
                     };
@@ -119,6 +116,10 @@ impl Inner {
                         // lock goes back; a lease without an identity is
                         // taken without its record.
                         (Ok((advisory_key, Some(_))), Ok((_, true))) => {
+                            // A trigger may have written a row of its own
+                            // making: the session takes no lease of the
+                            // key without a record from now on.
+                            session.wrote_a_record(key.as_str());
                             self.give_back(&session, advisory_key, None).await;
                             let what = format!(
                                 "the lock statement of `{key}` wrote no record, which a trigger \
@@ -526,13 +527,18 @@ impl Inner {
                 // with the session's next batch: a record left is never
                 // read once its session lets go of the key. Ending the
                 // session here would lose every other lease on it for
-                // the sake of a record.
+                // the sake of a record. Or a lock of the commit's (the
+                // lock of notifying commits a DBA's trigger needs) timed
+                // out after the statement ran: its unlock stands (a
+                // session lock is no part of the transaction), the
+                // delete does not. Either way the lease held the key on
+                // this live session until now, and it is released.
                 Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    let row = self.unlock_behind_gate(session, advisory_key).await?;
+                    self.unlock_behind_gate(session, advisory_key).await?;
                     if let Some(batch) = session.released(advisory_key, token) {
                         self.delete_batch(session, batch).await;
                     }
-                    return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
+                    return Ok(Unlocked::plain(true));
                 }
                 // A DBA's trigger on the table failed the statement (an
                 // `AFTER DELETE` one after the unlock ran, a `BEFORE` one

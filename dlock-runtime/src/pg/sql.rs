@@ -189,10 +189,13 @@ pub(super) const REFUSED: &str = "dlock-refused: ";
 ///    recreated, or moved down by the race in 3.
 ///
 /// So a lower token needs two faults at once: the sequence behind the
-/// key's last token (set back, lost, or that race) *and* the server clock
-/// stepped back past it (or, after a failover, a new primary whose clock is
-/// behind the old one's by more than the failover took); or a role without
-/// UPDATE on the sequence and a clock that steps back.
+/// key's last token (set back, lost, or that race) *and* that token ahead
+/// of the server clock: the clock stepped back past it, a DBA `setval`ed
+/// the sequence ahead of the clock (by less than the day the draw allows)
+/// and tokens were drawn from it before it went back, or, after a
+/// failover, a new primary's clock is behind the old one's by more than
+/// the failover took; or a role without UPDATE on the sequence and a
+/// clock that steps back.
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
     draw_token!(
@@ -484,10 +487,14 @@ pub(super) fn force_release_named(
 /// one), the holder record (`$5`: the client's host, pid and label,
 /// [`HolderInfo::encode`](crate::HolderInfo::encode)) and the server's time
 /// of acquisition (`now()`, the statement's start). Returns the advisory
-/// key, the token (NULL: held by someone else), the time it recorded
-/// (NULL: it recorded nothing) and `already` (see below): a token with
-/// neither a record nor `already` is a write that a DBA's trigger or rule
-/// skipped, and the backend gives the lock back.
+/// key, the token (NULL: held by someone else), the time of the row it
+/// wrote, `already` (see below) and `wrote`: whether the row the upsert
+/// returns holds the token drawn and this session's pid. A token with
+/// neither `wrote` nor `already` is a write that a DBA's trigger or rule
+/// skipped, and the backend gives the lock back: a `BEFORE` trigger that
+/// keeps the old row (`RETURN OLD`) returns another lease's row, with its
+/// time; one that blanks the time leaves the row this statement's all the
+/// same.
 ///
 /// `holder_token` repeats the token, for a reader to tell a holder record
 /// this statement wrote from one left behind: a dlock that predates the
@@ -591,12 +598,15 @@ recorded AS (
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
-  RETURNING r.since
+  RETURNING r.token, r.pid, r.since
 )
 SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
                  THEN s.token END,
-       s.since, s.already
-FROM (SELECT t.h, t.token, t.already, (SELECT recorded.since FROM recorded) AS since
+       s.since, s.already, COALESCE(s.wrote, false)
+FROM (SELECT t.h, t.token, t.already, (SELECT recorded.since FROM recorded) AS since,
+             (SELECT recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+              FROM recorded) AS wrote
       FROM t OFFSET 0) AS s"
 );
 
@@ -897,7 +907,8 @@ FROM (",
 /// (`$3`, NULL for a lease without one) and the holder record (`$5`), and
 /// as the time of acquisition the clock after the wait
 /// (`clock_timestamp()`; `now()` is the statement's start, before the
-/// wait). Returns the advisory key, the token and the time it recorded.
+/// wait). Returns the advisory key, the token, the time of the row it
+/// wrote and `wrote`, as [`TRY_LOCK_RECORDING`] does.
 ///
 /// It takes the `rewriting` mark first, as [`TRY_LOCK_RECORDING`] does (a
 /// pooled fair session may take a key again whose released record it has
@@ -953,12 +964,16 @@ recorded AS (
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
-  RETURNING r.since
+  RETURNING r.token, r.pid, r.since
 )
 SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
                  THEN s.token END,
-       s.since
-FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since FROM t OFFSET 0) AS s"
+       s.since, COALESCE(s.wrote, false)
+FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since,
+             (SELECT recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+              FROM recorded) AS wrote
+      FROM t OFFSET 0) AS s"
 );
 
 /// Whether the session `$1` waits in an advisory lock's queue now: what a
@@ -1276,6 +1291,27 @@ pub(super) fn refused_sequence(err: &tokio_postgres::Error) -> Option<Unfit> {
     })
 }
 
+/// Reads what a recording lock statement ([`TRY_LOCK_RECORDING`],
+/// [`FAIR_LOCK_RECORDING`]) says of its record: the time of the record it
+/// wrote (`None`: it wrote none; the time now, if a DBA's trigger blanked
+/// the row's), from the columns `since` (at `at`) and `wrote` (after it,
+/// and after `already` when the statement has that column, `already`:
+/// whose value comes second).
+pub(super) fn recorded_since(
+    row: &tokio_postgres::Row,
+    at: usize,
+    already: Option<usize>,
+) -> Result<(Option<std::time::SystemTime>, bool), tokio_postgres::Error> {
+    let since: Option<std::time::SystemTime> = row.try_get(at)?;
+    let held_already = match already {
+        Some(column) => row.try_get(column)?,
+        None => false,
+    };
+    let wrote: bool = row.try_get(already.unwrap_or(at) + 1)?;
+    let since = wrote.then(|| since.unwrap_or_else(std::time::SystemTime::now));
+    Ok((since, held_already))
+}
+
 /// Why a lock statement refused the token sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Unfit {
@@ -1304,23 +1340,21 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
     use tokio_postgres::error::SqlState;
     if recording {
         // It takes the session lock as its last step, after the draw and the
-        // write, so their failures (a lock waited for past `lock_timeout`, on
-        // the sequence or on the key's row; the sequence refused or at its
-        // end) left nothing held. But what a DBA hangs on the table of
-        // records runs later still (an `AFTER` trigger, a deferred
-        // constraint trigger at commit, a foreign key's check) and can fail
-        // the same ways: its errors name the function or the statement they
-        // came from. A cancel can strike anywhere.
+        // write, so their failures (the sequence refused or at its end) left
+        // nothing held. But what a DBA hangs on the table of records runs
+        // later still (an `AFTER` trigger, a deferred constraint trigger at
+        // commit, a foreign key's check) and can fail the same ways: its
+        // errors name the function or the statement they came from. A lock
+        // waited for past `lock_timeout` may be one of the commit's, after
+        // the last step, with no function named (a DBA's deferred unique
+        // constraint checked against a row another transaction writes, the
+        // lock of notifying commits a DBA's trigger needs). A cancel can
+        // strike anywhere.
         return match err.code() {
             _ if raised_by_a_trigger(err) => LockLeft::Unknown,
             _ if sequence_missing(err) => LockLeft::No,
             _ if refused_sequence(err).is_some() => LockLeft::No,
-            Some(code)
-                if *code == SqlState::LOCK_NOT_AVAILABLE
-                    || *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED =>
-            {
-                LockLeft::No
-            }
+            Some(code) if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED => LockLeft::No,
             _ => LockLeft::Unknown,
         };
     }

@@ -251,3 +251,63 @@ pub use dlock_runtime::__private;
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;
+
+/// The examples of `docs/safety.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/safety.md")]
+pub struct SafetyDocDoctests;
+
+/// The examples of `docs/macro.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/macro.md")]
+pub struct MacroDocDoctests;
+
+/// The examples of `docs/backends.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/backends.md")]
+pub struct BackendsDocDoctests;
+
+/// The examples of `docs/redis.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/redis.md")]
+pub struct RedisDocDoctests;
+
+/// The examples of `docs/postgres.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/postgres.md")]
+pub struct PostgresDocDoctests;
+
+/// The examples of `docs/etcd.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/etcd.md")]
+pub struct EtcdDocDoctests;
+
+/// The examples of `docs/modes.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/modes.md")]
+pub struct ModesDocDoctests;
+
+/// The examples of `docs/fair.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/fair.md")]
+pub struct FairDocDoctests;
+
+/// The examples of `docs/election.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/election.md")]
+pub struct ElectionDocDoctests;
+
+/// The examples of `docs/axum.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/axum.md")]
+pub struct AxumDocDoctests;
+
+/// The examples of `docs/inspecting.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/inspecting.md")]
+pub struct InspectingDocDoctests;
+
+/// The examples of `docs/metrics.md`, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/metrics.md")]
+pub struct MetricsDocDoctests;

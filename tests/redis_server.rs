@@ -605,7 +605,7 @@ async fn tls_and_plain_text_urls_are_not_mixed_in_one_backend() {
 #[test]
 fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
     for (doc, text) in [
-        ("README.md", include_str!("../README.md")),
+        ("docs/redis.md", include_str!("../docs/redis.md")),
         (
             "dlock-runtime/src/redis/mod.rs",
             include_str!("../dlock-runtime/src/redis/mod.rs"),

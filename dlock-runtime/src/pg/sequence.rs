@@ -1,5 +1,5 @@
 //! The token sequence's settings, and which of them keep it from giving
-//! rising tokens. A DBA may pre-create the sequence (the README invites it)
+//! rising tokens. A DBA may pre-create the sequence (docs/postgres.md invites it)
 //! or `ALTER` it while services run, so the backend reads its settings from
 //! the catalogs whenever a lock session opens and refuses a sequence that
 //! could hand out a token at or below an earlier one, with the statement

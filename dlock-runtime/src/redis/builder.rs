@@ -175,7 +175,7 @@ impl RedisBuilder {
     /// fencing token stays the safety net: it keeps rising across any
     /// failover. Cost: one more command per acquisition, and the shared
     /// connection's later commands queue behind the `WAIT` until the
-    /// replicas answer (see the README's benchmark for figures).
+    /// replicas answer (see BENCHMARKS.md for figures).
     ///
     /// `replicas` must be at least 1 and `within` greater than zero and
     /// shorter than the response timeout; not on a Redis Cluster.

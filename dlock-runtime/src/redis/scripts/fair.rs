@@ -1,0 +1,122 @@
+//! The fair acquire script (rules F1 to F3 on `Backend`). Its queue's Lua
+//! functions (`queue_lua!`) and the exclusive acquire it extends
+//! (`acquire_lua!`) come from the parent module, which the release shares.
+
+use std::sync::LazyLock;
+
+use ::redis::Script;
+
+/// A fair attempt ([`crate::backend::Queue::Respect`] or
+/// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
+/// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
+/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
+/// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
+/// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
+/// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// known expiry) when the key is free but a live entry that is not the
+/// caller's comes first.
+///
+/// - The key is free and the first live entry is the caller's (a `Join`),
+///   or nobody live is queued: it is taken as [`ACQUIRE_LUA`] takes it,
+///   and the caller's entry and the dead ones in front of it are dropped. Live
+///   entries left behind mark the new value `+`, so its release hands on.
+/// - The key is free and someone else's live entry comes first (its
+///   holder's lease ran out, or a plain holder released it unmarked): the
+///   key is handed to that entry, as a release would ([`RELEASE_LUA`]),
+///   rather than left idle until its waiter looks again; the caller is
+///   answered held, for that lease's ms. A `Join` then keeps or takes its
+///   place.
+/// - Someone holds it: [`ACQUIRE_LUA`] answers (and marks the value `+`),
+///   and a `Join` keeps its place in the queue, with its entry's life
+///   renewed, or joins at the end; its entry records the ttl it asks for
+///   and its holder record, for a handoff. A `Respect` joins nothing.
+///   The renewal, what a waiter sends every second, is one `SET … PX …
+///   GET` of the caller's own entry key, which says it was alive, and a
+///   `PTTL` of the queue (a `PEXPIRE` too when the queue would die before
+///   the entry): the queue is neither read nor written, whatever its
+///   length. Only an entry key found gone (a first `Join`, or an entry
+///   that died) reads the queue, drops the owner's old line and appends
+///   one at the end.
+/// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
+///   an entry of the caller's, if any, is dropped (the queue is read only
+///   if there was one).
+///
+/// Why one atomic step: the queue is read and the key taken together, so
+/// no attempt takes the key past a waiter that queued before it, and a
+/// release that hands over never races a `Join`.
+pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
+    "local function take()\n",
+    acquire_lua!("ARGV[5] == 'w'"),
+    "end\n",
+    queue_lua!(),
+    r"
+local owner = string.sub(ARGV[1], 1, 32)
+local life = ARGV[4] ~= '' and tonumber(ARGV[4])
+local function enter(text)
+  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  if type(old) == 'string' and string.find('\n' .. text, '\n' .. owner, 1, true) then
+    return text
+  end
+  return without(text, owner) .. owner .. '\n'
+end
+if not redis.pcall('GET', KEYS[1]) then
+  local text = redis.pcall('GET', KEYS[4])
+  if type(text) ~= 'string' then
+    text = ''
+  end
+  local clock = server_time()
+  local entry, start, stop = first_live(text, KEYS[4])
+  if entry and (not life or entry[1] ~= owner) then
+    local handed = hand_over(entry, clock, KEYS[1], KEYS[2], KEYS[3])
+    local rest = string.sub(text, handed and stop or start)
+    if life then
+      rest = enter(rest)
+    end
+    if rest ~= text then
+      write(KEYS[4], rest, life)
+    end
+    if handed then
+      return tonumber(handed)
+    end
+    return -1
+  end
+  local reply = take()
+  if type(reply) == 'string' and text ~= '' then
+    local rest = entry and string.sub(text, stop) or ''
+    write(KEYS[4], rest)
+    redis.call('DEL', KEYS[5])
+    if rest ~= '' then
+      redis.call('SETRANGE', KEYS[1], 32, '+')
+    end
+  end
+  return reply
+end
+local reply = take()
+if type(reply) == 'string' then
+  if redis.call('DEL', KEYS[5]) == 1 then
+    local text = redis.pcall('GET', KEYS[4])
+    if type(text) == 'string' and text ~= '' then
+      leave(KEYS[4], text, owner)
+    end
+  end
+elseif life and not (type(reply) == 'table' and reply.err) then
+  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  local left = redis.call('PTTL', KEYS[4])
+  if type(old) == 'string' and left ~= -2 then
+    if left < life then
+      redis.call('PEXPIRE', KEYS[4], life)
+    end
+  else
+    local text = redis.pcall('GET', KEYS[4])
+    if type(text) ~= 'string' then
+      text = ''
+    end
+    write(KEYS[4], without(text, owner) .. owner .. '\n', life)
+  end
+end
+return reply
+"
+);
+
+pub(in crate::redis) static FAIR_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FAIR_ACQUIRE_LUA));

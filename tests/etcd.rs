@@ -14,10 +14,8 @@ use std::time::{Duration, Instant};
 
 use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions};
-use etcd_support::{
-    RefusedPort, create_revision, free_port, random_word, shared_backend, shared_cluster,
-};
-use support::within;
+use etcd_support::{create_revision, random_word, shared_backend, shared_cluster};
+use support::{RefusedPort, within};
 
 dlock_runtime::conformance_suite!(shared_backend);
 
@@ -92,13 +90,18 @@ async fn waiters_of_a_process_share_one_watch_and_each_release_wakes_one() {
             lease.release().await.expect("release");
         }));
     }
-    within(20, "every waiter to subscribe", async {
-        while counting.attempts() < WAITERS {
+    // A waiter tries once, subscribes (which returns once etcd has
+    // confirmed the key's watch), then tries again and naps until woken
+    // (lease/acquire.rs `take`): two attempts each before the release.
+    // Wait for all of them to be answered, however slow a loaded etcd is
+    // to confirm the watch, rather than a fixed pause: only then is every
+    // waiter subscribed, and `before` counts no attempt of this phase.
+    within(20, "every waiter to subscribe and look again", async {
+        while counting.attempts() < 2 * WAITERS || counting.answered() != counting.attempts() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(backend.watched_keys(), 1, "one watch for the key's waiters");
     let before = counting.attempts();
     holder.release().await.expect("release");
@@ -147,7 +150,8 @@ async fn an_unreachable_cluster_is_an_error_within_the_connect_timeout() {
 
 #[tokio::test]
 async fn credentials_never_appear_in_errors_or_debug_output() {
-    let port = free_port();
+    let refused = RefusedPort::new();
+    let port = refused.port;
     let url = format!("http://dlock:hunter2@127.0.0.1:{port}");
     let builder = EtcdBackend::builder(&[url.as_str()]).connect_timeout(Duration::from_millis(500));
     let shown = format!("{builder:?}");

@@ -22,7 +22,7 @@ use dlock::fence::pg::PgFence;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TlsVerification, TransactionLock};
 use dlock::{Backend, LockError, LockKey, LockOptions, LostReason};
-use pg_support::{OwnServer, PASSWORD, PASSWORD_IN_URL, free_port, shared_conn};
+use pg_support::{OwnServer, PASSWORD, PASSWORD_IN_URL, shared_conn};
 use tokio::time::Instant;
 
 /// A fresh key no other test (or earlier run) uses.
@@ -369,9 +369,10 @@ async fn a_holder_whose_session_died_in_a_failover_is_told_and_the_new_primary_g
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_host_fails_within_the_connect_timeout() {
     // Nothing listens: refused at once.
+    let closed = support::RefusedPort::new();
     let refused = format!(
         "host=127.0.0.1 port={} user=postgres dbname=test",
-        free_port()
+        closed.port
     );
     let started = Instant::now();
     let err = within(5, "connect to a closed port", PgBackend::connect(&refused))

@@ -368,8 +368,8 @@ async fn empty_oversized_and_odd_keys_are_errors_or_data_never_code() {
 async fn an_unreachable_url_is_an_error_within_the_connect_timeout_never_a_hang() {
     // Nothing listens on this port: the error says so, whether the connect
     // timeout leaves room for tries again or not.
-    let closed = redis_support::free_port(false);
-    let url = format!("redis://127.0.0.1:{closed}");
+    let closed = support::RefusedPort::new();
+    let url = format!("redis://127.0.0.1:{}", closed.port);
     for connect_timeout in [Duration::from_millis(500), Duration::from_secs(1)] {
         let connecting = RedisBackend::builder(&url)
             .connect_timeout(connect_timeout)

@@ -683,11 +683,11 @@ async fn locking_goes_on_through_a_forced_failover_without_a_new_backend() {
 async fn with_every_sentinel_down_connecting_fails_within_its_timeout_naming_that_no_sentinel_answered()
  {
     // One port refuses; one accepts and never answers.
-    let refused = redis_support::free_port(false);
+    let refused = support::RefusedPort::new();
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let silent_port = silent.local_addr().expect("addr").port();
     let urls = [
-        format!("redis://:sentinel-secret@127.0.0.1:{refused}"),
+        format!("redis://:sentinel-secret@127.0.0.1:{}", refused.port),
         format!("redis://:sentinel-secret@127.0.0.1:{silent_port}"),
     ];
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -1691,7 +1691,7 @@ async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failov
             sleep(Duration::from_millis(500)).await;
         }
         // Until the old primary is demoted it still takes writes (the
-        // window the README admits): wait for the demotion.
+        // window docs/redis.md admits): wait for the demotion.
         while role(&deployment.replica) != "master"
             || role(&deployment.primary) != "slave"
             || deployment.primary_port_named() != Some(deployment.replica.port)
@@ -1727,9 +1727,14 @@ async fn with_every_sentinel_down_renewals_go_on_and_once_they_are_back_a_failov
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_named_by_a_minority_of_the_sentinels_is_not_trusted() {
     let urls = shared();
-    let dead = |_| format!("redis://127.0.0.1:{}", redis_support::free_port(false));
+    // Refusing for the whole test: a port found free and let go could be
+    // taken by another test's server and answer.
+    let dead = [support::RefusedPort::new(), support::RefusedPort::new()];
     let minority: Vec<String> = std::iter::once(urls[0].clone())
-        .chain((0..2).map(dead))
+        .chain(
+            dead.iter()
+                .map(|dead| format!("redis://127.0.0.1:{}", dead.port)),
+        )
         .collect();
     let minority: Vec<&str> = minority.iter().map(String::as_str).collect();
     let err = RedisBackend::sentinel(&minority, SERVICE)

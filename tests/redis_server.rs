@@ -747,10 +747,29 @@ async fn a_waiter_whose_pubsub_connection_went_silent_gets_the_key_once_it_is_re
             .lines()
             .find_map(|line| line.strip_prefix("cmdstat_ping:calls="))
             .and_then(|rest| rest.split(',').next())
-            .map(str::to_owned)
-            .unwrap_or_default()
+            .map_or(0, |calls| calls.parse::<u64>().expect("a PING count"))
     };
-    let before = pings();
+    // The health check decides to PING under the channels lock while a
+    // channel is still confirmed, and sends it after (redis/subscriber.rs
+    // `check_health`): one PING decided just before the last channel went
+    // may reach the server after the count above read 0, and none after
+    // it. So the count is settled once two reads a health interval (1 s)
+    // apart agree, and may have grown by that one PING meanwhile.
+    const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+    let first = pings();
+    let mut before = first;
+    loop {
+        sleep(HEALTH_INTERVAL + Duration::from_millis(500)).await;
+        let now = pings();
+        assert!(
+            now <= first + 1,
+            "PINGs went on after nobody waited: {first}, then {now}"
+        );
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     sleep(Duration::from_secs(3)).await;
     assert_eq!(pings(), before, "PINGs were sent while nobody waited");
 }
@@ -833,9 +852,21 @@ impl Drop for Stopped {
 async fn a_waiting_caller_returns_by_its_deadline_when_the_server_stops_answering() {
     let server = RedisServer::start(&[]);
     let url = server.url();
-    // The default timeouts (3 s a reply), longer than the wait below.
+    // A reply timeout far longer than the wait below: by design a waiting
+    // caller returns by its wait plus the least a call is given (0.5 s,
+    // lease/acquire.rs `LEAST_PER_CALL`), 1.5 s here, whatever the
+    // backend's own timeouts. One that waits for the backend instead
+    // returns after 10 s, far past the bound below, so the bound can leave
+    // a loaded machine room without letting that bug through.
+    const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
     let make = || async {
-        Arc::new(RedisBackend::connect(&url).await.expect("connect")) as Arc<dyn Backend>
+        Arc::new(
+            RedisBackend::builder(&url)
+                .response_timeout(RESPONSE_TIMEOUT)
+                .connect()
+                .await
+                .expect("connect"),
+        ) as Arc<dyn Backend>
     };
     let key = fresh_key("stopped");
     let holder = LockOptions::new(Duration::from_secs(60))
@@ -861,7 +892,7 @@ async fn a_waiting_caller_returns_by_its_deadline_when_the_server_stops_answerin
     drop(stopped);
     for (name, (took, taken)) in [("plain", plain), ("fair", fair)] {
         assert!(
-            took < wait + Duration::from_secs(2),
+            took < wait + Duration::from_secs(5) && took < RESPONSE_TIMEOUT,
             "a {name} caller with a wait of {wait:?} returned after {took:?}"
         );
         match taken {

@@ -118,9 +118,10 @@ async fn lock_and_hand_over(backend: Arc<dyn Backend>, label: &str) {
         .expect("release");
 }
 
-/// A loopback port nothing listens on.
+/// A loopback port that refuses connections for the rest of the run (one
+/// found free and let go could be taken by another test's server).
 fn closed_port() -> u16 {
-    redis_support::free_port(false)
+    support::refused_port()
 }
 
 // ---------------------------------------------------------------- Redis

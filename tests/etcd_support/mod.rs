@@ -54,30 +54,6 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local addr").port()
 }
 
-/// A loopback port that refuses every connection for as long as this
-/// lives: bound and never listened on, so no server of another test can
-/// take it meanwhile, as it can a port found free and let go (a "down
-/// member" that another test's server answered on gave an h2 protocol
-/// error instead of a refused connection).
-pub struct RefusedPort {
-    _socket: tokio::net::TcpSocket,
-    pub port: u16,
-}
-
-impl RefusedPort {
-    pub fn new() -> Self {
-        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
-        socket
-            .bind("127.0.0.1:0".parse().expect("an address"))
-            .expect("bind a loopback port");
-        let port = socket.local_addr().expect("local addr").port();
-        Self {
-            _socket: socket,
-            port,
-        }
-    }
-}
-
 /// A fresh random text, for key prefixes and cluster tokens.
 pub fn random_word() -> String {
     OwnerId::random().expect("random").to_string()

@@ -13,6 +13,44 @@ use std::time::Duration;
 #[allow(unused_imports)] // each test binary uses some of them
 pub use dlock_runtime::conformance::{CountingBackend, spawn_waiter, within};
 
+/// A loopback port that refuses every connection for as long as this
+/// lives: bound and never listened on, so no server of another test can
+/// take it meanwhile, as it can a port found free and let go (a "down
+/// member" that another test's server answered on gave an h2 protocol
+/// error instead of a refused connection; a "closed" Redis or PostgreSQL
+/// port can likewise be taken by another test binary's server).
+pub struct RefusedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+impl RefusedPort {
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("an address"))
+            .expect("bind a loopback port");
+        let port = socket.local_addr().expect("local addr").port();
+        Self {
+            _socket: socket,
+            port,
+        }
+    }
+}
+
+/// The port of a [`RefusedPort`] kept for the rest of this test binary's
+/// run: for a helper that hands out bare port numbers (each call a port
+/// of its own).
+pub fn refused_port() -> u16 {
+    static KEPT: std::sync::Mutex<Vec<RefusedPort>> = std::sync::Mutex::new(Vec::new());
+    let refused = RefusedPort::new();
+    let port = refused.port;
+    KEPT.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(refused);
+    port
+}
+
 /// Re-runs this test binary as a child process playing `role` (see
 /// [`child_command`]), with its stdin and stdout piped to the caller.
 pub fn spawn_child(env_var: &str, role: &str, args: &[&str]) -> std::process::Child {

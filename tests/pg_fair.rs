@@ -569,18 +569,23 @@ async fn a_fair_writer_is_not_starved_by_readers_that_keep_joining_their_process
 
 /// A fair waiter granted on a kept fair session whose record of an earlier
 /// lease of the key is still there (waiting for its batch delete), whose
-/// new record a DBA's trigger skips (`RETURN NULL`) or keeps as it was
-/// (`RETURN OLD`): the key is never read with the earlier lease's record,
+/// new record a DBA's trigger skips (`RETURN NULL`), keeps as it was
+/// (`RETURN OLD`) or moves to another `lock_id`: the key is never read with
+/// the earlier lease's record,
 /// a force release naming that lease ends nothing, and the waiter gets
 /// the key without a record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_grant_whose_record_a_trigger_skips_is_never_read_with_an_earlier_record() {
-    for trigger in ["RETURN NULL;", "RETURN OLD;"] {
-        fair_grant_under_a_trigger_on_updates(trigger).await;
+    for (event, body) in [
+        ("UPDATE", "RETURN NULL;"),
+        ("UPDATE", "RETURN OLD;"),
+        ("INSERT", "NEW.lock_id := NEW.lock_id # 1; RETURN NEW;"),
+    ] {
+        fair_grant_under_a_trigger(event, body).await;
     }
 }
 
-async fn fair_grant_under_a_trigger_on_updates(body: &str) {
+async fn fair_grant_under_a_trigger(event: &str, body: &str) {
     let schema = pg_support::ScratchSchema::new("fair");
     let key = fresh_key("skipped");
     let admin = shared_client().await;
@@ -614,12 +619,12 @@ async fn fair_grant_under_a_trigger_on_updates(body: &str) {
         .batch_execute(&format!(
             "CREATE FUNCTION {s}.audit() RETURNS trigger LANGUAGE plpgsql AS \
              $$BEGIN {body} END$$; \
-             CREATE TRIGGER audit BEFORE UPDATE ON {s}.dlock_holders \
+             CREATE TRIGGER audit BEFORE {event} ON {s}.dlock_holders \
              FOR EACH ROW EXECUTE FUNCTION {s}.audit()",
             s = schema.name
         ))
         .await
-        .expect("the DBA adds a trigger on updates");
+        .expect("the DBA adds a trigger");
     let lease = served("the second waiter queues").await;
     let shown = reader.holder(&key).await.expect("read");
     assert!(

@@ -2036,6 +2036,12 @@ enum Trigger {
     KeepsOldRows,
     /// A `BEFORE` trigger that blanks the time of every row written.
     BlanksSince,
+    /// A `BEFORE INSERT` trigger that moves each new row to another
+    /// `lock_id` (a DBA "fixing" the ids).
+    MovesRows,
+    /// A `BEFORE UPDATE` trigger that keeps a row's identity and holder as
+    /// they were.
+    KeepsIdentity,
 }
 
 impl Trigger {
@@ -2068,6 +2074,16 @@ impl Trigger {
             Trigger::BlanksSince => (
                 "TRIGGER audit BEFORE INSERT OR UPDATE".to_owned(),
                 "NEW.since := NULL; RETURN NEW;".to_owned(),
+            ),
+            Trigger::MovesRows => (
+                "TRIGGER audit BEFORE INSERT".to_owned(),
+                "NEW.lock_id := NEW.lock_id # 1; RETURN NEW;".to_owned(),
+            ),
+            Trigger::KeepsIdentity => (
+                "TRIGGER audit BEFORE UPDATE".to_owned(),
+                "NEW.identity := COALESCE(OLD.identity, NEW.identity); \
+                 NEW.holder := COALESCE(OLD.holder, NEW.holder); RETURN NEW;"
+                    .to_owned(),
             ),
             Trigger::RaisesOnDelete { after } => (
                 format!(
@@ -2231,16 +2247,20 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
     }
 }
 
-/// A DBA's trigger that keeps the old row of a key (`RETURN OLD`), or
-/// blanks the time of a row written, never has a lease read with another
-/// lease's record: a lock statement counts its record written only when
-/// the row holds its token and its session. A lease with an identity is
+/// A DBA's trigger that keeps the old row of a key (`RETURN OLD`), moves
+/// a new row to another `lock_id`, or blanks the time of a row written,
+/// never has a lease read with another lease's record: a lock statement
+/// counts its record written only when the row holds what it wrote. A lease with an identity is
 /// read with its own token or refused; one without is read with its own
 /// or as unknown; a force release naming the released lease ends nothing,
 /// and every lease of the session lives on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trigger_that_keeps_old_rows_or_blanks_their_time_never_shows_another_leases_record() {
-    for trigger in [Trigger::KeepsOldRows, Trigger::BlanksSince] {
+    for trigger in [
+        Trigger::KeepsOldRows,
+        Trigger::BlanksSince,
+        Trigger::MovesRows,
+    ] {
         let schema = ScratchSchema::new("trigger");
         let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
         let operator = connect(schema.options()).await;
@@ -2281,6 +2301,58 @@ async fn a_trigger_that_keeps_old_rows_or_blanks_their_time_never_shows_another_
         assert_renew(&holder, &leases, &case).await;
         give_back(&holder, &key, &owner).await;
     }
+}
+
+/// A DBA's trigger that keeps a record's identity as it was never has a
+/// new holder read with a dead one's identity: a holder whose session died
+/// left its record, the next holder's write keeps the old identity, and
+/// the lock statement, finding its record not as it wrote it, refuses the
+/// lease with an identity rather than have it read as the dead holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_that_keeps_an_old_identity_never_shows_it_for_a_new_holder() {
+    let schema = ScratchSchema::new("trigger");
+    let admin = shared_client().await;
+    let (dead, next) = two_instances(&schema).await;
+    let reader = connect(schema.options()).await;
+    let key = fresh_key("kept-identity");
+    take(
+        &dead,
+        &key,
+        &OwnerId::random().expect("owner"),
+        Some("node-a"),
+    )
+    .await
+    .expect("free");
+    let pid: i32 = admin
+        .query_one(
+            "SELECT l.pid FROM pg_locks AS l, \
+                    (SELECT hashtextextended($1::text, 0) AS h) AS k \
+             WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ExclusiveLock' \
+               AND l.classid::int8 = ((k.h >> 32) & 4294967295) \
+               AND l.objid::int8 = (k.h & 4294967295) AND l.objsubid = 1",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("the holder's session")
+        .get(0);
+    admin
+        .execute("SELECT pg_terminate_backend($1, 5000)", &[&pid])
+        .await
+        .expect("its session ends");
+    Trigger::KeepsIdentity.add(&admin, &schema.name).await;
+
+    let taken = take(
+        &next,
+        &key,
+        &OwnerId::random().expect("owner"),
+        Some("node-b"),
+    )
+    .await;
+    let shown = reader.holder(&key).await.expect("read");
+    assert!(
+        shown.as_ref().and_then(|h| h.identity.as_deref()) != Some("node-a"),
+        "the new holder ({taken:?}) is read as the dead one: {shown:?}"
+    );
 }
 
 /// A lock statement whose commit waits for a lock past the session's

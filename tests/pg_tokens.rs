@@ -1244,11 +1244,8 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
     let (held_key, colliding) = colliding_keys(&admin).await;
     let (timed_held, timed_colliding) = colliding_keys(&admin).await;
     let lone = fresh_key("statement-timeout");
-    // Without holder records: the lock statement draws once it holds the
-    // lock. (One that records takes the lock last, and its lock timeout
-    // may be its commit's, after that: see `pg_holder`.)
     let backend: Arc<dyn Backend> = Arc::new(
-        PgBackend::connect_with(&conn(), scratch.options().sessions(1).record_holders(false))
+        PgBackend::connect_with(&conn(), scratch.options().sessions(1))
             .await
             .expect("connect"),
     );

@@ -439,6 +439,13 @@ impl Inner {
                 // only after it is the one case left: a 64-bit collision
                 // of two keys taken at that instant on one session.)
                 if !session.claim(advisory_key) {
+                    if recording {
+                        // A recording statement never takes the session
+                        // lock of an advisory key another lease of the
+                        // session holds (see `sql::TRY_LOCK_RECORDING` on
+                        // `already`): this one took nothing.
+                        return;
+                    }
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \
                          lock, and a lease of another key with the same advisory key holds it on \

@@ -487,14 +487,18 @@ pub(super) fn force_release_named(
 /// one), the holder record (`$5`: the client's host, pid and label,
 /// [`HolderInfo::encode`](crate::HolderInfo::encode)) and the server's time
 /// of acquisition (`now()`, the statement's start). Returns the advisory
-/// key, the token (NULL: held by someone else), the time of the row it
+/// key, the token (NULL: held by someone else, or by another lease of this
+/// session), the time of the row it
 /// wrote, `already` (see below) and `wrote`: whether the row the upsert
 /// returns holds the token drawn and this session's pid. A token with
 /// neither `wrote` nor `already` is a write that a DBA's trigger or rule
-/// skipped, and the backend gives the lock back: a `BEFORE` trigger that
-/// keeps the old row (`RETURN OLD`) returns another lease's row, with its
-/// time; one that blanks the time leaves the row this statement's all the
-/// same.
+/// skipped or changed, and the backend gives the lock back: `wrote` asks
+/// that the row hold every value a reader believes (its `lock_id`, key,
+/// token, session, identity and holder), so a `BEFORE` trigger that keeps
+/// the old row (`RETURN OLD`), moves the row to another `lock_id` or keeps
+/// an old identity is caught; one that blanks the time leaves the row this
+/// statement's all the same. What an `AFTER` trigger changes later in the
+/// statement, no statement can see.
 ///
 /// `holder_token` repeats the token, for a reader to tell a holder record
 /// this statement wrote from one left behind: a dlock that predates the
@@ -514,11 +518,14 @@ pub(super) fn force_release_named(
 /// to get the same pid from being taken for it.
 ///
 /// `already` (`$6`): advisory locks are re-entrant, so
-/// `pg_try_advisory_lock` also says yes when this session already holds
-/// the advisory key for a lease of another key with the same 64-bit hash
-/// (which the backend then refuses in process and gives back). Nothing is
-/// recorded then: the record would name a lease that does not exist, over
-/// the holder's own. The backend knows which advisory keys its leases hold
+/// `pg_try_advisory_xact_lock` also says yes when this session already
+/// holds the advisory key for a lease of another key with the same 64-bit
+/// hash. Nothing is recorded then (the record would name a lease that does
+/// not exist, over the holder's own), and the session lock is not taken:
+/// the answer is no token, held. So at most one lock statement of a
+/// session holds an advisory key's session lock at a time, and one that
+/// fails while another lease of the session holds the key left nothing to
+/// undo. The backend knows which advisory keys its leases hold
 /// on the session, and, once it has seen a key's advisory key, passes the
 /// answer; NULL (a key not seen yet) has the statement read it from
 /// `pg_locks` before the lock is tried, a scan of the lock table that
@@ -598,14 +605,22 @@ recorded AS (
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
-  RETURNING r.token, r.pid, r.since
+  RETURNING r.lock_id, r.key, r.token, r.holder_token, r.pid, r.session_start, r.identity,
+            r.holder, r.since
 )
-SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
+SELECT s.h, CASE WHEN s.token IS NOT NULL AND NOT s.already
+                      AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
                  THEN s.token END,
        s.since, s.already, COALESCE(s.wrote, false)
 FROM (SELECT t.h, t.token, t.already, (SELECT recorded.since FROM recorded) AS since,
-             (SELECT recorded.token OPERATOR(pg_catalog.=) t.token
+             (SELECT recorded.lock_id OPERATOR(pg_catalog.=) t.h
+                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
+                     AND recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
                      AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
+                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
+                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text
               FROM recorded) AS wrote
       FROM t OFFSET 0) AS s"
 );
@@ -964,14 +979,21 @@ recorded AS (
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
       holder = EXCLUDED.holder, holder_token = EXCLUDED.holder_token, since = EXCLUDED.since
-  RETURNING r.token, r.pid, r.since
+  RETURNING r.lock_id, r.key, r.token, r.holder_token, r.pid, r.session_start, r.identity,
+            r.holder, r.since
 )
 SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
                  THEN s.token END,
        s.since, COALESCE(s.wrote, false)
 FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since,
-             (SELECT recorded.token OPERATOR(pg_catalog.=) t.token
+             (SELECT recorded.lock_id OPERATOR(pg_catalog.=) t.h
+                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
+                     AND recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
                      AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
+                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
+                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text
               FROM recorded) AS wrote
       FROM t OFFSET 0) AS s"
 );

@@ -2355,6 +2355,84 @@ async fn a_trigger_that_keeps_an_old_identity_never_shows_it_for_a_new_holder() 
     );
 }
 
+/// A recording lock statement that fails after its last step, sent right
+/// behind a plain lock statement of a key with the same 64-bit hash on the
+/// same session, never leaves the hash held once its leases are gone: the
+/// backend cannot tell which of the two holds it took, so it ends the
+/// session rather than keep a hold nobody owns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_recording_lock_behind_a_colliding_plain_one_leaves_nothing_held() {
+    let schema = ScratchSchema::new("trigger");
+    // Leases without an identity go plain, those with one record.
+    let backend = connect(schema.options().sessions(1).record_holders(false)).await;
+    let admin = shared_client().await;
+    let (a, b) = colliding_keys(&format!(":{}", random_id()));
+    let (a, b) = (
+        LockKey::new(a).expect("a key"),
+        LockKey::new(b).expect("a key"),
+    );
+    // The session learns b's advisory key, so it tells the statement
+    // whether it holds it.
+    let owner = OwnerId::random().expect("owner");
+    take(&backend, &b, &owner, Some("ok")).await.expect("free");
+    give_back(&backend, &b, &owner).await;
+    admin
+        .batch_execute(&format!(
+            "CREATE FUNCTION {s}.validate() RETURNS trigger LANGUAGE plpgsql AS \
+             $$BEGIN IF NEW.identity = 'refused' THEN RAISE EXCEPTION 'identity refused'; \
+             END IF; RETURN NULL; END$$; \
+             CREATE TRIGGER validate AFTER INSERT OR UPDATE ON {s}.dlock_holders \
+             FOR EACH ROW EXECUTE FUNCTION {s}.validate()",
+            s = schema.name
+        ))
+        .await
+        .expect("the DBA adds a trigger");
+    for round in 0..5 {
+        let (plain_owner, owner) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        let plain = {
+            let (backend, a) = (backend.clone(), a.clone());
+            tokio::spawn(async move {
+                backend
+                    .try_acquire(&AcquireRequest::new(
+                        &a,
+                        &plain_owner,
+                        Duration::from_secs(30),
+                    ))
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let refused = backend
+            .try_acquire(
+                &AcquireRequest::new(&b, &owner, Duration::from_secs(30))
+                    .with_identity(Some("refused")),
+            )
+            .await;
+        // Refused by the trigger, or held by the plain lease.
+        assert!(
+            !matches!(refused, Ok(Attempt::Acquired(_))),
+            "round {round}: {refused:?}"
+        );
+        if let Ok(Attempt::Acquired(_)) = plain.await.expect("task") {
+            // Released, or lost with its session: either way let go.
+            let _ = backend
+                .release(&ReleaseRequest::new(&a, &plain_owner))
+                .await;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while held_on_the_server(&admin, &a).await && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            !held_on_the_server(&admin, &a).await,
+            "round {round}: the hash stays held with no lease of it left"
+        );
+    }
+}
+
 /// A lock statement whose commit waits for a lock past the session's
 /// `lock_timeout` after its last step (a DBA's deferred unique constraint
 /// checked against a row another transaction writes: no function named in

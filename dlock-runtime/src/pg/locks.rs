@@ -59,11 +59,20 @@ impl Inner {
                 continue;
             }
             let mut flight = None;
+            // Whether the statement was told the session holds the key's
+            // advisory key already, so that it took no session lock.
+            let mut told_already = false;
             let answer = match recording {
-                None => session
-                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
-                    .await
-                    .map(|row| (Ok(row), false)),
+                None => {
+                    // Counted in flight as a recording statement is: one
+                    // sent behind it is told it may hold the advisory key.
+                    let (_, flying) = session.already_holds(key.as_str());
+                    flight = Some(flying);
+                    session
+                        .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
+                        .await
+                        .map(|row| (Ok(row), false))
+                }
                 Some(started) => {
                     match session
                         .recording(
@@ -76,6 +85,7 @@ impl Inner {
                         Ok(statements) => {
                             let (already, flying) = session.already_holds(key.as_str());
                             flight = Some(flying);
+                            told_already = already == Some(true);
                             session
                                 .query_one(
                                     &statements.try_lock,
@@ -182,8 +192,14 @@ impl Inner {
                     // A session lock outlives the statement that took it, so a
                     // failure after `pg_try_advisory_lock` leaves the lock held.
                     if !err.is_closed() && !session.is_ended() {
-                        Box::pin(self.undo_failed_lock(&session, key, &err, recording.is_some()))
-                            .await;
+                        let undo = self.undo_failed_lock(
+                            &session,
+                            key,
+                            &err,
+                            recording.is_some(),
+                            told_already,
+                        );
+                        Box::pin(undo).await;
                     }
                     err
                 }
@@ -403,14 +419,20 @@ impl Inner {
     /// it before a later step failed. Only what this attempt took: a plain
     /// unlock of the advisory key drops one hold, which, if this attempt
     /// took none, is the hold of another lease of this session whose key
-    /// has the same 64-bit hash.
+    /// has the same 64-bit hash. A recording statement `told_already`
+    /// (see `sql::TRY_LOCK_RECORDING` on `already`) took no session lock:
+    /// nothing to undo.
     pub(super) async fn undo_failed_lock(
         &self,
         session: &LockSession,
         key: &LockKey,
         err: &tokio_postgres::Error,
         recording: bool,
+        told_already: bool,
     ) {
+        if recording && told_already {
+            return;
+        }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
         match sql::lock_left_by(err, recording) {
@@ -439,13 +461,6 @@ impl Inner {
                 // only after it is the one case left: a 64-bit collision
                 // of two keys taken at that instant on one session.)
                 if !session.claim(advisory_key) {
-                    if recording {
-                        // A recording statement never takes the session
-                        // lock of an advisory key another lease of the
-                        // session holds (see `sql::TRY_LOCK_RECORDING` on
-                        // `already`): this one took nothing.
-                        return;
-                    }
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \
                          lock, and a lease of another key with the same advisory key holds it on \

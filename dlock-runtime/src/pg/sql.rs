@@ -522,10 +522,10 @@ pub(super) fn force_release_named(
 /// holds the advisory key for a lease of another key with the same 64-bit
 /// hash. Nothing is recorded then (the record would name a lease that does
 /// not exist, over the holder's own), and the session lock is not taken:
-/// the answer is no token, held. So at most one lock statement of a
-/// session holds an advisory key's session lock at a time, and one that
-/// fails while another lease of the session holds the key left nothing to
-/// undo. The backend knows which advisory keys its leases hold
+/// the answer is no token, held. A statement the backend told so (`$6`
+/// true) that fails took nothing, and the backend undoes nothing; one that
+/// read `pg_locks` itself may have taken the lock, and its undo is the
+/// claim-guarded one (see `undo_failed_lock`). The backend knows which advisory keys its leases hold
 /// on the session, and, once it has seen a key's advisory key, passes the
 /// answer; NULL (a key not seen yet) has the statement read it from
 /// `pg_locks` before the lock is tried, a scan of the lock table that

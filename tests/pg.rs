@@ -1033,7 +1033,7 @@ async fn a_backend_whose_runtime_shut_down_frees_what_it_held_and_works_from_ano
     assert!(matches!(lost, LockError::LeaseLost { .. }), "{lost:?}");
     let observer = raw_client().await;
     assert!(
-        pg_support::free_on_the_server(&observer, &key).await,
+        pg_support::freed_on_the_server(&observer, &key).await,
         "the key is still held on the server"
     );
     drop(lease);

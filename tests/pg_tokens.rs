@@ -8,7 +8,7 @@
 mod pg_support;
 mod support;
 
-use pg_support::free_on_the_server;
+use pg_support::{free_on_the_server, freed_on_the_server};
 use std::sync::Arc;
 use std::time::Duration;
 use support::within;
@@ -800,7 +800,7 @@ async fn a_sequence_altered_to_cache_20_under_open_sessions_is_refused_at_the_ne
             "{text}"
         );
         assert!(
-            free_on_the_server(&admin, &key).await,
+            freed_on_the_server(&admin, &key).await,
             "a refused draw left {key} held"
         );
     }
@@ -845,7 +845,7 @@ async fn a_sequence_set_far_ahead_under_open_sessions_is_refused_at_the_next_acq
         "{text}"
     );
     assert!(
-        free_on_the_server(&admin, &key).await,
+        freed_on_the_server(&admin, &key).await,
         "a refused draw left {key} held"
     );
 }
@@ -883,7 +883,7 @@ async fn transaction_locks_refuse_a_cache_20_sequence_and_leave_the_key_free() {
             "{text}"
         );
         tx.rollback().await.expect("rollback");
-        assert!(free_on_the_server(&admin, &key).await, "{key} left held");
+        assert!(freed_on_the_server(&admin, &key).await, "{key} left held");
     }
 }
 
@@ -1226,7 +1226,7 @@ async fn a_lock_statement_failing_before_it_locks_leaves_another_key_with_the_sa
     );
     assert!(held.check().is_ok(), "{:?}", held.check());
     held.release().await.expect("release");
-    assert!(free_on_the_server(&admin, &held_key).await);
+    assert!(freed_on_the_server(&admin, &held_key).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1299,7 +1299,7 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
     let text = attempt.expect_err("the statement timed out").to_string();
     assert!(text.contains("statement timeout"), "{text}");
     assert!(
-        free_on_the_server(&observer, &lone).await,
+        freed_on_the_server(&observer, &lone).await,
         "a timed-out lock statement left its lock held"
     );
     assert!(timed.check().is_ok(), "{:?}", timed.check());
@@ -1320,12 +1320,12 @@ async fn a_lock_statement_failing_after_it_locked_drops_only_its_own_hold() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        free_on_the_server(&observer, &timed_held).await,
+        freed_on_the_server(&observer, &timed_held).await,
         "the ended session's lock is gone with it"
     );
     tx.commit().await.expect("commit the ALTER");
 
     held.release().await.expect("release");
-    assert!(free_on_the_server(&observer, &held_key).await);
-    assert!(free_on_the_server(&observer, &colliding).await);
+    assert!(freed_on_the_server(&observer, &held_key).await);
+    assert!(freed_on_the_server(&observer, &colliding).await);
 }

@@ -32,6 +32,27 @@ pub async fn free_on_the_server(
         .get(0)
 }
 
+/// Whether `key`'s advisory lock is free, or is freed within 5 s. A lock
+/// statement that failed took the key's lock for its transaction at least,
+/// and the server lets go of a failed transaction's locks after it sent
+/// the error, so a check made at once may find that lock still there: a
+/// lock left behind for good stays past the 5 s.
+pub async fn freed_on_the_server(
+    client: &dlock::pg::tokio_postgres::Client,
+    key: &dlock::LockKey,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if free_on_the_server(client, key).await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The shared server (trust authentication), from `DLOCK_PG_URL`.
 pub fn shared_conn() -> String {
     std::env::var("DLOCK_PG_URL")

@@ -33,9 +33,9 @@ mod renewal;
 mod set;
 
 pub(crate) use acquire::acquire;
+use release::{Release, finish_detached};
 pub use set::LeaseSet;
 pub(crate) use set::acquire_many;
-use release::{Release, finish_detached};
 
 use crate::backend::{
     Access, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,

@@ -301,19 +301,24 @@ pub fn check_readers(history: &History, violations: &mut Vec<String>) -> ReadWri
                 .push(ev.t_us);
             lost
         });
-    // The reader leases now running: (process, token) -> BEGIN time.
-    let mut reading: HashMap<(usize, u64), u64> = HashMap::new();
+    // The reader leases now running: (process, token) -> (the process's
+    // line before its `BEGIN`, the `BEGIN`). The grant came after the
+    // former: a loaded machine may print `BEGIN` well after the grant, and
+    // a fault between the two ended the lease all the same.
+    let mut reading: HashMap<(usize, u64), (u64, u64)> = HashMap::new();
+    let mut previous_line: HashMap<usize, u64> = HashMap::new();
     for ev in &history.events {
         let id = (ev.process, ev.token);
+        let asked = previous_line.insert(ev.process, ev.t_us).unwrap_or(0);
         match ev.what.as_str() {
             "BEGIN" if ev.detail == "shared" => {
                 found.reader_leases += 1;
-                reading.insert(id, ev.t_us);
+                reading.insert(id, (asked, ev.t_us));
             }
             "BEGIN" => found.writer_leases += 1,
             "READ" if reading.contains_key(&id) => found.reads_accepted += 1,
             "RSTALE" => {
-                let Some(&begin) = reading.get(&id) else {
+                let Some(&(asked, begin)) = reading.get(&id) else {
                     continue; // a writer's refused read: the lock checks
                 };
                 found.readers_refused += 1;
@@ -323,7 +328,7 @@ pub fn check_readers(history: &History, violations: &mut Vec<String>) -> ReadWri
                     .next()
                     .and_then(|h| h.parse().ok())
                     .unwrap_or(0);
-                let (from, to) = (begin, ev.t_us);
+                let (from, to) = (asked, ev.t_us);
                 let touched = |a: u64, b: u64| a <= to && b >= from;
                 if writer_tokens.contains(&highest) && highest > ev.token {
                     found.refused_by_a_writer += 1;
@@ -339,7 +344,7 @@ pub fn check_readers(history: &History, violations: &mut Vec<String>) -> ReadWri
                         .iter()
                         .any(|c| c.process == ev.process && touched(c.from_us, c.to_us))
                     || history.server_faults.iter().any(|&(a, b)| touched(a, b))
-                    || to.saturating_sub(from) >= TTL.as_micros() as u64 / 2
+                    || to.saturating_sub(begin) >= TTL.as_micros() as u64 / 2
                 {
                     found.refused_excused += 1;
                 } else {
@@ -555,5 +560,30 @@ mod tests {
         lines.push((2, "EV 33 LOST 5"));
         let verdict = check(&read_write(&lines, "0:0"));
         assert!(verdict.is_safe(), "{:?}", verdict.violations);
+    }
+
+    #[test]
+    fn read_write_checker_excuses_a_reader_whose_lease_a_fault_hit_before_its_begin_line() {
+        // Reader 5 was granted after its process's line at 25 and printed
+        // `BEGIN` at 30; the key was broken at 27, in between, and a new
+        // phase (7) refuses it. Excused: the fault ended its phase.
+        let lines = vec![
+            (2, "EV 25 END 4"),
+            (2, "EV 30 BEGIN 5 shared"),
+            (1, "EV 31 BEGIN 7 shared"),
+            (1, "EV 32 READ 7 0:0"),
+            (2, "EV 33 RSTALE 5 7"),
+            (2, "EV 34 END 5"),
+            (1, "EV 35 END 7"),
+        ];
+        let mut h = read_write(&lines, "0:0");
+        h.server_faults = vec![(27, 28)];
+        let verdict = check(&h);
+        assert!(verdict.is_safe(), "{:?}", verdict.violations);
+        // A fault before the process's line at 25 excuses nothing.
+        h.server_faults = vec![(20, 21)];
+        let verdict = check(&h);
+        let rw = verdict.read_write.as_ref().expect("a read-write verdict");
+        assert_eq!(rw.current_readers_refused, 1, "{:?}", verdict.violations);
     }
 }

@@ -1437,7 +1437,12 @@ async fn a_dba_lock_on_the_holders_table_does_not_depose_a_leader() {
     let mut plain = 0;
     while Instant::now() < locked_until {
         let other = fresh_key("dba-lock-plain");
-        within(5, "a plain acquire and release on the session", async {
+        // A hang guard, not a bound: the first acquisition waits the
+        // lock_timeout for the table, then undoes what its statement may
+        // have taken (two round trips) and locks without a record, and
+        // each of these statements may queue behind one of the leader's
+        // renewals on the session, which waits the lock_timeout as well.
+        within(15, "a plain acquire and release on the session", async {
             LockOptions::new(Duration::from_secs(10))
                 .acquire_on(backend.clone(), other.as_str())
                 .await

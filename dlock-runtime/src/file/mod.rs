@@ -68,6 +68,10 @@
 //! [`Backend::held`] reads the directory: every state file whose key starts
 //! with the prefix and whose holder is live. Files that are not state files
 //! of this backend are skipped.
+//!
+//! Over 700 lines: the attempt, renewal and release paths share one locked
+//! read-modify-write of the key's state file and are kept together; the fair
+//! queue, the holder reads and the state format have modules of their own.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions, TryLockError};

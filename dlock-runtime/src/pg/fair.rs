@@ -71,6 +71,10 @@
 //! for another reason is handled as a plain lock statement's failure is
 //! (the sequence restored, the record left out), and otherwise answered as
 //! an error to the owner's next attempt.
+//!
+//! Over 700 lines: the PostgreSQL backend is being redesigned (no record per
+//! acquisition), which removes most of the recording paths here; it is split
+//! then, not before.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -28,6 +28,10 @@
 //!
 //! A table the role cannot use costs leases without an identity their
 //! record, never their lock (see [`Inner::may_record`]).
+//!
+//! Over 700 lines: the table of holder records, its migration and its reads;
+//! the redesign of the PostgreSQL backend drops the per-acquisition record and
+//! most of this file.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

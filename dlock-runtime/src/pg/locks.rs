@@ -1,6 +1,10 @@
 //! Taking and dropping one key's session advisory lock: the lock statement
 //! and its token, the in-process claim, undoing a failed statement, giving
 //! back a lock nobody owns, and the clean-up of work cut short.
+//!
+//! Over 700 lines: the lock statement's answer handling and its undo belong
+//! together; the redesign of the PostgreSQL backend removes the recording
+//! paths.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

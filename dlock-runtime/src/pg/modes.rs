@@ -27,6 +27,10 @@
 //! attempts of one key take turns in process and skip the slots this
 //! process holds, so a slot is never granted twice through a re-entrant
 //! session.
+//!
+//! Over 700 lines: shared locks and permits on advisory locks, both modes
+//! sharing one group bookkeeping; the redesign of the PostgreSQL backend splits
+//! it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};

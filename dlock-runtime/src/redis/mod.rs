@@ -268,6 +268,11 @@
 //! `SENTINEL master` (or `get-master-addr-by-name`, without the epoch
 //! check) and the data nodes also `ROLE` (add
 //! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
+//!
+//! Over 700 lines: the backend's operations each pair a script with the
+//! handling of its answer and its errors; the scripts, the builder, the
+//! subscriber and the key space have modules of their own. Splitting the
+//! operations by mode is the next seam.
 
 mod builder;
 mod commands;

@@ -32,6 +32,10 @@
 //! whether the primary is still that one. A primary demoted without its
 //! clients' connections being closed would otherwise keep the
 //! subscriptions: its connection is retired and the waiters look again.
+//!
+//! Over 700 lines: one connection's state machine (subscribe, confirm, health
+//! pings, reconnect) whose states share one lock; split, its invariants would
+//! be read across files.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;

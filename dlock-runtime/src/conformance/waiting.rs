@@ -412,8 +412,11 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
     // The first waiter: woken first, then stuck in its attempt and cancelled.
     let stuck = CountingBackend::new(backend.clone());
     let first = spawn_waiter(stuck.clone(), &key, 60, 30);
+    // Its look after subscribing answered `Held`: only a release wakes it
+    // now. (Counted at its start, that look could still be on its way to
+    // the store, and be granted the key the release frees.)
     within(10, "the first waiter to start waiting", async {
-        while stuck.attempts() < 2 {
+        while stuck.answered() < 2 {
             sleep(Duration::from_millis(10)).await;
         }
     })
@@ -423,7 +426,7 @@ pub async fn a_woken_waiter_cancelled_before_its_attempt_does_not_swallow_the_re
     let patient = CountingBackend::new(backend.clone());
     let second = spawn_waiter(patient.clone(), &key, 60, 8);
     within(10, "the second waiter to start waiting", async {
-        while patient.attempts() < 2 {
+        while patient.answered() < 2 {
             sleep(Duration::from_millis(10)).await;
         }
     })

@@ -2450,6 +2450,96 @@ async fn a_failed_recording_lock_behind_a_colliding_plain_one_leaves_nothing_hel
     }
 }
 
+/// A lock statement that fails without saying whether it took the lock
+/// (it waited past the session's `lock_timeout` for a DBA's lock on the
+/// table of records) never drops the fresh hold of a plain lock statement
+/// of a colliding key sent behind it on the same session, whose caller has
+/// not read the answer yet: that lease, once told held, holds the key on
+/// the server, or is told it is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_lock_never_drops_the_unclaimed_hold_of_a_colliding_statement_behind_it() {
+    let schema = ScratchSchema::new("collide");
+    // A lock_timeout of 5 s: the statement ahead waits that long.
+    let options = schema.options().sessions(1).record_holders(false);
+    let options = options.server_idle_timeout(None);
+    let backend = connect(options.liveness_interval(Duration::from_secs(10))).await;
+    let (a, b) = colliding_keys(&format!(":{}", random_id()));
+    let (a, b) = (
+        LockKey::new(a).expect("a key"),
+        LockKey::new(b).expect("a key"),
+    );
+    // The session learns both advisory keys; b's lease, with an identity,
+    // makes the table of records.
+    for (key, identity) in [(&a, None), (&b, Some("node-b"))] {
+        let owner = OwnerId::random().expect("owner");
+        take(&backend, key, &owner, identity).await.expect("free");
+        give_back(&backend, key, &owner).await;
+    }
+    let dba = shared_client().await;
+    dba.batch_execute(&format!("BEGIN; LOCK TABLE {}.dlock_holders", schema.name))
+        .await
+        .expect("the DBA locks the table");
+    let recording = {
+        let (backend, b) = (backend.clone(), b.clone());
+        tokio::spawn(async move {
+            let owner = OwnerId::random().expect("owner");
+            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
+                .with_identity(Some("node-b"));
+            backend.try_acquire(&request).await
+        })
+    };
+    let admin = shared_client().await;
+    let waiting = format!(
+        "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted \
+         AND relation = '{}.dlock_holders'::regclass)",
+        schema.name
+    );
+    // (Or it is over already, on a machine slow enough to spend 5 s here.)
+    within(30, "the recording statement waits", async {
+        while !recording.is_finished()
+            && !admin
+                .query_one(&waiting, &[])
+                .await
+                .expect("read pg_locks")
+                .get::<_, bool>(0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let plain_owner = OwnerId::random().expect("owner");
+    let request = AcquireRequest::new(&a, &plain_owner, Duration::from_secs(30));
+    let mut plain = std::pin::pin!(backend.try_acquire(&request));
+    // Sent behind the waiting statement, then not read until that one
+    // failed and was undone.
+    tokio::select! {
+        answer = &mut plain => panic!("answered before the statement ahead of it: {answer:?}"),
+        () = tokio::time::sleep(Duration::from_millis(300)) => {}
+    }
+    let refused = recording.await.expect("task");
+    assert!(
+        !matches!(refused, Ok(Attempt::Acquired(_))),
+        "the table was locked: {refused:?}"
+    );
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
+    if let Ok(Attempt::Acquired(grant)) = plain.await {
+        // Not held, then its session ended, and the lease hears so.
+        if !held_on_the_server(&admin, &a).await {
+            let loss = grant.loss.expect("a lease lost with its session");
+            let what = format!("`{a}` is told held and is not held on the server: its loss");
+            within(10, &what, async {
+                while !loss.is_ended() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+        }
+        let _ = backend
+            .release(&ReleaseRequest::new(&a, &plain_owner))
+            .await;
+    }
+}
+
 /// A lock statement whose commit waits for a lock past the session's
 /// `lock_timeout` after its last step (a DBA's deferred unique constraint
 /// checked against a row another transaction writes: no function named in

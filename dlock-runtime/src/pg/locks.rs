@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::home::NoRuntime;
-use super::session::{Failure, LockSession};
+use super::session::{Failure, InFlight, LockSession};
 use super::{Holding, Inner, KIND, State, sql, xact};
 use crate::backend::{Attempt, Grant, OwnerId};
 use crate::detach::{AbandonedWith, Ignore};
@@ -195,13 +195,16 @@ impl Inner {
                 Err(err) => {
                     // A session lock outlives the statement that took it, so a
                     // failure after `pg_try_advisory_lock` leaves the lock held.
-                    if !err.is_closed() && !session.is_ended() {
+                    if let Some(own) = &flight
+                        && !err.is_closed()
+                        && !session.is_ended()
+                    {
                         let undo = self.undo_failed_lock(
                             &session,
                             key,
                             &err,
-                            recording.is_some(),
-                            told_already,
+                            (recording.is_some(), told_already),
+                            own,
                         );
                         Box::pin(undo).await;
                     }
@@ -425,14 +428,14 @@ impl Inner {
     /// took none, is the hold of another lease of this session whose key
     /// has the same 64-bit hash. A recording statement `told_already`
     /// (see `sql::TRY_LOCK_RECORDING` on `already`) took no session lock:
-    /// nothing to undo.
+    /// nothing to undo. `own` counts the statement in flight.
     pub(super) async fn undo_failed_lock(
         &self,
         session: &LockSession,
         key: &LockKey,
         err: &tokio_postgres::Error,
-        recording: bool,
-        told_already: bool,
+        (recording, told_already): (bool, bool),
+        own: &InFlight,
     ) {
         if recording && told_already {
             return;
@@ -461,14 +464,15 @@ impl Inner {
                 // A claim of its own while it unlocks: a lease of another
                 // key with the same advisory key that the server grants on
                 // this session meanwhile cannot claim it, and gives its
-                // hold back. (One granted before the unlock but claiming
-                // only after it is the one case left: a 64-bit collision
-                // of two keys taken at that instant on one session.)
-                if !session.claim(advisory_key) {
+                // hold back. One granted before (its statement still in
+                // flight) or claimed already would lose its hold to this
+                // unlock: the claim is refused then.
+                if !session.claim_for_undo(advisory_key, own) {
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \
-                         lock, and a lease of another key with the same advisory key holds it on \
-                         this session: only ending the session surely drops what it took"
+                         lock, while a lease or another lock statement on this session may hold \
+                         the same advisory key: only ending the session surely drops what it \
+                         took"
                     ));
                     return;
                 }

@@ -651,6 +651,26 @@ impl LockSession {
             .insert(advisory_key)
     }
 
+    /// Claims `advisory_key` for the undo of a failed lock statement
+    /// (`own`: its in-flight mark) that cannot tell whether it took it.
+    /// False, and nothing claimed, when a lease holds it, or another lock
+    /// statement of it or of a key not seen yet waits for its answer on
+    /// this session: that statement may have a fresh hold of it, not yet
+    /// claimed, which the undo's one unlock would drop instead of its own.
+    pub(super) fn claim_for_undo(&self, advisory_key: i64, own: &InFlight) -> bool {
+        let mut claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
+        let flying = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let same = flying.keys.get(&advisory_key).copied().unwrap_or(0);
+        let same = same.saturating_sub(usize::from(own.advisory_key == Some(advisory_key)));
+        let unknown = flying
+            .unknown
+            .saturating_sub(usize::from(own.advisory_key.is_none()));
+        same == 0 && unknown == 0 && claimed.insert(advisory_key)
+    }
+
     /// Whether this session holds `key`'s advisory key already (for a
     /// lease of another key with the same hash), decided in process, for
     /// a lock statement about to be sent: `Some` when the session has seen

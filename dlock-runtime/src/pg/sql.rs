@@ -62,6 +62,25 @@ SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_tem
 pub(super) const ADVISORY_KEY: &str =
     "SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)";
 
+/// Whether the row a recording lock statement's upsert returned
+/// (`recorded`) is the one it meant to write, value by value: the key's
+/// advisory key, key, token (twice), session and its start, identity and
+/// holder, from the statement's parameters (`$1` key, `$3` identity, `$4`
+/// session start, `$5` holder) and the draw `t`. A `BEFORE` trigger that
+/// kept or changed the row is caught here.
+macro_rules! wrote_row {
+    () => {
+        "recorded.lock_id OPERATOR(pg_catalog.=) t.h
+                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
+                     AND recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
+                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
+                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text"
+    };
+}
+
 /// Draws a fencing token once the lock is taken, for the three lock
 /// statements below: `greatest(nextval, clock)`, the clock being the
 /// server's `clock_timestamp()` in microseconds since 1970 — the Redis
@@ -617,15 +636,9 @@ SELECT s.h, CASE WHEN s.token IS NOT NULL AND NOT s.already
                  THEN s.token END,
        s.since, s.already, COALESCE(s.wrote, false)
 FROM (SELECT t.h, t.token, t.already, (SELECT recorded.since FROM recorded) AS since,
-             (SELECT recorded.lock_id OPERATOR(pg_catalog.=) t.h
-                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
-                     AND recorded.token OPERATOR(pg_catalog.=) t.token
-                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
-                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
-                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
-                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text
-              FROM recorded) AS wrote
+             (SELECT ",
+    wrote_row!(),
+    " FROM recorded) AS wrote
       FROM t OFFSET 0) AS s"
 );
 
@@ -990,15 +1003,9 @@ SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) I
                  THEN s.token END,
        s.since, COALESCE(s.wrote, false)
 FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since,
-             (SELECT recorded.lock_id OPERATOR(pg_catalog.=) t.h
-                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
-                     AND recorded.token OPERATOR(pg_catalog.=) t.token
-                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
-                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
-                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
-                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
-                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text
-              FROM recorded) AS wrote
+             (SELECT ",
+    wrote_row!(),
+    " FROM recorded) AS wrote
       FROM t OFFSET 0) AS s"
 );
 

@@ -8,7 +8,6 @@ mod pg_support;
 mod support;
 
 use std::io::{BufRead as _, BufReader};
-use std::path::PathBuf;
 use std::process::Child;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -492,16 +491,9 @@ fn child_process_entry() {
     });
 }
 
-fn scratch_dir() -> PathBuf {
-    let id = OwnerId::random().expect("random");
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-pg-{id}"));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
-
 #[test]
 fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
-    let dir = scratch_dir();
+    let dir = support::ScratchDir::new("dlock-pg");
     let counter = dir.join("counter.txt");
     let counter_s = counter.to_str().expect("utf-8 path");
     let key = fresh_key("three-processes");
@@ -515,7 +507,6 @@ fn three_processes_never_hold_one_key_at_once_and_tokens_rise() {
         assert!(child.wait().expect("child exits").success());
     }
     support::check_counter_holds(lines, &counter, 3 * ROUNDS);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,6 @@
 mod pg_support;
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
@@ -667,7 +666,7 @@ async fn strip_tls(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_check_requires_tls_so_a_tls_stripping_proxy_gets_no_session() {
-    let certs = support_dir("strip");
+    let certs = support::ScratchDir::new("dlock-strip");
     support::make_test_certificates(&certs);
     for (verification, sslmode) in [
         (TlsVerification::PublicRoots, ""),
@@ -699,7 +698,6 @@ async fn a_certificate_check_requires_tls_so_a_tls_stripping_proxy_gets_no_sessi
             "{asked}: no plain-text session may be opened"
         );
     }
-    let _ = std::fs::remove_dir_all(&certs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -761,14 +759,6 @@ async fn encrypt_only_under_sslmode_prefer_is_downgraded_to_plain_text_by_a_tls_
         refused.to_string().contains("does not support TLS"),
         "{refused}"
     );
-}
-
-/// A fresh directory under the system's temporary directory.
-fn support_dir(label: &str) -> PathBuf {
-    let id = OwnerId::random().expect("random");
-    let dir = std::env::temp_dir().join(format!("dlock-{label}-{id}"));
-    std::fs::create_dir_all(&dir).expect("directory");
-    dir
 }
 
 /// Connects a plain client (as an application or a DBA would) and drives it.

@@ -418,17 +418,10 @@ fn run_mix_seeded(seed: u64, kind: &str, children: usize, seconds: u64, kills: b
     );
     assert!(count("write") > 0 && count("read") > 0 && count("permit") > 0);
     assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn tempfile_dir(kind: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dlock-review-mix-{kind}-{}-{}",
-        std::process::id(),
-        now_ns()
-    ));
-    std::fs::create_dir_all(&dir).expect("dir");
-    dir
+fn tempfile_dir(kind: &str) -> support::ScratchDir {
+    support::ScratchDir::new(&format!("dlock-review-mix-{kind}"))
 }
 
 #[test]
@@ -1007,7 +1000,6 @@ async fn tasks_of_one_process_mix_seeded(seed: u64, kind: &str) {
         bad.len()
     );
     assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -32,6 +31,7 @@ use super::rng::Rng;
 use super::worker::{self, PG_REGISTER_TABLE, TTL, WORKER_ENV, order_abandon};
 use super::{now_us, pg_conn, redis_url};
 use crate::redis_support::RedisServer;
+use crate::support::ScratchDir;
 use crate::support::proxy::Proxy;
 use crate::support::seeds::{env_seed, fresh_seed};
 
@@ -780,15 +780,6 @@ impl Drop for Workers {
     }
 }
 
-/// A directory of the run's own, removed on drop.
-struct ScratchDir(PathBuf);
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The PostgreSQL schema of a run's own token sequence, so that rewinding
 /// it disturbs no other test on the shared server. Dropped (CASCADE) on
 /// drop however the run ends; declared before the workers, so that they are
@@ -936,9 +927,7 @@ pub fn run(settings: Settings) -> Report {
     let mut redis_server: Option<RedisServer> = None;
     #[cfg(feature = "etcd")]
     let mut etcd_cluster: Option<crate::etcd_support::Cluster> = None;
-    let scratch =
-        ScratchDir(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-fault-{id}")));
-    std::fs::create_dir_all(&scratch.0).expect("scratch directory");
+    let scratch = ScratchDir::new(&format!("dlock-fault-{id}"));
     let (pg_addr, pg_rest) = pg_parts();
     let (redis_addr, redis_through) = redis_parts();
     let lock_upstream = match settings.lock {
@@ -958,7 +947,7 @@ pub fn run(settings: Settings) -> Report {
             Some(address)
         }
     };
-    let admin_file = FileBackend::open(scratch.0.join("locks")).expect("lock directory");
+    let admin_file = FileBackend::open(scratch.join("locks")).expect("lock directory");
     let admin_pg = match settings.lock {
         Lock::Pg => Some(
             runtime
@@ -1040,7 +1029,7 @@ pub fn run(settings: Settings) -> Report {
             }
             .to_owned(),
             lock_target: match (settings.lock, &lock_proxies[slot]) {
-                (Lock::File, _) | (_, None) => scratch.0.join("locks").display().to_string(),
+                (Lock::File, _) | (_, None) => scratch.join("locks").display().to_string(),
                 (Lock::Redis, Some(proxy)) => format!("redis://127.0.0.1:{}", proxy.port),
                 #[cfg(feature = "etcd")]
                 (Lock::Etcd, Some(proxy)) => format!("http://127.0.0.1:{}", proxy.port),
@@ -1068,7 +1057,7 @@ pub fn run(settings: Settings) -> Report {
             deadline_us,
             seed: settings.seed,
             pg_schema: pg_schema.clone(),
-            scratch: scratch.0.display().to_string(),
+            scratch: scratch.display().to_string(),
             process: 0,
         })
         .collect();
@@ -1299,7 +1288,7 @@ pub fn run(settings: Settings) -> Report {
             }
             Fault::Abandon => {
                 let from = workers.events_seen();
-                order_abandon(&scratch.0, slot, &planned.give_up_after);
+                order_abandon(&scratch, slot, &planned.give_up_after);
                 // The worker takes the order between two leases.
                 let report = workers.await_event(slot, "ABANDONED", from, Duration::from_secs(10));
                 let abandoned = report

@@ -13,6 +13,45 @@ use std::time::Duration;
 #[allow(unused_imports)] // each test binary uses some of them
 pub use dlock_runtime::conformance::{CountingBackend, spawn_waiter, within};
 
+/// A directory of one test's own under the target's scratch directory,
+/// removed when dropped, however the test ended.
+pub struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    /// A new, empty directory whose name starts with `label`.
+    pub fn new(label: &str) -> Self {
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+            "{label}-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos())
+        ));
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        Self(dir)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for ScratchDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A loopback port that refuses every connection for as long as this
 /// lives: bound and never listened on, so no server of another test can
 /// take it meanwhile, as it can a port found free and let go (a "down

@@ -464,9 +464,10 @@ impl Inner {
                 // A claim of its own while it unlocks: a lease of another
                 // key with the same advisory key that the server grants on
                 // this session meanwhile cannot claim it, and gives its
-                // hold back. One granted before (its statement still in
-                // flight) or claimed already would lose its hold to this
-                // unlock: the claim is refused then.
+                // hold back. One granted before (its statement of a key
+                // the session has seen still in flight) or claimed already
+                // would lose its hold to this unlock: the claim is refused
+                // then.
                 if !session.claim_for_undo(advisory_key, own) {
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \

@@ -654,9 +654,11 @@ impl LockSession {
     /// Claims `advisory_key` for the undo of a failed lock statement
     /// (`own`: its in-flight mark) that cannot tell whether it took it.
     /// False, and nothing claimed, when a lease holds it, or another lock
-    /// statement of it or of a key not seen yet waits for its answer on
-    /// this session: that statement may have a fresh hold of it, not yet
-    /// claimed, which the undo's one unlock would drop instead of its own.
+    /// statement of a key with the same advisory key waits for its answer
+    /// on this session: that statement may have a fresh hold of it, not
+    /// yet claimed, which the undo's one unlock would drop instead of its
+    /// own. (A statement of a key this session has not seen yet is not
+    /// known to collide; see docs/postgres.md on key mapping.)
     pub(super) fn claim_for_undo(&self, advisory_key: i64, own: &InFlight) -> bool {
         let mut claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
         let flying = self
@@ -665,10 +667,7 @@ impl LockSession {
             .unwrap_or_else(PoisonError::into_inner);
         let same = flying.keys.get(&advisory_key).copied().unwrap_or(0);
         let same = same.saturating_sub(usize::from(own.advisory_key == Some(advisory_key)));
-        let unknown = flying
-            .unknown
-            .saturating_sub(usize::from(own.advisory_key.is_none()));
-        same == 0 && unknown == 0 && claimed.insert(advisory_key)
+        same == 0 && claimed.insert(advisory_key)
     }
 
     /// Whether this session holds `key`'s advisory key already (for a

@@ -186,9 +186,12 @@ impl Deployment {
 
     /// As [`start`](Self::start), with the sentinels' `down-after-milliseconds`.
     fn start_with(down_after_ms: u32) -> Self {
-        let primary = RedisServer::start(&[]);
+        // A replica's sync starts at once, not after Redis's default 5 s
+        // wait for more replicas to share it (either may end up primary).
+        let no_delay = ["--repl-diskless-sync-delay", "0"];
+        let primary = RedisServer::start(&no_delay);
         let replica_of = format!("127.0.0.1 {}", primary.port);
-        let replica = RedisServer::start(&["--replicaof", &replica_of]);
+        let replica = RedisServer::start(&[no_delay[0], no_delay[1], "--replicaof", &replica_of]);
         let sentinels: Vec<Sentinel> = (0..3)
             .map(|_| Sentinel::start(primary.port, down_after_ms))
             .collect();

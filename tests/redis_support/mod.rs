@@ -280,6 +280,10 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
                 "nodes.conf",
                 "--cluster-node-timeout",
                 &timeout,
+                // A replica's first sync starts at once, not after Redis's
+                // default 5 s wait for more replicas to share it.
+                "--repl-diskless-sync-delay",
+                "0",
             ])
         })
         .collect();
@@ -294,7 +298,7 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
         "redis-cli --cluster create failed:\n{output}"
     );
     let known = format!("cluster_known_nodes:{}", servers.len());
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(60);
     for server in &servers {
         loop {
             let info = server.cli(&["CLUSTER", "INFO"]);
@@ -311,15 +315,22 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
                         .is_some_and(|f| f.contains("slave"))
                 })
                 .count();
+            // A replica must also have finished its first sync: until then
+            // a master's `WAIT` counts it out, and a failover to it would
+            // lose every key.
+            let replication = server.cli(&["INFO", "replication"]);
+            let synced = !replication.contains("role:slave")
+                || replication.contains("master_link_status:up");
             if info.contains("cluster_state:ok")
                 && info.contains(&known)
                 && seen_replicas == 3 * replicas
+                && synced
             {
                 break;
             }
             assert!(
                 Instant::now() < deadline,
-                "the cluster never became ok with its replicas:\n{info}\n{nodes}"
+                "the cluster never became ok with its replicas synced:\n{info}\n{nodes}\n{replication}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }

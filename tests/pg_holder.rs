@@ -21,15 +21,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use dlock::backend::{
-    AcquireRequest, Attempt, Holding, OwnerId, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
-    Renewal,
+    Access, AcquireRequest, Attempt, Holding, OwnerId, ReleaseNotice, ReleaseOutcome,
+    ReleaseRequest, Renewal,
 };
 use dlock::election::{Election, Leader, Leadership};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
 use pg_support::{
     OwnServer, PASSWORD, ScratchSchema, colliding_keys, free_on_the_server, freed_on_the_server,
-    random_id, shared_client, shared_conn,
+    key_colliding_with_a_permit, random_id, shared_client, shared_conn,
 };
 use support::within;
 use tokio::time::Instant;
@@ -2458,6 +2458,22 @@ async fn a_failed_recording_lock_behind_a_colliding_plain_one_leaves_nothing_hel
 /// the server, or is told it is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_lock_never_drops_the_unclaimed_hold_of_a_colliding_statement_behind_it() {
+    failed_lock_ahead_of_a_colliding_statement(true).await;
+}
+
+/// As above, for a colliding key the session has never taken: whether two
+/// keys collide is known before either statement is sent, however many
+/// other keys the session took in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_lock_never_drops_the_hold_of_a_colliding_key_new_to_the_session() {
+    failed_lock_ahead_of_a_colliding_statement(false).await;
+}
+
+/// A lock statement of `b`, failing past the session's `lock_timeout` at a
+/// point its error does not name, with a plain statement of `a` (a key of
+/// the same advisory key, taken on the session before if `a_seen`) sent
+/// behind it.
+async fn failed_lock_ahead_of_a_colliding_statement(a_seen: bool) {
     let schema = ScratchSchema::new("collide");
     // A lock_timeout of 5 s: the statement ahead waits that long.
     let options = schema.options().sessions(1).record_holders(false);
@@ -2468,17 +2484,14 @@ async fn a_failed_lock_never_drops_the_unclaimed_hold_of_a_colliding_statement_b
         LockKey::new(a).expect("a key"),
         LockKey::new(b).expect("a key"),
     );
-    // The session learns both advisory keys; b's lease, with an identity,
-    // makes the table of records.
-    for (key, identity) in [(&a, None), (&b, Some("node-b"))] {
+    // b's lease, with an identity, makes the table of records.
+    let earlier = [(&a, None), (&b, Some("node-b"))];
+    for (key, identity) in earlier.into_iter().filter(|(key, _)| a_seen || *key == &b) {
         let owner = OwnerId::random().expect("owner");
         take(&backend, key, &owner, identity).await.expect("free");
         give_back(&backend, key, &owner).await;
     }
-    let dba = shared_client().await;
-    dba.batch_execute(&format!("BEGIN; LOCK TABLE {}.dlock_holders", schema.name))
-        .await
-        .expect("the DBA locks the table");
+    let dba = lock_the_table_of_records(&schema).await;
     let recording = {
         let (backend, b) = (backend.clone(), b.clone());
         tokio::spawn(async move {
@@ -2538,6 +2551,124 @@ async fn a_failed_lock_never_drops_the_unclaimed_hold_of_a_colliding_statement_b
             .release(&ReleaseRequest::new(&a, &plain_owner))
             .await;
     }
+}
+
+/// A failed lock statement's undo never drops the hold of a permit on the
+/// same session whose slot has the statement's advisory key: the permit
+/// holds its slot on the server, or its lease is told it is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_lock_never_drops_a_permit_whose_slot_has_its_advisory_key() {
+    let schema = ScratchSchema::new("collide");
+    // A lock_timeout of 5 s: the failing statement waits that long.
+    let options = schema.options().sessions(1).record_holders(false);
+    let options = options.server_idle_timeout(None);
+    let backend = connect(options.liveness_interval(Duration::from_secs(10))).await;
+    let (x, k) = key_colliding_with_a_permit(&format!(":{}", random_id()));
+    let x = LockKey::new(x).expect("a key");
+    let slot = LockKey::new(format!("dlock-permit:0:{k}")).expect("a key");
+    let k = LockKey::new(k).expect("a key");
+    let admin = shared_client().await;
+    let same: bool = admin
+        .query_one(
+            "SELECT hashtextextended($1::text, 0) = hashtextextended($2::text, 0)",
+            &[&x.as_str(), &slot.as_str()],
+        )
+        .await
+        .expect("hash")
+        .get(0);
+    assert!(same, "`{x}` and `{slot}` collide");
+    // x's lease, with an identity, makes the table of records.
+    let owner = OwnerId::random().expect("owner");
+    take(&backend, &x, &owner, Some("node-x"))
+        .await
+        .expect("free");
+    give_back(&backend, &x, &owner).await;
+    let permit_owner = OwnerId::random().expect("owner");
+    let request = AcquireRequest::new(&k, &permit_owner, Duration::from_secs(30))
+        .with_access(Access::Permits { permits: 1 });
+    let Attempt::Acquired(permit) = backend.try_acquire(&request).await.expect("a permit") else {
+        panic!("`{k}` should be free");
+    };
+    assert!(held_on_the_server(&admin, &slot).await, "the permit's slot");
+    let dba = lock_the_table_of_records(&schema).await;
+    let request =
+        AcquireRequest::new(&x, &owner, Duration::from_secs(30)).with_identity(Some("node-x"));
+    let refused = backend.try_acquire(&request).await;
+    assert!(
+        !matches!(refused, Ok(Attempt::Acquired(_))),
+        "the table was locked: {refused:?}"
+    );
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
+    if !held_on_the_server(&admin, &slot).await {
+        let loss = permit.loss.expect("a permit lost with its session");
+        within(
+            10,
+            "the permit's slot is not held on the server: its loss",
+            async {
+                while !loss.is_ended() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+        )
+        .await;
+    }
+    let release =
+        ReleaseRequest::new(&k, &permit_owner).holding(Access::Permits { permits: 1 }, Some(0));
+    let _ = backend.release(&release).await;
+}
+
+/// On a database whose encoding is not UTF-8, a key's advisory key is the
+/// server's, never the one dlock would compute from the key's UTF-8 bytes:
+/// `é-…` is free while `Ã©-…`, whose LATIN1 bytes are the UTF-8 bytes of
+/// `é-…`, is held on the same session.
+#[tokio::test]
+async fn on_a_latin1_database_keys_map_to_the_servers_advisory_keys() {
+    let admin = shared_client().await;
+    let db = format!("dlock_latin1_{}", random_id());
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ))
+        .await
+        .expect("create a LATIN1 database");
+    let conn = pg_support::conn_to(&db);
+    let outcome = tokio::spawn(async move {
+        let backend = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+            .await
+            .expect("connect to the LATIN1 database");
+        let id = random_id();
+        let held = LockKey::new(format!("Ã©-{id}")).expect("a key");
+        let other = LockKey::new(format!("é-{id}")).expect("a key");
+        let (first, second) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        take(&backend, &held, &first, None).await.expect("free");
+        take(&backend, &other, &second, None)
+            .await
+            .expect("another advisory key on the server");
+        give_back(&backend, &other, &second).await;
+        give_back(&backend, &held, &first).await;
+    })
+    .await;
+    admin
+        .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
+        .await
+        .expect("drop the database");
+    if let Err(err) = outcome {
+        std::panic::resume_unwind(err.into_panic());
+    }
+}
+
+/// A client that has locked `schema`'s table of holder records in an open
+/// transaction, as a DBA's `LOCK TABLE` would.
+async fn lock_the_table_of_records(schema: &ScratchSchema) -> dlock::pg::tokio_postgres::Client {
+    let dba = shared_client().await;
+    dba.batch_execute(&format!("BEGIN; LOCK TABLE {}.dlock_holders", schema.name))
+        .await
+        .expect("the DBA locks the table");
+    dba
 }
 
 /// A lock statement whose commit waits for a lock past the session's

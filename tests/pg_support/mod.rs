@@ -59,6 +59,29 @@ pub fn shared_conn() -> String {
         .unwrap_or_else(|_| "host=127.0.0.1 port=5432 user=postgres dbname=test".to_owned())
 }
 
+/// The shared server's connection string, for its database `db`.
+pub fn conn_to(db: &str) -> String {
+    use dlock::pg::tokio_postgres::config::Host;
+    let config: dlock::pg::tokio_postgres::Config = shared_conn().parse().expect("DLOCK_PG_URL");
+    let mut conn = format!("dbname={db}");
+    if let Some(Host::Tcp(host)) = config.get_hosts().first() {
+        conn.push_str(&format!(" host={host}"));
+    }
+    if let Some(port) = config.get_ports().first() {
+        conn.push_str(&format!(" port={port}"));
+    }
+    if let Some(user) = config.get_user() {
+        conn.push_str(&format!(" user={user}"));
+    }
+    if let Some(password) = config.get_password() {
+        let password = String::from_utf8_lossy(password)
+            .replace('\\', "\\\\")
+            .replace('\'', "\\'");
+        conn.push_str(&format!(" password='{password}'"));
+    }
+    conn
+}
+
 /// A plain client of the shared server, as a DBA or an application uses.
 pub async fn shared_client() -> dlock::pg::tokio_postgres::Client {
     let (client, connection) =
@@ -452,47 +475,80 @@ pub fn free_port() -> u16 {
 /// allows: first blocks are tried until one does. The caller should check
 /// the collision on the server.
 pub fn colliding_keys(suffix: &str) -> (String, String) {
+    colliding_pair(b"dlock-B", &[], suffix)
+}
+
+/// A lock key `x` and a permit key `k`, both ending in `suffix`, such that
+/// `x` has the advisory key of `k`'s permit slot 0
+/// (`hashtextextended('dlock-permit:0:' || k, 0)`), found as
+/// [`colliding_keys`] finds its pair; returned as `(x, k)`.
+pub fn key_colliding_with_a_permit(suffix: &str) -> (String, String) {
+    let (x, slot) = colliding_pair(b"dlock-permit", b":0:", suffix);
+    (x, slot["dlock-permit:0:".len()..].to_owned())
+}
+
+/// Two keys of 24 bytes and `suffix` with one advisory key: the first
+/// starts with `dlock-A` and a counter, the second with `second_head`
+/// (padded with the counter to 12 bytes) and then `fixed` (at most 3
+/// bytes) and one free byte.
+fn colliding_pair(second_head: &[u8], fixed: &[u8], suffix: &str) -> (String, String) {
     let len = (24 + suffix.len()) as u32;
     for attempt in 0u32.. {
-        let firsts = [
+        let mut firsts = [
             format!("dlock-A{attempt:05}").into_bytes(),
-            format!("dlock-B{attempt:05}").into_bytes(),
+            second_head.to_vec(),
         ];
-        let states: Vec<[u32; 3]> = firsts
-            .iter()
-            .map(|first| {
-                let init = 0x9e37_79b9_u32.wrapping_add(len).wrapping_add(3_923_095);
-                let mut state = [init; 3];
-                for (word, chunk) in state.iter_mut().zip(first.chunks(4)) {
-                    let bytes: [u8; 4] = chunk.try_into().expect("4 bytes");
-                    *word = word.wrapping_add(u32::from_le_bytes(bytes));
-                }
-                mix(&mut state);
-                state
-            })
-            .collect();
-        let mut second = [Vec::new(), Vec::new()];
-        let found = (0..3).all(|word| {
-            let delta = states[0][word].wrapping_sub(states[1][word]);
-            let Some((a, b)) = printable_pair(delta) else {
-                return false;
-            };
-            second[0].extend_from_slice(&a.to_le_bytes());
-            second[1].extend_from_slice(&b.to_le_bytes());
-            true
+        let pad = format!("{attempt:012}");
+        firsts[1].extend_from_slice(&pad.as_bytes()[second_head.len()..]);
+        let [x, y] = firsts.clone().map(|first| first_state(&first, len));
+        // The second key's first word: `fixed`, then printable bytes; the
+        // first key's is what makes the states equal, if printable.
+        let first_words = (0x21u8..=0x7e).find_map(|free| {
+            let mut word = [free; 4];
+            word[..fixed.len()].copy_from_slice(fixed);
+            let b = u32::from_le_bytes(word);
+            let a = y[0].wrapping_add(b).wrapping_sub(x[0]);
+            printable(a).then_some((a, b))
         });
-        if !found {
+        let Some(first_words) = first_words else {
             continue;
-        }
+        };
+        let rest: Option<Vec<(u32, u32)>> = (1..3)
+            .map(|word| printable_pair(x[word].wrapping_sub(y[word])))
+            .collect();
+        let Some(rest) = rest else {
+            continue;
+        };
         let key = |i: usize| {
             let mut bytes = firsts[i].clone();
-            bytes.extend_from_slice(&second[i]);
+            for pair in std::iter::once(first_words).chain(rest.iter().copied()) {
+                let word = if i == 0 { pair.0 } else { pair.1 };
+                bytes.extend_from_slice(&word.to_le_bytes());
+            }
             bytes.extend_from_slice(suffix.as_bytes());
             String::from_utf8(bytes).expect("printable ASCII")
         };
         return (key(0), key(1));
     }
     unreachable!("some first blocks allow printable second blocks")
+}
+
+/// lookup3's state after its first 12-byte block, for a key of `len`
+/// bytes and seed 0.
+fn first_state(first: &[u8], len: u32) -> [u32; 3] {
+    let init = 0x9e37_79b9_u32.wrapping_add(len).wrapping_add(3_923_095);
+    let mut state = [init; 3];
+    for (word, chunk) in state.iter_mut().zip(first.chunks(4)) {
+        let bytes: [u8; 4] = chunk.try_into().expect("4 bytes");
+        *word = word.wrapping_add(u32::from_le_bytes(bytes));
+    }
+    mix(&mut state);
+    state
+}
+
+/// Whether the four bytes of `w` are printable ASCII (`!` to `~`).
+fn printable(w: u32) -> bool {
+    w.to_le_bytes().iter().all(|b| (0x21..=0x7e).contains(b))
 }
 
 /// lookup3's `mix`, as PostgreSQL's `hashfn.c` has it.
@@ -523,7 +579,6 @@ fn mix(s: &mut [u32; 3]) {
 /// with the state words they are added to are equal (`b - a == delta`),
 /// if a search finds them.
 fn printable_pair(delta: u32) -> Option<(u32, u32)> {
-    let printable = |w: u32| w.to_le_bytes().iter().all(|b| (0x21..=0x7e).contains(b));
     let mut candidate = 0x2121_2121_u32;
     for _ in 0..200_000 {
         let b = candidate.wrapping_add(delta);

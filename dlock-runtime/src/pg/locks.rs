@@ -66,11 +66,23 @@ impl Inner {
             // Whether the statement was told the session holds the key's
             // advisory key already, so that it took no session lock.
             let mut told_already = false;
+            let expected = session.advisory_key_of(key.as_str(), self.options.key_seed);
+            // A lease of a colliding key, or an undo, claims the advisory
+            // key on this session: held, without a statement.
+            let held_here = || Locked {
+                session: Arc::clone(&session),
+                advisory_key: expected.unwrap_or_default(),
+                token: None,
+                since: None,
+                in_flight: None,
+            };
             let answer = match recording {
                 None => {
                     // Counted in flight as a recording statement is: one
                     // sent behind it is told it may hold the advisory key.
-                    let (_, flying) = session.already_holds(key.as_str());
+                    let Some((_, flying)) = session.already_holds(expected) else {
+                        return Ok(held_here());
+                    };
                     flight = Some(flying);
                     session
                         .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
@@ -87,7 +99,9 @@ impl Inner {
                         .await
                     {
                         Ok(statements) => {
-                            let (already, flying) = session.already_holds(key.as_str());
+                            let Some((already, flying)) = session.already_holds(expected) else {
+                                return Ok(held_here());
+                            };
                             flight = Some(flying);
                             told_already = already == Some(true);
                             session
@@ -156,7 +170,7 @@ impl Inner {
                             if since.is_some() {
                                 session.wrote_a_record(key.as_str());
                             }
-                            session.learn_advisory_key(key.as_str(), advisory_key);
+                            session.check_advisory_key(key.as_str(), expected, advisory_key);
                             Ok(Locked {
                                 session,
                                 advisory_key,
@@ -431,7 +445,7 @@ impl Inner {
     /// nothing to undo. `own` counts the statement in flight.
     pub(super) async fn undo_failed_lock(
         &self,
-        session: &LockSession,
+        session: &Arc<LockSession>,
         key: &LockKey,
         err: &tokio_postgres::Error,
         (recording, told_already): (bool, bool),
@@ -453,22 +467,25 @@ impl Inner {
                 }
             }
             sql::LockLeft::Unknown => {
-                let advisory_key = match session.query_one(sql::ADVISORY_KEY, &params).await {
-                    Ok(row) => row.try_get::<_, i64>(0),
-                    Err(err) => Err(err),
+                let advisory_key = match own.advisory_key() {
+                    Some(h) => Ok(h),
+                    None => match session.query_one(sql::ADVISORY_KEY, &params).await {
+                        Ok(row) => row.try_get::<_, i64>(0),
+                        Err(err) => Err(err),
+                    },
                 };
                 let Ok(advisory_key) = advisory_key else {
                     session.end(format!("could not undo a failed lock of `{key}`"));
                     return;
                 };
-                // A claim of its own while it unlocks: a lease of another
-                // key with the same advisory key that the server grants on
-                // this session meanwhile cannot claim it, and gives its
-                // hold back. One granted before (its statement of a key
-                // the session has seen still in flight) or claimed already
-                // would lose its hold to this unlock: the claim is refused
-                // then.
-                if !session.claim_for_undo(advisory_key, own) {
+                // A claim of its own while it unlocks: no statement that
+                // may take the advisory key is sent on this session until
+                // the unlock ran. A lease that holds it, a statement that
+                // may have taken it (of the same advisory key, or of one
+                // not known before its answer) or a permit held with it
+                // would lose its hold to this unlock: the session ends
+                // instead.
+                let Some(_claim) = session.claim_for_undo(advisory_key, own) else {
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \
                          lock, while a lease or another lock statement on this session may hold \
@@ -476,10 +493,20 @@ impl Inner {
                          took"
                     ));
                     return;
+                };
+                if self.permit_holds_on(session, advisory_key) {
+                    session.end(format!(
+                        "a lock statement for `{key}` failed without saying whether it took the \
+                         lock, while a permit held on this session has the same advisory key: \
+                         only ending the session surely drops what it took"
+                    ));
+                    return;
                 }
-                let unlocked = self.unlock_behind_gate(session, advisory_key).await;
-                session.unclaim(advisory_key);
-                if unlocked.is_err() {
+                if self
+                    .unlock_behind_gate(session, advisory_key)
+                    .await
+                    .is_err()
+                {
                     session.end(format!("could not undo a failed lock of `{key}`"));
                 }
             }

@@ -17,8 +17,10 @@
 //! # Key mapping
 //!
 //! A lock key (a string) maps to the 64-bit advisory key
-//! `hashtextextended(key, seed)`, computed on the server, with the seed
-//! of [`PgOptions::key_seed`] (0 by default). It is the hash PostgreSQL
+//! `hashtextextended(key, seed)`, with the seed of
+//! [`PgOptions::key_seed`] (0 by default), which the backend also computes
+//! in process to know which leases and attempts on a session share an
+//! advisory key (each session checks that the server agrees). It is the hash PostgreSQL
 //! uses for hash partitioning, so it is stable across releases, and any
 //! client in any language locks the same key with
 //! `SELECT pg_try_advisory_lock(hashtextextended('my-key', 0))`. Two
@@ -365,6 +367,7 @@ mod announce;
 mod backend;
 mod deadlines;
 mod fair;
+mod hash;
 mod holders;
 mod home;
 mod listen;

@@ -443,6 +443,23 @@ impl Inner {
         )))
     }
 
+    /// Whether a permit held on `session` has the advisory key `h` (any
+    /// permit, once the session stopped computing advisory keys): an
+    /// undo's unlock of `h` could drop its hold.
+    pub(super) fn permit_holds_on(&self, session: &LockSession, h: i64) -> bool {
+        let seed = self.options.key_seed;
+        self.modes.keys().iter().any(|(key, entry)| {
+            entry.holds.values().any(|hold| {
+                std::ptr::eq(Arc::as_ptr(&hold.session), session)
+                    && hold.slot.is_some_and(|slot| {
+                        session
+                            .advisory_key_of(&format!("dlock-permit:{slot}:{key}"), seed)
+                            .is_none_or(|slot_key| slot_key == h)
+                    })
+            })
+        })
+    }
+
     /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
     async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
         let session = self.session().await?;
@@ -573,6 +590,21 @@ impl Inner {
             Ok(statement) => statement,
             Err(err) => return Err(self.mode_unprepared(key, err).await),
         };
+        // A permit statement may take any slot's advisory key: counted in
+        // flight until its hold is booked, and not sent while an undo on
+        // the session may unlock one (see `LockSession::claim_for_undo`).
+        // A shared statement takes no exclusive session lock: nothing an
+        // undo's unlock could drop.
+        let in_flight = match access {
+            Access::Permits { .. } => match session.mark_unknown() {
+                Some(mark) => Some(mark),
+                None => {
+                    self.modes.poll(key);
+                    return Ok(Attempt::Held { expires_in: None });
+                }
+            },
+            _ => None,
+        };
         let answer = match access {
             Access::Permits { permits } => {
                 let n = i32::try_from(permits).unwrap_or(i32::MAX);
@@ -660,6 +692,7 @@ impl Inner {
                 });
             }
         }
+        drop(in_flight);
         let grant = Grant::new(token).lost_with(session.loss_group());
         Ok(Attempt::Acquired(match slot {
             Some(slot) => grant.in_slot(slot),

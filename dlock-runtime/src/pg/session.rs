@@ -408,6 +408,12 @@ pub(super) struct LockSession {
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
     retired: AtomicBool,
+    /// Cleared when the server's advisory keys are not the ones the `hash`
+    /// module computes (see [`advisory_key_of`](Self::advisory_key_of)).
+    hashes: AtomicBool,
+    /// Whether the server's encoding is UTF-8: else only ASCII keys have
+    /// the advisory keys the `hash` module computes.
+    utf8: AtomicBool,
     /// The keys whose holder records lock statements wrote on this
     /// session (see [`wrote_a_record`](Self::wrote_a_record)).
     recorded_keys: Mutex<HashSet<String>>,
@@ -418,10 +424,6 @@ pub(super) struct LockSession {
     /// the index behind the backend's collision check, so it costs one
     /// lookup instead of a scan of every key held.
     claimed: Mutex<HashSet<i64>>,
-    /// The advisory keys of keys locked on this session before, so the
-    /// lock statement can be told whether the session already holds a
-    /// key's advisory key (see [`already_holds`](Self::already_holds)).
-    advisory_keys: Mutex<HashMap<String, i64>>,
     /// Holder records of plain leases released on this session, not yet
     /// deleted (see [`sql::DELETE_RELEASED`]).
     released: Mutex<Released>,
@@ -521,16 +523,17 @@ pub(super) const RELEASED_BATCH: usize = 64;
 /// until the next release after that.
 pub(super) const RELEASED_WAIT: Duration = Duration::from_secs(1);
 
-/// How many advisory keys a session remembers (see
-/// [`LockSession::already_holds`]); it forgets them all past that.
-const ADVISORY_KEYS_KEPT: usize = 4096;
-
-/// Lock statements in flight on a session: how many of each known
-/// advisory key, and how many of keys not seen before.
+/// Lock statements in flight on a session: how many of each advisory
+/// key, how many whose advisory key is not known before the answer
+/// (permit statements, which try slot after slot, and any statement once
+/// the backend stopped trusting its own hash), and how many undos are
+/// between their claim and their unlock (see
+/// [`LockSession::claim_for_undo`]).
 #[derive(Default)]
 struct Flying {
     keys: HashMap<i64, usize>,
     unknown: usize,
+    undoing: usize,
 }
 
 /// A lock statement counted in flight on its session until dropped (see
@@ -539,6 +542,13 @@ struct Flying {
 pub(super) struct InFlight {
     session: Arc<LockSession>,
     advisory_key: Option<i64>,
+}
+
+impl InFlight {
+    /// The advisory key of the statement, if it was known when sent.
+    pub(super) fn advisory_key(&self) -> Option<i64> {
+        self.advisory_key
+    }
 }
 
 impl Drop for InFlight {
@@ -559,6 +569,30 @@ impl Drop for InFlight {
             }
             None => flying.unknown = flying.unknown.saturating_sub(1),
         }
+    }
+}
+
+/// An undo's claim of an advisory key (see
+/// [`LockSession::claim_for_undo`]), given up when dropped.
+pub(super) struct UndoClaim {
+    session: Arc<LockSession>,
+    advisory_key: i64,
+}
+
+impl Drop for UndoClaim {
+    fn drop(&mut self) {
+        let mut claimed = self
+            .session
+            .claimed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut flying = self
+            .session
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        claimed.remove(&self.advisory_key);
+        flying.undoing -= 1;
     }
 }
 
@@ -595,11 +629,12 @@ impl LockSession {
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
             retired: AtomicBool::new(false),
+            hashes: AtomicBool::new(true),
+            utf8: AtomicBool::new(true),
             recorded_keys: Mutex::default(),
             ended,
             kill: Mutex::new(Some(kill)),
             claimed: Mutex::default(),
-            advisory_keys: Mutex::default(),
             released: Mutex::default(),
             in_flight: Mutex::default(),
             loss,
@@ -652,76 +687,134 @@ impl LockSession {
     }
 
     /// Claims `advisory_key` for the undo of a failed lock statement
-    /// (`own`: its in-flight mark) that cannot tell whether it took it.
-    /// False, and nothing claimed, when a lease holds it, or another lock
-    /// statement of a key with the same advisory key waits for its answer
-    /// on this session: that statement may have a fresh hold of it, not
-    /// yet claimed, which the undo's one unlock would drop instead of its
-    /// own. (A statement of a key this session has not seen yet is not
-    /// known to collide; see docs/postgres.md on key mapping.)
-    pub(super) fn claim_for_undo(&self, advisory_key: i64, own: &InFlight) -> bool {
+    /// (`own`: its in-flight mark) that cannot tell whether it took it,
+    /// until the returned claim is dropped (after the undo's unlock).
+    /// `None`, and nothing claimed, when a lease holds it, or another lock
+    /// statement that may take it waits for its answer on this session
+    /// (one of the same advisory key, or one whose advisory key is not
+    /// known): that statement may have a fresh hold of it, not yet
+    /// claimed, which the undo's one unlock would drop instead of its own.
+    /// While the claim stands, no statement that may take the advisory key
+    /// is sent on this session (see [`already_holds`](Self::already_holds)
+    /// and [`mark_unknown`](Self::mark_unknown)), so the unlock drops what
+    /// the failed statement took, or nothing.
+    pub(super) fn claim_for_undo(
+        self: &Arc<Self>,
+        advisory_key: i64,
+        own: &InFlight,
+    ) -> Option<UndoClaim> {
         let mut claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
-        let flying = self
+        let mut flying = self
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let same = flying.keys.get(&advisory_key).copied().unwrap_or(0);
         let same = same.saturating_sub(usize::from(own.advisory_key == Some(advisory_key)));
-        same == 0 && claimed.insert(advisory_key)
+        let unknown = flying
+            .unknown
+            .saturating_sub(usize::from(own.advisory_key.is_none()));
+        if same > 0 || unknown > 0 || !claimed.insert(advisory_key) {
+            return None;
+        }
+        flying.undoing += 1;
+        Some(UndoClaim {
+            session: Arc::clone(self),
+            advisory_key,
+        })
     }
 
-    /// Whether this session holds `key`'s advisory key already (for a
-    /// lease of another key with the same hash), decided in process, for
-    /// a lock statement about to be sent: `Some` when the session has seen
-    /// the key's advisory key before and no lock statement of an unknown
-    /// one is in flight (true also when another lock statement of it is in
-    /// flight: its lease may be the holder by the time this one runs),
-    /// `None` (the statement reads `pg_locks`) otherwise. Until the
-    /// returned mark is dropped, the statement counts as in flight.
-    pub(super) fn already_holds(self: &Arc<Self>, key: &str) -> (Option<bool>, InFlight) {
-        let known = self
-            .advisory_keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(key)
-            .copied();
+    /// For a lock statement of a key whose advisory key is `advisory_key`
+    /// (`None`: not known before the answer), about to be sent: `None`
+    /// when a lease of this process, or an undo, claims that advisory key
+    /// on this session (the attempt is answered held in process; the
+    /// server would grant it only because advisory locks are re-entrant).
+    /// Else whether the session holds the advisory key already, decided in
+    /// process: `Some(true)` also when another lock statement of it is in
+    /// flight (its lease may be the holder by the time this one runs), and
+    /// `None` (the statement reads `pg_locks`) when a statement of an
+    /// unknown advisory key is in flight, or this one's is unknown. Until
+    /// the returned mark is dropped, the statement counts as in flight.
+    pub(super) fn already_holds(
+        self: &Arc<Self>,
+        advisory_key: Option<i64>,
+    ) -> Option<(Option<bool>, InFlight)> {
         let claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
         let mut flying = self
             .in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        let answer = match known {
-            Some(h) if flying.unknown == 0 => {
-                Some(claimed.contains(&h) || flying.keys.contains_key(&h))
-            }
+        let answer = match advisory_key {
+            Some(h) if claimed.contains(&h) => return None,
+            None if flying.undoing > 0 => return None,
+            Some(h) if flying.unknown == 0 => Some(flying.keys.contains_key(&h)),
             _ => None,
         };
-        match known {
+        match advisory_key {
             Some(h) => *flying.keys.entry(h).or_default() += 1,
             None => flying.unknown += 1,
         }
-        (
+        Some((
             answer,
             InFlight {
                 session: Arc::clone(self),
-                advisory_key: known,
+                advisory_key,
             },
-        )
+        ))
     }
 
-    /// Remembers the advisory key of `key`, as the server computed it.
-    pub(super) fn learn_advisory_key(&self, key: &str, advisory_key: i64) {
-        let mut known = self
-            .advisory_keys
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if known.get(key) == Some(&advisory_key) {
-            return;
+    /// The advisory key of `key` with `seed`, computed in process; `None`
+    /// for a key outside ASCII on a server whose encoding is not UTF-8,
+    /// and for any key once this session found that the server computes
+    /// another (see [`check_advisory_key`](Self::check_advisory_key)).
+    pub(super) fn advisory_key_of(&self, key: &str, seed: i64) -> Option<i64> {
+        let known = self.hashes.load(Ordering::Acquire)
+            && (key.is_ascii() || self.utf8.load(Ordering::Acquire));
+        known.then(|| super::hash::advisory_key(key, seed))
+    }
+
+    /// Takes what a new session learned of the server: whether it hashes
+    /// the probe as the `hash` module does, and whether its encoding is
+    /// UTF-8.
+    pub(super) fn hashes_agree(&self, (probe, utf8): (bool, bool)) {
+        self.utf8.store(utf8, Ordering::Release);
+        if !probe {
+            self.distrust_hashes();
         }
-        if known.len() >= ADVISORY_KEYS_KEPT {
-            known.clear();
+    }
+
+    /// Stops computing advisory keys in process on this session: the
+    /// server's differ (see the `hash` module).
+    pub(super) fn distrust_hashes(&self) {
+        if self.hashes.swap(false, Ordering::AcqRel) {
+            tracing::warn!(
+                pid = self.pid,
+                "the server's advisory keys differ from the ones dlock computes: this lock \
+                 session asks the server instead"
+            );
         }
-        known.insert(key.to_owned(), advisory_key);
+    }
+
+    /// Compares the advisory key `expected` of `key` (computed in process)
+    /// with the one the server answered, and stops trusting the former on
+    /// this session when they differ.
+    pub(super) fn check_advisory_key(&self, key: &str, expected: Option<i64>, server: i64) {
+        if expected.is_some_and(|h| h != server) {
+            tracing::warn!(
+                key,
+                expected,
+                server,
+                "an advisory key differs from the server's"
+            );
+            self.distrust_hashes();
+        }
+    }
+
+    /// Counts a statement that may take any advisory key (a permit
+    /// statement) in flight until the returned mark is dropped; `None`,
+    /// and the statement must not be sent, while an undo on this session
+    /// is between its claim and its unlock.
+    pub(super) fn mark_unknown(self: &Arc<Self>) -> Option<InFlight> {
+        self.already_holds(None).map(|(_, mark)| mark)
     }
 
     /// Keeps the record of a plain lease released on this session for its

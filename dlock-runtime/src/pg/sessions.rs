@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use super::fair::FairTicket;
 use super::session::{self, Failure, LockSession, SessionEnding};
-use super::{Inner, KIND, sql};
+use super::{Inner, KIND, hash, sql};
 use crate::backend::LossGroup;
 use crate::error::{LockError, Operation};
 use tokio::sync::{Mutex as AsyncMutex, oneshot, watch};
@@ -121,11 +121,16 @@ impl Inner {
                 .options
                 .server_idle_timeout
                 .map(|idle| idle.as_millis().to_string());
+            let seed = self.options.key_seed;
             let row = client
-                .query_one(sql::LOCK_SESSION_SETUP, &[&idle_ms])
+                .query_one(sql::LOCK_SESSION_SETUP, &[&idle_ms, &hash::PROBE, &seed])
                 .await?;
             let pid: i32 = row.try_get(0)?;
             let started: Option<SystemTime> = row.try_get(1)?;
+            let hashes = (
+                row.try_get::<_, i64>(3)? == hash::advisory_key(hash::PROBE, seed),
+                row.try_get::<_, bool>(4)?,
+            );
             if fair.is_some() {
                 client.query_one(sql::FAIR_SESSION_SETUP, &[]).await?;
             }
@@ -138,9 +143,9 @@ impl Inner {
                 sql::UNLOCK
             };
             let unlock = client.prepare(unlock_sql).await?;
-            Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock))
+            Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock, hashes))
         };
-        let ((pid, started), try_lock, unlock) = setup
+        let ((pid, started), try_lock, unlock, hashes) = setup
             .await
             .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
         pid_known.store(pid, Ordering::Release);
@@ -169,6 +174,7 @@ impl Inner {
         if let Some(ticket) = fair {
             session.make_fair(ticket);
         }
+        session.hashes_agree(hashes);
         self.home.spawn(session::check_liveness(
             Arc::downgrade(&session),
             self.options.liveness_interval,

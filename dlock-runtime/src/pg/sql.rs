@@ -311,6 +311,10 @@ FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
 /// has sent nothing for this long: a holder process that is frozen or cut
 /// off then loses its locks on the server's side too. PostgreSQL 14 added
 /// the setting; older servers skip it.
+///
+/// Last, the advisory key of the probe `$2` with the seed `$3`, which the
+/// session compares with its own hash, and whether the server's encoding
+/// is UTF-8 (see `hash`).
 pub(super) const LOCK_SESSION_SETUP: &str = "\
 SELECT pg_catalog.pg_backend_pid(),
        (SELECT a.backend_start
@@ -319,7 +323,9 @@ SELECT pg_catalog.pg_backend_pid(),
              AND pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
                  >= 140000::pg_catalog.int4
             THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
-       END";
+       END,
+       pg_catalog.hashtextextended($2::pg_catalog.text, $3::pg_catalog.int8),
+       pg_catalog.current_setting('server_encoding'::pg_catalog.text) OPERATOR(pg_catalog.=) 'UTF8'::pg_catalog.text";
 
 /// The condition on a `pg_locks` row `l` that it is a granted exclusive
 /// hold, in this database, of the advisory key `k.h`. A `bigint` advisory
@@ -548,10 +554,12 @@ pub(super) fn force_release_named(
 /// the answer is no token, held. A statement the backend told so (`$6`
 /// true) that fails took nothing, and the backend undoes nothing; one that
 /// read `pg_locks` itself may have taken the lock, and its undo is the
-/// claim-guarded one (see `undo_failed_lock`). The backend knows which advisory keys its leases hold
-/// on the session, and, once it has seen a key's advisory key, passes the
-/// answer; NULL (a key not seen yet) has the statement read it from
-/// `pg_locks` before the lock is tried, a scan of the lock table that
+/// claim-guarded one (see `undo_failed_lock`). The backend knows which
+/// advisory keys its leases hold on the session, computes the key's
+/// advisory key in process (see `hash`), and passes the answer; NULL (a
+/// permit statement, whose slot is not known before its answer, in flight
+/// on the session, or a server that hashes otherwise) has the statement
+/// read it from `pg_locks` before the lock is tried, a scan of the lock table that
 /// takes every partition of it (each CTE reads the one before it; a CTE
 /// that calls a volatile function is computed once, in order, never
 /// folded into the next; `COALESCE` reads no further than its first

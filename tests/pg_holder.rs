@@ -2502,24 +2502,7 @@ async fn failed_lock_ahead_of_a_colliding_statement(a_seen: bool) {
         })
     };
     let admin = shared_client().await;
-    let waiting = format!(
-        "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted \
-         AND relation = '{}.dlock_holders'::regclass)",
-        schema.name
-    );
-    // (Or it is over already, on a machine slow enough to spend 5 s here.)
-    within(30, "the recording statement waits", async {
-        while !recording.is_finished()
-            && !admin
-                .query_one(&waiting, &[])
-                .await
-                .expect("read pg_locks")
-                .get::<_, bool>(0)
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
+    wait_for_the_table_lock(&admin, &schema, &recording).await;
     let plain_owner = OwnerId::random().expect("owner");
     let request = AcquireRequest::new(&a, &plain_owner, Duration::from_secs(30));
     let mut plain = std::pin::pin!(backend.try_acquire(&request));
@@ -2623,20 +2606,7 @@ async fn a_failed_lock_never_drops_a_permit_whose_slot_has_its_advisory_key() {
 /// `é-…`, is held on the same session.
 #[tokio::test]
 async fn on_a_latin1_database_keys_map_to_the_servers_advisory_keys() {
-    let admin = shared_client().await;
-    let db = format!("dlock_latin1_{}", random_id());
-    admin
-        .batch_execute(&format!(
-            "CREATE DATABASE {db} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
-             TEMPLATE template0"
-        ))
-        .await
-        .expect("create a LATIN1 database");
-    let conn = pg_support::conn_to(&db);
-    let outcome = tokio::spawn(async move {
-        let backend = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
-            .await
-            .expect("connect to the LATIN1 database");
+    on_a_latin1_database(|backend| async move {
         let id = random_id();
         let held = LockKey::new(format!("Ã©-{id}")).expect("a key");
         let other = LockKey::new(format!("é-{id}")).expect("a key");
@@ -2652,6 +2622,71 @@ async fn on_a_latin1_database_keys_map_to_the_servers_advisory_keys() {
         give_back(&backend, &held, &first).await;
     })
     .await;
+}
+
+/// On a database whose encoding lacks a character of a key, an attempt of
+/// that key (exclusive, shared or a permit) fails with the server's error
+/// and takes nothing, and the session it was sent on lives on with every
+/// other lease on it.
+#[tokio::test]
+async fn a_key_the_servers_encoding_lacks_fails_alone_and_keeps_the_session() {
+    on_a_latin1_database(|backend| async move {
+        let id = random_id();
+        let bystander = LockKey::new(format!("bystander-{id}")).expect("a key");
+        let owner = OwnerId::random().expect("owner");
+        let request = AcquireRequest::new(&bystander, &owner, Duration::from_secs(60));
+        let Attempt::Acquired(grant) = backend.try_acquire(&request).await.expect("free") else {
+            panic!("`{bystander}` should be free");
+        };
+        let loss = grant.loss.expect("a lease lost with its session");
+        let lacking = LockKey::new(format!("键-{id}")).expect("a key");
+        for access in [
+            Access::Exclusive,
+            Access::Shared,
+            Access::Permits { permits: 2 },
+        ] {
+            let owner = OwnerId::random().expect("owner");
+            let request =
+                AcquireRequest::new(&lacking, &owner, Duration::from_secs(60)).with_access(access);
+            let answer = backend.try_acquire(&request).await;
+            assert!(
+                matches!(answer, Err(LockError::Backend { .. })),
+                "{access:?}: {answer:?}"
+            );
+            assert!(
+                !loss.is_ended(),
+                "{access:?}: the bystander's session ended"
+            );
+        }
+        give_back(&backend, &bystander, &owner).await;
+    })
+    .await;
+}
+
+/// Runs `test` with a backend of one lock session on a new LATIN1
+/// database of the shared server, dropped afterwards.
+async fn on_a_latin1_database<F, T>(test: F)
+where
+    F: FnOnce(PgBackend) -> T + Send + 'static,
+    T: std::future::Future<Output = ()> + Send,
+{
+    let admin = shared_client().await;
+    let db = format!("dlock_latin1_{}", random_id());
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE {db} ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' \
+             TEMPLATE template0"
+        ))
+        .await
+        .expect("create a LATIN1 database");
+    let conn = pg_support::conn_to(&db);
+    let outcome = tokio::spawn(async move {
+        let backend = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+            .await
+            .expect("connect to the LATIN1 database");
+        test(backend).await;
+    })
+    .await;
     admin
         .batch_execute(&format!("DROP DATABASE {db} WITH (FORCE)"))
         .await
@@ -2659,6 +2694,212 @@ async fn on_a_latin1_database_keys_map_to_the_servers_advisory_keys() {
     if let Err(err) = outcome {
         std::panic::resume_unwind(err.into_panic());
     }
+}
+
+/// A key with the advisory key of a permit slot held on the same session is
+/// held there, as it is for another process, with or without holder
+/// records: never granted beside the permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_colliding_with_a_permit_held_on_its_session_is_held() {
+    let schema = ScratchSchema::new("collide");
+    for record in [true, false] {
+        let backend = connect(schema.options().sessions(1).record_holders(record)).await;
+        let (x, k) = key_colliding_with_a_permit(&format!(":{}", random_id()));
+        let (x, k) = (
+            LockKey::new(x).expect("a key"),
+            LockKey::new(k).expect("a key"),
+        );
+        // The table of records, made.
+        let (warm, owner) = (fresh_key("warm"), OwnerId::random().expect("owner"));
+        take(&backend, &warm, &owner, Some("warm"))
+            .await
+            .expect("free");
+        give_back(&backend, &warm, &owner).await;
+        let permit = Access::Permits { permits: 1 };
+        let request = AcquireRequest::new(&k, &owner, Duration::from_secs(30)).with_access(permit);
+        let Attempt::Acquired(_grant) = backend.try_acquire(&request).await.expect("a permit")
+        else {
+            panic!("`{k}` should be free");
+        };
+        for identity in [Some("node-x"), None] {
+            let other = OwnerId::random().expect("owner");
+            let request =
+                AcquireRequest::new(&x, &other, Duration::from_secs(30)).with_identity(identity);
+            let answer = backend.try_acquire(&request).await;
+            assert!(
+                matches!(answer, Ok(Attempt::Held { .. })),
+                "records {record}, identity {identity:?}: {answer:?}"
+            );
+        }
+        let release = ReleaseRequest::new(&k, &owner).holding(permit, Some(0));
+        backend.release(&release).await.expect("release the permit");
+    }
+}
+
+/// A failed lock statement's undo keeps the session, and every lease on it,
+/// while a permit statement of another key, none of whose slots has its
+/// advisory key, waits for its answer on the same session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_undo_keeps_the_session_while_a_permit_of_another_key_is_in_flight() {
+    let schema = ScratchSchema::new("collide");
+    // A lock_timeout of 5 s: the failing statement waits that long.
+    let options = schema.options().sessions(1).record_holders(false);
+    let options = options.server_idle_timeout(None);
+    let backend = connect(options.liveness_interval(Duration::from_secs(10))).await;
+    let permit = Access::Permits { permits: 3 };
+    // The table of records made, the permit statement prepared.
+    let (warm, owner) = (fresh_key("warm"), OwnerId::random().expect("owner"));
+    take(&backend, &warm, &owner, Some("warm"))
+        .await
+        .expect("free");
+    give_back(&backend, &warm, &owner).await;
+    let p = fresh_key("permit");
+    let request = AcquireRequest::new(&p, &owner, Duration::from_secs(30)).with_access(permit);
+    assert!(matches!(
+        backend.try_acquire(&request).await,
+        Ok(Attempt::Acquired(_))
+    ));
+    let release = ReleaseRequest::new(&p, &owner).holding(permit, Some(0));
+    backend.release(&release).await.expect("release the permit");
+    let (bystander, bystander_owner) = (fresh_key("bystander"), OwnerId::random().expect("owner"));
+    let request = AcquireRequest::new(&bystander, &bystander_owner, Duration::from_secs(60));
+    let Attempt::Acquired(grant) = backend.try_acquire(&request).await.expect("free") else {
+        panic!("`{bystander}` should be free");
+    };
+    let loss = grant.loss.expect("a lease lost with its session");
+    let dba = lock_the_table_of_records(&schema).await;
+    let b = fresh_key("b");
+    let recording = {
+        let (backend, b) = (backend.clone(), b.clone());
+        tokio::spawn(async move {
+            let owner = OwnerId::random().expect("owner");
+            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
+                .with_identity(Some("node-b"));
+            backend.try_acquire(&request).await
+        })
+    };
+    let admin = shared_client().await;
+    wait_for_the_table_lock(&admin, &schema, &recording).await;
+    let permit_owner = OwnerId::random().expect("owner");
+    let request =
+        AcquireRequest::new(&p, &permit_owner, Duration::from_secs(30)).with_access(permit);
+    let mut permit_attempt = std::pin::pin!(backend.try_acquire(&request));
+    // Sent behind the waiting statement, then not read until that one
+    // failed and was undone.
+    tokio::select! {
+        answer = &mut permit_attempt => panic!("answered before the statement ahead of it: {answer:?}"),
+        () = tokio::time::sleep(Duration::from_millis(300)) => {}
+    }
+    let refused = recording.await.expect("task");
+    assert!(
+        !matches!(refused, Ok(Attempt::Acquired(_))),
+        "the table was locked: {refused:?}"
+    );
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
+    let answer = permit_attempt.await;
+    assert!(matches!(answer, Ok(Attempt::Acquired(_))), "{answer:?}");
+    assert!(!loss.is_ended(), "the bystander's session ended");
+    give_back(&backend, &bystander, &bystander_owner).await;
+}
+
+/// A permit of a free key is granted while a failed lock statement's undo
+/// of an unrelated advisory key waits on the same session (for the key's
+/// release gate, which another session holds): it queues behind the
+/// undo, never answered held for a key nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_free_permit_is_granted_while_an_undo_of_another_key_waits() {
+    let schema = ScratchSchema::new("collide");
+    let options = schema.options().sessions(1).server_idle_timeout(None);
+    let backend = connect(options.liveness_interval(Duration::from_secs(10))).await;
+    let admin = shared_client().await;
+    let (warm, owner) = (fresh_key("warm"), OwnerId::random().expect("owner"));
+    take(&backend, &warm, &owner, Some("warm"))
+        .await
+        .expect("free");
+    give_back(&backend, &warm, &owner).await;
+    // The functions of permits made, their statement prepared: the attempt
+    // below sends nothing else.
+    let p = fresh_key("permit");
+    let permit = Access::Permits { permits: 3 };
+    let request = AcquireRequest::new(&p, &owner, Duration::from_secs(30)).with_access(permit);
+    assert!(matches!(
+        backend.try_acquire(&request).await,
+        Ok(Attempt::Acquired(_))
+    ));
+    let release = ReleaseRequest::new(&p, &owner).holding(permit, Some(0));
+    backend.release(&release).await.expect("release the permit");
+    let b = fresh_key("b");
+    let gate = shared_client().await;
+    gate.query_one(
+        "SELECT pg_advisory_lock((~(h >> 32))::int4, (~((h << 32) >> 32))::int4) \
+         FROM (SELECT hashtextextended($1::text, 0) AS h) AS k",
+        &[&b.as_str()],
+    )
+    .await
+    .expect("take the key's release gate");
+    let dba = lock_the_table_of_records(&schema).await;
+    let recording = {
+        let (backend, b) = (backend.clone(), b.clone());
+        tokio::spawn(async move {
+            let owner = OwnerId::random().expect("owner");
+            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
+                .with_identity(Some("node-b"));
+            backend.try_acquire(&request).await
+        })
+    };
+    // The statement fails after the session's lock_timeout; its undo's
+    // unlock then waits for the gate, as long again.
+    within(30, "the undo waits for the gate", async {
+        while !admin
+            .query_one(
+                "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' \
+                 AND NOT granted AND objsubid = 2)",
+                &[],
+            )
+            .await
+            .expect("read pg_locks")
+            .get::<_, bool>(0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let permit_owner = OwnerId::random().expect("owner");
+    let request =
+        AcquireRequest::new(&p, &permit_owner, Duration::from_secs(30)).with_access(permit);
+    let answer = backend.try_acquire(&request).await;
+    assert!(matches!(answer, Ok(Attempt::Acquired(_))), "{answer:?}");
+    let release = ReleaseRequest::new(&p, &permit_owner).holding(permit, Some(0));
+    backend.release(&release).await.expect("release the permit");
+    let _ = recording.await.expect("task");
+    dba.batch_execute("ROLLBACK").await.expect("rollback");
+}
+
+/// Waits until `recording`'s statement waits for the table of records a
+/// DBA locked (or it is over already, on a machine slow enough to spend
+/// the lock timeout here).
+async fn wait_for_the_table_lock<T>(
+    admin: &dlock::pg::tokio_postgres::Client,
+    schema: &ScratchSchema,
+    recording: &tokio::task::JoinHandle<T>,
+) {
+    let waiting = format!(
+        "SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted \
+         AND relation = '{}.dlock_holders'::regclass)",
+        schema.name
+    );
+    within(30, "the recording statement waits", async {
+        while !recording.is_finished()
+            && !admin
+                .query_one(&waiting, &[])
+                .await
+                .expect("read pg_locks")
+                .get::<_, bool>(0)
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
 }
 
 /// A client that has locked `schema`'s table of holder records in an open

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::connection::Failure;
 use super::home::NoRuntime;
 use super::locks::{GiveBack, no_runtime};
-use super::session::{Failure, LockSession};
+use super::session::LockSession;
 use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,

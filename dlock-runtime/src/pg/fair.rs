@@ -86,8 +86,9 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
+use super::connection::Failure;
 use super::locks::{micros_since_1970, no_runtime};
-use super::session::{Failure, LockSession};
+use super::session::LockSession;
 use super::{Entry, Holding, Identified, Inner, KIND, State, sql, xact};
 use crate::backend::{AcquireRequest, Attempt, Grant, Handoff, OwnerId};
 use crate::error::{LockError, Operation};
@@ -223,7 +224,7 @@ impl Fair {
     /// A kept session that is still fit, or else the right to open one.
     fn reserve(self: &Arc<Self>, queues: &mut Queues) -> Option<Reserved> {
         while let Some((session, _)) = queues.idle.pop() {
-            if !session.is_ended() && !session.is_retired() && session.holds_nothing() {
+            if !session.is_ended() && !session.is_retired() && session.claims.holds_nothing() {
                 return Some(Reserved::Session(session));
             }
         }
@@ -470,7 +471,7 @@ impl Inner {
         if !session.is_fair()
             || session.is_ended()
             || session.is_retired()
-            || !session.holds_nothing()
+            || !session.claims.holds_nothing()
         {
             return;
         }
@@ -1148,7 +1149,7 @@ async fn deliver(
                                     .get_or_insert_with(|| watch::channel(()).0)
                                     .subscribe(),
                             ),
-                            None if on.claim(advisory_key) => {
+                            None if on.claims.claim(advisory_key) => {
                                 let deadline_slot = inner.deadlines.add(
                                     Arc::downgrade(&inner),
                                     &wait.key,

@@ -43,7 +43,8 @@ use tokio_postgres::SimpleQueryMessage;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
-use super::session::{Failure, LockSession};
+use super::connection::Failure;
+use super::session::LockSession;
 use super::{Entry, Inner, KIND, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, sql, xact};
 use crate::backend::{self, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};

@@ -29,7 +29,7 @@ use tokio::sync::{Mutex as AsyncMutex, oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::{Client, Notification};
 
-use super::session::{Connector, Failure};
+use super::connection::{Connector, Failure};
 use super::sql;
 use crate::backend::ReleaseNotice;
 

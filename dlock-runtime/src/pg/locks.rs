@@ -9,8 +9,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::claims::InFlight;
+use super::connection::Failure;
 use super::home::NoRuntime;
-use super::session::{Failure, InFlight, LockSession};
+use super::session::LockSession;
 use super::{Holding, Inner, KIND, State, sql, xact};
 use crate::backend::{Attempt, Grant, OwnerId};
 use crate::detach::{AbandonedWith, Ignore};
@@ -66,7 +68,9 @@ impl Inner {
             // Whether the statement was told the session holds the key's
             // advisory key already, so that it took no session lock.
             let mut told_already = false;
-            let expected = session.advisory_key_of(key.as_str(), self.options.key_seed);
+            let expected = session
+                .claims
+                .advisory_key_of(key.as_str(), self.options.key_seed);
             // A lease of a colliding key, or an undo, claims the advisory
             // key on this session: held, without a statement.
             let held_here = || Locked {
@@ -80,7 +84,7 @@ impl Inner {
                 None => {
                     // Counted in flight as a recording statement is: one
                     // sent behind it is told it may hold the advisory key.
-                    let Some((_, flying)) = session.already_holds(expected) else {
+                    let Some((_, flying)) = session.claims.already_holds(expected) else {
                         return Ok(held_here());
                     };
                     flight = Some(flying);
@@ -99,7 +103,8 @@ impl Inner {
                         .await
                     {
                         Ok(statements) => {
-                            let Some((already, flying)) = session.already_holds(expected) else {
+                            let Some((already, flying)) = session.claims.already_holds(expected)
+                            else {
                                 return Ok(held_here());
                             };
                             flight = Some(flying);
@@ -170,7 +175,9 @@ impl Inner {
                             if since.is_some() {
                                 session.wrote_a_record(key.as_str());
                             }
-                            session.check_advisory_key(key.as_str(), expected, advisory_key);
+                            session
+                                .claims
+                                .check_advisory_key(key.as_str(), expected, advisory_key);
                             Ok(Locked {
                                 session,
                                 advisory_key,
@@ -392,7 +399,7 @@ impl Inner {
                 Some(entry)
                     if entry.owner == owner
                         && matches!(entry.state, State::Acquiring)
-                        && session.claim(advisory_key) =>
+                        && session.claims.claim(advisory_key) =>
                 {
                     // Queued under the key map's lock, so the hold and its
                     // deadline are one step.
@@ -485,23 +492,15 @@ impl Inner {
                 // not known before its answer) or a permit held with it
                 // would lose its hold to this unlock: the session ends
                 // instead.
-                let Some(_claim) = session.claim_for_undo(advisory_key, own) else {
+                let Some(_claim) = session.claims.claim_for_undo(advisory_key, own) else {
                     session.end(format!(
                         "a lock statement for `{key}` failed without saying whether it took the \
-                         lock, while a lease or another lock statement on this session may hold \
-                         the same advisory key: only ending the session surely drops what it \
+                         lock, while a lease, a permit or another lock statement on this session \
+                         may hold the same advisory key: only ending the session surely drops what it \
                          took"
                     ));
                     return;
                 };
-                if self.permit_holds_on(session, advisory_key) {
-                    session.end(format!(
-                        "a lock statement for `{key}` failed without saying whether it took the \
-                         lock, while a permit held on this session has the same advisory key: \
-                         only ending the session surely drops what it took"
-                    ));
-                    return;
-                }
                 if self
                     .unlock_behind_gate(session, advisory_key)
                     .await
@@ -835,7 +834,7 @@ pub(super) struct Locked {
     /// When it wrote a holder record, by the server's clock, if it wrote one.
     pub(super) since: Option<SystemTime>,
     /// Counts the statement in flight until the lease claimed its key.
-    pub(super) in_flight: Option<super::session::InFlight>,
+    pub(super) in_flight: Option<InFlight>,
 }
 
 /// `at` in microseconds since 1970 (negative before).

@@ -365,6 +365,8 @@
 
 mod announce;
 mod backend;
+mod claims;
+mod connection;
 mod deadlines;
 mod fair;
 mod hash;
@@ -408,10 +410,11 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 use tokio_postgres::Config;
 
+use self::connection::{Connector, Failure};
 use self::deadlines::{Deadlines, Slot};
 use self::home::Home;
 use self::listen::Listener;
-use self::session::{Connector, Failure, LockSession};
+use self::session::LockSession;
 use self::wait::Waits;
 use crate::backend::OwnerId;
 use crate::error::{LockError, Operation};
@@ -613,7 +616,7 @@ impl Holding {
 impl Drop for Holding {
     fn drop(&mut self) {
         self.deadlines.remove(self.deadline_slot);
-        self.session.unclaim(self.advisory_key);
+        self.session.claims.unclaim(self.advisory_key);
     }
 }
 

@@ -41,10 +41,12 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
+use super::claims::PermitClaim;
+use super::connection::Failure;
 use super::deadlines::Slot;
 use super::home::NoRuntime;
 use super::locks::no_runtime;
-use super::session::{Failure, LockSession, ModeSql, ModeStatement};
+use super::session::{LockSession, ModeSql, ModeStatement};
 use super::{Inner, KIND, sql, xact};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL, ReleaseNotice,
@@ -147,6 +149,9 @@ struct ModeHold {
     deadline_slot: Slot,
     /// An unlock is on its way.
     releasing: bool,
+    /// A permit's hold of its slot's advisory key, counted in the
+    /// session's claims while this hold lives.
+    _slot_claim: Option<PermitClaim>,
 }
 
 impl Modes {
@@ -443,23 +448,6 @@ impl Inner {
         )))
     }
 
-    /// Whether a permit held on `session` has the advisory key `h` (any
-    /// permit, once the session stopped computing advisory keys): an
-    /// undo's unlock of `h` could drop its hold.
-    pub(super) fn permit_holds_on(&self, session: &LockSession, h: i64) -> bool {
-        let seed = self.options.key_seed;
-        self.modes.keys().iter().any(|(key, entry)| {
-            entry.holds.values().any(|hold| {
-                std::ptr::eq(Arc::as_ptr(&hold.session), session)
-                    && hold.slot.is_some_and(|slot| {
-                        session
-                            .advisory_key_of(&format!("dlock-permit:{slot}:{key}"), seed)
-                            .is_none_or(|slot_key| slot_key == h)
-                    })
-            })
-        })
-    }
-
     /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
     async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
         let session = self.session().await?;
@@ -516,6 +504,12 @@ impl Inner {
                 token,
                 deadline_slot,
                 releasing: false,
+                _slot_claim: slot.and_then(|slot| {
+                    let slot_key = format!("dlock-permit:{slot}:{key}");
+                    session
+                        .claims
+                        .claim_permit(&slot_key, self.options.key_seed)
+                }),
             },
         );
     }
@@ -590,19 +584,24 @@ impl Inner {
             Ok(statement) => statement,
             Err(err) => return Err(self.mode_unprepared(key, err).await),
         };
-        // A permit statement may take any slot's advisory key: counted in
-        // flight until its hold is booked, and not sent while an undo on
-        // the session may unlock one (see `LockSession::claim_for_undo`).
+        // A permit statement may take any of its slots' advisory keys:
+        // counted in flight until its hold is booked, and not sent while an
+        // undo on the session may unlock one (see `Claims::claim_for_undo`).
         // A shared statement takes no exclusive session lock: nothing an
         // undo's unlock could drop.
         let in_flight = match access {
-            Access::Permits { .. } => match session.mark_unknown() {
-                Some(mark) => Some(mark),
-                None => {
-                    self.modes.poll(key);
-                    return Ok(Attempt::Held { expires_in: None });
+            Access::Permits { permits } => {
+                match session
+                    .claims
+                    .mark_permit(key.as_str(), permits, self.options.key_seed)
+                {
+                    Some(mark) => Some(mark),
+                    None => {
+                        self.modes.poll(key);
+                        return Ok(Attempt::Held { expires_in: None });
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let answer = match access {
@@ -716,7 +715,10 @@ impl Inner {
         // them fails (a lock they waited for past the session's
         // lock_timeout among them: a DBA's LOCK TABLE or TRUNCATE left
         // open), so the session and the other leases on it live on.
+        // Nor does a key the server's encoding lacks: it fails at bind,
+        // before anything ran.
         let refused = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+            || sql::unencodable(&err)
             || err
                 .as_db_error()
                 .is_some_and(|db| db.message().contains(sql::REFUSED));

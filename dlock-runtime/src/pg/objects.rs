@@ -4,7 +4,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::session::Failure;
+use super::connection::Failure;
 use super::{Inner, sequence, sql};
 use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;

@@ -6,7 +6,7 @@
 //! that fixes it — including one far ahead of the clock, which the clock
 //! floor could not stand in for if it were lost.
 
-use super::session::Failure;
+use super::connection::Failure;
 
 /// Room a sequence's maximum must leave above the clock, as tokens are
 /// floored by the clock in microseconds: a century (36,525 days).

@@ -1,371 +1,22 @@
-//! Connections the backend opens and owns: the lock sessions that hold
-//! session advisory locks, and the plumbing every connection shares
-//! (connect with a timeout, a driver task that reports how it ended).
-//!
-//! Over 700 lines: a lock session's state (claims, in-flight marks, records
-//! written) and its connection, one lock guarding them; the redesign of the
-//! PostgreSQL backend splits it.
+//! The lock sessions that hold session advisory locks: their statements,
+//! the in-process claims of the advisory keys their leases hold, the lock
+//! statements in flight on them, and their liveness check.
 
-use std::collections::{HashMap, HashSet};
-use std::fmt;
-use std::future::Future;
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::task::{Poll, ready};
 use std::time::{Duration, SystemTime};
 
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Mutex as AsyncMutex, OnceCell, oneshot, watch};
 use tokio::time::{Instant, sleep, timeout};
-use tokio_postgres::config::Host;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{
-    AsyncMessage, CancelToken, Client, Config, Connection, Notification, Row, SimpleQueryMessage,
-    Statement, ToStatement,
-};
-use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_postgres::{CancelToken, Client, Row, SimpleQueryMessage, Statement, ToStatement};
 
 use super::announce::Announcements;
+use super::claims::Claims;
 use super::fair::FairTicket;
-use super::home::{Home, NoRuntime};
-use super::sql;
 use crate::backend::LossGroup;
 use crate::error::LostReason;
-
-/// A failure talking to PostgreSQL, with what was being done. Its text never
-/// holds the password: connection errors name `user@host:port/db` only.
-#[derive(Debug)]
-pub(super) struct Failure {
-    what: String,
-    source: Option<tokio_postgres::Error>,
-}
-
-impl Failure {
-    pub(super) fn new(what: impl Into<String>, source: tokio_postgres::Error) -> Self {
-        Self {
-            what: what.into(),
-            source: Some(source),
-        }
-    }
-
-    pub(super) fn msg(what: impl Into<String>) -> Self {
-        Self {
-            what: what.into(),
-            source: None,
-        }
-    }
-
-    /// The same failure, with what led to it said first.
-    pub(super) fn context(self, before: impl std::fmt::Display) -> Self {
-        Self {
-            what: format!("{before}: {}", self.what),
-            source: self.source,
-        }
-    }
-}
-
-impl fmt::Display for Failure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.source {
-            Some(source) => match source.as_db_error() {
-                // The server's own words read better than "db error: ERROR: …".
-                Some(db) => write!(f, "{}: {}", self.what, db),
-                None => {
-                    // tokio-postgres keeps the telling part ("invalid peer
-                    // certificate: UnknownIssuer") in its source chain.
-                    write!(f, "{}: {source}", self.what)?;
-                    let mut cause = std::error::Error::source(source);
-                    while let Some(inner) = cause {
-                        write!(f, ": {inner}")?;
-                        cause = inner.source();
-                    }
-                    Ok(())
-                }
-            },
-            None => f.write_str(&self.what),
-        }
-    }
-}
-
-impl std::error::Error for Failure {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_ref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-/// What it takes to open one more connection.
-#[derive(Clone)]
-pub(super) struct Connector {
-    config: Config,
-    tls: MakeRustlsConnect,
-    timeout: Duration,
-    target: String,
-    /// Where connections are opened and driven.
-    home: Arc<Home>,
-}
-
-impl Connector {
-    pub(super) fn new(
-        config: Config,
-        tls: MakeRustlsConnect,
-        timeout: Duration,
-        home: Arc<Home>,
-    ) -> Self {
-        let target = describe(&config);
-        Self {
-            config,
-            tls,
-            timeout,
-            target,
-            home,
-        }
-    }
-
-    /// Where the backend's work runs.
-    pub(super) fn home(&self) -> &Arc<Home> {
-        &self.home
-    }
-
-    /// `user@host:port/dbname`, for messages: never the password.
-    pub(super) fn target(&self) -> &str {
-        &self.target
-    }
-
-    /// The connect timeout.
-    pub(super) fn connect_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// The same connector, whose connections have the kernel probe the
-    /// server every `every` once they are quiet (TCP keepalives: idle
-    /// `every`, then every `every`, given up after two probes without an
-    /// answer), unless the connection string set keepalives of its own.
-    /// For fair sessions, which send nothing while they wait in a key's
-    /// queue, so no liveness check can run on them then: a server gone
-    /// half-open ends the wait within about three times `every`, not the
-    /// kernel's two hours.
-    pub(super) fn keeping_alive(&self, every: Duration) -> Self {
-        let mut connector = self.clone();
-        let config = &mut connector.config;
-        let untouched = config.get_keepalives()
-            && config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60)
-            && config.get_keepalives_interval().is_none()
-            && config.get_keepalives_retries().is_none();
-        if untouched {
-            let every = every.max(Duration::from_secs(1));
-            config
-                .keepalives_idle(every)
-                .keepalives_interval(every)
-                .keepalives_retries(2);
-        }
-        connector
-    }
-
-    /// Asks the server to cancel the statement running on the session of
-    /// `token` (a connection of its own, which the server closes at once),
-    /// within the connect timeout. The server says nothing of the outcome.
-    pub(super) async fn cancel(&self, token: CancelToken) -> Result<(), Failure> {
-        match timeout(self.timeout, token.cancel_query(self.tls.clone())).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(Failure::new(
-                format!("cannot send a cancel request to {}", self.target),
-                err,
-            )),
-            Err(_) => Err(Failure::msg(format!(
-                "cannot send a cancel request to {}: no answer within the connect timeout of {:?}",
-                self.target, self.timeout
-            ))),
-        }
-    }
-
-    /// Opens a connection and drives it in a task of its own. `on_end` gets
-    /// why it ended; a message on `kill` (or dropping its sender) closes it.
-    /// The whole connect, handshake and authentication included, is bounded
-    /// by the connect timeout (tokio-postgres bounds only the TCP connect).
-    /// The session's settings are dlock's (see `sql::SESSION_DEFAULTS`)
-    /// before anything else is sent, with `lock_timeout` for its
-    /// `lock_timeout`. Opened at home, whatever runtime asks: the
-    /// connection's socket and its driver belong to the runtime that opens
-    /// it.
-    pub(super) async fn open(
-        &self,
-        lock_timeout: Duration,
-        kill: oneshot::Receiver<String>,
-        on_end: impl FnOnce(String) + Send + 'static,
-    ) -> Result<Client, Failure> {
-        self.open_with(lock_timeout, kill, on_end, None).await
-    }
-
-    /// [`open`](Self::open), for a connection that `LISTEN`s: its driver
-    /// hands every notification the server sends to `on_notification`
-    /// (called in the driver's task, so it must not block).
-    pub(super) async fn open_listening(
-        &self,
-        lock_timeout: Duration,
-        kill: oneshot::Receiver<String>,
-        on_end: impl FnOnce(String) + Send + 'static,
-        on_notification: OnNotification,
-    ) -> Result<Client, Failure> {
-        self.open_with(lock_timeout, kill, on_end, Some(on_notification))
-            .await
-    }
-
-    async fn open_with(
-        &self,
-        lock_timeout: Duration,
-        kill: oneshot::Receiver<String>,
-        on_end: impl FnOnce(String) + Send + 'static,
-        on_notification: Option<OnNotification>,
-    ) -> Result<Client, Failure> {
-        let connector = self.clone();
-        self.home
-            .run(async move {
-                connector
-                    .open_here(lock_timeout, kill, on_end, on_notification)
-                    .await
-            })
-            .await
-            .unwrap_or_else(|NoRuntime| {
-                Err(Failure::msg(format!(
-                    "cannot connect to {}: the runtime the backend runs on shut down, and no \
-                     other runtime is there to take over",
-                    self.target
-                )))
-            })
-    }
-
-    async fn open_here(
-        &self,
-        lock_timeout: Duration,
-        kill: oneshot::Receiver<String>,
-        on_end: impl FnOnce(String) + Send + 'static,
-        on_notification: Option<OnNotification>,
-    ) -> Result<Client, Failure> {
-        let connecting = self.config.connect(self.tls.clone());
-        let (client, connection) = match timeout(self.timeout, connecting).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(err)) => {
-                return Err(Failure::new(
-                    format!("cannot connect to {}", self.target),
-                    err,
-                ));
-            }
-            Err(_) => {
-                return Err(Failure::msg(format!(
-                    "cannot connect to {}: no answer within the connect timeout of {:?}",
-                    self.target, self.timeout
-                )));
-            }
-        };
-        match on_notification {
-            None => tokio::spawn(drive(connection, kill, on_end)),
-            Some(forward) => tokio::spawn(drive(forwarding(connection, forward), kill, on_end)),
-        };
-        // First of all, before any statement that names a function.
-        let lock_timeout_ms = lock_timeout.as_millis().max(1).to_string();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_timeout_ms];
-        let defaults = client.query_one(sql::SESSION_DEFAULTS, &params);
-        match timeout(self.timeout, defaults).await {
-            Ok(Ok(_)) => Ok(client),
-            Ok(Err(err)) => Err(Failure::new(
-                format!("cannot set up a session on {}", self.target),
-                err,
-            )),
-            Err(_) => Err(Failure::msg(format!(
-                "cannot set up a session on {}: no answer within the connect timeout of {:?}",
-                self.target, self.timeout
-            ))),
-        }
-    }
-}
-
-/// Runs a connection until the server or the network ends it, or until it
-/// is told to stop; dropping the connection closes the socket, and the
-/// server then drops every lock the session held. `on_end` is told why —
-/// also when the runtime drops this task unfinished as it shuts down.
-async fn drive<C, E>(connection: C, kill: oneshot::Receiver<String>, on_end: E)
-where
-    C: Future<Output = Result<(), tokio_postgres::Error>>,
-    E: FnOnce(String),
-{
-    let mut on_end = OnEnd(Some(on_end));
-    let reason = tokio::select! {
-        ended = connection => match ended {
-            Ok(()) => "the server closed the connection".to_owned(),
-            Err(err) => match err.as_db_error() {
-                Some(db) => db.to_string(),
-                None => err.to_string(),
-            },
-        },
-        why = kill => why.unwrap_or_else(|_| "the backend closed the session".to_owned()),
-    };
-    on_end.call(reason);
-}
-
-/// Where a listening connection's driver hands the notifications it gets.
-pub(super) type OnNotification = Box<dyn FnMut(Notification) + Send + 'static>;
-
-/// Drives `connection` as its own `Future` does, and hands each
-/// notification to `forward` (that `Future` drops them).
-async fn forwarding<S, T>(
-    mut connection: Connection<S, T>,
-    mut forward: OnNotification,
-) -> Result<(), tokio_postgres::Error>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-    T: AsyncRead + AsyncWrite + Unpin,
-{
-    std::future::poll_fn(move |cx| {
-        loop {
-            match ready!(connection.poll_message(cx)) {
-                Some(Ok(AsyncMessage::Notification(notification))) => forward(notification),
-                Some(Ok(AsyncMessage::Notice(notice))) => tracing::info!(
-                    severity = notice.severity(),
-                    "PostgreSQL notice on a listening connection: {}",
-                    notice.message()
-                ),
-                Some(Ok(_)) => {}
-                Some(Err(err)) => return Poll::Ready(Err(err)),
-                None => return Poll::Ready(Ok(())),
-            }
-        }
-    })
-    .await
-}
-
-/// Calls its function once: with the given reason, or when dropped.
-struct OnEnd<E: FnOnce(String)>(Option<E>);
-
-impl<E: FnOnce(String)> OnEnd<E> {
-    fn call(&mut self, why: String) {
-        if let Some(on_end) = self.0.take() {
-            on_end(why);
-        }
-    }
-}
-
-impl<E: FnOnce(String)> Drop for OnEnd<E> {
-    fn drop(&mut self) {
-        self.call("the runtime driving the connection shut down".to_owned());
-    }
-}
-
-fn describe(config: &Config) -> String {
-    let user = config.get_user().unwrap_or("(default user)");
-    let host = match config.get_hosts().first() {
-        Some(Host::Tcp(host)) => host.clone(),
-        Some(Host::Unix(path)) => path.display().to_string(),
-        None => match config.get_hostaddrs().first() {
-            Some(addr) => addr.to_string(),
-            None => "localhost".to_owned(),
-        },
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    let db = config.get_dbname().unwrap_or(user);
-    format!("{user}@{host}:{port}/{db}")
-}
 
 /// One connection that holds session advisory locks for any number of
 /// leases. The backend opened it and nothing else ever runs on it, so a
@@ -408,28 +59,18 @@ pub(super) struct LockSession {
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
     retired: AtomicBool,
-    /// Cleared when the server's advisory keys are not the ones the `hash`
-    /// module computes (see [`advisory_key_of`](Self::advisory_key_of)).
-    hashes: AtomicBool,
-    /// Whether the server's encoding is UTF-8: else only ASCII keys have
-    /// the advisory keys the `hash` module computes.
-    utf8: AtomicBool,
     /// The keys whose holder records lock statements wrote on this
     /// session (see [`wrote_a_record`](Self::wrote_a_record)).
     recorded_keys: Mutex<HashSet<String>>,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
-    /// The advisory keys some lease of this process holds on this session:
-    /// the index behind the backend's collision check, so it costs one
-    /// lookup instead of a scan of every key held.
-    claimed: Mutex<HashSet<i64>>,
     /// Holder records of plain leases released on this session, not yet
     /// deleted (see [`sql::DELETE_RELEASED`]).
     released: Mutex<Released>,
-    /// The lock statements in flight on this session (see
-    /// [`already_holds`](Self::already_holds)).
-    in_flight: Mutex<Flying>,
+    /// What this process knows of the advisory keys on this session: the
+    /// ones its leases hold, and the lock statements in flight.
+    pub(super) claims: Arc<Claims>,
     /// Every lease on this session, lost together when it ends.
     loss: Arc<LossGroup>,
     /// Set while a fair waiter's statement waits in a key's queue on this
@@ -523,79 +164,6 @@ pub(super) const RELEASED_BATCH: usize = 64;
 /// until the next release after that.
 pub(super) const RELEASED_WAIT: Duration = Duration::from_secs(1);
 
-/// Lock statements in flight on a session: how many of each advisory
-/// key, how many whose advisory key is not known before the answer
-/// (permit statements, which try slot after slot, and any statement once
-/// the backend stopped trusting its own hash), and how many undos are
-/// between their claim and their unlock (see
-/// [`LockSession::claim_for_undo`]).
-#[derive(Default)]
-struct Flying {
-    keys: HashMap<i64, usize>,
-    unknown: usize,
-    undoing: usize,
-}
-
-/// A lock statement counted in flight on its session until dropped (see
-/// [`LockSession::already_holds`]): dropped once its lease claimed its
-/// advisory key, or gave it back.
-pub(super) struct InFlight {
-    session: Arc<LockSession>,
-    advisory_key: Option<i64>,
-}
-
-impl InFlight {
-    /// The advisory key of the statement, if it was known when sent.
-    pub(super) fn advisory_key(&self) -> Option<i64> {
-        self.advisory_key
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let mut flying = self
-            .session
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match self.advisory_key {
-            Some(h) => {
-                if let Some(count) = flying.keys.get_mut(&h) {
-                    *count -= 1;
-                    if *count == 0 {
-                        flying.keys.remove(&h);
-                    }
-                }
-            }
-            None => flying.unknown = flying.unknown.saturating_sub(1),
-        }
-    }
-}
-
-/// An undo's claim of an advisory key (see
-/// [`LockSession::claim_for_undo`]), given up when dropped.
-pub(super) struct UndoClaim {
-    session: Arc<LockSession>,
-    advisory_key: i64,
-}
-
-impl Drop for UndoClaim {
-    fn drop(&mut self) {
-        let mut claimed = self
-            .session
-            .claimed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut flying = self
-            .session
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        claimed.remove(&self.advisory_key);
-        flying.undoing -= 1;
-    }
-}
-
 /// The released records of a session waiting for their batch delete:
 /// advisory keys and tokens, pairwise, and when the first came.
 #[derive(Default)]
@@ -629,14 +197,11 @@ impl LockSession {
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
             retired: AtomicBool::new(false),
-            hashes: AtomicBool::new(true),
-            utf8: AtomicBool::new(true),
             recorded_keys: Mutex::default(),
             ended,
             kill: Mutex::new(Some(kill)),
-            claimed: Mutex::default(),
             released: Mutex::default(),
-            in_flight: Mutex::default(),
+            claims: Claims::new(pid),
             loss,
             waiting: AtomicBool::new(false),
             fair: OnceLock::new(),
@@ -663,158 +228,9 @@ impl LockSession {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// True when no lease of this process holds a lock on this session.
-    pub(super) fn holds_nothing(&self) -> bool {
-        self.claimed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_empty()
-    }
-
     /// What it takes to cancel the statement running on this session.
     pub(super) fn cancel_token(&self) -> CancelToken {
         self.client.cancel_token()
-    }
-
-    /// Records that a lease now holds `advisory_key` on this session; false
-    /// (and nothing recorded) when another lease already does — the server
-    /// granted it again only because advisory locks are re-entrant.
-    pub(super) fn claim(&self, advisory_key: i64) -> bool {
-        self.claimed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(advisory_key)
-    }
-
-    /// Claims `advisory_key` for the undo of a failed lock statement
-    /// (`own`: its in-flight mark) that cannot tell whether it took it,
-    /// until the returned claim is dropped (after the undo's unlock).
-    /// `None`, and nothing claimed, when a lease holds it, or another lock
-    /// statement that may take it waits for its answer on this session
-    /// (one of the same advisory key, or one whose advisory key is not
-    /// known): that statement may have a fresh hold of it, not yet
-    /// claimed, which the undo's one unlock would drop instead of its own.
-    /// While the claim stands, no statement that may take the advisory key
-    /// is sent on this session (see [`already_holds`](Self::already_holds)
-    /// and [`mark_unknown`](Self::mark_unknown)), so the unlock drops what
-    /// the failed statement took, or nothing.
-    pub(super) fn claim_for_undo(
-        self: &Arc<Self>,
-        advisory_key: i64,
-        own: &InFlight,
-    ) -> Option<UndoClaim> {
-        let mut claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut flying = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let same = flying.keys.get(&advisory_key).copied().unwrap_or(0);
-        let same = same.saturating_sub(usize::from(own.advisory_key == Some(advisory_key)));
-        let unknown = flying
-            .unknown
-            .saturating_sub(usize::from(own.advisory_key.is_none()));
-        if same > 0 || unknown > 0 || !claimed.insert(advisory_key) {
-            return None;
-        }
-        flying.undoing += 1;
-        Some(UndoClaim {
-            session: Arc::clone(self),
-            advisory_key,
-        })
-    }
-
-    /// For a lock statement of a key whose advisory key is `advisory_key`
-    /// (`None`: not known before the answer), about to be sent: `None`
-    /// when a lease of this process, or an undo, claims that advisory key
-    /// on this session (the attempt is answered held in process; the
-    /// server would grant it only because advisory locks are re-entrant).
-    /// Else whether the session holds the advisory key already, decided in
-    /// process: `Some(true)` also when another lock statement of it is in
-    /// flight (its lease may be the holder by the time this one runs), and
-    /// `None` (the statement reads `pg_locks`) when a statement of an
-    /// unknown advisory key is in flight, or this one's is unknown. Until
-    /// the returned mark is dropped, the statement counts as in flight.
-    pub(super) fn already_holds(
-        self: &Arc<Self>,
-        advisory_key: Option<i64>,
-    ) -> Option<(Option<bool>, InFlight)> {
-        let claimed = self.claimed.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut flying = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let answer = match advisory_key {
-            Some(h) if claimed.contains(&h) => return None,
-            None if flying.undoing > 0 => return None,
-            Some(h) if flying.unknown == 0 => Some(flying.keys.contains_key(&h)),
-            _ => None,
-        };
-        match advisory_key {
-            Some(h) => *flying.keys.entry(h).or_default() += 1,
-            None => flying.unknown += 1,
-        }
-        Some((
-            answer,
-            InFlight {
-                session: Arc::clone(self),
-                advisory_key,
-            },
-        ))
-    }
-
-    /// The advisory key of `key` with `seed`, computed in process; `None`
-    /// for a key outside ASCII on a server whose encoding is not UTF-8,
-    /// and for any key once this session found that the server computes
-    /// another (see [`check_advisory_key`](Self::check_advisory_key)).
-    pub(super) fn advisory_key_of(&self, key: &str, seed: i64) -> Option<i64> {
-        let known = self.hashes.load(Ordering::Acquire)
-            && (key.is_ascii() || self.utf8.load(Ordering::Acquire));
-        known.then(|| super::hash::advisory_key(key, seed))
-    }
-
-    /// Takes what a new session learned of the server: whether it hashes
-    /// the probe as the `hash` module does, and whether its encoding is
-    /// UTF-8.
-    pub(super) fn hashes_agree(&self, (probe, utf8): (bool, bool)) {
-        self.utf8.store(utf8, Ordering::Release);
-        if !probe {
-            self.distrust_hashes();
-        }
-    }
-
-    /// Stops computing advisory keys in process on this session: the
-    /// server's differ (see the `hash` module).
-    pub(super) fn distrust_hashes(&self) {
-        if self.hashes.swap(false, Ordering::AcqRel) {
-            tracing::warn!(
-                pid = self.pid,
-                "the server's advisory keys differ from the ones dlock computes: this lock \
-                 session asks the server instead"
-            );
-        }
-    }
-
-    /// Compares the advisory key `expected` of `key` (computed in process)
-    /// with the one the server answered, and stops trusting the former on
-    /// this session when they differ.
-    pub(super) fn check_advisory_key(&self, key: &str, expected: Option<i64>, server: i64) {
-        if expected.is_some_and(|h| h != server) {
-            tracing::warn!(
-                key,
-                expected,
-                server,
-                "an advisory key differs from the server's"
-            );
-            self.distrust_hashes();
-        }
-    }
-
-    /// Counts a statement that may take any advisory key (a permit
-    /// statement) in flight until the returned mark is dropped; `None`,
-    /// and the statement must not be sent, while an undo on this session
-    /// is between its claim and its unlock.
-    pub(super) fn mark_unknown(self: &Arc<Self>) -> Option<InFlight> {
-        self.already_holds(None).map(|(_, mark)| mark)
     }
 
     /// Keeps the record of a plain lease released on this session for its
@@ -840,14 +256,6 @@ impl LockSession {
         released.lock_ids.extend(batch.lock_ids);
         released.tokens.extend(batch.tokens);
         released.since = since;
-    }
-
-    /// Undoes a [`claim`](Self::claim) when the hold ends.
-    pub(super) fn unclaim(&self, advisory_key: i64) {
-        self.claimed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&advisory_key);
     }
 
     /// Sends a statement that returns one row on this session.

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
+use super::connection::Failure;
 use super::fair::FairTicket;
-use super::session::{self, Failure, LockSession, SessionEnding};
+use super::session::{self, LockSession, SessionEnding};
 use super::{Inner, KIND, hash, sql};
 use crate::backend::LossGroup;
 use crate::error::{LockError, Operation};
@@ -174,7 +175,7 @@ impl Inner {
         if let Some(ticket) = fair {
             session.make_fair(ticket);
         }
-        session.hashes_agree(hashes);
+        session.claims.hashes_agree(hashes);
         self.home.spawn(session::check_liveness(
             Arc::downgrade(&session),
             self.options.liveness_interval,

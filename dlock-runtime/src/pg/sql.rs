@@ -1393,6 +1393,7 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         // strike anywhere.
         return match err.code() {
             _ if raised_by_a_trigger(err) => LockLeft::Unknown,
+            _ if unencodable(err) => LockLeft::No,
             _ if sequence_missing(err) => LockLeft::No,
             _ if refused_sequence(err).is_some() => LockLeft::No,
             Some(code) if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED => LockLeft::No,
@@ -1400,6 +1401,7 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         };
     }
     match err.code() {
+        _ if unencodable(err) => LockLeft::No,
         // Planning names the sequence (a prepared statement is planned
         // again once it is dropped), so this is found before anything ran.
         _ if sequence_missing(err) => LockLeft::No,
@@ -1421,6 +1423,17 @@ pub(super) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> Lock
         // sequence's (the draw).
         _ => LockLeft::Unknown,
     }
+}
+
+/// Whether `err` says that a parameter (the key, an identity) has a
+/// character the server's encoding lacks: the server converts parameters
+/// when it binds them, before the statement runs, so it took nothing.
+pub(super) fn unencodable(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNTRANSLATABLE_CHARACTER
+            || *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE
+    })
 }
 
 /// Fills `{schema}` in a statement.

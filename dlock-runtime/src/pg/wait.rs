@@ -25,7 +25,7 @@ use tokio::time::{sleep, timeout};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Statement};
 
-use super::session::{Connector, Failure};
+use super::connection::{Connector, Failure};
 use super::sql;
 use crate::backend::ReleaseNotice;
 use crate::key::LockKey;

@@ -9,7 +9,7 @@ use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::session::Failure;
+use super::connection::Failure;
 use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
 use crate::error::{LockError, Operation};
 use crate::options::{IntoLockKey, MAX_DURATION};

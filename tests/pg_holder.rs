@@ -2736,6 +2736,35 @@ async fn a_key_colliding_with_a_permit_held_on_its_session_is_held() {
     }
 }
 
+/// A permit never takes a slot whose advisory key a lease holds on the
+/// same session (the server would grant it again, re-entrant): it takes
+/// another slot, or is held when there is none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_never_takes_a_slot_whose_advisory_key_a_lease_holds_on_its_session() {
+    let schema = ScratchSchema::new("collide");
+    let backend = connect(schema.options().sessions(1)).await;
+    let (x, k) = key_colliding_with_a_permit(&format!(":{}", random_id()));
+    let (x, k) = (
+        LockKey::new(x).expect("a key"),
+        LockKey::new(k).expect("a key"),
+    );
+    let owner = OwnerId::random().expect("owner");
+    take(&backend, &x, &owner, None).await.expect("free");
+    let one = Access::Permits { permits: 1 };
+    let request = AcquireRequest::new(&k, &owner, Duration::from_secs(30)).with_access(one);
+    let answer = backend.try_acquire(&request).await;
+    assert!(matches!(answer, Ok(Attempt::Held { .. })), "{answer:?}");
+    let two = Access::Permits { permits: 2 };
+    let request = AcquireRequest::new(&k, &owner, Duration::from_secs(30)).with_access(two);
+    let Ok(Attempt::Acquired(grant)) = backend.try_acquire(&request).await else {
+        panic!("`{k}` has a free slot");
+    };
+    assert_eq!(grant.slot, Some(1), "slot 0 has the advisory key of `{x}`");
+    let release = ReleaseRequest::new(&k, &owner).holding(two, Some(1));
+    backend.release(&release).await.expect("release the permit");
+    give_back(&backend, &x, &owner).await;
+}
+
 /// A failed lock statement's undo keeps the session, and every lease on it,
 /// while a permit statement of another key, none of whose slots has its
 /// advisory key, waits for its answer on the same session.

@@ -300,6 +300,26 @@ impl Claims {
         ))
     }
 
+    /// The slots of a permit of `key`, among its first `slots` (at most
+    /// [`SLOTS_HASHED`]), whose advisory keys a lease of this process holds
+    /// on this session, or a lock statement in flight on it may take: a
+    /// permit statement must not take one of them a second time beside
+    /// that lease.
+    pub(super) fn slots_held_here(&self, key: &str, slots: u32, seed: i64) -> Vec<i32> {
+        let claimed = self.claimed();
+        let flying = self.flying();
+        if claimed.leases.is_empty() && flying.keys.is_empty() {
+            return Vec::new();
+        }
+        (0..slots.min(SLOTS_HASHED))
+            .filter(|slot| {
+                self.advisory_key_of(&format!("dlock-permit:{slot}:{key}"), seed)
+                    .is_some_and(|h| claimed.leases.contains(&h) || flying.keys.contains_key(&h))
+            })
+            .filter_map(|slot| i32::try_from(slot).ok())
+            .collect()
+    }
+
     /// Counts a permit statement of `key` that may try `slots` slots in
     /// flight until the returned mark is dropped (after its hold is
     /// booked); `None`, and the statement must not be sent, while an undo

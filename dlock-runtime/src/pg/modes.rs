@@ -607,7 +607,7 @@ impl Inner {
         let answer = match access {
             Access::Permits { permits } => {
                 let n = i32::try_from(permits).unwrap_or(i32::MAX);
-                let skipped: Vec<i32> = self
+                let mut skipped: Vec<i32> = self
                     .modes
                     .keys()
                     .get(key)
@@ -620,6 +620,11 @@ impl Inner {
                             .collect()
                     })
                     .unwrap_or_default();
+                // Nor a slot with the advisory key of a lease of this
+                // session (the server would grant it again, re-entrant):
+                // marked in flight above, so a lease's statement sent from
+                // now on reads the permit's hold on the server.
+                skipped.extend(session.claims.slots_held_here(key.as_str(), permits, seed));
                 async {
                     let row = session
                         .query_one(statement, &[&key.as_str(), &seed, &n, &skipped])

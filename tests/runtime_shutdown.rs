@@ -9,6 +9,8 @@
 //! `DLOCK_REDIS_URL`) and PostgreSQL (127.0.0.1:5432 or `DLOCK_PG_URL`)
 //! with their features.
 
+mod support;
+
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,13 +37,9 @@ fn fresh_key(label: &str) -> LockKey {
     .expect("valid key")
 }
 
-fn fresh_dir(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "dlock-shutdown-{label}-{}",
-        OwnerId::random().expect("random bytes")
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir
+/// A directory of the test's own, removed however the test ends.
+fn fresh_dir(label: &str) -> support::ScratchDir {
+    support::ScratchDir::new(&format!("dlock-shutdown-{label}"))
 }
 
 /// A runtime like a blocking library makes for one call.
@@ -200,7 +198,6 @@ fn file_key_freed_at_once(label: &str, scenario: fn(ConnectFile) -> LockKey) {
     let backend = FileBackend::open(&dir).expect("lock dir");
     let key = scenario(the_file_backend(&backend));
     let held = still_held(file_backend(&dir), &[key]);
-    let _ = std::fs::remove_dir_all(&dir);
     assert_free(held);
 }
 
@@ -223,7 +220,6 @@ fn file_acquisitions_cut_off_by_their_runtime_shutting_down_leave_no_key_held_an
     let keys = cut_off_by_runtime_shutdown(|| the_file_backend(&backend));
     let held = still_held(file_backend(&dir), &keys);
     let open = open_in(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
     assert_free(held);
     assert!(
         open.is_empty(),
@@ -310,7 +306,6 @@ fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fa
         libc::kill(pid, libc::SIGKILL);
         libc::waitpid(pid, &mut status, 0);
     }
-    let _ = std::fs::remove_dir_all(&dir);
     assert!(
         alive,
         "the child must still be alive when the key is checked (status {status})"

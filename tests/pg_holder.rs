@@ -2663,6 +2663,94 @@ async fn a_key_the_servers_encoding_lacks_fails_alone_and_keeps_the_session() {
     .await;
 }
 
+/// On a LATIN1 database a permit of a key outside ASCII, whose slots'
+/// advisory keys only the server knows, still counts its slot on its
+/// session: a colliding key is held while the permit is, and the permit is
+/// held while a lease of the colliding key is.
+#[tokio::test]
+async fn on_a_latin1_database_a_permit_outside_ascii_and_a_colliding_key_exclude_each_other() {
+    on_a_latin1_database(|backend| async move {
+        // Collide with an ASCII suffix, then end both in one character
+        // that is one byte in LATIN1: the server's hashes still agree.
+        let (x, k) = key_colliding_with_a_permit(&format!(":{}Z", random_id()));
+        let outside = |key: &str| LockKey::new(format!("{}é", &key[..key.len() - 1])).expect("key");
+        let (x, k) = (outside(&x), outside(&k));
+        let (lease, permit_owner) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        let one = Access::Permits { permits: 1 };
+        let permit =
+            AcquireRequest::new(&k, &permit_owner, Duration::from_secs(30)).with_access(one);
+        take(&backend, &x, &lease, None).await.expect("free");
+        let answer = backend.try_acquire(&permit).await;
+        assert!(
+            matches!(answer, Ok(Attempt::Held { .. })),
+            "beside `{x}`: {answer:?}"
+        );
+        give_back(&backend, &x, &lease).await;
+        let answer = backend.try_acquire(&permit).await;
+        assert!(matches!(answer, Ok(Attempt::Acquired(_))), "{answer:?}");
+        let request = AcquireRequest::new(&x, &lease, Duration::from_secs(30));
+        let answer = backend.try_acquire(&request).await;
+        assert!(
+            matches!(answer, Ok(Attempt::Held { .. })),
+            "beside the permit: {answer:?}"
+        );
+        let release = ReleaseRequest::new(&k, &permit_owner).holding(one, Some(0));
+        backend.release(&release).await.expect("release the permit");
+    })
+    .await;
+}
+
+/// A permit and a key colliding with its slot, attempted at once on one
+/// session without holder records (nothing reads `pg_locks` for them), are
+/// never both granted: whichever claims the advisory key first keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_and_a_colliding_key_raced_on_one_session_are_never_both_granted() {
+    let schema = ScratchSchema::new("collide");
+    let backend = Arc::new(connect(schema.options().sessions(1).record_holders(false)).await);
+    let one = Access::Permits { permits: 1 };
+    for round in 0..200 {
+        let (x, k) = key_colliding_with_a_permit(&format!(":{}", random_id()));
+        let (x, k) = (
+            LockKey::new(x).expect("a key"),
+            LockKey::new(k).expect("a key"),
+        );
+        let (permit_owner, lease) = (
+            OwnerId::random().expect("owner"),
+            OwnerId::random().expect("owner"),
+        );
+        let permit = {
+            let (backend, k) = (Arc::clone(&backend), k.clone());
+            tokio::spawn(async move {
+                let request = AcquireRequest::new(&k, &permit_owner, Duration::from_secs(30))
+                    .with_access(one);
+                backend.try_acquire(&request).await
+            })
+        };
+        tokio::task::yield_now().await;
+        let plain = {
+            let (backend, x) = (Arc::clone(&backend), x.clone());
+            tokio::spawn(async move {
+                backend
+                    .try_acquire(&AcquireRequest::new(&x, &lease, Duration::from_secs(30)))
+                    .await
+            })
+        };
+        let permit = matches!(permit.await.expect("task"), Ok(Attempt::Acquired(_)));
+        let plain = matches!(plain.await.expect("task"), Ok(Attempt::Acquired(_)));
+        assert!(!(permit && plain), "round {round}: both granted");
+        if permit {
+            let release = ReleaseRequest::new(&k, &permit_owner).holding(one, Some(0));
+            backend.release(&release).await.expect("release the permit");
+        }
+        if plain {
+            give_back(&backend, &x, &lease).await;
+        }
+    }
+}
+
 /// Runs `test` with a backend of one lock session on a new LATIN1
 /// database of the shared server, dropped afterwards.
 async fn on_a_latin1_database<F, T>(test: F)

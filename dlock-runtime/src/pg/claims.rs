@@ -193,7 +193,9 @@ impl Claims {
     /// Records that a lease now holds `advisory_key` on this session; false
     /// (and nothing recorded) when another lease or a permit already does:
     /// the server granted it again only because advisory locks are
-    /// re-entrant.
+    /// re-entrant. A permit whose statement took it meanwhile claims it
+    /// after this (see [`claim_permit`](Self::claim_permit)): whichever
+    /// claims first keeps it, the other gives its hold back.
     pub(super) fn claim(&self, advisory_key: i64) -> bool {
         let mut claimed = self.claimed();
         !claimed.permits.contains_key(&advisory_key) && claimed.leases.insert(advisory_key)
@@ -204,12 +206,16 @@ impl Claims {
         self.claimed().leases.remove(&advisory_key);
     }
 
-    /// Counts a permit's hold of the advisory key of its slot's key
-    /// (`slot_key`) on this session until the returned claim is dropped;
-    /// `None` where that advisory key is not known here.
-    pub(super) fn claim_permit(self: &Arc<Self>, slot_key: &str, seed: i64) -> Option<PermitClaim> {
-        let advisory_key = self.advisory_key_of(slot_key, seed)?;
-        *self.claimed().permits.entry(advisory_key).or_default() += 1;
+    /// Counts a permit's hold of its slot's advisory key on this session
+    /// until the returned claim is dropped; `None`, and nothing counted,
+    /// when a lease holds that advisory key here: the server granted the
+    /// slot again only because advisory locks are re-entrant.
+    pub(super) fn claim_permit(self: &Arc<Self>, advisory_key: i64) -> Option<PermitClaim> {
+        let mut claimed = self.claimed();
+        if claimed.leases.contains(&advisory_key) {
+            return None;
+        }
+        *claimed.permits.entry(advisory_key).or_default() += 1;
         Some(PermitClaim {
             claims: Arc::clone(self),
             advisory_key,

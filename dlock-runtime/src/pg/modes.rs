@@ -490,12 +490,13 @@ impl Inner {
         owner: OwnerId,
         ttl: Duration,
         session: &Arc<LockSession>,
-        slot: Option<u32>,
+        slot: Option<(u32, PermitClaim)>,
         token: FencingToken,
     ) {
         let deadline_slot =
             self.deadlines
                 .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
+        let (slot, slot_claim) = slot.unzip();
         entry.holds.insert(
             owner,
             ModeHold {
@@ -504,12 +505,7 @@ impl Inner {
                 token,
                 deadline_slot,
                 releasing: false,
-                _slot_claim: slot.and_then(|slot| {
-                    let slot_key = format!("dlock-permit:{slot}:{key}");
-                    session
-                        .claims
-                        .claim_permit(&slot_key, self.options.key_seed)
-                }),
+                _slot_claim: slot_claim,
             },
         );
     }
@@ -682,6 +678,17 @@ impl Inner {
                 return Err(err);
             }
         };
+        let slot_number = slot;
+        let slot = match slot {
+            Some(slot) => match self.claim_slot(&session, key, slot).await? {
+                Some(claim) => Some((slot, claim)),
+                None => {
+                    self.modes.poll(key);
+                    return Ok(Attempt::Held { expires_in: None });
+                }
+            },
+            None => None,
+        };
         {
             let mut keys = self.modes.keys();
             let entry = keys.entry(key.clone()).or_default();
@@ -698,10 +705,55 @@ impl Inner {
         }
         drop(in_flight);
         let grant = Grant::new(token).lost_with(session.loss_group());
-        Ok(Attempt::Acquired(match slot {
+        Ok(Attempt::Acquired(match slot_number {
             Some(slot) => grant.in_slot(slot),
             None => grant,
         }))
+    }
+
+    /// Counts the hold of `key`'s permit `slot`, just taken on `session`,
+    /// in the session's claims, by its advisory key: computed here, or
+    /// asked of the server where it cannot be. `None` when a lease of this
+    /// process holds that advisory key on the session (the server granted
+    /// the slot again only because advisory locks are re-entrant): the
+    /// slot is given back, as held. A failure ends the session, which
+    /// drops the slot for sure.
+    async fn claim_slot(
+        &self,
+        session: &Arc<LockSession>,
+        key: &LockKey,
+        slot: u32,
+    ) -> Result<Option<PermitClaim>, LockError> {
+        let seed = self.options.key_seed;
+        let slot_key = format!("dlock-permit:{slot}:{key}");
+        let advisory_key = match session.claims.advisory_key_of(&slot_key, seed) {
+            Some(h) => Ok(h),
+            None => session
+                .query_one(sql::ADVISORY_KEY, &[&slot_key, &seed])
+                .await
+                .and_then(|row| row.try_get::<_, i64>(0)),
+        };
+        let gone = |what: &str, err: tokio_postgres::Error| {
+            session.end(format!("{what} of `{key}`"));
+            self.failed(Operation::Acquire, key, what, err)
+        };
+        let advisory_key = advisory_key
+            .map_err(|err| gone("cannot tell the advisory key of a permit's slot", err))?;
+        if let Some(claim) = session.claims.claim_permit(advisory_key) {
+            return Ok(Some(claim));
+        }
+        let slot = i32::try_from(slot).unwrap_or(i32::MAX);
+        let given_back = async {
+            let statement = session
+                .mode_statement(ModeStatement::UnlockPermit, &self.modes.statements)
+                .await?;
+            session
+                .query(statement, &[&key.as_str(), &seed, &slot])
+                .await
+        }
+        .await;
+        given_back.map_err(|err| gone("cannot give back a permit's slot", err))?;
+        Ok(None)
     }
 
     /// The error of a shared or permit statement that failed. The

@@ -2492,15 +2492,7 @@ async fn failed_lock_ahead_of_a_colliding_statement(a_seen: bool) {
         give_back(&backend, key, &owner).await;
     }
     let dba = lock_the_table_of_records(&schema).await;
-    let recording = {
-        let (backend, b) = (backend.clone(), b.clone());
-        tokio::spawn(async move {
-            let owner = OwnerId::random().expect("owner");
-            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
-                .with_identity(Some("node-b"));
-            backend.try_acquire(&request).await
-        })
-    };
+    let recording = spawn_recording(&backend, &b);
     let admin = shared_client().await;
     wait_for_the_table_lock(&admin, &schema, &recording).await;
     let plain_owner = OwnerId::random().expect("owner");
@@ -2886,15 +2878,7 @@ async fn an_undo_keeps_the_session_while_a_permit_of_another_key_is_in_flight() 
     let loss = grant.loss.expect("a lease lost with its session");
     let dba = lock_the_table_of_records(&schema).await;
     let b = fresh_key("b");
-    let recording = {
-        let (backend, b) = (backend.clone(), b.clone());
-        tokio::spawn(async move {
-            let owner = OwnerId::random().expect("owner");
-            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
-                .with_identity(Some("node-b"));
-            backend.try_acquire(&request).await
-        })
-    };
+    let recording = spawn_recording(&backend, &b);
     let admin = shared_client().await;
     wait_for_the_table_lock(&admin, &schema, &recording).await;
     let permit_owner = OwnerId::random().expect("owner");
@@ -2955,15 +2939,7 @@ async fn a_free_permit_is_granted_while_an_undo_of_another_key_waits() {
     .await
     .expect("take the key's release gate");
     let dba = lock_the_table_of_records(&schema).await;
-    let recording = {
-        let (backend, b) = (backend.clone(), b.clone());
-        tokio::spawn(async move {
-            let owner = OwnerId::random().expect("owner");
-            let request = AcquireRequest::new(&b, &owner, Duration::from_secs(30))
-                .with_identity(Some("node-b"));
-            backend.try_acquire(&request).await
-        })
-    };
+    let recording = spawn_recording(&backend, &b);
     // The statement fails after the session's lock_timeout; its undo's
     // unlock then waits for the gate, as long again.
     within(30, "the undo waits for the gate", async {
@@ -2990,6 +2966,21 @@ async fn a_free_permit_is_granted_while_an_undo_of_another_key_waits() {
     backend.release(&release).await.expect("release the permit");
     let _ = recording.await.expect("task");
     dba.batch_execute("ROLLBACK").await.expect("rollback");
+}
+
+/// Spawns an acquisition of `key` with an identity (its lock statement
+/// records the holder) on `backend`.
+fn spawn_recording(
+    backend: &PgBackend,
+    key: &LockKey,
+) -> tokio::task::JoinHandle<Result<Attempt, LockError>> {
+    let (backend, key) = (backend.clone(), key.clone());
+    tokio::spawn(async move {
+        let owner = OwnerId::random().expect("owner");
+        let request = AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+            .with_identity(Some("node-b"));
+        backend.try_acquire(&request).await
+    })
 }
 
 /// Waits until `recording`'s statement waits for the table of records a

@@ -112,14 +112,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         let mut flying = self.claims.flying();
         match self.flight {
-            Flight::Key(h) => {
-                if let Some(count) = flying.keys.get_mut(&h) {
-                    *count -= 1;
-                    if *count == 0 {
-                        flying.keys.remove(&h);
-                    }
-                }
-            }
+            Flight::Key(h) => uncount(&mut flying.keys, h),
             Flight::Unknown => flying.unknown = flying.unknown.saturating_sub(1),
             Flight::Permit(id) => {
                 flying.permits.remove(&id);
@@ -153,12 +146,17 @@ pub(super) struct PermitClaim {
 
 impl Drop for PermitClaim {
     fn drop(&mut self) {
-        let mut claimed = self.claims.claimed();
-        if let Some(count) = claimed.permits.get_mut(&self.advisory_key) {
-            *count -= 1;
-            if *count == 0 {
-                claimed.permits.remove(&self.advisory_key);
-            }
+        uncount(&mut self.claims.claimed().permits, self.advisory_key);
+    }
+}
+
+/// Takes one off `advisory_key`'s count in `counts`, and the entry with
+/// its last.
+fn uncount(counts: &mut HashMap<i64, usize>, advisory_key: i64) {
+    if let Some(count) = counts.get_mut(&advisory_key) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&advisory_key);
         }
     }
 }

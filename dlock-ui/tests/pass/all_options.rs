@@ -27,7 +27,9 @@ async fn defaults_spelled_out(id: u32) -> Result<u32, LockError> {
     Ok(id)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -11,7 +11,8 @@ use dlock::{
 
 #[derive(Debug)]
 enum JobError {
-    Lock(LockError),
+    // Carried to the caller, never read here.
+    Lock(#[allow(dead_code)] LockError),
 }
 
 impl From<LockError> for JobError {
@@ -91,7 +92,9 @@ impl LocalJob for Nightly {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,7 +7,9 @@ async fn report(day: u32) -> Result<String, LockError> {
     Ok(format!("report for day {day}"))
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -16,7 +16,9 @@ async fn handle(req: Request) -> Result<String, LockError> {
     Ok(req.path)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

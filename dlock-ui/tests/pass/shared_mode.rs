@@ -14,7 +14,9 @@ async fn write(id: u64, token: FencingToken) -> Result<FencingToken, LockError> 
     Ok(token)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -8,6 +8,8 @@ async fn cleanup() -> Result<(), LockError> {
     Ok(())
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let _future = cleanup();
 }

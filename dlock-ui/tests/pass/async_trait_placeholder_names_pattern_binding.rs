@@ -54,7 +54,9 @@ impl Job for Nightly {
     }
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

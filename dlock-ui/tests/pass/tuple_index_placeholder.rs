@@ -9,7 +9,9 @@ async fn pair(pair: (u32, String), w: Wrapper) -> Result<String, LockError> {
     Ok(format!("{}-{}-{}", pair.0, pair.1, (w.0).0))
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

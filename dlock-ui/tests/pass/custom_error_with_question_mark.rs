@@ -25,7 +25,11 @@ impl From<std::num::ParseIntError> for AppError {
 
 impl fmt::Display for AppError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self:?}")
+        match self {
+            AppError::Lock(err) => write!(f, "lock: {err}"),
+            AppError::Parse(err) => write!(f, "parse: {err}"),
+            AppError::Negative => f.write_str("negative"),
+        }
     }
 }
 
@@ -43,7 +47,9 @@ async fn parse_boxed(input: String) -> Result<i64, Box<dyn std::error::Error + S
     Ok(input.parse()?)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

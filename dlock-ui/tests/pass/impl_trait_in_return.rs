@@ -15,7 +15,9 @@ async fn opaque(id: u32) -> Result<impl Display, LockError> {
     Ok(id * 2)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -7,7 +7,9 @@ async fn upload(n: u64) -> Result<u64, LockError> {
     Ok(n)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

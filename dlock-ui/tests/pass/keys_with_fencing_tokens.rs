@@ -13,7 +13,9 @@ async fn one_of_many(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

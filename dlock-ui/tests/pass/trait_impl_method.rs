@@ -34,7 +34,9 @@ fn assert_send<T: Send>(value: T) -> T {
     value
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -18,7 +18,9 @@ async fn app_aliased(id: u32) -> app::Result<u32> {
     Ok(id)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -12,7 +12,9 @@ async fn batch(id: u32, lost: LostSignal, token: FencingToken) -> Result<u32, Lo
     Ok(id)
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -19,7 +19,9 @@ async fn sync(tenant: u64, mut token: dlock::FencingToken) -> Result<u64, LockEr
     Ok(token.get())
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -13,7 +13,9 @@ async fn through_reexport(id: u32, token: FencingToken) -> Result<u64, LockError
     Ok(token.get() + u64::from(id))
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

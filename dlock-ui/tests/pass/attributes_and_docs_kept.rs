@@ -36,7 +36,9 @@ async fn param_attrs(
     Ok(())
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     drop(jobs::visible());
     drop(must_use());
     drop(param_attrs(1));

@@ -12,7 +12,9 @@ async fn place(id: u32, (a, b): (u32, u32), Point { x, y }: Point) -> Result<i64
     Ok(i64::from(id + a + b) + i64::from(x + y))
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -12,7 +12,9 @@ async fn greet(
     Ok(format!("hello {who} {}", rest.into_iter().sum::<u32>()))
 }
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

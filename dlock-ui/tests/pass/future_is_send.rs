@@ -28,7 +28,9 @@ async fn many(a: u64, b: u64) -> Result<u64, LockError> {
 
 fn assert_send<T: Send>(_: T) {}
 
-fn main() {
+#[test]
+fn compiles_without_warnings_and_runs() {
+    let _alone = super::alone();
     assert_send(work(1));
     let service = Service {
         name: "s".to_owned(),

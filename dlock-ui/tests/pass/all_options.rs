@@ -29,14 +29,8 @@ async fn defaults_spelled_out(id: u32) -> Result<u32, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    super::run(async {
         registry().register("pass-all-options.mem:1", MemoryBackend::new());
-        registry().register("default", MemoryBackend::new());
         assert!(everything(1).await.expect("free key") > 1);
         assert_eq!(defaults_spelled_out(2).await.expect("free key"), 2);
     });

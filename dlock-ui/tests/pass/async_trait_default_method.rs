@@ -5,7 +5,7 @@
 // trait's signature, and implementors neither declare nor pass it.
 
 use async_trait::async_trait;
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 #[async_trait]
 trait Export: Sync {
@@ -45,13 +45,7 @@ impl Export for Us {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let eu: &dyn Export = &Eu;
         assert!(eu.export(7).await.expect("free key") > 9);
         let us: &dyn Export = &Us;

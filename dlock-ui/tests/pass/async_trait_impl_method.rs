@@ -5,9 +5,7 @@
 // { ... })`) and locks inside that future.
 
 use async_trait::async_trait;
-use dlock::{
-    FencingToken, LockError, LostSignal, distributed_lock, memory::MemoryBackend, registry,
-};
+use dlock::{FencingToken, LockError, LostSignal, distributed_lock};
 
 #[derive(Debug)]
 enum JobError {
@@ -94,13 +92,7 @@ impl LocalJob for Nightly {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let mut job: Box<dyn Job> = Box::new(Nightly {
             name: "nightly",
             runs: 0,

@@ -6,7 +6,7 @@
 // the body still gets its bindings (by move, `mut` kept).
 
 use async_trait::async_trait;
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 pub struct Path<T>(pub T);
 pub struct Json<T>(pub T);
@@ -56,13 +56,7 @@ impl Job for Nightly {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let job: Box<dyn Job> = Box::new(Nightly { name: "nightly" });
         assert_eq!(job.run((1, 2), 0).await.expect("free key"), 4);
         let order = Order {

@@ -15,12 +15,7 @@ async fn through_reexport(id: u32, token: FencingToken) -> Result<u64, LockError
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
+    super::run(async {
         infra::locking::dlock::registry().register("default", dlock::memory::MemoryBackend::new());
         assert!(through_reexport(1).await.expect("free key") > 1);
     });

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 #[derive(Debug)]
 enum AppError {
@@ -49,13 +49,7 @@ async fn parse_boxed(input: String) -> Result<i64, Box<dyn std::error::Error + S
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(parse("12").await.expect("parses").0, 12);
         assert!(matches!(parse("x").await, Err(AppError::Parse(_))));
         assert!(matches!(parse("-1").await, Err(AppError::Negative)));

@@ -2,7 +2,7 @@
 
 use std::fmt::{Debug, Display};
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 #[distributed_lock(key = "item:{id}", ttl = "30s")]
 async fn describe<'a, T, const N: usize>(
@@ -18,13 +18,7 @@ where
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let text = describe("a:b", [1, 2]).await.expect("free key");
         assert_eq!(text, "\"a:b\"/2/true");
     });

@@ -2,7 +2,7 @@
 
 use std::fmt::Display;
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 #[distributed_lock(key = "greet:{who}", ttl = "30s")]
 async fn greet(
@@ -14,13 +14,7 @@ async fn greet(
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(greet("ann", [1, 2]).await.expect("free key"), "hello ann 3");
     });
 }

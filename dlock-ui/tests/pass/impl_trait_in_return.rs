@@ -2,7 +2,7 @@
 
 use std::fmt::Display;
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 #[distributed_lock(key = "opaque:{id}", ttl = "30s")]
 async fn opaque(id: u32) -> Result<impl Display, LockError> {
@@ -17,13 +17,7 @@ async fn opaque(id: u32) -> Result<impl Display, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(opaque(2).await.expect("free key").to_string(), "4");
         assert!(opaque(0).await.is_err());
     });

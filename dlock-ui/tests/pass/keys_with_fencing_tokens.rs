@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{FencingTokens, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingTokens, LockError, distributed_lock};
 
 #[distributed_lock(keys = ["account:{from}", "account:{to}"], ttl = "30s")]
 async fn transfer(from: u64, to: u64, tokens: FencingTokens) -> Result<usize, LockError> {
@@ -15,13 +15,7 @@ async fn one_of_many(id: u64) -> Result<u64, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(transfer(1, 2).await.expect("free keys"), 2);
         assert_eq!(transfer(2, 1).await.expect("released"), 2);
         assert_eq!(one_of_many(3).await.expect("free key"), 3);

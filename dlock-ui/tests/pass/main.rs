@@ -9,6 +9,7 @@
 //! the workspace's tests. The clippy matrix of `scripts/test` builds them
 //! against dlock without its default features, as a user's crate would.
 
+use std::future::Future;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 mod all_options;
@@ -44,4 +45,18 @@ mod type_alias_return;
 fn alone() -> MutexGuard<'static, ()> {
     static ALONE: Mutex<()> = Mutex::new(());
     ALONE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Runs a case's body alone (see [`alone`]) on a current-thread runtime,
+/// with a fresh memory backend registered as "default".
+fn run(body: impl Future<Output = ()>) {
+    let _alone = alone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    rt.block_on(async {
+        dlock::registry().register("default", dlock::memory::MemoryBackend::new());
+        body.await
+    });
 }

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 struct Account {
     id: u64,
@@ -49,13 +49,7 @@ impl Account {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let mut account = Account { id: 1, balance: 10 };
         account.deposit(5).await.expect("free key");
         assert_eq!(account.balance().await.expect("free key"), 15);

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 // `tenant` is used only in the key, `count` only in the body, `mut` kept.
 #[distributed_lock(key = "count:{tenant}", ttl = "30s")]
@@ -16,13 +16,7 @@ async fn count(
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(count("t", 1, Vec::new()).await.expect("free key"), (2, 1));
     });
 }

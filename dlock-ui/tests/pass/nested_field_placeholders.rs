@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 struct User {
     id: u64,
@@ -18,13 +18,7 @@ async fn handle(req: Request) -> Result<String, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let req = Request {
             user: User { id: 7 },
             path: "/a b".to_owned(),

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 struct Point {
     x: i32,
@@ -14,13 +14,7 @@ async fn place(id: u32, (a, b): (u32, u32), Point { x, y }: Point) -> Result<i64
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(
             place(1, (2, 3), Point { x: 4, y: 5 })
                 .await

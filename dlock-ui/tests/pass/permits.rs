@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{Lease, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{Lease, LockError, distributed_lock};
 
 #[distributed_lock(key = "uploads", ttl = "30s", permits = 4)]
 async fn upload(n: u64) -> Result<u64, LockError> {
@@ -9,13 +9,7 @@ async fn upload(n: u64) -> Result<u64, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let (a, b) = tokio::join!(upload(1), upload(2));
         assert_eq!(a.expect("a permit") + b.expect("a permit"), 3);
         let _: Option<fn(&Lease) -> Option<u32>> = Some(Lease::slot);

@@ -5,7 +5,7 @@
 // bindings are the function's own: a non-`Copy` one (`body`) is still
 // moved into the body, and the key only borrows it first.
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 pub struct Path<T>(pub T);
 pub struct Json<T>(pub T);
@@ -120,13 +120,7 @@ fn order(customer: &str) -> Order {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let (id, body) = pay(Path(1), Json(order("ann"))).await.expect("free key");
         assert_eq!(
             (id, body.customer.as_str(), body.lines.len()),

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 #[distributed_lock(key = "config:{id}", ttl = "30s", mode = "shared")]
 async fn read(id: u64, token: FencingToken) -> Result<FencingToken, LockError> {
@@ -16,13 +16,7 @@ async fn write(id: u64, token: FencingToken) -> Result<FencingToken, LockError> 
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let read_token = read(1).await.expect("free key");
         let write_token = write(1).await.expect("released");
         assert!(write_token > read_token);

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 #[distributed_lock(key = "export:{tenant}", ttl = "30s")]
 async fn export(tenant: u64, token: FencingToken) -> Result<(u64, FencingToken), LockError> {
@@ -21,13 +21,7 @@ async fn sync(tenant: u64, mut token: dlock::FencingToken) -> Result<u64, LockEr
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         // Callers never pass the token.
         let (tenant, first) = export(42).await.expect("free key");
         assert_eq!(tenant, 42);

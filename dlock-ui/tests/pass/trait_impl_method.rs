@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use dlock::{FencingToken, LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{FencingToken, LockError, distributed_lock};
 
 trait Job {
     async fn run(&self, shard: u32) -> Result<u64, LockError>;
@@ -36,13 +36,7 @@ fn assert_send<T: Send>(value: T) -> T {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let job = Nightly { name: "nightly" };
         assert!(Job::run(&job, 1).await.expect("free key") > 1);
         assert!(assert_send(SendJob::run(&job, 2)).await.expect("free key") > 2);

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 struct Wrapper((u32, &'static str));
 
@@ -11,13 +11,7 @@ async fn pair(pair: (u32, String), w: Wrapper) -> Result<String, LockError> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         let out = pair((1, "x".to_owned()), Wrapper((2, "y")))
             .await
             .expect("free key");

@@ -1,6 +1,6 @@
 #![deny(warnings)]
 
-use dlock::{LockError, distributed_lock, memory::MemoryBackend, registry};
+use dlock::{LockError, distributed_lock};
 
 type Res<T> = Result<T, LockError>;
 
@@ -20,13 +20,7 @@ async fn app_aliased(id: u32) -> app::Result<u32> {
 
 #[test]
 fn compiles_without_warnings_and_runs() {
-    let _alone = super::alone();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    rt.block_on(async {
-        registry().register("default", MemoryBackend::new());
+    super::run(async {
         assert_eq!(aliased(1).await.expect("free key"), 1);
         assert_eq!(app_aliased(2).await.expect("free key"), 2);
     });

@@ -545,8 +545,10 @@ async fn waiters_through_a_leader_kill_all_get_the_key_after_the_release() {
     // the client's move to a live member can take longer than a short
     // ttl, and a holder that could not renew in time is rightly told it
     // lost the lease. This test is about the waiters, so the holder must
-    // still hold when it releases.
-    let held = LockOptions::new(Duration::from_secs(30))
+    // still hold when it releases. At 120 s, the lease cannot run out
+    // within the 30 s the waiters get after the release (it was renewed
+    // at most 40 s before it): only the release can wake them.
+    let held = LockOptions::new(Duration::from_secs(120))
         .acquire_on(all.clone(), key.clone())
         .await
         .expect("free");
@@ -1284,7 +1286,12 @@ async fn replacing_a_member_keeps_locks_and_tokens_rising() {
         .await
         .expect("free");
     let first_token = first.token();
-    let held = LockOptions::new(Duration::from_secs(3))
+    // Its ttl leaves room for an election on a loaded machine (the member
+    // removed may be the leader); the check below comes after two ttls,
+    // so the lock held only by being renewed through the replacement.
+    let held_ttl = Duration::from_secs(10);
+    let held_since = Instant::now();
+    let held = LockOptions::new(held_ttl)
         .acquire_on(all.clone(), fresh_key("replace-held"))
         .await
         .expect("free");
@@ -1343,6 +1350,7 @@ async fn replacing_a_member_keeps_locks_and_tokens_rising() {
         last = lease.token();
         lease.release().await.expect("release");
     }
+    tokio::time::sleep_until((held_since + 2 * held_ttl).into()).await;
     assert!(
         held.check().is_ok(),
         "a lock held through the replacement stays held"

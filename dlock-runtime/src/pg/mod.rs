@@ -57,7 +57,7 @@
 //! new primary's clock is behind the old one's by more than the failover
 //! took). Tokens of different keys may be equal: a token orders the holders
 //! of one key. The reasoning, races between sessions over the sequence
-//! included, is written next to the lock statement (`pg/sql.rs`).
+//! included, is written next to the lock statement (`pg/sql/lock.rs`).
 //!
 //! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
 //! it is missing — at connect, when a lock session opens, and when a lock

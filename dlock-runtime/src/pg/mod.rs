@@ -371,6 +371,9 @@ mod deadlines;
 mod fair;
 mod hash;
 mod holders;
+mod holders_force;
+mod holders_rewrite;
+mod holders_table;
 mod home;
 mod listen;
 mod locks;
@@ -497,9 +500,9 @@ struct Inner {
     /// version's shape and be usable, checked (created, migrated) on the
     /// first acquisition that records, one check at a time; and, for
     /// leases without an identity, whether it was found unusable, and when
-    /// (see `holders`).
+    /// (see `holders_table`).
     holders_table: AsyncMutex<bool>,
-    holders_state: holders::TableState,
+    holders_state: holders_table::TableState,
     /// When renewals last tried to create the table of identity records
     /// again, if that try is in flight or failed.
     holders_recreated: Mutex<Option<Instant>>,
@@ -521,7 +524,7 @@ struct Inner {
     listener: Listener,
     /// Paces the warnings of announcements that failed (see `announce`)
     /// and of renewals' writes of identity records that waited too long
-    /// for the table (see `holders`): both can recur with every
+    /// for the table (see `holders_rewrite`): both can recur with every
     /// acquisition or renewal.
     announce_warnings: WarningPace,
     rewrite_lock_warnings: WarningPace,
@@ -598,7 +601,7 @@ struct Holding {
 }
 
 /// The record of a lease taken with an identity, as its lock statement
-/// wrote it: what a renewal writes again (see `holders`).
+/// wrote it: what a renewal writes again (see `holders_rewrite`).
 struct Identified {
     identity: Arc<str>,
     /// The holder record ([`crate::HolderInfo::encode`]).
@@ -734,7 +737,7 @@ impl PgBackend {
             holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
             held_sql: sql::render(sql::HELD, &quoted_schema),
             holders_table: AsyncMutex::new(false),
-            holders_state: holders::TableState::default(),
+            holders_state: holders_table::TableState::default(),
             holders_recreated: Mutex::new(None),
             slots: (0..options.sessions)
                 .map(|_| SessionSlot::default())
@@ -749,7 +752,7 @@ impl PgBackend {
             fair: fair::Fair::new(options.fair_sessions),
             listener,
             announce_warnings: WarningPace::new(announce::WARN_EVERY),
-            rewrite_lock_warnings: WarningPace::new(holders::REWRITE_LOCK_WARN_EVERY),
+            rewrite_lock_warnings: WarningPace::new(holders_rewrite::REWRITE_LOCK_WARN_EVERY),
             warned_other_schemas: AtomicBool::new(false),
             home,
             fair_connector: connector.keeping_alive(options.liveness_interval),

@@ -35,7 +35,7 @@ const DEFAULT_SCHEMA: &str = "dlock";
 /// so nothing in it is looked up there: the types are `pg_catalog`'s and the
 /// comparison is `OPERATOR(pg_catalog.<=)` — a `<=` on `bigint` that a role
 /// with CREATE on a schema ahead of `pg_catalog` defined could otherwise
-/// wave a stale token through (see `pg/sql.rs`).
+/// wave a stale token through (see `pg/sql/mod.rs`).
 const ACCEPT: &str = "\
 INSERT INTO {schema}.dlock_fence AS f (resource, token)
 VALUES ($1::pg_catalog.text, $2::pg_catalog.int8)

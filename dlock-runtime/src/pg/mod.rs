@@ -57,7 +57,7 @@
 //! new primary's clock is behind the old one's by more than the failover
 //! took). Tokens of different keys may be equal: a token orders the holders
 //! of one key. The reasoning, races between sessions over the sequence
-//! included, is written next to the lock statement (`pg/sql.rs`).
+//! included, is written next to the lock statement (`pg/sql/lock.rs`).
 //!
 //! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
 //! it is missing — at connect, when a lock session opens, and when a lock
@@ -359,18 +359,20 @@
 //! PostgreSQL directly or through a PgBouncer pool in *session* mode.
 //! Behind *transaction* pooling use [`TransactionLock`], which locks inside
 //! the caller's own transaction.
-//!
-//! Over 700 lines: the backend's Backend impl and its connection setup; the
-//! redesign of the PostgreSQL backend splits it.
 
 mod announce;
 mod backend;
 mod claims;
+mod connect;
 mod connection;
 mod deadlines;
+mod entry;
 mod fair;
 mod hash;
 mod holders;
+mod holders_force;
+mod holders_rewrite;
+mod holders_table;
 mod home;
 mod listen;
 mod locks;
@@ -401,29 +403,25 @@ pub mod protocol {
 }
 
 use std::collections::HashMap;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
-use tokio_postgres::Config;
 
 use self::connection::{Connector, Failure};
-use self::deadlines::{Deadlines, Slot};
+use self::deadlines::Deadlines;
+use self::entry::{Entry, Holding, Identified, State};
 use self::home::Home;
 use self::listen::Listener;
-use self::session::LockSession;
 use self::wait::Waits;
 use crate::backend::OwnerId;
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
-use crate::token::FencingToken;
 
 pub use self::options::PgOptions;
 pub(crate) use self::options::quote_schema;
-use self::options::{misplaced_at_sign, parse_error_reason};
 use self::sessions::SessionSlot;
 pub use self::tls::TlsVerification;
 pub use self::xact::{MAX_LOCK_TIMEOUT, TransactionLock};
@@ -497,9 +495,9 @@ struct Inner {
     /// version's shape and be usable, checked (created, migrated) on the
     /// first acquisition that records, one check at a time; and, for
     /// leases without an identity, whether it was found unusable, and when
-    /// (see `holders`).
+    /// (see `holders_table`).
     holders_table: AsyncMutex<bool>,
-    holders_state: holders::TableState,
+    holders_state: holders_table::TableState,
     /// When renewals last tried to create the table of identity records
     /// again, if that try is in flight or failed.
     holders_recreated: Mutex<Option<Instant>>,
@@ -521,7 +519,7 @@ struct Inner {
     listener: Listener,
     /// Paces the warnings of announcements that failed (see `announce`)
     /// and of renewals' writes of identity records that waited too long
-    /// for the table (see `holders`): both can recur with every
+    /// for the table (see `holders_rewrite`): both can recur with every
     /// acquisition or renewal.
     announce_warnings: WarningPace,
     rewrite_lock_warnings: WarningPace,
@@ -553,276 +551,6 @@ impl WarningPace {
         }
         *last = Some(Instant::now());
         true
-    }
-}
-
-/// What this process knows of one key it holds or is taking.
-struct Entry {
-    owner: OwnerId,
-    /// Dropped with the entry, which wakes this process's waiters; made
-    /// only once a waiter of this process asks (most keys never have one).
-    gone: Option<watch::Sender<()>>,
-    state: State,
-}
-
-enum State {
-    /// An attempt is on its way to the server.
-    Acquiring,
-    /// Held on `session`.
-    Held(Holding),
-    /// An unlock is on its way to the server.
-    Releasing,
-}
-
-/// Made only once `session` granted a [`LockSession::claim`] of
-/// `advisory_key`, which its drop gives back: so a session's claims are
-/// exactly the advisory keys of the `Held` entries on it (and, while it
-/// runs, the one of a failed lock statement's undo).
-struct Holding {
-    session: Arc<LockSession>,
-    advisory_key: i64,
-    /// The token drawn for it, for a retry by the same owner.
-    token: FencingToken,
-    /// Whether its lock statement wrote a holder record (which its unlock
-    /// deletes with an identity, or leaves for the session's batch delete).
-    recorded: bool,
-    /// The identity recorded beside the lock, with what a renewal writes
-    /// again should the record go missing, if its lock statement wrote a
-    /// record with an identity.
-    identity: Option<Box<Identified>>,
-    /// When the backend unlocks the key unless it is extended (the
-    /// deadline), and the hold's place in the backend's deadline queue, which
-    /// it leaves when the hold ends.
-    deadline_slot: Slot,
-    deadlines: Arc<Deadlines>,
-}
-
-/// The record of a lease taken with an identity, as its lock statement
-/// wrote it: what a renewal writes again (see `holders`).
-struct Identified {
-    identity: Arc<str>,
-    /// The holder record ([`crate::HolderInfo::encode`]).
-    holder: Box<str>,
-    /// The server's time of acquisition, in microseconds since 1970.
-    since_us: i64,
-}
-
-impl Holding {
-    fn deadline(&self) -> Instant {
-        self.deadline_slot.0
-    }
-}
-
-impl Drop for Holding {
-    fn drop(&mut self) {
-        self.deadlines.remove(self.deadline_slot);
-        self.session.claims.unclaim(self.advisory_key);
-    }
-}
-
-impl Entry {
-    fn new(owner: OwnerId) -> Self {
-        Self {
-            owner,
-            gone: None,
-            state: State::Acquiring,
-        }
-    }
-
-    fn holding(&self) -> Option<&Holding> {
-        match &self.state {
-            State::Held(holding) => Some(holding),
-            State::Acquiring | State::Releasing => None,
-        }
-    }
-}
-
-impl PgBackend {
-    /// Connects with default [`PgOptions`]. `conn` is a tokio-postgres
-    /// connection string, key-value (`host=127.0.0.1 user=app dbname=app
-    /// sslmode=require`) or URL (`postgresql://app:secret@db:5432/app`).
-    ///
-    /// Opens the first lock session (so a wrong password or an unreachable
-    /// host is an error here, within the connect timeout), creates the
-    /// schema objects if they are missing, and refuses a token sequence
-    /// that cannot give rising tokens (see the [module docs](self#fencing-tokens)).
-    pub async fn connect(conn: &str) -> Result<Self, LockError> {
-        Self::connect_with(conn, PgOptions::new()).await
-    }
-
-    /// Connects with the given options; see [`PgBackend::connect`].
-    pub async fn connect_with(conn: &str, options: PgOptions) -> Result<Self, LockError> {
-        let quoted_schema = options.validate()?;
-        let connect_error =
-            |what: String| LockError::backend(KIND, Operation::Connect, "", Failure::msg(what));
-        if misplaced_at_sign(conn) {
-            return Err(connect_error(
-                "the connection URL has an `@` that does not end its user info (one after the \
-                 host, in the path or the query, or a second one before the host): write every \
-                 `@` in the user name, the password and the query as %40, and `/`, `?` and `#` \
-                 in the user name and the password as %2F, %3F and %23 (the URL is not shown: \
-                 it may hold a password)"
-                    .to_owned(),
-            ));
-        }
-        // Only the parser's reason is shown, and only when it cannot hold
-        // part of the password; the string itself never is.
-        let mut config = Config::from_str(conn).map_err(|e| {
-            connect_error(match parse_error_reason(&e) {
-                Some(reason) => format!("invalid PostgreSQL connection string: {reason}"),
-                None => "invalid PostgreSQL connection string (the parser's reason is not shown: \
-                         it may hold part of the password)"
-                    .to_owned(),
-            })
-        })?;
-        // An `@` left unencoded in a URL's user or password makes the
-        // parser take the rest of it for the host name, which every error
-        // and `Debug` would then show.
-        if config.get_hosts().iter().any(
-            |host| matches!(host, tokio_postgres::config::Host::Tcp(name) if name.contains('@')),
-        ) {
-            return Err(connect_error(
-                "the connection URL has an unencoded `@` in its user name or password: \
-                 write it as %40 (the host is not shown: it would hold part of the password)"
-                    .to_owned(),
-            ));
-        }
-        tls::require_when_verifying(&mut config, &options.tls).map_err(|reason| {
-            LockError::InvalidOption {
-                option: "tls",
-                reason,
-            }
-        })?;
-        if config.get_connect_timeout().is_none() {
-            config.connect_timeout(options.connect_timeout);
-        }
-        if config.get_application_name().is_none() {
-            config.application_name("dlock");
-        }
-        let connect_timeout = config
-            .get_connect_timeout()
-            .copied()
-            .unwrap_or(options.connect_timeout);
-        let tls = tls::connector(&options.tls).map_err(connect_error)?;
-        let home = Arc::new(Home::here().ok_or_else(|| {
-            connect_error("PgBackend::connect must be called on a Tokio runtime".to_owned())
-        })?);
-        let connector = Connector::new(config, tls, connect_timeout, Arc::clone(&home));
-        let waits = Waits::new(
-            connector.clone(),
-            &quoted_schema,
-            options.key_seed,
-            options.wait_sessions,
-        );
-        let listener = Listener::new(
-            connector.clone(),
-            &options.schema,
-            options.liveness_interval,
-        );
-        let inner = Arc::new(Inner {
-            try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
-            modes: modes::Modes::new(&quoted_schema),
-            terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
-            force_release_named_sql: sql::render(sql::FORCE_RELEASE_NAMED, &quoted_schema),
-            fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),
-            fair_lock_recording_sql: sql::render(sql::FAIR_LOCK_RECORDING, &quoted_schema),
-            try_lock_recording_sql: sql::render(sql::TRY_LOCK_RECORDING, &quoted_schema),
-            unlock_recorded_sql: sql::render(sql::UNLOCK_RECORDED, &quoted_schema),
-            delete_released_sql: sql::render(sql::DELETE_RELEASED, &quoted_schema),
-            rewrite_records_sql: sql::render(sql::REWRITE_RECORDS, &quoted_schema),
-            holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
-            holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
-            held_sql: sql::render(sql::HELD, &quoted_schema),
-            holders_table: AsyncMutex::new(false),
-            holders_state: holders::TableState::default(),
-            holders_recreated: Mutex::new(None),
-            slots: (0..options.sessions)
-                .map(|_| SessionSlot::default())
-                .collect(),
-            next_slot: AtomicUsize::new(0),
-            next_session_id: AtomicU64::new(0),
-            restoring: AsyncMutex::new(None),
-            restorations: AtomicU64::new(0),
-            keys: Mutex::default(),
-            deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
-            waits,
-            fair: fair::Fair::new(options.fair_sessions),
-            listener,
-            announce_warnings: WarningPace::new(announce::WARN_EVERY),
-            rewrite_lock_warnings: WarningPace::new(holders::REWRITE_LOCK_WARN_EVERY),
-            warned_other_schemas: AtomicBool::new(false),
-            home,
-            fair_connector: connector.keeping_alive(options.liveness_interval),
-            connector,
-            options,
-            quoted_schema,
-        });
-        inner.session().await?;
-        Ok(Self { inner })
-    }
-
-    /// The advisory key `key` maps to (`hashtextextended(key, seed)`,
-    /// asked of the server), to find the lock in `pg_locks`: a `bigint`
-    /// advisory key shows there as `classid` (high 32 bits), `objid` (low
-    /// 32 bits) and `objsubid = 1`.
-    pub async fn advisory_key(&self, key: &LockKey) -> Result<i64, LockError> {
-        let session = self.inner.session().await?;
-        let row = session
-            .query_one(
-                sql::ADVISORY_KEY,
-                &[&key.as_str(), &self.inner.options.key_seed],
-            )
-            .await
-            .map_err(|e| {
-                self.inner
-                    .failed(Operation::Acquire, key, "cannot hash the key", e)
-            })?;
-        row.try_get(0).map_err(|e| {
-            self.inner
-                .failed(Operation::Acquire, key, "unexpected answer", e)
-        })
-    }
-
-    /// The server process ids of the sessions (of any client, this backend
-    /// included unless the question runs on the holding session itself)
-    /// that hold `key`, for inspection: `pg_stat_activity` tells more.
-    pub async fn holder_pids(&self, key: &LockKey) -> Result<Vec<i32>, LockError> {
-        let session = self.inner.session().await?;
-        let rows = session
-            .query(sql::HOLDERS, &[&key.as_str(), &self.inner.options.key_seed])
-            .await
-            .map_err(|e| {
-                self.inner
-                    .failed(Operation::Acquire, key, "cannot list holders", e)
-            })?;
-        rows.iter()
-            .map(|row| row.try_get(0))
-            .collect::<Result<_, _>>()
-            .map_err(|e| {
-                self.inner
-                    .failed(Operation::Acquire, key, "unexpected answer", e)
-            })
-    }
-
-    /// The server process ids of this backend's open lock sessions.
-    pub async fn session_pids(&self) -> Vec<i32> {
-        let mut pids = Vec::new();
-        for slot in &self.inner.slots {
-            if let Some(session) = slot.live() {
-                pids.push(session.pid);
-            }
-        }
-        pids
-    }
-}
-
-impl std::fmt::Debug for PgBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgBackend")
-            .field("target", &self.inner.connector.target())
-            .field("schema", &self.inner.quoted_schema)
-            .field("sessions", &self.inner.options.sessions)
-            .finish_non_exhaustive()
     }
 }
 

@@ -1,0 +1,363 @@
+//! The table of holder records: making sure it exists, has this version's
+//! shape and the role may use it (creating or migrating it on a connection
+//! of its own), and whether acquisitions without an identity record their
+//! holder while it is not usable.
+//!
+//! Its own file because it is setup, run once per backend or after a
+//! failure, and the state that spares every other acquisition a look at
+//! the table.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
+
+use super::connection::Failure;
+use super::session::LockSession;
+use super::{Inner, KIND, sql};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
+
+impl Inner {
+    /// Makes sure the table of holder records exists, has this version's
+    /// shape and the role may use it, creating or migrating it if needed,
+    /// before an acquisition of `key` that records; checked once per
+    /// backend (`recheck`: again, as a lock statement found it missing).
+    pub(super) async fn ensure_holders_table(
+        self: &Arc<Self>,
+        key: &LockKey,
+        recheck: bool,
+    ) -> Result<(), LockError> {
+        let mut ready = self.holders_table.lock().await;
+        if *ready && !recheck {
+            return Ok(());
+        }
+        *ready = false;
+        self.holders_state.set_unchecked();
+        // Usually it exists: a look on a lock session, no connection of
+        // its own.
+        let session = self.session().await?;
+        self.check_holders_table(&session)
+            .await
+            .map_err(|e| LockError::backend(KIND, Operation::Acquire, key.as_str(), e))?;
+        *ready = true;
+        self.holders_state.set_usable();
+        Ok(())
+    }
+
+    /// Whether an acquisition of `key` without an identity records its
+    /// holder: yes once the table is usable ([`ensure_holders_table`](Self::ensure_holders_table)).
+    /// A table that is not (a role that may not create it, nor migrate an
+    /// older dlock's, nor write it) costs such leases their record, never
+    /// their lock: they lock without one, their holder reads as unknown,
+    /// one warning says why, and the table is looked at again after
+    /// [`UNUSABLE_RECHECK`] (or at once by an acquisition with an
+    /// identity, which needs it).
+    pub(super) async fn may_record(self: &Arc<Self>, key: &LockKey) -> bool {
+        if !self.options.record_holders {
+            return false;
+        }
+        if let Some(known) = self.holders_state.known() {
+            return known;
+        }
+        match self.ensure_holders_table(key, false).await {
+            Ok(()) => true,
+            Err(err) => {
+                self.records_unusable(&err);
+                false
+            }
+        }
+    }
+
+    /// Leases without an identity record nothing for a while (see
+    /// [`may_record`](Self::may_record)), because of `err`.
+    pub(super) fn records_unusable(&self, err: &dyn std::fmt::Display) {
+        if self.holders_state.set_unusable(UNUSABLE_RECHECK) {
+            tracing::warn!(
+                schema = self.quoted_schema,
+                error = %err,
+                "locks without an identity are taken without a holder record: their holder \
+                 reads as unknown and `held` does not list them until the table \
+                 {s}.dlock_holders is usable (looked at again every {UNUSABLE_RECHECK:?}); \
+                 the locks themselves work as ever",
+                s = self.quoted_schema,
+            );
+        }
+    }
+
+    /// Leases without an identity record nothing for [`LOCKED_PAUSE`]:
+    /// one waited the session's `lock_timeout` for the table (`err`), which
+    /// a DBA's `ALTER TABLE`, `VACUUM FULL`, `TRUNCATE` or `LOCK TABLE`
+    /// holds. Every statement sent on the session meanwhile (renewals'
+    /// checks, other leases' locks) waits as long, so the next ones lock
+    /// without a record rather than wait again.
+    pub(super) fn records_locked(&self, key: &LockKey, err: &tokio_postgres::Error) {
+        if self.holders_state.set_unusable(LOCKED_PAUSE) {
+            tracing::warn!(
+                key = %key,
+                error = %err,
+                "the table {s}.dlock_holders is locked by another transaction for longer than \
+                 a lock session waits: locks without an identity are taken without a holder \
+                 record for the next {LOCKED_PAUSE:?}",
+                s = self.quoted_schema,
+            );
+        }
+    }
+
+    async fn check_holders_table(&self, session: &LockSession) -> Result<(), Failure> {
+        let schema = self.options.schema.as_str();
+        let inspect_failed = |e| Failure::new("cannot inspect the table of holder records", e);
+        let rows = session
+            .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+            .await
+            .map_err(inspect_failed)?;
+        let mut found = rows
+            .first()
+            .map(TableInspection::from_row)
+            .transpose()
+            .map_err(inspect_failed)?;
+        if !found.as_ref().is_some_and(|t| t.exists && t.shaped) {
+            self.create_holders_table(found.as_ref().map(|t| t.role.as_str()))
+                .await?;
+            let rows = session
+                .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+                .await
+                .map_err(inspect_failed)?;
+            found = rows
+                .first()
+                .map(TableInspection::from_row)
+                .transpose()
+                .map_err(inspect_failed)?;
+        }
+        let Some(found) = found.filter(|t| t.exists && t.shaped) else {
+            return Err(Failure::msg(format!(
+                "the table {}.dlock_holders vanished or changed while it was being checked",
+                self.quoted_schema
+            )));
+        };
+        let missing = found.missing();
+        if !missing.is_empty() {
+            return Err(Failure::msg(
+                self.lacks_on_holders(&found.role, &missing.join(", ")),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What a role lacks on the table of identity records, and the GRANT
+    /// that gives it, for errors.
+    pub(super) fn lacks_on_holders(&self, role: &str, privileges: &str) -> String {
+        format!(
+            "role {role} lacks {privileges} on {s}.dlock_holders, where a lock taken with an \
+             identity records who holds it; have a DBA run: GRANT SELECT, INSERT, UPDATE, \
+             DELETE ON {s}.dlock_holders TO {role};",
+            s = self.quoted_schema,
+        )
+    }
+
+    /// [`lacks_on_holders`](Self::lacks_on_holders) for this role, read on
+    /// `session`; `None` if the table is missing, the role lacks nothing,
+    /// or it could not be read.
+    pub(super) async fn holders_privileges(&self, session: &LockSession) -> Option<String> {
+        let schema = self.options.schema.as_str();
+        let rows = session
+            .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+            .await
+            .ok()?;
+        let found = TableInspection::from_row(rows.first()?).ok()?;
+        let missing = found.missing();
+        (found.exists && !missing.is_empty())
+            .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
+    }
+
+    /// Creates the table of holder records, or brings an older dlock's to
+    /// this version's shape, on a connection of its own (that needs a
+    /// transaction, and a lock session carries other leases' statements),
+    /// under the setup lock the schema objects are created under.
+    async fn create_holders_table(&self, role: Option<&str>) -> Result<(), Failure> {
+        // Dropping `close` closes the connection.
+        let (close, closed) = oneshot::channel();
+        let mut client = self
+            .connector
+            .open(self.connector.connect_timeout(), closed, |_| {})
+            .await?;
+        let schema = self.options.schema.as_str();
+        let mut migrating = false;
+        let created = async {
+            let tx = self.setup_transaction(&mut client).await?;
+            // Look again under the lock: CREATE checks the privilege before
+            // IF NOT EXISTS, so a role that may not create must not try
+            // when another has just created it (nor migrate one another
+            // has just migrated: only the owner may).
+            let again = tx.query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema]).await?;
+            let exists: bool = again.try_get(0)?;
+            let shaped = again.try_get::<_, Option<bool>>(6)?.unwrap_or(false);
+            if !exists {
+                tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
+                    .await?;
+            } else if !shaped {
+                migrating = true;
+                tx.batch_execute(&sql::render(
+                    sql::MIGRATE_HOLDERS_TABLE,
+                    &self.quoted_schema,
+                ))
+                .await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        drop(close);
+        if created.is_ok() && migrating {
+            tracing::info!(
+                schema = self.quoted_schema,
+                "the table of holder records of an older dlock now has the columns of the \
+                 holder record (holder, holder_token, since; identity nullable)"
+            );
+        }
+        created.map_err(|err| {
+            let denied = err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
+            let role = role.unwrap_or("the role");
+            let what = if denied && migrating {
+                format!(
+                    "role {role} may not bring the table {s}.dlock_holders of an older dlock to \
+                     this version's shape (only its owner may); have its owner run: {ddl}",
+                    s = self.quoted_schema,
+                    ddl = sql::holders_migration_ddl_for_dba(&self.quoted_schema),
+                )
+            } else if denied {
+                format!(
+                    "role {role} may not create the table {s}.dlock_holders (it needs CREATE on \
+                     schema {s}), where a lock records who holds it; have a DBA run: {ddl}",
+                    s = self.quoted_schema,
+                    ddl = sql::holders_ddl_for_dba(&self.quoted_schema, role),
+                )
+            } else if migrating {
+                format!(
+                    "cannot bring the table {}.dlock_holders to this version's shape",
+                    self.quoted_schema
+                )
+            } else {
+                format!(
+                    "cannot create the table {}.dlock_holders",
+                    self.quoted_schema
+                )
+            };
+            Failure::new(what, err)
+        })
+    }
+}
+
+/// How long leases without an identity go without a record after the
+/// table of holder records was found unusable (missing and not creatable,
+/// of an old shape the role may not change, short of a privilege) before
+/// an acquisition looks at it again: each look may open a connection.
+const UNUSABLE_RECHECK: Duration = Duration::from_secs(60);
+
+/// How long leases without an identity record nothing after one waited
+/// too long for the table of holder records (see `Inner::records_locked`).
+const LOCKED_PAUSE: Duration = Duration::from_secs(10);
+
+/// Whether acquisitions without an identity record their holder, as the
+/// last look at the table found it: read on every such acquisition, so
+/// an atomic, and a look only when it is unknown or due again.
+#[derive(Default)]
+pub(super) struct TableState {
+    /// [`UNCHECKED`], [`USABLE`] or [`UNUSABLE`].
+    state: AtomicU8,
+    /// When it was found unusable.
+    unusable_at: Mutex<Option<Instant>>,
+    /// Whether the warning that leases record nothing has been logged
+    /// since the table was last usable.
+    warned: AtomicBool,
+}
+
+const UNCHECKED: u8 = 0;
+const USABLE: u8 = 1;
+const UNUSABLE: u8 = 2;
+
+impl TableState {
+    pub(super) fn set_usable(&self) {
+        self.state.store(USABLE, Ordering::Release);
+        self.warned.store(false, Ordering::Relaxed);
+    }
+
+    pub(super) fn set_unchecked(&self) {
+        let _ = self
+            .state
+            .compare_exchange(USABLE, UNCHECKED, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Marks it unusable for `pause`; true if the warning is due.
+    fn set_unusable(&self, pause: Duration) -> bool {
+        // Due again `UNUSABLE_RECHECK` after the instant recorded.
+        let at = Instant::now()
+            .checked_sub(UNUSABLE_RECHECK.saturating_sub(pause))
+            .unwrap_or_else(Instant::now);
+        *self
+            .unusable_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(at);
+        self.state.store(UNUSABLE, Ordering::Release);
+        !self.warned.swap(true, Ordering::Relaxed)
+    }
+
+    /// `Some(answer)` when no look at the table is needed.
+    fn known(&self) -> Option<bool> {
+        match self.state.load(Ordering::Acquire) {
+            USABLE => Some(true),
+            UNUSABLE => {
+                let at = *self
+                    .unusable_at
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                at.is_some_and(|at| at.elapsed() < UNUSABLE_RECHECK)
+                    .then_some(false)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A row of [`sql::INSPECT_HOLDERS_TABLE`].
+struct TableInspection {
+    exists: bool,
+    select: bool,
+    insert: bool,
+    update: bool,
+    delete: bool,
+    role: String,
+    /// Whether it has this version's shape ([`sql::MIGRATE_HOLDERS_TABLE`]).
+    shaped: bool,
+}
+
+impl TableInspection {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, tokio_postgres::Error> {
+        Ok(Self {
+            exists: row.try_get(0)?,
+            select: row.try_get(1)?,
+            insert: row.try_get(2)?,
+            update: row.try_get(3)?,
+            delete: row.try_get(4)?,
+            role: row.try_get(5)?,
+            shaped: row.try_get::<_, Option<bool>>(6)?.unwrap_or(false),
+        })
+    }
+
+    /// The privileges the role lacks on the table.
+    fn missing(&self) -> Vec<&'static str> {
+        [
+            (self.select, "SELECT"),
+            (self.insert, "INSERT"),
+            (self.update, "UPDATE"),
+            (self.delete, "DELETE"),
+        ]
+        .into_iter()
+        .filter(|(has, _)| !has)
+        .map(|(_, privilege)| privilege)
+        .collect()
+    }
+}

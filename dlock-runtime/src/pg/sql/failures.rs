@@ -1,0 +1,159 @@
+//! What a lock statement's error says: that the token sequence is gone or
+//! refused, that a trigger or an unencodable parameter failed it, and
+//! whether its session was left holding the key.
+//!
+//! Its own file because these read the errors of statements from every
+//! other file here, and decide what the backend undoes after a failure.
+
+use super::REFUSED;
+
+/// True when a statement failed because the token sequence (or its schema)
+/// does not exist: a DBA dropped it after the backend connected. The lock
+/// statements name it, so a prepared one fails when it is re-planned.
+pub(in crate::pg) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNDEFINED_TABLE || *code == SqlState::INVALID_SCHEMA_NAME
+    })
+}
+
+/// True when the error came from a function or a statement run on a lock
+/// statement's behalf (a DBA's trigger on the table of records, a foreign
+/// key's check), not from the statement itself: its context names them.
+/// The lock statements call no function that runs SQL.
+pub(in crate::pg) fn raised_by_a_trigger(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error()
+        .and_then(|db| db.where_())
+        .is_some_and(|context| context.contains("function") || context.contains("SQL statement"))
+}
+
+/// What a lock statement refused its token sequence for (see
+/// `draw_token!` and [`REFUSED`]), if that is why it failed.
+///
+/// [`REFUSED`]: super::REFUSED
+pub(in crate::pg) fn refused_sequence(err: &tokio_postgres::Error) -> Option<Unfit> {
+    use tokio_postgres::error::SqlState;
+    if err.code() != Some(&SqlState::INVALID_TEXT_REPRESENTATION) {
+        return None;
+    }
+    let message = err.as_db_error()?.message();
+    let reason = &message[message.find(REFUSED)? + REFUSED.len()..];
+    Some(if reason.starts_with("the token sequence is far ahead") {
+        Unfit::AheadOfClock
+    } else {
+        Unfit::Settings
+    })
+}
+
+/// Reads what a recording lock statement ([`TRY_LOCK_RECORDING`],
+/// [`FAIR_LOCK_RECORDING`]) says of its record: the time of the record it
+/// wrote (`None`: it wrote none; the time now, if a DBA's trigger blanked
+/// the row's), from the columns `since` (at `at`) and `wrote` (after it,
+/// and after `already` when the statement has that column, `already`:
+/// whose value comes second).
+///
+/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+/// [`FAIR_LOCK_RECORDING`]: super::FAIR_LOCK_RECORDING
+pub(in crate::pg) fn recorded_since(
+    row: &tokio_postgres::Row,
+    at: usize,
+    already: Option<usize>,
+) -> Result<(Option<std::time::SystemTime>, bool), tokio_postgres::Error> {
+    let since: Option<std::time::SystemTime> = row.try_get(at)?;
+    let held_already = match already {
+        Some(column) => row.try_get(column)?,
+        None => false,
+    };
+    let wrote: bool = row.try_get(already.unwrap_or(at) + 1)?;
+    let since = wrote.then(|| since.unwrap_or_else(std::time::SystemTime::now));
+    Ok((since, held_already))
+}
+
+/// Why a lock statement refused the token sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::pg) enum Unfit {
+    /// `CACHE` above 1, `CYCLE`, or a non-positive increment.
+    Settings,
+    /// More than a day ahead of the server clock in microseconds.
+    AheadOfClock,
+}
+
+/// Whether a lock statement ([`TRY_LOCK`], [`TRY_LOCK_RECORDING`]) that
+/// failed left its session holding the key's lock.
+///
+/// [`TRY_LOCK`]: super::TRY_LOCK
+/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::pg) enum LockLeft {
+    /// It failed before `pg_try_advisory_lock` ran.
+    No,
+    /// It failed in the token draw, which runs only once the lock was
+    /// taken.
+    Yes,
+    /// The error does not say where it failed.
+    Unknown,
+}
+
+/// Where a failed [`TRY_LOCK`] (or, `recording`, [`TRY_LOCK_RECORDING`])
+/// stopped, from its error code.
+///
+/// [`TRY_LOCK`]: super::TRY_LOCK
+/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+pub(in crate::pg) fn lock_left_by(err: &tokio_postgres::Error, recording: bool) -> LockLeft {
+    use tokio_postgres::error::SqlState;
+    if recording {
+        // It takes the session lock as its last step, after the draw and the
+        // write, so their failures (the sequence refused or at its end) left
+        // nothing held. But what a DBA hangs on the table of records runs
+        // later still (an `AFTER` trigger, a deferred constraint trigger at
+        // commit, a foreign key's check) and can fail the same ways: its
+        // errors name the function or the statement they came from. A lock
+        // waited for past `lock_timeout` may be one of the commit's, after
+        // the last step, with no function named (a DBA's deferred unique
+        // constraint checked against a row another transaction writes, the
+        // lock of notifying commits a DBA's trigger needs). A cancel can
+        // strike anywhere.
+        return match err.code() {
+            _ if raised_by_a_trigger(err) => LockLeft::Unknown,
+            _ if unencodable(err) => LockLeft::No,
+            _ if sequence_missing(err) => LockLeft::No,
+            _ if refused_sequence(err).is_some() => LockLeft::No,
+            Some(code) if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED => LockLeft::No,
+            _ => LockLeft::Unknown,
+        };
+    }
+    match err.code() {
+        _ if unencodable(err) => LockLeft::No,
+        // Planning names the sequence (a prepared statement is planned
+        // again once it is dropped), so this is found before anything ran.
+        _ if sequence_missing(err) => LockLeft::No,
+        // The draw refused the sequence: it runs only once the lock is taken.
+        _ if refused_sequence(err).is_some() => LockLeft::Yes,
+        // Only the draw waits for a lock (`nextval` and `setval`, on the
+        // sequence; `pg_try_advisory_lock` never waits), only it writes (a
+        // read-only transaction, a hot standby), and only it reaches the
+        // sequence's maximum.
+        Some(code)
+            if *code == SqlState::LOCK_NOT_AVAILABLE
+                || *code == SqlState::READ_ONLY_SQL_TRANSACTION
+                || *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED =>
+        {
+            LockLeft::Yes
+        }
+        // A cancel or a statement timeout can strike anywhere, and a
+        // missing privilege can be the schema's (planning) or the
+        // sequence's (the draw).
+        _ => LockLeft::Unknown,
+    }
+}
+
+/// Whether `err` says that a parameter (the key, an identity) has a
+/// character the server's encoding lacks: the server converts parameters
+/// when it binds them, before the statement runs, so it took nothing.
+pub(in crate::pg) fn unencodable(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code().is_some_and(|code| {
+        *code == SqlState::UNTRANSLATABLE_CHARACTER
+            || *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE
+    })
+}

@@ -1,0 +1,186 @@
+//! The exclusive lock on a lock session: the session's setup, the
+//! attempt that takes a key and draws its token, the unlocks, the
+//! server-side wait for a release, and the same lock inside a caller's
+//! transaction ([`TransactionLock`](crate::pg::TransactionLock)).
+//!
+//! Its own file because these are what every plain acquisition sends, with
+//! [`TRY_LOCK`]'s proof of why the tokens of one key rise strictly.
+
+/// Takes the session advisory lock of a key and, only if it was taken, draws
+/// the fencing token (see `draw_token!`). One statement, so the token comes
+/// back in the same round trip as the lock and no token is ever drawn for a
+/// lock that was not taken: `CASE` evaluates the draw only after
+/// `pg_try_advisory_lock` returned true. The sequence is not transactional,
+/// so a value once drawn is never drawn again, whatever happens to the
+/// transaction. Returns the advisory key and the token (NULL: held by
+/// someone else).
+///
+/// The statement's own transaction commits asynchronously
+/// (`synchronous_commit` off for this transaction only, set before it
+/// commits). `setval` writes WAL and takes a transaction id, and almost
+/// every draw `setval`s (the clock has moved on since the last one), so a
+/// synchronous commit would wait for a WAL flush on every lock. Safe here,
+/// because the commit protects nothing but the sequence's position: the
+/// advisory lock is not logged, and a crash that loses the last `setval`s
+/// (or `nextval`s) leaves the sequence *behind* tokens already handed out
+/// — exactly the sequence going back that the clock floor covers. Only on
+/// the sessions the backend owns: a [`TransactionLock`](crate::pg::TransactionLock)
+/// draws in the caller's transaction, whose durability is the caller's.
+///
+/// Why the tokens of one key rise strictly:
+///
+/// 1. A token is the `greatest` of the two values its own statement read,
+///    never what the sequence holds afterwards.
+/// 2. Acquisitions of one key are serialised by its advisory lock, and the
+///    draw comes after the lock is taken. A holder lets go only by a later
+///    statement or by its session ending, so the next holder's `nextval`
+///    and clock reading come after the previous holder's statement ended,
+///    `setval` included.
+/// 3. When that statement ended the sequence held at least its token (the
+///    token was `nextval`'s value, or the clock it `setval`ed), so the next
+///    holder's `nextval` is above it, whatever the clock does. A `setval`
+///    of another key's statement can lower the sequence in between only if
+///    that statement overlapped this one: its `nextval` came first and its
+///    `setval`, of a clock reading below this token, lands after. (A
+///    statement that starts later draws a `nextval` above the sequence, so
+///    a clock reading that beats it is above the token too.) That clock
+///    reading is below the token by at most the overlap — microseconds,
+///    unless a server process is descheduled right between its reading and
+///    its `setval` — or by how far the sequence ran ahead of the clock,
+///    which it does only while tokens are drawn faster than one a
+///    microsecond, by that burst's excess.
+/// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start
+///    of the transaction, which for a waiting `XACT_LOCK` lies before the
+///    previous holder let go. Between two holders' readings lie at least an
+///    unlock and a lock, round trips of their own, so if the clock does not
+///    go back the next holder reads a strictly later microsecond, and its
+///    token is above every previous one that came from the clock — which
+///    is what carries tokens when the sequence was set back, lost or
+///    recreated, or moved down by the race in 3.
+///
+/// So a lower token needs two faults at once: the sequence behind the
+/// key's last token (set back, lost, or that race) *and* that token ahead
+/// of the server clock: the clock stepped back past it, a DBA `setval`ed
+/// the sequence ahead of the clock (by less than the day the draw allows)
+/// and tokens were drawn from it before it went back, or, after a
+/// failover, a new primary's clock is behind the old one's by more than
+/// the failover took; or a role without UPDATE on the sequence and a
+/// clock that steps back.
+pub const TRY_LOCK: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
+    draw_token!(
+        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+              AS commit_mode",
+        ""
+    ),
+    ") END
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
+);
+
+/// Drops one session advisory lock of this session. Only the session that
+/// took a lock can drop it, and the backend checks the lease's owner in
+/// process before sending this on the session that holds it, so owner check
+/// and release cannot interleave with another owner's acquisition.
+pub const UNLOCK: &str = "SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)";
+
+/// [`UNLOCK`] behind the key's release gate (see `release_gate!`), taken
+/// shared until the statement ends: what a session that records holders
+/// sends, so a force release naming one of its leases never ends it just
+/// after the lease was let go. `OFFSET 0` keeps the gate's subquery from
+/// being merged into the unlock, so the gate is taken first.
+pub const UNLOCK_GATED: &str = concat!(
+    "SELECT pg_catalog.pg_advisory_unlock(g.h)
+FROM (SELECT $1::pg_catalog.int8 AS h,
+             pg_catalog.pg_advisory_xact_lock_shared(",
+    release_gate!("$1::pg_catalog.int8"),
+    ") AS gate
+      OFFSET 0) AS g"
+);
+
+/// Drops one hold of a key's advisory lock by the key itself (its hash
+/// computed on the server): sent only to undo a lock statement that failed
+/// after it may have taken the lock, when no other lease of the session
+/// holds the same hash (see `undo_failed_lock`).
+pub(in crate::pg) const UNLOCK_KEY: &str = "SELECT pg_catalog.pg_advisory_unlock(\
+pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
+
+/// Drops every advisory lock of a session. Sent only on wait sessions, which
+/// hold nothing else: it clears a shared lock granted in the very instant
+/// `lock_timeout` fired (the statement then fails, but a session-level lock
+/// survives the failed statement).
+pub(in crate::pg) const UNLOCK_ALL: &str = "SELECT pg_catalog.pg_advisory_unlock_all()";
+
+/// The server-side wait: queues for a *shared* lock on the key, which is
+/// granted the moment the exclusive holder lets go — by release, by the
+/// backend's ttl enforcement, or because its session died — and drops it in
+/// the same statement. `OFFSET 0` keeps the subquery (which waits) from being
+/// merged into the outer query (which unlocks), so the order is fixed.
+/// Bounded by the session's `lock_timeout`.
+pub(in crate::pg) const WAIT_FOR_RELEASE: &str = "\
+SELECT pg_catalog.pg_advisory_unlock_shared(w.h)
+FROM (SELECT k.h, pg_catalog.pg_advisory_lock_shared(k.h)
+      FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+      OFFSET 0) AS w";
+
+/// Sets up a lock session and returns its server process id and when the
+/// session started (`backend_start`: with the pid, what names the session
+/// beside an identity record, see [`TRY_LOCK_RECORDING`]).
+///
+/// `idle_session_timeout` (`$1`, milliseconds as text, or NULL to leave
+/// the server's setting alone) makes the server end a lock session that
+/// has sent nothing for this long: a holder process that is frozen or cut
+/// off then loses its locks on the server's side too. PostgreSQL 14 added
+/// the setting; older servers skip it.
+///
+/// Last, the advisory key of the probe `$2` with the seed `$3`, which the
+/// session compares with its own hash, and whether the server's encoding
+/// is UTF-8 (see `hash`).
+///
+/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+pub(in crate::pg) const LOCK_SESSION_SETUP: &str = "\
+SELECT pg_catalog.pg_backend_pid(),
+       (SELECT a.backend_start
+        FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a),
+       CASE WHEN $1::pg_catalog.text IS NOT NULL
+             AND pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
+                 >= 140000::pg_catalog.int4
+            THEN pg_catalog.set_config('idle_session_timeout'::pg_catalog.text, $1::pg_catalog.text, false)
+       END,
+       pg_catalog.hashtextextended($2::pg_catalog.text, $3::pg_catalog.int8),
+       pg_catalog.current_setting('server_encoding'::pg_catalog.text) OPERATOR(pg_catalog.=) 'UTF8'::pg_catalog.text";
+
+/// Transaction-scoped, no wait: takes the transaction advisory lock and, only
+/// if taken, draws the token — one statement, for the reasons of
+/// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
+/// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
+pub(in crate::pg) const XACT_TRY_LOCK: &str = concat!(
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) THEN (",
+    draw_token!("", ""),
+    ") END"
+);
+
+/// Transaction-scoped, waiting under `lock_timeout` (set just before, inside
+/// a savepoint): the innermost subquery waits for the lock, and only then
+/// the token is drawn, with the clock read after the wait (see
+/// [`TRY_LOCK`]). Should the lock be granted in the instant the timeout
+/// fires, the statement still fails, and rolling back to the savepoint
+/// drops the lock it took.
+pub(in crate::pg) const XACT_LOCK: &str = draw_token!(
+    "",
+    "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
+                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
+      OFFSET 0) AS locked"
+);
+
+/// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
+/// value it had, to be put back once the lock is taken.
+pub(in crate::pg) const XACT_SWAP_LOCK_TIMEOUT: &str = "\
+SELECT s.prev, pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)
+FROM (SELECT pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev OFFSET 0) AS s";
+
+/// Sets `lock_timeout` for the rest of the transaction (milliseconds, as
+/// text): puts it back after a transaction lock, and lets the creation of
+/// the schema objects wait longer than a lock session's statements.
+pub(in crate::pg) const SET_LOCAL_LOCK_TIMEOUT: &str =
+    "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true)";

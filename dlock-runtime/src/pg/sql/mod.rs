@@ -1,0 +1,267 @@
+//! Every statement the PostgreSQL backend sends, one named constant a step.
+//!
+//! `{schema}` stands for the quoted schema name set by
+//! [`PgOptions::schema`](super::PgOptions::schema) and is filled in once, at
+//! connect time, from a validated identifier: keys are never part of the SQL
+//! text, they are bound parameters (or, in the one statement sent as a
+//! simple query, [`REWRITE_RECORDS`], hex digits the server decodes).
+//!
+//! # Names are never looked up on the search path
+//!
+//! A role with CREATE on a schema of the search path (`public`, before
+//! PostgreSQL 15, for every role) can define `public.nextval(text)`: an
+//! untyped literal argument prefers it to `pg_catalog.nextval(regclass)`,
+//! and a `search_path` that names `public` before `pg_catalog` prefers even
+//! a function or operator with dlock's exact argument types. It would then
+//! run, as the lock role, in every statement, and choose the tokens, the
+//! locks and the fence's verdict. So every function is written
+//! `pg_catalog.<name>`, every literal and parameter carries its exact type
+//! (`'…'::pg_catalog.regclass`, `$1::pg_catalog.text`), relations are
+//! qualified, and the statements that run in the caller's transaction
+//! ([`XACT_TRY_LOCK`], [`XACT_LOCK`], the PostgreSQL fence), under the
+//! caller's `search_path`, write operators as `OPERATOR(pg_catalog.<=)`.
+//! `greatest`, `CASE`, `COALESCE` and `EXTRACT` are grammar, not names
+//! looked up (`EXTRACT` calls `pg_catalog.extract`, or `date_part`
+//! before PostgreSQL 14), and `bigint` is a keyword for `pg_catalog.int8`.
+//! On its own sessions the backend sets `search_path` to `pg_catalog,
+//! pg_temp` when they open ([`SESSION_DEFAULTS`]) as well, which also
+//! overrides an `ALTER ROLE … SET search_path`.
+//!
+//! # Where each statement lives
+//!
+//! This file keeps what several kinds of statement share: the session
+//! settings, the token draw (`draw_token!`) with its refusal mark, the
+//! check of a recording statement's row (`wrote_row!`), a key's release
+//! gate (`release_gate!`) and a key's exclusive hold in `pg_locks`
+//! (`exclusive_hold!`). The statements themselves are grouped by what they
+//! do, each group a file, and every one is reachable here by its name:
+//!
+//! - `lock`: the exclusive lock of a lock session and of a caller's
+//!   transaction, its unlocks and the server-side wait for a release;
+//! - `records`: the writes and deletes of holder records;
+//! - `holders`: the reads of who holds a key, announcements and force
+//!   releases;
+//! - `fair`: the fair waiter's statements and its session's settings;
+//! - `modes`: shared locks and permits;
+//! - `schema`: the schema objects, their inspection and the DBA's DDL;
+//! - `failures`: what a failed lock statement's error says.
+
+/// Settings of every connection the backend opens, sent first: the search
+/// path (see the module docs; `pg_temp` last, so a temporary table cannot
+/// shadow a relation either), and how long a statement may wait for a lock
+/// (`$1`, milliseconds as text).
+///
+/// On a lock session the wait is below the liveness interval. `nextval`
+/// and `setval` wait for an `ALTER SEQUENCE` or a `DROP` left open in
+/// another transaction; without a bound the lock statement would wait as
+/// long as that transaction, the session's liveness ping would queue
+/// behind it and get no answer in time, and the session would be ended
+/// with every lease on it. With it the statement fails fast, with an error
+/// that says why. Set before the session's setup too, which reads the
+/// sequence's position (and so waits for the same lock).
+///
+/// And read committed, whatever isolation a DBA set for the role or the
+/// database: a shared attempt that joins a read phase reads its token
+/// with a snapshot taken after it waited for the phase's start (see
+/// [`MODES_SETUP`]), which a snapshot held from the statement's start
+/// would not see.
+pub(super) const SESSION_DEFAULTS: &str = "\
+SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
+       pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false),
+       pg_catalog.set_config('default_transaction_isolation'::pg_catalog.text, 'read committed'::pg_catalog.text, false)";
+
+/// The advisory key of a lock key: `hashtextextended(key, seed)`, the 64-bit
+/// text hash PostgreSQL itself uses for hash partitioning, so it is stable
+/// across releases and any client in any language computes the same lock.
+/// Shown in the docs and used by the statements below.
+pub(super) const ADVISORY_KEY: &str =
+    "SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)";
+
+/// Whether the row a recording lock statement's upsert returned
+/// (`recorded`) is the one it meant to write, value by value: the key's
+/// advisory key, key, token (twice), session and its start, identity and
+/// holder, from the statement's parameters (`$1` key, `$3` identity, `$4`
+/// session start, `$5` holder) and the draw `t`. A `BEFORE` trigger that
+/// kept or changed the row is caught here.
+macro_rules! wrote_row {
+    () => {
+        "recorded.lock_id OPERATOR(pg_catalog.=) t.h
+                     AND recorded.key OPERATOR(pg_catalog.=) $1::pg_catalog.text
+                     AND recorded.token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.holder_token OPERATOR(pg_catalog.=) t.token
+                     AND recorded.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid()
+                     AND recorded.session_start OPERATOR(pg_catalog.=) $4::pg_catalog.timestamptz
+                     AND recorded.identity IS NOT DISTINCT FROM $3::pg_catalog.text
+                     AND recorded.holder IS NOT DISTINCT FROM $5::pg_catalog.text"
+    };
+}
+
+/// Draws a fencing token once the lock is taken, for the three lock
+/// statements below: `greatest(nextval, clock)`, the clock being the
+/// server's `clock_timestamp()` in microseconds since 1970 — the Redis
+/// backend's rule, and the same two guarantees as there:
+///
+/// - The clock floor keeps tokens above every token handed out before when
+///   the sequence goes back: a DBA drops and recreates it or `setval`s it,
+///   a failover to an asynchronous replica or a point-in-time restore
+///   brings back an older copy, a crash loses its last moves.
+/// - The sequence holds at least the last token, so a server clock that
+///   steps back cannot lower tokens: whenever the clock wins, the same
+///   statement `setval`s the sequence to it (the token) — if the role has
+///   UPDATE on it, which the second `WHEN` asks only then. Without UPDATE
+///   tokens rest on the clock alone. `setval` returns the value it set, so
+///   every branch yields `greatest(seq, clock)`.
+///
+/// Before all that, the draw refuses (fails the statement, which takes back
+/// the lock it took: see [`REFUSED`]) a sequence that cannot keep tokens
+/// rising, as a lock session refuses one when it opens: one a DBA altered
+/// while services run to `CACHE` above 1 (sessions draw from blocks of
+/// their own, so tokens interleave), `CYCLE` or a non-positive increment,
+/// or one more than a day ahead of the clock, whose tokens rest on the
+/// sequence alone (set ahead, or the server clock stepped back by that
+/// much), so that losing it would send tokens back. Checked in the
+/// statement that draws, so no acquisition ever uses such a sequence,
+/// whether it came by a [`TransactionLock`](super::TransactionLock) (which
+/// has no session of its own to check on) or on a lock session opened
+/// before the change. The check reads `pg_sequence`'s row of the sequence
+/// by its unique index.
+///
+/// `$extra` is a further column of the innermost subquery, evaluated with
+/// `nextval` (the lock sessions' statement makes its commit asynchronous
+/// there, see [`TRY_LOCK`]); `$after` is the row source the draw must come
+/// after. `OFFSET 0` keeps each subquery from being merged into the next
+/// (and the planner keeps a volatile column it does not need), so the
+/// order is fixed: the lock (the caller's `CASE`, or `$after`), then
+/// `nextval`, then the clock reading, then `setval`.
+macro_rules! draw_token {
+    ($extra:literal, $after:literal) => {
+        concat!(
+            "SELECT CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
+                     t.seq, ' at '::pg_catalog.text, t.clock)))
+            WHEN EXISTS (SELECT FROM pg_catalog.pg_sequence AS q
+                         WHERE q.seqrelid OPERATOR(pg_catalog.=)
+                               '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid
+                           AND ((q.seqcache OPERATOR(pg_catalog.<>) 1::pg_catalog.int8) OR q.seqcycle
+                                OR (q.seqincrement OPERATOR(pg_catalog.<=) 0::pg_catalog.int8)))
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
+                     t.seq)))
+            WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            WHEN pg_catalog.has_sequence_privilege(
+                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                     'UPDATE'::pg_catalog.text)
+            THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
+            ELSE t.clock END
+FROM (SELECT s.seq,
+             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+      FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq",
+            $extra,
+            " ",
+            $after,
+            " OFFSET 0) AS s OFFSET 0) AS t"
+        )
+    };
+}
+
+/// The mark of a draw that refused its sequence (see `draw_token!`): the
+/// statement fails with `invalid input syntax for type bigint` on a text
+/// that starts with this, and the backend turns that into an error naming
+/// the problem and its fix (`sequence::refusal`). The text is built from
+/// the row (`concat` with the drawn value), so the planner cannot fold the
+/// failing call into a constant and fail every statement while planning.
+pub(super) const REFUSED: &str = "dlock-refused: ";
+
+/// The two `int4` halves of a key's *release gate*, from its advisory key
+/// `h` (an SQL expression): the bitwise complement of each half, in the
+/// `(int4, int4)` form (`objsubid` 2, never one of dlock's keys). The
+/// complement is never the `rewriting` mark's pair of the same key (a
+/// number is never its own complement), so a gate never waits for a fair
+/// waiter's mark.
+///
+/// A session that may hold a recorded lease takes its key's gate *shared*
+/// for the length of each statement that drops the key's lock
+/// ([`UNLOCK_GATED`], [`UNLOCK_RECORDED`]); a force release that names a
+/// lease takes it *exclusively* for its whole transaction
+/// ([`RELEASE_GATE`]). While the force release holds it, the session
+/// holding the key cannot let go of it, so what the force release read of
+/// that session and its record is still so when it ends the session.
+macro_rules! release_gate {
+    ($h:literal) => {
+        concat!(
+            "(OPERATOR(pg_catalog.~) (",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4))::pg_catalog.int4,
+             (OPERATOR(pg_catalog.~) ((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4))::pg_catalog.int4"
+        )
+    };
+}
+
+/// The condition on a `pg_locks` row `l` that it is a granted exclusive
+/// hold, in this database, of the advisory key `k.h`. A `bigint` advisory
+/// key shows in `pg_locks` split into `classid` (high 32 bits) and `objid`
+/// (low 32 bits) with `objsubid = 1`.
+macro_rules! exclusive_hold {
+    () => {
+        "l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)"
+    };
+}
+
+mod failures;
+mod fair;
+mod holders;
+mod lock;
+mod modes;
+mod records;
+mod schema;
+
+pub(super) use self::failures::{
+    LockLeft, Unfit, lock_left_by, raised_by_a_trigger, recorded_since, refused_sequence,
+    sequence_missing, unencodable,
+};
+pub(super) use self::fair::{
+    CLIENT_CONNECTION_CHECK, FAIR_LOCK, FAIR_LOCK_RECORDING, FAIR_SESSION_SETUP, WAITS_IN_QUEUE,
+};
+pub(super) use self::holders::{
+    ANNOUNCE, FORCE_RELEASE_NAMED, ForceWaits, HELD, HOLDER_RECORD, HOLDER_SESSION, HOLDERS,
+    KEY_HELD, LISTEN, TERMINATE_HOLDERS, force_release_named, holders_channel,
+};
+pub(super) use self::lock::{
+    LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNLOCK_ALL, UNLOCK_KEY, WAIT_FOR_RELEASE,
+    XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
+};
+pub use self::lock::{TRY_LOCK, UNLOCK, UNLOCK_GATED};
+pub(super) use self::modes::{
+    MARK, MARKED, MODES_EXIST, MODES_SETUP, TRY_PERMIT, TRY_SHARED, UNLOCK_PERMIT, UNLOCK_SHARED,
+    UNMARK,
+};
+pub use self::records::{DELETE_RELEASED, TRY_LOCK_RECORDING, UNLOCK_RECORDED};
+pub(super) use self::records::{REWRITE_RECORDS, RecordRow, rewrite_records};
+pub(super) use self::schema::{
+    CREATE_HOLDERS_TABLE, CREATE_SCHEMA, CREATE_SEQUENCE, INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS,
+    MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba, holders_ddl_for_dba,
+    holders_migration_ddl_for_dba,
+};
+
+/// Appends `text`'s bytes to `out` as hex digits, for a literal that
+/// `decode(…, 'hex')` reads: no character of the text can end it.
+fn push_hex(out: &mut String, text: &str) {
+    use std::fmt::Write as _;
+    for byte in text.bytes() {
+        let _ = write!(out, "{byte:02x}");
+    }
+}
+
+/// Fills `{schema}` in a statement.
+pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
+    statement.replace("{schema}", quoted_schema)
+}

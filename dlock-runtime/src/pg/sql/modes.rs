@@ -1,0 +1,263 @@
+//! The statements of shared locks and permits (see the `modes` module of
+//! the backend): the setup that creates their table and functions, and the
+//! attempts, marks and unlocks that call them.
+//!
+//! Its own file because these make and use schema objects that plain locks
+//! never touch, created only on the first shared or permit attempt.
+
+/// A granted shared hold of the advisory key `p` (a read phase's
+/// membership lock, see [`MODES_SETUP`]) in this database.
+macro_rules! phase_hold {
+    () => {
+        "SELECT FROM pg_catalog.pg_locks AS l
+  WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ShareLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((p >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (p & 4294967295::pg_catalog.int8)"
+    };
+}
+
+/// Creates what shared locks and permits need, once per backend, before
+/// the first shared attempt, permit attempt or writer-waiting mark: the
+/// table of read phases (a key's phase token and its writer-waiting mark,
+/// rule M3) and the three functions that make each attempt one statement.
+/// Serialised across processes by a transaction-level advisory lock, as
+/// `CREATE OR REPLACE FUNCTION` run at once by two sessions fails.
+///
+/// Keys are never spliced into the functions: they take the key as an
+/// argument and hash it on the server as every lock statement does.
+///
+/// - `dlock_try_shared(key, seed)`: tries the shared advisory lock of the
+///   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive
+///   holder, of dlock or not), then refuses (`marked`) while a writer's
+///   mark is live. A reader also holds a shared lock on the phase key
+///   `hashtextextended('dlock-phase:' || key, seed)`, which only readers
+///   take: the phase is live while a session holds it (the wait probe's
+///   brief shared locks on the key itself could not be told apart from a
+///   reader's). Whether another session does is one non-blocking
+///   transaction-level exclusive try of the phase key: granted, no phase
+///   is live, and the attempt starts one, drawing the token as
+///   [`TRY_LOCK`] does and writing it into the key's row while it still
+///   holds that exclusive lock, which the commit drops only once the row
+///   is visible. Refused, the reader takes the phase key shared (waiting,
+///   at most for a starter's end) and tries again: granted now, whoever it
+///   waited behind left without a phase (rolled back, or its session
+///   ended), and it starts one itself; refused, the others hold it as
+///   members of a committed phase, and it joins, reading the phase token
+///   with a snapshot taken after its grant (lock sessions run read
+///   committed, see [`SESSION_DEFAULTS`]). A failure or a cancel inside
+///   gives back what the attempt took, so no session holds the phase key
+///   without its phase's row. The try
+///   cannot tell the session's own holds from none, so the backend never
+///   sends this on a session that holds the key shared (readers of one
+///   process share one hold, see the `modes` module). No row is locked
+///   and no lock table is scanned: a reader costs what a writer does. A
+///   live phase whose row lost its token (a DBA truncated the table)
+///   refuses new readers until it ends: a token drawn anew would be above
+///   the current readers', whom a `>=` fence would then refuse. A failed
+///   draw gives back what the attempt took (session locks outlive a failed
+///   statement).
+/// - `dlock_mark(key, seed, owner, ttl_ms)`: while readers hold, leaves or
+///   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
+///   waiting writer is enough to hold new readers off); answers whether
+///   readers hold.
+/// - `dlock_try_permit(key, seed, n, skipped)`: tries the slots `0..n` in
+///   order, except those in `skipped` (this process's own slots, which a
+///   re-entrant grant on the same session would hand out twice), one
+///   `pg_try_advisory_lock` each on `hashtextextended('dlock-permit:' ||
+///   slot || ':' || key, seed)`, and stops at the first taken: a loop, so
+///   no try after the winning one runs and no extra lock is left. The
+///   token is drawn only for the slot taken.
+///
+/// [`TRY_LOCK`]: super::TRY_LOCK
+/// [`SESSION_DEFAULTS`]: super::SESSION_DEFAULTS
+pub(in crate::pg) const MODES_SETUP: &str = concat!(
+    "DO $setup$
+BEGIN
+PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('dlock-modes-setup'::pg_catalog.text, 0::pg_catalog.int8));
+CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_phases (
+    lock_id pg_catalog.int8 PRIMARY KEY, phase_token pg_catalog.int8,
+    mark_owner pg_catalog.text, mark_until pg_catalog.timestamptz);
+CREATE OR REPLACE FUNCTION {schema}.dlock_try_shared(k pg_catalog.text, seed pg_catalog.int8,
+    OUT granted_token pg_catalog.int8, OUT marked pg_catalog.bool)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
+    p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
+    took_p pg_catalog.bool := false;
+    starts pg_catalog.bool;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+    marked := false;
+    IF NOT pg_catalog.pg_try_advisory_lock_shared(h) THEN RETURN; END IF;
+    BEGIN
+        marked := EXISTS (SELECT FROM {schema}.dlock_phases AS t
+                          WHERE t.lock_id OPERATOR(pg_catalog.=) h
+                            AND t.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp());
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RAISE;
+    END;
+    IF marked THEN
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RETURN;
+    END IF;
+    -- The phase key's tries are outside every block: a transaction-level
+    -- lock taken in a block that fails goes at once, before the handler
+    -- gave back this session's locks, and a joiner waiting behind would
+    -- then find the phase key still held and take the row for a phase's.
+    starts := pg_catalog.pg_try_advisory_xact_lock(p);
+    IF NOT starts THEN
+        BEGIN
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+        EXCEPTION WHEN OTHERS OR query_canceled THEN
+            PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+            RAISE;
+        END;
+        took_p := true;
+        -- Granted once no starter held the phase key: whoever this waited
+        -- behind committed its phase, or left without one. A starter whose
+        -- session ended (pg_terminate_backend) gives back its transaction's
+        -- lock before its session's, so the grant can come while its shared
+        -- hold of the phase key stands a moment longer: a refusal is asked
+        -- again, a few milliseconds apart, before it is taken for a
+        -- committed phase's members (whose row this would join).
+        FOR attempt IN 1..10 LOOP
+            starts := pg_catalog.pg_try_advisory_xact_lock(p);
+            EXIT WHEN starts OR attempt OPERATOR(pg_catalog.=) 10;
+            PERFORM pg_catalog.pg_sleep(0.005);
+        END LOOP;
+        IF NOT starts THEN
+            BEGIN
+                SELECT t.phase_token INTO granted_token FROM {schema}.dlock_phases AS t
+                WHERE t.lock_id OPERATOR(pg_catalog.=) h;
+            EXCEPTION WHEN OTHERS OR query_canceled THEN
+                PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+                PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+                RAISE;
+            END;
+            IF granted_token IS NULL THEN
+                PERFORM pg_catalog.pg_advisory_unlock_shared(p);
+                PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+            END IF;
+            RETURN;
+        END IF;
+    END IF;
+    BEGIN
+        IF NOT took_p THEN
+            PERFORM pg_catalog.pg_advisory_lock_shared(p);
+            took_p := true;
+        END IF;
+        granted_token := (",
+    draw_token!("", ""),
+    ");
+        INSERT INTO {schema}.dlock_phases AS t (lock_id, phase_token) VALUES (h, granted_token)
+        ON CONFLICT (lock_id) DO UPDATE SET phase_token = excluded.phase_token;
+    EXCEPTION WHEN OTHERS OR query_canceled THEN
+        IF took_p THEN PERFORM pg_catalog.pg_advisory_unlock_shared(p); END IF;
+        PERFORM pg_catalog.pg_advisory_unlock_shared(h);
+        RAISE;
+    END;
+END
+$f$;
+CREATE OR REPLACE FUNCTION {schema}.dlock_mark(k pg_catalog.text, seed pg_catalog.int8, me pg_catalog.text,
+    ttl_ms pg_catalog.int8)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql AS $f$
+DECLARE
+    h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
+    p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
+BEGIN
+    IF NOT EXISTS (",
+    phase_hold!(),
+    ") THEN RETURN false; END IF;
+    INSERT INTO {schema}.dlock_phases AS t (lock_id, mark_owner, mark_until)
+    VALUES (h, me, pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+)
+            (ttl_ms OPERATOR(pg_catalog.*) '1 millisecond'::pg_catalog.interval))
+    ON CONFLICT (lock_id) DO UPDATE SET mark_owner = excluded.mark_owner, mark_until = excluded.mark_until
+    WHERE t.mark_owner IS NULL OR t.mark_owner OPERATOR(pg_catalog.=) me
+       OR t.mark_until OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp();
+    RETURN true;
+END
+$f$;
+CREATE OR REPLACE FUNCTION {schema}.dlock_try_permit(k pg_catalog.text, seed pg_catalog.int8,
+    n pg_catalog.int4, skipped pg_catalog.int4[],
+    OUT granted_slot pg_catalog.int4, OUT granted_token pg_catalog.int8)
+LANGUAGE plpgsql AS $f$
+DECLARE
+    sh pg_catalog.int8;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+    FOR slot_no IN 0 .. n OPERATOR(pg_catalog.-) 1 LOOP
+        CONTINUE WHEN slot_no OPERATOR(pg_catalog.=) ANY (skipped);
+        sh := pg_catalog.hashtextextended(pg_catalog.concat('dlock-permit:'::pg_catalog.text, slot_no, ':'::pg_catalog.text, k), seed);
+        IF pg_catalog.pg_try_advisory_lock(sh) THEN
+            BEGIN
+                granted_token := (",
+    draw_token!("", ""),
+    ");
+            EXCEPTION WHEN OTHERS OR query_canceled THEN
+                PERFORM pg_catalog.pg_advisory_unlock(sh);
+                RAISE;
+            END;
+            granted_slot := slot_no;
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$f$;
+END
+$setup$"
+);
+
+/// A shared attempt: one statement (see [`MODES_SETUP`]), sent only on a
+/// session that holds nothing of the key. Returns the token (NULL:
+/// refused) and whether a writer's mark refused it.
+pub(in crate::pg) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_shared($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
+
+/// Drops this process's shared hold of a key (its last reader left): the phase key first, so that once the key
+/// itself is free no phase looks live (a reader that came after a writer
+/// who took the key in between would otherwise be granted the old phase's
+/// token, below the writer's).
+pub(in crate::pg) const UNLOCK_SHARED: &str = "\
+SELECT pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended(
+           'dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) $1::pg_catalog.text, $2::pg_catalog.int8)),
+       pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
+
+/// Leaves or refreshes a writer-waiting mark while readers hold (rule
+/// M3); answers whether readers hold.
+pub(in crate::pg) const MARK: &str = "SELECT {schema}.dlock_mark($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.text, $4::pg_catalog.int8)";
+
+/// Whether a writer's mark on the key is live: a reader of this process
+/// that joins the read phase it holds (see the `modes` module) asks this
+/// instead of the server's locks, so a stream of such readers does not
+/// starve a waiting writer of another process (rule M3).
+pub(in crate::pg) const MARKED: &str = "\
+SELECT EXISTS (SELECT FROM {schema}.dlock_phases AS t
+               WHERE t.lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
+                 AND t.mark_until OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp())";
+
+/// Removes `owner`'s writer-waiting mark, if it is the key's mark.
+pub(in crate::pg) const UNMARK: &str = "\
+UPDATE {schema}.dlock_phases SET mark_owner = NULL, mark_until = NULL
+WHERE lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)
+  AND mark_owner OPERATOR(pg_catalog.=) $3::pg_catalog.text";
+
+/// A permit attempt: every slot tried in one statement (see
+/// [`MODES_SETUP`]). Returns the slot and the token, both NULL if every
+/// slot is held.
+pub(in crate::pg) const TRY_PERMIT: &str = "\
+SELECT s.granted_slot, s.granted_token
+FROM {schema}.dlock_try_permit($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.int4[]) AS s";
+
+/// Drops a permit slot's lock (see [`MODES_SETUP`]).
+pub(in crate::pg) const UNLOCK_PERMIT: &str = "\
+SELECT pg_catalog.pg_advisory_unlock(pg_catalog.hashtextextended(pg_catalog.concat(
+    'dlock-permit:'::pg_catalog.text, $3::pg_catalog.int4, ':'::pg_catalog.text, $1::pg_catalog.text), $2::pg_catalog.int8))";
+
+/// Whether the functions of [`MODES_SETUP`] exist: a refused writer leaves
+/// a mark only where shared locks are in use.
+pub(in crate::pg) const MODES_EXIST: &str = "SELECT pg_catalog.to_regprocedure(\
+'{schema}.dlock_mark(pg_catalog.text,pg_catalog.int8,pg_catalog.text,pg_catalog.int8)'::pg_catalog.text) IS NOT NULL";

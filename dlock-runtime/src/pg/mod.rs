@@ -382,6 +382,7 @@ mod session;
 mod sessions;
 pub(crate) mod sql;
 mod tls;
+mod unlock;
 mod wait;
 mod xact;
 

@@ -59,153 +59,45 @@ impl Inner {
                 session.retire();
                 continue;
             }
-            let mut flight = None;
-            // Whether the statement was told the session holds the key's
-            // advisory key already, so that it took no session lock.
-            let mut told_already = false;
             let expected = session
                 .claims
                 .advisory_key_of(key.as_str(), self.options.key_seed);
-            // A lease of a colliding key, or an undo, claims the advisory
-            // key on this session: held, without a statement.
-            let held_here = || Locked {
-                session: Arc::clone(&session),
-                advisory_key: expected.unwrap_or_default(),
-                token: None,
-                since: None,
-                in_flight: None,
-            };
-            let answer = match recording {
-                None => {
-                    // Counted in flight as a recording statement is: one
-                    // sent behind it is told it may hold the advisory key.
-                    let Some((_, flying)) = session.claims.already_holds(expected) else {
-                        return Ok(held_here());
-                    };
-                    flight = Some(flying);
-                    session
-                        .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
-                        .await
-                        .map(|row| (Ok(row), false))
-                }
-                Some(started) => {
-                    match session
-                        .recording(
-                            &self.try_lock_recording_sql,
-                            &self.unlock_recorded_sql,
-                            &self.delete_released_sql,
-                        )
-                        .await
-                    {
-                        Ok(statements) => {
-                            let Some((already, flying)) = session.claims.already_holds(expected)
-                            else {
-                                return Ok(held_here());
-                            };
-                            flight = Some(flying);
-                            told_already = already == Some(true);
-                            session
-                                .query_one(
-                                    &statements.try_lock,
-                                    &[
-                                        &key.as_str(),
-                                        &self.options.key_seed,
-                                        &identity,
-                                        &started,
-                                        &holder,
-                                        &already,
-                                    ],
-                                )
-                                .await
-                                .map(|row| (Ok(row), true))
-                        }
-                        // Preparing runs nothing: there is nothing to undo.
-                        Err(err) => Ok((Err(err), true)),
-                    }
-                }
+            let sent = self
+                .send_lock_statement(&session, key, identity, holder, recording, expected)
+                .await;
+            let Some(Sent {
+                answer,
+                flight,
+                told_already,
+            }) = sent
+            else {
+                // A lease of a colliding key, or an undo, claims the
+                // advisory key on this session: held, without a statement.
+                return Ok(Locked {
+                    session,
+                    advisory_key: expected.unwrap_or_default(),
+                    token: None,
+                    since: None,
+                    in_flight: None,
+                });
             };
             let err = match answer {
                 Ok((Ok(row), recording)) => {
-                    let taken = row
-                        .try_get::<_, i64>(0)
-                        .and_then(|h| Ok((h, row.try_get::<_, Option<i64>>(1)?)));
-                    // And whether the record it was to write is missing: a
-                    // token drawn for a key the session held for no other
-                    // lease (`already`), and no record written.
-                    let since = if recording {
-                        sql::recorded_since(&row, 2, Some(3))
-                            .map(|(since, already)| (since, !already && since.is_none()))
-                    } else {
-                        Ok((None, false))
-                    };
-                    return match (taken, since) {
-                        // A DBA's trigger or rule skipped the write: the
-                        // record there, if any, is an earlier lease's. The
-                        // lock goes back; a lease without an identity is
-                        // taken without its record.
-                        (Ok((advisory_key, Some(_))), Ok((_, true))) => {
-                            // A trigger may have written a row of its own
-                            // making: the session takes no lease of the
-                            // key without a record from now on.
-                            session.wrote_a_record(key.as_str());
-                            self.give_back(&session, advisory_key, None).await;
-                            let what = format!(
-                                "the lock statement of `{key}` wrote no record, which a trigger \
-                                 or a rule on {}.dlock_holders skips: the lock was not taken",
-                                self.quoted_schema
-                            );
-                            if identity.is_none() {
-                                self.records_unusable(&what);
-                                record = false;
-                                continue;
-                            }
-                            Err(LockError::backend(
-                                KIND,
-                                Operation::Acquire,
-                                key.as_str(),
-                                Failure::msg(what),
-                            ))
+                    let answer = self.read_lock_answer(
+                        session,
+                        key,
+                        identity,
+                        row,
+                        recording,
+                        (expected, flight),
+                    );
+                    match answer.await {
+                        Some(locked) => return locked,
+                        None => {
+                            record = false;
+                            continue;
                         }
-                        (Ok((advisory_key, token)), Ok((since, _))) => {
-                            if since.is_some() {
-                                session.wrote_a_record(key.as_str());
-                            }
-                            session
-                                .claims
-                                .check_advisory_key(key.as_str(), expected, advisory_key);
-                            Ok(Locked {
-                                session,
-                                advisory_key,
-                                token,
-                                since,
-                                in_flight: flight,
-                            })
-                        }
-                        // An answer it cannot read (a DBA changed the type
-                        // of a column of the table of records): what the
-                        // statement took and wrote goes back, and a lease
-                        // without an identity is taken without its record,
-                        // on another session (the record may be there).
-                        (Ok((advisory_key, token)), Err(e)) => {
-                            session.wrote_a_record(key.as_str());
-                            if token.is_some() {
-                                self.give_back(&session, advisory_key, token).await;
-                            }
-                            if identity.is_none() {
-                                self.records_unusable(&e);
-                                record = false;
-                                continue;
-                            }
-                            Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
-                        }
-                        (Err(e), _) => {
-                            session.end(format!(
-                                "the lock statement of `{key}` answered what it cannot read: \
-                                 only ending the session surely drops what it took"
-                            ));
-                            Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
-                        }
-                    };
+                    }
                 }
                 Ok((Err(err), _)) => err,
                 Err(err) => {
@@ -246,25 +138,206 @@ impl Inner {
                 }
                 continue;
             }
-            // A lease without an identity never fails for its record: what
-            // stopped the recording statement (a privilege revoked, the
-            // table locked by a DBA or changed), the plain one does not
-            // meet. The failed statement was undone above.
-            if identity.is_none()
-                && recording.is_some()
-                && err.as_db_error().is_some()
-                && sql::refused_sequence(&err).is_none()
-            {
-                if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                    self.records_locked(key, &err);
-                } else {
-                    self.records_unusable(&err);
-                }
+            // A lease without an identity never fails for its record (see
+            // `records_refused`). The failed statement was undone above.
+            if self.records_refused(key, identity.is_some(), recording.is_some(), &err) {
                 record = false;
                 continue;
             }
             return Err(self.lock_error(key, err, recording.is_some()));
         }
+    }
+
+    /// Sends the lock statement for `key` on `session`, counted in flight:
+    /// the one that records the holder when `recording` (the session's
+    /// start), else the plain one. `None`, with nothing sent, when the
+    /// session claims `expected`, the key's advisory key, for a lease of a
+    /// colliding key or for an undo.
+    async fn send_lock_statement(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        identity: Option<&str>,
+        holder: &str,
+        recording: Option<SystemTime>,
+        expected: Option<i64>,
+    ) -> Option<Sent> {
+        let flight;
+        let mut told_already = false;
+        let answer = match recording {
+            None => {
+                // Counted in flight as a recording statement is: one
+                // sent behind it is told it may hold the advisory key.
+                let (_, flying) = session.claims.already_holds(expected)?;
+                flight = Some(flying);
+                session
+                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
+                    .await
+                    .map(|row| (Ok(row), false))
+            }
+            Some(started) => {
+                match session
+                    .recording(
+                        &self.try_lock_recording_sql,
+                        &self.unlock_recorded_sql,
+                        &self.delete_released_sql,
+                    )
+                    .await
+                {
+                    Ok(statements) => {
+                        let (already, flying) = session.claims.already_holds(expected)?;
+                        flight = Some(flying);
+                        told_already = already == Some(true);
+                        session
+                            .query_one(
+                                &statements.try_lock,
+                                &[
+                                    &key.as_str(),
+                                    &self.options.key_seed,
+                                    &identity,
+                                    &started,
+                                    &holder,
+                                    &already,
+                                ],
+                            )
+                            .await
+                            .map(|row| (Ok(row), true))
+                    }
+                    // Preparing runs nothing: there is nothing to undo.
+                    Err(err) => {
+                        flight = None;
+                        Ok((Err(err), true))
+                    }
+                }
+            }
+        };
+        Some(Sent {
+            answer,
+            flight,
+            told_already,
+        })
+    }
+
+    /// Reads the lock statement's answer `row` on `session` (`recording`:
+    /// the statement that records the holder), `expected` the advisory key
+    /// computed in process and `flight` the statement's count in flight:
+    /// the lease's lock, or the attempt's error. `None` when a lease
+    /// without an identity is to be taken again, without its record.
+    async fn read_lock_answer(
+        &self,
+        session: Arc<LockSession>,
+        key: &LockKey,
+        identity: Option<&str>,
+        row: tokio_postgres::Row,
+        recording: bool,
+        (expected, flight): (Option<i64>, Option<InFlight>),
+    ) -> Option<Result<Locked, LockError>> {
+        let taken = row
+            .try_get::<_, i64>(0)
+            .and_then(|h| Ok((h, row.try_get::<_, Option<i64>>(1)?)));
+        // And whether the record it was to write is missing: a
+        // token drawn for a key the session held for no other
+        // lease (`already`), and no record written.
+        let since = if recording {
+            sql::recorded_since(&row, 2, Some(3))
+                .map(|(since, already)| (since, !already && since.is_none()))
+        } else {
+            Ok((None, false))
+        };
+        Some(match (taken, since) {
+            // A DBA's trigger or rule skipped the write: the
+            // record there, if any, is an earlier lease's. The
+            // lock goes back; a lease without an identity is
+            // taken without its record.
+            (Ok((advisory_key, Some(_))), Ok((_, true))) => {
+                // A trigger may have written a row of its own
+                // making: the session takes no lease of the
+                // key without a record from now on.
+                session.wrote_a_record(key.as_str());
+                self.give_back(&session, advisory_key, None).await;
+                let what = format!(
+                    "the lock statement of `{key}` wrote no record, which a trigger \
+                     or a rule on {}.dlock_holders skips: the lock was not taken",
+                    self.quoted_schema
+                );
+                if identity.is_none() {
+                    self.records_unusable(&what);
+                    return None;
+                }
+                Err(LockError::backend(
+                    KIND,
+                    Operation::Acquire,
+                    key.as_str(),
+                    Failure::msg(what),
+                ))
+            }
+            (Ok((advisory_key, token)), Ok((since, _))) => {
+                if since.is_some() {
+                    session.wrote_a_record(key.as_str());
+                }
+                session
+                    .claims
+                    .check_advisory_key(key.as_str(), expected, advisory_key);
+                Ok(Locked {
+                    session,
+                    advisory_key,
+                    token,
+                    since,
+                    in_flight: flight,
+                })
+            }
+            // An answer it cannot read (a DBA changed the type
+            // of a column of the table of records): what the
+            // statement took and wrote goes back, and a lease
+            // without an identity is taken without its record,
+            // on another session (the record may be there).
+            (Ok((advisory_key, token)), Err(e)) => {
+                session.wrote_a_record(key.as_str());
+                if token.is_some() {
+                    self.give_back(&session, advisory_key, token).await;
+                }
+                if identity.is_none() {
+                    self.records_unusable(&e);
+                    return None;
+                }
+                Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
+            }
+            (Err(e), _) => {
+                session.end(format!(
+                    "the lock statement of `{key}` answered what it cannot read: \
+                     only ending the session surely drops what it took"
+                ));
+                Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
+            }
+        })
+    }
+
+    /// Whether a lease without an identity (`identified` false) whose
+    /// `recording` lock statement failed with `err` is taken without its
+    /// record: it never fails for its record, since what stopped the
+    /// recording statement (a privilege revoked, the table locked by a DBA
+    /// or changed), the plain one does not meet. Says why the records are
+    /// given up when they are.
+    pub(super) fn records_refused(
+        &self,
+        key: &LockKey,
+        identified: bool,
+        recording: bool,
+        err: &tokio_postgres::Error,
+    ) -> bool {
+        if identified
+            || !recording
+            || err.as_db_error().is_none()
+            || sql::refused_sequence(err).is_some()
+        {
+            return false;
+        }
+        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            self.records_locked(key, err);
+        } else {
+            self.records_unusable(err);
+        }
+        true
     }
 
     /// The error of a lock statement (plain, or `recording` the holder)
@@ -436,76 +509,20 @@ impl Inner {
             Grant::new(token).lost_with(session.loss_group()),
         ))
     }
+}
 
-    /// Undoes what a lock statement that failed with `err` may have left on
-    /// `session`: the lock of the key's advisory key, if the statement took
-    /// it before a later step failed. Only what this attempt took: a plain
-    /// unlock of the advisory key drops one hold, which, if this attempt
-    /// took none, is the hold of another lease of this session whose key
-    /// has the same 64-bit hash. A recording statement `told_already`
-    /// (see `sql::TRY_LOCK_RECORDING` on `already`) took no session lock:
-    /// nothing to undo. `own` counts the statement in flight.
-    pub(super) async fn undo_failed_lock(
-        &self,
-        session: &Arc<LockSession>,
-        key: &LockKey,
-        err: &tokio_postgres::Error,
-        (recording, told_already): (bool, bool),
-        own: &InFlight,
-    ) {
-        if recording && told_already {
-            return;
-        }
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-            [&key.as_str(), &self.options.key_seed];
-        match sql::lock_left_by(err, recording) {
-            sql::LockLeft::No => {}
-            // This attempt holds the lock (once more, if another lease of
-            // the session holds the same advisory key): one unlock drops
-            // exactly its hold.
-            sql::LockLeft::Yes => {
-                if session.query_one(sql::UNLOCK_KEY, &params).await.is_err() {
-                    session.end(format!("could not undo a failed lock of `{key}`"));
-                }
-            }
-            sql::LockLeft::Unknown => {
-                let advisory_key = match own.advisory_key() {
-                    Some(h) => Ok(h),
-                    None => match session.query_one(sql::ADVISORY_KEY, &params).await {
-                        Ok(row) => row.try_get::<_, i64>(0),
-                        Err(err) => Err(err),
-                    },
-                };
-                let Ok(advisory_key) = advisory_key else {
-                    session.end(format!("could not undo a failed lock of `{key}`"));
-                    return;
-                };
-                // A claim of its own while it unlocks: no statement that
-                // may take the advisory key is sent on this session until
-                // the unlock ran. A lease that holds it, a statement that
-                // may have taken it (of the same advisory key, or of one
-                // not known before its answer) or a permit held with it
-                // would lose its hold to this unlock: the session ends
-                // instead.
-                let Some(_claim) = session.claims.claim_for_undo(advisory_key, own) else {
-                    session.end(format!(
-                        "a lock statement for `{key}` failed without saying whether it took the \
-                         lock, while a lease, a permit or another lock statement on this session \
-                         may hold the same advisory key: only ending the session surely drops what it \
-                         took"
-                    ));
-                    return;
-                };
-                if self
-                    .unlock_behind_gate(session, advisory_key)
-                    .await
-                    .is_err()
-                {
-                    session.end(format!("could not undo a failed lock of `{key}`"));
-                }
-            }
-        }
-    }
+/// A lock statement sent, with what undoing its failure needs.
+struct Sent {
+    /// Its answer, and whether it was the statement that records the
+    /// holder; an error inside when that one could not be prepared (it ran
+    /// nothing).
+    answer:
+        Result<(Result<tokio_postgres::Row, tokio_postgres::Error>, bool), tokio_postgres::Error>,
+    /// Counts the statement in flight.
+    flight: Option<InFlight>,
+    /// Whether the statement was told the session holds the key's
+    /// advisory key already, so that it took no session lock.
+    told_already: bool,
 }
 
 /// What a lock statement answered.

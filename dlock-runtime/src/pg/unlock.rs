@@ -1,6 +1,7 @@
 //! Dropping one key's session advisory lock: a lease's release, with its
 //! identity record where it has one, the batch delete of plain leases'
-//! records, and giving back a lock nobody owns.
+//! records, giving back a lock nobody owns, and undoing what a failed lock
+//! statement may have taken.
 //!
 //! Its own file: what a release does when the record cannot go (a
 //! privilege revoked, the table locked, a trigger) is read apart from the
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
+use super::claims::InFlight;
 use super::connection::Failure;
 use super::home::NoRuntime;
 use super::locks::{Unfinished, no_runtime};
@@ -22,6 +24,76 @@ use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
 impl Inner {
+    /// Undoes what a lock statement that failed with `err` may have left on
+    /// `session`: the lock of the key's advisory key, if the statement took
+    /// it before a later step failed. Only what this attempt took: a plain
+    /// unlock of the advisory key drops one hold, which, if this attempt
+    /// took none, is the hold of another lease of this session whose key
+    /// has the same 64-bit hash. A recording statement `told_already`
+    /// (see `sql::TRY_LOCK_RECORDING` on `already`) took no session lock:
+    /// nothing to undo. `own` counts the statement in flight.
+    pub(super) async fn undo_failed_lock(
+        &self,
+        session: &Arc<LockSession>,
+        key: &LockKey,
+        err: &tokio_postgres::Error,
+        (recording, told_already): (bool, bool),
+        own: &InFlight,
+    ) {
+        if recording && told_already {
+            return;
+        }
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        match sql::lock_left_by(err, recording) {
+            sql::LockLeft::No => {}
+            // This attempt holds the lock (once more, if another lease of
+            // the session holds the same advisory key): one unlock drops
+            // exactly its hold.
+            sql::LockLeft::Yes => {
+                if session.query_one(sql::UNLOCK_KEY, &params).await.is_err() {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+            sql::LockLeft::Unknown => {
+                let advisory_key = match own.advisory_key() {
+                    Some(h) => Ok(h),
+                    None => match session.query_one(sql::ADVISORY_KEY, &params).await {
+                        Ok(row) => row.try_get::<_, i64>(0),
+                        Err(err) => Err(err),
+                    },
+                };
+                let Ok(advisory_key) = advisory_key else {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                    return;
+                };
+                // A claim of its own while it unlocks: no statement that
+                // may take the advisory key is sent on this session until
+                // the unlock ran. A lease that holds it, a statement that
+                // may have taken it (of the same advisory key, or of one
+                // not known before its answer) or a permit held with it
+                // would lose its hold to this unlock: the session ends
+                // instead.
+                let Some(_claim) = session.claims.claim_for_undo(advisory_key, own) else {
+                    session.end(format!(
+                        "a lock statement for `{key}` failed without saying whether it took the \
+                         lock, while a lease, a permit or another lock statement on this session \
+                         may hold the same advisory key: only ending the session surely drops what it \
+                         took"
+                    ));
+                    return;
+                };
+                if self
+                    .unlock_behind_gate(session, advisory_key)
+                    .await
+                    .is_err()
+                {
+                    session.end(format!("could not undo a failed lock of `{key}`"));
+                }
+            }
+        }
+    }
+
     /// Drops one hold of `advisory_key` on `session` that no lease owns,
     /// with the identity record its lock statement wrote, if it wrote one
     /// (`record`: its token).

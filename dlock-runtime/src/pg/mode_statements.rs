@@ -6,12 +6,12 @@
 //! Its own file: what is asked of the server, apart from the in-process
 //! book of holds in `modes`.
 
-use std::sync::Arc;
-use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 
 use super::claims::PermitClaim;
@@ -25,6 +25,9 @@ use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
 impl Inner {
+    /// Asks the server for `key` shared or as permits (`access`) for
+    /// `owner`, on a lock session, and books the grant (see the module
+    /// docs of `modes`).
     pub(super) async fn mode_on_server(
         self: &Arc<Self>,
         key: &LockKey,
@@ -34,7 +37,6 @@ impl Inner {
     ) -> Result<Attempt, LockError> {
         self.modes_ready(Operation::Acquire, key).await?;
         let session = self.session().await?;
-        let seed = self.options.key_seed;
         let which = match access {
             Access::Permits { .. } => ModeStatement::TryPermit,
             _ => ModeStatement::TryShared,
@@ -66,53 +68,9 @@ impl Inner {
             }
             _ => None,
         };
-        let answer = match access {
-            Access::Permits { permits } => {
-                let n = i32::try_from(permits).unwrap_or(i32::MAX);
-                let mut skipped: Vec<i32> = self
-                    .modes
-                    .keys()
-                    .get(key)
-                    .map(|entry| {
-                        entry
-                            .holds
-                            .values()
-                            .filter_map(|hold| hold.slot)
-                            .filter_map(|slot| i32::try_from(slot).ok())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                // Nor a slot with the advisory key of a lease of this
-                // session (the server would grant it again, re-entrant):
-                // marked in flight above, so a lease's statement sent from
-                // now on reads the permit's hold on the server.
-                skipped.extend(session.claims.slots_held_here(key.as_str(), permits, seed));
-                async {
-                    let row = session
-                        .query_one(statement, &[&key.as_str(), &seed, &n, &skipped])
-                        .await?;
-                    Ok((
-                        row.try_get::<_, Option<i64>>(1)?,
-                        row.try_get::<_, Option<i32>>(0)?,
-                        false,
-                    ))
-                }
-                .await
-            }
-            _ => {
-                async {
-                    let row = session
-                        .query_one(statement, &[&key.as_str(), &seed])
-                        .await?;
-                    Ok((
-                        row.try_get::<_, Option<i64>>(0)?,
-                        None,
-                        row.try_get::<_, Option<bool>>(1)?.unwrap_or(false),
-                    ))
-                }
-                .await
-            }
-        };
+        let answer = self
+            .send_mode_statement(&session, statement, key, access)
+            .await;
         let (token, slot, marked) = match answer {
             Ok(answer) => answer,
             Err(err) => return Err(self.mode_failed(&session, key, err).await),
@@ -124,19 +82,7 @@ impl Inner {
             let expires_in = marked.then_some(QUEUE_ENTRY_TTL / 3);
             return Ok(Attempt::Held { expires_in });
         };
-        let slot = match slot.map(u32::try_from) {
-            Some(Ok(slot)) => Some(slot),
-            Some(Err(_)) => {
-                session.end("the permit statement answered a negative slot".to_owned());
-                return Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::msg("the permit statement answered a negative slot"),
-                ));
-            }
-            None => None,
-        };
+        let slot = answered_slot(&session, key, slot)?;
         let token = match xact::to_token(token, key.as_str()) {
             Ok(token) => token,
             Err(err) => {
@@ -175,6 +121,67 @@ impl Inner {
             Some(slot) => grant.in_slot(slot),
             None => grant,
         }))
+    }
+
+    /// Sends the shared or permit `statement` for `key` (`access`) on
+    /// `session`: a permit statement skips the slots this process holds.
+    /// Its answer: the token drawn (none if the key is held), the permit's
+    /// slot, and whether a writer's mark stands.
+    async fn send_mode_statement(
+        &self,
+        session: &LockSession,
+        statement: &Statement,
+        key: &LockKey,
+        access: Access,
+    ) -> Result<(Option<i64>, Option<i32>, bool), tokio_postgres::Error> {
+        let seed = self.options.key_seed;
+        match access {
+            Access::Permits { permits } => {
+                let n = i32::try_from(permits).unwrap_or(i32::MAX);
+                let mut skipped: Vec<i32> = self
+                    .modes
+                    .keys()
+                    .get(key)
+                    .map(|entry| {
+                        entry
+                            .holds
+                            .values()
+                            .filter_map(|hold| hold.slot)
+                            .filter_map(|slot| i32::try_from(slot).ok())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                // Nor a slot with the advisory key of a lease of this
+                // session (the server would grant it again, re-entrant):
+                // marked in flight by the caller, so a lease's statement
+                // sent from now on reads the permit's hold on the server.
+                skipped.extend(session.claims.slots_held_here(key.as_str(), permits, seed));
+                async {
+                    let row = session
+                        .query_one(statement, &[&key.as_str(), &seed, &n, &skipped])
+                        .await?;
+                    Ok((
+                        row.try_get::<_, Option<i64>>(1)?,
+                        row.try_get::<_, Option<i32>>(0)?,
+                        false,
+                    ))
+                }
+                .await
+            }
+            _ => {
+                async {
+                    let row = session
+                        .query_one(statement, &[&key.as_str(), &seed])
+                        .await?;
+                    Ok((
+                        row.try_get::<_, Option<i64>>(0)?,
+                        None,
+                        row.try_get::<_, Option<bool>>(1)?.unwrap_or(false),
+                    ))
+                }
+                .await
+            }
+        }
     }
 
     /// Counts the hold of `key`'s permit `slot`, just taken on `session`,
@@ -414,5 +421,27 @@ impl Inner {
             tracing::debug!(key = %key, error = %err, "removing a writer-waiting mark failed");
         }
         true
+    }
+}
+
+/// The permit's slot a statement answered, if any: a negative one, which
+/// no statement of dlock's answers, ends the session.
+fn answered_slot(
+    session: &LockSession,
+    key: &LockKey,
+    slot: Option<i32>,
+) -> Result<Option<u32>, LockError> {
+    match slot.map(u32::try_from) {
+        Some(Ok(slot)) => Ok(Some(slot)),
+        Some(Err(_)) => {
+            session.end("the permit statement answered a negative slot".to_owned());
+            Err(LockError::backend(
+                KIND,
+                Operation::Acquire,
+                key.as_str(),
+                Failure::msg("the permit statement answered a negative slot"),
+            ))
+        }
+        None => Ok(None),
     }
 }

@@ -5,17 +5,19 @@
 //! Its own file: the task runs apart from the owner's attempts, which only
 //! meet it through the queues in `fair`.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_postgres::error::SqlState;
 
 use super::connection::Failure;
-use super::fair::{First, Place, Reserved};
+use super::fair::{FairTicket, First, Place, Reserved};
 use super::fair_grant::deliver;
 use super::fair_statement::{granted, send_wait};
+use super::session::LockSession;
 use super::{Inner, KIND, sql};
 use crate::backend::OwnerId;
 use crate::error::{LockError, Operation};
@@ -201,40 +203,26 @@ impl Drop for Wait {
 /// the wait statement, and what comes of it.
 pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
     let inner = Arc::clone(&wait.inner);
-    let (mut session, mut ticket) = match reserved {
+    let (session, ticket) = match reserved {
         Reserved::Session(session) => (Some(session), None),
         Reserved::Ticket(ticket) => (None, Some(ticket)),
     };
-    // Whether leases without an identity record: `None` asks again.
-    let mut record: Option<bool> = None;
-    let mut restored = false;
-    let mut pause = Duration::ZERO;
+    let mut rounds = Rounds {
+        ticket,
+        session,
+        record: None,
+        restored: false,
+        pause: Duration::ZERO,
+    };
     loop {
-        if !pause.is_zero() {
+        if !rounds.pause.is_zero() {
             tokio::select! {
-                () = sleep(pause) => {}
+                () = sleep(rounds.pause) => {}
                 () = wait.unwanted() => return,
             }
         }
-        let on = match session.take().filter(|on| !on.is_ended()) {
-            Some(on) => on,
-            None => {
-                let Some(ticket) = ticket.take().or_else(|| inner.fair.ticket()) else {
-                    return wait.fail(inner.fair_sessions_busy(&wait.key));
-                };
-                let opened = tokio::select! {
-                    opened = inner.open_fair_session(ticket) => opened,
-                    () = wait.unwanted() => return,
-                };
-                match opened {
-                    Ok(on) => on,
-                    Err(err) => {
-                        let err =
-                            LockError::backend(KIND, Operation::Acquire, wait.key.as_str(), err);
-                        return wait.fail(err);
-                    }
-                }
-            }
+        let Some(on) = rounds.session(&inner, &mut wait).await else {
+            return;
         };
         // Recorded by the rules of a plain acquisition (`Inner::try_lock`).
         let recording = if wait.identity.is_some() {
@@ -244,7 +232,7 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             }
             true
         } else {
-            match record {
+            match rounds.record {
                 Some(record) => record,
                 None => inner.may_record(&wait.key).await,
             }
@@ -264,40 +252,8 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             return;
         }
         on.set_waiting(true);
-        let answer = {
-            let sent = send_wait(
-                Arc::clone(&inner),
-                Arc::clone(&on),
-                wait.key.clone(),
-                wait.identity.clone(),
-                wait.holder.clone(),
-                recording,
-            );
-            tokio::pin!(sent);
-            let queued = inner.until_queued(on.pid);
-            tokio::pin!(queued);
-            let mut reporting = wait.first.is_some();
-            let wanted = loop {
-                tokio::select! {
-                    biased;
-                    answer = &mut sent => break Some(answer),
-                    () = &mut queued, if reporting => {
-                        reporting = false;
-                        wait.report_queued();
-                    }
-                    () = wait.unwanted() => break None,
-                }
-            };
-            match wanted {
-                Some(answer) => answer,
-                None => {
-                    // Nobody wants the wait any more: it leaves the queue
-                    // before the task ends (a release of its owner returns
-                    // only then).
-                    inner.cancel_wait(&on, &wait, &mut sent, recording).await;
-                    return;
-                }
-            }
+        let Some(answer) = answer_of_wait(&inner, &mut wait, &on, recording).await else {
+            return;
         };
         on.set_waiting(false);
         let err = match answer {
@@ -317,31 +273,10 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                     // lock goes back; a lease without an identity waits
                     // again without its record.
                     Some(Ok((_, Some(_), _))) => {
-                        // A trigger may have written a row of its own
-                        // making (see `Inner::try_lock`).
-                        on.wrote_a_record(wait.key.as_str());
-                        if !inner.drop_fair_locks(&on).await {
-                            pause = restart_pause(pause);
-                            continue;
+                        match rounds.no_record_written(&inner, &mut wait, on).await {
+                            ControlFlow::Continue(()) => continue,
+                            ControlFlow::Break(()) => return,
                         }
-                        let what = format!(
-                            "the fair lock statement of `{}` wrote no record, which a trigger \
-                             or a rule on {}.dlock_holders skips: the lock was not taken",
-                            wait.key, inner.quoted_schema
-                        );
-                        if wait.identity.is_none() {
-                            inner.records_unusable(&what);
-                            record = Some(false);
-                            session = Some(on);
-                            continue;
-                        }
-                        inner.fair_session_free(&on);
-                        return wait.fail(LockError::backend(
-                            KIND,
-                            Operation::Acquire,
-                            wait.key.as_str(),
-                            Failure::msg(what),
-                        ));
                     }
                     // An answer it cannot read: the record may be there.
                     Some(Err(err)) => {
@@ -366,6 +301,148 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             }
             Err(err) => err,
         };
+        let then = rounds.after_failure(&inner, &mut wait, on, err, recording);
+        if then.await.is_break() {
+            return;
+        }
+    }
+}
+
+/// Sends the wait statement on `on` (recording the holder, the session's
+/// start given, or not) and waits for its answer, telling the first
+/// attempt once the server shows the wait queued. `None` if nobody wants
+/// the wait any more: it has left the queue then.
+async fn answer_of_wait(
+    inner: &Arc<Inner>,
+    wait: &mut Wait,
+    on: &Arc<LockSession>,
+    recording: Option<SystemTime>,
+) -> Option<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> {
+    let sent = send_wait(
+        Arc::clone(inner),
+        Arc::clone(on),
+        wait.key.clone(),
+        wait.identity.clone(),
+        wait.holder.clone(),
+        recording,
+    );
+    tokio::pin!(sent);
+    let queued = inner.until_queued(on.pid);
+    tokio::pin!(queued);
+    let mut reporting = wait.first.is_some();
+    let wanted = loop {
+        tokio::select! {
+            biased;
+            answer = &mut sent => break Some(answer),
+            () = &mut queued, if reporting => {
+                reporting = false;
+                wait.report_queued();
+            }
+            () = wait.unwanted() => break None,
+        }
+    };
+    match wanted {
+        Some(answer) => Some(answer),
+        None => {
+            // Nobody wants the wait any more: it leaves the queue
+            // before the task ends (a release of its owner returns
+            // only then).
+            inner.cancel_wait(on, wait, &mut sent, recording).await;
+            None
+        }
+    }
+}
+
+/// What a fair wait keeps from one wait statement to the next (see
+/// [`wait_in_queue`]).
+struct Rounds {
+    /// The right to open the first session, until it is used.
+    ticket: Option<FairTicket>,
+    /// The session to send the next statement on, if one is kept.
+    session: Option<Arc<LockSession>>,
+    /// Whether leases without an identity record: `None` asks again.
+    record: Option<bool>,
+    /// Whether the objects were made again once already.
+    restored: bool,
+    /// The pause before the next statement.
+    pause: Duration,
+}
+
+impl Rounds {
+    /// The session for the next statement: the one kept, if it lives, or
+    /// a new one. `None` when the task ends instead: no session may be
+    /// opened (the wait failed), or nobody wants the wait any more.
+    async fn session(&mut self, inner: &Arc<Inner>, wait: &mut Wait) -> Option<Arc<LockSession>> {
+        if let Some(on) = self.session.take().filter(|on| !on.is_ended()) {
+            return Some(on);
+        }
+        let Some(ticket) = self.ticket.take().or_else(|| inner.fair.ticket()) else {
+            wait.fail(inner.fair_sessions_busy(&wait.key));
+            return None;
+        };
+        let opened = tokio::select! {
+            opened = inner.open_fair_session(ticket) => opened,
+            () = wait.unwanted() => return None,
+        };
+        match opened {
+            Ok(on) => Some(on),
+            Err(err) => {
+                let err = LockError::backend(KIND, Operation::Acquire, wait.key.as_str(), err);
+                wait.fail(err);
+                None
+            }
+        }
+    }
+
+    /// The lock was granted on `on` to a recording statement that wrote no
+    /// record: the lock goes back, and the wait is sent again without its
+    /// record (`Continue`), or, for a lease with an identity, ends with the
+    /// error (`Break`).
+    async fn no_record_written(
+        &mut self,
+        inner: &Arc<Inner>,
+        wait: &mut Wait,
+        on: Arc<LockSession>,
+    ) -> ControlFlow<()> {
+        // A trigger may have written a row of its own
+        // making (see `Inner::try_lock`).
+        on.wrote_a_record(wait.key.as_str());
+        if !inner.drop_fair_locks(&on).await {
+            self.pause = restart_pause(self.pause);
+            return ControlFlow::Continue(());
+        }
+        let what = format!(
+            "the fair lock statement of `{}` wrote no record, which a trigger \
+             or a rule on {}.dlock_holders skips: the lock was not taken",
+            wait.key, inner.quoted_schema
+        );
+        if wait.identity.is_none() {
+            inner.records_unusable(&what);
+            self.record = Some(false);
+            self.session = Some(on);
+            return ControlFlow::Continue(());
+        }
+        inner.fair_session_free(&on);
+        wait.fail(LockError::backend(
+            KIND,
+            Operation::Acquire,
+            wait.key.as_str(),
+            Failure::msg(what),
+        ));
+        ControlFlow::Break(())
+    }
+
+    /// The wait statement on `on` (`recording` or not) failed with `err`:
+    /// it is sent again (`Continue`), on the same session or another, or
+    /// the wait ends with the error (`Break`).
+    async fn after_failure(
+        &mut self,
+        inner: &Arc<Inner>,
+        wait: &mut Wait,
+        on: Arc<LockSession>,
+        err: tokio_postgres::Error,
+        recording: Option<SystemTime>,
+    ) -> ControlFlow<()> {
         // A session lock outlives the statement that took it: a failure
         // after the grant leaves the lock held, and a fair session holds
         // no other.
@@ -374,8 +451,8 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             // The session went (terminated, a restart, a half-open
             // connection found by its keepalives): queue again on another.
             tracing::debug!(key = %wait.key, error = %err, "a fair wait's session ended; queuing again");
-            pause = restart_pause(pause);
-            continue;
+            self.pause = restart_pause(self.pause);
+            return ControlFlow::Continue(());
         }
         if err.code() == Some(&SqlState::QUERY_CANCELED) {
             // Not this backend's cancel (that one ends the session): a
@@ -385,48 +462,47 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                 error = %err,
                 "a fair wait was cancelled on the server; it queues again, at the end of the queue"
             );
-            session = Some(on);
-            pause = restart_pause(pause);
-            continue;
+            self.session = Some(on);
+            self.pause = restart_pause(self.pause);
+            return ControlFlow::Continue(());
         }
-        if sql::sequence_missing(&err) && !restored {
-            restored = true;
+        if sql::sequence_missing(&err) && !self.restored {
+            self.restored = true;
             if let Err(err) = Box::pin(inner.restore_objects()).await {
                 inner.fair_session_free(&on);
                 let err = LockError::backend(KIND, Operation::Acquire, wait.key.as_str(), err);
-                return wait.fail(err);
+                wait.fail(err);
+                return ControlFlow::Break(());
             }
             if wait.identity.is_some() {
                 // Or the table of holder records went.
                 if let Err(err) = inner.ensure_holders_table(&wait.key, true).await {
                     inner.fair_session_free(&on);
-                    return wait.fail(err);
+                    wait.fail(err);
+                    return ControlFlow::Break(());
                 }
             } else if recording.is_some() {
                 inner.holders_state.set_unchecked();
-                record = None;
+                self.record = None;
             }
-            session = Some(on);
-            continue;
+            self.session = Some(on);
+            return ControlFlow::Continue(());
         }
         // A lease without an identity never fails for its record (see
         // `Inner::try_lock`).
-        if wait.identity.is_none()
-            && recording.is_some()
-            && err.as_db_error().is_some()
-            && sql::refused_sequence(&err).is_none()
-        {
-            if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-                inner.records_locked(&wait.key, &err);
-            } else {
-                inner.records_unusable(&err);
-            }
-            record = Some(false);
-            session = Some(on);
-            continue;
+        if inner.records_refused(
+            &wait.key,
+            wait.identity.is_some(),
+            recording.is_some(),
+            &err,
+        ) {
+            self.record = Some(false);
+            self.session = Some(on);
+            return ControlFlow::Continue(());
         }
         inner.fair_session_free(&on);
-        return wait.fail(inner.lock_error(&wait.key, err, recording.is_some()));
+        wait.fail(inner.lock_error(&wait.key, err, recording.is_some()));
+        ControlFlow::Break(())
     }
 }
 

@@ -17,6 +17,7 @@ use super::locks::micros_since_1970;
 use super::session::LockSession;
 use super::{Entry, Holding, Identified, Inner, State, xact};
 use crate::backend::Grant;
+use crate::token::FencingToken;
 
 /// How long a granted wait waits for this process's entry of the key (an
 /// unlock or an attempt of another owner, on its way) to go before it
@@ -108,30 +109,8 @@ pub(super) async fn deliver(
                                     .subscribe(),
                             ),
                             None if on.claims.claim(advisory_key) => {
-                                let deadline_slot = inner.deadlines.add(
-                                    Arc::downgrade(&inner),
-                                    &wait.key,
-                                    wait.owner,
-                                    Instant::now() + ttl,
-                                );
-                                let identity =
-                                    wait.identity.clone().zip(since).map(|(identity, since)| {
-                                        Box::new(Identified {
-                                            identity,
-                                            holder: wait.holder.clone().into_boxed_str(),
-                                            since_us: micros_since_1970(since),
-                                        })
-                                    });
-                                let mut entry = Entry::new(wait.owner);
-                                entry.state = State::Held(Holding {
-                                    session: Arc::clone(&on),
-                                    advisory_key,
-                                    token,
-                                    recorded,
-                                    identity,
-                                    deadline_slot,
-                                    deadlines: Arc::clone(&inner.deadlines),
-                                });
+                                let entry =
+                                    held_entry(&wait, &on, ttl, (advisory_key, token, since));
                                 keys.insert(wait.key.clone(), entry);
                                 queues.waiters.remove(&place);
                                 Step::Held(queues.handoffs.remove(&place))
@@ -180,4 +159,40 @@ pub(super) async fn deliver(
     }
     // Taking the key clears the owner's writer-waiting mark.
     inner.unmark_writer(&wait.key, wait.owner).await;
+}
+
+/// The owner's entry of the key, holding the lease granted to `wait` on
+/// `on` (with `token`, and a record written at `since`, if it wrote one),
+/// its deadline `ttl` from now queued.
+fn held_entry(
+    wait: &Wait,
+    on: &Arc<LockSession>,
+    ttl: Duration,
+    (advisory_key, token, since): (i64, FencingToken, Option<SystemTime>),
+) -> Entry {
+    let inner = &wait.inner;
+    let deadline_slot = inner.deadlines.add(
+        Arc::downgrade(inner),
+        &wait.key,
+        wait.owner,
+        Instant::now() + ttl,
+    );
+    let identity = wait.identity.clone().zip(since).map(|(identity, since)| {
+        Box::new(Identified {
+            identity,
+            holder: wait.holder.clone().into_boxed_str(),
+            since_us: micros_since_1970(since),
+        })
+    });
+    let mut entry = Entry::new(wait.owner);
+    entry.state = State::Held(Holding {
+        session: Arc::clone(on),
+        advisory_key,
+        token,
+        recorded: since.is_some(),
+        identity,
+        deadline_slot,
+        deadlines: Arc::clone(&inner.deadlines),
+    });
+    entry
 }

@@ -76,6 +76,12 @@
 //! handoff notice, its leaving, and the fair sessions kept. The wait's task
 //! is `fair_wait`'s, its statement on the server `fair_statement`'s, and
 //! what becomes of a grant `fair_grant`'s.
+//!
+//! [`Queue::Join`]: crate::backend::Queue::Join
+//! [`Queue::Respect`]: crate::backend::Queue::Respect
+//! [`sql::FAIR_LOCK`]: super::sql::FAIR_LOCK
+//! [`sql::FAIR_LOCK_RECORDING`]: super::sql::FAIR_LOCK_RECORDING
+//! [`sql::WAITS_IN_QUEUE`]: super::sql::WAITS_IN_QUEUE
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -153,7 +153,8 @@ impl Inner {
         )))
     }
 
-    /// Whether a writer's mark on `key` stands ([`sql::MARKED`]).
+    /// Whether a writer's mark on `key` stands
+    /// ([`sql::MARKED`](super::sql::MARKED)).
     async fn writer_marked(self: &Arc<Self>, key: &LockKey) -> Result<bool, LockError> {
         let session = self.session().await?;
         let answer = async {

@@ -48,10 +48,10 @@ use super::home::NoRuntime;
 use super::locks::no_runtime;
 use super::session::{LockSession, ModeSql, ModeStatement};
 use super::{Inner, KIND, sql, xact};
+use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{
     Access, AcquireRequest, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL, ReleaseNotice,
 };
-use crate::detach::AbandonedWith;
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -1065,7 +1065,7 @@ impl Inner {
                 }
                 released
             },
-            crate::detach::Ignore,
+            crate::backend::kit::detach::Ignore,
         );
         Some(match unlocking.await {
             Ok(released) => released,

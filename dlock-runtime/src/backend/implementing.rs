@@ -113,8 +113,8 @@
 //! A real store needs more than the trait: a round trip that cannot be
 //! taken back when its caller gives up half-way (a timeout around
 //! `try_acquire`), credentials in a connection URL that must never be
-//! shown. The in-tree backends use only dlock's public API, and what they
-//! build on besides the trait is in [`backend::kit`](super::kit):
+//! shown. The in-tree backends name only dlock's public items, and what
+//! they build on besides the trait is in [`backend::kit`](super::kit):
 //! [`Detachable`](super::kit::detach::Detachable) finishes such a round trip
 //! and gives back what it took, [`percent`](super::kit::percent) and
 //! [`userinfo`](super::kit::userinfo) read a URL the way every in-tree

@@ -121,8 +121,8 @@
 //! with every acquisition; the resource remembers the highest token it has
 //! accepted and refuses lower ones with [`LockError::StaleToken`].
 //! [`fence::FencedCell`] is that check in memory; for real resources,
-//! `fence::pg::PgFence` checks inside your own PostgreSQL transaction and
-//! `fence::redis::RedisFence` sets a Redis value in one script.
+//! `pg::fence::PgFence` checks inside your own PostgreSQL transaction and
+//! `redis::fence::RedisFence` sets a Redis value in one script.
 //!
 //! ```
 //! use std::time::Duration;
@@ -213,7 +213,8 @@
 //!   their features, `redis`, `pg` and `etcd`. [`Backend`] is the trait a backend
 //!   of your own implements; feature `conformance` ships the suite it must
 //!   pass.
-//! - [`fence`]: the resource-side checks, in memory, PostgreSQL and Redis.
+//! - [`fence`]: the resource-side checks, in memory; those for PostgreSQL
+//!   and Redis are `pg::fence` and `redis::fence`.
 //! - [`election`]: leader election on any backend.
 //! - [`holder`]: who holds a lock (host, pid, label, since when).
 //! - [`Lease`]: a held lock, renewed in the background, with a lost signal.

@@ -21,11 +21,11 @@ use std::time::Duration;
 
 use dlock::backend::OwnerId;
 use dlock::election::{Election, Leader, LeaderWatch};
-use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
 use dlock::memory::MemoryBackend;
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::redis::RedisBackend;
+use dlock::redis::fence::RedisFence;
 use dlock::{Backend, LockError};
 use tokio::time::{Instant, sleep, timeout};
 

@@ -14,17 +14,17 @@ use support::within;
 
 use dlock::backend::OwnerId;
 use dlock::fence::FencedCell;
-#[cfg(feature = "pg")]
-use dlock::fence::pg::PgFence;
-#[cfg(feature = "redis")]
-use dlock::fence::redis::RedisFence;
 use dlock::memory::MemoryBackend;
 #[cfg(all(feature = "redis", feature = "pg"))]
 use dlock::pg::PgBackend;
 #[cfg(feature = "pg")]
+use dlock::pg::fence::PgFence;
+#[cfg(feature = "pg")]
 use dlock::pg::tokio_postgres::{self, NoTls};
 #[cfg(all(feature = "redis", feature = "pg"))]
 use dlock::redis::RedisBackend;
+#[cfg(feature = "redis")]
+use dlock::redis::fence::RedisFence;
 use dlock::{Backend, FencingToken, LockError, LockOptions};
 
 #[cfg(feature = "pg")]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use support::within;
 
 use dlock::backend::OwnerId;
-use dlock::fence::pg::PgFence;
+use dlock::pg::fence::PgFence;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};

@@ -20,7 +20,7 @@ pub use core::time::Duration;
 
 /// `%xx` decoding of URLs, for the `dlock` inspector (pinned to this exact
 /// version), which reads `file://` URLs as the backends read theirs.
-pub use crate::percent::decode as percent_decode;
+pub use crate::backend::kit::percent::decode as percent_decode;
 
 /// The return types a locked function may have: anything that can carry a
 /// [`LockError`], that is `Result<T, E>` with `E: From<LockError>`.

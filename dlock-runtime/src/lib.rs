@@ -25,7 +25,6 @@ pub mod __private;
 pub mod backend;
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod detach;
 pub mod election;
 pub mod error;
 #[cfg(feature = "etcd")]
@@ -40,15 +39,12 @@ pub mod key;
 pub mod lease;
 pub mod memory;
 pub mod options;
-mod percent;
 #[cfg(feature = "pg")]
 pub mod pg;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod registry;
 pub mod token;
-#[cfg(any(feature = "redis", feature = "pg", feature = "etcd"))]
-mod userinfo;
 
 pub use backend::{
     Access, Attempt, Backend, ForceRelease, Grant, Holding, LossGroup, OwnerId, ReleaseNotice,

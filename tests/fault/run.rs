@@ -18,11 +18,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use dlock::backend::OwnerId;
-use dlock::fence::pg::PgFence;
-use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
+use dlock::pg::fence::PgFence;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions};
+use dlock::redis::fence::RedisFence;
 use dlock::{Backend, LockKey};
 use tokio::runtime::Runtime;
 

@@ -39,12 +39,12 @@ use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::fence::pg::PgFence;
-use dlock::fence::redis::RedisFence;
 use dlock::file::FileBackend;
+use dlock::pg::fence::PgFence;
 use dlock::pg::tokio_postgres::{self, NoTls};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::redis::RedisBackend;
+use dlock::redis::fence::RedisFence;
 use dlock::{
     FencingToken, LockError, LockKey, LockOptions, LostSignal, distributed_lock, registry,
 };

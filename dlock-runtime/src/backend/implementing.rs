@@ -110,6 +110,16 @@
 //! readers, the phase token and the mark in a row, and one advisory lock
 //! per slot tried in one statement. The memory backend is the reference.
 //!
+//! A real store needs more than the trait: a round trip that cannot be
+//! taken back when its caller gives up half-way (a timeout around
+//! `try_acquire`), credentials in a connection URL that must never be
+//! shown. The in-tree backends name only dlock's public items, and what
+//! they build on besides the trait is in [`backend::kit`](super::kit):
+//! [`Detachable`](super::kit::detach::Detachable) finishes such a round trip
+//! and gives back what it took, [`percent`](super::kit::percent) and
+//! [`userinfo`](super::kit::userinfo) read a URL the way every in-tree
+//! backend does.
+//!
 //! Then run the shipped suite against a real store: with the `conformance`
 //! feature, `dlock::conformance_suite!(make_backend);` in a test file makes
 //! one test per property. `make_backend` is called once per instance a

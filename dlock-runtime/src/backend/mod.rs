@@ -33,6 +33,7 @@ pub(crate) use owner::forks;
 pub use request::{Access, AcquireRequest, Look, MAX_IDENTITY_LEN, ReleaseRequest, Renewal};
 
 pub mod implementing;
+pub mod kit;
 
 /// A lock store. Implement these primitives and the core gives every lease
 /// renewal, the lost signal, waiting, release on drop and multi-key locking.

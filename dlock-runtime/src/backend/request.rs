@@ -7,6 +7,12 @@ use super::*;
 pub const MAX_IDENTITY_LEN: usize = 256;
 
 /// How an acquisition holds its key (rules M1 to M5 on [`Backend`]).
+///
+/// `#[non_exhaustive]`: a backend outside dlock ends each `match` on it with
+/// a `_` arm. [`Backend::supports_access`] answers `false` there, and the
+/// core then never sends an access the backend does not know; the other
+/// primitives may refuse one with [`LockError::InvalidOption`] naming
+/// [`option`](Self::option).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Access {

@@ -55,7 +55,7 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
     // (`root:pw://rest@host`), and nothing of the endpoint is shown.
     let Some((scheme, rest)) = url
         .split_once("://")
-        .filter(|(scheme, _)| crate::userinfo::is_scheme(scheme))
+        .filter(|(scheme, _)| crate::backend::kit::userinfo::is_scheme(scheme))
     else {
         return Err(invalid(
             "an endpoint must be a URL like http://127.0.0.1:2379 (it is not shown: it may hold a password)"
@@ -86,8 +86,8 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
         Some(user_info) => {
             let (user, password) = user_info.split_once(':').unwrap_or((user_info, ""));
             let (Some(user), Some(password)) = (
-                crate::percent::decode(user),
-                crate::percent::decode(password),
+                crate::backend::kit::percent::decode(user),
+                crate::backend::kit::percent::decode(password),
             ) else {
                 return Err(invalid(format!(
                     "{address}: the user info is not valid percent-encoded UTF-8"
@@ -109,13 +109,13 @@ pub(super) fn parse(url: &str) -> Result<Endpoint, LockError> {
 }
 
 /// What follows `scheme://`, as user info, host and path. The user info
-/// ends at the LAST `@`, wherever it is ([`crate::userinfo`]): a password
+/// ends at the LAST `@`, wherever it is ([`crate::backend::kit::userinfo`]): a password
 /// written without percent-encoding may hold `/`, `?` or `#`, and reading
 /// the authority as ending at the first of those would leave the password
 /// in the path, in the address shown. (No etcd endpoint has an `@` in its
 /// path.)
 fn split_authority(rest: &str) -> (Option<&str>, &str, &str) {
-    let (user_info, after) = crate::userinfo::split_user_info(rest);
+    let (user_info, after) = crate::backend::kit::userinfo::split_user_info(rest);
     let host_end = after.find(['/', '?', '#']).unwrap_or(after.len());
     let (host, path) = after.split_at(host_end);
     (user_info, host, path)

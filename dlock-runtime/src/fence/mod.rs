@@ -16,10 +16,16 @@
 //! token):
 //!
 //! - [`FencedCell`]: a value in memory, for tests and examples.
-//! - [`pg::PgFence`] (feature `pg`): a check inside the caller's own
-//!   PostgreSQL transaction, backed by a table of resource → highest token.
-//! - [`redis::RedisFence`] (feature `redis`): a Lua script that sets a Redis
-//!   value only under a token at least as high as the stored one.
+//! - [`PgFence`] in `dlock::pg::fence` (feature `pg`): a check inside the
+//!   caller's own PostgreSQL transaction, backed by a table of resource →
+//!   highest token.
+//! - [`RedisFence`] in `dlock::redis::fence` (feature `redis`): a Lua script
+//!   that sets a Redis value only under a token at least as high as the
+//!   stored one.
+//!
+//! The PostgreSQL and Redis fences live beside their backends; this module
+//! holds what every fence shares ([`check_resource`], [`MAX_RESOURCE_LEN`]),
+//! so a fence for another store checks its resource names the same way.
 //!
 //! A token is a plain number, so the token of any backend fences any
 //! resource: a Redis lock can guard a PostgreSQL table and vice versa. What
@@ -33,8 +39,8 @@
 //! A resumes and writes 6 under 7 (accepted: nothing above 7 was seen yet);
 //! B writes 6 under 8 (accepted) — an increment is lost although no write
 //! was stale. Once B's *read* has raised the highest token to 8, A's write
-//! is refused. [`redis::RedisFence::read`] records the reader's token; with
-//! [`pg::PgFence`], call `accept` in the transaction that reads as well as in
+//! is refused. [`RedisFence::read`] records the reader's token; with
+//! [`PgFence`], call `accept` in the transaction that reads as well as in
 //! the one that writes (or do both in one transaction). [`FencedCell::write`]
 //! reads and writes in one step, so it needs nothing more.
 //!
@@ -56,23 +62,9 @@
 //! slots of one key held at once, so give each slot a resource name of its
 //! own (`"pool:3"`, from [`Lease::slot`](crate::Lease::slot)).
 //!
-// Without the backend features the PostgreSQL and Redis fences are not
-// compiled, so the links above point to the facade's documentation, which
-// is built with both.
-#![cfg_attr(
-    not(feature = "pg"),
-    doc = "[`pg::PgFence`]: https://docs.rs/dlock/latest/dlock/fence/pg/struct.PgFence.html"
-)]
-#![cfg_attr(
-    not(feature = "redis"),
-    doc = "[`redis::RedisFence`]: https://docs.rs/dlock/latest/dlock/fence/redis/struct.RedisFence.html",
-    doc = "[`redis::RedisFence::read`]: https://docs.rs/dlock/latest/dlock/fence/redis/struct.RedisFence.html#method.read"
-)]
-
-#[cfg(feature = "pg")]
-pub mod pg;
-#[cfg(feature = "redis")]
-pub mod redis;
+//! [`PgFence`]: https://docs.rs/dlock/latest/dlock/pg/fence/struct.PgFence.html
+//! [`RedisFence`]: https://docs.rs/dlock/latest/dlock/redis/fence/struct.RedisFence.html
+//! [`RedisFence::read`]: https://docs.rs/dlock/latest/dlock/redis/fence/struct.RedisFence.html#method.read
 
 use std::sync::{Mutex, PoisonError};
 
@@ -154,9 +146,19 @@ impl<T: Clone> FencedCell<T> {
 /// same bound as a lock key).
 pub const MAX_RESOURCE_LEN: usize = crate::key::MAX_KEY_LEN;
 
-/// Checks a resource name before it is sent to a server.
-#[cfg(any(feature = "pg", feature = "redis"))]
-fn check_resource(resource: &str) -> Result<(), LockError> {
+/// Checks a resource name before a fence sends it to its store: not empty,
+/// at most [`MAX_RESOURCE_LEN`] bytes, no NUL (which PostgreSQL text cannot
+/// hold). A refused name is [`LockError::InvalidOption`] for the option
+/// `resource`, and nothing is sent.
+///
+/// ```
+/// use dlock_runtime::fence::check_resource;
+///
+/// assert!(check_resource("invoice:42").is_ok());
+/// assert!(check_resource("").is_err());
+/// assert!(check_resource("a\0b").is_err());
+/// ```
+pub fn check_resource(resource: &str) -> Result<(), LockError> {
     let reason = if resource.is_empty() {
         "a fenced resource needs a non-empty name".to_owned()
     } else if resource.len() > MAX_RESOURCE_LEN {

@@ -12,11 +12,11 @@ use tracing::{Instrument as _, Span};
 
 use super::metrics::{self, Meters, Outcome};
 use super::{Hold, Lease, Terms, start};
+use crate::backend::kit::detach::{AbandonedWith, Detachable};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, Grant, Handoff, Holding, Look, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest,
 };
-use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, Operation};
 use crate::fallback::{self, Work};
 use crate::holder;

@@ -37,10 +37,10 @@ use release::{Release, finish_detached};
 pub use set::LeaseSet;
 pub(crate) use set::acquire_many;
 
+use crate::backend::kit::detach::{AbandonedWith, Detachable};
 use crate::backend::{
     Access, Backend, Grant, LossGroup, LossSink, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
 };
-use crate::detach::{AbandonedWith, Detachable};
 use crate::error::{LockError, LostReason};
 use crate::fallback::{self, Work};
 use crate::key::LockKey;

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::runtime::{Handle, Id};
 use tokio::sync::oneshot;
 
-use crate::detach::{AbandonedWith, Detachable, Spawn};
+use crate::backend::kit::detach::{AbandonedWith, Detachable, Spawn};
 
 /// The runtime the backend's work runs on; see the module docs.
 pub(super) struct Home {
@@ -118,7 +118,7 @@ impl Home {
             // Not the fallback runtime: it only finishes what callers left
             // behind, and the sessions of a home that shut down are closed,
             // with their locks, already.
-            if crate::fallback::is_current() {
+            if crate::backend::kit::on_fallback_runtime() {
                 return None;
             }
             let here = Handle::try_current().ok()?;

@@ -48,8 +48,8 @@ use super::locks::no_runtime;
 use super::read_hold::ReadHold;
 use super::session::{LockSession, ModeSql, ModeStatement};
 use super::{Inner, sql};
+use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Access, AcquireRequest, Attempt, Grant, OwnerId, ReleaseNotice};
-use crate::detach::AbandonedWith;
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
@@ -461,7 +461,7 @@ impl Inner {
                 }
                 released
             },
-            crate::detach::Ignore,
+            crate::backend::kit::detach::Ignore,
         );
         Some(match unlocking.await {
             Ok(released) => released,

@@ -219,7 +219,7 @@ impl PgOptions {
 }
 
 /// True when `conn` is a URL that tokio-postgres would read otherwise than
-/// dlock reads every URL ([`crate::userinfo`]): its user info (everything
+/// dlock reads every URL ([`crate::backend::kit::userinfo`]): its user info (everything
 /// before the last `@` after `://`) holds a `/`, `?`, `#` or another `@`.
 /// tokio-postgres splits the user info at the first `@` of the whole
 /// string, wherever it is, so a password in the query holding an `@`
@@ -229,7 +229,11 @@ pub(super) fn misplaced_at_sign(conn: &str) -> bool {
     let is_url = ["postgres://", "postgresql://"]
         .iter()
         .any(|scheme| conn.starts_with(scheme));
-    is_url && crate::userinfo::misread_by(conn, crate::userinfo::FIRST_AT_SIGN)
+    is_url
+        && crate::backend::kit::userinfo::misread_by(
+            conn,
+            crate::backend::kit::userinfo::FIRST_AT_SIGN,
+        )
 }
 
 /// Why tokio-postgres refused a connection string, in words safe to show,

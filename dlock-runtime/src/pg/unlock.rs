@@ -19,7 +19,7 @@ use super::locks::{Unfinished, no_runtime};
 use super::session::LockSession;
 use super::{Inner, KIND, State, sql};
 use crate::backend::OwnerId;
-use crate::detach::Ignore;
+use crate::backend::kit::detach::Ignore;
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 

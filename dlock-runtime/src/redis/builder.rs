@@ -19,9 +19,9 @@ use super::redact::{redact_url, scrub, secrets_of};
 use super::sentinel::Sentinels;
 use super::subscriber::Subscriber;
 use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, Inner, KIND, RedisBackend};
+use crate::backend::kit::percent::decode_lossy;
+use crate::backend::kit::userinfo::{self, URL_STANDARD};
 use crate::error::{LockError, Operation};
-use crate::percent::decode_lossy;
-use crate::userinfo::{self, URL_STANDARD};
 
 mod sentinel_url;
 

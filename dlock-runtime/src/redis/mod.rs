@@ -276,6 +276,7 @@
 
 mod builder;
 mod commands;
+pub mod fence;
 mod keyspace;
 mod redact;
 mod scripts;

@@ -5,15 +5,15 @@
 //! (`redis+unix:///path?pass=password&user=user`). Both are read with the
 //! parser redis-rs itself uses, so what is hidden is what the client sends;
 //! a URL redis-rs cannot read, or would read otherwise than dlock's rule
-//! for user info ([`crate::userinfo`]), is never shown at all, since a
+//! for user info ([`crate::backend::kit::userinfo`]), is never shown at all, since a
 //! password in it may sit anywhere.
 
 use std::cmp::Reverse;
 
 use ::redis::IntoConnectionInfo as _;
 
-use crate::percent::decode_lossy;
-use crate::userinfo::{self, URL_STANDARD};
+use crate::backend::kit::percent::decode_lossy;
+use crate::backend::kit::userinfo::{self, URL_STANDARD};
 
 /// Query parameters that hold a password: `pass` is the one redis-rs reads
 /// (unix sockets); `password` is hidden too, wherever it is written. Both

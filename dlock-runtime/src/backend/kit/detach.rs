@@ -2,7 +2,50 @@
 //! server granted to a caller that gave up must be given back, and an
 //! unlock half-way must not leave its key marked as releasing for ever.
 //! Should the runtime the rest runs on shut down too, it is started over on
-//! the [fallback runtime](crate::fallback).
+//! dlock's fallback runtime (see [`on_fallback_runtime`](super::on_fallback_runtime)).
+//!
+//! A caller gives up by dropping the future: a timeout around
+//! `try_acquire`, a `select!` that another branch won, a cancelled task.
+//! Wrap the round trip that cannot be taken back in a [`Detachable`], and
+//! say with an [`AbandonedWith`] what to do with its answer if nobody is
+//! there to read it.
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use dlock_runtime::backend::kit::detach::{AbandonedWith, Detachable};
+//!
+//! /// Gives back a lock the store granted after its caller gave up.
+//! struct GiveBack;
+//!
+//! impl AbandonedWith<Option<u64>> for GiveBack {
+//!     async fn handle(self, granted: Option<u64>) {
+//!         if let Some(token) = granted {
+//!             // Here a backend releases the lock it took under `token`.
+//!             println!("giving back the lock granted with token {token}");
+//!         }
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! // The round trip that takes the lock: once sent, the store may grant it
+//! // whether or not the caller is still there to hear.
+//! let round_trip = async {
+//!     tokio::time::sleep(Duration::from_millis(50)).await;
+//!     Some(7)
+//! };
+//! // The caller gives up after 10 ms; the round trip goes on in a task of
+//! // its own, and `GiveBack` hands its grant back.
+//! let gave_up = tokio::time::timeout(
+//!     Duration::from_millis(10),
+//!     Detachable::new(round_trip, GiveBack),
+//! )
+//! .await;
+//! assert!(gave_up.is_err());
+//! # tokio::time::sleep(Duration::from_millis(100)).await;
+//! # }
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +58,7 @@ use std::task::{Context, Poll};
 /// shut down), `abandoned` says what to do instead. Unlike spawning the
 /// work up front, the common case (nobody gives up) costs no task, no
 /// wake-up of another worker and no channel.
-pub(crate) struct Detachable<F, A, S = CurrentRuntime>
+pub struct Detachable<F, A, S = CurrentRuntime>
 where
     F: Future + Send + 'static,
     F::Output: Send,
@@ -27,8 +70,11 @@ where
     spawner: Option<S>,
 }
 
-/// Where the rest of abandoned work runs.
-pub(crate) trait Spawn: Send + Unpin + 'static {
+/// Where the rest of abandoned work runs: [`CurrentRuntime`] unless said
+/// otherwise. A backend whose work must run on a runtime of its choosing (the
+/// one its connections were opened on, say) implements it and builds its
+/// work with [`Detachable::spawned_by`].
+pub trait Spawn: Send + Unpin + 'static {
     /// Spawns `work`, and should it be dropped unfinished, runs
     /// `unfinished` instead where it can (or drops it, if the work cleans up
     /// after itself when dropped).
@@ -39,9 +85,10 @@ pub(crate) trait Spawn: Send + Unpin + 'static {
     );
 }
 
-/// The runtime the work is abandoned on, and the fallback runtime should
-/// that one shut down before the work is done (see [`crate::fallback`]).
-pub(crate) struct CurrentRuntime;
+/// The runtime the work is abandoned on, and dlock's fallback runtime
+/// should that one shut down before the work is done (see
+/// [`on_fallback_runtime`](super::on_fallback_runtime)).
+pub struct CurrentRuntime;
 
 impl Spawn for CurrentRuntime {
     fn spawn(
@@ -54,7 +101,7 @@ impl Spawn for CurrentRuntime {
 }
 
 /// What to do with the output of work whose caller gave up.
-pub(crate) trait AbandonedWith<T>: Send + Unpin + 'static {
+pub trait AbandonedWith<T>: Send + Unpin + 'static {
     /// Handles the output; runs in the task that finished the work.
     fn handle(self, output: T) -> impl Future<Output = ()> + Send;
 
@@ -72,7 +119,10 @@ where
     F::Output: Send,
     A: AbandonedWith<F::Output>,
 {
-    pub(crate) fn new(work: F, abandoned: A) -> Self {
+    /// `work`, run in the caller's task; should the caller drop it
+    /// unfinished, the rest runs on the current runtime (or the fallback
+    /// runtime) and its output goes to `abandoned`.
+    pub fn new(work: F, abandoned: A) -> Self {
         Self::spawned_by(work, abandoned, CurrentRuntime)
     }
 }
@@ -85,7 +135,7 @@ where
     S: Spawn,
 {
     /// As [`new`](Detachable::new), with the rest spawned by `spawner`.
-    pub(crate) fn spawned_by(work: F, abandoned: A, spawner: S) -> Self {
+    pub fn spawned_by(work: F, abandoned: A, spawner: S) -> Self {
         Self {
             work: Some(Box::pin(work)),
             abandoned: Some(abandoned),
@@ -138,11 +188,10 @@ where
     }
 }
 
-/// Nothing more to do: the work cleans up after itself.
-#[cfg(feature = "pg")]
-pub(crate) struct Ignore;
+/// Nothing more to do: the work cleans up after itself (its output, if
+/// any, holds nothing that must be given back).
+pub struct Ignore;
 
-#[cfg(feature = "pg")]
 impl<T: Send + 'static> AbandonedWith<T> for Ignore {
     #[allow(clippy::manual_async_fn)]
     fn handle(self, _output: T) -> impl Future<Output = ()> + Send {

@@ -13,10 +13,10 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
-use super::check_resource;
+use super::quote_schema;
+use super::sql::render;
 use crate::error::{LockError, Operation};
-use crate::pg::quote_schema;
-use crate::pg::sql::render;
+use crate::fence::check_resource;
 use crate::token::FencingToken;
 
 const KIND: &str = "pg";
@@ -71,7 +71,7 @@ COMMIT;";
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use dlock_runtime::fence::pg::PgFence;
+/// use dlock_runtime::pg::fence::PgFence;
 /// use dlock_runtime::pg::tokio_postgres::{self, NoTls};
 /// use dlock_runtime::{FencingToken, LockError};
 ///

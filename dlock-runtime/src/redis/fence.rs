@@ -12,8 +12,8 @@ use std::sync::LazyLock;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Script, Value};
 
-use super::check_resource;
 use crate::error::{LockError, Operation};
+use crate::fence::check_resource;
 use crate::token::FencingToken;
 
 const KIND: &str = "redis";
@@ -84,7 +84,7 @@ static READ: LazyLock<Script> = LazyLock::new(|| Script::new(READ_LUA));
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// use dlock_runtime::fence::redis::RedisFence;
+/// use dlock_runtime::redis::fence::RedisFence;
 /// use dlock_runtime::{FencingToken, LockError};
 ///
 /// let url = std::env::var("DLOCK_REDIS_URL").unwrap_or("redis://127.0.0.1:6379".into());

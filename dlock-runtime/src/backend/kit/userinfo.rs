@@ -10,22 +10,41 @@
 //! info, which may be credentials and is never shown in any part. A URL a
 //! client library would read differently (see [`misread_by`]) is refused
 //! before the library sees it.
+//!
+//! A backend that takes a URL refuses it, unshown, when its client would
+//! read it otherwise, and redacts the user info whole wherever it shows
+//! the URL:
+//!
+//! ```
+//! use dlock_runtime::backend::kit::userinfo::{self, URL_STANDARD};
+//!
+//! // The password `2024/Summer!`, which the URL standard reads as a port and
+//! // a path: refused, with a reason that does not show it.
+//! let url = "redis://app:2024/Summer!@10.0.0.5";
+//! assert!(userinfo::misread_by(url, URL_STANDARD));
+//! let _reason = userinfo::MISREAD; // the reason to give, never the URL
+//!
+//! // What may be shown of a URL the client reads as written.
+//! let url = "redis://app:p%40ss@10.0.0.5:6379/0";
+//! assert!(!userinfo::misread_by(url, URL_STANDARD));
+//! assert_eq!(userinfo::user_info(url), Some("app:p%40ss"));
+//! let (_, shown) = userinfo::split_user_info("app:p%40ss@10.0.0.5:6379/0");
+//! assert_eq!(shown, "10.0.0.5:6379/0");
+//! ```
 
 /// What ends the user info or the authority for a parser that follows the
 /// URL standard (redis-rs): it splits the user info at the last `@` of the
 /// authority, which ends at the first of these.
-#[cfg(feature = "redis")]
-pub(crate) const URL_STANDARD: &[char] = &['/', '?', '#'];
+pub const URL_STANDARD: &[char] = &['/', '?', '#'];
 
 /// What ends the user info or the authority for tokio-postgres: it splits
 /// the user info at the first `@` of the whole string.
-#[cfg(feature = "pg")]
-pub(crate) const FIRST_AT_SIGN: &[char] = &['/', '?', '#', '@'];
+pub const FIRST_AT_SIGN: &[char] = &['/', '?', '#', '@'];
 
 /// What follows `scheme://` (`after_scheme`), as the user info (everything
 /// before its last `@`, if it has one) and the rest (host, port, path,
 /// query).
-pub(crate) fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
+pub fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
     match after_scheme.rsplit_once('@') {
         Some((user_info, rest)) => (Some(user_info), rest),
         None => (None, after_scheme),
@@ -38,8 +57,7 @@ pub(crate) fn split_user_info(after_scheme: &str) -> (Option<&str>, &str) {
 /// the URL: the URL standard strips them before it finds the scheme
 /// (redis-rs's parser does), so ` redis://app:pw@host` has the user info
 /// `app:pw` too.
-#[cfg(any(feature = "redis", feature = "pg"))]
-pub(crate) fn user_info(url: &str) -> Option<&str> {
+pub fn user_info(url: &str) -> Option<&str> {
     let (scheme, after_scheme) = url.trim_matches(is_c0_or_space).split_once("://")?;
     if !is_scheme(scheme) {
         return None;
@@ -51,14 +69,12 @@ pub(crate) fn user_info(url: &str) -> Option<&str> {
 /// `delimiters` would read `url` otherwise than [`split_user_info`]: its
 /// user info holds one of them, so part of it (a password, maybe) would be
 /// taken for a host, a port, a path or a query, and shown as one.
-#[cfg(any(feature = "redis", feature = "pg"))]
-pub(crate) fn misread_by(url: &str, delimiters: &[char]) -> bool {
+pub fn misread_by(url: &str, delimiters: &[char]) -> bool {
     user_info(url).is_some_and(|info| info.contains(delimiters))
 }
 
 /// A space or a C0 control character, which the URL standard strips from
 /// both ends of a URL.
-#[cfg(any(feature = "redis", feature = "pg"))]
 fn is_c0_or_space(c: char) -> bool {
     c <= ' '
 }
@@ -69,37 +85,33 @@ fn is_c0_or_space(c: char) -> bool {
 /// `redis://` URL to it while dlock's rule sees no scheme, and the
 /// password would be read as a host and a port. Such a URL is refused
 /// and never shown.
-#[cfg(feature = "redis")]
-pub(crate) fn rewritten_by_url_standard(url: &str) -> bool {
+pub fn rewritten_by_url_standard(url: &str) -> bool {
     url.contains(['\t', '\n', '\r'])
 }
 
 /// Why a URL [`rewritten_by_url_standard`] is refused; never the URL
 /// itself.
-#[cfg(feature = "redis")]
-pub(crate) const REWRITTEN: &str = "the URL holds a tab or a line break, which its client \
+pub const REWRITTEN: &str = "the URL holds a tab or a line break, which its client \
      would remove, reading another URL than the one written: write it without them (the URL \
      is not shown: it may hold a password)";
 
 /// Why a URL [`misread_by`] its client is refused, and how to write it;
 /// never the URL itself.
-#[cfg(feature = "redis")]
-pub(crate) const MISREAD: &str = "the URL has an `@` after a `/`, `?` or `#`, so the text before \
+pub const MISREAD: &str = "the URL has an `@` after a `/`, `?` or `#`, so the text before \
      its last `@` may be a password that its client would read as a host, a port or a path: percent-encode `/`, `?`, `#` and `@` in the user \
      name and the password (%2F, %3F, %23, %40) and any `@` after the host as %40 (the URL is \
      not shown: it may hold a password)";
 
 /// Whether `word` is a URL scheme (`ALPHA *( ALPHA / DIGIT / "+" / "-" /
 /// "." )`).
-#[cfg(any(feature = "redis", feature = "pg", feature = "etcd"))]
-pub(crate) fn is_scheme(word: &str) -> bool {
+pub fn is_scheme(word: &str) -> bool {
     word.starts_with(|c: char| c.is_ascii_alphabetic())
         && word
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
 }
 
-#[cfg(all(test, feature = "redis"))]
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -1,9 +1,22 @@
 //! `%xx` escapes of URLs, decoded one way for every backend that reads a
 //! URL (and for the inspector's `file://` paths).
+//!
+//! A user name or password in a URL is percent-encoded when it holds a
+//! character the URL syntax reserves (`redis://app:p%40ss@host` has the
+//! password `p@ss`). Decode it with [`decode`] before handing it to a
+//! client that takes it apart from the URL, and scrub every form it could
+//! take ([`decode_lossy`] and the text as written) from messages.
 
 /// `text` with its `%xx` escapes decoded; `None` for a bad escape or a
 /// result that is not UTF-8 (where a wrong guess would name the wrong
 /// user, password or directory).
+///
+/// ```
+/// use dlock_runtime::backend::kit::percent::decode;
+///
+/// assert_eq!(decode("p%40ss%20word").as_deref(), Some("p@ss word"));
+/// assert_eq!(decode("50%"), None); // not an escape: refused, not guessed
+/// ```
 pub fn decode(text: &str) -> Option<String> {
     String::from_utf8(decode_bytes(text, true)?).ok()
 }
@@ -11,8 +24,14 @@ pub fn decode(text: &str) -> Option<String> {
 /// `text` with its well-formed `%xx` escapes decoded and any other `%`
 /// kept, non-UTF-8 bytes replaced: every form a secret could take in a
 /// message, to scrub it from there.
-#[cfg(feature = "redis")]
-pub(crate) fn decode_lossy(text: &str) -> String {
+///
+/// ```
+/// use dlock_runtime::backend::kit::percent::decode_lossy;
+///
+/// assert_eq!(decode_lossy("p%40ss"), "p@ss");
+/// assert_eq!(decode_lossy("50%"), "50%");
+/// ```
+pub fn decode_lossy(text: &str) -> String {
     let bytes = decode_bytes(text, false).unwrap_or_default();
     String::from_utf8_lossy(&bytes).into_owned()
 }
@@ -64,7 +83,6 @@ mod tests {
         assert_eq!(decode("%C3%A9").as_deref(), Some("é"));
     }
 
-    #[cfg(feature = "redis")]
     #[test]
     fn decode_lossy_keeps_what_it_cannot_decode() {
         use super::decode_lossy;

@@ -1,13 +1,15 @@
 //! The report file. Each scenario's section sits between stable markers
 //! (`<!-- bench:cycle -->` … `<!-- /bench:cycle -->`, invisible once
 //! rendered) and carries the stamp of the run that measured it, so a run of
-//! some scenarios (`--only`) replaces their sections and keeps the
+//! some scenarios (`--only`) replaces their sections and plots and keeps the
 //! others as they were. The header, the Targets table (from the target rows
 //! each section keeps, in comments, beside its stamp) and the notes are
 //! written anew every time: nothing in the file is written by hand.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
+use crate::plots::Plot;
 use crate::stamp::{self, RunFacts};
 use crate::{Config, Res};
 
@@ -34,6 +36,7 @@ pub struct Section {
     /// The Markdown under the heading and the stamp.
     pub body: String,
     pub targets: Vec<Target>,
+    pub plots: Vec<Plot>,
 }
 
 impl Section {
@@ -48,6 +51,7 @@ impl Section {
             load_end: String::new(),
             body: String::new(),
             targets: Vec::new(),
+            plots: Vec::new(),
         }
     }
 
@@ -66,8 +70,9 @@ impl Section {
         });
     }
 
-    /// The section's Markdown, markers included.
-    fn render(&self, facts: &RunFacts) -> String {
+    /// The section's Markdown, markers included, its plots found in
+    /// `plot_dir` (relative to the report).
+    fn render(&self, facts: &RunFacts, plot_dir: &str) -> String {
         let (open, close) = markers(self.id);
         let mut out = format!("{open}\n## {}\n\n", self.title);
         out.push_str(&facts.stamp(&self.started, &self.load_start, &self.load_end));
@@ -89,6 +94,9 @@ impl Section {
         }
         out.push_str(self.body.trim_end());
         out.push_str("\n\n");
+        for plot in &self.plots {
+            let _ = writeln!(out, "![{}]({plot_dir}/{})\n", plot.alt, plot.file);
+        }
         let _ = writeln!(out, "{close}");
         out
     }
@@ -125,16 +133,36 @@ fn existing_section<'a>(text: &'a str, id: &str) -> Option<&'a str> {
     Some(&text[start..start + len])
 }
 
-/// Writes this run's sections into the report at
+/// Where the plots of the report at `out` go, relative to it: a directory
+/// named after the file (`BENCHMARKS.md`: `benchmarks/`).
+fn plot_dir(out: &Path) -> String {
+    out.file_stem()
+        .map_or("bench".into(), |s| s.to_string_lossy().to_lowercase())
+}
+
+/// Writes this run's sections and their plots into the report at
 /// `cfg.out`, keeping the sections of the existing file that this run did
 /// not measure; returns the file's text.
 pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String> {
     let existing = std::fs::read_to_string(&cfg.out).unwrap_or_default();
+    let dir = plot_dir(&cfg.out);
+    let parent = cfg
+        .out
+        .parent()
+        .map_or(PathBuf::from("."), Path::to_path_buf);
+    for section in sections {
+        if !section.plots.is_empty() {
+            std::fs::create_dir_all(parent.join(&dir))?;
+        }
+        for plot in &section.plots {
+            std::fs::write(parent.join(&dir).join(&plot.file), &plot.svg)?;
+        }
+    }
     let mut kept = Vec::new();
     let texts: Vec<String> = ORDER
         .iter()
         .filter_map(|id| match sections.iter().find(|s| s.id == *id) {
-            Some(section) => Some(section.render(facts)),
+            Some(section) => Some(section.render(facts, &dir)),
             None => existing_section(&existing, id).map(|text| {
                 kept.push(*id);
                 text.to_owned()
@@ -155,8 +183,8 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
         out,
         "# Benchmarks\n\n<!-- Written by examples/bench: change the benchmark, not this file. -->\n\
          Written wholly by the benchmark, `examples/bench/`: dlock beside the raw floor (its own commands sent by hand) and the crates users would pick instead, against local Redis and PostgreSQL servers. It measures and never asserts a time. Each section is stamped with the run that measured it (when, the command, the machine and its load average, the servers' versions and round trip, the build), since sections can be measured in runs of their own; the load average tells how busy the machine was.\n\n\
-         - The whole file: `cargo run --release --example bench` (about 11 minutes).\n\
-         - Some sections: `cargo run --release --example bench -- --only cycle,handoff` replaces those sections and their targets, and keeps the others as they are. The sections, in order: {}.\n",
+         - The whole file and its plots (`{dir}/*.svg`): `cargo run --release --example bench` (about 11 minutes).\n\
+         - Some sections: `cargo run --release --example bench -- --only cycle,handoff` replaces those sections, their targets and their plots, and keeps the others as they are. The sections, in order: {}.\n",
         ORDER.map(|id| format!("`{id}`")).join(", ")
     );
     let rows: Vec<&str> = texts

@@ -1,8 +1,9 @@
 //! dlock's benchmark: dlock against the physical floor (the same commands
 //! sent by hand) and against the crates users would pick instead, on the
 //! local Redis and PostgreSQL, in one run. Writes `BENCHMARKS.md`, one
-//! section per scenario, each stamped with the run that measured it; a run
-//! of some scenarios replaces their sections and keeps the others
+//! section per scenario, each stamped with the run that measured it, and
+//! SVG charts beside it (`benchmarks/`, `plots.rs`); a run of some
+//! scenarios replaces their sections and charts and keeps the others
 //! (`document.rs`).
 //!
 //! ```sh
@@ -29,6 +30,7 @@ mod heap;
 mod held;
 mod modes;
 mod overhead;
+mod plots;
 mod report;
 mod server;
 mod stamp;

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use dlock::Backend;
 
 use crate::document::Section;
+use crate::plots::{self, Bar, Plot};
 use crate::stamp::RunFacts;
-use crate::stats::{show, show_rate};
+use crate::stats::{Measured, show, show_rate};
 use crate::{Config, Res, acks, cross, cycle, election, handoff, held, modes, overhead, server};
 
 /// Concurrency levels of the uncontended cycle.
@@ -38,6 +39,47 @@ async fn clean_redis(cfg: &Config) -> Res<()> {
         }
         cursor = next;
     }
+}
+
+/// Scenario 1's chart of one backend: each row's cycles/s at each
+/// concurrency (the median round, the lowest and highest beside it),
+/// against the floor (the first row).
+fn cycle_plot(backend: &str, rows: &[cycle::Row], results: &[Vec<Measured>]) -> Res<Plot> {
+    let panels: Vec<(String, Vec<Bar>)> = CONCURRENCY
+        .iter()
+        .enumerate()
+        .map(|(c, tasks)| {
+            let floor = results[0][c].rate();
+            let bars = rows
+                .iter()
+                .zip(results)
+                .enumerate()
+                .map(|(r, (row, per_tasks))| {
+                    let m = &per_tasks[c];
+                    Bar {
+                        label: plots::short(&row.name).into(),
+                        value: m.rate(),
+                        range: (m.rates.len() > 1).then(|| {
+                            let lowest = m.rates.iter().copied().fold(f64::INFINITY, f64::min);
+                            (lowest, m.rates.iter().copied().fold(0.0, f64::max))
+                        }),
+                        note: format!("{} ({:.2} x floor)", show_rate(m.rate()), m.rate() / floor),
+                        reference: r == 0,
+                    }
+                })
+                .collect();
+            (
+                format!("{tasks} task{}", if *tasks == 1 { "" } else { "s" }),
+                bars,
+            )
+        })
+        .collect();
+    plots::bars(
+        &format!("cycle-{}.svg", backend.to_lowercase()),
+        &format!("{backend}: uncontended cycles per second against the floor (grey)"),
+        "cycles/s: median round, line from the lowest to the highest",
+        &panels,
+    )
 }
 
 /// Runs every scenario the config asks for and returns their sections, and
@@ -87,6 +129,7 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 format!("{ratio:.2} x"),
                 ratio >= 0.9,
             );
+            s.plots.push(cycle_plot(backend, &rows, &results)?);
         }
         let _ = writeln!(s.body);
         clean_redis(cfg).await?;
@@ -126,6 +169,21 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 handoff::dlock(pg, &key("pg-fair"), cfg.handoff_time, true).await?,
             ),
         ];
+        let redis_rows: Vec<(String, &[std::time::Duration])> = rows[..4]
+            .iter()
+            .map(|(name, o)| {
+                let samples = o.handoff.samples.as_slice();
+                (
+                    format!("{} ({} handoffs)", plots::short(name), samples.len()),
+                    samples,
+                )
+            })
+            .collect();
+        s.plots.push(plots::latency_cdf(
+            "handoff.svg",
+            "Redis contended handoff: from a release to the next holder's return",
+            &redis_rows,
+        )?);
         let rtt_after = handoff::redis_round_trip(cfg, pings).await?;
         let floor = handoff::redis_publish_floor(cfg, &key("floor"), pings).await?;
         let blpop = handoff::redis_blpop_floor(cfg, &key("blpop"), pings).await?;
@@ -439,6 +497,37 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 ratio <= 1.4,
             );
         }
+        let bars = costs
+            .iter()
+            .map(|cost| Bar {
+                label: plots::short(cost.protocol.label()).into(),
+                value: cost.per_cycle(),
+                range: (cost.rounds.len() > 1).then(|| cost.range()),
+                note: format!(
+                    "{:.1} µs{}",
+                    cost.per_cycle(),
+                    rslock.map_or(String::new(), |r| format!(
+                        " ({:.2} x rslock)",
+                        cost.per_cycle() / r
+                    ))
+                ),
+                reference: cost.protocol == server::Protocol::Rslock,
+            })
+            .collect();
+        s.plots.push(plots::bars(
+            "server.svg",
+            "Redis server CPU per lock cycle against rslock's (grey)",
+            "server main thread CPU per cycle, µs: median round, line from the lowest to the highest",
+            &[(
+                format!(
+                    "{} tasks, {} round{}",
+                    server::TASKS,
+                    cfg.server_rounds,
+                    if cfg.server_rounds == 1 { "" } else { "s" }
+                ),
+                bars,
+            )],
+        )?);
         sections.push(s.end());
     }
 

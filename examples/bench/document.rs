@@ -150,6 +150,8 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
         .out
         .parent()
         .map_or(PathBuf::from("."), Path::to_path_buf);
+    // The smoke's `target/` is not there when cargo builds elsewhere.
+    std::fs::create_dir_all(&parent)?;
     for section in sections {
         if !section.plots.is_empty() {
             std::fs::create_dir_all(parent.join(&dir))?;
@@ -203,7 +205,7 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
         out.push('\n');
     }
     for text in &texts {
-        let _ = writeln!(out, "{text}");
+        let _ = writeln!(out, "{}\n", text.trim_end());
     }
     out.push_str(NOTES);
     std::fs::write(&cfg.out, &out)?;

@@ -40,7 +40,7 @@ impl RunFacts {
         let root = env!("CARGO_MANIFEST_DIR");
         RunFacts {
             command,
-            commit: first_line_of("git", &["-C", root, "rev-parse", "--short", "HEAD"]),
+            commit: commit(root),
             machine: machine(),
             redis_version,
             pg_version,
@@ -77,6 +77,29 @@ impl RunFacts {
             show(self.pg_rtt),
             self.build
         )
+    }
+}
+
+/// The commit the sources are at, and whether they differ from it (the
+/// report and its charts aside, which a run of the benchmark rewrites).
+fn commit(root: &str) -> String {
+    let head = first_line_of("git", &["-C", root, "rev-parse", "--short", "HEAD"]);
+    let status = std::process::Command::new("git")
+        .args([
+            "-C",
+            root,
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+        ])
+        .args([".", ":(exclude)BENCHMARKS.md", ":(exclude)benchmarks"])
+        .output();
+    match status {
+        Ok(out) if out.status.success() && !out.stdout.is_empty() => {
+            format!("{head} (with uncommitted changes)")
+        }
+        _ => head,
     }
 }
 

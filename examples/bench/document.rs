@@ -180,15 +180,31 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
     if !kept.is_empty() {
         eprintln!("kept from {}: {}", cfg.out.display(), kept.join(", "));
     }
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
+    let mut out = header(&dir);
+    out.push_str(&targets_table(&texts));
+    for text in &texts {
+        let _ = writeln!(out, "{}\n", text.trim_end());
+    }
+    out.push_str(NOTES);
+    std::fs::write(&cfg.out, &out)?;
+    Ok(out)
+}
+
+/// The top of the report: what it is and how to regenerate it, whole or
+/// some sections; its plots are in `dir`.
+fn header(dir: &str) -> String {
+    format!(
         "# Benchmarks\n\n<!-- Written by examples/bench: change the benchmark, not this file. -->\n\
          Written wholly by the benchmark, `examples/bench/`: dlock beside the raw floor (its own commands sent by hand) and the crates users would pick instead, against local Redis and PostgreSQL servers. It measures and never asserts a time. Each section is stamped with the run that measured it (when, the command, the machine and its load average, the servers' versions and round trip, the build), since sections can be measured in runs of their own; the load average tells how busy the machine was.\n\n\
          - The whole file and its plots (`{dir}/*.svg`): `cargo run --release --example bench` (about 11 minutes).\n\
-         - Some sections: `cargo run --release --example bench -- --only cycle,handoff` replaces those sections, their targets and their plots, and keeps the others as they are. The sections, in order: {}.\n",
+         - Some sections: `cargo run --release --example bench -- --only cycle,handoff` replaces those sections, their targets and their plots, and keeps the others as they are. The sections, in order: {}.\n\n",
         ORDER.map(|id| format!("`{id}`")).join(", ")
-    );
+    )
+}
+
+/// The Targets table: the target rows the sections keep, in their order.
+fn targets_table(texts: &[String]) -> String {
+    let mut out = String::new();
     let rows: Vec<&str> = texts
         .iter()
         .flat_map(|text| text.lines())
@@ -204,12 +220,7 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
         }
         out.push('\n');
     }
-    for text in &texts {
-        let _ = writeln!(out, "{}\n", text.trim_end());
-    }
-    out.push_str(NOTES);
-    std::fs::write(&cfg.out, &out)?;
-    Ok(out)
+    out
 }
 
 /// What each row does, and what limits the figures.

@@ -1,15 +1,19 @@
 //! dlock's benchmark: dlock against the physical floor (the same commands
 //! sent by hand) and against the crates users would pick instead, on the
-//! local Redis and PostgreSQL, in one run. Writes `BENCHMARKS.md`.
+//! local Redis and PostgreSQL, in one run. Writes `BENCHMARKS.md`, one
+//! section per scenario, each stamped with the run that measured it, and
+//! SVG charts beside it (`benchmarks/`, `plots.rs`); a run of some
+//! scenarios replaces their sections and charts and keeps the others
+//! (`document.rs`).
 //!
 //! ```sh
-//! cargo run --release --example bench                 # full run (~7 min), writes BENCHMARKS.md
+//! cargo run --release --example bench                 # full run (~11 min), writes BENCHMARKS.md
 //! cargo run --example bench -- --smoke                # ~20 s, writes target/bench-smoke.md
-//! cargo run --release --example bench -- --only cycle,handoff   # some scenarios
+//! cargo run --release --example bench -- --only cycle,handoff   # replaces these sections
 //! cargo run --release --example bench -- --only server         # Redis server CPU per cycle
 //! cargo run --release --example bench -- --only election --out /tmp/election.md
-//! cargo run --release --example bench -- --only acks --out /tmp/acks.md  # replica acks
-//! cargo run --release --example bench -- --only modes --out /tmp/modes.md # read-write locks, permits
+//! cargo run --release --example bench -- --only acks      # replica acks
+//! cargo run --release --example bench -- --only modes     # read-write locks, permits
 //! ```
 //!
 //! Servers: `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`) and
@@ -19,14 +23,17 @@
 mod acks;
 mod cross;
 mod cycle;
+mod document;
 mod election;
 mod handoff;
 mod heap;
 mod held;
 mod modes;
 mod overhead;
+mod plots;
 mod report;
 mod server;
+mod stamp;
 mod stats;
 
 use std::path::PathBuf;
@@ -212,8 +219,8 @@ fn main() -> Res<()> {
                 };
             }
         }
-        let report = report::run_all(&cfg).await?;
-        std::fs::write(&cfg.out, &report)?;
+        let (facts, sections) = report::run_all(&cfg).await?;
+        let report = document::write(&cfg, &facts, &sections)?;
         println!("{report}");
         eprintln!("wrote {}", cfg.out.display());
         Ok(())

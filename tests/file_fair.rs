@@ -87,7 +87,7 @@ fn child_process_entry() {
 }
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// How many waiters the queue file of `key` (a plain name) lists.

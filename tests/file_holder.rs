@@ -78,6 +78,7 @@ struct HoldingChild {
 impl HoldingChild {
     fn spawn(dir: &Path, key: &str, process_label: &str, backend_label: &str) -> Self {
         let mut child = support::spawn_child(
+            module_path!(),
             CHILD_ROLE,
             "hold",
             &[path(dir), key, process_label, backend_label],

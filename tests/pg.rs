@@ -428,7 +428,7 @@ async fn keys_map_to_the_documented_server_hash_and_long_keys_lock() {
 const CHILD_ROLE: &str = "DLOCK_PG_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as

@@ -145,7 +145,7 @@ async fn a_fair_waiter_killed_while_queued_leaves_the_servers_queue_and_the_rele
         .await
         .expect("free key");
     let app = format!("dlock-fair-child-{}", random_id());
-    let mut child = support::spawn_child(CHILD_ROLE, "join", &[key.as_str(), &app]);
+    let mut child = support::spawn_child(module_path!(), CHILD_ROLE, "join", &[key.as_str(), &app]);
     until_queued(&client, &key, Some(&app), 10, "the child queues", |q| {
         q.len() == 1
     })

@@ -32,7 +32,7 @@ dlock_runtime::conformance_suite!(backend);
 const CHILD_ROLE: &str = "DLOCK_REDIS_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// Sends every line the children print that starts with `prefix` (prefix

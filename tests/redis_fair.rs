@@ -237,7 +237,12 @@ async fn a_fair_waiter_killed_while_queued_holds_up_the_next_for_its_entry_life_
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let mut child = Killed(support::spawn_child(CHILD_ROLE, "queue", &[key.as_str()]));
+    let mut child = Killed(support::spawn_child(
+        module_path!(),
+        CHILD_ROLE,
+        "queue",
+        &[key.as_str()],
+    ));
     let child_pid = child.0.id();
     let dead = until_queued(&mut conn, &key, 1).await[0].clone();
     let next = {

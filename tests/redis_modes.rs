@@ -43,7 +43,7 @@ fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
 
 /// A child playing `role` on `key`, and the lines it prints.
 fn spawn(role: &str, key: &LockKey) -> (Child, mpsc::Receiver<String>) {
-    let mut child = support::spawn_child(CHILD_ROLE, role, &[key.as_str()]);
+    let mut child = support::spawn_child(module_path!(), CHILD_ROLE, role, &[key.as_str()]);
     let lines = lines_of(child.stdout.take().expect("piped stdout"));
     (child, lines)
 }

@@ -374,7 +374,7 @@ fn run_mix_seeded(seed: u64, kind: &str, children: usize, seconds: u64, kills: b
         let a = args(started_children);
         started_children += 1;
         let a: Vec<&str> = a.iter().map(String::as_str).collect();
-        support::spawn_child(CHILD_ROLE, "mix", &a)
+        support::spawn_child(module_path!(), CHILD_ROLE, "mix", &a)
     };
     let mut procs: Vec<std::process::Child> = (0..children).map(|_| spawn()).collect();
     let started = std::time::Instant::now();
@@ -585,6 +585,7 @@ async fn file_a_reader_stopped_past_its_ttl_is_fenced_out_and_told() {
     let dir = tempfile_dir("file");
     let key = fresh_key("review-stopped-reader");
     let mut child = support::spawn_child(
+        module_path!(),
         CHILD_ROLE,
         "stale-read",
         &["file", &dir.display().to_string(), key.as_str()],
@@ -721,7 +722,14 @@ async fn a_writer_is_not_starved_by_readers_of_four_processes(kind: &str) {
     let key = fresh_key("review-starve");
     let d = dir.display().to_string();
     let mut children: Vec<_> = (0..4)
-        .map(|_| support::spawn_child(CHILD_ROLE, "read-stream", &[kind, &d, key.as_str(), "12"]))
+        .map(|_| {
+            support::spawn_child(
+                module_path!(),
+                CHILD_ROLE,
+                "read-stream",
+                &[kind, &d, key.as_str(), "12"],
+            )
+        })
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let started = tokio::time::Instant::now();

@@ -1,7 +1,7 @@
 //! The conformance suite on `FileBackend`, plus what it promises across
 //! real OS processes on one host.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
@@ -37,7 +37,7 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {

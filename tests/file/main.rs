@@ -1,7 +1,8 @@
 //! `FileBackend`, one file per aspect: the conformance suite and what the
 //! backend promises across real OS processes on one host (`lock`), fair
-//! mode's queue across processes (`fair`) and who holds a lock as other
-//! processes read it (`holder`).
+//! mode's queue across processes (`fair`), who holds a lock as other
+//! processes read it (`holder`) and shared locks whose holder stops or
+//! whose files go missing (`modes`).
 //!
 //! Tests that spawn child processes re-run this binary with the
 //! `child_process_entry` of their own module (`support::child_command`).
@@ -12,3 +13,4 @@ mod support;
 mod fair;
 mod holder;
 mod lock;
+mod modes;

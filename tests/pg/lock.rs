@@ -4,8 +4,8 @@
 //! SIGKILL, a terminated lock session, a half-open connection, an
 //! application pool beside the lock sessions, transaction-scoped locks.
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::Child;
@@ -432,7 +432,7 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {

@@ -172,6 +172,7 @@ struct Campaigner {
 impl Campaigner {
     fn start(store: &str, election: &str, identity: &str, resource: &str) -> Self {
         let mut child = support::spawn_child(
+            module_path!(),
             CHILD_ROLE,
             "campaign",
             &[store, election, identity, resource],

@@ -92,9 +92,9 @@ pub fn refused_port() -> u16 {
 
 /// Re-runs this test binary as a child process playing `role` (see
 /// [`child_command`]), with its stdin and stdout piped to the caller.
-pub fn spawn_child(env_var: &str, role: &str, args: &[&str]) -> std::process::Child {
+pub fn spawn_child(module: &str, env_var: &str, role: &str, args: &[&str]) -> std::process::Child {
     use std::process::Stdio;
-    child_command(env_var, role, args)
+    child_command(module, env_var, role, args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -116,14 +116,16 @@ pub fn child_role(env_var: &str) -> Option<(tokio::runtime::Runtime, Vec<String>
 }
 
 /// A command that re-runs this test binary as a child process playing
-/// `role`: it runs only the `#[ignore]`d `child_process_entry` test, which
-/// reads the role and its arguments from `env_var`. The caller sets stdio.
-pub fn child_command(env_var: &str, role: &str, args: &[&str]) -> Command {
+/// `role`: it runs only the `#[ignore]`d `child_process_entry` test of
+/// `module` (the caller's `module_path!()`: a binary of several modules
+/// has one entry in each that spawns children), which reads the role and
+/// its arguments from `env_var`. The caller sets stdio.
+pub fn child_command(module: &str, env_var: &str, role: &str, args: &[&str]) -> Command {
     let exe = std::env::current_exe().expect("test binary path");
     let mut command = Command::new(exe);
     command
         .args([
-            "child_process_entry",
+            test_name(module, "child_process_entry").as_str(),
             "--exact",
             "--ignored",
             "--nocapture",
@@ -131,6 +133,17 @@ pub fn child_command(env_var: &str, role: &str, args: &[&str]) -> Command {
         ])
         .env(env_var, format!("{role}\u{1f}{}", args.join("\u{1f}")));
     command
+}
+
+/// The name the test harness gives the test `function` of `module` (a
+/// `module_path!()`): its path below the crate root, which is the test
+/// binary itself, so `redis::lock` and `lock_works` give
+/// `lock::lock_works`, and a binary's root module gives the bare name.
+pub fn test_name(module: &str, function: &str) -> String {
+    match module.split_once("::") {
+        Some((_binary, path)) => format!("{path}::{function}"),
+        None => function.to_owned(),
+    }
 }
 
 /// The child side of the cross-process counter tests: `rounds` times, take

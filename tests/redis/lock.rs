@@ -3,12 +3,12 @@
 //! Redis backend promises across OS processes, against interference from
 //! outside, and for bad input.
 
-mod redis_support;
+use crate::redis_support;
 
+use crate::support;
 use redis_support::{
     lock_name, shared_backend as backend, shared_cli as cli, shared_url as redis_url,
 };
-mod support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::net::TcpListener;
@@ -32,7 +32,7 @@ dlock_runtime::conformance_suite!(backend);
 const CHILD_ROLE: &str = "DLOCK_REDIS_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// Sends every line the children print that starts with `prefix` (prefix
@@ -54,7 +54,7 @@ fn collect_lines(children: &mut [Child], prefix: &'static str) -> mpsc::Receiver
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {

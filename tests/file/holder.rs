@@ -2,7 +2,7 @@
 //! holder record a child process writes, state files an earlier dlock
 //! version wrote, and a lock directory that holds other files too.
 
-mod support;
+use crate::support;
 
 use std::fs::File;
 use std::io::{BufRead as _, BufReader};
@@ -34,7 +34,7 @@ fn key(name: &str) -> LockKey {
 const CHILD_ROLE: &str = "DLOCK_FILE_HOLDER_TEST_CHILD";
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
@@ -78,6 +78,7 @@ struct HoldingChild {
 impl HoldingChild {
     fn spawn(dir: &Path, key: &str, process_label: &str, backend_label: &str) -> Self {
         let mut child = support::spawn_child(
+            module_path!(),
             CHILD_ROLE,
             "hold",
             &[path(dir), key, process_label, backend_label],

@@ -1,6 +1,6 @@
 //! The conformance suite on `MemoryBackend`, plus what only it can show.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

@@ -6,10 +6,10 @@
 //! wait outlasts the timeouts a DBA sets; it ends on the server when its
 //! entry expires or its owner leaves; fair sessions are kept for the next
 //! waiter and bounded; a handed-over key's holder is recorded. The
-//! conformance suite's fair properties run in `tests/pg.rs`.
+//! conformance suite's fair properties run in `lock`.
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -109,7 +109,7 @@ fn spawn_fair(
 }
 
 /// The child side. Ignored in normal runs; the tests start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
@@ -145,7 +145,7 @@ async fn a_fair_waiter_killed_while_queued_leaves_the_servers_queue_and_the_rele
         .await
         .expect("free key");
     let app = format!("dlock-fair-child-{}", random_id());
-    let mut child = support::spawn_child(CHILD_ROLE, "join", &[key.as_str(), &app]);
+    let mut child = support::spawn_child(module_path!(), CHILD_ROLE, "join", &[key.as_str(), &app]);
     until_queued(&client, &key, Some(&app), 10, "the child queues", |q| {
         q.len() == 1
     })

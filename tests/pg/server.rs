@@ -7,8 +7,8 @@
 //! (password authentication, TLS, a restart) run their own
 //! (`pg_support::OwnServer`).
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;

@@ -2,8 +2,8 @@
 //! a password: each test starts its own `redis-server` on a free loopback
 //! port (no persistence) and kills it at the end.
 
-mod redis_support;
-mod support;
+use crate::redis_support;
+use crate::support;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -605,10 +605,10 @@ async fn tls_and_plain_text_urls_are_not_mixed_in_one_backend() {
 #[test]
 fn the_docs_give_the_least_privilege_acl_line_the_tests_use() {
     for (doc, text) in [
-        ("docs/redis.md", include_str!("../docs/redis.md")),
+        ("docs/redis.md", include_str!("../../docs/redis.md")),
         (
             "dlock-runtime/src/redis/mod.rs",
-            include_str!("../dlock-runtime/src/redis/mod.rs"),
+            include_str!("../../dlock-runtime/src/redis/mod.rs"),
         ),
     ] {
         assert!(

@@ -4,8 +4,8 @@
 //! SIGKILL, a terminated lock session, a half-open connection, an
 //! application pool beside the lock sessions, transaction-scoped locks.
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader};
 use std::process::Child;
@@ -428,11 +428,11 @@ async fn keys_map_to_the_documented_server_hash_and_long_keys_lock() {
 const CHILD_ROLE: &str = "DLOCK_PG_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {

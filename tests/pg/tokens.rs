@@ -5,8 +5,8 @@
 //! own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`), dropped
 //! again at the end, so the tests run in parallel and repeatedly.
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use pg_support::{free_on_the_server, freed_on_the_server};
 use std::sync::Arc;

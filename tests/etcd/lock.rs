@@ -5,8 +5,8 @@
 //! unreachable cluster is an error in bounded time, and credentials never
 //! show.
 
-mod etcd_support;
-mod support;
+use crate::etcd_support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,6 +16,8 @@ use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions};
 use etcd_support::{create_revision, random_word, shared_backend, shared_cluster};
 use support::{RefusedPort, within};
+
+use super::solo::Solo;
 
 dlock_runtime::conformance_suite!(shared_backend);
 
@@ -379,4 +381,319 @@ async fn the_time_left_on_a_held_key_is_never_less_than_its_lease_has() {
         "a refusal shows {expires_in:?} left, while the lease has at least {at_least:?}"
     );
     lease.release().await.expect("release");
+}
+
+// ---------------------------------------------------------------------------
+// On a member of the test's own: callers that give up mid-call, keys that
+// prefix each other, short ttls, and a ttl changed between holds.
+
+/// Callers that give up at random points of acquire and release, many
+/// times: afterwards the key is free within the ttl plus the backend's
+/// expiry slack, and no watch is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_mid_call_leave_nothing_held_or_watched() {
+    let solo = Solo::start(&[]);
+    let etcd = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let backend: Arc<dyn Backend> = etcd.clone();
+    let key = fresh_key("give-up");
+    let ttl = Duration::from_secs(1);
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut last_token = None;
+    for _ in 0..120 {
+        let cut = Duration::from_micros(next() % 8_000);
+        let waiter = {
+            let backend = backend.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                LockOptions::new(ttl)
+                    .wait(Duration::from_millis(200))
+                    .acquire_on(backend, key)
+                    .await
+            })
+        };
+        let acquired = tokio::time::timeout(
+            cut,
+            LockOptions::new(ttl)
+                .wait(Duration::from_millis(200))
+                .acquire_on(backend.clone(), key.clone()),
+        )
+        .await;
+        if let Ok(Ok(lease)) = acquired {
+            if let Some(last) = last_token {
+                assert!(lease.token() > last);
+            }
+            last_token = Some(lease.token());
+            let _ =
+                tokio::time::timeout(Duration::from_micros(next() % 4_000), lease.release()).await;
+        }
+        if let Ok(lease) = waiter.await.expect("waiter") {
+            let _ =
+                tokio::time::timeout(Duration::from_micros(next() % 4_000), lease.release()).await;
+        }
+    }
+    let deadline = Instant::now() + ttl + etcd.expiry_slack() + Duration::from_secs(3);
+    loop {
+        if backend.holder(&key).await.expect("holder").is_none() && etcd.watched_keys() == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still held or watched: {:?}, {} watches",
+            backend.holder(&key).await,
+            etcd.watched_keys()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lease = LockOptions::new(ttl)
+        .acquire_on(backend.clone(), key.clone())
+        .await
+        .expect("free at the end");
+    lease.release().await.expect("release");
+}
+
+/// Keys with `/`, a key that is a prefix of others, a key of the
+/// longest length: each is its own lock, and `held` lists by prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_prefix_each_other_are_separate_locks() {
+    let solo = Solo::start(&[]);
+    let backend: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    let base = format!("review-prefix/{}/", random_word());
+    let name = |s: &str| LockKey::new(format!("{base}{s}")).expect("key");
+    let a = LockOptions::new(Duration::from_secs(10))
+        .acquire_on(backend.clone(), name("a"))
+        .await
+        .expect("a");
+    for other in ["a/b", "ab", "a/", "b"] {
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(backend.clone(), name(other))
+            .await
+            .unwrap_or_else(|err| panic!("{other} is free beside a: {err}"));
+        let listed: Vec<String> = backend
+            .held(&format!("{base}a"))
+            .await
+            .expect("held")
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        let expect_listed = other.starts_with('a');
+        assert_eq!(
+            listed.contains(&format!("{base}{other}")),
+            expect_listed,
+            "{other}: {listed:?}"
+        );
+        assert!(listed.contains(&format!("{base}a")));
+        lease.release().await.expect("release");
+        assert!(backend.holder(&name("a")).await.expect("holder").is_some());
+    }
+    let only_slash: Vec<String> = backend
+        .held(&format!("{base}a/"))
+        .await
+        .expect("held")
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect();
+    assert!(only_slash.is_empty(), "{only_slash:?}");
+    a.release().await.expect("release");
+    let long = LockKey::new("é/".repeat(dlock::key::MAX_KEY_LEN / 3)).expect("a long key");
+    let lease = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), long.clone())
+        .await
+        .expect("a long key is a key");
+    let again = LockOptions::new(Duration::from_secs(5))
+        .acquire_on(backend.clone(), long.clone())
+        .await;
+    assert!(matches!(again, Err(LockError::Held { .. })), "{again:?}");
+    lease.release().await.expect("release");
+}
+
+/// Short ttls below etcd's whole-second minimum: the holder is told at
+/// its own ttl when it cannot renew, and the key is never another's
+/// while the holder's lease is valid by its clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_ttls_tell_the_holder_at_its_own_ttl_and_keep_exclusion() {
+    let solo = Solo::start(&[]);
+    let proxy = support::proxy::Proxy::bind(format!("127.0.0.1:{}", solo.port)).await;
+    let holder_side: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::builder(&[format!("http://127.0.0.1:{}", proxy.port).as_str()])
+            .response_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let other: Arc<dyn Backend> = Arc::new(
+        EtcdBackend::connect(&[solo.endpoint().as_str()])
+            .await
+            .expect("connect"),
+    );
+    for ttl in [Duration::from_millis(100), Duration::from_secs(2)] {
+        let key = fresh_key("short-ttl");
+        let held = LockOptions::new(ttl)
+            .acquire_on(holder_side.clone(), key.clone())
+            .await
+            .expect("free");
+        // Renewals go on for a while. At 100 ms a renewal has about 60 ms
+        // to come back, which a loaded machine can miss; the lease is then
+        // lost early, which is no break of exclusion, so only the
+        // whole-second ttl must still hold here. At 2 s (renewed every
+        // 667 ms) a pause of over a second still leaves a renewal in time,
+        // as 1 s (renewed every 333 ms, 500 ms response timeout) did not.
+        tokio::time::sleep(ttl * 2).await;
+        if ttl >= Duration::from_secs(1) {
+            assert!(held.check().is_ok(), "{ttl:?}: renewed");
+        }
+        proxy.freeze();
+        let frozen_at = Instant::now();
+        let mut told_at = None;
+        let mut other_at = None;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while (told_at.is_none() || other_at.is_none()) && Instant::now() < deadline {
+            if told_at.is_none() && held.check().is_err() {
+                told_at = Some(Instant::now());
+            }
+            if other_at.is_none()
+                && let Ok(next) = LockOptions::new(Duration::from_secs(5))
+                    .acquire_on(other.clone(), key.clone())
+                    .await
+            {
+                other_at = Some(Instant::now());
+                assert!(next.token() > held.token());
+                // The holder's validity counts from before each of its
+                // requests was sent (lease/renewal.rs: `sent + ttl`), so
+                // it ends no later than etcd's lease, before the other's
+                // grant. It may end between the poll at the top of this
+                // pass and the grant: look again now that the grant has
+                // returned. Still valid now is a real overlap.
+                if told_at.is_none() && held.check().is_err() {
+                    told_at = Some(Instant::now());
+                }
+                assert!(
+                    told_at.is_some(),
+                    "{ttl:?}: another holder got the key before the holder was told"
+                );
+                next.release().await.expect("release");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let told = told_at.expect("told") - frozen_at;
+        eprintln!(
+            "ttl {ttl:?}: told {told:?} after the freeze, another got the key {:?} after",
+            other_at.map(|at| at - frozen_at)
+        );
+        // Told by the holder's own clock; the margin is for this loop's
+        // acquisitions and wake-ups on a loaded machine, not the lease.
+        assert!(
+            told <= ttl + Duration::from_millis(1500),
+            "{ttl:?}: told after {told:?}"
+        );
+        assert!(other_at.is_some(), "{ttl:?}: the key came free");
+        proxy.thaw();
+        drop(held);
+    }
+}
+
+/// The lease is named by owner and ttl: a renewal to another ttl, and a
+/// retry of the acquisition with another ttl, move the key onto another
+/// lease. Through every change the key keeps its token and stays the
+/// owner's alone, for the new ttl, and its release frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_ttl_keeps_the_token_and_exclusion() {
+    use dlock::backend::{
+        AcquireRequest, Attempt, OwnerId, ReleaseOutcome, ReleaseRequest, Renewal,
+    };
+    let solo = Solo::start(&[]);
+    let backend = EtcdBackend::connect(&[solo.endpoint().as_str()])
+        .await
+        .expect("connect");
+    let key = fresh_key("ttl-change");
+    let (owner, other) = (
+        OwnerId::random().expect("id"),
+        OwnerId::random().expect("id"),
+    );
+    let secs = Duration::from_secs;
+    let Attempt::Acquired(grant) = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(2)))
+        .await
+        .expect("acquire")
+    else {
+        panic!("free")
+    };
+    let token = grant.token;
+    let others_try = || async {
+        backend
+            .try_acquire(&AcquireRequest::new(&key, &other, secs(2)))
+            .await
+            .expect("try")
+    };
+    let token_now = || async {
+        backend
+            .holder(&key)
+            .await
+            .expect("holder")
+            .expect("held")
+            .token
+    };
+    // A renewal to a longer ttl, then past the first lease's end.
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(6)))
+            .await
+            .expect("extend")
+    );
+    let extended = Instant::now();
+    tokio::time::sleep(secs(3)).await;
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    assert_eq!(token_now().await, Some(token));
+    // A retry of the acquisition with yet another ttl: the same token.
+    // Its 10 s lease outlasts the check below by far; the 6 s one would
+    // have ended by then.
+    let Attempt::Acquired(again) = backend
+        .try_acquire(&AcquireRequest::new(&key, &owner, secs(10)))
+        .await
+        .expect("retry")
+    else {
+        panic!("a retry by the holder is a success")
+    };
+    assert_eq!(again.token, token);
+    tokio::time::sleep_until((extended + secs(7)).into()).await;
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    // Back to the first ttl, renewed as such.
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(2)))
+            .await
+            .expect("extend")
+    );
+    assert!(
+        backend
+            .extend(&Renewal::new(&key, &owner, secs(2)))
+            .await
+            .expect("extend")
+    );
+    assert_eq!(token_now().await, Some(token));
+    assert!(matches!(others_try().await, Attempt::Held { .. }));
+    assert_eq!(
+        backend
+            .release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let Attempt::Acquired(next) = others_try().await else {
+        panic!("free after the release")
+    };
+    assert!(next.token > token);
 }

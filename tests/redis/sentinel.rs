@@ -8,8 +8,8 @@
 //! that breaks one has its own, and a test that forces its failover waits
 //! 5000 ms too, so that no second failover follows the forced one.
 
-mod redis_support;
-mod support;
+use crate::redis_support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt as _;

@@ -4,7 +4,7 @@
 //! keys for a while. They must still exclude each other, keep tokens
 //! rising, and never make the other side's holder lose its lease.
 
-mod redis_support;
+use crate::redis_support;
 
 use redis_support::{
     lock_name, shared_backend as backend, shared_cli as cli, shared_url as redis_url,

@@ -3,8 +3,8 @@
 //! the Redis at `DLOCK_REDIS_URL` (default `redis://127.0.0.1:6379`), and a
 //! server of the test's own that restarts and loses its data.
 
-mod redis_support;
-mod support;
+use crate::redis_support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::process::{Child, ChildStdout};
@@ -43,7 +43,7 @@ fn lines_of(stdout: ChildStdout) -> mpsc::Receiver<String> {
 
 /// A child playing `role` on `key`, and the lines it prints.
 fn spawn(role: &str, key: &LockKey) -> (Child, mpsc::Receiver<String>) {
-    let mut child = support::spawn_child(CHILD_ROLE, role, &[key.as_str()]);
+    let mut child = support::spawn_child(module_path!(), CHILD_ROLE, role, &[key.as_str()]);
     let lines = lines_of(child.stdout.take().expect("piped stdout"));
     (child, lines)
 }
@@ -69,7 +69,7 @@ fn go_on(child: &mut Child) {
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {

@@ -12,8 +12,8 @@
 //! at the end (the one that needs a server setting, on a server of its
 //! own).
 
-mod pg_support;
-mod support;
+use crate::pg_support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

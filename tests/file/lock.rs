@@ -1,7 +1,7 @@
 //! The conformance suite on `FileBackend`, plus what it promises across
 //! real OS processes on one host.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
@@ -33,11 +33,11 @@ dlock_runtime::conformance_suite!(backend);
 const CHILD_ROLE: &str = "DLOCK_FILE_TEST_CHILD";
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
@@ -694,10 +694,15 @@ async fn a_holder_puts_its_removed_alive_file_back_at_renewal() {
 fn twenty_abandoned_acquisitions_hold_no_key_and_leak_no_descriptor() {
     // In a process of its own, so no other test's files blur the count.
     let dir = fresh_dir();
-    let child = support::child_command(CHILD_ROLE, "abandon", &[path(&dir), "abandoned"])
-        .stdout(std::process::Stdio::piped())
-        .output()
-        .expect("run the child");
+    let child = support::child_command(
+        module_path!(),
+        CHILD_ROLE,
+        "abandon",
+        &[path(&dir), "abandoned"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .output()
+    .expect("run the child");
     assert!(
         child.status.success(),
         "the child failed: {:?}",

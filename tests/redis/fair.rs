@@ -1,13 +1,13 @@
 //! Fair mode on Redis, beyond the conformance suite's fair properties
-//! (which `tests/redis.rs` and `tests/redis_cluster.rs` run): the queue as
+//! (which `lock` and `cluster` run): the queue as
 //! the server keeps it, a fair waiter killed while queued, the lease and
 //! token a handoff gives, a release by a replica on the dlock before fair
 //! mode, a handoff notice that lives through a broken pub/sub
 //! connection, waiters kept alive without their queue being rewritten, and
 //! a caller behind a waiter of its own process queueing without a try.
 
-mod redis_support;
-mod support;
+use crate::redis_support;
+use crate::support;
 
 use std::process::Child;
 use std::sync::Arc;
@@ -84,7 +84,7 @@ fn join(entry_ttl: Duration) -> Queue {
 
 /// The child side: joins the queue of a key through the core and waits
 /// (until the parent kills it). Ignored in normal runs; the tests start it
-/// as `<test binary> child_process_entry --exact --ignored` with a role.
+/// as `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
@@ -237,7 +237,12 @@ async fn a_fair_waiter_killed_while_queued_holds_up_the_next_for_its_entry_life_
         .acquire_on(backend.clone(), &key)
         .await
         .expect("free");
-    let mut child = Killed(support::spawn_child(CHILD_ROLE, "queue", &[key.as_str()]));
+    let mut child = Killed(support::spawn_child(
+        module_path!(),
+        CHILD_ROLE,
+        "queue",
+        &[key.as_str()],
+    ));
     let child_pid = child.0.id();
     let dead = until_queued(&mut conn, &key, 1).await[0].clone();
     let next = {

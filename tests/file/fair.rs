@@ -6,7 +6,7 @@
 //! one line per waiter, see the backend's `state` module) to know when a
 //! child has queued.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
@@ -39,7 +39,7 @@ fn now_us() -> u64 {
 const CHILD_ROLE: &str = "DLOCK_FILE_FAIR_TEST_CHILD";
 
 /// The child side. Ignored in normal runs; the tests below start it as
-/// `<test binary> child_process_entry --exact --ignored` with a role.
+/// `<test binary> <module>::child_process_entry --exact --ignored` with a role.
 #[test]
 #[ignore = "runs only as a child process of the cross-process tests"]
 fn child_process_entry() {
@@ -87,7 +87,7 @@ fn child_process_entry() {
 }
 
 fn spawn_child(role: &str, args: &[&str]) -> Child {
-    support::spawn_child(CHILD_ROLE, role, args)
+    support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
 /// How many waiters the queue file of `key` (a plain name) lists.
@@ -224,8 +224,8 @@ async fn waiters_in_three_processes_are_served_in_the_order_they_queued() {
 
 /// Not a test of a property: the time from a release to the return of the
 /// waiter's acquisition in another process, for fair and plain waiters.
-/// Run with `cargo test --test file_fair -- --ignored --nocapture
-/// handoff_latency`.
+/// Run with `cargo test --test file -- --ignored --nocapture
+/// fair::handoff_latency`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, run by hand"]
 async fn handoff_latency_across_processes() {

@@ -4,8 +4,8 @@
 //! `redis-cli --cluster create`, shared by every test of the binary and
 //! killed when it exits.
 
-mod redis_support;
-mod support;
+use crate::redis_support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,23 @@
+//! `PgBackend`, one file per aspect, against the shared PostgreSQL
+//! (127.0.0.1:5432, or `DLOCK_PG_URL`) and servers some tests start for
+//! themselves: the conformance suite and what advisory locks on owned
+//! sessions show (`lock`), fair mode on the server's own lock queue
+//! (`fair`), shared locks and permits against operators and callers
+//! (`modes`), who holds a key (`holder`), bad input and servers of a
+//! test's own (`server`), and fencing tokens when the token sequence is
+//! tampered with (`tokens`).
+//!
+//! Tests that spawn child processes re-run this binary with the
+//! `child_process_entry` of their own module (`support::child_command`).
+
+#[path = "../pg_support/mod.rs"]
+mod pg_support;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod fair;
+mod holder;
+mod lock;
+mod modes;
+mod server;
+mod tokens;

@@ -304,33 +304,6 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_with_braces_and_percent_signs_are_distinct_exclusive_locks() {
-    let backend = backend().await;
-    let id = OwnerId::random().expect("random");
-    let texts = ["}", "}{", "{}", "a}b", "a%7Db", "a%b", "{tag}", "%7B%7D"];
-    let mut leases = Vec::new();
-    for text in texts {
-        // Each is free although the others are held: no two collide.
-        let key = LockKey::new(format!("{text}:{id}")).expect("valid key");
-        let lease = LockOptions::new(Duration::from_secs(10))
-            .acquire_on(backend.clone(), &key)
-            .await
-            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
-        let again = LockOptions::new(Duration::from_secs(10))
-            .acquire_on(backend.clone(), &key)
-            .await;
-        assert!(
-            matches!(again, Err(LockError::Held { .. })),
-            "{text:?} must lock exclusively"
-        );
-        leases.push(lease);
-    }
-    for lease in leases {
-        lease.release().await.expect("release");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn empty_oversized_and_odd_keys_are_errors_or_data_never_code() {
     let backend = backend().await;
     let invalid =

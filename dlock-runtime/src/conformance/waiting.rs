@@ -205,7 +205,10 @@ pub async fn cancelled_waiter_leaves_the_key_free(backend: Arc<dyn Backend>) {
     assert!(next.is_ok(), "a cancelled waiter must not keep the key");
 }
 
-/// Keys with quotes, braces, separators and non-ASCII text are data: each locks exclusively, and different keys never collide.
+/// Keys with quotes, braces, percent signs, separators and non-ASCII text
+/// are data: each locks exclusively, and no two collide: each is free
+/// while all the others are held, also keys that are prefixes of each
+/// other, or that differ by a hash tag's braces or a percent-encoding.
 pub async fn odd_keys_are_data_and_lock_exclusively(backend: Arc<dyn Backend>) {
     let id = OwnerId::random().expect("random");
     let odd = [
@@ -217,18 +220,36 @@ pub async fn odd_keys_are_data_and_lock_exclusively(backend: Arc<dyn Backend>) {
         "ünïcödé 🔒 键",
         "../../../etc/passwd",
         "%00%2e%2E",
+        "}",
+        "}{",
+        "{}",
+        "a}b",
+        "a%7Db",
+        "a%b",
+        "{tag}",
+        "%7B%7D",
     ];
-    for text in odd {
-        let key = LockKey::new(format!("{text}:{id}")).expect("odd keys are valid keys");
+    // Keys that are prefixes of each other.
+    let nested = ["a", "a/", "a/b", "ab"];
+    let texts = odd
+        .iter()
+        .map(|text| format!("{text}:{id}"))
+        .chain(nested.iter().map(|text| format!("{id}:{text}")));
+    let mut leases = Vec::new();
+    for text in texts {
+        let key = LockKey::new(text.clone()).expect("odd keys are valid keys");
         let lease = options(10_000)
             .acquire_on(backend.clone(), &key)
             .await
-            .unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            .unwrap_or_else(|e| panic!("{text:?} is free while the others are held: {e}"));
         let second = options(10_000).acquire_on(backend.clone(), &key).await;
         assert!(
             matches!(second, Err(LockError::Held { .. })),
             "{text:?} must lock exclusively"
         );
+        leases.push(lease);
+    }
+    for lease in leases {
         lease.release().await.expect("release");
     }
     // Keys that differ only in odd characters are different locks.

@@ -1,8 +1,8 @@
-//! The acquire attempts of each mode (exclusive with the replicas'
-//! acknowledgement, fair, shared, permits) and the reading of their
-//! scripts' answers. Its own file: each attempt pairs a script's keys and
-//! arguments with the handling of its answer, and they share the waiter
-//! mark and the `WAIT` that follows a grant.
+//! Acquire attempts: running an acquire script (followed, when asked, by
+//! the replicas' acknowledgement), the fair, shared and permit attempts,
+//! and the reading of the scripts' answers. Its own file: each attempt
+//! pairs a script's keys and arguments with the handling of its answer,
+//! and they share the waiter mark and the `WAIT` that follows a grant.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

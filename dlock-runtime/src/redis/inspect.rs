@@ -1,7 +1,7 @@
 //! Who holds what: the holder script's answer read as a [`Holding`], and
 //! the `SCAN` of the keyspace (every primary's, on a cluster) that lists
-//! the held keys. Its own file: these serve operators (the `dlock list`
-//! inspector), not the lease lifecycle.
+//! the held keys (for operators: the `dlock list` inspector). Its own
+//! file: reading who holds a key is apart from taking and keeping one.
 
 use std::time::Duration;
 

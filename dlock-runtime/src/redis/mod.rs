@@ -269,17 +269,6 @@
 //! check) and the data nodes also `ROLE` (add
 //! `+role` to the ACL above); with [`RedisBuilder::replica_acks`], `+wait`.
 //!
-//! ## Where the code lives
-//!
-//! This file holds the backend's state and the small helpers every step
-//! shares. The [`Backend`] operations are in `operations`; the acquire
-//! attempts of each mode (and the replicas' acknowledgement) in `acquire`;
-//! the renewal pipelines in `renewal`; the holder reads and the listing
-//! scan in `inspect`; sending a call, its time limit and its errors'
-//! words in `calls`. The Lua is in `scripts`, the key names in `keyspace`,
-//! the connections in `commands`, `subscriber` and `sentinel`, the
-//! settings in `builder`.
-//!
 //! [`Attempt::Behind`]: crate::backend::Attempt::Behind
 //! [`Backend`]: crate::backend::Backend
 //! [`Backend::extend_many`]: crate::backend::Backend::extend_many
@@ -287,6 +276,14 @@
 //! [`Backend::holder`]: crate::backend::Backend::holder
 //! [`Grant::valid_for`]: crate::backend::Grant::valid_for
 
+// Where the code lives: this file holds the backend's state and the small
+// helpers every step shares. The `Backend` operations are in `operations`;
+// the acquire attempts of each mode (and the replicas' acknowledgement) in
+// `acquire`; the renewal pipelines in `renewal`; the holder reads and the
+// listing scan in `inspect`; sending a call, its time limit and its
+// errors' words in `calls`. The Lua is in `scripts`, the key names in
+// `keyspace`, the connections in `commands`, `subscriber` and `sentinel`,
+// the settings and connecting with them in `builder`.
 mod acquire;
 mod builder;
 mod calls;

@@ -22,8 +22,7 @@ use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Handoff, Holding, OwnerId,
     ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
 };
-use crate::error::LockError;
-use crate::error::Operation;
+use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
 #[async_trait]

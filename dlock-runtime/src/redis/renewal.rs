@@ -1,7 +1,8 @@
-//! The renewal calls of every mode, as one script invocation or as calls
-//! in a pipeline (with the script loads that go before them when the
-//! server lost its script cache). Its own file: a batch of renewals mixes
-//! the modes in one pipeline.
+//! Renewals as calls: every mode's, as a batch puts them in one pipeline
+//! (with the script loads that go before them when the server lost its
+//! script cache), and a shared or permit renewal's own invocation. Its own
+//! file: a batch of renewals mixes the modes in one pipeline, and a
+//! release finds a permit's slot argument here too.
 
 use ::redis::{Script, ScriptInvocation};
 

@@ -8,10 +8,7 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
-use ::redis::{
-    Client, ErrorKind, RedisConnectionInfo, RedisError, RedisResult, ServerErrorKind,
-    TlsCertificates,
-};
+use ::redis::{Client, ErrorKind, RedisConnectionInfo, RedisError, RedisResult, ServerErrorKind};
 use tokio::time::{sleep, timeout};
 
 use super::commands::Commands;
@@ -24,8 +21,10 @@ use crate::backend::kit::userinfo::{self, URL_STANDARD};
 use crate::error::{LockError, Operation};
 
 mod sentinel_url;
+mod tls;
 
 use sentinel_url::SentinelUrl;
+use tls::{check_tls, tls_certificates};
 
 /// The first pause before connecting again when a server refused or
 /// dropped the first connection (it may be starting); doubled each time, up
@@ -266,6 +265,79 @@ impl RedisBuilder {
             };
             LockError::backend(KIND, Operation::Connect, "", scrub(&text, &secrets))
         };
+        self.check_settings()?;
+        if let Some(service) = self.sentinel_service.clone() {
+            return self.connect_sentinel(service).await;
+        }
+        let mut clients = Vec::with_capacity(self.urls.len());
+        for (url, shown) in self.urls.iter().zip(&shown) {
+            let client = match &self.tls_root {
+                Some(pem) => Client::build_with_tls(url.as_str(), tls_certificates(pem)),
+                None => Client::open(url.as_str()),
+            };
+            let client =
+                client.map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
+            clients.push(client);
+        }
+        let (Some(first), Some(first_shown)) = (clients.first(), shown.first()) else {
+            return Err(fail("no Redis URL given".into(), None));
+        };
+        if check_tls(&clients, &shown)? {
+            // rustls needs one process-wide crypto provider; keep any the
+            // application installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+
+        // Why the last try to connect failed, for an error that says more
+        // than "timed out" should the connect timeout end the tries.
+        let cause: Mutex<Option<String>> = Mutex::new(None);
+        let connecting = self.open_commands(first, first_shown, &shown, &cause, &fail);
+        let commands = timeout(self.connect_timeout, connecting)
+            .await
+            .map_err(|_| {
+                let all = shown.join(", ");
+                let after = self.connect_timeout;
+                let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
+                fail(
+                    match cause {
+                        Some(cause) => format!("cannot connect to {all} within {after:?}: {cause}"),
+                        None => format!("connecting to {all} timed out after {after:?}"),
+                    },
+                    None,
+                )
+            })??;
+        let topology = if commands.is_cluster() {
+            "cluster"
+        } else {
+            "standalone"
+        };
+        if self.replica_acks.is_some() && commands.is_cluster() {
+            return Err(cluster_acks());
+        }
+        tracing::debug!(urls = ?shown, topology, "redis backend connected");
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                commands,
+                subscriber: Subscriber::new(clients, self.connect_timeout, self.response_timeout),
+                shown,
+                secrets,
+                connect_timeout: self.connect_timeout,
+                response_timeout: self.response_timeout,
+                warned_unmarked: AtomicBool::new(false),
+                publish_every_release: self.publish_every_release,
+                label: self.label,
+                replica_acks: self.replica_acks,
+                acks_gate: tokio::sync::Mutex::new(()),
+                sentinel_service: None,
+            }),
+        })
+    }
+
+    /// Refuses settings that cannot work, before anything is sent: a URL
+    /// that could not be read or that redis-rs would misread, a zero
+    /// timeout, a label [`check_label`](crate::holder::check_label)
+    /// refuses, replica acknowledgements that cannot be had.
+    fn check_settings(&self) -> Result<(), LockError> {
         if let Some(reason) = &self.unreadable {
             return Err(LockError::InvalidOption {
                 option: "url",
@@ -320,124 +392,77 @@ impl RedisBuilder {
                 return Err(cluster_acks());
             }
         }
-        if let Some(service) = self.sentinel_service.clone() {
-            return self.connect_sentinel(service).await;
-        }
-        let mut clients = Vec::with_capacity(self.urls.len());
-        for (url, shown) in self.urls.iter().zip(&shown) {
-            let client = match &self.tls_root {
-                Some(pem) => Client::build_with_tls(url.as_str(), tls_certificates(pem)),
-                None => Client::open(url.as_str()),
-            };
-            let client =
-                client.map_err(|err| fail(format!("invalid Redis URL {shown}"), Some(&err)))?;
-            clients.push(client);
-        }
-        let (Some(first), Some(first_shown)) = (clients.first(), shown.first()) else {
-            return Err(fail("no Redis URL given".into(), None));
-        };
-        if check_tls(&clients, &shown)? {
-            // rustls needs one process-wide crypto provider; keep any the
-            // application installed already.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        Ok(())
+    }
 
-        // Why the last try to connect failed, for an error that says more
-        // than "timed out" should the connect timeout end the tries.
-        let cause: Mutex<Option<String>> = Mutex::new(None);
-        let connecting = async {
-            let mut topology = self.topology;
-            let mut standalone = None;
-            if topology != Topology::Cluster {
-                // No tries again inside redis-rs: they would sleep through the
-                // caller's time budget and hide why connecting failed. A call
-                // that finds the connection broken opens a new one itself.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(self.connect_timeout))
-                    .set_response_timeout(Some(self.response_timeout))
-                    .set_number_of_retries(0);
-                let mut manager = open_standalone(first, &config, &cause)
+    /// Opens the command connection: to the `first` server, which tells
+    /// whether it is part of a cluster unless the topology was given, or
+    /// to the cluster. `cause` keeps why the last try failed.
+    async fn open_commands(
+        &self,
+        first: &Client,
+        first_shown: &str,
+        shown: &[String],
+        cause: &Mutex<Option<String>>,
+        fail: &impl Fn(String, Option<&RedisError>) -> LockError,
+    ) -> Result<Commands, LockError> {
+        let mut topology = self.topology;
+        let mut standalone = None;
+        if topology != Topology::Cluster {
+            // No tries again inside redis-rs: they would sleep through the
+            // caller's time budget and hide why connecting failed. A call
+            // that finds the connection broken opens a new one itself.
+            let config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                .set_response_timeout(Some(self.response_timeout))
+                .set_number_of_retries(0);
+            let mut manager = open_standalone(first, &config, cause)
+                .await
+                .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
+            if topology == Topology::Detect {
+                topology = detect(&mut manager)
                     .await
-                    .map_err(|err| fail(format!("cannot connect to {first_shown}"), Some(&err)))?;
-                if topology == Topology::Detect {
-                    topology = detect(&mut manager)
-                        .await
-                        .map_err(|err| fail(format!("cannot query {first_shown}"), Some(&err)))?;
-                }
-                standalone = Some((first.clone(), config, manager));
+                    .map_err(|err| fail(format!("cannot query {first_shown}"), Some(&err)))?;
             }
-            let commands = match (topology, standalone) {
-                (Topology::Cluster, _) => {
-                    let mut cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
-                        .connection_timeout(self.connect_timeout)
-                        .response_timeout(self.response_timeout)
-                        .retries(2);
-                    if let Some(pem) = &self.tls_root {
-                        cluster = cluster.certs(tls_certificates(pem));
-                    }
-                    let cluster = cluster.build().map_err(|err| {
-                        fail(format!("invalid cluster URLs {shown:?}"), Some(&err))
-                    })?;
-                    let config = ClusterConfig::new()
-                        .set_connection_timeout(self.connect_timeout)
-                        .set_response_timeout(self.response_timeout);
-                    let conn = cluster
-                        .get_async_connection_with_config(config.clone())
-                        .await
-                        .map_err(|err| {
-                            fail(
-                                format!("cannot connect to the cluster at {shown:?}"),
-                                Some(&err),
-                            )
-                        })?;
-                    Commands::cluster(cluster, config, conn)
-                }
-                (_, Some((client, config, manager))) => {
-                    Commands::standalone(client, config, manager)
-                }
-                (_, None) => return Err(fail("no connection was opened".into(), None)),
-            };
-            Ok::<_, LockError>(commands)
-        };
-        let commands = timeout(self.connect_timeout, connecting)
-            .await
-            .map_err(|_| {
-                let all = shown.join(", ");
-                let after = self.connect_timeout;
-                let cause = cause.lock().unwrap_or_else(PoisonError::into_inner).take();
-                fail(
-                    match cause {
-                        Some(cause) => format!("cannot connect to {all} within {after:?}: {cause}"),
-                        None => format!("connecting to {all} timed out after {after:?}"),
-                    },
-                    None,
-                )
-            })??;
-        let topology = if commands.is_cluster() {
-            "cluster"
-        } else {
-            "standalone"
-        };
-        if self.replica_acks.is_some() && commands.is_cluster() {
-            return Err(cluster_acks());
+            standalone = Some((first.clone(), config, manager));
         }
-        tracing::debug!(urls = ?shown, topology, "redis backend connected");
-        Ok(RedisBackend {
-            inner: Arc::new(Inner {
-                commands,
-                subscriber: Subscriber::new(clients, self.connect_timeout, self.response_timeout),
-                shown,
-                secrets,
-                connect_timeout: self.connect_timeout,
-                response_timeout: self.response_timeout,
-                warned_unmarked: AtomicBool::new(false),
-                publish_every_release: self.publish_every_release,
-                label: self.label,
-                replica_acks: self.replica_acks,
-                acks_gate: tokio::sync::Mutex::new(()),
-                sentinel_service: None,
-            }),
-        })
+        let commands = match (topology, standalone) {
+            (Topology::Cluster, _) => self.open_cluster(shown, fail).await?,
+            (_, Some((client, config, manager))) => Commands::standalone(client, config, manager),
+            (_, None) => return Err(fail("no connection was opened".into(), None)),
+        };
+        Ok(commands)
+    }
+
+    /// Opens the cluster connection, from every URL given as a seed.
+    async fn open_cluster(
+        &self,
+        shown: &[String],
+        fail: &impl Fn(String, Option<&RedisError>) -> LockError,
+    ) -> Result<Commands, LockError> {
+        let mut cluster = ClusterClient::builder(self.urls.iter().map(String::as_str))
+            .connection_timeout(self.connect_timeout)
+            .response_timeout(self.response_timeout)
+            .retries(2);
+        if let Some(pem) = &self.tls_root {
+            cluster = cluster.certs(tls_certificates(pem));
+        }
+        let cluster = cluster
+            .build()
+            .map_err(|err| fail(format!("invalid cluster URLs {shown:?}"), Some(&err)))?;
+        let config = ClusterConfig::new()
+            .set_connection_timeout(self.connect_timeout)
+            .set_response_timeout(self.response_timeout);
+        let conn = cluster
+            .get_async_connection_with_config(config.clone())
+            .await
+            .map_err(|err| {
+                fail(
+                    format!("cannot connect to the cluster at {shown:?}"),
+                    Some(&err),
+                )
+            })?;
+        Ok(Commands::cluster(cluster, config, conn))
     }
 
     /// Connects to the primary the sentinels monitor as `service`: the
@@ -561,55 +586,6 @@ fn cluster_acks() -> LockError {
     }
 }
 
-/// Refuses every way a connection could end up without the TLS the
-/// caller asked for, or with TLS that does not check whom it talks to;
-/// returns whether TLS is used.
-///
-/// - `rediss://…#insecure` turns redis-rs's certificate check off. A lock
-///   is only as safe as its server is genuine: a man in the middle could
-///   grant one key to two holders. It is refused rather than warned about
-///   (a warning in a log is read after the fact, if ever), and whether
-///   redis-rs would honour it depends on a cargo feature any crate in the
-///   build can switch on. A private CA goes to
-///   [`RedisBuilder::tls_root_certificate`] instead.
-/// - TLS and plain-text URLs mixed: the pub/sub connection (which may use
-///   any node) or a cluster seed could talk in the clear.
-fn check_tls(clients: &[Client], shown: &[String]) -> Result<bool, LockError> {
-    use ::redis::ConnectionAddr;
-    let refuse = |option, reason| Err(LockError::InvalidOption { option, reason });
-    let mut with_tls = Vec::new();
-    let mut plain = Vec::new();
-    for (client, shown) in clients.iter().zip(shown) {
-        match client.get_connection_info().addr() {
-            ConnectionAddr::TcpTls { insecure: true, .. } => {
-                return refuse(
-                    "url",
-                    format!(
-                        "{shown}: `#insecure` turns off the check of the server's certificate, \
-                         which lets a man in the middle hand out locks; dlock refuses it. For a \
-                         certificate from a private CA, give the CA to \
-                         RedisBuilder::tls_root_certificate"
-                    ),
-                );
-            }
-            ConnectionAddr::TcpTls { .. } => with_tls.push(shown.as_str()),
-            _ => plain.push(shown.as_str()),
-        }
-    }
-    if !with_tls.is_empty() && !plain.is_empty() {
-        return refuse(
-            "url",
-            format!(
-                "{} use TLS but {} would connect in plain text: every node of one backend \
-                 must use rediss://, or none",
-                with_tls.join(", "),
-                plain.join(", ")
-            ),
-        );
-    }
-    Ok(!with_tls.is_empty())
-}
-
 /// Opens the command connection to a single server. A refused or dropped
 /// connection (a server still starting, a failover under way) is tried
 /// again after a pause, until the caller's connect timeout ends the tries;
@@ -634,13 +610,6 @@ async fn open_standalone(
             }
             Err(err) => return Err(err),
         }
-    }
-}
-
-fn tls_certificates(pem: &[u8]) -> TlsCertificates {
-    TlsCertificates {
-        client_tls: None,
-        root_cert: Some(pem.to_vec()),
     }
 }
 

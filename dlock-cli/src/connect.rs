@@ -115,7 +115,7 @@ fn file_path(rest: &str) -> Result<PathBuf, Failure> {
              file:///var/lib/dlock",
         ));
     }
-    let decoded = dlock::__private::percent_decode(path).ok_or_else(|| {
+    let decoded = dlock::backend::kit::percent::decode(path).ok_or_else(|| {
         Failure::usage("--backend: the file URL has a bad %-escape or is not UTF-8 once decoded")
     })?;
     Ok(PathBuf::from(decoded))

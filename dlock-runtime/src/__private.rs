@@ -18,10 +18,6 @@ pub use crate::{
 };
 pub use core::time::Duration;
 
-/// `%xx` decoding of URLs, for the `dlock` inspector (pinned to this exact
-/// version), which reads `file://` URLs as the backends read theirs.
-pub use crate::backend::kit::percent::decode as percent_decode;
-
 /// The return types a locked function may have: anything that can carry a
 /// [`LockError`], that is `Result<T, E>` with `E: From<LockError>`.
 #[diagnostic::on_unimplemented(

@@ -10,11 +10,9 @@ use tokio::time::{sleep, timeout};
 
 use super::endpoints::{self, scrub, secrets_of};
 use super::keyspace::ROOT;
+use super::requests::{UNSENT_PAUSE, never_sent};
 use super::watch::Watches;
-use super::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND, UNSENT_PAUSE,
-    never_sent,
-};
+use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND};
 use crate::error::{LockError, Operation};
 use crate::holder::check_label;
 

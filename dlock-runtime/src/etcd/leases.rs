@@ -8,7 +8,7 @@ impl EtcdBackend {
     /// Keeps `lease` alive once: `false` if etcd does not know it (it ran
     /// out, or was revoked). For a renewal, with the time its lease has
     /// left from `started` (see [`EtcdBackend::renewing`]).
-    pub(super) async fn keep_alive(
+    async fn keep_alive(
         &self,
         operation: Operation,
         key: &str,
@@ -120,11 +120,7 @@ impl EtcdBackend {
     /// Moves `renewal`'s keys from lease `old` onto a new lease for its
     /// ttl (etcd cannot change a lease's ttl): in one transaction compared
     /// on the owner and the old lease, so a lease that ended stays ended.
-    pub(super) async fn move_lease(
-        &self,
-        renewal: &Renewal<'_>,
-        old: i64,
-    ) -> Result<bool, LockError> {
+    async fn move_lease(&self, renewal: &Renewal<'_>, old: i64) -> Result<bool, LockError> {
         let key = renewal.key.as_str();
         let names = Names::of(renewal.key);
         let seconds = lease_seconds(renewal.ttl);
@@ -167,7 +163,7 @@ impl EtcdBackend {
     /// the lock is still the owner's on that lease: an operator who
     /// deleted the record hides a leader for one renewal at most. A
     /// failure is only logged: the renewal itself went through.
-    pub(super) async fn record_identity(&self, renewal: &Renewal<'_>, identity: &str, lease: i64) {
+    async fn record_identity(&self, renewal: &Renewal<'_>, identity: &str, lease: i64) {
         let names = Names::of(renewal.key);
         let owner = renewal.owner.to_hex();
         let txn = Txn::new()

@@ -11,17 +11,17 @@ pub(super) const UNSENT_PAUSE: Duration = Duration::from_millis(20);
 /// A renewal's request waits alone for an answer at most this share of the
 /// time its lease has left before it is sent once more
 /// ([`renewal_try_limit`]).
-pub(super) const RENEWAL_TRIES: u32 = 4;
+const RENEWAL_TRIES: u32 = 4;
 /// The shortest wait for an answer to one try of a renewal's request
 /// before another joins it.
-pub(super) const MIN_RENEWAL_TRY: Duration = Duration::from_millis(100);
+const MIN_RENEWAL_TRY: Duration = Duration::from_millis(100);
 /// gRPC's status code `UNAVAILABLE`.
-pub(super) const GRPC_UNAVAILABLE: i32 = 14;
+const GRPC_UNAVAILABLE: i32 = 14;
 /// gRPC's status code `CANCELLED`.
-pub(super) const GRPC_CANCELLED: i32 = 1;
+const GRPC_CANCELLED: i32 = 1;
 /// The pause before a renewal's request that failed in transport (see
 /// [`transport_failed`]) is sent again, to a member the client picks anew.
-pub(super) const FAILED_TRY_PAUSE: Duration = Duration::from_millis(50);
+const FAILED_TRY_PAUSE: Duration = Duration::from_millis(50);
 
 impl EtcdBackend {
     pub(super) fn error(&self, operation: Operation, key: &str, text: &str) -> LockError {
@@ -127,7 +127,7 @@ impl EtcdBackend {
         }
     }
 
-    pub(super) fn no_answer(&self, operation: Operation, key: &str, limit: Duration) -> LockError {
+    fn no_answer(&self, operation: Operation, key: &str, limit: Duration) -> LockError {
         self.error(
             operation,
             key,
@@ -171,10 +171,7 @@ impl EtcdBackend {
 
 /// Runs `request` for up to `limit`, sending it again when it could not
 /// be sent at all (see [`never_sent`]); `None` if no answer came in time.
-pub(super) async fn within<T, F, Fut>(
-    limit: Duration,
-    mut request: F,
-) -> Option<Result<T, EtcdError>>
+async fn within<T, F, Fut>(limit: Duration, mut request: F) -> Option<Result<T, EtcdError>>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, EtcdError>>,
@@ -195,7 +192,7 @@ where
 /// a quarter of that (so several more tries fit after one that got no
 /// answer), at least [`MIN_RENEWAL_TRY`], at most the response timeout,
 /// and never past the end.
-pub(super) fn renewal_try_limit(left: Duration, response_timeout: Duration) -> Duration {
+fn renewal_try_limit(left: Duration, response_timeout: Duration) -> Duration {
     (left / RENEWAL_TRIES)
         .max(MIN_RENEWAL_TRY)
         .min(response_timeout)
@@ -220,7 +217,7 @@ pub(super) fn never_sent(err: &EtcdError) -> bool {
 /// connection broke or timed out its HTTP/2 keep-alive (a member whose
 /// host died), or the request was cancelled with it. Keep-alives and
 /// reads are safe to send again.
-pub(super) fn transport_failed(err: &EtcdError) -> bool {
+fn transport_failed(err: &EtcdError) -> bool {
     match err {
         EtcdError::GRpcStatus(status) => {
             let code = i32::from(status.code());

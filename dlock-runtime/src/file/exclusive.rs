@@ -432,7 +432,7 @@ impl Inner {
     /// Breaks every lease of the key (its holder, or its read phase or
     /// permits), with the key's file locked by the caller; whether it was
     /// held.
-    pub(super) fn break_all(&self, name: &str, mut state: State, now: u64) -> io::Result<bool> {
+    fn break_all(&self, name: &str, mut state: State, now: u64) -> io::Result<bool> {
         let was_held = state.owner.is_some() && state.expires_at_us > now;
         if state.group
             && let Some(group) = state.owner

@@ -6,7 +6,7 @@ use std::time::Duration;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{AttrStyle, Attribute, ExprAsync, Ident, ImplItem, ItemFn, ItemImpl};
+use syn::{AttrStyle, Attribute, ExprAsync, Ident, ImplItem, ItemFn, ItemImpl, Stmt, Type};
 
 use crate::async_trait::{self, Boxed};
 use crate::params::{self, Binding, Special};
@@ -138,96 +138,6 @@ fn expand(func: Function, lock: &Lock) -> TokenStream {
         .filter(|(index, _)| !lock.bindings.iter().any(|b| b.index == *index))
         .map(|(_, input)| input)
         .collect();
-    let krate = &lock.krate;
-    let private = quote!(#krate::__private);
-    let key = local("__dlock_key");
-    let options = local("__dlock_options");
-    let lease = local("__dlock_lease");
-    let held = local("__dlock_held");
-    let err = local("__dlock_err");
-
-    let ret = &lock.ret;
-    let ret_span = ret.span();
-    let mentions_impl = mentions_impl(ret.to_token_stream());
-    // On the return type's (first token's) span: if it cannot carry a
-    // `LockError`, `LockResult`'s `on_unimplemented` message points there.
-    // `Self` is inferred from the return position (a type mentioning `impl`
-    // could not be named here), and `run` below requires the same bound at
-    // the same span, which rustc then reports once.
-    let lock_failed = call(
-        quote!(#private::LockResult::from_lock_error),
-        err.to_token_stream(),
-        ret_span,
-    );
-    // Each key is checked here, so the acquisition gets plain `LockKey`s:
-    // a `Result` carried into `acquire` would make its future larger.
-    let keys: Vec<TokenStream> = lock
-        .keys
-        .iter()
-        .map(|k| {
-            let built = key_expr(&private, k);
-            quote! {
-                match #built {
-                    ::core::result::Result::Ok(#key) => #key,
-                    ::core::result::Result::Err(#err) => return #lock_failed,
-                }
-            }
-        })
-        .collect();
-    let (key_value, acquire, run) = if lock.many {
-        (
-            quote!([#(#keys),*]),
-            quote!(acquire_many_on),
-            quote!(run_many),
-        )
-    } else {
-        let key = keys.into_iter().next().unwrap_or_default();
-        (key, quote!(acquire_on), quote!(run))
-    };
-    // The name is known here, so each call site remembers its backend and
-    // looks the name up again only after the registry changed.
-    let backend = local("__dlock_backend");
-    let slot = local("__DLOCK_BACKEND");
-    let backend_name = match &lock.backend {
-        Some(name) => quote!(#name),
-        None => quote!(#private::DEFAULT_BACKEND),
-    };
-
-    let options_expr = options_expr(&private, lock);
-    let bindings = lock.bindings.iter().map(|binding| {
-        // The parameter's own attributes (e.g. `#[allow(unused)]`) go on its `let`.
-        let Binding {
-            attrs,
-            kind,
-            pat,
-            ty,
-            ..
-        } = binding;
-        let value = match kind {
-            Special::Token => quote!(#lease.token()),
-            Special::Tokens => quote!(#lease.tokens()),
-            Special::LostSignal => quote!(#lease.lost_signal()),
-        };
-        quote!(#(#attrs)* let #pat: #ty = #value;)
-    });
-    let on_lost = match lock.on_lost {
-        OnLost::Abort => quote!(#private::OnLost::Abort),
-        OnLost::Finish => quote!(#private::OnLost::Finish),
-    };
-    // Pins the async block's output to the declared return type so that `?`
-    // and `return` in the body infer as in the function itself (async-trait's
-    // trick). A type mentioning `impl` cannot be named in an expression.
-    let pin_output = if mentions_impl {
-        TokenStream::new()
-    } else {
-        let ret_value = local("__dlock_ret");
-        quote! {
-            if let ::core::option::Option::Some(#ret_value) = ::core::option::Option::None::<#ret> {
-                #[allow(unreachable_code)]
-                return #ret_value;
-            }
-        }
-    };
     // The body to run under the lock: the function's, or, for a method
     // async-trait rewrote, that of the future it boxes (the lock is then
     // taken when the future is first polled, as for an `async fn`).
@@ -235,48 +145,7 @@ fn expand(func: Function, lock: &Lock) -> TokenStream {
         None => (&[][..], &block.stmts),
         Some(boxed) => (&block.stmts[..], &boxed.future.block.stmts),
     };
-    // Also on the return type: `run` requires the same trait, and rustc
-    // reports a failed bound once per span, so a bad return type gives one
-    // error, not a second one pointing at the attribute.
-    let run_call = call(
-        quote!(#private::#run),
-        quote! {
-            #lease, #on_lost, async move {
-                #pin_output
-                #(#stmts)*
-            }
-        },
-        ret_span,
-    );
-    let run_call = quote_spanned!(ret_span=> #run_call.await);
-
-    // A boxed future's output is otherwise inferred; pinned to the declared
-    // type, a return type that cannot carry a `LockError` is reported once,
-    // on that type, as for an `async fn`.
-    let outer_output = match boxed {
-        None => TokenStream::new(),
-        Some(_) => pin_output.clone(),
-    };
-    let locked = quote! {
-        #outer_output
-        #(#destructure)*
-        // Built before the body takes the parameters.
-        let #key = #key_value;
-        let #options = #options_expr;
-        let #backend = {
-            static #slot: #private::BackendSlot = #private::BackendSlot::new(#backend_name);
-            match #slot.get() {
-                ::core::result::Result::Ok(#held) => #held,
-                ::core::result::Result::Err(#err) => return #lock_failed,
-            }
-        };
-        let #lease = match #options.#acquire(#backend, #key).await {
-            ::core::result::Result::Ok(#held) => #held,
-            ::core::result::Result::Err(#err) => return #lock_failed,
-        };
-        #(#bindings)*
-        #run_call
-    };
+    let locked = locked(lock, &destructure, stmts, boxed.is_some());
     let body = match boxed {
         None => locked,
         Some(Boxed {
@@ -303,6 +172,183 @@ fn expand(func: Function, lock: &Lock) -> TokenStream {
             #body
         }
     }
+}
+
+/// The locked body: the key built, the backend looked up, the lease
+/// acquired, the lock-provided parameters bound, and `stmts` run under the
+/// lease. `boxed` for the future of a method async-trait rewrote.
+fn locked(lock: &Lock, destructure: &[Stmt], stmts: &[Stmt], boxed: bool) -> TokenStream {
+    let krate = &lock.krate;
+    let private = quote!(#krate::__private);
+    let key = local("__dlock_key");
+    let options = local("__dlock_options");
+    let lease = local("__dlock_lease");
+    let held = local("__dlock_held");
+    let err = local("__dlock_err");
+
+    let ret = &lock.ret;
+    let ret_span = ret.span();
+    // On the return type's (first token's) span: if it cannot carry a
+    // `LockError`, `LockResult`'s `on_unimplemented` message points there.
+    // `Self` is inferred from the return position (a type mentioning `impl`
+    // could not be named here), and `run` below requires the same bound at
+    // the same span, which rustc then reports once.
+    let lock_failed = call(
+        quote!(#private::LockResult::from_lock_error),
+        err.to_token_stream(),
+        ret_span,
+    );
+    let (key_value, acquire, run) = key_value(&private, lock, &key, &err, &lock_failed);
+    // The name is known here, so each call site remembers its backend and
+    // looks the name up again only after the registry changed.
+    let backend = local("__dlock_backend");
+    let slot = local("__DLOCK_BACKEND");
+    let backend_name = match &lock.backend {
+        Some(name) => quote!(#name),
+        None => quote!(#private::DEFAULT_BACKEND),
+    };
+
+    let options_expr = options_expr(&private, lock);
+    let bindings = provided_bindings(lock, &lease);
+    let pin_output = pin_output(ret);
+    let run_call = run_call(&private, &run, &lease, lock, &pin_output, stmts);
+
+    // A boxed future's output is otherwise inferred; pinned to the declared
+    // type, a return type that cannot carry a `LockError` is reported once,
+    // on that type, as for an `async fn`.
+    let outer_output = if boxed {
+        pin_output.clone()
+    } else {
+        TokenStream::new()
+    };
+    quote! {
+        #outer_output
+        #(#destructure)*
+        // Built before the body takes the parameters.
+        let #key = #key_value;
+        let #options = #options_expr;
+        let #backend = {
+            static #slot: #private::BackendSlot = #private::BackendSlot::new(#backend_name);
+            match #slot.get() {
+                ::core::result::Result::Ok(#held) => #held,
+                ::core::result::Result::Err(#err) => return #lock_failed,
+            }
+        };
+        let #lease = match #options.#acquire(#backend, #key).await {
+            ::core::result::Result::Ok(#held) => #held,
+            ::core::result::Result::Err(#err) => return #lock_failed,
+        };
+        #(#bindings)*
+        #run_call
+    }
+}
+
+/// The key (or the array of keys) to acquire, and the names of the
+/// acquire and run calls for one key or for many.
+fn key_value(
+    private: &TokenStream,
+    lock: &Lock,
+    key: &Ident,
+    err: &Ident,
+    lock_failed: &TokenStream,
+) -> (TokenStream, TokenStream, TokenStream) {
+    // Each key is checked here, so the acquisition gets plain `LockKey`s:
+    // a `Result` carried into `acquire` would make its future larger.
+    let keys: Vec<TokenStream> = lock
+        .keys
+        .iter()
+        .map(|k| {
+            let built = key_expr(private, k);
+            quote! {
+                match #built {
+                    ::core::result::Result::Ok(#key) => #key,
+                    ::core::result::Result::Err(#err) => return #lock_failed,
+                }
+            }
+        })
+        .collect();
+    if lock.many {
+        (
+            quote!([#(#keys),*]),
+            quote!(acquire_many_on),
+            quote!(run_many),
+        )
+    } else {
+        let key = keys.into_iter().next().unwrap_or_default();
+        (key, quote!(acquire_on), quote!(run))
+    }
+}
+
+/// A `let` for each parameter the lock provides, bound from the lease.
+fn provided_bindings(lock: &Lock, lease: &Ident) -> Vec<TokenStream> {
+    lock.bindings
+        .iter()
+        .map(|binding| {
+            // The parameter's own attributes (e.g. `#[allow(unused)]`) go on its `let`.
+            let Binding {
+                attrs,
+                kind,
+                pat,
+                ty,
+                ..
+            } = binding;
+            let value = match kind {
+                Special::Token => quote!(#lease.token()),
+                Special::Tokens => quote!(#lease.tokens()),
+                Special::LostSignal => quote!(#lease.lost_signal()),
+            };
+            quote!(#(#attrs)* let #pat: #ty = #value;)
+        })
+        .collect()
+}
+
+/// Pins the async block's output to the declared return type `ret` so that
+/// `?` and `return` in the body infer as in the function itself
+/// (async-trait's trick). A type mentioning `impl` cannot be named in an
+/// expression: nothing then.
+fn pin_output(ret: &Type) -> TokenStream {
+    if mentions_impl(ret.to_token_stream()) {
+        TokenStream::new()
+    } else {
+        let ret_value = local("__dlock_ret");
+        quote! {
+            if let ::core::option::Option::Some(#ret_value) = ::core::option::Option::None::<#ret> {
+                #[allow(unreachable_code)]
+                return #ret_value;
+            }
+        }
+    }
+}
+
+/// `run(lease, on_lost, async move { body }).await`: the body under the
+/// lease.
+fn run_call(
+    private: &TokenStream,
+    run: &TokenStream,
+    lease: &Ident,
+    lock: &Lock,
+    pin_output: &TokenStream,
+    stmts: &[Stmt],
+) -> TokenStream {
+    let on_lost = match lock.on_lost {
+        OnLost::Abort => quote!(#private::OnLost::Abort),
+        OnLost::Finish => quote!(#private::OnLost::Finish),
+    };
+    let ret_span = lock.ret.span();
+    // Also on the return type: `run` requires the same trait, and rustc
+    // reports a failed bound once per span, so a bad return type gives one
+    // error, not a second one pointing at the attribute.
+    let run_call = call(
+        quote!(#private::#run),
+        quote! {
+            #lease, #on_lost, async move {
+                #pin_output
+                #(#stmts)*
+            }
+        },
+        ret_span,
+    );
+    quote_spanned!(ret_span=> #run_call.await)
 }
 
 /// `KeyBuilder::new().lit("export:").value(&tenant).finish()`.

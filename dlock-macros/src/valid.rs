@@ -142,24 +142,7 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
     let many = args.as_ref().map(|args| args.keys.is_some());
 
     let sig = &func.item.sig;
-    if sig.asyncness.is_none() && func.boxed.is_none() {
-        errors.push(Error::new_spanned(
-            sig.fn_token,
-            "`#[distributed_lock]` requires an `async fn`: add `async` (taking the lock awaits the backend)",
-        ));
-    }
-    let ret = match (&func.boxed, &sig.output) {
-        // What the `async fn` returned before async-trait boxed it.
-        (Some(boxed), _) => Some(boxed.output.clone()),
-        (None, ReturnType::Type(_, ty)) => Some(ty.clone()),
-        (None, ReturnType::Default) => {
-            errors.push(Error::new_spanned(
-                sig_head(sig),
-                "a `#[distributed_lock]` function must return `Result<T, E>` with `E: From<dlock::LockError>`: a lock that cannot be had is returned as an `Err`",
-            ));
-            None
-        }
-    };
+    let ret = check_shape(func, &mut errors);
     let moved = func
         .boxed
         .as_ref()
@@ -214,36 +197,8 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
             "`fair = true` queues exclusive waiters only: not with `mode = \"shared\"` nor `permits`",
         ));
     }
-    let on_lost = match &args.on_lost {
-        None => Some(OnLost::Abort),
-        Some(on_lost) => match on_lost.value.value().as_str() {
-            "abort" => Some(OnLost::Abort),
-            "finish" => Some(OnLost::Finish),
-            _ => {
-                errors.push(Error::new(
-                    on_lost.value.span(),
-                    "`on_lost` must be \"abort\" (cancel the body and return the `LeaseLost` error, the default) or \"finish\" (let the body finish and return its result)",
-                ));
-                None
-            }
-        },
-    };
-    let krate = match &args.krate {
-        None => Some(syn::parse_quote!(::dlock)),
-        Some(krate) => match krate.value.parse::<syn::Path>() {
-            Ok(path) => Some(path),
-            Err(_) => {
-                errors.push(Error::new(
-                    krate.value.span(),
-                    format!(
-                        "bad `crate` path {:?}: expected the path dlock is reachable under, like \"my_reexport::dlock\"",
-                        krate.value.value()
-                    ),
-                ));
-                None
-            }
-        },
-    };
+    let on_lost = check_on_lost(&args, &mut errors);
+    let krate = check_crate(&args, &mut errors);
 
     match (keys, ttl, ret, on_lost, krate) {
         (Some(keys), Some(ttl), Some(ret), Some(on_lost), Some(krate)) if errors.is_empty() => {
@@ -265,6 +220,70 @@ pub fn check(args: syn::Result<Args>, func: &Function) -> syn::Result<Lock> {
             })
         }
         _ => Err(errors.into_error()),
+    }
+}
+
+/// The function's shape: an `async fn` (or one async-trait boxed), and the
+/// type it returns, which it must declare.
+fn check_shape(func: &Function, errors: &mut Errors) -> Option<Box<Type>> {
+    let sig = &func.item.sig;
+    if sig.asyncness.is_none() && func.boxed.is_none() {
+        errors.push(Error::new_spanned(
+            sig.fn_token,
+            "`#[distributed_lock]` requires an `async fn`: add `async` (taking the lock awaits the backend)",
+        ));
+    }
+    match (&func.boxed, &sig.output) {
+        // What the `async fn` returned before async-trait boxed it.
+        (Some(boxed), _) => Some(boxed.output.clone()),
+        (None, ReturnType::Type(_, ty)) => Some(ty.clone()),
+        (None, ReturnType::Default) => {
+            errors.push(Error::new_spanned(
+                sig_head(sig),
+                "a `#[distributed_lock]` function must return `Result<T, E>` with `E: From<dlock::LockError>`: a lock that cannot be had is returned as an `Err`",
+            ));
+            None
+        }
+    }
+}
+
+/// `on_lost`: what the expansion does when the lease is lost under the
+/// body (`abort` unless given).
+fn check_on_lost(args: &Args, errors: &mut Errors) -> Option<OnLost> {
+    match &args.on_lost {
+        None => Some(OnLost::Abort),
+        Some(on_lost) => match on_lost.value.value().as_str() {
+            "abort" => Some(OnLost::Abort),
+            "finish" => Some(OnLost::Finish),
+            _ => {
+                errors.push(Error::new(
+                    on_lost.value.span(),
+                    "`on_lost` must be \"abort\" (cancel the body and return the `LeaseLost` error, the default) or \"finish\" (let the body finish and return its result)",
+                ));
+                None
+            }
+        },
+    }
+}
+
+/// `crate`: the path generated code reaches dlock under (`::dlock` unless
+/// given).
+fn check_crate(args: &Args, errors: &mut Errors) -> Option<syn::Path> {
+    match &args.krate {
+        None => Some(syn::parse_quote!(::dlock)),
+        Some(krate) => match krate.value.parse::<syn::Path>() {
+            Ok(path) => Some(path),
+            Err(_) => {
+                errors.push(Error::new(
+                    krate.value.span(),
+                    format!(
+                        "bad `crate` path {:?}: expected the path dlock is reachable under, like \"my_reexport::dlock\"",
+                        krate.value.value()
+                    ),
+                ));
+                None
+            }
+        },
     }
 }
 

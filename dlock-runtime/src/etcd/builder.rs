@@ -2,19 +2,17 @@
 //! connecting with them.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use tokio::time::{sleep, timeout};
 
-use super::endpoints::{self, scrub, secrets_of};
+use super::endpoints::{self, Endpoint, scrub, secrets_of};
 use super::keyspace::ROOT;
+use super::requests::{UNSENT_PAUSE, never_sent};
 use super::watch::Watches;
-use super::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND, UNSENT_PAUSE,
-    never_sent,
-};
+use super::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT, EtcdBackend, Inner, KIND};
 use crate::error::{LockError, Operation};
 use crate::holder::check_label;
 
@@ -91,14 +89,34 @@ impl EtcdBuilder {
         let parsed = endpoints::parse_all(&urls)?;
         let secrets = secrets_of(&urls, &parsed);
         let shown: Vec<String> = parsed.iter().map(|e| e.address.clone()).collect();
-        let failed = |text: String| {
-            LockError::backend(
-                KIND,
-                Operation::Connect,
-                "",
-                format!("{}: {}", shown.join(", "), scrub(&text, &secrets)),
-            )
+        let options = self.options(&parsed);
+        let connecting = Connecting {
+            shown,
+            secrets,
+            limit: self.connect_timeout,
+            refused: Mutex::new(None),
         };
+        let client = connecting.client(&options).await?;
+        connecting.first_read(&client).await?;
+        let min_lease_ttl = connecting.min_lease_ttl(&client).await?;
+        let watches = Watches::new(client.clone(), self.response_timeout);
+        let Connecting { shown, secrets, .. } = connecting;
+        Ok(EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                watches,
+                shown,
+                secrets,
+                response_timeout: self.response_timeout,
+                min_lease_ttl,
+                label: self.label,
+            }),
+        })
+    }
+
+    /// The client's options: the timeouts, the keep-alive pings, and the
+    /// credentials of the first endpoint, if any (the same on every one).
+    fn options(&self, parsed: &[Endpoint]) -> ConnectOptions {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
             .with_timeout(self.response_timeout)
@@ -118,42 +136,79 @@ impl EtcdBuilder {
                 .with_user(user.clone(), password.clone())
                 .with_auto_token_refresh(true);
         }
-        let limit = self.connect_timeout;
-        // The last refusal, to say why when time runs out.
-        let refused = std::sync::Mutex::new(None::<String>);
-        let note = |err: &etcd_client::Error| {
-            if let Ok(mut last) = refused.lock() {
-                *last = Some(err.to_string());
-            }
-        };
+        options
+    }
+}
+
+/// One connection under way, each of its steps within the connect
+/// timeout: what its errors show, and the last refusal a member gave.
+struct Connecting {
+    /// The endpoints without credentials.
+    shown: Vec<String>,
+    /// Passwords to scrub from any error text.
+    secrets: Vec<String>,
+    /// The connect timeout.
+    limit: Duration,
+    /// The last refusal, to say why when time runs out.
+    refused: Mutex<Option<String>>,
+}
+
+impl Connecting {
+    fn failed(&self, text: String) -> LockError {
+        LockError::backend(
+            KIND,
+            Operation::Connect,
+            "",
+            format!("{}: {}", self.shown.join(", "), scrub(&text, &self.secrets)),
+        )
+    }
+
+    fn note(&self, err: &etcd_client::Error) {
+        if let Ok(mut last) = self.refused.lock() {
+            *last = Some(err.to_string());
+        }
+    }
+
+    fn last_refusal(&self) -> Option<String> {
+        self.refused.lock().ok().and_then(|mut last| last.take())
+    }
+
+    /// The client, connected with `options`.
+    async fn client(&self, options: &ConnectOptions) -> Result<Client, LockError> {
+        let limit = self.limit;
         // With credentials, connecting authenticates, through whichever
         // member the balancer picks: one that is down refuses, and another
         // may answer. Connected again while that is so, as requests are
         // sent again (see `EtcdBackend::bounded`).
         let connecting = async {
             loop {
-                match Client::connect(&shown, Some(options.clone())).await {
+                match Client::connect(&self.shown, Some(options.clone())).await {
                     Err(err) if never_sent(&err) => {
-                        note(&err);
+                        self.note(&err);
                         sleep(UNSENT_PAUSE).await;
                     }
                     answer => return answer,
                 }
             }
         };
-        let client = match timeout(limit, connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(err)) => return Err(failed(err.to_string())),
+        match timeout(limit, connecting).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(err)) => Err(self.failed(err.to_string())),
             Err(_) => {
-                let last = refused.lock().ok().and_then(|mut last| last.take());
-                return Err(failed(match last {
+                let last = self.last_refusal();
+                Err(self.failed(match last {
                     Some(refusal) => {
                         format!("no connection within {limit:?}; the last member tried: {refusal}")
                     }
                     None => format!("no connection within {limit:?}"),
-                }));
+                }))
             }
-        };
+        }
+    }
+
+    /// A first read, which needs a leader: the cluster answers.
+    async fn first_read(&self, client: &Client) -> Result<(), LockError> {
+        let limit = self.limit;
         // Sent again while the member picked is down: another one may
         // answer (see `EtcdBackend::bounded`).
         let read = async {
@@ -162,7 +217,7 @@ impl EtcdBuilder {
                 let options = GetOptions::new().with_prefix().with_count_only();
                 match probe.get(ROOT, Some(options)).await {
                     Err(err) if never_sent(&err) => {
-                        note(&err);
+                        self.note(&err);
                         sleep(UNSENT_PAUSE).await;
                     }
                     answer => return answer,
@@ -170,54 +225,48 @@ impl EtcdBuilder {
             }
         };
         match timeout(limit, read).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => return Err(failed(err.to_string())),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(self.failed(err.to_string())),
             Err(_) => {
-                let last = refused.lock().ok().and_then(|mut last| last.take());
-                return Err(failed(match last {
+                let last = self.last_refusal();
+                Err(self.failed(match last {
                     Some(refusal) => format!(
                         "no member answered within {limit:?}; the last one tried: {refusal}"
                     ),
                     None => format!(
                         "the cluster did not answer a read within {limit:?} (unreachable, or without a leader)"
                     ),
-                }));
+                }))
             }
         }
-        // The cluster's minimum lease ttl (1.5 × its election timeout,
-        // rounded up): etcd raises a shorter grant to it and says so.
+    }
+
+    /// The cluster's minimum lease ttl (1.5 × its election timeout,
+    /// rounded up): etcd raises a shorter grant to it and says so.
+    async fn min_lease_ttl(&self, client: &Client) -> Result<Duration, LockError> {
+        let limit = self.limit;
         let mut leases = client.lease_client();
         let grant = async {
             loop {
                 match leases.grant(1, None).await {
                     Err(err) if never_sent(&err) => {
-                        note(&err);
+                        self.note(&err);
                         sleep(UNSENT_PAUSE).await;
                     }
                     answer => return answer,
                 }
             }
         };
-        let min_lease_ttl = match timeout(limit, grant).await {
+        match timeout(limit, grant).await {
             Ok(Ok(granted)) => {
                 let _ = timeout(limit, leases.revoke(granted.id())).await;
-                Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(1).max(1))
+                Ok(Duration::from_secs(
+                    u64::try_from(granted.ttl()).unwrap_or(1).max(1),
+                ))
             }
-            Ok(Err(err)) => return Err(failed(err.to_string())),
-            Err(_) => return Err(failed(format!("no lease granted within {limit:?}"))),
-        };
-        let watches = Watches::new(client.clone(), self.response_timeout);
-        Ok(EtcdBackend {
-            inner: Arc::new(Inner {
-                client,
-                watches,
-                shown,
-                secrets,
-                response_timeout: self.response_timeout,
-                min_lease_ttl,
-                label: self.label,
-            }),
-        })
+            Ok(Err(err)) => Err(self.failed(err.to_string())),
+            Err(_) => Err(self.failed(format!("no lease granted within {limit:?}"))),
+        }
     }
 }
 

@@ -50,6 +50,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
+use std::ops::ControlFlow;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -198,28 +199,9 @@ impl Inner {
                 expires_in: Some(Duration::from_micros(state.expires_at_us - now)),
             });
         }
-        // Permit holders and readers exclude each other (M1).
-        if state.members.iter().any(|m| m.slot.is_none() != reader) {
-            return Ok(held_until(&state.members, now));
-        }
-        let slot = match access {
-            Access::Permits { permits } => {
-                let taken = |slot: u32| state.members.iter().any(|m| m.slot == Some(slot));
-                match (0..permits).find(|&slot| !taken(slot)) {
-                    Some(slot) => Some(slot),
-                    None => return Ok(held_until(&state.members, now)),
-                }
-            }
-            _ => {
-                // A live mark holds new readers back, even in a live
-                // phase (M3).
-                if let Some(soonest) = state.marks.iter().map(|(_, e)| *e).min() {
-                    return Ok(Attempt::Held {
-                        expires_in: Some(Duration::from_micros(soonest.saturating_sub(now))),
-                    });
-                }
-                None
-            }
+        let slot = match member_place(&state, access, reader, now) {
+            ControlFlow::Break(held) => return Ok(held),
+            ControlFlow::Continue(slot) => slot,
         };
         let phase = state
             .members
@@ -245,6 +227,34 @@ impl Inner {
             state.identity = None;
             state.holder = None;
         }
+        let member = Member {
+            owner,
+            slot,
+            token,
+            expires_at_us,
+            since_us: now,
+            record: record.to_owned(),
+        };
+        self.add_member(name, &mut state, member, phase.is_none(), now)
+    }
+
+    /// Adds `member` to the key's group: the group's file locked shared,
+    /// the member's own alive file locked, and the state written
+    /// (`durable` when the member's token was drawn for it).
+    fn add_member(
+        &self,
+        name: &str,
+        state: &mut State,
+        member: Member,
+        durable: bool,
+        now: u64,
+    ) -> io::Result<Attempt> {
+        let (owner, slot, token, expires_at_us) = (
+            member.owner,
+            member.slot,
+            member.token,
+            member.expires_at_us,
+        );
         let group = state
             .owner
             .ok_or_else(|| io::Error::other("a group without its id"))?;
@@ -260,17 +270,10 @@ impl Inner {
         let alive = File::create(&alive_path)?;
         alive.lock()?;
         state.counter = state.counter.max(token);
-        state.members.push(Member {
-            owner,
-            slot,
-            token,
-            expires_at_us,
-            since_us: now,
-            record: record.to_owned(),
-        });
+        state.members.push(member);
         state.expires_at_us = latest_expiry(&state.members);
         // A drawn token is made durable before it is handed out.
-        if let Err(err) = self.write_state(name, &state, phase.is_none()) {
+        if let Err(err) = self.write_state(name, state, durable) {
             let _ = fs::remove_file(&alive_path);
             return Err(err);
         }
@@ -463,6 +466,41 @@ impl Inner {
             (true, false) => HolderWatch::Free,
         })
     }
+}
+
+/// Where a shared or permit attempt joins a group that holds no
+/// exclusive holder: `Continue` with its slot (none for a reader), or
+/// `Break` with the answer when it must wait.
+fn member_place(
+    state: &State,
+    access: Access,
+    reader: bool,
+    now: u64,
+) -> ControlFlow<Attempt, Option<u32>> {
+    // Permit holders and readers exclude each other (M1).
+    if state.members.iter().any(|m| m.slot.is_none() != reader) {
+        return ControlFlow::Break(held_until(&state.members, now));
+    }
+    let slot = match access {
+        Access::Permits { permits } => {
+            let taken = |slot: u32| state.members.iter().any(|m| m.slot == Some(slot));
+            match (0..permits).find(|&slot| !taken(slot)) {
+                Some(slot) => Some(slot),
+                None => return ControlFlow::Break(held_until(&state.members, now)),
+            }
+        }
+        _ => {
+            // A live mark holds new readers back, even in a live
+            // phase (M3).
+            if let Some(soonest) = state.marks.iter().map(|(_, e)| *e).min() {
+                return ControlFlow::Break(Attempt::Held {
+                    expires_in: Some(Duration::from_micros(soonest.saturating_sub(now))),
+                });
+            }
+            None
+        }
+    };
+    ControlFlow::Continue(slot)
 }
 
 /// The latest expiry of `members`.

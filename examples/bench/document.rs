@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use crate::plots::Plot;
 use crate::stamp::{self, RunFacts};
-use crate::{Config, Res};
+use crate::{BoxError, Config, Res};
 
 /// The sections, in the file's order; their ids are `--only`'s names.
 pub const ORDER: [&str; 9] = [
@@ -125,12 +125,74 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
-/// The section `id` of an existing report, markers included.
-fn existing_section<'a>(text: &'a str, id: &str) -> Option<&'a str> {
-    let (open, close) = markers(id);
-    let start = text.find(&open)?;
-    let len = text[start..].find(&close)? + close.len();
-    Some(&text[start..start + len])
+/// The sections of an existing report by id, markers included, read
+/// before anything is measured: a report whose markers are damaged
+/// (an opening marker without its closing one, a section twice, a marker
+/// inside another section) or missing altogether (a file that was not
+/// written by this benchmark) is refused, so that no run drops or doubles
+/// a section it did not measure. An empty or absent file has none.
+pub fn existing_sections(out: &Path) -> Res<Vec<(&'static str, String)>> {
+    let text = match std::fs::read_to_string(out) {
+        Ok(text) => text,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(err) => return Err(format!("{}: {err}", out.display()).into()),
+    };
+    let damaged = |what: String| -> BoxError {
+        format!(
+            "{}: {what}; run the whole benchmark (no --only) to write it anew, or give --out another file",
+            out.display()
+        )
+        .into()
+    };
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    if !text.contains("<!-- Written by examples/bench") {
+        return Err(damaged(
+            "not written by this benchmark (no section markers)".into(),
+        ));
+    }
+    // Every marker, in the order it appears.
+    let mut found = Vec::new();
+    for id in ORDER {
+        let (open, close) = markers(id);
+        for (at, _) in text.match_indices(&open) {
+            found.push((at, id, true));
+        }
+        for (at, _) in text.match_indices(&close) {
+            found.push((at, id, false));
+        }
+    }
+    found.sort();
+    let mut sections: Vec<(&'static str, String)> = Vec::new();
+    let mut open: Option<(usize, &'static str)> = None;
+    for (at, id, opens) in found {
+        match (open, opens) {
+            (None, true) if sections.iter().any(|(seen, _)| *seen == id) => {
+                return Err(damaged(format!("the section `{id}` is there twice")));
+            }
+            (None, true) => open = Some((at, id)),
+            (Some((_, inside)), true) => {
+                return Err(damaged(format!(
+                    "the section `{id}` starts inside the section `{inside}`"
+                )));
+            }
+            (Some((start, inside)), false) if inside == id => {
+                let end = at + markers(id).1.len();
+                sections.push((id, text[start..end].to_owned()));
+                open = None;
+            }
+            (_, false) => {
+                return Err(damaged(format!(
+                    "the section `{id}` ends where it did not start"
+                )));
+            }
+        }
+    }
+    if let Some((_, id)) = open {
+        return Err(damaged(format!("the section `{id}` never ends")));
+    }
+    Ok(sections)
 }
 
 /// Where the plots of the report at `out` go, relative to it: a directory
@@ -143,8 +205,12 @@ fn plot_dir(out: &Path) -> String {
 /// Writes this run's sections and their plots into the report at
 /// `cfg.out`, keeping the sections of the existing file that this run did
 /// not measure; returns the file's text.
-pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String> {
-    let existing = std::fs::read_to_string(&cfg.out).unwrap_or_default();
+pub fn write(
+    cfg: &Config,
+    existing: &[(&'static str, String)],
+    facts: &RunFacts,
+    sections: &[Section],
+) -> Res<String> {
     let dir = plot_dir(&cfg.out);
     let parent = cfg
         .out
@@ -165,18 +231,15 @@ pub fn write(cfg: &Config, facts: &RunFacts, sections: &[Section]) -> Res<String
         .iter()
         .filter_map(|id| match sections.iter().find(|s| s.id == *id) {
             Some(section) => Some(section.render(facts, &dir)),
-            None => existing_section(&existing, id).map(|text| {
-                kept.push(*id);
-                text.to_owned()
-            }),
+            None => existing
+                .iter()
+                .find(|(seen, _)| seen == id)
+                .map(|(_, text)| {
+                    kept.push(*id);
+                    text.clone()
+                }),
         })
         .collect();
-    if !existing.is_empty() && !existing.contains("<!-- bench:") && sections.len() < ORDER.len() {
-        eprintln!(
-            "{} has no section markers (written before sections were stamped): its other sections are dropped; a full run writes them all",
-            cfg.out.display()
-        );
-    }
     if !kept.is_empty() {
         eprintln!("kept from {}: {}", cfg.out.display(), kept.join(", "));
     }

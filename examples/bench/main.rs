@@ -113,7 +113,12 @@ impl Config {
             match arg.as_str() {
                 "--smoke" => smoke = true,
                 "--out" => out = args.next().map(PathBuf::from),
-                "--only" => only = args.next().unwrap_or_default().split(',').map(str::to_owned).collect(),
+                "--only" => {
+                    only = args.next().unwrap_or_default().split(',').map(str::to_owned).collect();
+                    if let Some(unknown) = only.iter().find(|s| !document::ORDER.contains(&s.as_str())) {
+                        return Err(format!("unknown scenario {unknown:?} after --only (the scenarios: {})", document::ORDER.join(",")).into());
+                    }
+                }
                 "--child" => role = Role::Child(args.by_ref().collect()),
                 "--campaigner" => role = Role::Campaigner(args.by_ref().collect()),
                 // `cargo bench` passes this to every bench target.
@@ -219,8 +224,16 @@ fn main() -> Res<()> {
                 };
             }
         }
+        // Read first: a report it could not update is refused before
+        // minutes of measuring, not after. A whole run keeps nothing, so
+        // it writes any file anew.
+        let existing = if cfg.only.is_empty() {
+            Vec::new()
+        } else {
+            document::existing_sections(&cfg.out)?
+        };
         let (facts, sections) = report::run_all(&cfg).await?;
-        let report = document::write(&cfg, &facts, &sections)?;
+        let report = document::write(&cfg, &existing, &facts, &sections)?;
         println!("{report}");
         eprintln!("wrote {}", cfg.out.display());
         Ok(())

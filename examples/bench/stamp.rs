@@ -84,8 +84,12 @@ impl RunFacts {
 /// report and its charts aside, which a run of the benchmark rewrites).
 fn commit(root: &str) -> String {
     let head = first_line_of("git", &["-C", root, "rev-parse", "--short", "HEAD"]);
+    // No optional locks: `git status` would otherwise refresh the index
+    // of the developer's checkout, and could collide with their own git
+    // command while the suite runs the smoke.
     let status = std::process::Command::new("git")
         .args([
+            "--no-optional-locks",
             "-C",
             root,
             "status",

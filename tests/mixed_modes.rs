@@ -508,7 +508,7 @@ async fn read_stream_child(args: &[String]) {
     };
     let backend = child_backend(kind, dir).await;
     let until = std::time::Instant::now() + Duration::from_secs(seconds.parse().expect("seconds"));
-    println!("held 0");
+    let mut reads = 0;
     while std::time::Instant::now() < until {
         let lease = LockOptions::new(Duration::from_secs(10))
             .mode(LockMode::Shared)
@@ -518,7 +518,10 @@ async fn read_stream_child(args: &[String]) {
             .expect("a reader");
         tokio::time::sleep(Duration::from_millis(80)).await;
         lease.release().await.expect("release");
+        reads += 1;
     }
+    // The parent's proof that this process streamed readers at all.
+    println!("reads {reads}");
 }
 
 /// Four processes stream readers onto one key; a writer that waits gets
@@ -553,6 +556,15 @@ async fn a_writer_is_not_starved_by_readers_of_four_processes(kind: &str) {
             child.wait().expect("exit").success(),
             "a reader process failed"
         );
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut child.stdout.take().expect("piped"), &mut out)
+            .expect("the reader's output");
+        let reads: u32 = out
+            .lines()
+            .find_map(|line| line.strip_prefix("reads "))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{kind}: a reader process never streamed: {out:?}"));
+        assert!(reads > 0, "{kind}: a reader process took no reader lease");
     }
     assert!(ok, "{kind}: the writer starved for {took:?}");
     eprintln!("{kind}: the writer got in after {took:?}");

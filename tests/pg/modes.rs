@@ -268,6 +268,76 @@ async fn a_joiner_behind_a_terminated_starter_never_gets_the_old_phases_token() 
     assert_joiner_above(run.joiner, &run.dba, run.tokens, None).await;
 }
 
+/// A starter whose transaction ended without its phase while its session
+/// kept the locks its start took (a server process terminated gives back
+/// its transaction's locks before its session's, and a slow exit keeps
+/// them past the joiner's few tries): the key's row is still the old
+/// phase's, whose members are all gone. A joiner that comes then must not
+/// take the old phase's token, below a writer's since; once the starter's
+/// locks went, a reader starts a phase of its own. Played by a session
+/// that starts a phase in a transaction it rolls back: its session locks
+/// stay, its row goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joiner_beside_a_start_rolled_back_never_gets_the_old_phases_token() {
+    let schema = ScratchSchema::new("r3_rolled_back");
+    let key = fresh_key("r3-rolled-back");
+    let a = backend_at(&shared_conn(), &schema).await;
+    let (t1, tw) = old_phase_then_writer(&a, &key).await;
+    let starter = shared_client().await;
+    starter.batch_execute("BEGIN").await.expect("begin");
+    let started: Option<i64> = starter
+        .query_one(
+            &format!(
+                "SELECT s.granted_token FROM \"{}\".dlock_try_read_phase($1, 0) AS s",
+                schema.name
+            ),
+            &[&key.as_str()],
+        )
+        .await
+        .expect("start a phase")
+        .get(0);
+    assert!(
+        started.is_some_and(|t| u64::try_from(t).is_ok_and(|t| t > tw)),
+        "the starter started a phase: {started:?}"
+    );
+    starter.batch_execute("ROLLBACK").await.expect("rollback");
+    let joiner_on = backend_at(&shared_conn(), &schema).await;
+    match shared().acquire_on(joiner_on.clone(), &key).await {
+        Ok(lease) => {
+            let t = lease.token().get();
+            lease.release().await.ok();
+            assert!(
+                t > tw,
+                "reader granted token {t}: the old phase's is {t1}, a writer got {tw} since"
+            );
+        }
+        Err(LockError::Held { .. }) => {}
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+    starter
+        .batch_execute("SELECT pg_advisory_unlock_all()")
+        .await
+        .expect("the starter's locks go");
+    let reader = shared()
+        .acquire_on(joiner_on, &key)
+        .await
+        .expect("a reader once the starter's locks went");
+    assert!(reader.token().get() > tw);
+    // A live phase's members hold its token lock: a reader of another
+    // process joins it, with its token.
+    let joiner = shared()
+        .acquire_on(backend_at(&shared_conn(), &schema).await, &key)
+        .await
+        .expect("a reader joins the live phase");
+    assert_eq!(
+        joiner.token(),
+        reader.token(),
+        "overlapping readers, two tokens"
+    );
+    joiner.release().await.expect("release");
+    reader.release().await.expect("release");
+}
+
 /// A role or database whose `default_transaction_isolation` is
 /// `serializable` (a DBA's setting): the joiner reads the phase token with
 /// a snapshot taken after it waited for the starter's commit, so both
@@ -555,7 +625,7 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
     raw_client()
         .await
         .batch_execute(
-            "DROP FUNCTION dlock_review_drop.dlock_try_shared(text, int8); \
+            "DROP FUNCTION dlock_review_drop.dlock_try_read_phase(text, int8); \
              DROP FUNCTION dlock_review_drop.dlock_mark(text, int8, text, int8); \
              DROP FUNCTION dlock_review_drop.dlock_try_permit(text, int8, int4, int4[])",
         )

@@ -190,7 +190,7 @@ impl Inner {
     /// One reader leaves this process's hold `id` of `key`; the last one
     /// out drops it on the server, and the next reader waits for that.
     pub(super) async fn leave_read(&self, key: &LockKey, id: u64) {
-        let (session, unlocked) = {
+        let (session, token, unlocked) = {
             let mut keys = self.modes.keys();
             let Some(read) = keys
                 .get_mut(key)
@@ -205,14 +205,18 @@ impl Inner {
             }
             let (unlocked, waiting) = watch::channel(());
             read.unlocking = Some(waiting);
-            (Arc::clone(&read.session), unlocked)
+            (Arc::clone(&read.session), read.token, unlocked)
         };
         let seed = self.options.key_seed;
+        // The token as drawn: a positive int8.
+        let token = token.get() as i64;
         let answer = async {
             let statement = session
                 .mode_statement(ModeStatement::UnlockShared, &self.modes.statements)
                 .await?;
-            session.query(statement, &[&key.as_str(), &seed]).await
+            session
+                .query(statement, &[&key.as_str(), &seed, &token])
+                .await
         }
         .await;
         if let Err(err) = answer

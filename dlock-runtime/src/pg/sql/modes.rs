@@ -19,6 +19,21 @@ macro_rules! phase_hold {
     };
 }
 
+/// A granted shared hold of the advisory key `e` (a read phase's token
+/// lock, see [`MODES_SETUP`]) in this database by another session.
+macro_rules! token_hold_elsewhere {
+    () => {
+        "SELECT FROM pg_catalog.pg_locks AS l
+  WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ShareLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.pid OPERATOR(pg_catalog.<>) pg_catalog.pg_backend_pid()
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND l.classid::pg_catalog.int8 = ((e >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
+  AND l.objid::pg_catalog.int8 = (e & 4294967295::pg_catalog.int8)"
+    };
+}
+
 /// Creates what shared locks and permits need, once per backend, before
 /// the first shared attempt, permit attempt or writer-waiting mark: the
 /// table of read phases (a key's phase token and its writer-waiting mark,
@@ -29,7 +44,7 @@ macro_rules! phase_hold {
 /// Keys are never spliced into the functions: they take the key as an
 /// argument and hash it on the server as every lock statement does.
 ///
-/// - `dlock_try_shared(key, seed)`: tries the shared advisory lock of the
+/// - `dlock_try_read_phase(key, seed)`: tries the shared advisory lock of the
 ///   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive
 ///   holder, of dlock or not), then refuses (`marked`) while a writer's
 ///   mark is live. A reader also holds a shared lock on the phase key
@@ -48,12 +63,27 @@ macro_rules! phase_hold {
 ///   members of a committed phase, and it joins, reading the phase token
 ///   with a snapshot taken after its grant (lock sessions run read
 ///   committed, see [`SESSION_DEFAULTS`]). A failure or a cancel inside
-///   gives back what the attempt took, so no session holds the phase key
-///   without its phase's row. The try
+///   gives back what the attempt took. Every member also holds the
+///   phase's token lock shared, `hashtextextended('dlock-phase-token:' ||
+///   token || ':' || key, seed)`, taken by the starter with the token it
+///   drew: a joiner joins the row's token only while another session
+///   holds that token's lock, and is refused otherwise. A session may
+///   hold the phase key beside the row of a phase long over: a starter
+///   whose transaction ended without its phase and without its handler
+///   (a server process terminated gives back its transaction's locks at
+///   once and its session's only as it exits), whose row rolled back;
+///   the joiner would otherwise take the old phase's token, below a
+///   writer's since. The try
 ///   cannot tell the session's own holds from none, so the backend never
 ///   sends this on a session that holds the key shared (readers of one
 ///   process share one hold, see the `modes` module). No row is locked
-///   and no lock table is scanned: a reader costs what a writer does. A
+///   and no lock table is scanned but by a joiner, which looks up the
+///   token lock's holders: a starting reader costs what a writer does.
+///   Named apart from `dlock_try_shared`, its form before token locks,
+///   which processes of an earlier dlock keep calling: their unlock drops
+///   no token lock, so a shared body would leave their sessions one per
+///   phase. A joiner here refuses their phases (no token lock) until
+///   they end. A
 ///   live phase whose row lost its token (a DBA truncated the table)
 ///   refuses new readers until it ends: a token drawn anew would be above
 ///   the current readers', whom a `>=` fence would then refuse. A failed
@@ -80,13 +110,15 @@ PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('dlock-mode
 CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_phases (
     lock_id pg_catalog.int8 PRIMARY KEY, phase_token pg_catalog.int8,
     mark_owner pg_catalog.text, mark_until pg_catalog.timestamptz);
-CREATE OR REPLACE FUNCTION {schema}.dlock_try_shared(k pg_catalog.text, seed pg_catalog.int8,
+CREATE OR REPLACE FUNCTION {schema}.dlock_try_read_phase(k pg_catalog.text, seed pg_catalog.int8,
     OUT granted_token pg_catalog.int8, OUT marked pg_catalog.bool)
 LANGUAGE plpgsql AS $f$
 DECLARE
     h pg_catalog.int8 := pg_catalog.hashtextextended(k, seed);
     p pg_catalog.int8 := pg_catalog.hashtextextended('dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) k, seed);
+    e pg_catalog.int8;
     took_p pg_catalog.bool := false;
+    took_e pg_catalog.bool := false;
     starts pg_catalog.bool;
 BEGIN
     PERFORM pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
@@ -130,9 +162,24 @@ BEGIN
             PERFORM pg_catalog.pg_sleep(0.005);
         END LOOP;
         IF NOT starts THEN
+            -- The row's token is the live phase's only while a member of
+            -- that phase holds its token lock: a starter whose transaction
+            -- ended without its phase (its row rolled back) may hold the
+            -- phase key a while longer, beside the row of a phase long over.
             BEGIN
                 SELECT t.phase_token INTO granted_token FROM {schema}.dlock_phases AS t
                 WHERE t.lock_id OPERATOR(pg_catalog.=) h;
+                IF granted_token IS NOT NULL THEN
+                    e := pg_catalog.hashtextextended(pg_catalog.concat('dlock-phase-token:'::pg_catalog.text,
+                        granted_token, ':'::pg_catalog.text, k), seed);
+                    IF EXISTS (",
+    token_hold_elsewhere!(),
+    ") THEN
+                        PERFORM pg_catalog.pg_advisory_lock_shared(e);
+                    ELSE
+                        granted_token := NULL;
+                    END IF;
+                END IF;
             EXCEPTION WHEN OTHERS OR query_canceled THEN
                 PERFORM pg_catalog.pg_advisory_unlock_shared(p);
                 PERFORM pg_catalog.pg_advisory_unlock_shared(h);
@@ -153,9 +200,14 @@ BEGIN
         granted_token := (",
     draw_token!("", ""),
     ");
+        e := pg_catalog.hashtextextended(pg_catalog.concat('dlock-phase-token:'::pg_catalog.text,
+            granted_token, ':'::pg_catalog.text, k), seed);
+        PERFORM pg_catalog.pg_advisory_lock_shared(e);
+        took_e := true;
         INSERT INTO {schema}.dlock_phases AS t (lock_id, phase_token) VALUES (h, granted_token)
         ON CONFLICT (lock_id) DO UPDATE SET phase_token = excluded.phase_token;
     EXCEPTION WHEN OTHERS OR query_canceled THEN
+        IF took_e THEN PERFORM pg_catalog.pg_advisory_unlock_shared(e); END IF;
         IF took_p THEN PERFORM pg_catalog.pg_advisory_unlock_shared(p); END IF;
         PERFORM pg_catalog.pg_advisory_unlock_shared(h);
         RAISE;
@@ -215,15 +267,20 @@ $setup$"
 /// A shared attempt: one statement (see [`MODES_SETUP`]), sent only on a
 /// session that holds nothing of the key. Returns the token (NULL:
 /// refused) and whether a writer's mark refused it.
-pub(in crate::pg) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_shared($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
+pub(in crate::pg) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_read_phase($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
 
-/// Drops this process's shared hold of a key (its last reader left): the phase key first, so that once the key
+/// Drops this process's shared hold of a key (its last reader left), of
+/// phase token `$3`: the phase key first, so that once the key
 /// itself is free no phase looks live (a reader that came after a writer
 /// who took the key in between would otherwise be granted the old phase's
-/// token, below the writer's).
+/// token, below the writer's), then the phase's token lock (see
+/// [`MODES_SETUP`]), then the key.
 pub(in crate::pg) const UNLOCK_SHARED: &str = "\
 SELECT pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended(
            'dlock-phase:'::pg_catalog.text OPERATOR(pg_catalog.||) $1::pg_catalog.text, $2::pg_catalog.int8)),
+       pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended(pg_catalog.concat(
+           'dlock-phase-token:'::pg_catalog.text, $3::pg_catalog.int8, ':'::pg_catalog.text, $1::pg_catalog.text),
+           $2::pg_catalog.int8)),
        pg_catalog.pg_advisory_unlock_shared(pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
 
 /// Leaves or refreshes a writer-waiting mark while readers hold (rule

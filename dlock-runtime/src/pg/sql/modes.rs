@@ -176,11 +176,13 @@ BEGIN
     token_hold_elsewhere!(),
     ") THEN
                         PERFORM pg_catalog.pg_advisory_lock_shared(e);
+                        took_e := true;
                     ELSE
                         granted_token := NULL;
                     END IF;
                 END IF;
             EXCEPTION WHEN OTHERS OR query_canceled THEN
+                IF took_e THEN PERFORM pg_catalog.pg_advisory_unlock_shared(e); END IF;
                 PERFORM pg_catalog.pg_advisory_unlock_shared(p);
                 PERFORM pg_catalog.pg_advisory_unlock_shared(h);
                 RAISE;

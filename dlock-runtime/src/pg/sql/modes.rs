@@ -150,17 +150,12 @@ BEGIN
         END;
         took_p := true;
         -- Granted once no starter held the phase key: whoever this waited
-        -- behind committed its phase, or left without one. A starter whose
-        -- session ended (pg_terminate_backend) gives back its transaction's
-        -- lock before its session's, so the grant can come while its shared
-        -- hold of the phase key stands a moment longer: a refusal is asked
-        -- again, a few milliseconds apart, before it is taken for a
-        -- committed phase's members (whose row this would join).
-        FOR attempt IN 1..10 LOOP
-            starts := pg_catalog.pg_try_advisory_xact_lock(p);
-            EXIT WHEN starts OR attempt OPERATOR(pg_catalog.=) 10;
-            PERFORM pg_catalog.pg_sleep(0.005);
-        END LOOP;
+        -- behind committed its phase, or left without one. Asked once more:
+        -- refused, the phase key is held by the members of a phase, or by a
+        -- starter whose session ended (pg_terminate_backend gives back its
+        -- transaction's lock before its session's), beside the row of a
+        -- phase long over; the token lock below tells the two apart.
+        starts := pg_catalog.pg_try_advisory_xact_lock(p);
         IF NOT starts THEN
             -- The row's token is the live phase's only while a member of
             -- that phase holds its token lock: a starter whose transaction

@@ -1098,3 +1098,49 @@ async fn a_dba_lock_on_the_phase_table_does_not_hold_up_permits() {
     assert!(permit.is_ok(), "{permit:?}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
+
+/// A key spelled like one of the backend's own advisory locks (a read
+/// phase's key, its token's lock, a permit's slot) would hash to that very
+/// lock, whatever the seed: such a reader could pose as a member of
+/// another key's read phase, so that a reader of that key joins a phase
+/// long over (a token below a writer's since), or hold its readers off.
+/// Every way of taking such a key is refused as an invalid key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_named_like_the_backends_own_locks_is_refused() {
+    let schema = ScratchSchema::new("own_lock_names");
+    let backend = backend_at(&shared_conn(), &schema).await;
+    let key = fresh_key("own-lock-names");
+    for name in [
+        format!("dlock-phase:{key}"),
+        format!("dlock-phase-token:1796466818527036:{key}"),
+        format!("dlock-permit:0:{key}"),
+    ] {
+        for options in [
+            shared(),
+            LockOptions::new(Duration::from_secs(10)),
+            LockOptions::new(Duration::from_secs(10)).permits(2),
+        ] {
+            let taken = options.acquire_on(backend.clone(), name.as_str()).await;
+            assert!(
+                matches!(&taken, Err(LockError::InvalidKey { reason, .. }) if reason.contains("dlock's own")),
+                "{name}: {taken:?}"
+            );
+        }
+        let mut client = shared_client().await;
+        let mut tx = client.transaction().await.expect("begin");
+        let xact = dlock::pg::TransactionLock::new().schema(schema.name.clone());
+        let taken = xact.acquire(&mut tx, name.as_str()).await;
+        assert!(
+            matches!(&taken, Err(LockError::InvalidKey { .. })),
+            "{name} in a transaction: {taken:?}"
+        );
+    }
+    // The key itself, and a name that only contains such a text, lock.
+    for name in [key.to_string(), format!("x-dlock-phase:{key}")] {
+        let lease = shared()
+            .acquire_on(backend.clone(), name.as_str())
+            .await
+            .expect("a key of the user's own");
+        lease.release().await.expect("release");
+    }
+}

@@ -9,7 +9,9 @@ use super::connection::Failure;
 use super::home::NoRuntime;
 use super::locks::{GiveBack, no_runtime};
 use super::session::LockSession;
-use super::{Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK};
+use super::{
+    Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, refuse_own_lock_name,
+};
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -40,6 +42,7 @@ impl Backend for PgBackend {
     }
 
     async fn try_acquire(&self, request: &AcquireRequest<'_>) -> Result<Attempt, LockError> {
+        refuse_own_lock_name(request.key)?;
         if request.access != Access::Exclusive {
             return self.inner.try_mode(request).await;
         }

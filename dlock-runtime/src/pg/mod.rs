@@ -436,6 +436,30 @@ pub use self::xact::{MAX_LOCK_TIMEOUT, TransactionLock};
 /// [`TransactionLock::acquire`] and anything else that needs its types.
 pub use tokio_postgres;
 
+/// The prefixes of the texts whose advisory locks are the backend's own:
+/// a read phase's key and its token's lock, a permit's slots (see
+/// `sql::MODES_SETUP`). A key spelled like one of them would hash to that
+/// very lock, whatever the seed (the seed hashes both alike), and so pose
+/// as a member of another key's read phase, or hold its readers off.
+const OWN_LOCK_PREFIXES: [&str; 3] = ["dlock-phase:", "dlock-phase-token:", "dlock-permit:"];
+
+/// Refuses a key that names one of the backend's own advisory locks (see
+/// [`OWN_LOCK_PREFIXES`]).
+fn refuse_own_lock_name(key: &LockKey) -> Result<(), LockError> {
+    match OWN_LOCK_PREFIXES
+        .iter()
+        .find(|p| key.as_str().starts_with(**p))
+    {
+        Some(prefix) => Err(LockError::invalid_key(
+            key.as_str(),
+            format!(
+                "on PostgreSQL, a key starting with `{prefix}` names one of dlock's own advisory locks (read phases, permits); choose another key"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 const KIND: &str = "pg";
 const DEFAULT_SCHEMA: &str = "dlock";
 /// How long `force_release` waits for a holding session to be gone.

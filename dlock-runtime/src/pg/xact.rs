@@ -128,6 +128,7 @@ impl TransactionLock {
         key: impl IntoLockKey,
     ) -> Result<FencingToken, LockError> {
         let key = key.into_lock_key()?;
+        super::refuse_own_lock_name(&key)?;
         let quoted = quote_schema(&self.schema)?;
         if self.wait > MAX_DURATION {
             return Err(LockError::InvalidOption {

@@ -7,26 +7,17 @@
 //! child has queued.
 
 use crate::support;
+use crate::{fresh_dir, path, until_queued};
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock::backend::OwnerId;
 use dlock::file::FileBackend;
 use dlock::{Backend, LockOptions};
 use support::within;
-
-fn fresh_dir() -> PathBuf {
-    let id = OwnerId::random().expect("random");
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-file-fair-{id}"))
-}
-
-fn path(dir: &Path) -> &str {
-    dir.to_str().expect("a UTF-8 path")
-}
 
 fn now_us() -> u64 {
     SystemTime::now()
@@ -90,12 +81,6 @@ fn spawn_child(role: &str, args: &[&str]) -> Child {
     support::spawn_child(module_path!(), CHILD_ROLE, role, args)
 }
 
-/// How many waiters the queue file of `key` (a plain name) lists.
-fn queued(dir: &Path, key: &str) -> usize {
-    std::fs::read_to_string(dir.join(format!("{key}.queue")))
-        .map_or(0, |text| text.lines().skip(1).count())
-}
-
 /// The expiries (microseconds since the epoch) of the entries in the queue
 /// of `key`, in order.
 fn entry_expiries(dir: &Path, key: &str) -> Vec<u64> {
@@ -111,16 +96,6 @@ fn entry_expiries(dir: &Path, key: &str) -> Vec<u64> {
                 .unwrap_or_else(|| panic!("a queue entry with an expiry: {entry}"))
         })
         .collect()
-}
-
-/// Waits until the queue of `key` lists `waiters` entries.
-async fn until_queued(dir: &Path, key: &str, waiters: usize) {
-    within(10, "the waiter joins the queue", async {
-        while queued(dir, key) < waiters {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
 }
 
 /// The files of `dir` whose names end with `suffix`.

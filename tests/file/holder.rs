@@ -3,10 +3,11 @@
 //! version wrote, and a lock directory that holds other files too.
 
 use crate::support;
+use crate::{fresh_dir, path};
 
 use std::fs::File;
 use std::io::{BufRead as _, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,15 +16,6 @@ use dlock::backend::OwnerId;
 use dlock::error::Operation;
 use dlock::file::FileBackend;
 use dlock::{Backend, HolderInfo, LockError, LockKey, LockOptions, registry};
-
-fn fresh_dir() -> PathBuf {
-    let id = OwnerId::random().expect("random");
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-file-holder-{id}"))
-}
-
-fn path(dir: &Path) -> &str {
-    dir.to_str().expect("a UTF-8 path")
-}
 
 fn key(name: &str) -> LockKey {
     LockKey::new(name).expect("valid key")

@@ -2,6 +2,7 @@
 //! real OS processes on one host.
 
 use crate::support;
+use crate::{fresh_dir, path, until_queued};
 
 use std::io::{BufRead as _, BufReader};
 use std::path::PathBuf;
@@ -13,11 +14,6 @@ use support::within;
 use dlock::backend::{AcquireRequest, Attempt, OwnerId, ReleaseRequest};
 use dlock::file::FileBackend;
 use dlock::{Backend, LockKey, LockMode, LockOptions};
-
-fn fresh_dir() -> PathBuf {
-    let id = OwnerId::random().expect("random");
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("dlock-file-{id}"))
-}
 
 /// Every instance the suite opens shares one directory, as the processes
 /// of a host do.
@@ -306,23 +302,6 @@ async fn readers_in_two_processes_share_the_phase_and_a_killed_one_leaves_the_ot
         "a writer's token is above the readers'"
     );
     lease.release().await.expect("release");
-}
-
-/// How many waiters the queue file of `key` (a plain name) lists: a
-/// header line, then one line per waiter.
-fn queued(dir: &std::path::Path, key: &str) -> usize {
-    std::fs::read_to_string(dir.join(format!("{key}.queue")))
-        .map_or(0, |text| text.lines().skip(1).count())
-}
-
-/// Waits until the queue of `key` lists `waiters` entries.
-async fn until_queued(dir: &std::path::Path, key: &str, waiters: usize) {
-    within(10, "the waiter joins the queue", async {
-        while queued(dir, key) < waiters {
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -727,8 +706,4 @@ fn twenty_abandoned_acquisitions_hold_no_key_and_leak_no_descriptor() {
         fds[1], fds[0],
         "abandoned acquisitions must not keep descriptors open"
     );
-}
-
-fn path(dir: &std::path::Path) -> &str {
-    dir.to_str().expect("a UTF-8 path")
 }

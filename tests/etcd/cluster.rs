@@ -18,6 +18,7 @@ use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockKey, LockOptions};
 use etcd_support::{Cluster, etcdctl, free_port, random_word};
 
+use super::fresh_key;
 use super::solo::{Solo, take_in_turn};
 use support::proxy::Proxy;
 use support::{until_lost, within};
@@ -27,10 +28,6 @@ use support::{until_lost, within};
 async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
     static CLUSTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     CLUSTERS.lock().await
-}
-
-fn fresh_key(label: &str) -> LockKey {
-    LockKey::new(format!("etcd-cluster-test/{label}/{}", random_word())).expect("a key")
 }
 
 async fn connect(endpoints: &[String]) -> Arc<EtcdBackend> {

@@ -17,13 +17,10 @@ use dlock::{Backend, LockError, LockKey, LockOptions};
 use etcd_support::{create_revision, random_word, shared_backend, shared_cluster};
 use support::{RefusedPort, within};
 
+use super::fresh_key;
 use super::solo::Solo;
 
 dlock_runtime::conformance_suite!(shared_backend);
-
-fn fresh_key(label: &str) -> LockKey {
-    LockKey::new(format!("etcd-test/{label}/{}", random_word())).expect("a key")
-}
 
 async fn shared() -> EtcdBackend {
     let endpoints = shared_cluster();

@@ -16,3 +16,9 @@ mod cluster;
 mod lock;
 mod server;
 mod solo;
+
+/// A key of its own for a test (random, under `etcd-test/`).
+fn fresh_key(label: &str) -> dlock::LockKey {
+    dlock::LockKey::new(format!("etcd-test/{label}/{}", etcd_support::random_word()))
+        .expect("a key")
+}

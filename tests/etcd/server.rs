@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use dlock::etcd::EtcdBackend;
 use dlock::{Backend, LockError, LockOptions};
 
-use super::solo::{Solo, fresh_key, take_in_turn};
+use super::fresh_key;
+use super::solo::{Solo, take_in_turn};
 use crate::etcd_support::{self, etcdctl};
 use crate::support::{self, RefusedPort};
 

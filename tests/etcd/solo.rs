@@ -11,10 +11,6 @@ use dlock::{Backend, LockError, LockKey, LockOptions};
 
 use crate::etcd_support::{etcdctl, free_port, random_word};
 
-pub fn fresh_key(label: &str) -> LockKey {
-    LockKey::new(format!("etcd-review/{label}/{}", random_word())).expect("a key")
-}
-
 /// One etcd member on free loopback ports, with extra flags; killed and
 /// its directory removed on drop.
 pub struct Solo {

@@ -48,7 +48,13 @@ fn queue() -> Option<mpsc::UnboundedSender<Work>> {
         Some((started_in, queue)) if *started_in == forks => queue.clone(),
         _ => {
             let queue = start();
-            *fallback = Some((forks, queue.clone()));
+            // A queue inherited through fork() is forgotten, not dropped:
+            // dropping it would wake the parent's fallback task through a
+            // copy of the parent's runtime, whose locks a parent thread
+            // may have held at the fork, and hang this child.
+            if let Some(inherited) = fallback.replace((forks, queue.clone())) {
+                std::mem::forget(inherited);
+            }
             queue
         }
     }

@@ -258,12 +258,16 @@ fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fa
         return;
     }
     // The parent's fallback thread runs; a forked child inherits its queue
-    // but not the thread, and must start its own.
-    let dir = fresh_dir("fork");
-    let parents = FileBackend::open(&dir).expect("lock dir");
-    let warm = drop_with_no_runtime(the_file_backend(&parents));
-    assert_free(still_held(file_backend(&dir), &[warm]));
+    // but not the thread, and must start its own. It is started by a
+    // memory lease, whose release needs no blocking thread: such a thread
+    // parks and unparks through a table the whole process shares, and a
+    // child forked while it does so finds that table locked for ever.
+    let warm = MemoryBackend::new();
+    let warm_key = drop_with_no_runtime(memory_backend(&warm));
+    assert_free(still_held(memory_backend(&warm), &[warm_key]));
+    until_other_threads_sleep();
 
+    let dir = fresh_dir("fork");
     let key = fresh_key("forked");
     // The child tells through a pipe that it dropped the lease: a byte, or
     // the end of the pipe should it die first.
@@ -289,13 +293,9 @@ fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fa
             std::thread::sleep(Duration::from_secs(60));
         }
     }
-    // SAFETY: closes this process's copy of the write end, then reads one
-    // byte into a live buffer: the child's, or 0 at its end.
+    // SAFETY: closes this process's copy of the write end.
     unsafe { libc::close(to_parent) };
-    let mut byte = 0u8;
-    while unsafe { libc::read(from_child, (&raw mut byte).cast(), 1) } < 0
-        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
-    {}
+    let answered = child_answers(from_child, CHILD_BOUND);
     unsafe { libc::close(from_child) };
     // Taken and dropped by the child, which is still alive.
     let held = still_held(file_backend(&dir), &[key]);
@@ -307,10 +307,80 @@ fn a_lease_a_forked_child_drops_with_no_runtime_is_released_by_the_childs_own_fa
         libc::waitpid(pid, &mut status, 0);
     }
     assert!(
+        answered,
+        "the forked child did not drop its lease within {CHILD_BOUND:?}: it hangs"
+    );
+    assert!(
         alive,
         "the child must still be alive when the key is checked (status {status})"
     );
     assert_free(held);
+}
+
+/// How long the forked child may take to take and drop its lease.
+#[cfg(unix)]
+const CHILD_BOUND: Duration = Duration::from_secs(60);
+
+/// Whether `from_child` gives a byte or its end within `bound`.
+#[cfg(unix)]
+fn child_answers(from_child: i32, bound: Duration) -> bool {
+    let deadline = std::time::Instant::now() + bound;
+    let mut poll = libc::pollfd {
+        fd: from_child,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: polls one live pollfd.
+        match unsafe { libc::poll(&mut poll, 1, ms) } {
+            0 => return false,
+            n if n > 0 => break,
+            _ if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
+            _ => panic!("poll failed: {}", std::io::Error::last_os_error()),
+        }
+    }
+    let mut byte = 0u8;
+    // SAFETY: reads one byte into a live buffer: the child's, or 0 at its end.
+    while unsafe { libc::read(from_child, (&raw mut byte).cast(), 1) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    true
+}
+
+/// Waits until every other thread of this process sleeps, so that none is
+/// half-way through a lock when the process forks.
+#[cfg(unix)]
+fn until_other_threads_sleep() {
+    // SAFETY: gettid() has no preconditions.
+    let me = unsafe { libc::gettid() }.to_string();
+    let deadline = std::time::Instant::now() + BOUND;
+    loop {
+        let running: Vec<String> = std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .filter_map(|task| task.ok()?.file_name().into_string().ok())
+            .filter(|tid| *tid != me)
+            .filter(|tid| {
+                // The state follows the last ')' of the stat line: S sleeps.
+                std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+                    .ok()
+                    .and_then(|stat| {
+                        stat.rsplit_once(')')
+                            .map(|(_, rest)| rest.trim_start().starts_with('S'))
+                    })
+                    == Some(false)
+            })
+            .collect();
+        if running.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "threads {running:?} still run {BOUND:?} after the warm-up; forking now could copy a held lock"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[cfg(feature = "redis")]

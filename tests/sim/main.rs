@@ -158,3 +158,43 @@ fn one_seed_run_twice_gives_the_same_trace_digest() {
         "these seeds gave two different traces: {parted:?}"
     );
 }
+
+/// A runtime with a paused clock starts its clock at the real time,
+/// behind the instants an earlier paused runtime advanced to. The core
+/// once counted every lease's deadline from one process-wide instant,
+/// taken on first use: taken late on an advanced clock, it lay in a later
+/// runtime's future, and every lease taken there read as lost on arrival.
+/// The simulator ran into it, each schedule on a runtime of its own.
+#[test]
+fn a_lease_on_a_paused_clock_behind_an_earlier_runtimes_clock_is_not_lost_on_arrival() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use dlock::memory::MemoryBackend;
+    use dlock::{Backend, LockOptions};
+
+    let paused = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("a current-thread runtime")
+    };
+    let take = |after: Duration| async move {
+        tokio::time::sleep(after).await;
+        let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+        let lease = LockOptions::new(Duration::from_secs(10))
+            .acquire_on(store, "k")
+            .await
+            .expect("a free key");
+        let lost = lease.is_lost();
+        let _ = lease.release().await;
+        lost
+    };
+    // A day ahead on the first clock, then from the real time again.
+    assert!(!paused().block_on(take(Duration::from_secs(86_400))));
+    assert!(
+        !paused().block_on(take(Duration::ZERO)),
+        "a lease taken on a fresh paused clock read as lost on arrival"
+    );
+}

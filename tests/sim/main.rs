@@ -88,6 +88,9 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
         calls += outcome.store_calls;
         off_thread += outcome.off_thread;
         violations += outcome.violations.len();
+        if let Some(first) = outcome.violations.first() {
+            say(&format!("sim: seed {seed}: {first}"));
+        }
         if !outcome.violations.is_empty() && first_failing.is_none() {
             first_failing = Some((seed, outcome.violations));
         }
@@ -104,6 +107,20 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
         panic!(
             "sim: the schedule of seed {seed} broke a promise (its trace is above): {found:#?}\nreplay: DLOCK_SIM_SEED={seed}"
         );
+    }
+}
+
+#[test]
+fn schedules_that_once_broke_a_promise_keep_every_promise() {
+    for seed in seeds::seeds("sim_pinned") {
+        let outcome = schedule::run(seed, false);
+        if !outcome.violations.is_empty() {
+            say(&replay_text(seed));
+            panic!(
+                "sim: pinned seed {seed} breaks a promise again: {:#?}",
+                outcome.violations
+            );
+        }
     }
 }
 

@@ -72,6 +72,8 @@ pub(super) async fn take_fair(
         entry_ttl: QUEUE_ENTRY_TTL,
     };
     let mut backoff = MIN_BACKOFF;
+    // The last instant the handoff notice was known not to have resolved.
+    let mut looked = started;
     let outcome = loop {
         let now = Instant::now();
         if now >= deadline {
@@ -85,6 +87,7 @@ pub(super) async fn take_fair(
         // Registered before the attempt that queues: a handoff right after
         // it reaches the notice.
         if leave.notice.is_none() {
+            looked = Instant::now();
             let subscribed = backend.subscribe_handoff(key, owner);
             match by_deadline(kind, Operation::Wait, key, terms, deadline, subscribed).await {
                 Ok(notice) => leave.notice = Some(notice),
@@ -95,7 +98,23 @@ pub(super) async fn take_fair(
                 Err(err) => break Err(err),
             }
         }
+        // A handoff that came while the waiter was not napping on its
+        // notice (in a backoff, or an attempt that failed) is only known
+        // to be later than the last look that found none: its lease may
+        // have run out since, and the next attempt would then be answered
+        // `Held`, by another holder. Counted from that look, it is
+        // confirmed (or found spent) before it is returned.
+        if let Some(grant) = leave.notice.as_mut().and_then(handed_over) {
+            match confirm_handoff(backend, key, owner, terms, grant, looked).await {
+                Some(taken) => break Ok(taken),
+                None => {
+                    leave.notice = None;
+                    continue;
+                }
+            }
+        }
         let sent = Instant::now();
+        looked = sent;
         let joined = attempt(backend, key, *owner, terms, join, Look::Again);
         let expires_in =
             match by_deadline(kind, Operation::Acquire, key, terms, deadline, joined).await {
@@ -135,6 +154,15 @@ pub(super) async fn take_fair(
         leave.disarm();
     }
     outcome
+}
+
+/// The grant of a handoff that has reached `notice` already, if one has.
+fn handed_over(notice: &mut Handoff) -> Option<Grant> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(notice).poll(&mut cx) {
+        std::task::Poll::Ready(grant) => Some(grant),
+        std::task::Poll::Pending => None,
+    }
 }
 
 /// Makes sure a handed-over lease is not returned already spent. Its

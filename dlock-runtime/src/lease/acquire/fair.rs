@@ -105,7 +105,7 @@ pub(super) async fn take_fair(
         // `Held`, by another holder. Counted from that look, it is
         // confirmed (or found spent) before it is returned.
         if let Some(grant) = leave.notice.as_mut().and_then(handed_over) {
-            match confirm_handoff(backend, key, owner, terms, grant, looked).await {
+            match confirm_handoff(backend, key, owner, terms, (grant, looked), deadline).await {
                 Some(taken) => break Ok(taken),
                 None => {
                     leave.notice = None;
@@ -141,7 +141,8 @@ pub(super) async fn take_fair(
         if let Some(notice) = leave.notice.as_mut()
             && let Ok(grant) = timeout(nap, notice).await
         {
-            let confirmed = confirm_handoff(backend, key, owner, terms, grant, sent).await;
+            let confirmed =
+                confirm_handoff(backend, key, owner, terms, (grant, sent), deadline).await;
             match confirmed {
                 Some(taken) => break Ok(taken),
                 // A resolved notice is spent: a handoff not confirmed (the
@@ -180,15 +181,16 @@ fn handed_over(notice: &mut Handoff) -> Option<Grant> {
 ///
 /// `None` when the extension finds the key no longer this owner's (the
 /// handoff's short lease ran out first): the waiter waits on. Should the
-/// extension fail, the lease is returned as it was, and its holder is told
-/// when it ends.
+/// extension fail, or not answer by the caller's `deadline` (as any call
+/// of a waiting caller, [`by_deadline`]), the lease is returned as it
+/// was, and its holder is told when it ends.
 pub(super) async fn confirm_handoff(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: &OwnerId,
     terms: &Terms,
-    grant: Grant,
-    sent: Instant,
+    (grant, sent): (Grant, Instant),
+    deadline: Instant,
 ) -> Option<(Grant, Instant)> {
     let valid = grant
         .valid_for
@@ -200,9 +202,17 @@ pub(super) async fn confirm_handoff(
         return Some((grant, sent));
     }
     let extended_at = Instant::now();
-    match backend
-        .extend(&crate::backend::Renewal::new(key, owner, terms.ttl))
-        .await
+    let renewal = crate::backend::Renewal::new(key, owner, terms.ttl);
+    let extended = backend.extend(&renewal);
+    match by_deadline(
+        backend.kind(),
+        Operation::Extend,
+        key,
+        terms,
+        deadline,
+        extended,
+    )
+    .await
     {
         Ok(true) => Some((
             Grant {

@@ -32,6 +32,7 @@ use std::io::Write as _;
 use std::time::Instant;
 
 use support::seeds;
+use trace::Record;
 
 /// The schedules of one CI run.
 const SCHEDULES: u64 = 10_000;
@@ -44,7 +45,7 @@ fn say(text: &str) {
 
 /// How to replay a schedule, and its trace.
 fn replay_text(seed: u64) -> String {
-    let outcome = schedule::run(seed, true);
+    let outcome = schedule::run(seed, Record::Text);
     format!(
         "{}\nsim: seed {seed}: {} violations, trace digest {:016x} ({} lines)\n\
          replay it with: DLOCK_SIM_SEED={seed} cargo test --features axum,etcd --test sim -- --nocapture",
@@ -58,7 +59,7 @@ fn replay_text(seed: u64) -> String {
 #[test]
 fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanup() {
     if let Some(seed) = seeds::env_seed("DLOCK_SIM_SEED") {
-        let outcome = schedule::run(seed, true);
+        let outcome = schedule::run(seed, Record::Text);
         say(&replay_text(seed));
         assert!(
             outcome.violations.is_empty(),
@@ -83,7 +84,7 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
     let mut first_failing = None;
     for i in 0..count {
         let seed = rng::mix(base.wrapping_add(i));
-        let outcome = schedule::run(seed, false);
+        let outcome = schedule::run(seed, Record::Nothing);
         steps += outcome.steps;
         calls += outcome.store_calls;
         off_thread += outcome.off_thread;
@@ -113,7 +114,7 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
 #[test]
 fn schedules_that_once_broke_a_promise_keep_every_promise() {
     for seed in seeds::seeds("sim_pinned") {
-        let outcome = schedule::run(seed, false);
+        let outcome = schedule::run(seed, Record::Nothing);
         if !outcome.violations.is_empty() {
             say(&replay_text(seed));
             panic!(
@@ -132,8 +133,8 @@ const TWICE_MORE: u64 = 200;
 fn one_seed_run_twice_gives_the_same_trace_digest() {
     let seed = seeds::env_seed("DLOCK_SIM_SEED").unwrap_or_else(|| seeds::seed("sim_digest"));
     seeds::announce("one_seed_run_twice_gives_the_same_trace_digest", seed);
-    let first = schedule::run(seed, true);
-    let second = schedule::run(seed, true);
+    let first = schedule::run(seed, Record::Text);
+    let second = schedule::run(seed, Record::Text);
     say(&format!(
         "sim: seed {seed} run twice: digests {:016x} and {:016x} ({} and {} lines)",
         first.digest, second.digest, first.lines, second.lines
@@ -164,7 +165,9 @@ fn one_seed_run_twice_gives_the_same_trace_digest() {
     assert_eq!(first.digest, second.digest);
     let parted: Vec<u64> = (1..=TWICE_MORE)
         .map(|i| rng::mix(seed.wrapping_add(i)))
-        .filter(|&seed| schedule::run(seed, false).digest != schedule::run(seed, false).digest)
+        .filter(|&seed| {
+            schedule::run(seed, Record::Digest).digest != schedule::run(seed, Record::Digest).digest
+        })
         .collect();
     say(&format!(
         "sim: {TWICE_MORE} more schedules run twice, {} with differing digests",

@@ -15,6 +15,7 @@ use tokio::time::{sleep, timeout};
 
 use crate::actors::caller;
 use crate::store::FaultyStore;
+use crate::trace::Record;
 use crate::world::World;
 
 /// The longest (simulated) time the callers may take once the steps are
@@ -36,15 +37,15 @@ pub struct Outcome {
     pub trace: Option<String>,
 }
 
-/// Runs the schedule of `seed`, keeping its trace's text if `keep_trace`.
-pub fn run(seed: u64, keep_trace: bool) -> Outcome {
+/// Runs the schedule of `seed`, recording what `record` says of its trace.
+pub fn run(seed: u64, record: Record) -> Outcome {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
     let world = runtime.block_on(async {
-        let world = World::new(seed, keep_trace);
+        let world = World::new(seed, record);
         drive(&world).await;
         world
     });

@@ -14,10 +14,23 @@ use dlock::backend::OwnerId;
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
+/// How much of a trace a run keeps.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// Nothing: the bulk run, which replays a failing seed with its text.
+    /// Formatting every line was most of a schedule's cost, and a trace
+    /// only observes: a seed runs the same schedule whatever it records.
+    Nothing,
+    /// The digest only.
+    Digest,
+    /// The digest and the text.
+    Text,
+}
+
 /// The trace of one schedule.
 pub struct Trace {
-    /// The text, kept only when it will be printed (a replay): the bulk
-    /// run keeps the digest alone.
+    record: Record,
+    /// The text, kept only when it will be printed (a replay).
     text: Option<String>,
     digest: u64,
     lines: usize,
@@ -26,15 +39,21 @@ pub struct Trace {
 }
 
 impl Trace {
-    /// An empty trace that keeps its text if `keep`.
-    pub fn new(keep: bool) -> Self {
+    /// An empty trace that keeps what `record` says.
+    pub fn new(record: Record) -> Self {
         Self {
-            text: keep.then(String::new),
+            record,
+            text: (record == Record::Text).then(String::new),
             digest: FNV_OFFSET,
             lines: 0,
             owners: HashMap::new(),
             tokens: HashMap::new(),
         }
+    }
+
+    /// Whether lines are recorded at all.
+    pub fn is_on(&self) -> bool {
+        self.record != Record::Nothing
     }
 
     /// Appends one line.
@@ -79,10 +98,11 @@ impl Trace {
     }
 }
 
-/// `format!` into a line of `trace` only when something will read it: the
-/// digest needs every line, so this always formats; kept as one place to
-/// change should formatting ever cost too much.
+/// Formats a line into `trace`, if it records lines.
 pub fn write_line(trace: &mut Trace, args: std::fmt::Arguments<'_>) {
+    if !trace.is_on() {
+        return;
+    }
     let mut line = String::with_capacity(64);
     let _ = line.write_fmt(args);
     trace.line(&line);

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::rng::Rng;
-use crate::trace::{Trace, write_line};
+use crate::trace::{Record, Trace, write_line};
 
 /// The shape of one schedule and how often each fault strikes, all drawn
 /// from its seed.
@@ -165,11 +165,12 @@ pub struct World {
 }
 
 impl World {
-    /// The world of `seed`, on the current thread and paused clock.
-    pub fn new(seed: u64, keep_trace: bool) -> Arc<Self> {
+    /// The world of `seed`, on the current thread and paused clock,
+    /// recording what `record` says of its trace.
+    pub fn new(seed: u64, record: Record) -> Arc<Self> {
         let mut rng = Rng::new(seed);
         let plan = Plan::draw(&mut rng);
-        let mut trace = Trace::new(keep_trace);
+        let mut trace = Trace::new(record);
         write_line(&mut trace, format_args!("plan {plan:?}"));
         let processes = (0..plan.processes).map(|_| Process::default()).collect();
         Arc::new(Self {
@@ -212,6 +213,9 @@ impl World {
     pub fn log(&self, args: std::fmt::Arguments<'_>) {
         let at = self.ms(Instant::now());
         let mut state = self.state();
+        if !state.trace.is_on() {
+            return;
+        }
         write_line(&mut state.trace, format_args!("{at:>6}ms {args}"));
     }
 

@@ -48,7 +48,7 @@ fn replay_text(seed: u64) -> String {
     let outcome = schedule::run(seed, Record::Text);
     format!(
         "{}\nsim: seed {seed}: {} violations, trace digest {:016x} ({} lines)\n\
-         replay it with: DLOCK_SIM_SEED={seed} cargo test --features axum,etcd --test sim -- --nocapture",
+         replay it with: DLOCK_SIM_SEED={seed} cargo test --features axum,etcd --test sim every_schedule -- --nocapture",
         outcome.trace.unwrap_or_default(),
         outcome.violations.len(),
         outcome.digest,
@@ -112,7 +112,7 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
 }
 
 #[test]
-fn schedules_that_once_broke_a_promise_keep_every_promise() {
+fn schedules_that_once_broke_a_promise_now_keep_it() {
     for seed in seeds::seeds("sim_pinned") {
         let outcome = schedule::run(seed, Record::Nothing);
         if !outcome.violations.is_empty() {

@@ -137,7 +137,10 @@ async fn lock(world: &Arc<World>, store: &Arc<dyn Backend>, process: usize, turn
         world.check_deadline(process, started, turn.wait, frozen);
     }
     let lease = match acquired {
-        None => return world.log(format_args!("p{process} gave up on {key}")),
+        None => {
+            world.count("caller gave up");
+            return world.log(format_args!("p{process} gave up on {key}"));
+        }
         Some(Err(err)) => {
             return world.log(format_args!(
                 "p{process} acquire {key} failed: {}",
@@ -147,6 +150,12 @@ async fn lock(world: &Arc<World>, store: &Arc<dyn Backend>, process: usize, turn
         Some(Ok(lease)) => lease,
     };
     let side = Side::of(lease.access());
+    world.count(match (side, &turn.way) {
+        (Side::Exclusive, Way::Exclusive { fair: true }) => "fair lease held",
+        (Side::Exclusive, _) => "exclusive lease held",
+        (Side::Shared, _) => "shared lease held",
+        (Side::Permit(_), _) => "permit held",
+    });
     let id = watch(
         world,
         process,
@@ -195,6 +204,7 @@ async fn elect(
         }
         Ok(Ok(leadership)) => leadership,
     };
+    world.count("term led");
     let id = watch(
         world,
         process,

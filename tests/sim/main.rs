@@ -82,6 +82,7 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
     let started = Instant::now();
     let (mut steps, mut calls, mut off_thread, mut violations) = (0, 0, 0, 0);
     let mut first_failing = None;
+    let mut counts = std::collections::BTreeMap::new();
     for i in 0..count {
         let seed = rng::mix(base.wrapping_add(i));
         let outcome = schedule::run(seed, Record::Nothing);
@@ -89,6 +90,9 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
         calls += outcome.store_calls;
         off_thread += outcome.off_thread;
         violations += outcome.violations.len();
+        for (what, n) in &outcome.counts {
+            *counts.entry(*what).or_insert(0) += n;
+        }
         if let Some(first) = outcome.violations.first() {
             say(&format!("sim: seed {seed}: {first}"));
         }
@@ -100,6 +104,11 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
         "sim: {count} schedules in {:.1} s, {calls} store calls, {off_thread} refused off the simulated thread",
         started.elapsed().as_secs_f64()
     ));
+    let counted: Vec<String> = counts
+        .iter()
+        .map(|(what, n)| format!("{n} {what}"))
+        .collect();
+    say(&format!("sim: {}", counted.join(", ")));
     say(&format!(
         "sim: {count} schedules, {steps} steps, {violations} violations"
     ));

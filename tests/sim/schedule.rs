@@ -35,6 +35,7 @@ pub struct Outcome {
     pub digest: u64,
     pub lines: usize,
     pub trace: Option<String>,
+    pub counts: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Runs the schedule of `seed`, recording what `record` says of its trace.
@@ -62,6 +63,7 @@ pub fn run(seed: u64, record: Record) -> Outcome {
         digest: state.trace.digest(),
         lines: state.trace.lines(),
         trace: state.trace.text().map(str::to_owned),
+        counts: state.counts.clone(),
     }
 }
 
@@ -122,6 +124,11 @@ async fn drive(world: &Arc<World>) {
                     "step {step}: p{process} frozen for {}ms",
                     for_.as_millis()
                 ));
+                world.count(if for_ > Duration::from_secs(1) {
+                    "freeze over 1 s"
+                } else {
+                    "freeze"
+                });
                 world.freeze(process);
                 let world = Arc::clone(world);
                 tokio::spawn(async move {
@@ -131,9 +138,13 @@ async fn drive(world: &Arc<World>) {
                 });
             }
             Event::Freeze { .. } => {}
-            Event::LoseData => world.lose_data(),
+            Event::LoseData => {
+                world.count("store lost its data");
+                world.lose_data();
+            }
             Event::Abort { process } => {
                 world.log(format_args!("step {step}: p{process}'s tasks aborted"));
+                world.count("process's tasks aborted");
                 world.state().processes[process].faults += 1;
                 for task in &callers[process] {
                     task.abort();

@@ -114,6 +114,15 @@ impl FaultyStore {
             }
             (fault, request, reply)
         };
+        if fault != Fault::None || request_delay + reply_delay > Duration::from_millis(1) {
+            self.world.count(match (fault, operation) {
+                (Fault::LostBefore, _) => "lost before applied",
+                (Fault::LostAfter, Operation::Release) => "release reply lost after applied",
+                (Fault::LostAfter, _) => "lost after applied",
+                (Fault::Error, _) => "error",
+                (Fault::None, _) => "held back",
+            });
+        }
         {
             let what = match fault {
                 Fault::None => "",
@@ -298,7 +307,10 @@ impl Backend for FaultyStore {
         let again = store.release(lease).await;
         self.applied_release(lease, &again, "release (asked again)");
         let answer = match again {
-            Ok(ReleaseOutcome::NotOwner) => Ok(ReleaseOutcome::Unconfirmed),
+            Ok(ReleaseOutcome::NotOwner) => {
+                self.world.count("release answered Unconfirmed");
+                Ok(ReleaseOutcome::Unconfirmed)
+            }
             other => other,
         };
         let call = Call {
@@ -378,6 +390,11 @@ impl Backend for FaultyStore {
                 Side::Exclusive,
                 ttl,
             );
+            world.count(if ttl < Duration::from_secs(1) {
+                "handoff of a ttl under 1 s"
+            } else {
+                "handoff"
+            });
             let (name, token) = {
                 let mut state = world.state();
                 (state.trace.owner(&owner), state.trace.token(grant.token))

@@ -152,6 +152,8 @@ pub struct State {
     /// refused without touching the store.
     pub off_thread: u64,
     pub store_calls: u64,
+    /// How often each fault and event happened, for the run's summary.
+    pub counts: BTreeMap<&'static str, u64>,
     /// Release and holder-change notices waiting, per key, in the order
     /// they were subscribed (see `FaultyStore::subscribe`).
     pub notices: BTreeMap<String, Vec<oneshot::Sender<()>>>,
@@ -189,6 +191,7 @@ impl World {
                 off_thread: 0,
                 store_calls: 0,
                 notices: BTreeMap::new(),
+                counts: BTreeMap::new(),
             }),
             thread: std::thread::current().id(),
             start: Instant::now(),
@@ -207,6 +210,11 @@ impl World {
     /// Simulated milliseconds since the schedule began.
     pub fn ms(&self, at: Instant) -> u128 {
         at.saturating_duration_since(self.start).as_millis()
+    }
+
+    /// Counts one `what` for the run's summary.
+    pub fn count(&self, what: &'static str) {
+        *self.state().counts.entry(what).or_default() += 1;
     }
 
     /// Appends a line stamped with the simulated time.

@@ -169,12 +169,13 @@ async fn lock(world: &Arc<World>, store: &Arc<dyn Backend>, process: usize, turn
     sleep(turn.hold).await;
     world.thawed(process).await;
     if turn.release {
+        let faults_now = world.faults(process);
         let result = lease.release().await;
         world.log(format_args!(
             "p{process} released lease {id}: {}",
             outcome(&result)
         ));
-        world.check_release(id, &result);
+        world.check_release(id, faults_now, &result);
     } else {
         drop(lease);
         world.log(format_args!("p{process} dropped lease {id}"));
@@ -218,12 +219,13 @@ async fn elect(
     sleep(turn.hold).await;
     world.thawed(process).await;
     if turn.release {
+        let faults_now = world.faults(process);
         let result = leadership.resign().await;
         world.log(format_args!(
             "p{process} resigned lease {id}: {}",
             outcome(&result)
         ));
-        world.check_release(id, &result);
+        world.check_release(id, faults_now, &result);
     } else {
         drop(leadership);
         world.log(format_args!("p{process} stepped down lease {id} by a drop"));

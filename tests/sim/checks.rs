@@ -52,21 +52,23 @@ impl World {
         let mut state = self.state();
         let id = state.leases.len();
         let epoch = state.epoch;
-        // A grant the store lost with its data is excused (see above).
-        let stale = |state: &crate::world::State, held: &Held| {
+        // A grant the store lost with its data is excused (see above),
+        // the new lease's as much as an older one's: a reply held back
+        // across the loss brings a grant the store has forgotten.
+        let stale = |state: &crate::world::State, key: &str, token: u64, process: usize| {
             state
                 .granted
                 .values()
-                .filter(|g| g.key == held.key && g.token == held.token && g.process == held.process)
+                .filter(|g| g.key == key && g.token == token && g.process == process)
                 .all(|g| g.epoch < epoch)
         };
         let mut clash = None;
         let mut permits = 1;
         // A lease that arrives already over (its reply came after its
-        // validity) is not believed held: nothing to compare.
-        let believes = !signal.is_lost();
+        // validity), or stale, is not compared.
+        let believes = !signal.is_lost() && !stale(&state, key, token, process);
         for held in state.leases.iter().filter(|h| believes && h.key == key) {
-            if held.signal.is_lost() || stale(&state, held) {
+            if held.signal.is_lost() || stale(&state, &held.key, held.token, held.process) {
                 continue;
             }
             match (side, held.side) {
@@ -183,7 +185,14 @@ impl World {
 
     /// A caller's release of lease `id` answered `result`: a release the
     /// store applied (it still held the lease) is not a loss.
-    pub fn check_release(&self, id: usize, result: &Result<(), LockError>) {
+    ///
+    /// Only for a lease no fault touched while it was held (`faults_now`,
+    /// the process's count as its release was sent): a renewal whose
+    /// answer was held back or lost leaves the store holding a lease
+    /// whose holder rightly counts it over, and its release then finds a
+    /// key the holder no longer knew to be its own. A fault of the
+    /// release itself (its reply lost) is what this check is about.
+    pub fn check_release(&self, id: usize, faults_now: u64, result: &Result<(), LockError>) {
         let Err(LockError::LeaseLost {
             reason: LostReason::NotOwner,
             ..
@@ -193,7 +202,7 @@ impl World {
         };
         let state = self.state();
         let held = &state.leases[id];
-        if held.side == Side::Shared {
+        if held.side == Side::Shared || faults_now != held.faults_before {
             return;
         }
         let applied = state.granted.values().any(|g| {

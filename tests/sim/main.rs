@@ -94,7 +94,7 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
             *counts.entry(*what).or_insert(0) += n;
         }
         if let Some(first) = outcome.violations.first() {
-            say(&format!("sim: seed {seed}: {first}"));
+            say(&format!("sim: schedule {i}, seed {seed}: {first}"));
         }
         if !outcome.violations.is_empty() && first_failing.is_none() {
             first_failing = Some((seed, outcome.violations));

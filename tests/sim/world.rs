@@ -22,6 +22,9 @@ use crate::trace::{Record, Trace, write_line};
 /// from its seed.
 #[derive(Clone, Debug)]
 pub struct Plan {
+    /// How many processes share the store, how many callers each runs,
+    /// how many turns each caller takes, and how many steps the driver
+    /// takes (each a pause, maybe a fault, and the checks).
     pub processes: usize,
     pub callers: usize,
     pub ops: usize,
@@ -45,7 +48,7 @@ impl Plan {
     /// with a light or a heavy dose.
     pub fn draw(rng: &mut Rng) -> Self {
         let dose = rng.pick(&[0u32, 1, 1, 2, 2]);
-        let per_call = |rng: &mut Rng, most: u32| {
+        let rate = |rng: &mut Rng, most: u32| {
             if dose == 0 {
                 0
             } else {
@@ -57,13 +60,13 @@ impl Plan {
             callers: 1 + rng.below(2) as usize,
             ops: 2 + rng.below(4) as usize,
             steps: 20 + rng.below(30) as usize,
-            delay: per_call(rng, 60),
-            lost_before: per_call(rng, 25),
-            lost_after: per_call(rng, 25),
-            error: per_call(rng, 25),
-            freeze: per_call(rng, 40),
-            data_loss: per_call(rng, 8),
-            abort: per_call(rng, 10),
+            delay: rate(rng, 60),
+            lost_before: rate(rng, 25),
+            lost_after: rate(rng, 25),
+            error: rate(rng, 25),
+            freeze: rate(rng, 40),
+            data_loss: rate(rng, 8),
+            abort: rate(rng, 10),
         }
     }
 }

@@ -451,7 +451,13 @@ async fn guard(backend: Arc<dyn Backend>, key: LockKey, term: LostSignal) {
             }
         }
     };
+    // Biased, the end of the term first: once it has ended there is
+    // nothing left to watch, and an unbiased `select!` would let a
+    // wake-up of the watch that came with it (the release that ended the
+    // term) run one more read of the store, by a draw of tokio's random
+    // source.
     tokio::select! {
+        biased;
         _ = term.lost() => {}
         () = watch => {}
     }

@@ -295,8 +295,11 @@ const LEAST_PER_CALL: Duration = Duration::from_millis(500);
 
 /// `call` to the store (`operation` on `key`), cut off for a caller that
 /// waits when its deadline has passed (and at least [`LEAST_PER_CALL`]
-/// from now): a store that stops answering does not keep the caller past
-/// its wait for the length of the backend's own timeouts. What was cut off
+/// from now, or from the deadline for a call sent after it: the calls of
+/// one acquisition, one after another, share that grace, so the caller
+/// returns within it of its deadline): a store that stops answering does
+/// not keep the caller past its wait for the length of the backend's own
+/// timeouts. What was cut off
 /// is cancel safe: an abandoned attempt is finished in the background and
 /// its grant given back ([`attempt`]); a subscription leaves nothing. A
 /// caller that does not wait has no deadline to keep, and gets the
@@ -312,7 +315,7 @@ async fn by_deadline<T>(
     if terms.wait.is_zero() {
         return call.await;
     }
-    let cut = deadline.max(Instant::now() + LEAST_PER_CALL);
+    let cut = deadline.max(Instant::now().min(deadline) + LEAST_PER_CALL);
     match tokio::time::timeout_at(cut, call).await {
         Ok(answer) => answer,
         Err(_) => Err(LockError::backend(

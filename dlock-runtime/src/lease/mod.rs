@@ -17,7 +17,7 @@
 
 use std::future::{Future, poll_fn};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -101,13 +101,9 @@ struct Hold {
     span: Span,
 }
 
-/// The instant lease deadlines are counted from, so that a deadline fits in
-/// an atomic.
-static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-/// `at` as nanoseconds since [`EPOCH`].
-fn since_epoch(at: Instant) -> u64 {
-    u64::try_from(at.saturating_duration_since(*EPOCH).as_nanos()).unwrap_or(u64::MAX)
+/// `at` as nanoseconds since `from` (zero before it).
+fn since(from: Instant, at: Instant) -> u64 {
+    u64::try_from(at.saturating_duration_since(from).as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What a lease and its renewal task share.
@@ -128,7 +124,12 @@ struct Shared {
     /// The lease's place in its renewal scheduler, once registered: what
     /// [`LostSignal::recheck`] renews at once.
     renewal: std::sync::OnceLock<(Weak<renewal::Renewer>, u64)>,
-    /// Until when the lease is known valid (nanoseconds since [`EPOCH`]):
+    /// When the granted request was sent: what `valid_until` counts from.
+    /// Per lease: a paused clock (tokio's `test-util`) starts afresh behind
+    /// an earlier runtime's advanced one, so from a process-wide epoch a
+    /// new lease's every deadline would read as passed.
+    counted_from: Instant,
+    /// Until when the lease is known valid (ns since `counted_from`):
     /// counted from when the acquisition, or the last renewal the store
     /// confirmed, was sent, so never later than the store's own expiry.
     /// Checks compare the time with it themselves, so a holder is told even
@@ -176,7 +177,8 @@ impl Shared {
             meters: hold.meters,
             held_since: hold.since,
             renewal: std::sync::OnceLock::new(),
-            valid_until: AtomicU64::new(since_epoch(valid_until)),
+            counted_from: hold.sent,
+            valid_until: AtomicU64::new(since(hold.sent, valid_until)),
             state: Mutex::new(State::Held(hold.span)),
             ended: AtomicBool::new(false),
             waiting: AtomicUsize::new(0),
@@ -214,12 +216,12 @@ impl Shared {
     /// Records a renewal the store confirmed.
     pub(super) fn renewed_until(&self, valid_until: Instant) {
         self.valid_until
-            .fetch_max(since_epoch(valid_until), Ordering::SeqCst);
+            .fetch_max(since(self.counted_from, valid_until), Ordering::SeqCst);
     }
 
     /// True while the lease's known validity has not run out.
     fn within_validity(&self, now: Instant) -> bool {
-        since_epoch(now) < self.valid_until.load(Ordering::SeqCst)
+        since(self.counted_from, now) < self.valid_until.load(Ordering::SeqCst)
     }
 
     /// True once the lease is lost or released, or its validity ran out

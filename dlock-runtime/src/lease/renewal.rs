@@ -299,9 +299,14 @@ async fn run(renewer: Arc<Renewer>, unlist: Unlist) {
             tokio::spawn(send(Arc::clone(&renewer), batch));
             batch = rest;
         }
+        // Biased, the wake-up first: either way the loop reads the
+        // schedule afresh, but a wake-up left unconsumed (when the sleep
+        // was polled first and was due too) would run the loop once more
+        // for nothing, at the pick of tokio's random source.
         tokio::select! {
-            _ = sleep_until(wake_at) => {}
+            biased;
             _ = renewer.wake.notified() => {}
+            _ = sleep_until(wake_at) => {}
         }
     }
 }

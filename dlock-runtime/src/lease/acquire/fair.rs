@@ -95,6 +95,18 @@ pub(super) async fn take_fair(
                 Err(err) => break Err(err),
             }
         }
+        // A handoff already here before the attempt (it came during a
+        // backoff, or a failed attempt) is not dated by any answer: see
+        // `confirm_handoff`.
+        if let Some(grant) = leave.notice.as_mut().and_then(handed_over) {
+            match confirm_handoff(backend, key, owner, terms, (grant, None), deadline).await {
+                Some(taken) => break Ok(taken),
+                None => {
+                    leave.notice = None;
+                    continue;
+                }
+            }
+        }
         let sent = Instant::now();
         let joined = attempt(backend, key, *owner, terms, join, Look::Again);
         let expires_in =
@@ -119,10 +131,22 @@ pub(super) async fn take_fair(
             .flatten()
             .fold(QUEUE_ENTRY_TTL / 3, Duration::min)
             .min(deadline - now);
-        if let Some(notice) = leave.notice.as_mut()
-            && let Ok(grant) = timeout(nap, notice).await
-        {
-            let confirmed = confirm_handoff(backend, key, owner, terms, grant, sent).await;
+        // Only a handoff that comes during the nap is known to be later
+        // than the attempt's send; one already here as the nap begins
+        // came while the attempt was under way, maybe before the store
+        // saw it (see `confirm_handoff`).
+        let handoff = match leave.notice.as_mut() {
+            Some(notice) => match handed_over(notice) {
+                Some(grant) => Some((grant, None)),
+                None => timeout(nap, notice)
+                    .await
+                    .ok()
+                    .map(|grant| (grant, Some(sent))),
+            },
+            None => None,
+        };
+        if let Some(handoff) = handoff {
+            let confirmed = confirm_handoff(backend, key, owner, terms, handoff, deadline).await;
             match confirmed {
                 Some(taken) => break Ok(taken),
                 // A resolved notice is spent: a handoff not confirmed (the
@@ -135,6 +159,15 @@ pub(super) async fn take_fair(
         leave.disarm();
     }
     outcome
+}
+
+/// The grant of a handoff that has reached `notice` already, if one has.
+fn handed_over(notice: &mut Handoff) -> Option<Grant> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::Pin::new(notice).poll(&mut cx) {
+        std::task::Poll::Ready(grant) => Some(grant),
+        std::task::Poll::Pending => None,
+    }
 }
 
 /// Makes sure a handed-over lease is not returned already spent. Its
@@ -152,29 +185,52 @@ pub(super) async fn take_fair(
 ///
 /// `None` when the extension finds the key no longer this owner's (the
 /// handoff's short lease ran out first): the waiter waits on. Should the
-/// extension fail, the lease is returned as it was, and its holder is told
-/// when it ends.
+/// extension fail, or not answer by the caller's `deadline` (as any call
+/// of a waiting caller, [`by_deadline`]), the lease is returned as it
+/// was, and its holder is told when it ends.
+///
+/// A handoff with no `sent` (`None`) is
+/// *unsure*: it reached the waiter before it napped, during a backoff or
+/// while an attempt was under way, so it may have been made before the
+/// store saw the attempt and have run out since (a short ttl, a waiter
+/// that was paused), another caller holding the key now; the attempt's
+/// `Held` answer says nothing of when it came. It is always extended, and
+/// an extension that fails returns `None` as well: the waiter's next
+/// attempt finds the key its own if it is (rule 3).
 pub(super) async fn confirm_handoff(
     backend: &Arc<dyn Backend>,
     key: &LockKey,
     owner: &OwnerId,
     terms: &Terms,
-    grant: Grant,
-    sent: Instant,
+    (grant, sent): (Grant, Option<Instant>),
+    deadline: Instant,
 ) -> Option<(Grant, Instant)> {
     let valid = grant
         .valid_for
         .map_or(terms.ttl, |valid| valid.min(terms.ttl));
-    let left = (sent + valid).saturating_duration_since(Instant::now());
-    let spent = left < valid / 3;
+    let spent = sent.is_none_or(|sent| {
+        let left = (sent + valid).saturating_duration_since(Instant::now());
+        left < valid / 3
+    });
     let short = !terms.renew && valid < terms.ttl;
-    if !spent && !short {
+    if let Some(sent) = sent
+        && !spent
+        && !short
+    {
         return Some((grant, sent));
     }
     let extended_at = Instant::now();
-    match backend
-        .extend(&crate::backend::Renewal::new(key, owner, terms.ttl))
-        .await
+    let renewal = crate::backend::Renewal::new(key, owner, terms.ttl);
+    let extended = backend.extend(&renewal);
+    match by_deadline(
+        backend.kind(),
+        Operation::Extend,
+        key,
+        terms,
+        deadline,
+        extended,
+    )
+    .await
     {
         Ok(true) => Some((
             Grant {
@@ -189,7 +245,7 @@ pub(super) async fn confirm_handoff(
         }
         Err(err) => {
             tracing::debug!(key = %key, error = %err, "could not extend a handed-over lease");
-            Some((grant, sent))
+            sent.map(|sent| (grant, sent))
         }
     }
 }

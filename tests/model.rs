@@ -98,3 +98,30 @@ fn file_answers_match_the_model_with_its_files_removed() {
         "file_answers_match_the_model_with_its_files_removed",
     );
 }
+
+/// A permit holder whose lease was broken by force, retried with its owner
+/// id through the same process, is answered: its alive file, still locked
+/// by that process, is let go of first instead of waited for forever with
+/// the key's step locked for every process.
+#[test]
+fn file_a_permit_retried_after_its_lease_was_broken_is_answered() {
+    replay(
+        Kind::File,
+        &[
+            Op::Acquire {
+                p: 0,
+                k: 1,
+                o: 0,
+                mode: Mode::Permit,
+            },
+            Op::ForceRelease { p: 1, k: 1 },
+            Op::Acquire {
+                p: 0,
+                k: 1,
+                o: 0,
+                mode: Mode::Permit,
+            },
+        ],
+    );
+}
+

@@ -125,3 +125,28 @@ fn file_a_permit_retried_after_its_lease_was_broken_is_answered() {
     );
 }
 
+/// A renewal that finds no lease changes nothing: a queued fair waiter
+/// whose owner is renewed (answered false) keeps its place, and the
+/// holder's release hands it the key (rule F2).
+#[test]
+fn file_a_failed_renewal_of_a_queued_waiter_keeps_its_place() {
+    replay(
+        Kind::File,
+        &[
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 0,
+                mode: Mode::Join,
+            },
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 1,
+                mode: Mode::Join,
+            },
+            Op::Extend { k: 2, o: 1 },
+            Op::Release { k: 2, o: 0 },
+        ],
+    );
+}

@@ -330,7 +330,7 @@ impl Inner {
                 .is_some();
         if !renewed {
             drop(guard);
-            self.drop_alive(name, &owner);
+            self.drop_lease_alive(name, &owner);
             return Ok(false);
         }
         state.expires_at_us = latest_expiry(&state.members);

@@ -18,6 +18,8 @@
 //! `DLOCK_MODEL_OPS=<n>` sends `n` operations instead of 2,000. See
 //! docs/testing.md.
 
+#[path = "redis_support/mod.rs"]
+mod redis_support;
 #[path = "fault/rng.rs"]
 mod rng;
 #[path = "support/mod.rs"]
@@ -29,6 +31,8 @@ mod driver;
 mod local;
 #[path = "model/ops.rs"]
 mod ops;
+#[path = "model/redis.rs"]
+mod redis;
 #[path = "model/reference.rs"]
 mod reference;
 #[path = "model/run.rs"]
@@ -44,6 +48,8 @@ use support::seeds;
 pub enum Kind {
     Memory,
     File,
+    Redis,
+    RedisCluster,
 }
 
 /// Opens a store of `kind`.
@@ -51,6 +57,8 @@ async fn open(kind: Kind) -> Box<dyn Store> {
     match kind {
         Kind::Memory => Box::new(local::Memory::open()),
         Kind::File => Box::new(local::Files::open()),
+        Kind::Redis => Box::new(redis::Redis::standalone().await),
+        Kind::RedisCluster => Box::new(redis::Redis::cluster().await),
     }
 }
 
@@ -96,6 +104,22 @@ fn file_answers_match_the_model_with_its_files_removed() {
     check(
         Kind::File,
         "file_answers_match_the_model_with_its_files_removed",
+    );
+}
+
+#[test]
+fn redis_answers_match_the_model_under_operator_faults() {
+    check(
+        Kind::Redis,
+        "redis_answers_match_the_model_under_operator_faults",
+    );
+}
+
+#[test]
+fn redis_cluster_answers_match_the_model_under_operator_faults() {
+    check(
+        Kind::RedisCluster,
+        "redis_cluster_answers_match_the_model_under_operator_faults",
     );
 }
 

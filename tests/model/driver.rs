@@ -38,12 +38,18 @@ pub fn draw(store: &dyn Store, seed: u64, count: usize) -> Vec<Op> {
 /// Sends `ops` on fresh keys; the index and text of the first violation.
 pub async fn replay_ops(store: &dyn Store, ops: &[Op]) -> (Run, Option<(usize, String)>) {
     let mut run = Run::new(store.backends());
+    run.handoff_needs_mark = store.abilities().handoff_needs_mark;
     let trace = std::env::var_os("DLOCK_MODEL_TRACE").is_some();
     for (i, op) in ops.iter().enumerate() {
         if trace {
             eprintln!("model: {i}: {op:?}");
         }
         let answered = tokio::time::timeout(OP_DEADLINE, run.step(store, op)).await;
+        if trace {
+            for (k, key) in run.model.keys.iter().enumerate() {
+                eprintln!("model:     key {k}: {:?} queue {:?}", key.hold, key.queue);
+            }
+        }
         let violation = match answered {
             Ok(Ok(())) => continue,
             Ok(Err(violation)) => violation,

@@ -150,6 +150,11 @@ pub struct Abilities {
     pub fair: bool,
     pub held: bool,
     pub named_force: bool,
+    /// A release hands the key over only if an attempt found it held
+    /// since it was taken (Redis's waiter mark): a key taken past the
+    /// queue by a plain attempt, and released before any waiter looked
+    /// again, is left free for the first waiter's next look.
+    pub handoff_needs_mark: bool,
     /// The parts [`Op::Delete`] may remove.
     pub deletes: Vec<Part>,
     pub rewind: bool,

@@ -65,6 +65,9 @@ pub struct KeyModel {
     /// read may name any token (Redis reads the holder's token from the
     /// counter).
     pub counter_touched: bool,
+    /// An attempt found the key held since it was last granted (Redis
+    /// marks the holder's value, so its release looks at the queue).
+    pub marked: bool,
 }
 
 impl KeyModel {
@@ -75,6 +78,7 @@ impl KeyModel {
             queue: Vec::new(),
             counter_broken: false,
             counter_touched: false,
+            marked: false,
         }
     }
 
@@ -108,6 +112,7 @@ impl KeyModel {
         }
         self.max = token;
         self.counter_touched = false;
+        self.marked = false;
         Ok(())
     }
 }
@@ -143,7 +148,17 @@ impl Model {
             }
             Answer::Failed(err) => {
                 // Only a grant that must draw from a broken counter may fail.
-                if key.counter_broken && Self::would_draw(key, owner, mode) {
+                // (A fair attempt that finds the key free hands it to the
+                // first waiter, which draws too.)
+                if key.counter_broken
+                    && (Self::would_draw(key, owner, mode) || key.hold == Hold::Free)
+                {
+                    // Refused, and nothing left held: an exclusive
+                    // holder's retry, which draws anew, gives the key up (a
+                    // permit's keeps its slot as it was).
+                    if key.holds(owner) && matches!(key.hold, Hold::Exclusive { .. }) {
+                        Self::drop_holder(key, owner);
+                    }
                     return Ok(());
                 }
                 return Err(format!("{what} failed: {err}"));
@@ -160,6 +175,7 @@ impl Model {
                         key.hold, key.queue
                     ));
                 }
+                key.marked = true;
                 if mode == Mode::Join && !key.queue.contains(&owner) {
                     key.queue.push(owner);
                 }
@@ -354,6 +370,15 @@ impl Model {
         if !holds {
             return Ok(None);
         }
+        Self::drop_holder(key, owner);
+        if key.hold == Hold::Free && !key.queue.is_empty() {
+            return Ok(Some(key.queue.remove(0)));
+        }
+        Ok(None)
+    }
+
+    /// `owner` holds the key no more.
+    fn drop_holder(key: &mut KeyModel, owner: Owner) {
         match &mut key.hold {
             Hold::Shared { owners, .. } => {
                 owners.remove(&owner);
@@ -369,10 +394,6 @@ impl Model {
             }
             _ => key.hold = Hold::Free,
         }
-        if key.hold == Hold::Free && !key.queue.is_empty() {
-            return Ok(Some(key.queue.remove(0)));
-        }
-        Ok(None)
     }
 
     /// Rule F2: the key was handed to `owner` with `token`.

@@ -65,10 +65,12 @@ pub struct Run {
     /// Owners that released or gave up: the core never sends another
     /// attempt with an owner id after its release, so neither does a run.
     retired: HashSet<Owner>,
+    /// See [`Abilities::handoff_needs_mark`].
+    pub handoff_needs_mark: bool,
     pub faults: usize,
 }
 
-fn access_of(mode: Mode) -> Access {
+pub fn access_of(mode: Mode) -> Access {
     match mode {
         Mode::Shared => Access::Shared,
         Mode::Permit => Access::Permits { permits: PERMITS },
@@ -107,6 +109,7 @@ impl Run {
             handoffs: HashMap::new(),
             foreign: HashMap::new(),
             retired: HashSet::new(),
+            handoff_needs_mark: false,
             faults: 0,
         }
     }
@@ -226,8 +229,26 @@ impl Run {
             .with_access(lease.access)
             .with_queue(queue)
             .with_waits(waits);
+        let free_behind = match self.model.keys[k].queue.first() {
+            Some(first) if *first != o && self.model.keys[k].hold == Hold::Free => Some(*first),
+            _ => None,
+        };
         let answer = answer_of(backend.try_acquire(&request).await);
         self.model.acquire(k, o, mode, &answer)?;
+        if let (Some(first), Answer::Held, Mode::Respect | Mode::Join) =
+            (free_behind, &answer, mode)
+        {
+            // A fair attempt that finds the key free with a waiter first
+            // may hand it to that waiter rather than leave it idle.
+            let read = self.backends[0]
+                .holder(&self.keys[k])
+                .await
+                .map_err(|err| format!("holder failed: {err}"))?;
+            if read.is_some() {
+                self.model.keys[k].queue.retain(|w| *w != first);
+                self.take_handoff(k, first).await?;
+            }
+        }
         if let Answer::Acquired { slot, .. } = answer
             && let Some(lease) = self.leases.get_mut(&o)
         {
@@ -240,11 +261,19 @@ impl Run {
     }
 
     async fn extend(&mut self, k: usize, o: Owner) -> Result<(), String> {
+        let answer = self.renew(k, o).await;
+        self.model.extend(k, o, answer)
+    }
+
+    /// `extend` of `o`'s lease through the process that took it, unchecked.
+    pub async fn renew(&mut self, k: usize, o: Owner) -> Result<bool, String> {
         let owner = self.owner(o);
         let lease = self.lease_of(o);
         let renewal = Renewal::new(&self.keys[k], &owner, TTL).holding(lease.access, lease.slot);
-        let answer = self.backends[lease.p].extend(&renewal).await;
-        self.model.extend(k, o, answer.map_err(|e| e.to_string()))
+        self.backends[lease.p]
+            .extend(&renewal)
+            .await
+            .map_err(|err| format!("extend of owner {o} failed: {err}"))
     }
 
     /// `release` by `o`; a handoff it makes is checked too.
@@ -275,11 +304,29 @@ impl Run {
             .holder(&self.keys[k])
             .await
             .map_err(|err| format!("holder failed: {err}"))?;
+        if read.is_none() && self.model.keys[k].counter_broken {
+            // The handoff's token could not be drawn: the key is left
+            // free, the waiter first in the queue still.
+            self.model.keys[k].queue.insert(0, next);
+            return Ok(());
+        }
+        if read.is_none() && self.handoff_needs_mark && !self.model.keys[k].marked {
+            // Nobody looked since a plain attempt took the key: the
+            // release left it free, and the first waiter takes it now.
+            self.model.keys[k].queue.insert(0, next);
+            return self.settle(k).await;
+        }
         if read.is_none() {
             return Err(format!(
                 "rule F2: the release left the key free, not handed to owner {next}"
             ));
         }
+        self.take_handoff(k, next).await
+    }
+
+    /// `next` was handed the key: its notice tells the token, or its next
+    /// look finds the key its own (rule 3).
+    async fn take_handoff(&mut self, k: usize, next: Owner) -> Result<(), String> {
         let token = match self.handoffs.remove(&next) {
             Some(notice) => tokio::time::timeout(HANDOFF_WAIT, notice)
                 .await
@@ -408,7 +455,17 @@ impl Run {
         let answer = self.backends[p]
             .force_release_holding(&self.keys[k], &stale)
             .await;
-        let hold = &self.model.keys[k].hold;
+        let key = &mut self.model.keys[k];
+        if key.counter_touched
+            && key.hold != Hold::Free
+            && matches!(answer, Ok(ForceRelease::Released))
+        {
+            // Redis reads a holder's token from the key's counter: set back
+            // by an operator, it may name the holder with an old token.
+            key.hold = Hold::Free;
+            return self.settle(k).await;
+        }
+        let hold = &key.hold;
         match (hold, answer) {
             (Hold::Free, Ok(ForceRelease::NotHeld)) => Ok(()),
             (Hold::Permits { .. }, Err(_)) => Ok(()),

@@ -174,3 +174,26 @@ fn file_a_failed_renewal_of_a_queued_waiter_keeps_its_place() {
         ],
     );
 }
+
+/// A permit's lock deleted by an operator leaves the key free, its slots'
+/// record left over: a force release naming a holder finds nobody
+/// (`NotHeld`), as `holder` does, and is not refused as one of permits.
+#[test]
+fn redis_a_force_release_beside_left_over_permit_slots_finds_the_key_free() {
+    replay(
+        Kind::Redis,
+        &[
+            Op::Acquire {
+                p: 2,
+                k: 1,
+                o: 0,
+                mode: Mode::Permit,
+            },
+            Op::Delete {
+                k: 1,
+                part: Part::Lock,
+            },
+            Op::ForceStale { p: 1, k: 1 },
+        ],
+    );
+}

@@ -240,7 +240,10 @@ impl Redis {
         if restart {
             self.servers.lock().expect("servers")[0].restart();
         } else {
-            self.cli(&["FLUSHALL"]);
+            // Every master of a cluster.
+            for server in self.servers.lock().expect("servers").iter() {
+                server.cli(&["FLUSHALL"]);
+            }
         }
         for k in 0..run.keys.len() {
             run.model.lose(k, false);

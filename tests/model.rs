@@ -18,6 +18,8 @@
 //! `DLOCK_MODEL_OPS=<n>` sends `n` operations instead of 2,000. See
 //! docs/testing.md.
 
+#[path = "pg_support/mod.rs"]
+mod pg_support;
 #[path = "redis_support/mod.rs"]
 mod redis_support;
 #[path = "fault/rng.rs"]
@@ -31,6 +33,8 @@ mod driver;
 mod local;
 #[path = "model/ops.rs"]
 mod ops;
+#[path = "model/pg.rs"]
+mod pg;
 #[path = "model/redis.rs"]
 mod redis;
 #[path = "model/reference.rs"]
@@ -50,6 +54,7 @@ pub enum Kind {
     File,
     Redis,
     RedisCluster,
+    Pg,
 }
 
 /// Opens a store of `kind`.
@@ -59,6 +64,7 @@ async fn open(kind: Kind) -> Box<dyn Store> {
         Kind::File => Box::new(local::Files::open()),
         Kind::Redis => Box::new(redis::Redis::standalone().await),
         Kind::RedisCluster => Box::new(redis::Redis::cluster().await),
+        Kind::Pg => Box::new(pg::Pg::open().await),
     }
 }
 
@@ -121,6 +127,11 @@ fn redis_cluster_answers_match_the_model_under_operator_faults() {
         Kind::RedisCluster,
         "redis_cluster_answers_match_the_model_under_operator_faults",
     );
+}
+
+#[test]
+fn pg_answers_match_the_model_under_operator_faults() {
+    check(Kind::Pg, "pg_answers_match_the_model_under_operator_faults");
 }
 
 /// A permit holder whose lease was broken by force, retried with its owner

@@ -31,20 +31,32 @@ pub fn op_count() -> usize {
 
 /// The operations seed `seed` draws for `store`.
 pub fn draw(store: &dyn Store, seed: u64, count: usize) -> Vec<Op> {
-    let mut generator = Generator::new(seed, store.abilities(), store.backends().len());
-    (0..count).map(|_| generator.next(FAULT_PERCENT)).collect()
+    let can = store.abilities();
+    let percent = if can.fault_percent == 0 {
+        FAULT_PERCENT
+    } else {
+        can.fault_percent
+    };
+    let mut generator = Generator::new(seed, can, store.backends().len());
+    (0..count).map(|_| generator.next(percent)).collect()
 }
 
 /// Sends `ops` on fresh keys; the index and text of the first violation.
 pub async fn replay_ops(store: &dyn Store, ops: &[Op]) -> (Run, Option<(usize, String)>) {
     let mut run = Run::new(store.backends());
     run.handoff_needs_mark = store.abilities().handoff_needs_mark;
+    run.model.members_hidden = store.abilities().members_hidden;
+    run.force_ends_sessions = store.abilities().force_ends_sessions;
     let trace = std::env::var_os("DLOCK_MODEL_TRACE").is_some();
     for (i, op) in ops.iter().enumerate() {
         if trace {
             eprintln!("model: {i}: {op:?}");
         }
+        let sent = Instant::now();
         let answered = tokio::time::timeout(OP_DEADLINE, run.step(store, op)).await;
+        if trace {
+            eprintln!("model:     took {:?}", sent.elapsed());
+        }
         if trace {
             for (k, key) in run.model.keys.iter().enumerate() {
                 eprintln!("model:     key {k}: {:?} queue {:?}", key.hold, key.queue);

@@ -155,6 +155,15 @@ pub struct Abilities {
     /// queue by a plain attempt, and released before any waiter looked
     /// again, is left free for the first waiter's next look.
     pub handoff_needs_mark: bool,
+    /// Shared and permit holders are hidden from `holder`, `held` and the
+    /// force releases (PostgreSQL keeps no record of them: those calls
+    /// know exclusive holders only).
+    pub members_hidden: bool,
+    /// A force release breaks a holder of another process by ending its
+    /// session, and every lease on that session with it (PostgreSQL).
+    pub force_ends_sessions: bool,
+    /// How often an operation is a fault, in percent (0: the default, 8).
+    pub fault_percent: u64,
     /// The parts [`Op::Delete`] may remove.
     pub deletes: Vec<Part>,
     pub rewind: bool,
@@ -298,7 +307,7 @@ impl Generator {
             kinds.push(3);
         }
         if self.can.terminate {
-            kinds.extend([4, 4]);
+            kinds.push(4);
         }
         if self.can.table_lock {
             kinds.push(5);

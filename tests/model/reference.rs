@@ -121,12 +121,15 @@ impl KeyModel {
 #[derive(Clone, Debug)]
 pub struct Model {
     pub keys: Vec<KeyModel>,
+    /// See `Abilities::members_hidden`.
+    pub members_hidden: bool,
 }
 
 impl Model {
     pub fn new(keys: usize) -> Self {
         Self {
             keys: (0..keys).map(|_| KeyModel::new()).collect(),
+            members_hidden: false,
         }
     }
 
@@ -407,6 +410,14 @@ impl Model {
     /// Checks a `force_release`: true exactly when the key was held; every
     /// holder loses it.
     pub fn force(&mut self, k: usize, answer: Result<bool, String>) -> Result<(), String> {
+        if self.hidden(k) {
+            return match answer {
+                Ok(false) => Ok(()),
+                other => Err(format!(
+                    "force_release of a key only members hold answered {other:?}"
+                )),
+            };
+        }
         let key = &mut self.keys[k];
         let held = key.hold != Hold::Free;
         match answer {
@@ -425,6 +436,12 @@ impl Model {
     /// The token a holder read must name, if the rules fix it: `Ok(None)`
     /// for any. `Err` if the key must read as free or held and did not.
     pub fn holder(&self, k: usize, read: Option<Option<u64>>) -> Result<(), String> {
+        if self.hidden(k) {
+            return match read {
+                None => Ok(()),
+                Some(_) => Err(format!("holder read {read:?} of a key only members hold")),
+            };
+        }
         let key = &self.keys[k];
         let wrong = || {
             format!(
@@ -449,8 +466,17 @@ impl Model {
     /// Every key the model says is held.
     pub fn held_keys(&self) -> Vec<usize> {
         (0..self.keys.len())
-            .filter(|k| self.keys[*k].hold != Hold::Free)
+            .filter(|k| self.keys[*k].hold != Hold::Free && !self.hidden(*k))
             .collect()
+    }
+
+    /// Whether `k` is held by shared or permit holders the store hides.
+    pub fn hidden(&self, k: usize) -> bool {
+        self.members_hidden
+            && matches!(
+                self.keys[k].hold,
+                Hold::Shared { .. } | Hold::Permits { .. }
+            )
     }
 
     /// An operator's fault ended every holding of `k` (the lock deleted,

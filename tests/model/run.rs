@@ -67,6 +67,8 @@ pub struct Run {
     retired: HashSet<Owner>,
     /// See [`Abilities::handoff_needs_mark`].
     pub handoff_needs_mark: bool,
+    /// See [`Abilities::force_ends_sessions`].
+    pub force_ends_sessions: bool,
     pub faults: usize,
 }
 
@@ -110,6 +112,7 @@ impl Run {
             foreign: HashMap::new(),
             retired: HashSet::new(),
             handoff_needs_mark: false,
+            force_ends_sessions: false,
             faults: 0,
         }
     }
@@ -176,6 +179,9 @@ impl Run {
             Op::Acquire { .. } => Ok(()),
             Op::Extend { k, o } => self.extend(k, o).await,
             Op::Release { k, o } => self.release(k, o).await,
+            Op::ForceRelease { p, k } if self.force_ends_sessions => {
+                self.force_sessions(p, k).await
+            }
             Op::ForceRelease { p, k } => {
                 let answer = self.backends[p].force_release(&self.keys[k]).await;
                 self.model.force(k, answer.map_err(|e| e.to_string()))?;
@@ -360,9 +366,41 @@ impl Run {
     pub async fn settle(&mut self, k: usize) -> Result<(), String> {
         for o in self.model.keys[k].queue.clone() {
             let p = self.leases.get(&o).map_or(0, |lease| lease.p);
-            self.acquire(p, k, o, Mode::Join, false).await?;
+            let first = self.model.keys[k].queue.first() == Some(&o);
+            match self.acquire(p, k, o, Mode::Join, false).await {
+                Ok(_) => {}
+                // A key whose holder's session ended is handed over by
+                // the store, a moment later (PostgreSQL's waiting
+                // statement): the first waiter's look may come first.
+                Err(violation) if first && self.model.keys[k].hold == Hold::Free => {
+                    if !self.handed_by_itself(k, o).await? {
+                        return Err(violation);
+                    }
+                }
+                Err(violation) => return Err(violation),
+            }
         }
         Ok(())
+    }
+
+    /// Whether the store handed `k` to its first waiter `first` by
+    /// itself within a few seconds (a holder's session ended, or was
+    /// ended by a force release): the handoff, if so, is checked.
+    async fn handed_by_itself(&mut self, k: usize, first: Owner) -> Result<bool, String> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tokio::time::Instant::now() < deadline {
+            let read = self.backends[0]
+                .holder(&self.keys[k])
+                .await
+                .map_err(|err| format!("holder failed: {err}"))?;
+            if read.is_some() {
+                self.model.keys[k].queue.retain(|o| *o != first);
+                self.take_handoff(k, first).await?;
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(false)
     }
 
     /// `holder` through `p`, checked; the holding read.
@@ -398,6 +436,57 @@ impl Run {
             ));
         }
         Ok(())
+    }
+
+    /// A force release on a store that breaks a holder by ending its
+    /// session (PostgreSQL): every lease on that session ends with it,
+    /// and shared and permit holders, which the store keeps no record of,
+    /// may be broken or not. The key's exclusive holder is broken exactly
+    /// when the answer says so; then every holding is renewed, and those
+    /// that answer false are lost, by the model too.
+    async fn force_sessions(&mut self, p: usize, k: usize) -> Result<(), String> {
+        let answer = self.backends[p]
+            .force_release(&self.keys[k])
+            .await
+            .map_err(|err| format!("force_release failed: {err}"))?;
+        if !self.model.hidden(k) {
+            let held = self.model.keys[k].hold != Hold::Free;
+            if answer != held {
+                return Err(format!(
+                    "force_release answered {answer}, with the key {:?}",
+                    self.model.keys[k].hold
+                ));
+            }
+        }
+        let broken = self.model.keys[k].holders();
+        let lost = self.sessions_ended().await?;
+        if !self.model.hidden(k) && !broken.iter().all(|o| lost.contains(o)) {
+            return Err(format!(
+                "force_release answered true, and holder {broken:?} renewed"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Some session ended with every lease on it: each holding is renewed,
+    /// and those that answer false are lost, by the model too; the keys
+    /// left free go to their first waiters. The owners lost.
+    async fn sessions_ended(&mut self) -> Result<Vec<Owner>, String> {
+        let mut lost = Vec::new();
+        for key in 0..self.keys.len() {
+            for o in self.model.keys[key].holders() {
+                if !self.renew(key, o).await? {
+                    lost.push(o);
+                }
+            }
+        }
+        self.model.lose_owners(&lost);
+        for key in 0..self.keys.len() {
+            if self.model.keys[key].hold == Hold::Free {
+                self.settle(key).await?;
+            }
+        }
+        Ok(lost)
     }
 
     /// Reads the holder and breaks the lease it names.
@@ -440,7 +529,11 @@ impl Run {
         match (&key.hold, answer) {
             (_, Ok(ForceRelease::Released)) if matches || key.counter_touched => {
                 key.hold = Hold::Free;
-                self.settle(k).await
+                if self.force_ends_sessions {
+                    self.sessions_ended().await.map(drop)
+                } else {
+                    self.settle(k).await
+                }
             }
             (_, Ok(ForceRelease::HolderChanged)) if !matches => Ok(()),
             (hold, answer) => Err(format!(
@@ -455,6 +548,14 @@ impl Run {
         let answer = self.backends[p]
             .force_release_holding(&self.keys[k], &stale)
             .await;
+        if self.model.hidden(k) {
+            return match answer {
+                Ok(ForceRelease::NotHeld) => Ok(()),
+                other => Err(format!(
+                    "force_release_holding of a key only members hold answered {other:?}"
+                )),
+            };
+        }
         let key = &mut self.model.keys[k];
         if key.counter_touched
             && key.hold != Hold::Free
@@ -525,7 +626,20 @@ impl Run {
     }
 
     /// Lets go of everything the run holds (keys on a shared server).
-    pub async fn clean(&self) {
+    pub async fn clean(&mut self) {
+        // Queued waiters leave (PostgreSQL keeps a statement waiting for
+        // each).
+        for k in 0..self.keys.len() {
+            for o in self.model.keys[k].queue.clone() {
+                let owner = self.owner(o);
+                let lease = self.lease_of(o);
+                let request = ReleaseRequest::new(&self.keys[k], &owner);
+                let _ =
+                    tokio::time::timeout(HANDOFF_WAIT, self.backends[lease.p].release(&request))
+                        .await;
+            }
+        }
+        self.handoffs.clear();
         for key in &self.keys {
             // Bounded: after an operation that never answered, the key
             // may never answer again.

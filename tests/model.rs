@@ -208,3 +208,33 @@ fn redis_a_force_release_beside_left_over_permit_slots_finds_the_key_free() {
         ],
     );
 }
+
+/// A retry of a fair caller's first try (`Respect`) by the owner that took
+/// the key is a success (rule 3), even while a waiter of the same process
+/// queues behind it.
+#[test]
+fn pg_a_fair_first_try_retried_by_its_holder_is_a_success() {
+    replay(
+        Kind::Pg,
+        &[
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 0,
+                mode: Mode::Join,
+            },
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 1,
+                mode: Mode::Join,
+            },
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 0,
+                mode: Mode::Respect,
+            },
+        ],
+    );
+}

@@ -18,6 +18,9 @@
 //! `DLOCK_MODEL_OPS=<n>` sends `n` operations instead of 2,000. See
 //! docs/testing.md.
 
+#[cfg(feature = "etcd")]
+#[path = "etcd_support/mod.rs"]
+mod etcd_support;
 #[path = "pg_support/mod.rs"]
 mod pg_support;
 #[path = "redis_support/mod.rs"]
@@ -29,6 +32,9 @@ mod support;
 
 #[path = "model/driver.rs"]
 mod driver;
+#[cfg(feature = "etcd")]
+#[path = "model/etcd.rs"]
+mod etcd;
 #[path = "model/local.rs"]
 mod local;
 #[path = "model/ops.rs"]
@@ -55,6 +61,8 @@ pub enum Kind {
     Redis,
     RedisCluster,
     Pg,
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 /// Opens a store of `kind`.
@@ -65,6 +73,8 @@ async fn open(kind: Kind) -> Box<dyn Store> {
         Kind::Redis => Box::new(redis::Redis::standalone().await),
         Kind::RedisCluster => Box::new(redis::Redis::cluster().await),
         Kind::Pg => Box::new(pg::Pg::open().await),
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => Box::new(etcd::Etcd::open().await),
     }
 }
 
@@ -132,6 +142,15 @@ fn redis_cluster_answers_match_the_model_under_operator_faults() {
 #[test]
 fn pg_answers_match_the_model_under_operator_faults() {
     check(Kind::Pg, "pg_answers_match_the_model_under_operator_faults");
+}
+
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_answers_match_the_model_with_its_keys_deleted() {
+    check(
+        Kind::Etcd,
+        "etcd_answers_match_the_model_with_its_keys_deleted",
+    );
 }
 
 /// A permit holder whose lease was broken by force, retried with its owner

@@ -25,6 +25,7 @@ mod etcd_support;
 mod pg_support;
 #[path = "redis_support/mod.rs"]
 mod redis_support;
+#[allow(dead_code)] // the fault runs' shuffle
 #[path = "fault/rng.rs"]
 mod rng;
 #[path = "support/mod.rs"]

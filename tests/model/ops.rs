@@ -189,7 +189,7 @@ impl Op {
     }
 
     /// The operation as a Rust expression, for a regression test.
-    pub fn to_rust(&self) -> String {
+    pub fn to_rust(self) -> String {
         format!("Op::{self:?}")
             .replace("mode: ", "mode: Mode::")
             .replace("part: ", "part: Part::")

@@ -79,8 +79,8 @@ impl Pg {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for k in 0..run.keys.len() {
-            if lost[k] && run.model.keys[k].hold == crate::reference::Hold::Free {
+        for (k, lost) in lost.into_iter().enumerate() {
+            if lost && run.model.keys[k].hold == crate::reference::Hold::Free {
                 run.settle(k).await?;
             }
         }

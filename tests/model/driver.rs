@@ -2,6 +2,7 @@
 //! checked, the line every run prints, and on a violation the shortest
 //! sequence that still shows it, printed as a regression test to paste.
 
+use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use crate::ops::{Generator, Op};
@@ -83,7 +84,10 @@ pub async fn check(store: &dyn Store, test: &str, seed: u64) {
     let (run, violation) = replay_ops(store, &ops).await;
     let sent = violation.as_ref().map_or(ops.len(), |(i, _)| i + 1);
     let faults = ops[..sent].iter().filter(|op| op.is_fault()).count();
-    eprintln!(
+    // Written to stderr itself, not through the test harness's capture:
+    // the suite's log shows the line of a green run too.
+    let _ = writeln!(
+        std::io::stderr(),
         "model: {}: {sent} operations, {faults} faults, {} violations ({:.1} s, seed {seed})",
         store.name(),
         usize::from(violation.is_some()),

@@ -42,6 +42,8 @@ mod local;
 mod ops;
 #[path = "model/pg.rs"]
 mod pg;
+#[path = "model/pg_restart.rs"]
+mod pg_restart;
 #[path = "model/redis.rs"]
 mod redis;
 #[path = "model/reference.rs"]
@@ -62,6 +64,7 @@ pub enum Kind {
     Redis,
     RedisCluster,
     Pg,
+    PgRestart,
     #[cfg(feature = "etcd")]
     Etcd,
 }
@@ -74,6 +77,7 @@ async fn open(kind: Kind) -> Box<dyn Store> {
         Kind::Redis => Box::new(redis::Redis::standalone().await),
         Kind::RedisCluster => Box::new(redis::Redis::cluster().await),
         Kind::Pg => Box::new(pg::Pg::open().await),
+        Kind::PgRestart => Box::new(pg_restart::PgRestart::open().await),
         #[cfg(feature = "etcd")]
         Kind::Etcd => Box::new(etcd::Etcd::open().await),
     }
@@ -143,6 +147,14 @@ fn redis_cluster_answers_match_the_model_under_operator_faults() {
 #[test]
 fn pg_answers_match_the_model_under_operator_faults() {
     check(Kind::Pg, "pg_answers_match_the_model_under_operator_faults");
+}
+
+#[test]
+fn pg_answers_match_the_model_across_server_restarts() {
+    check(
+        Kind::PgRestart,
+        "pg_answers_match_the_model_across_server_restarts",
+    );
 }
 
 #[cfg(feature = "etcd")]

@@ -323,7 +323,7 @@ impl Inner {
         let Some(mut state) = state.filter(|s| s.owner == Some(owner) && s.expires_at_us > now)
         else {
             drop(guard);
-            self.drop_alive(name, &owner);
+            self.drop_lease_alive(name, &owner);
             return Ok(false);
         };
         state.expires_at_us = expiry_after(now, ttl);

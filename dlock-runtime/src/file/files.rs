@@ -143,6 +143,25 @@ impl Inner {
         }
     }
 
+    /// Drops this process's alive file for `owner`'s lease that ended, as
+    /// [`Self::drop_alive`] does, unless it is a queued fair waiter's
+    /// registration: a renewal that finds no lease changes nothing else,
+    /// and a waiter whose file went would be skipped by the next release.
+    pub(super) fn drop_lease_alive(&self, name: &str, owner: &OwnerId) {
+        let id = (name.to_owned(), *owner);
+        let removed = {
+            let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
+            match alive.get(&id) {
+                Some(registered) if registered.waiting.is_some() => None,
+                _ => alive.remove(&id),
+            }
+        };
+        if let Some(alive) = removed {
+            let _ = fs::remove_file(self.alive_path(name, owner));
+            drop(alive.file);
+        }
+    }
+
     /// Closes the alive files of leases that ran out without a release
     /// (a holder that vanished without a runtime to release on drop):
     /// their keys are free by expiry already, and their descriptors must

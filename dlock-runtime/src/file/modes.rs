@@ -267,6 +267,17 @@ impl Inner {
             .open(self.alive_path(name, &group))?;
         group_file.lock_shared()?;
         let alive_path = self.alive_path(name, &owner);
+        // A lease of this owner that ended here without its release (broken
+        // by force, or a writer's mark) may still lock its alive file in
+        // this process: let go of it first, or the lock below would wait
+        // for this very process, forever, with the key's step locked for
+        // every process.
+        drop(
+            self.alive
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&(name.to_owned(), owner)),
+        );
         let alive = File::create(&alive_path)?;
         alive.lock()?;
         state.counter = state.counter.max(token);
@@ -319,7 +330,7 @@ impl Inner {
                 .is_some();
         if !renewed {
             drop(guard);
-            self.drop_alive(name, &owner);
+            self.drop_lease_alive(name, &owner);
             return Ok(false);
         }
         state.expires_at_us = latest_expiry(&state.members);

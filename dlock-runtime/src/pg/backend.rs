@@ -49,10 +49,14 @@ impl Backend for PgBackend {
         // A fair waiter waits in the server's queue of the key, on a
         // session of its own (see `fair`). `Respect` is the plain attempt,
         // which the server refuses while anyone is queued, after a look at
-        // this process's own waiters (one may be on its way to the queue).
+        // this process's own waiters (one may be on its way to the queue),
+        // unless it is a retry by the owner that holds the key (rule 3).
         match request.queue {
             Queue::Join { entry_ttl } => return self.inner.join(request, entry_ttl).await,
-            Queue::Respect if self.inner.fair_waiter_queued(request.key) => {
+            Queue::Respect
+                if self.inner.fair_waiter_queued(request.key)
+                    && !self.inner.holds(request.key, request.owner) =>
+            {
                 return Ok(Attempt::Held { expires_in: None });
             }
             _ => {}

@@ -373,6 +373,16 @@ impl Inner {
         }
     }
 
+    /// Whether `owner` holds `key` here, its lease still valid: a retry
+    /// of its attempt is answered with it (rule 3).
+    pub(super) fn holds(&self, key: &LockKey, owner: &OwnerId) -> bool {
+        let now = Instant::now();
+        self.keys().get(key).is_some_and(|entry| {
+            entry.owner == *owner
+                && matches!(&entry.state, State::Held(holding) if holding.deadline() > now)
+        })
+    }
+
     /// Whether a fair waiter of this process is in `key`'s queue, or on its
     /// way into it: a [`Queue::Respect`] attempt of this process is then
     /// refused in process, as the server refuses it once that waiter's

@@ -479,22 +479,25 @@ return 0
 /// `KEYS[2]` holder info key, `KEYS[3]` fence key, `KEYS[4]` identity
 /// record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
 /// if the named lease was broken, 0 if another holds the key (or one whose
-/// token cannot be read), -1 if nobody does, -2 (nothing changed) if the
-/// key is held as permits: their slots keep no token, so the permit named
-/// cannot be told from the others, and breaking the key would break them
-/// all.
+/// token cannot be read), -1 if nobody does (whatever records are left
+/// beside a lock that is gone), -2 (nothing changed) if the key is held as
+/// permits (its lock holds their sentinel): their slots keep no token, so
+/// the permit named cannot be told from the others, and breaking the key
+/// would break them all.
 ///
 /// Why one atomic step: an operator confirms the holder they were shown; a
 /// check and a break sent apart would break whoever took the key in
 /// between.
 pub(super) const FORCE_RELEASE_HOLDING_LUA: &str = r"
 local stem = string.sub(KEYS[1], 1, -5)
-if redis.call('EXISTS', stem .. 'slots') == 1 then
-  return -2
-end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
   return -1
+end
+-- Held as permits: the lock holds their sentinel (a slots hash without
+-- it is left over, read by nobody).
+if type(held) == 'string' and #held == 33 and string.sub(held, 1, 32) == '00000000000000000000000000000001' then
+  return -2
 end
 if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
   return 0

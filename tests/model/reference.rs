@@ -186,6 +186,14 @@ impl Model {
             }
             Answer::Acquired { token, slot } => (*token, *slot),
         };
+        // A counter that cannot rise refuses every draw (Redis puts the
+        // value back and `INCR` fails): a new grant from it is a token
+        // made up from a value that is no counter.
+        if key.counter_broken && !key.holds(owner) && Self::would_draw(key, owner, mode) {
+            return Err(format!(
+                "{what} was granted token {token} though the key's counter cannot rise"
+            ));
+        }
         if key.holds(owner) {
             return Self::retried(key, owner, token, slot, &what);
         }

@@ -36,14 +36,7 @@ impl Store for Memory {
     }
 
     fn abilities(&self) -> Abilities {
-        Abilities {
-            shared: true,
-            permits: true,
-            fair: true,
-            held: true,
-            named_force: true,
-            ..Abilities::default()
-        }
+        Abilities::every_mode()
     }
 
     fn backends(&self) -> Vec<Arc<dyn Backend>> {
@@ -112,13 +105,8 @@ impl Store for Files {
 
     fn abilities(&self) -> Abilities {
         Abilities {
-            shared: true,
-            permits: true,
-            fair: true,
-            held: true,
-            named_force: true,
             deletes: vec![Part::Lock, Part::Info],
-            ..Abilities::default()
+            ..Abilities::every_mode()
         }
     }
 

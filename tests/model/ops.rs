@@ -174,6 +174,21 @@ pub struct Abilities {
     pub table_lock: bool,
 }
 
+impl Abilities {
+    /// A backend of every mode (shared, permits, fair) that lists its
+    /// holders and breaks a named one, and has no faults yet.
+    pub fn every_mode() -> Self {
+        Self {
+            shared: true,
+            permits: true,
+            fair: true,
+            held: true,
+            named_force: true,
+            ..Self::default()
+        }
+    }
+}
+
 impl Op {
     /// Whether this is an operator's fault rather than a call of dlock's.
     pub fn is_fault(&self) -> bool {

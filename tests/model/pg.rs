@@ -186,11 +186,6 @@ impl Store for Pg {
 
     fn abilities(&self) -> Abilities {
         Abilities {
-            shared: true,
-            permits: true,
-            fair: true,
-            held: true,
-            named_force: true,
             members_hidden: true,
             force_ends_sessions: true,
             // A session ended takes a reconnection (about 0.2 s): fewer.
@@ -198,7 +193,7 @@ impl Store for Pg {
             rewind: true,
             terminate: true,
             table_lock: true,
-            ..Abilities::default()
+            ..Abilities::every_mode()
         }
     }
 

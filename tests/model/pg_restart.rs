@@ -42,17 +42,12 @@ impl Store for PgRestart {
 
     fn abilities(&self) -> Abilities {
         Abilities {
-            shared: true,
-            permits: true,
-            fair: true,
-            held: true,
-            named_force: true,
             members_hidden: true,
             force_ends_sessions: true,
             restart: true,
             // A restart takes a second or two: one operation in a hundred.
             fault_percent: 1,
-            ..Abilities::default()
+            ..Abilities::every_mode()
         }
     }
 

@@ -103,11 +103,6 @@ impl Store for Redis {
 
     fn abilities(&self) -> Abilities {
         Abilities {
-            shared: true,
-            permits: true,
-            fair: true,
-            held: true,
-            named_force: true,
             handoff_needs_mark: true,
             // Not the queue: a deleted queue keeps only the first waiter
             // that looks again; the others' entries live on, so they keep
@@ -122,7 +117,7 @@ impl Store for Redis {
             foreign: true,
             flush: true,
             restart: !self.cluster,
-            ..Abilities::default()
+            ..Abilities::every_mode()
         }
     }
 

@@ -227,3 +227,57 @@ fn a_lease_on_a_paused_clock_behind_an_earlier_runtimes_clock_is_not_lost_on_arr
         "a lease taken on a fresh paused clock read as lost on arrival"
     );
 }
+
+/// The exclusion check excuses a believer whose grant the store lost with
+/// its data. A lease whose token the store never granted at all (a core
+/// that took a `Held` answer, or a stale grant, for its own) has no grant
+/// of any epoch, and must be compared, not excused: `stale` is an `all`
+/// over that lease's grants, true of none.
+#[test]
+fn exclusion_flags_a_believer_whose_token_the_store_never_granted() {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use dlock::backend::OwnerId;
+    use dlock::memory::MemoryBackend;
+    use dlock::{Backend, LockOptions};
+
+    use crate::world::{Side, World};
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime");
+    runtime.block_on(async {
+        let world = World::new(1, Record::Nothing);
+        let take = || async {
+            let store: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
+            LockOptions::new(Duration::from_secs(10))
+                .acquire_on(store, "k0")
+                .await
+                .expect("a free key")
+        };
+        // p0 holds k0 by a grant the simulated store recorded.
+        let granted = take().await;
+        let ttl = Duration::from_secs(10);
+        let signal = granted.lost_signal();
+        world.granted(
+            0,
+            "k0",
+            &OwnerId::random().expect("owner bits"),
+            signal.token(),
+            Side::Exclusive,
+            ttl,
+        );
+        world.hold(0, "k0", Side::Exclusive, signal, true, 0);
+        // p1 believes it holds k0 too, by a token no grant recorded.
+        let rogue = take().await;
+        world.hold(1, "k0", Side::Exclusive, rogue.lost_signal(), true, 0);
+        let violations = world.state().violations.clone();
+        assert!(
+            violations.iter().any(|v| v.contains("exclusion")),
+            "two believers of k0, one never granted it, and no violation: {violations:?}"
+        );
+    });
+}

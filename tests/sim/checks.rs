@@ -55,12 +55,15 @@ impl World {
         // A grant the store lost with its data is excused (see above),
         // the new lease's as much as an older one's: a reply held back
         // across the loss brings a grant the store has forgotten.
+        // Only a lease the store did grant, every grant of it before the
+        // latest loss: one it never granted has no excuse.
         let stale = |state: &crate::world::State, key: &str, token: u64, process: usize| {
             state
                 .granted
                 .values()
                 .filter(|g| g.key == key && g.token == token && g.process == process)
-                .all(|g| g.epoch < epoch)
+                .fold(None, |all, g| Some(all.unwrap_or(true) && g.epoch < epoch))
+                .unwrap_or(false)
         };
         let mut clash = None;
         let mut permits = 1;

@@ -387,10 +387,35 @@ impl World {
     }
 
     /// The store applied a renewal (`true`) of `owner`'s lease for `ttl`.
+    ///
+    /// The excuse a holder has while its grant is lost with the store's
+    /// data lasts until this renewal: the store cannot renew what it no
+    /// longer has, nor what it released.
     pub fn extended(&self, owner: &OwnerId, ttl: Duration) {
         let now = Instant::now();
-        if let Some(granted) = self.state().granted.get_mut(owner) {
-            granted.until = now + ttl;
+        let ended = {
+            let mut state = self.state();
+            let granted = state.granted.get_mut(owner);
+            match granted {
+                Some(granted) if granted.ended.is_some() => {
+                    Some((granted.process, granted.key.clone(), granted.released))
+                }
+                Some(granted) => {
+                    granted.until = now + ttl;
+                    None
+                }
+                None => None,
+            }
+        };
+        if let Some((process, key, released)) = ended {
+            let why = if released {
+                "released"
+            } else {
+                "lost with its data"
+            };
+            self.violation(format_args!(
+                "renewal: the store renewed p{process}'s lease on {key}, which it had {why}"
+            ));
         }
     }
 

@@ -174,6 +174,9 @@ pub struct Abilities {
     pub table_lock: bool,
 }
 
+/// How often, in percent, a draw is a turn of the fair key's queue.
+const FAIR_TURNS: u64 = 15;
+
 impl Abilities {
     /// A backend of every mode (shared, permits, fair) that lists its
     /// holders and breaks a named one, and has no faults yet.
@@ -218,6 +221,9 @@ pub struct Generator {
     processes: usize,
     /// Owners drawn so far: their key and process.
     owners: Vec<(usize, usize)>,
+    /// Operations due in so many draws: the repair of a counter set to a
+    /// value that is no counter.
+    due: Vec<(u32, Op)>,
 }
 
 impl Generator {
@@ -227,6 +233,7 @@ impl Generator {
             can,
             processes,
             owners: Vec::new(),
+            due: Vec::new(),
         }
     }
 
@@ -271,10 +278,19 @@ impl Generator {
 
     /// The next operation; a fault about one time in `1 / fault_percent`.
     pub fn next(&mut self, fault_percent: u64) -> Op {
+        for due in &mut self.due {
+            due.0 = due.0.saturating_sub(1);
+        }
+        if let Some(at) = self.due.iter().position(|(left, _)| *left == 0) {
+            return self.due.remove(at).1;
+        }
         if self.rng.chance(fault_percent)
             && let Some(fault) = self.fault()
         {
             return fault;
+        }
+        if self.can.fair && self.rng.chance(FAIR_TURNS) {
+            return self.fair_turn();
         }
         let k = self.key();
         let p = self.pick(self.processes);
@@ -303,6 +319,28 @@ impl Generator {
                 Op::WriterWaits { p, o, reader }
             }
             _ => Op::Holder { p, k },
+        }
+    }
+
+    /// A turn of the fair key's queue: a fresh owner joins, or a known
+    /// owner of the key releases (the holder, handing over) or leaves.
+    /// Drawn on their own, the three keys' many operations rarely release
+    /// a fair key while someone queues for it.
+    fn fair_turn(&mut self) -> Op {
+        let k = FAIR_KEY;
+        if self.rng.chance(50) {
+            let (o, p) = self.owner(k, true);
+            Op::Acquire {
+                p,
+                k,
+                o,
+                mode: Mode::Join,
+            }
+        } else {
+            Op::Release {
+                k,
+                o: self.owner(k, false).0,
+            }
         }
     }
 
@@ -338,10 +376,26 @@ impl Generator {
                 let part = self.can.deletes[i];
                 Op::Delete { k, part }
             }
-            1 => Op::Rewind {
-                k,
-                value: self.pick(FENCE_VALUES.len()),
-            },
+            1 => {
+                // Most of these values are no counter, which refuses every
+                // grant of the key until an operator repairs it: the
+                // repair (the fence deleted) comes a few draws later, or
+                // a quarter of a run would test refusals only.
+                if self.can.deletes.contains(&Part::Fence) {
+                    let after = self.rng.range(2, 12) as u32;
+                    self.due.push((
+                        after,
+                        Op::Delete {
+                            k,
+                            part: Part::Fence,
+                        },
+                    ));
+                }
+                Op::Rewind {
+                    k,
+                    value: self.pick(FENCE_VALUES.len()),
+                }
+            }
             2 => Op::Foreign {
                 k,
                 value: self.pick(FOREIGN_VALUES.len()),

@@ -29,9 +29,6 @@ use crate::world::{Side, World};
 /// core's own patience (half a second per call of a waiting caller) and
 /// than a short ttl, so that cut-off calls and spent leases happen.
 const LONGEST_DELAY_MS: u64 = 1500;
-/// Store calls one schedule may make: a thousand times what one makes
-/// on average (about 85). More is a caller looping without end.
-const MOST_CALLS: u64 = 100_000;
 
 /// What befalls one call.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -87,14 +84,6 @@ impl FaultyStore {
             ));
         }
         self.world.thawed(self.process).await;
-        if self.world.state().store_calls >= MOST_CALLS {
-            // A caller that loops on the store without end (in no
-            // simulated time, its naps cut to nothing) would hold the run
-            // for ever, its seed unprinted: the schedule is a violation,
-            // and this call never returns, so the schedule's own bounds end it.
-            self.world.livelock(MOST_CALLS);
-            std::future::pending::<()>().await;
-        }
         let (fault, request_delay, reply_delay) = {
             let mut state = self.world.state();
             state.store_calls += 1;

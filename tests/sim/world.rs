@@ -155,8 +155,6 @@ pub struct State {
     /// refused without touching the store.
     pub off_thread: u64,
     pub store_calls: u64,
-    /// A caller looped without end (see [`World::livelock`]).
-    pub livelocked: bool,
     /// How often each fault and event happened, for the run's summary.
     pub counts: BTreeMap<&'static str, u64>,
     /// Release and holder-change notices waiting, per key, in the order
@@ -192,7 +190,6 @@ impl World {
                 asked_ttl: HashMap::new(),
                 highest: BTreeMap::new(),
                 leases: Vec::new(),
-                livelocked: false,
                 violations: Vec::new(),
                 off_thread: 0,
                 store_calls: 0,
@@ -239,22 +236,6 @@ impl World {
         let mut state = self.state();
         state.trace.line(&text);
         state.violations.push(text);
-    }
-
-    /// Records, once, that the schedule made `calls` store calls: a
-    /// caller loops without end.
-    pub fn livelock(&self, calls: u64) {
-        let first = {
-            let mut state = self.state();
-            let first = !state.livelocked;
-            state.livelocked = true;
-            first
-        };
-        if first {
-            self.violation(format_args!(
-                "no end: {calls} store calls in one schedule, a caller loops without end"
-            ));
-        }
     }
 
     /// Waits while `process` is frozen. (Not a `watch` channel: tokio's

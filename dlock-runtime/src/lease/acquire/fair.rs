@@ -126,26 +126,10 @@ pub(super) async fn take_fair(
         if now >= deadline {
             break Err(contended(now));
         }
-        let nap = [expires_in.map(|expires_in| expires_in + EXPIRY_SLACK)]
-            .into_iter()
-            .flatten()
-            .fold(QUEUE_ENTRY_TTL / 3, Duration::min)
-            .min(deadline - now);
-        // Only a handoff that comes during the nap is known to be later
-        // than the attempt's send; one already here as the nap begins
-        // came while the attempt was under way, maybe before the store
-        // saw it (see `confirm_handoff`).
-        let handoff = match leave.notice.as_mut() {
-            Some(notice) => match handed_over(notice) {
-                Some(grant) => Some((grant, None)),
-                None => timeout(nap, notice)
-                    .await
-                    .ok()
-                    .map(|grant| (grant, Some(sent))),
-            },
-            None => None,
-        };
-        if let Some(handoff) = handoff {
+        let nap = (QUEUE_ENTRY_TTL / 3).min(deadline - now);
+        // Not past the holder's expiry: the key may be free by then.
+        let nap = expires_in.map_or(nap, |expires_in| nap.min(expires_in + EXPIRY_SLACK));
+        if let Some(handoff) = nap_for_handoff(leave.notice.as_mut(), nap, sent).await {
             let confirmed = confirm_handoff(backend, key, owner, terms, handoff, deadline).await;
             match confirmed {
                 Some(taken) => break Ok(taken),
@@ -159,6 +143,27 @@ pub(super) async fn take_fair(
         leave.disarm();
     }
     outcome
+}
+
+/// Naps up to `nap` on `notice` for a handoff, after an attempt sent at
+/// `sent` was answered `Held`: the grant, and the instant it counts from.
+/// Only a handoff that comes during the nap is known to be later than the
+/// attempt's send; one already here as the nap begins came while the
+/// attempt was under way, maybe before the store saw it, so it is dated by
+/// nothing (`None`, see [`confirm_handoff`]).
+async fn nap_for_handoff(
+    notice: Option<&mut Handoff>,
+    nap: Duration,
+    sent: Instant,
+) -> Option<(Grant, Option<Instant>)> {
+    let notice = notice?;
+    if let Some(grant) = handed_over(notice) {
+        return Some((grant, None));
+    }
+    timeout(nap, notice)
+        .await
+        .ok()
+        .map(|grant| (grant, Some(sent)))
 }
 
 /// The grant of a handoff that has reached `notice` already, if one has.

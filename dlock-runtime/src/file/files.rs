@@ -132,15 +132,7 @@ impl Inner {
 
     /// Drops this process's alive file for a lease, waking its waiters.
     pub(super) fn drop_alive(&self, name: &str, owner: &OwnerId) {
-        let alive = self
-            .alive
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(name.to_owned(), *owner));
-        if let Some(alive) = alive {
-            let _ = fs::remove_file(self.alive_path(name, owner));
-            drop(alive.file);
-        }
+        self.drop_alive_unless(name, owner, |_| false);
     }
 
     /// Drops this process's alive file for `owner`'s lease that ended, as
@@ -148,11 +140,17 @@ impl Inner {
     /// registration: a renewal that finds no lease changes nothing else,
     /// and a waiter whose file went would be skipped by the next release.
     pub(super) fn drop_lease_alive(&self, name: &str, owner: &OwnerId) {
+        self.drop_alive_unless(name, owner, |alive| alive.waiting.is_some());
+    }
+
+    /// Removes and closes `owner`'s alive file for `name`, unless `keep`
+    /// says its registration stays.
+    fn drop_alive_unless(&self, name: &str, owner: &OwnerId, keep: impl FnOnce(&Alive) -> bool) {
         let id = (name.to_owned(), *owner);
         let removed = {
             let mut alive = self.alive.lock().unwrap_or_else(PoisonError::into_inner);
             match alive.get(&id) {
-                Some(registered) if registered.waiting.is_some() => None,
+                Some(registered) if keep(registered) => None,
                 _ => alive.remove(&id),
             }
         };

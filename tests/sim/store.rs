@@ -442,13 +442,7 @@ impl Backend for FaultyStore {
 
     /// As `subscribe`, also woken by every grant.
     async fn watch_holder(&self, key: &LockKey) -> Result<ReleaseNotice, LockError> {
-        let (_, call) = self.send(Operation::Wait, key.as_str()).await?;
-        let notice = self.world.notice(key.as_str());
-        let notice = ReleaseNotice::new(async move {
-            let _ = notice.await;
-        });
-        self.reply(&call, Operation::Wait, key.as_str(), notice)
-            .await
+        self.subscribe(key).await
     }
 
     async fn held(&self, prefix: &str) -> Result<Vec<(String, Holding)>, LockError> {

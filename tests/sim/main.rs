@@ -28,8 +28,11 @@ mod store;
 mod trace;
 mod world;
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
 
 use support::seeds;
 use trace::Record;
@@ -80,26 +83,18 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
         "sim: base seed {base} (DLOCK_SEED={base} repeats this run); schedule i has seed mix(base + i)"
     ));
     let started = Instant::now();
-    let (mut steps, mut calls, mut off_thread, mut violations) = (0, 0, 0, 0);
-    let mut first_failing = None;
-    let mut counts = std::collections::BTreeMap::new();
-    for i in 0..count {
-        let seed = rng::mix(base.wrapping_add(i));
-        let outcome = schedule::run(seed, Record::Nothing);
-        steps += outcome.steps;
-        calls += outcome.store_calls;
-        off_thread += outcome.off_thread;
-        violations += outcome.violations.len();
-        for (what, n) in &outcome.counts {
-            *counts.entry(*what).or_insert(0) += n;
-        }
-        if let Some(first) = outcome.violations.first() {
-            say(&format!("sim: schedule {i}, seed {seed}: {first}"));
-        }
-        if !outcome.violations.is_empty() && first_failing.is_none() {
-            first_failing = Some((seed, outcome.violations));
-        }
+    let bulk = run_bulk(base, count);
+    for (i, seed, first) in &bulk.failing {
+        say(&format!("sim: schedule {i}, seed {seed}: {first}"));
     }
+    let Bulk {
+        steps,
+        calls,
+        off_thread,
+        violations,
+        ref counts,
+        ..
+    } = bulk;
     say(&format!(
         "sim: {count} schedules in {:.1} s, {calls} store calls, {off_thread} refused off the simulated thread",
         started.elapsed().as_secs_f64()
@@ -112,12 +107,118 @@ fn every_schedule_keeps_exclusion_rising_tokens_loss_notice_deadlines_and_cleanu
     say(&format!(
         "sim: {count} schedules, {steps} steps, {violations} violations"
     ));
-    if let Some((seed, found)) = first_failing {
-        say(&replay_text(seed));
+    if let Some((_, seed, _)) = bulk.failing.first() {
+        let found = schedule::run(*seed, Record::Nothing).violations;
+        say(&replay_text(*seed));
         panic!(
             "sim: the schedule of seed {seed} broke a promise (its trace is above): {found:#?}\nreplay: DLOCK_SIM_SEED={seed}"
         );
     }
+}
+
+/// How long the bulk run waits for any schedule to end before it calls
+/// the schedules still running hung: each takes milliseconds of processor
+/// time, so a minute with none ended is a schedule that never ends (a
+/// livelock on the paused clock), not a slow machine.
+const HUNG_AFTER: Duration = Duration::from_secs(60);
+
+/// The sums of a bulk run, and its failing schedules by index.
+#[derive(Default)]
+struct Bulk {
+    steps: usize,
+    calls: u64,
+    off_thread: u64,
+    violations: usize,
+    counts: BTreeMap<&'static str, u64>,
+    /// (index, seed, first violation) of each failing schedule, in order.
+    failing: Vec<(u64, u64, String)>,
+}
+
+impl Bulk {
+    fn add(&mut self, i: u64, seed: u64, outcome: schedule::Outcome) {
+        self.steps += outcome.steps;
+        self.calls += outcome.store_calls;
+        self.off_thread += outcome.off_thread;
+        self.violations += outcome.violations.len();
+        for (what, n) in outcome.counts {
+            *self.counts.entry(what).or_insert(0) += n;
+        }
+        if let Some(first) = outcome.violations.into_iter().next() {
+            self.failing.push((i, seed, first));
+        }
+    }
+
+    fn absorb(&mut self, other: Bulk) {
+        self.steps += other.steps;
+        self.calls += other.calls;
+        self.off_thread += other.off_thread;
+        self.violations += other.violations;
+        for (what, n) in other.counts {
+            *self.counts.entry(what).or_insert(0) += n;
+        }
+        self.failing.extend(other.failing);
+    }
+}
+
+/// The (index, seed) of the schedule each thread runs now, for the report
+/// of a hang.
+type Running = Mutex<Vec<Option<(u64, u64)>>>;
+
+/// Runs schedules `0..count` of `base`, as many at once as the machine
+/// has processors. Each schedule is a runtime and a world of its own, so
+/// what it does depends on its seed alone, not on which thread ran it or
+/// beside what; the sums and the failing schedules come out in index
+/// order. A schedule that never ends fails the run with its seed.
+fn run_bulk(base: u64, count: u64) -> Bulk {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let next = Arc::new(AtomicU64::new(0));
+    let running: Arc<Running> = Arc::new(Mutex::new(vec![None; threads]));
+    let (done, ended) = mpsc::channel();
+    for t in 0..threads {
+        let (next, running, done) = (Arc::clone(&next), Arc::clone(&running), done.clone());
+        std::thread::spawn(move || {
+            let mut bulk = Bulk::default();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    break;
+                }
+                let seed = rng::mix(base.wrapping_add(i));
+                running.lock().expect("running")[t] = Some((i, seed));
+                bulk.add(i, seed, schedule::run(seed, Record::Nothing));
+                running.lock().expect("running")[t] = None;
+                let _ = done.send(None);
+            }
+            let _ = done.send(Some(bulk));
+        });
+    }
+    drop(done);
+    let mut total = Bulk::default();
+    let mut finished = 0;
+    while finished < threads {
+        match ended.recv_timeout(HUNG_AFTER) {
+            Ok(None) => {}
+            Ok(Some(bulk)) => {
+                finished += 1;
+                total.absorb(bulk);
+            }
+            Err(_) => {
+                let hung: Vec<String> = running
+                    .lock()
+                    .expect("running")
+                    .iter()
+                    .flatten()
+                    .map(|(i, seed)| format!("schedule {i}, seed {seed}"))
+                    .collect();
+                panic!(
+                    "sim: no schedule ended in {HUNG_AFTER:?}; still running: {hung:?} \
+                     (replay one with DLOCK_SIM_SEED=<seed>)"
+                );
+            }
+        }
+    }
+    total.failing.sort_by_key(|(i, _, _)| *i);
+    total
 }
 
 #[test]

@@ -334,6 +334,9 @@ struct RawSession {
 /// over two connections in turn, as dlock spreads its acquisitions over
 /// its lock sessions, and reads its server processes' CPU time.
 pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
+    // Dead row versions of earlier runs' holder records would slow the
+    // recording row (autovacuum is off on the benchmark's server).
+    crate::modes::vacuum_pg(cfg).await?;
     let admin = Arc::new(pg_client(&cfg.pg_conn).await?);
     let cpu =
         |what: &str| ServerCpu::new(admin.clone(), &format!("dlock-bench-{}-{what}", cfg.run));

@@ -82,61 +82,6 @@ fn cycle_plot(backend: &str, rows: &[cycle::Row], results: &[Vec<Measured>]) -> 
     )
 }
 
-/// Scenario 1's PostgreSQL rows (floor, dlock by default, dlock with
-/// `record_holders(false)`, the hand-written pair) against the pair, with
-/// the server CPU per cycle of each, and the targets judged on them.
-fn pg_against_pair(s: &mut Section, rows: &[cycle::Row], results: &[Vec<Measured>]) {
-    let [_, recorded, unrecorded, pair] = results else {
-        return;
-    };
-    let (one, many) = (0, CONCURRENCY.len() - 1);
-    let _ = writeln!(
-        s.body,
-        "\nThe PostgreSQL rows against the hand-written pair, with the server CPU per cycle: the CPU time of the server processes serving the row's connections, over all rounds (see *What each row does*).\n\n| implementation | tasks | throughput vs pair | median latency vs pair | server CPU per cycle | server CPU vs pair |\n| --- | ---: | ---: | ---: | ---: | ---: |"
-    );
-    for (row, per_tasks) in rows.iter().zip(results) {
-        for (c, m) in per_tasks.iter().enumerate() {
-            let base = &pair[c];
-            let cpu = m.server_per_op();
-            let cpu_ratio = cpu
-                .zip(base.server_per_op())
-                .map_or("?".into(), |(cpu, base)| {
-                    format!("{:.2}", cpu.as_secs_f64() / base.as_secs_f64())
-                });
-            let _ = writeln!(
-                s.body,
-                "| {} | {} | {:.2} | {:.2} | {} | {cpu_ratio} |",
-                plots::short(&row.name),
-                CONCURRENCY[c],
-                m.rate() / base.rate(),
-                m.median().as_secs_f64() / base.median().as_secs_f64(),
-                cpu.map_or("? (server not local)".into(), |cpu| format!(
-                    "{:.1} µs",
-                    cpu.as_secs_f64() * 1e6
-                )),
-            );
-        }
-    }
-    let throughput = recorded[many].rate() / pair[many].rate();
-    s.target(
-        "PostgreSQL uncontended cycle, 64 tasks: default dlock >= 0.5 x the hand-written pair",
-        format!("{throughput:.2} x"),
-        throughput >= 0.5,
-    );
-    let latency = recorded[one].median().as_secs_f64() / pair[one].median().as_secs_f64();
-    s.target(
-        "PostgreSQL uncontended cycle, 1 task: default dlock's median latency <= 1.3 x the hand-written pair's",
-        format!("{latency:.2} x"),
-        latency <= 1.3,
-    );
-    let cost = 1.0 - recorded[many].rate() / unrecorded[many].rate();
-    s.target(
-        "PostgreSQL uncontended cycle, 64 tasks: the holder record costs <= 10 % of record_holders(false)'s throughput",
-        format!("{:.0} %", cost * 100.0),
-        cost <= 0.10,
-    );
-}
-
 /// Runs every scenario the config asks for and returns their sections, and
 /// the facts of the run they are stamped with.
 pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
@@ -179,7 +124,7 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 }
             }
             if backend == "PostgreSQL" {
-                pg_against_pair(&mut s, &rows, &results);
+                cycle::pg_against_pair(&mut s, &rows, &CONCURRENCY, &results);
             } else {
                 let ratio = results[1][1].rate() / results[0][1].rate();
                 s.target(

@@ -1,8 +1,10 @@
 //! Scenario 1: the uncontended cycle (acquire + release of a key no one
 //! else wants), for dlock and for what a user would write instead.
 
+use std::fmt::Write as _;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -12,6 +14,9 @@ use redis::Script;
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
+use crate::document::Section;
+use crate::pg_cpu::ServerCpu;
+use crate::plots;
 use crate::stats::Measured;
 use crate::{Config, Res};
 
@@ -26,6 +31,9 @@ pub struct Row {
     pub name: String,
     /// Runs `tasks` tasks until the deadline; every cycle's latency.
     run: Box<dyn Fn(usize, Instant) -> Round + Send + Sync>,
+    /// The PostgreSQL server processes serving the row, whose CPU time
+    /// each round reads.
+    server: Option<ServerCpu>,
 }
 
 impl Row {
@@ -38,6 +46,15 @@ impl Row {
         Self {
             name: name.into(),
             run: Box::new(move |tasks, deadline| Box::pin(make(tasks, deadline))),
+            server: None,
+        }
+    }
+
+    /// The row, its rounds reading the CPU time of `server`'s processes.
+    pub fn serving(self, server: ServerCpu) -> Self {
+        Self {
+            server: Some(server),
+            ..self
         }
     }
 }
@@ -99,7 +116,7 @@ pub fn dlock_row(kind: &str, backend: Arc<dyn Backend>, run: &str, tag: &'static
 
 /// Runs every row at every concurrency: `rounds` interleaved rounds of
 /// `round` each, after a short warm-up. Returns, per row and concurrency,
-/// the measurement.
+/// the measurement, with the server's CPU time where the row reads it.
 pub async fn measure(
     rows: &[Row],
     concurrency: &[usize],
@@ -115,10 +132,17 @@ pub async fn measure(
     for _ in 0..rounds {
         for (r, row) in rows.iter().enumerate() {
             for (c, &tasks) in concurrency.iter().enumerate() {
+                let server = match &row.server {
+                    Some(server) => server.snapshot().await?,
+                    None => None,
+                };
                 let started = Instant::now();
                 let samples = (row.run)(tasks, started + round).await?;
                 let elapsed = started.elapsed();
                 let ops = samples.len() as u64;
+                if let Some(cpu) = server.and_then(|s| s.elapsed()) {
+                    results[r][c].add_server(cpu, ops);
+                }
                 results[r][c].add_round(samples, ops, elapsed);
             }
         }
@@ -288,25 +312,6 @@ pub async fn bare_cycle(conn: &mut MultiplexedConnection, key: &str, owner: &str
     Ok(())
 }
 
-/// A raw connection with the statements the PostgreSQL rows send: dlock's
-/// lock (the one that records the holder, as every dlock acquisition does
-/// by default), its plain unlock and its batch delete of released records,
-/// and the hand-written pair; when the session started, which dlock's lock
-/// statement records; and the records released and not yet deleted.
-type PgSession = (
-    tokio_postgres::Client,
-    Statement,
-    Statement,
-    Statement,
-    Statement,
-    std::time::SystemTime,
-    Statement,
-    std::sync::Mutex<(Vec<i64>, Vec<i64>)>,
-);
-
-/// How many released records a session deletes at once, as dlock does.
-const RELEASED_BATCH: usize = 64;
-
 /// A plain client connection driven in its own task.
 pub async fn pg_client(conn: &str) -> Res<tokio_postgres::Client> {
     let (client, connection) = tokio_postgres::connect(conn, NoTls).await?;
@@ -314,161 +319,212 @@ pub async fn pg_client(conn: &str) -> Res<tokio_postgres::Client> {
     Ok(client)
 }
 
-/// The PostgreSQL rows: the floor (dlock's own two statements sent by hand
-/// on as many connections as dlock has lock sessions), dlock, and a
-/// hand-written `pg_try_advisory_lock`/`pg_advisory_unlock` pair.
+/// A raw connection and the hand-written rows' statements, prepared.
+struct RawSession {
+    client: tokio_postgres::Client,
+    /// `pg_try_advisory_lock` alone: the hand-written pair's lock.
+    try_lock: Statement,
+    /// `pg_try_advisory_lock` and, only if it was taken, `nextval` of
+    /// dlock's token sequence, in one statement: the floor's lock.
+    try_lock_token: Statement,
+    /// `pg_advisory_unlock`: both rows' unlock.
+    unlock: Statement,
+}
+
+/// The PostgreSQL rows: the floor (the least a fenced advisory lock
+/// sends), dlock by default and without holder records, and the
+/// hand-written pair users compare against. Every row spreads its cycles
+/// over two connections in turn, as dlock spreads its acquisitions over
+/// its lock sessions, and reads its server processes' CPU time.
 pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
-    let backend: Arc<dyn Backend> = Arc::new(dlock::pg::PgBackend::connect(&cfg.pg_conn).await?);
-    // The first acquisition that records a holder creates its table, which
-    // the floor's statements name: one comes first, so a fresh database
-    // prepares them.
+    // Dead row versions of earlier runs' holder records would slow the
+    // recording row (autovacuum is off on the benchmark's server).
+    crate::modes::vacuum_pg(cfg).await?;
+    let admin = Arc::new(pg_client(&cfg.pg_conn).await?);
+    let cpu =
+        |what: &str| ServerCpu::new(admin.clone(), &format!("dlock-bench-{}-{what}", cfg.run));
+    let (recorded_cpu, plain_cpu, raw_cpu) = (cpu("recorded"), cpu("plain"), cpu("raw"));
+
+    let backend: Arc<dyn Backend> =
+        Arc::new(dlock::pg::PgBackend::connect(&recorded_cpu.conn(&cfg.pg_conn)).await?);
+    // The first acquisition creates dlock's token sequence, which the
+    // floor's statement names: one comes first, so a fresh database
+    // prepares it.
     let key = LockKey::new(format!("bench:{}:pg-setup", cfg.run))?;
     LockOptions::new(TTL)
         .acquire_on(backend.clone(), &key)
         .await?
         .release()
         .await?;
-    let sessions = 2; // PgOptions' default, which `connect` uses.
-    let mut clients = Vec::new();
-    for _ in 0..sessions {
-        let client = pg_client(&cfg.pg_conn).await?;
-        let schema = |sql: &str| sql.replace("{schema}", "\"dlock\"");
-        let try_lock = client
-            .prepare(&schema(dlock::pg::protocol::TRY_LOCK_RECORDING))
-            .await?;
-        let unlock = client.prepare(dlock::pg::protocol::UNLOCK_GATED).await?;
-        let delete_released = client
-            .prepare(&schema(dlock::pg::protocol::DELETE_RELEASED))
-            .await?;
-        let started = client
-            .query_one(
-                "SELECT backend_start FROM pg_stat_get_activity(pg_backend_pid())",
-                &[],
-            )
-            .await?
-            .try_get(0)?;
-        let pair_lock = client
-            .prepare("SELECT pg_try_advisory_lock($1::bigint)")
-            .await?;
-        let pair_unlock = client
-            .prepare("SELECT pg_advisory_unlock($1::bigint)")
-            .await?;
-        clients.push(Arc::new((
-            client,
-            try_lock,
-            unlock,
-            pair_lock,
-            pair_unlock,
-            started,
-            delete_released,
-            std::sync::Mutex::default(),
-        )));
-    }
-    let clients: Arc<Vec<Arc<PgSession>>> = Arc::new(clients);
-    let run = cfg.run.clone();
-
-    // What dlock records beside each lock: this process's host and pid,
-    // no label (the benchmark sets none).
-    let holder: Arc<str> = dlock::HolderInfo::this_process(None).encode().into();
-    let floor = {
-        let (clients, run) = (clients.clone(), run.clone());
-        Row::new(
-            format!(
-                "floor: dlock's lock + unlock statements by hand (holder recorded, released records deleted per 64; prepared, {sessions} connections, raw tokio-postgres)"
-            ),
-            move |tasks, deadline| {
-                let (clients, run, holder) = (clients.clone(), run.clone(), holder.clone());
-                async move {
-                    spawn_all(tasks, |i| {
-                        let session = clients[i % clients.len()].clone();
-                        let key = format!("bench:{run}:pgfloor:{i}");
-                        let holder = holder.clone();
-                        async move {
-                            let (client, try_lock, unlock, _, _, started, delete, released) =
-                                &*session;
-                            let identity: Option<&str> = None;
-                            // What dlock passes for a key it has locked on
-                            // the session before and that no lease of it
-                            // holds there: not held already.
-                            let already = Some(false);
-                            timed!(deadline, {
-                                let row = client
-                                    .query_one(
-                                        try_lock,
-                                        &[
-                                            &key.as_str(),
-                                            &0i64,
-                                            &identity,
-                                            started,
-                                            &&*holder,
-                                            &already,
-                                        ],
-                                    )
-                                    .await?;
-                                let (advisory, token): (i64, Option<i64>) =
-                                    (row.try_get(0)?, row.try_get(1)?);
-                                let Some(token) = token else {
-                                    return Err(format!("pg floor: {key} was held").into());
-                                };
-                                client.query_one(unlock, &[&advisory]).await?;
-                                let batch = {
-                                    let mut left = released
-                                        .lock()
-                                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                                    left.0.push(advisory);
-                                    left.1.push(token);
-                                    (left.0.len() >= RELEASED_BATCH)
-                                        .then(|| std::mem::take(&mut *left))
-                                };
-                                if let Some((ids, tokens)) = batch {
-                                    client.query_one(delete, &[&ids, &tokens, started]).await?;
-                                }
-                            })
-                        }
-                    })
-                    .await
-                }
-            },
-        )
-    };
-
-    let recorded_row = dlock_row("PgBackend", backend, &run, "pgdlock");
-    // The same without holder records: what recording costs.
+    let recorded = dlock_row(
+        "PgBackend, default (holder recorded)",
+        backend,
+        &cfg.run,
+        "pgdlock",
+    )
+    .serving(recorded_cpu);
     let unrecorded = dlock::pg::PgBackend::connect_with(
-        &cfg.pg_conn,
+        &plain_cpu.conn(&cfg.pg_conn),
         dlock::pg::PgOptions::default().record_holders(false),
     )
     .await?;
-    let unrecorded_row = dlock_row(
+    let unrecorded = dlock_row(
         "PgBackend, record_holders(false)",
         Arc::new(unrecorded),
-        &run,
+        &cfg.run,
         "pgplain",
-    );
+    )
+    .serving(plain_cpu);
 
-    let seed = cfg.run_seed;
-    let pair = Row::new(
-        "hand-written pg_try_advisory_lock + pg_advisory_unlock (no token, no ttl)",
-        move |tasks, deadline| {
-            let clients = clients.clone();
-            async move {
-                spawn_all(tasks, |i| {
-                    let session = clients[i % clients.len()].clone();
-                    let advisory = seed.wrapping_add(i as i64);
-                    async move {
-                        let (client, _, _, lock, unlock, ..) = &*session;
-                        timed!(deadline, {
-                            let row = client.query_one(lock, &[&advisory]).await?;
-                            if !row.try_get::<_, bool>(0)? {
-                                return Err("pg pair: held".into());
-                            }
-                            client.query_one(unlock, &[&advisory]).await?;
-                        })
-                    }
-                })
-                .await
-            }
-        },
+    let sessions = 2; // PgOptions' default, which `connect` uses.
+    let mut raw = Vec::new();
+    for _ in 0..sessions {
+        let client = pg_client(&raw_cpu.conn(&cfg.pg_conn)).await?;
+        // What dlock's lock statement sets for its own transaction: the
+        // sequence's WAL record (every 32 values) is not waited for. Set
+        // once here, so the floor pays nothing per cycle for it.
+        client
+            .batch_execute("SET synchronous_commit TO off")
+            .await?;
+        raw.push(RawSession {
+            try_lock: client
+                .prepare("SELECT pg_try_advisory_lock($1::bigint)")
+                .await?,
+            try_lock_token: client
+                .prepare(
+                    "SELECT CASE WHEN pg_try_advisory_lock($1::bigint) \
+                     THEN nextval('dlock.dlock_token_seq') END",
+                )
+                .await?,
+            unlock: client
+                .prepare("SELECT pg_advisory_unlock($1::bigint)")
+                .await?,
+            client,
+        });
+    }
+    let raw = Arc::new(raw);
+    let floor = raw_row(
+        format!(
+            "floor: pg_try_advisory_lock + nextval in one statement, pg_advisory_unlock (prepared, {sessions} connections in turn, raw tokio-postgres)"
+        ),
+        raw.clone(),
+        cfg.run_seed,
+        true,
+    )
+    .serving(raw_cpu.clone());
+    let pair = raw_row(
+        "hand-written pg_try_advisory_lock + pg_advisory_unlock (no token, no ttl)".into(),
+        raw,
+        cfg.run_seed,
+        false,
+    )
+    .serving(raw_cpu);
+    Ok(vec![floor, recorded, unrecorded, pair])
+}
+
+/// Scenario 1's PostgreSQL rows (floor, dlock by default, dlock with
+/// `record_holders(false)`, the hand-written pair) against the pair, with
+/// the server CPU per cycle of each, at each of `concurrency`'s task
+/// counts (1 first, 64 last), and the targets judged on them.
+pub fn pg_against_pair(
+    s: &mut Section,
+    rows: &[Row],
+    concurrency: &[usize],
+    results: &[Vec<Measured>],
+) {
+    let [_, recorded, unrecorded, pair] = results else {
+        return;
+    };
+    let (one, many) = (0, concurrency.len() - 1);
+    let _ = writeln!(
+        s.body,
+        "\nThe PostgreSQL rows against the hand-written pair, with the server CPU per cycle: the CPU time of the server processes serving the row's connections, over all rounds (see *What each row does*).\n\n| implementation | tasks | throughput vs pair | median latency vs pair | server CPU per cycle | server CPU vs pair |\n| --- | ---: | ---: | ---: | ---: | ---: |"
     );
-    Ok(vec![floor, recorded_row, unrecorded_row, pair])
+    for (row, per_tasks) in rows.iter().zip(results) {
+        for (c, m) in per_tasks.iter().enumerate() {
+            let base = &pair[c];
+            let cpu = m.server_per_op();
+            let cpu_ratio = cpu
+                .zip(base.server_per_op())
+                .map_or("?".into(), |(cpu, base)| {
+                    format!("{:.2}", cpu.as_secs_f64() / base.as_secs_f64())
+                });
+            let _ = writeln!(
+                s.body,
+                "| {} | {} | {:.2} | {:.2} | {} | {cpu_ratio} |",
+                plots::short(&row.name),
+                concurrency[c],
+                m.rate() / base.rate(),
+                m.median().as_secs_f64() / base.median().as_secs_f64(),
+                cpu.map_or("? (server not local)".into(), |cpu| format!(
+                    "{:.1} µs",
+                    cpu.as_secs_f64() * 1e6
+                )),
+            );
+        }
+    }
+    let throughput = recorded[many].rate() / pair[many].rate();
+    s.target(
+        "PostgreSQL uncontended cycle, 64 tasks: default dlock >= 0.5 x the hand-written pair",
+        format!("{throughput:.2} x"),
+        throughput >= 0.5,
+    );
+    let latency = recorded[one].median().as_secs_f64() / pair[one].median().as_secs_f64();
+    s.target(
+        "PostgreSQL uncontended cycle, 1 task: default dlock's median latency <= 1.3 x the hand-written pair's",
+        format!("{latency:.2} x"),
+        latency <= 1.3,
+    );
+    let cost = 1.0 - recorded[many].rate() / unrecorded[many].rate();
+    s.target(
+        "PostgreSQL uncontended cycle, 64 tasks: the holder record costs <= 10 % of record_holders(false)'s throughput",
+        format!("{:.0} %", cost * 100.0),
+        cost <= 0.10,
+    );
+}
+
+/// A hand-written row: task `i` locks and unlocks advisory key `seed + i`,
+/// each cycle on the next session in turn; `token` draws a token with the
+/// lock.
+fn raw_row(name: String, sessions: Arc<Vec<RawSession>>, seed: i64, token: bool) -> Row {
+    Row::new(name, move |tasks, deadline| {
+        let sessions = sessions.clone();
+        let turns = Arc::new(AtomicUsize::new(0));
+        async move {
+            spawn_all(tasks, |i| {
+                let (sessions, turns) = (sessions.clone(), turns.clone());
+                let advisory = seed.wrapping_add(i as i64);
+                async move {
+                    timed!(deadline, {
+                        let turn = turns.fetch_add(1, Ordering::Relaxed);
+                        let session = &sessions[turn % sessions.len()];
+                        let taken = if token {
+                            let row = session
+                                .client
+                                .query_one(&session.try_lock_token, &[&advisory])
+                                .await?;
+                            row.try_get::<_, Option<i64>>(0)?.is_some()
+                        } else {
+                            let row = session
+                                .client
+                                .query_one(&session.try_lock, &[&advisory])
+                                .await?;
+                            row.try_get::<_, bool>(0)?
+                        };
+                        if !taken {
+                            return Err(format!("pg: advisory key {advisory} was held").into());
+                        }
+                        let row = session
+                            .client
+                            .query_one(&session.unlock, &[&advisory])
+                            .await?;
+                        if !row.try_get::<_, bool>(0)? {
+                            return Err(format!("pg: advisory key {advisory} was not held").into());
+                        }
+                    })
+                }
+            })
+            .await
+        }
+    })
 }

@@ -30,6 +30,7 @@ mod heap;
 mod held;
 mod modes;
 mod overhead;
+mod pg_cpu;
 mod plots;
 mod report;
 mod server;

@@ -11,6 +11,9 @@ pub struct Measured {
     /// of: rounds of different rows are interleaved, so a burst of load from
     /// elsewhere on the machine hits every row rather than one.
     pub rates: Vec<f64>,
+    /// The server's CPU time over the rounds it was read for, and their
+    /// operations.
+    pub server: Option<(Duration, u64)>,
 }
 
 impl Measured {
@@ -19,6 +22,19 @@ impl Measured {
         self.samples.append(&mut samples);
         self.rates
             .push(ops as f64 / elapsed.as_secs_f64().max(1e-9));
+    }
+
+    /// Adds the server's CPU time of one round of `ops` operations.
+    pub fn add_server(&mut self, cpu: Duration, ops: u64) {
+        let (sum, count) = self.server.get_or_insert_default();
+        *sum += cpu;
+        *count += ops;
+    }
+
+    /// The server's CPU time per operation, over the rounds it was read for.
+    pub fn server_per_op(&self) -> Option<Duration> {
+        let (cpu, ops) = self.server?;
+        (ops > 0).then(|| cpu.div_f64(ops as f64))
     }
 
     /// The median throughput of the rounds, operations per second.

@@ -4,9 +4,9 @@
 //!
 //! | name | type | holds |
 //! | --- | --- | --- |
-//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
+//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits), a waiter mark (`-` or `+`) and, space-separated, its fencing token, the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]); one string, so an acquisition writes one key and a release deletes one |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:info` | string, with the lock's `PX` expiry | who took the lock: its owner id (32 hex digits), the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]), space-separated; written by every acquisition, stretched by every renewal and deleted by the release, together with the lock; read only while that owner holds the lock |
+//! | `dlock:{T}:info` | string, with the lock's `PX` expiry | only beside a lock value of the previous protocol (the owner id and the mark alone, 33 characters, written by a replica not yet upgraded, or by a handoff to its waiter): its owner id, the server time of the acquisition in µs and the holder record, space-separated; stretched by a renewal and deleted by the release of such a value; read only while that owner holds the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
@@ -45,8 +45,6 @@ pub(crate) struct Keyspace {
     pub(crate) fence: String,
     /// The channel a release is announced on.
     pub(crate) released: String,
-    /// Who took the lock, and when.
-    pub(crate) info: String,
 }
 
 impl Keyspace {
@@ -57,16 +55,19 @@ impl Keyspace {
             lock: name(&tag, "lock"),
             fence: name(&tag, "fence"),
             released: name(&tag, "released"),
-            info: name(&tag, "info"),
         }
     }
 }
 
-/// The lock key's and the holder info key's names, all a renewal or a
-/// release sends, from one encoding of the key.
-pub(crate) fn lock_and_info_names(key: &LockKey) -> (String, String) {
-    let tag = hash_tag(key.as_str());
-    (name(&tag, "lock"), name(&tag, "info"))
+/// The lock key's name, all a renewal or a release sends.
+pub(crate) fn lock_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "lock")
+}
+
+/// The previous protocol's holder info key's name (`dlock:{T}:info`): read
+/// only by the holder script, for a value written without its record.
+pub(crate) fn info_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "info")
 }
 
 /// The `SCAN … MATCH` pattern of the lock names of every key that starts
@@ -290,11 +291,10 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_and_info_names_alone_are_the_ones_of_the_full_layout() {
+    fn the_lock_name_alone_is_the_one_of_the_full_layout() {
         for key in ["plain", "}", "a}b{c", "%7D"] {
             let key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
-            let names = Keyspace::of(&key);
-            assert_eq!(lock_and_info_names(&key), (names.lock, names.info));
+            assert_eq!(lock_name(&key), Keyspace::of(&key).lock);
         }
     }
 
@@ -335,12 +335,16 @@ mod tests {
     #[test]
     fn the_info_key_shares_the_locks_hash_tag() {
         for key in ["plain", "}", "a}b{c", "ü}🔒{"] {
+            let info = info_name(&LockKey::new(key).unwrap_or_else(|e| panic!("{e}")));
             let names = names(key);
             assert_eq!(
-                cluster_hash_part(&names.info),
+                cluster_hash_part(&info),
                 cluster_hash_part(&names.lock),
                 "{key:?}"
             );
+            // The scripts name it `string.sub(lock, 1, -5) .. 'info'`.
+            let stem = names.lock.strip_suffix("lock").expect("ends in lock");
+            assert_eq!(info, format!("{stem}info"));
         }
     }
 
@@ -423,6 +427,7 @@ mod tests {
         assert_eq!(names.lock, "dlock:{job:%7B42%7D}:lock");
         assert_eq!(names.fence, "dlock:{job:%7B42%7D}:fence");
         assert_eq!(names.released, "dlock:{job:%7B42%7D}:released");
-        assert_eq!(names.info, "dlock:{job:%7B42%7D}:info");
+        let key = LockKey::new("job:{42}").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(info_name(&key), "dlock:{job:%7B42%7D}:info");
     }
 }

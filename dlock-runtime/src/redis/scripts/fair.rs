@@ -8,8 +8,8 @@ use ::redis::Script;
 
 /// A fair attempt ([`crate::backend::Queue::Respect`] or
 /// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
-/// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
-/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
+/// of fair waiters in front. `KEYS[1]`, `KEYS[2]` and `ARGV[1]` to
+/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
 /// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
 /// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
@@ -53,27 +53,27 @@ pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
 local owner = string.sub(ARGV[1], 1, 32)
 local life = ARGV[4] ~= '' and tonumber(ARGV[4])
 local function enter(text)
-  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  local old = redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
   if type(old) == 'string' and string.find('\n' .. text, '\n' .. owner, 1, true) then
     return text
   end
-  return without(text, owner) .. owner .. '\n'
+  return without(text, owner) .. owner .. ' v\n'
 end
 if not redis.pcall('GET', KEYS[1]) then
-  local text = redis.pcall('GET', KEYS[4])
+  local text = redis.pcall('GET', KEYS[3])
   if type(text) ~= 'string' then
     text = ''
   end
   local clock = server_time()
-  local entry, start, stop = first_live(text, KEYS[4])
+  local entry, start, stop = first_live(text, KEYS[3])
   if entry and (not life or entry[1] ~= owner) then
-    local handed = hand_over(entry, clock, KEYS[1], KEYS[2], KEYS[3])
+    local handed = hand_over(entry, clock, KEYS[1], KEYS[2])
     local rest = string.sub(text, handed and stop or start)
     if life then
       rest = enter(rest)
     end
     if rest ~= text then
-      write(KEYS[4], rest, life)
+      write(KEYS[3], rest, life)
     end
     if handed then
       return tonumber(handed)
@@ -83,8 +83,8 @@ if not redis.pcall('GET', KEYS[1]) then
   local reply = take()
   if type(reply) == 'string' and text ~= '' then
     local rest = entry and string.sub(text, stop) or ''
-    write(KEYS[4], rest)
-    redis.call('DEL', KEYS[5])
+    write(KEYS[3], rest)
+    redis.call('DEL', KEYS[4])
     if rest ~= '' then
       redis.call('SETRANGE', KEYS[1], 32, '+')
     end
@@ -93,25 +93,25 @@ if not redis.pcall('GET', KEYS[1]) then
 end
 local reply = take()
 if type(reply) == 'string' then
-  if redis.call('DEL', KEYS[5]) == 1 then
-    local text = redis.pcall('GET', KEYS[4])
+  if redis.call('DEL', KEYS[4]) == 1 then
+    local text = redis.pcall('GET', KEYS[3])
     if type(text) == 'string' and text ~= '' then
-      leave(KEYS[4], text, owner)
+      leave(KEYS[3], text, owner)
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
-  local left = redis.call('PTTL', KEYS[4])
+  local old = redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  local left = redis.call('PTTL', KEYS[3])
   if type(old) == 'string' and left ~= -2 then
     if left < life then
-      redis.call('PEXPIRE', KEYS[4], life)
+      redis.call('PEXPIRE', KEYS[3], life)
     end
   else
-    local text = redis.pcall('GET', KEYS[4])
+    local text = redis.pcall('GET', KEYS[3])
     if type(text) ~= 'string' then
       text = ''
     end
-    write(KEYS[4], without(text, owner) .. owner .. '\n', life)
+    write(KEYS[3], without(text, owner) .. owner .. ' v\n', life)
   end
 end
 return reply

@@ -302,3 +302,32 @@ fn counter_set_back_under(mode: Mode) {
         ],
     );
 }
+
+/// An operator deletes the fair queue while two waiters queue: each of
+/// them joins again at its next look (not only the first to look), so the
+/// holder's release hands the key to one and that one's release to the
+/// other.
+#[test]
+fn redis_every_fair_waiter_joins_again_after_its_queue_was_deleted() {
+    let join = |o| Op::Acquire {
+        p: 0,
+        k: 2,
+        o,
+        mode: Mode::Join,
+    };
+    replay(
+        Kind::Redis,
+        &[
+            join(0),
+            join(1),
+            join(2),
+            Op::Delete {
+                k: 2,
+                part: Part::Queue,
+            },
+            Op::Release { k: 2, o: 0 },
+            Op::Release { k: 2, o: 2 },
+            Op::Release { k: 2, o: 1 },
+        ],
+    );
+}

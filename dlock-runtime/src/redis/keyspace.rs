@@ -11,6 +11,7 @@
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
 //! | `dlock:{T}:waiter:<owner id>` | string, with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl its attempt asked for (ms) and its holder record; refreshed by the waiter's attempts, deleted by the handoff to it or its leaving |
+//! | `dlock:{T}:rejoin` | string, with an entry's `PX` | `1`, set by a fair waiter that found its entry alive and its line gone from the queue (the queue was lost): while it stands, every waiter's refresh looks for its own line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
 //! | `dlock:{T}:readers` | hash, with the read phase's `PX` | while two or more readers hold (the lock key then holds the read phase's sentinel, 32 zeros and the waiter mark): each reader's owner id → its expiry in server ms; read only while the sentinel stands and the phase key holds the token alone |
 //! | `dlock:{T}:phase` | string, with the read phase's `PX` | the read phase's token, drawn by its first reader, and, while that reader is the phase's only one, `<token> <owner id>` (the key's `PX` then its expiry) |

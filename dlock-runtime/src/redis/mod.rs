@@ -44,6 +44,7 @@
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
 //! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
+//! | `dlock:{T}:rejoin` | string with an entry's `PX` | set when a fair waiter found its line gone from a lost queue: while it stands, each waiter looks for its line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
 //! | `dlock:{T}:readers` | hash with the read phase's `PX` | while two or more readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
 //! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token, and while it has one reader, that reader's owner id (its expiry the key's `PX`) |

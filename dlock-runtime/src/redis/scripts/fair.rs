@@ -31,12 +31,22 @@ use ::redis::Script;
 ///   renewed, or joins at the end; its entry records the ttl it asks for
 ///   and its holder record, for a handoff. A `Respect` joins nothing.
 ///   The renewal, what a waiter sends every second, is one `SET … PX …
-///   GET` of the caller's own entry key, which says it was alive, and a
+///   GET` of the caller's own entry key, which says it was alive, a
 ///   `PTTL` of the queue (a `PEXPIRE` too when the queue would die before
-///   the entry): the queue is neither read nor written, whatever its
-///   length. Only an entry key found gone (a first `Join`, or an entry
-///   that died) reads the queue, drops the owner's old line and appends
-///   one at the end.
+///   the entry) and a `GET` of the key's rejoin mark (below): the queue
+///   is neither read nor written, whatever its length. Only an entry key
+///   found gone (a first `Join`, or an entry that died) reads the queue,
+///   drops the owner's old line and appends one at the end.
+/// - **A lost queue.** An entry key that lives on while its line is gone
+///   means the queue was lost (deleted by an operator, a failover that
+///   missed its writes): the order is not recoverable, so the waiter
+///   joins again at the end, and sets the rejoin mark,
+///   `dlock:{T}:rejoin`, for an entry's life. While the mark stands,
+///   every waiter's refresh reads the queue and looks for its own line,
+///   so each waiter that lost its line joins again at its next attempt
+///   (within a second), not only the first to look. A queue found gone
+///   (`PTTL` -2) by a waiter whose entry lives is read as lost the same
+///   way.
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
@@ -52,10 +62,16 @@ pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
     r"
 local owner = string.sub(ARGV[1], 1, 32)
 local life = ARGV[4] ~= '' and tonumber(ARGV[4])
-local function enter(text)
-  local old = redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
-  if type(old) == 'string' and string.find('\n' .. text, '\n' .. owner, 1, true) then
-    return text
+local rejoin = string.sub(KEYS[3], 1, -6) .. 'rejoin'
+local function refresh()
+  return redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+end
+local function enter(text, old)
+  if type(old) == 'string' then
+    if string.find('\n' .. text, '\n' .. owner, 1, true) then
+      return text
+    end
+    redis.call('SET', rejoin, '1', 'PX', ARGV[4])
   end
   return without(text, owner) .. owner .. ' v\n'
 end
@@ -70,7 +86,7 @@ if not redis.pcall('GET', KEYS[1]) then
     local handed = hand_over(entry, clock, KEYS[1], KEYS[2])
     local rest = string.sub(text, handed and stop or start)
     if life then
-      rest = enter(rest)
+      rest = enter(rest, refresh())
     end
     if rest ~= text then
       write(KEYS[3], rest, life)
@@ -100,9 +116,9 @@ if type(reply) == 'string' then
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local old = redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+  local old = refresh()
   local left = redis.call('PTTL', KEYS[3])
-  if type(old) == 'string' and left ~= -2 then
+  if type(old) == 'string' and left ~= -2 and not redis.pcall('GET', rejoin) then
     if left < life then
       redis.call('PEXPIRE', KEYS[3], life)
     end
@@ -111,7 +127,12 @@ elseif life and not (type(reply) == 'table' and reply.err) then
     if type(text) ~= 'string' then
       text = ''
     end
-    write(KEYS[3], without(text, owner) .. owner .. ' v\n', life)
+    local rest = enter(text, old)
+    if rest ~= text then
+      write(KEYS[3], rest, life)
+    elseif left < life then
+      redis.call('PEXPIRE', KEYS[3], life)
+    end
   end
 end
 return reply

@@ -304,9 +304,8 @@ fn counter_set_back_under(mode: Mode) {
 }
 
 /// An operator deletes the fair queue while two waiters queue: each of
-/// them joins again at its next look (not only the first to look), so the
-/// holder's release hands the key to one and that one's release to the
-/// other.
+/// them joins again at its next look (not only the first to look), so a
+/// waiter that joins after they looked again is served after both.
 #[test]
 fn redis_every_fair_waiter_joins_again_after_its_queue_was_deleted() {
     let join = |o| Op::Acquire {
@@ -325,9 +324,11 @@ fn redis_every_fair_waiter_joins_again_after_its_queue_was_deleted() {
                 k: 2,
                 part: Part::Queue,
             },
+            join(3),
             Op::Release { k: 2, o: 0 },
             Op::Release { k: 2, o: 2 },
             Op::Release { k: 2, o: 1 },
+            Op::Release { k: 2, o: 3 },
         ],
     );
 }

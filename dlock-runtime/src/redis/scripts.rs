@@ -16,16 +16,18 @@ use ::redis::Script;
 ///
 /// `$waits`: the Lua expression that says whether the caller waits (rule
 /// M3: only a waiting writer leaves a writer-waiting mark), read from the
-/// argument each script keeps for it.
+/// argument each script keeps for it. `$held`: the expression of the lock
+/// key's value, `GET` here or by a script that read it already.
 macro_rules! acquire_lua {
-    ($waits:literal) => {
+    ($waits:literal, $held:literal) => {
         concat!(
             "local waits = ",
             $waits,
+            "\nlocal held = ",
+            $held,
             "\n",
             r"
 local owner, mark = string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
-local held = redis.pcall('GET', KEYS[1])
 if held then
   if not (type(held) == 'string' and string.sub(held, 1, 32) == owner
       and (#held == 33 or string.byte(held, 34) == 32)) then
@@ -56,12 +58,14 @@ if held then
     mark = '+'
   end
 end
-local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
-local waiting = redis.pcall('GET', writer)
-if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
-  redis.call('DEL', writer)
-  if string.byte(waiting, -1) == 43 then
-    mark = '+'
+if waits then
+  local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
+  local waiting = redis.pcall('GET', writer)
+  if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
+    redis.call('DEL', writer)
+    if string.byte(waiting, -1) == 43 then
+      mark = '+'
+    end
   end
 end
 local now = redis.call('TIME')
@@ -181,9 +185,10 @@ end
 ///   starts and where the next one does (every line before it is dead);
 ///   `nil` and the queue's end when nobody live is first (a line of
 ///   another shape ends the queue).
-/// - `write(queue, text, life)`: stores the queue's new text (`DEL` when
-///   empty), keeping its `PX`, or stretching it to at least `life` ms for
-///   an entry that was just written.
+/// - `write(queue, text, life, left)`: stores the queue's new text (`DEL`
+///   when empty), keeping its `PX`, or stretching it to at least `life` ms
+///   for an entry that was just written (from `left`, its `PTTL`, when the
+///   caller read it already).
 /// - `hand_over(entry, clock, lock, fence)`: gives the free key to
 ///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
 ///   ms, or `nil` when the counter cannot rise (the key is then left free,
@@ -216,11 +221,11 @@ local function first_live(text, queue)
     at = stop
   end
 end
-local function write(queue, text, life)
+local function write(queue, text, life, left)
   if text == '' then
     redis.call('DEL', queue)
   elseif life then
-    redis.call('SET', queue, text, 'PX', math.max(redis.call('PTTL', queue), life))
+    redis.call('SET', queue, text, 'PX', math.max(left or redis.call('PTTL', queue), life))
   else
     redis.call('SET', queue, text, 'KEEPTTL')
   end
@@ -351,8 +356,11 @@ end
 /// at most 1000 ms then, a third of the mark's life, so the waiter's
 /// retries keep the mark alive. The attempt that takes the key deletes its
 /// owner's mark, and takes the key `+` if a reader was refused by the mark
-/// (the mark's flag), so its release wakes that reader.
-pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'");
+/// (the mark's flag), so its release wakes that reader. Only a caller that
+/// waits can have left a mark (owner ids are per acquisition), so only its
+/// attempts look for one: an attempt that does not wait costs no `GET` of
+/// the mark.
+pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'", "redis.pcall('GET', KEYS[1])");
 
 /// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` the owner id with the
 /// `-` mark, `ARGV[2]` ttl in milliseconds. Returns 1 if renewed, 0 if the
@@ -567,7 +575,7 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
            redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
          end\n\
          return reply\n",
-        acquire_lua!("ARGV[5] == 'w'")
+        acquire_lua!("ARGV[5] == 'w'", "redis.pcall('GET', KEYS[1])")
     )
 });
 

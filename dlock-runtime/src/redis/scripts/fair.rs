@@ -55,8 +55,8 @@ use ::redis::Script;
 /// no attempt takes the key past a waiter that queued before it, and a
 /// release that hands over never races a `Join`.
 pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
-    "local function take()\n",
-    acquire_lua!("ARGV[5] == 'w'"),
+    "local function take(prefetched)\n",
+    acquire_lua!("ARGV[5] == 'w'", "prefetched"),
     "end\n",
     queue_lua!(),
     r"
@@ -75,7 +75,8 @@ local function enter(text, old)
   end
   return without(text, owner) .. owner .. ' v\n'
 end
-if not redis.pcall('GET', KEYS[1]) then
+local held = redis.pcall('GET', KEYS[1])
+if not held then
   local text = redis.pcall('GET', KEYS[3])
   if type(text) ~= 'string' then
     text = ''
@@ -96,7 +97,7 @@ if not redis.pcall('GET', KEYS[1]) then
     end
     return -1
   end
-  local reply = take()
+  local reply = take(false)
   if type(reply) == 'string' and text ~= '' then
     local rest = entry and string.sub(text, stop) or ''
     write(KEYS[3], rest)
@@ -107,7 +108,7 @@ if not redis.pcall('GET', KEYS[1]) then
   end
   return reply
 end
-local reply = take()
+local reply = take(held)
 if type(reply) == 'string' then
   if redis.call('DEL', KEYS[4]) == 1 then
     local text = redis.pcall('GET', KEYS[3])
@@ -129,7 +130,7 @@ elseif life and not (type(reply) == 'table' and reply.err) then
     end
     local rest = enter(text, old)
     if rest ~= text then
-      write(KEYS[3], rest, life)
+      write(KEYS[3], rest, life, left)
     elseif left < life then
       redis.call('PEXPIRE', KEYS[3], life)
     end

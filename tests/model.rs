@@ -270,3 +270,65 @@ fn pg_a_fair_first_try_retried_by_its_holder_is_a_success() {
         ],
     );
 }
+
+/// An operator sets the key's counter back below a reader's token: the
+/// reader is still read with its phase's token, and a force release naming
+/// an older one breaks nothing.
+#[test]
+fn redis_a_counter_set_back_leaves_a_readers_token_and_a_stale_name_breaks_nothing() {
+    counter_set_back_under(Mode::Shared);
+}
+
+/// The same for an exclusive holder, whose token is in its lock's value.
+#[test]
+fn redis_a_counter_set_back_leaves_a_holders_token_and_a_stale_name_breaks_nothing() {
+    counter_set_back_under(Mode::Exclusive);
+}
+
+fn counter_set_back_under(mode: Mode) {
+    replay(
+        Kind::Redis,
+        &[
+            Op::Acquire {
+                p: 1,
+                k: 0,
+                o: 94,
+                mode,
+            },
+            Op::Rewind { k: 0, value: 0 },
+            Op::Holder { p: 0, k: 0 },
+            Op::ForceStale { p: 1, k: 0 },
+            Op::ForceNamed { p: 2, k: 0 },
+        ],
+    );
+}
+
+/// An operator deletes the fair queue while two waiters queue: each of
+/// them joins again at its next look (not only the first to look), so a
+/// waiter that joins after they looked again is served after both.
+#[test]
+fn redis_every_fair_waiter_joins_again_after_its_queue_was_deleted() {
+    let join = |o| Op::Acquire {
+        p: 0,
+        k: 2,
+        o,
+        mode: Mode::Join,
+    };
+    replay(
+        Kind::Redis,
+        &[
+            join(0),
+            join(1),
+            join(2),
+            Op::Delete {
+                k: 2,
+                part: Part::Queue,
+            },
+            join(3),
+            Op::Release { k: 2, o: 0 },
+            Op::Release { k: 2, o: 2 },
+            Op::Release { k: 2, o: 1 },
+            Op::Release { k: 2, o: 3 },
+        ],
+    );
+}

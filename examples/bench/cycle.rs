@@ -248,14 +248,14 @@ pub async fn redis_rows(cfg: &Config) -> Res<Vec<Row>> {
     Ok(vec![floor, dlock_row, rslock_row, bare])
 }
 
-/// The holder record dlock's acquisitions write beside the lock: this
-/// process's host and pid, no label (the bench sets none).
+/// The holder record dlock's acquisitions write into the lock's value:
+/// this process's host and pid, no label (the bench sets none).
 static HOLDER_RECORD: LazyLock<String> =
     LazyLock::new(|| dlock::HolderInfo::this_process(None).encode());
 
 /// One cycle of the Redis floor: dlock's acquire and release scripts sent
 /// by hand on the keys dlock would use for `tag`, with the arguments dlock
-/// sends (the holder info key and record too).
+/// sends (the holder record too).
 pub async fn floor_cycle(
     conn: &mut MultiplexedConnection,
     acquire: &Script,
@@ -263,10 +263,9 @@ pub async fn floor_cycle(
     tag: &str,
     owner: &str,
 ) -> Res<()> {
-    let (lock, fence, info) = (
+    let (lock, fence) = (
         format!("dlock:{{{tag}}}:lock"),
         format!("dlock:{{{tag}}}:fence"),
-        format!("dlock:{{{tag}}}:info"),
     );
     // The protocol's value: the owner id and the "nobody waits" mark.
     let value = format!("{owner}-");
@@ -274,7 +273,6 @@ pub async fn floor_cycle(
     let got: redis::Value = acquire
         .key(&lock)
         .key(&fence)
-        .key(&info)
         .arg(&value)
         .arg(TTL.as_millis() as u64)
         .arg(HOLDER_RECORD.as_str())
@@ -283,12 +281,7 @@ pub async fn floor_cycle(
     if !matches!(&got, redis::Value::BulkString(token) if !token.is_empty()) {
         return Err(format!("floor: {lock} was held: {got:?}").into());
     }
-    let released: i64 = release
-        .key(&lock)
-        .key(&info)
-        .arg(&value)
-        .invoke_async(conn)
-        .await?;
+    let released: i64 = release.key(&lock).arg(&value).invoke_async(conn).await?;
     if released != 1 {
         return Err(format!("floor: {lock} was not ours").into());
     }

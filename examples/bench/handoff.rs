@@ -45,11 +45,12 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Default)]
-struct Shared(Arc<Mutex<Book>>);
+struct Shared(Arc<Mutex<Book>>, Arc<tokio::sync::Notify>);
 
 impl Shared {
     fn acquired(&self, task: usize) {
         let got = Instant::now();
+        self.1.notify_waiters();
         let mut book = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(at) = book.released_at.take() {
             book.turns.push(got - at);
@@ -67,6 +68,35 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner)
             .released_at = Some(Instant::now());
     }
+
+    /// Waits until a task other than `task` has taken the key (or
+    /// `deadline` passed).
+    async fn next_holder(&self, task: usize, deadline: Instant) {
+        loop {
+            let notified = self.1.notified();
+            let last = self
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last_holder;
+            if last != Some(task) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// When a releasing task asks for the key again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Again {
+    /// At once: it queues behind the others while the key is handed on.
+    AtOnce,
+    /// Once another task took the key: the handoff runs with the releaser
+    /// out of the way.
+    AfterTheNextHolder,
 }
 
 /// Runs `TASKS` contenders built by `task` for `time`.
@@ -105,6 +135,7 @@ pub async fn dlock(
     key: &str,
     time: Duration,
     fair: bool,
+    again: Again,
 ) -> Res<Outcome> {
     let key = LockKey::new(key)?;
     contend(time, |i, deadline, book| {
@@ -118,6 +149,9 @@ pub async fn dlock(
                 book.acquired(i);
                 book.releasing();
                 lease.release().await?;
+                if again == Again::AfterTheNextHolder {
+                    book.next_holder(i, deadline).await;
+                }
             }
             Ok(())
         }

@@ -104,15 +104,7 @@ impl Store for Redis {
     fn abilities(&self) -> Abilities {
         Abilities {
             handoff_needs_mark: true,
-            // Not the queue: a deleted queue keeps only the first waiter
-            // that looks again; the others' entries live on, so they keep
-            // what they take for their place and are passed by later
-            // waiters (a finding of the model, not fixed yet).
-            deletes: PARTS
-                .iter()
-                .copied()
-                .filter(|p| *p != Part::Queue)
-                .collect(),
+            deletes: PARTS.to_vec(),
             rewind: true,
             foreign: true,
             flush: true,
@@ -174,11 +166,13 @@ impl Redis {
                 Ok(())
             }
             Part::Queue => {
-                // The waiters' own entries live on: each keeps waiting, and
-                // joins again at its next look.
-                for o in run.model.keys[k].queue.clone() {
-                    let p = 0;
-                    run.acquire(p, k, o, Mode::Join, false).await?;
+                // The order is lost with the queue; the waiters' entries
+                // live on, and each joins again, at the end, at its next
+                // look: every one of them, in the order they look (here the
+                // reverse of their old one), ahead of whoever joins later.
+                let waiters = std::mem::take(&mut run.model.keys[k].queue);
+                for &o in waiters.iter().rev() {
+                    run.acquire(0, k, o, Mode::Join, false).await?;
                 }
                 Ok(())
             }

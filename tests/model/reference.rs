@@ -61,9 +61,9 @@ pub struct KeyModel {
     /// The token counter holds no counter (Redis): a grant that must draw
     /// may fail instead, leaving the key as it was.
     pub counter_broken: bool,
-    /// The counter was set back or deleted since the last grant: a holder
-    /// read may name any token (Redis reads the holder's token from the
-    /// counter).
+    /// The counter was set back or deleted since the last grant: a read
+    /// of permit holders may name any token (Redis keeps no token per
+    /// permit, and reads theirs from the counter).
     pub counter_touched: bool,
     /// An attempt found the key held since it was last granted (Redis
     /// marks the holder's value, so its release looks at the queue).
@@ -460,7 +460,7 @@ impl Model {
         match (&key.hold, read) {
             (Hold::Free, None) => Ok(()),
             (Hold::Free, Some(_)) | (_, None) => Err(wrong()),
-            (_, Some(_)) if key.counter_touched => Ok(()),
+            (Hold::Permits { .. }, Some(_)) if key.counter_touched => Ok(()),
             (Hold::Exclusive { token, .. }, Some(Some(read))) if read == *token => Ok(()),
             (Hold::Shared { token, .. }, Some(read)) if read.is_none_or(|read| read == *token) => {
                 Ok(())

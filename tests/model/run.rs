@@ -527,7 +527,7 @@ impl Run {
             };
         }
         match (&key.hold, answer) {
-            (_, Ok(ForceRelease::Released)) if matches || key.counter_touched => {
+            (_, Ok(ForceRelease::Released)) if matches => {
                 key.hold = Hold::Free;
                 if self.force_ends_sessions {
                     self.sessions_ended().await.map(drop)
@@ -556,17 +556,7 @@ impl Run {
                 )),
             };
         }
-        let key = &mut self.model.keys[k];
-        if key.counter_touched
-            && key.hold != Hold::Free
-            && matches!(answer, Ok(ForceRelease::Released))
-        {
-            // Redis reads a holder's token from the key's counter: set back
-            // by an operator, it may name the holder with an old token.
-            key.hold = Hold::Free;
-            return self.settle(k).await;
-        }
-        let hold = &key.hold;
+        let hold = &self.model.keys[k].hold;
         match (hold, answer) {
             (Hold::Free, Ok(ForceRelease::NotHeld)) => Ok(()),
             (Hold::Permits { .. }, Err(_)) => Ok(()),

@@ -296,8 +296,8 @@ async fn a_ttl_with_a_fraction_of_a_millisecond_reaches_redis_rounded_up_never_d
     assert_eq!(
         sent,
         [
-            ("3".to_owned(), "2001".to_owned()),
-            ("2".to_owned(), "2001".to_owned())
+            ("2".to_owned(), "2001".to_owned()),
+            ("1".to_owned(), "2001".to_owned())
         ],
         "a ttl of 2000.5 ms must reach the server as 2001 ms (acquire, then extend)"
     );
@@ -660,11 +660,7 @@ async fn a_fencing_counter_far_ahead_of_the_clock_is_warned_about() {
 }
 
 // ---------------------------------------------------------------------------
-// The holder info key beside each lock.
-
-fn info_name(key: &LockKey) -> String {
-    format!("dlock:{{{key}}}:info")
-}
+// The holder record in each lock's value.
 
 /// The absolute expiry of `name` in ms (`PEXPIRETIME`), as redis-cli
 /// prints it: -2 for no such key, -1 for no expiry.
@@ -674,45 +670,34 @@ fn expires_at(name: &str) -> i64 {
         .unwrap_or_else(|err| panic!("PEXPIRETIME {name}: {err}"))
 }
 
-/// Asserts that the info key expires when the lock does (`lock_expiry`).
-/// Within one script, each `PEXPIRE` reads the clock itself on Redis
-/// before 7.2, so the two expiries may lie a millisecond apart.
-fn assert_expires_with(info: &str, lock_expiry: i64, what: &str) {
-    let info_expiry = expires_at(info);
-    assert!(
-        (info_expiry - lock_expiry).abs() <= 1,
-        "{what}: the info key expires at {info_expiry}, the lock at {lock_expiry}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_holder_info_key_is_taken_renewed_and_released_with_the_lock() {
+async fn the_holder_record_is_taken_renewed_and_released_in_the_lock_value_alone() {
     use dlock::backend::{AcquireRequest, Attempt, ReleaseOutcome, ReleaseRequest, Renewal};
     let backend = backend().await;
-    let key = dlock_runtime::conformance::fresh_key("info-with-lock");
-    let (lock, info) = (lock_name(&key), info_name(&key));
+    let key = dlock_runtime::conformance::fresh_key("record-in-lock");
+    let (lock, info) = (lock_name(&key), format!("dlock:{{{key}}}:info"));
     let owner = OwnerId::random().expect("random");
     let request = AcquireRequest::new(&key, &owner, Duration::from_secs(60));
-    assert!(matches!(
-        backend.try_acquire(&request).await,
-        Ok(Attempt::Acquired(_))
-    ));
-    // `<owner id> <server µs> <record>`, expiring when the lock does (read
-    // with redis-rs: redis-cli's output loses the empty label's tab).
+    let Ok(Attempt::Acquired(grant)) = backend.try_acquire(&request).await else {
+        panic!("the key was free");
+    };
+    // `<owner id>- <token> <server µs> <record>` (read with redis-rs:
+    // redis-cli's output loses the empty label's tab).
     let mut conn = redis::Client::open(redis_url())
         .expect("url")
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
     let value: String = redis::cmd("GET")
-        .arg(&info)
+        .arg(&lock)
         .query_async(&mut conn)
         .await
         .expect("GET");
-    let mut fields = value.splitn(3, ' ');
+    let mut fields = value.splitn(4, ' ');
+    assert_eq!(fields.next(), Some(&format!("{owner}-")[..]), "{value:?}");
     assert_eq!(
         fields.next(),
-        Some(&cli(&["GET", &lock])[..32]),
+        Some(&grant.token.get().to_string()[..]),
         "{value:?}"
     );
     assert!(
@@ -724,22 +709,25 @@ async fn the_holder_info_key_is_taken_renewed_and_released_with_the_lock() {
     let record = fields.next().expect("a record");
     let me = dlock::HolderInfo::this_process(None);
     assert_eq!(dlock::HolderInfo::decode(record), Some(me), "{value:?}");
+    assert_eq!(cli(&["EXISTS", &info]), "0", "no key of its own");
     let taken = expires_at(&lock);
     assert!(taken > 0, "the lock has an expiry: {taken}");
-    assert_expires_with(&info, taken, "the info key expires with the lock");
 
     let renewal = Renewal::new(&key, &owner, Duration::from_secs(120));
     assert!(backend.extend(&renewal).await.expect("renew"));
     let renewed = expires_at(&lock);
     assert!(renewed > taken, "renewed: {renewed} after {taken}");
-    assert_expires_with(&info, renewed, "renewed with the lock");
     // The batch renewal (one pipeline) too.
     let renewal = Renewal::new(&key, &owner, Duration::from_secs(180));
     let batch = backend.extend_many(&[renewal]).await;
     assert!(matches!(batch.as_slice(), [Ok(true)]), "{batch:?}");
-    let renewed_again = expires_at(&lock);
-    assert!(renewed_again > renewed);
-    assert_expires_with(&info, renewed_again, "renewed with the lock");
+    assert!(expires_at(&lock) > renewed);
+    let kept: String = redis::cmd("GET")
+        .arg(&lock)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(kept, value, "renewals keep the record");
 
     assert_eq!(
         backend
@@ -748,33 +736,7 @@ async fn the_holder_info_key_is_taken_renewed_and_released_with_the_lock() {
             .expect("release"),
         ReleaseOutcome::Released
     );
-    assert_eq!(cli(&["EXISTS", &lock, &info]), "0", "both deleted");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lease_left_to_expire_leaves_no_holder_info_behind() {
-    let backend = backend().await;
-    let key = dlock_runtime::conformance::fresh_key("info-expires");
-    let (lock, info) = (lock_name(&key), info_name(&key));
-    let lease = LockOptions::new(Duration::from_secs(2))
-        .renew(false)
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
-    assert_eq!(cli(&["EXISTS", &info]), "1", "recorded");
-    within(10, "the lock's ttl running out", async {
-        while cli(&["EXISTS", &lock]) != "0" {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    assert_eq!(
-        cli(&["EXISTS", &info]),
-        "0",
-        "the info key outlived the lock it describes"
-    );
-    assert_eq!(backend.holder(&key).await.expect("holder"), None);
-    drop(lease);
+    assert_eq!(cli(&["EXISTS", &lock, &info]), "0", "nothing left");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,3 +23,4 @@ mod modes;
 mod sentinel;
 mod server;
 mod upgrade;
+mod upgrade_record;

@@ -390,28 +390,27 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     let key = dlock_runtime::conformance::fresh_key("upgrade-info-left");
     let info = format!("dlock:{{{key}}}:info");
     let mut older = Unrecorded::new('d').await;
+    let mut recorder = crate::upgrade_record::Recorded::new('f').await;
     let me = dlock::HolderInfo::this_process(None);
 
-    // A new holder records itself; an older replica's force release
-    // deletes its lock and leaves the info key.
-    let lease = LockOptions::new(Duration::from_secs(60))
-        .acquire_on(backend.clone(), &key)
-        .await
-        .expect("free");
+    // A holder on the protocol with the info key records itself there; an
+    // older replica's force release deletes its lock and leaves the info
+    // key.
+    let recorded_token = recorder.acquire(&key).await.expect("free");
     let recorded = backend
         .holder(&key)
         .await
         .expect("holder")
         .and_then(|holding| holding.holder)
-        .expect("a new holder is recorded");
+        .expect("the holder is recorded");
     assert_eq!(
         (recorded.host.as_str(), recorded.pid),
         (me.host.as_str(), me.pid)
     );
     assert_eq!(older.force_release(&key).await, 1);
-    // The broken lease's own release finds another value (none): it
+    // The broken holder's own release finds another value (none): it
     // deletes nothing, and says so.
-    assert!(lease.release().await.is_err(), "a broken lease released");
+    assert_eq!(recorder.release(&key).await, 0, "a broken holder released");
     assert_eq!(
         cli(&["EXISTS", &info]),
         "1",
@@ -421,6 +420,7 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     // An older holder takes the key: it is held, by an unknown holder, and
     // never paired with the info record left behind.
     let token = older.acquire(&key, 60_000).await.expect("free again");
+    assert!(token > recorded_token);
     let holding = backend
         .holder(&key)
         .await
@@ -429,7 +429,7 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     assert_eq!(holding.token.map(|t| t.get()), Some(token));
     assert_eq!(
         holding.holder, None,
-        "the older holder must not be named as the new one"
+        "the older holder must not be named as the recorded one"
     );
     let listed = backend.held(key.as_str()).await.expect("held");
     assert_eq!(listed.len(), 1, "{listed:?}");
@@ -441,8 +441,8 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     assert_eq!(backend.holder(&key).await.expect("holder"), None);
     assert_eq!(backend.held(key.as_str()).await.expect("held"), Vec::new());
 
-    // The next new holder records itself over it, and its release deletes
-    // both.
+    // A new holder is read with its own record, never the one left
+    // behind, and its release deletes its lock.
     let lease = LockOptions::new(Duration::from_secs(60))
         .acquire_on(backend.clone(), &key)
         .await
@@ -451,7 +451,7 @@ async fn an_info_record_left_behind_never_names_a_later_holder_on_the_older_prot
     let holding = backend.holder(&key).await.expect("holder").expect("held");
     assert_eq!(holding.holder.map(|h| h.pid), Some(me.pid));
     lease.release().await.expect("release");
-    assert_eq!(cli(&["EXISTS", &lock_name(&key), &info]), "0");
+    assert_eq!(cli(&["EXISTS", &lock_name(&key)]), "0");
 }
 
 /// Shared locks need no upgrade of the writers: a read phase holds the

@@ -238,7 +238,6 @@ impl RedisBackend {
         let keys = [
             bytes(&names.lock),
             bytes(&names.fence),
-            bytes(&names.info),
             bytes(queue),
             bytes(entry),
         ];

@@ -4,13 +4,14 @@
 //!
 //! | name | type | holds |
 //! | --- | --- | --- |
-//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
+//! | `dlock:{T}:lock` | string, with a `PX` expiry | the holder's owner id (32 hex digits), a waiter mark (`-` or `+`) and, space-separated, its fencing token, the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]); one string, so an acquisition writes one key and a release deletes one |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:info` | string, with the lock's `PX` expiry | who took the lock: its owner id (32 hex digits), the server time of the acquisition in µs and the holder record (`1`, host, pid, label, tab-separated: [`crate::HolderInfo::encode`]), space-separated; written by every acquisition, stretched by every renewal and deleted by the release, together with the lock; read only while that owner holds the lock |
+//! | `dlock:{T}:info` | string, with the lock's `PX` expiry | only beside a lock value of the previous protocol (the owner id and the mark alone, 33 characters, written by a replica not yet upgraded, or by a handoff to its waiter): its owner id, the server time of the acquisition in µs and the holder record, space-separated; stretched by a renewal and deleted by the release of such a value; read only while that owner holds the lock |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity, written by the acquisition; read only while that owner holds the lock, overwritten by the next such acquisition |
 //! | `dlock:{T}:released` | pub/sub channel | a message on every release someone may wait for, and on every acquisition with an identity |
 //! | `dlock:{T}:queue` | string, with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one line per waiter in arrival order, its owner id (see the scripts) |
 //! | `dlock:{T}:waiter:<owner id>` | string, with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl its attempt asked for (ms) and its holder record; refreshed by the waiter's attempts, deleted by the handoff to it or its leaving |
+//! | `dlock:{T}:rejoin` | string, with an entry's `PX` | `1`, set by a fair waiter that found its entry alive and its line gone from the queue (the queue was lost): while it stands, every waiter's refresh looks for its own line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | a message per handoff to a fair waiter: `<owner id> <token> <ms the lease lasts>`; each process with fair waiters on the key follows it once |
 //! | `dlock:{T}:readers` | hash, with the read phase's `PX` | while two or more readers hold (the lock key then holds the read phase's sentinel, 32 zeros and the waiter mark): each reader's owner id → its expiry in server ms; read only while the sentinel stands and the phase key holds the token alone |
 //! | `dlock:{T}:phase` | string, with the read phase's `PX` | the read phase's token, drawn by its first reader, and, while that reader is the phase's only one, `<token> <owner id>` (the key's `PX` then its expiry) |
@@ -45,8 +46,6 @@ pub(crate) struct Keyspace {
     pub(crate) fence: String,
     /// The channel a release is announced on.
     pub(crate) released: String,
-    /// Who took the lock, and when.
-    pub(crate) info: String,
 }
 
 impl Keyspace {
@@ -57,16 +56,19 @@ impl Keyspace {
             lock: name(&tag, "lock"),
             fence: name(&tag, "fence"),
             released: name(&tag, "released"),
-            info: name(&tag, "info"),
         }
     }
 }
 
-/// The lock key's and the holder info key's names, all a renewal or a
-/// release sends, from one encoding of the key.
-pub(crate) fn lock_and_info_names(key: &LockKey) -> (String, String) {
-    let tag = hash_tag(key.as_str());
-    (name(&tag, "lock"), name(&tag, "info"))
+/// The lock key's name, all a renewal or a release sends.
+pub(crate) fn lock_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "lock")
+}
+
+/// The previous protocol's holder info key's name (`dlock:{T}:info`): read
+/// only by the holder script, for a value written without its record.
+pub(crate) fn info_name(key: &LockKey) -> String {
+    name(&hash_tag(key.as_str()), "info")
 }
 
 /// The `SCAN … MATCH` pattern of the lock names of every key that starts
@@ -290,11 +292,10 @@ mod tests {
     }
 
     #[test]
-    fn the_lock_and_info_names_alone_are_the_ones_of_the_full_layout() {
+    fn the_lock_name_alone_is_the_one_of_the_full_layout() {
         for key in ["plain", "}", "a}b{c", "%7D"] {
             let key = LockKey::new(key).unwrap_or_else(|e| panic!("{e}"));
-            let names = Keyspace::of(&key);
-            assert_eq!(lock_and_info_names(&key), (names.lock, names.info));
+            assert_eq!(lock_name(&key), Keyspace::of(&key).lock);
         }
     }
 
@@ -335,12 +336,16 @@ mod tests {
     #[test]
     fn the_info_key_shares_the_locks_hash_tag() {
         for key in ["plain", "}", "a}b{c", "ü}🔒{"] {
+            let info = info_name(&LockKey::new(key).unwrap_or_else(|e| panic!("{e}")));
             let names = names(key);
             assert_eq!(
-                cluster_hash_part(&names.info),
+                cluster_hash_part(&info),
                 cluster_hash_part(&names.lock),
                 "{key:?}"
             );
+            // The scripts name it `string.sub(lock, 1, -5) .. 'info'`.
+            let stem = names.lock.strip_suffix("lock").expect("ends in lock");
+            assert_eq!(info, format!("{stem}info"));
         }
     }
 
@@ -423,6 +428,7 @@ mod tests {
         assert_eq!(names.lock, "dlock:{job:%7B42%7D}:lock");
         assert_eq!(names.fence, "dlock:{job:%7B42%7D}:fence");
         assert_eq!(names.released, "dlock:{job:%7B42%7D}:released");
-        assert_eq!(names.info, "dlock:{job:%7B42%7D}:info");
+        let key = LockKey::new("job:{42}").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(info_name(&key), "dlock:{job:%7B42%7D}:info");
     }
 }

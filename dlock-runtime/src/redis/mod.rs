@@ -37,13 +37,14 @@
 //!
 //! | name | type | holds |
 //! | --- | --- | --- |
-//! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits) and a waiter mark (`-` or `+`) |
+//! | `dlock:{T}:lock` | string with a `PX` expiry | the holder's owner id (32 hex digits), a waiter mark (`-` or `+`), its fencing token, the server time of the acquisition in µs, and the holder's host, pid and label ([`crate::holder`]); one key written by an acquisition and deleted by a release |
 //! | `dlock:{T}:fence` | string (integer), no expiry | the last fencing token issued for `K` |
-//! | `dlock:{T}:info` | string with the lock's `PX` expiry | who took the lock: the owner id, the server time of the acquisition in µs, and the holder's host, pid and label ([`crate::holder`]); written, renewed and deleted in the same scripts as the lock |
+//! | `dlock:{T}:info` | string with the lock's `PX` expiry | only beside a lock of the previous protocol (a value of the owner id and the mark alone): who took it, written by a replica not yet upgraded |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
 //! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
+//! | `dlock:{T}:rejoin` | string with an entry's `PX` | set when a fair waiter found its line gone from a lost queue: while it stands, each waiter looks for its line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
 //! | `dlock:{T}:readers` | hash with the read phase's `PX` | while two or more readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
 //! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token, and while it has one reader, that reader's owner id (its expiry the key's `PX`) |
@@ -53,11 +54,12 @@
 //! `{T}` is a Redis Cluster hash tag, so all the keys live in one slot and
 //! the scripts are valid on a cluster. Fence keys are small and kept
 //! forever; deleting one is safe (the next token restarts from the clock).
-//! An info key or identity record is read only while the owner id it
-//! starts with holds the lock, so one left behind (the lock deleted by
-//! hand, or by an older dlock, which writes no info) never names a later
-//! holder; a lock taken by an older dlock reads as held by an unknown
-//! holder (`holder: None`).
+//! A holder's token is read from its own value, so an operator who sets
+//! the fence key back changes no holder's token. An info key or identity
+//! record is read only while the owner id it starts with holds the lock,
+//! so one left behind (the lock deleted by hand, or by an older dlock,
+//! which writes no info) never names a later holder; a lock taken by an
+//! older dlock reads as held by an unknown holder (`holder: None`).
 //!
 //! ## Fair mode
 //!

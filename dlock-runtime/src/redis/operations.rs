@@ -56,7 +56,7 @@ impl Backend for RedisBackend {
             None => &*scripts::ACQUIRE,
             Some(_) => &*scripts::ACQUIRE_AS,
         };
-        let mut keys = vec![bytes(&names.lock), bytes(&names.fence), bytes(&names.info)];
+        let mut keys = vec![bytes(&names.lock), bytes(&names.fence)];
         let mut args = vec![
             held_value(owner, self.mark(request, &names)).to_vec(),
             bytes(ttl_millis(ttl)),
@@ -86,10 +86,8 @@ impl Backend for RedisBackend {
             None => scripts::EXTEND.prepare_invoke(),
             Some(_) => scripts::EXTEND_AS.prepare_invoke(),
         };
-        let (lock, info) = keyspace::lock_and_info_names(key);
         script
-            .key(lock)
-            .key(info)
+            .key(keyspace::lock_name(key))
             .arg(&held_value(owner, UNWAITED)[..])
             .arg(ttl_millis(ttl));
         if let Some((identity, token)) = renewal.recorded {
@@ -189,10 +187,8 @@ impl Backend for RedisBackend {
         };
         match lease.access {
             Access::Exclusive => {
-                let (lock, info) = keyspace::lock_and_info_names(key);
                 script
-                    .key(lock)
-                    .key(info)
+                    .key(keyspace::lock_name(key))
                     .arg(&held_value(owner, UNWAITED)[..]);
             }
             Access::Shared => {
@@ -302,10 +298,7 @@ impl Backend for RedisBackend {
     async fn force_release(&self, key: &LockKey) -> Result<bool, LockError> {
         let names = Keyspace::of(key);
         let mut script = scripts::FORCE_RELEASE.prepare_invoke();
-        script
-            .key(&names.lock)
-            .key(&names.info)
-            .arg(&names.released);
+        script.key(&names.lock).arg(&names.released);
         let deleted: i64 = self.run(Operation::Release, key, &script).await?;
         Ok(deleted == 1)
     }
@@ -324,7 +317,6 @@ impl Backend for RedisBackend {
         let mut script = scripts::FORCE_RELEASE_HOLDING.prepare_invoke();
         script
             .key(&names.lock)
-            .key(&names.info)
             .key(&names.fence)
             .key(keyspace::holder_name(key))
             .arg(&names.released)
@@ -354,7 +346,7 @@ impl Backend for RedisBackend {
             .key(&names.lock)
             .key(&names.fence)
             .key(keyspace::holder_name(key))
-            .key(&names.info);
+            .key(keyspace::info_name(key));
         let reply: Value = self.run(Operation::Inspect, key, &script).await?;
         read_holding(&reply).ok_or_else(|| {
             self.error(

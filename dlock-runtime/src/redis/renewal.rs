@@ -51,18 +51,13 @@ pub(super) fn renewal_calls(pipe: &mut ::redis::Pipeline, leases: &[Renewal<'_>]
             continue;
         }
         let call = pipe.cmd("EVALSHA");
-        let (lock, info) = keyspace::lock_and_info_names(lease.key);
+        let lock = keyspace::lock_name(lease.key);
         match lease.recorded {
-            None => call
-                .arg(scripts::EXTEND.get_hash())
-                .arg(2)
-                .arg(lock)
-                .arg(info),
+            None => call.arg(scripts::EXTEND.get_hash()).arg(1).arg(lock),
             Some(_) => call
                 .arg(scripts::EXTEND_AS.get_hash())
-                .arg(3)
+                .arg(2)
                 .arg(lock)
-                .arg(info)
                 .arg(keyspace::holder_name(lease.key)),
         };
         call.arg(&held_value(lease.owner, UNWAITED)[..])

@@ -16,30 +16,34 @@ use ::redis::Script;
 ///
 /// `$waits`: the Lua expression that says whether the caller waits (rule
 /// M3: only a waiting writer leaves a writer-waiting mark), read from the
-/// argument each script keeps for it.
+/// argument each script keeps for it. `$held`: the expression of the lock
+/// key's value, `GET` here or by a script that read it already.
 macro_rules! acquire_lua {
-    ($waits:literal) => {
+    ($waits:literal, $held:literal) => {
         concat!(
             "local waits = ",
             $waits,
+            "\nlocal held = ",
+            $held,
             "\n",
             r"
-if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local held = redis.pcall('GET', KEYS[1])
-  if held ~= ARGV[1] and not (type(held) == 'string' and #held == #ARGV[1]
-      and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2)) then
+local owner, mark = string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
+if held then
+  if not (type(held) == 'string' and string.sub(held, 1, 32) == owner
+      and (#held == 33 or string.byte(held, 34) == 32)) then
     local reading = type(held) == 'string' and #held == 33
       and string.sub(held, 1, 32) == '00000000000000000000000000000000'
     if reading and waits then
       local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
       local marked = redis.pcall('GET', writer)
       if not marked then
-        redis.call('SET', writer, string.sub(ARGV[1], 1, 32) .. '-', 'PX', 3000)
-      elseif type(marked) == 'string' and string.sub(marked, 1, 32) == string.sub(ARGV[1], 1, 32) then
+        redis.call('SET', writer, owner .. '-', 'PX', 3000)
+      elseif type(marked) == 'string' and string.sub(marked, 1, 32) == owner then
         redis.call('PEXPIRE', writer, 3000)
       end
     end
-    if type(held) == 'string' and #held == 33 and string.find(held, '^%x+%-$') then
+    if type(held) == 'string' and select(2, string.find(held, '^%x+%-')) == 33
+        and (#held == 33 or string.byte(held, 34) == 32) then
       local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
       if type(marked) == 'table' then
         return {redis.call('PTTL', KEYS[1]), marked.err}
@@ -50,17 +54,18 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
     end
     return redis.call('PTTL', KEYS[1])
   end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if held ~= ARGV[1] and string.byte(ARGV[1], -1) == 43 then
-    redis.call('SETRANGE', KEYS[1], #ARGV[1] - 1, '+')
+  if string.byte(held, 33) == 43 then
+    mark = '+'
   end
 end
-local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
-local waiting = redis.pcall('GET', writer)
-if type(waiting) == 'string' and string.sub(waiting, 1, 32) == string.sub(ARGV[1], 1, 32) then
-  redis.call('DEL', writer)
-  if string.byte(waiting, -1) == 43 then
-    redis.call('SETRANGE', KEYS[1], 32, '+')
+if waits then
+  local writer = string.sub(KEYS[1], 1, -5) .. 'writer'
+  local waiting = redis.pcall('GET', writer)
+  if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
+    redis.call('DEL', writer)
+    if string.byte(waiting, -1) == 43 then
+      mark = '+'
+    end
   end
 end
 local now = redis.call('TIME')
@@ -69,25 +74,26 @@ if #clock < 6 then
   clock = string.rep('0', 6 - #clock) .. clock
 end
 clock = now[1] .. clock
-redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. clock .. ' ' .. ARGV[3], 'PX', ARGV[2])
+local token = clock
 local last = redis.pcall('SET', KEYS[2], clock, 'GET')
-if not last or #last == #clock and last < clock and string.find(last, '^[1-9]%d*$') then
-  return clock
+if last and not (#last == #clock and last < clock and string.find(last, '^[1-9]%d*$')) then
+  if type(last) == 'string' then
+    redis.call('SET', KEYS[2], last)
+  end
+  local drawn = redis.pcall('INCR', KEYS[2])
+  if type(drawn) == 'table' then
+    redis.call('DEL', KEYS[1])
+    redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+    return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(drawn.err, '^ERR ', '')))
+  end
+  if drawn < tonumber(clock) then
+    redis.call('SET', KEYS[2], clock)
+  else
+    token = redis.call('GET', KEYS[2])
+  end
 end
-if type(last) == 'string' then
-  redis.call('SET', KEYS[2], last)
-end
-local token = redis.pcall('INCR', KEYS[2])
-if type(token) == 'table' then
-  redis.call('DEL', KEYS[1], KEYS[3])
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
-  return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(token.err, '^ERR ', '')))
-end
-if token < tonumber(clock) then
-  redis.call('SET', KEYS[2], clock)
-  return clock
-end
-return redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], owner .. mark .. ' ' .. token .. ' ' .. clock .. ' ' .. ARGV[3], 'PX', ARGV[2])
+return token
 "
         )
     };
@@ -140,8 +146,11 @@ end
 /// `FAIR_ACQUIRE_LUA`. A key's queue keeps two things apart:
 ///
 /// - **The order**, in `dlock:{T}:queue`: a string of one line per waiter,
-///   in arrival order, its owner id's 32 hex digits and `\n` (a line of an
-///   earlier shape, with more after the owner id, reads the same way).
+///   in arrival order, its owner id's 32 hex digits, ` v` and `\n`. The
+///   ` v` says the waiter takes its holder record in the lock's value; a
+///   line without it is a waiter on the previous protocol (which reads
+///   only the owner id of a line), handed the key in that protocol's
+///   shape: the value of 33 characters, and its record in the info key.
 ///   Written only when someone joins, leaves, or is handed the key or
 ///   found dead at the front; its `PX` is never shorter than its
 ///   longest-lived entry's, so an abandoned queue goes away by itself.
@@ -171,14 +180,16 @@ end
 ///
 /// - `waiter(queue, owner)`: the name of `owner`'s entry key.
 /// - `first_live(text, queue)`: the first live entry of a queue's text, as
-///   `{owner, ttl, record, entry key}`, and the offsets where its line
+///   `{owner, ttl, record, entry key, whether its line has the ` v`}`,
+///   and the offsets where its line
 ///   starts and where the next one does (every line before it is dead);
 ///   `nil` and the queue's end when nobody live is first (a line of
 ///   another shape ends the queue).
-/// - `write(queue, text, life)`: stores the queue's new text (`DEL` when
-///   empty), keeping its `PX`, or stretching it to at least `life` ms for
-///   an entry that was just written.
-/// - `hand_over(entry, clock, lock, fence, info)`: gives the free key to
+/// - `write(queue, text, life, left)`: stores the queue's new text (`DEL`
+///   when empty), keeping its `PX`, or stretching it to at least `life` ms
+///   for an entry that was just written (from `left`, its `PTTL`, when the
+///   caller read it already).
+/// - `hand_over(entry, clock, lock, fence)`: gives the free key to
 ///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
 ///   ms, or `nil` when the counter cannot rise (the key is then left free,
 ///   the entry kept).
@@ -195,7 +206,7 @@ end
 local function first_live(text, queue)
   local at = 1
   while true do
-    local owner, stop = string.match(text, '^(%x+)[^\n]*\n()', at)
+    local owner, shape, stop = string.match(text, '^(%x+)([^\n]*)\n()', at)
     if not owner or #owner ~= 32 then
       return nil, #text + 1
     end
@@ -204,33 +215,36 @@ local function first_live(text, queue)
     if type(entry) == 'string' then
       local ttl, record = string.match(entry, '^(%d+) (.*)$')
       if ttl then
-        return {owner, ttl, record, name}, at, stop
+        return {owner, ttl, record, name, shape == ' v'}, at, stop
       end
     end
     at = stop
   end
 end
-local function write(queue, text, life)
+local function write(queue, text, life, left)
   if text == '' then
     redis.call('DEL', queue)
   elseif life then
-    redis.call('SET', queue, text, 'PX', math.max(redis.call('PTTL', queue), life))
+    redis.call('SET', queue, text, 'PX', math.max(left or redis.call('PTTL', queue), life))
   else
     redis.call('SET', queue, text, 'KEEPTTL')
   end
 end
-local function hand_over(entry, clock, lock, fence, info)
+local function hand_over(entry, clock, lock, fence)
   local px = entry[2]
   local left = redis.call('PTTL', entry[4])
   if left > 0 and left < tonumber(px) then
     px = tostring(left)
   end
-  redis.call('SET', lock, entry[1] .. '+', 'PX', px)
-  redis.call('SET', info, entry[1] .. ' ' .. clock .. ' ' .. entry[3], 'PX', px)
   local token = draw(fence, clock)
   if not token then
-    redis.call('DEL', lock, info)
     return nil
+  end
+  if entry[5] then
+    redis.call('SET', lock, entry[1] .. '+ ' .. token .. ' ' .. clock .. ' ' .. entry[3], 'PX', px)
+  else
+    redis.call('SET', lock, entry[1] .. '+', 'PX', px)
+    redis.call('SET', string.sub(lock, 1, -5) .. 'info', entry[1] .. ' ' .. clock .. ' ' .. entry[3], 'PX', px)
   end
   redis.call('DEL', entry[4])
   redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
@@ -257,7 +271,7 @@ end
 
 /// Takes a free key, records who took it and draws its fencing token.
 ///
-/// `KEYS[1]` lock key, `KEYS[2]` fence key, `KEYS[3]` holder info key;
+/// `KEYS[1]` lock key, `KEYS[2]` fence key;
 /// `ARGV[1]` the value to hold the key with (the owner id and a waiter
 /// mark, see below), `ARGV[2]` ttl in milliseconds, `ARGV[3]` the holder
 /// record ([`crate::HolderInfo::encode`]: host, pid, label), `ARGV[4]`
@@ -271,13 +285,16 @@ end
 /// order that differs from the order they took the key (and a client dying
 /// between the steps would leave a held key without a token).
 ///
-/// **The holder info.** The acquisition writes `<owner id> <server time in
-/// µs> <record>` to the info key with the lock's own `PX`, in this same
-/// step, so the key never is held without it (but by an older dlock, which
-/// writes none) and it expires with the lock; renewals stretch both,
-/// releases delete both. A reader (`HOLDER_LUA`) takes it only if its
-/// owner id is the lock's: an info key left behind (a lock deleted by hand
-/// or by an older dlock's force release) never names a later holder.
+/// **The holder record.** The key is written once, after the token is
+/// drawn: `<owner id><mark> <token> <server time in µs> <record>`, with the
+/// lock's `PX`. The record lives and dies with the lock, in the same key,
+/// so a renewal stretches one key and a release deletes one, and a reader
+/// (`HOLDER_LUA`) reads the holder's own token from it, whatever an
+/// operator did to the counter since. Every check of the owner compares
+/// the value's first 32 characters and its shape (33 characters, or a
+/// space after the mark), so values of the previous protocol (the owner id
+/// and the mark alone, their record in the `…:info` key) are still
+/// compared, marked, renewed and released as before.
 ///
 /// The token is `max(last token + 1, server time in microseconds)`: a fence
 /// key lost with the data (a restart without persistence, a failover to a
@@ -339,33 +356,38 @@ end
 /// at most 1000 ms then, a third of the mark's life, so the waiter's
 /// retries keep the mark alive. The attempt that takes the key deletes its
 /// owner's mark, and takes the key `+` if a reader was refused by the mark
-/// (the mark's flag), so its release wakes that reader.
-pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'");
+/// (the mark's flag), so its release wakes that reader. Only a caller that
+/// waits can have left a mark (owner ids are per acquisition), so only its
+/// attempts look for one: an attempt that does not wait costs no `GET` of
+/// the mark.
+pub const ACQUIRE_LUA: &str = acquire_lua!("ARGV[4] == 'w'", "redis.pcall('GET', KEYS[1])");
 
-/// Renews a lease. `KEYS[1]` lock key, `KEYS[2]` holder info key;
-/// `ARGV[1]` the owner id with the `-` mark, `ARGV[2]` ttl in
-/// milliseconds. Returns 1 if renewed, 0 if the caller is not the owner.
-/// The owner id is compared, whichever mark the value carries now. The
-/// info key the caller's acquisition wrote gets the same new expiry, so it
-/// lives exactly as long as the lock.
+/// Renews a lease. `KEYS[1]` lock key; `ARGV[1]` the owner id with the
+/// `-` mark, `ARGV[2]` ttl in milliseconds. Returns 1 if renewed, 0 if the
+/// caller is not the owner. The owner id is compared, whichever mark the
+/// value carries now. A value of the previous protocol's shape (handed
+/// over by a replica not yet upgraded) has its info key stretched too, so
+/// it lives as long as the lock.
 ///
 /// Why one atomic step: checked apart, the lease could expire and be taken
 /// by a new owner between the check and the `PEXPIRE`, which would then
 /// stretch the new owner's lease on the old owner's say-so.
 pub const EXTEND_LUA: &str = r"
 local held = redis.pcall('GET', KEYS[1])
-if held == ARGV[1] or type(held) == 'string' and #held == #ARGV[1]
-    and string.sub(held, 1, -2) == string.sub(ARGV[1], 1, -2) then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if type(held) == 'string' and string.sub(held, 1, 32) == string.sub(ARGV[1], 1, 32) then
+  if #held == 33 then
+    redis.call('PEXPIRE', string.sub(KEYS[1], 1, -5) .. 'info', ARGV[2])
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  elseif string.byte(held, 34) == 32 then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
 end
 return 0
 ";
 
 /// Releases a lease, and hands the key to the first live fair waiter or
 /// announces the release to whoever may wait. `KEYS[1]` lock key
-/// (`…:lock`), `KEYS[2]` holder info key (deleted with the lock, in the
-/// same `DEL`); `ARGV[1]` the owner id with the `-` mark. The release
+/// (`…:lock`); `ARGV[1]` the owner id with the `-` mark. The release
 /// channel, the key's queue of fair waiters and its fence key (for the
 /// token of a handoff) are the lock key with `lock` replaced by
 /// `released`, `queue` and `fence` (the same hash tag, so the same slot of
@@ -388,9 +410,10 @@ return 0
 /// finds the key held marks it `+` too, so a `+` release looks at the
 /// queue: the first live entry (lines whose entry key has died are
 /// dropped) gets the key in this same step, as an acquisition would have
-/// taken it: the lock set to its owner id, its holder info written, its
-/// token drawn exactly as [`ACQUIRE_LUA`] draws one (clock floor, `INCR`
-/// path), and the token published on the key's handoff channel
+/// taken it: its token drawn exactly as [`ACQUIRE_LUA`] draws one (clock
+/// floor, `INCR` path), the lock set to its owner id, token, time and the
+/// holder record of its entry (in the previous protocol's shape for a
+/// waiter whose line says so, see `queue_lua!`), and the token published on the key's handoff channel
 /// (`dlock:{T}:handoff`) as `<owner id> <token> <ms>`: the lease lasts
 /// `<ms>`, the smaller of the ttl its attempt asked for and what was left
 /// of its entry's life (its entry key's `PTTL`), so a handoff to a waiter that died while queued
@@ -409,8 +432,10 @@ return 0
 pub const RELEASE_LUA: &str = concat!(
     r"
 local held = redis.pcall('GET', KEYS[1])
-if held == ARGV[1] then
-  redis.call('DEL', KEYS[1], KEYS[2])
+local mine = type(held) == 'string' and string.sub(held, 1, 32) == string.sub(ARGV[1], 1, 32)
+  and (#held == 33 or string.byte(held, 34) == 32)
+if mine and #held > 33 and string.byte(held, 33) == 45 then
+  redis.call('DEL', KEYS[1])
   return 1
 end
 ",
@@ -419,22 +444,29 @@ end
 local owner = string.sub(ARGV[1], 1, 32)
 local stem = string.sub(KEYS[1], 1, -5)
 local queue, fence = stem .. 'queue', stem .. 'fence'
-if type(held) == 'string' and #held == #ARGV[1]
-    and string.sub(held, 1, -2) == owner then
-  local text = redis.pcall('GET', queue)
-  if type(text) == 'string' and text ~= '' then
-    local clock = server_time()
-    local entry, start, stop = first_live(text, queue)
-    if entry and hand_over(entry, clock, KEYS[1], fence, KEYS[2]) then
-      write(queue, string.sub(text, stop))
-      return 1
-    end
-    if start > 1 then
-      write(queue, string.sub(text, start))
+if mine then
+  if string.byte(held, 33) == 43 then
+    local text = redis.pcall('GET', queue)
+    if type(text) == 'string' and text ~= '' then
+      local clock = server_time()
+      local entry, start, stop = first_live(text, queue)
+      if entry and hand_over(entry, clock, KEYS[1], fence) then
+        write(queue, string.sub(text, stop))
+        return 1
+      end
+      if start > 1 then
+        write(queue, string.sub(text, start))
+      end
     end
   end
-  redis.call('DEL', KEYS[1], KEYS[2])
-  redis.call('PUBLISH', stem .. 'released', 'released')
+  if #held == 33 then
+    redis.call('DEL', KEYS[1], stem .. 'info')
+  else
+    redis.call('DEL', KEYS[1])
+  end
+  if string.byte(held, 33) == 43 then
+    redis.call('PUBLISH', stem .. 'released', 'released')
+  end
   return 1
 end
 local writer = stem .. 'writer'
@@ -454,17 +486,16 @@ return 0
 
 /// Breaks a lock whoever holds it: an exclusive holder, a read phase or
 /// every permit (their hashes, the phase token and a writer-waiting mark
-/// are deleted with the lock key, named from it). `KEYS[1]` lock key,
-/// `KEYS[2]` holder info key (deleted too, held or not: without its lock
-/// it names nobody);
-/// `ARGV[1]` release channel. Returns 1 if a lock was deleted.
+/// are deleted with the lock key, named from it, and so is a previous
+/// protocol's info key, held or not: without its lock it names nobody).
+/// `KEYS[1]` lock key; `ARGV[1]` release channel. Returns 1 if a lock was deleted.
 ///
 /// Why one atomic step: the announcement goes out for exactly the deletion
 /// that happened, so waiters retry when the key is really free.
 pub(super) const FORCE_RELEASE_LUA: &str = r"
 local held = redis.call('PTTL', KEYS[1]) ~= -2
 local stem = string.sub(KEYS[1], 1, -5)
-redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
+redis.call('DEL', KEYS[1], stem .. 'info', stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
 if held then
   redis.call('PUBLISH', ARGV[1], 'released')
   return 1
@@ -475,9 +506,9 @@ return 0
 /// Breaks a lock as [`FORCE_RELEASE_LUA`] does, only if its holder is the
 /// lease the caller names by its token: the token [`HOLDER_LUA`] reads for
 /// it (the identity record's, when the lock's owner wrote one, else the
-/// key's last token drawn, for a value dlock wrote). `KEYS[1]` lock key,
-/// `KEYS[2]` holder info key, `KEYS[3]` fence key, `KEYS[4]` identity
-/// record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
+/// value's own, or the read phase's; for a value of the previous
+/// protocol's shape, which carries none, the key's last token drawn). `KEYS[1]` lock key,
+/// `KEYS[2]` fence key, `KEYS[3]` identity record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
 /// if the named lease was broken, 0 if another holds the key (or one whose
 /// token cannot be read), -1 if nobody does (whatever records are left
 /// beside a lock that is gone), -2 (nothing changed) if the key is held as
@@ -499,26 +530,32 @@ end
 if type(held) == 'string' and #held == 33 and string.sub(held, 1, 32) == '00000000000000000000000000000001' then
   return -2
 end
-if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
+local owner, rest = string.match(type(held) == 'string' and held or '', '^(%x+)[-+](.*)$')
+if not owner or #owner ~= 32 then
   return 0
 end
 local token
-local record = redis.pcall('GET', KEYS[4])
-if type(record) == 'string' and string.sub(record, 1, 33) == string.sub(held, 1, 32) .. ' ' then
+local record = redis.pcall('GET', KEYS[3])
+if type(record) == 'string' and string.sub(record, 1, 33) == owner .. ' ' then
   token = string.match(record, '^%x+ (%d+) ')
+elseif rest ~= '' then
+  token = string.match(rest, '^ (%d+) ')
+elseif owner == '00000000000000000000000000000000' then
+  local phase = redis.pcall('GET', stem .. 'phase')
+  token = type(phase) == 'string' and string.match(phase, '^%d+')
 else
-  token = redis.pcall('GET', KEYS[3])
+  token = redis.pcall('GET', KEYS[2])
 end
 if token ~= ARGV[2] then
   return 0
 end
-redis.call('DEL', KEYS[1], KEYS[2], stem .. 'readers', stem .. 'phase', stem .. 'writer')
+redis.call('DEL', KEYS[1], stem .. 'info', stem .. 'readers', stem .. 'phase', stem .. 'writer')
 redis.call('PUBLISH', ARGV[1], 'released')
 return 1
 ";
 
 /// [`ACQUIRE_LUA`] for a lease taken with an identity (leader election):
-/// `KEYS[4]` the identity record, `ARGV[4]` the identity, `ARGV[5]` `w`
+/// `KEYS[3]` the identity record, `ARGV[4]` the identity, `ARGV[5]` `w`
 /// when the caller waits. In the same step
 /// that takes the key, it records `<owner id> <token> <identity>` and
 /// announces the acquisition on the release channel, which a leader's
@@ -534,23 +571,26 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
         "local function take()\n{}\nend\n\
          local reply = take()\n\
          if type(reply) == 'string' then\n  \
-           redis.call('SET', KEYS[4], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
+           redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
            redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
          end\n\
          return reply\n",
-        acquire_lua!("ARGV[5] == 'w'")
+        acquire_lua!("ARGV[5] == 'w'", "redis.pcall('GET', KEYS[1])")
     )
 });
 
 /// Reads who holds a key. `KEYS[1]` lock key, `KEYS[2]` fence key,
 /// `KEYS[3]` identity record, `KEYS[4]` holder info key. Returns `false`
-/// when the key is free, else `{remaining ttl in ms, record, last token,
+/// when the key is free, else `{remaining ttl in ms, record, token,
 /// info, held for in µs}`: the record (owner id, token, identity) only if
-/// the lock's holder wrote it, else an empty string; the last token drawn
-/// for the key (the holder's, as only an acquisition draws) only for a
-/// value dlock wrote, else an empty string; the holder info record (host,
-/// pid, label: [`crate::HolderInfo::decode`] reads it) only if the lock's
-/// holder wrote it, else an empty string, and then how long ago its
+/// the lock's holder wrote it, else an empty string; the holder's token,
+/// read from its value (a read phase's from its phase key; for the
+/// permits' sentinel and a value of the previous protocol's shape, the
+/// key's last token drawn: only an acquisition draws), only for a value
+/// dlock wrote, else an empty string; the holder info record (host,
+/// pid, label: [`crate::HolderInfo::decode`] reads it) from the value (or
+/// the previous protocol's info key, only if the lock's
+/// holder wrote it), else an empty string, and then how long ago its
 /// acquisition was by the server's clock (`TIME` now less the time it
 /// recorded, never below 0; -1 without info). No client clock is involved.
 ///
@@ -562,32 +602,40 @@ if not held then
   return false
 end
 local ttl = redis.call('PTTL', KEYS[1])
-if type(held) ~= 'string' or #held ~= 33 or not string.find(held, '^%x+[-+]$') then
+local owner, rest = string.match(type(held) == 'string' and held or '', '^(%x+)[-+](.*)$')
+if not owner or #owner ~= 32 then
   return {ttl, '', '', '', -1}
 end
-local owner = string.sub(held, 1, 32) .. ' '
+owner = owner .. ' '
 local record = redis.pcall('GET', KEYS[3])
 if type(record) ~= 'string' or string.sub(record, 1, 33) ~= owner then
   record = ''
 end
-local fence = redis.pcall('GET', KEYS[2])
-if type(fence) ~= 'string' then
-  fence = ''
-end
-local info, held_for = '', -1
-local recorded = redis.pcall('GET', KEYS[4])
-if type(recorded) == 'string' and string.sub(recorded, 1, 33) == owner then
-  local since, rest = string.match(recorded, '^(%d+) (.*)$', 34)
-  if since and #since <= 16 then
-    local now = redis.call('TIME')
-    local micros = tonumber(now[1]) * 1000000 + tonumber(now[2]) - tonumber(since)
-    info, held_for = rest, math.max(micros, 0)
+local token, since, info = string.match(rest, '^ (%d+) (%d+) (.*)$')
+if rest == '' and owner == '00000000000000000000000000000000 ' then
+  local phase = redis.pcall('GET', string.sub(KEYS[1], 1, -5) .. 'phase')
+  token = type(phase) == 'string' and string.match(phase, '^%d+')
+elseif rest == '' then
+  token = redis.pcall('GET', KEYS[2])
+  local recorded = redis.pcall('GET', KEYS[4])
+  if type(recorded) == 'string' and string.sub(recorded, 1, 33) == owner then
+    since, info = string.match(recorded, '^(%d+) (.*)$', 34)
   end
 end
-return {ttl, record, fence, info, held_for}
+if type(token) ~= 'string' then
+  token = ''
+end
+local held_for = -1
+if since and #since <= 16 then
+  local now = redis.call('TIME')
+  held_for = math.max(tonumber(now[1]) * 1000000 + tonumber(now[2]) - tonumber(since), 0)
+else
+  info = ''
+end
+return {ttl, record, token, info, held_for}
 ";
 
-/// [`EXTEND_LUA`] for a lease taken with an identity: `KEYS[3]` the
+/// [`EXTEND_LUA`] for a lease taken with an identity: `KEYS[2]` the
 /// identity record, `ARGV[3]` the lease's token, `ARGV[4]` its identity. A renewal
 /// that finds the caller still holding the key writes the record again if
 /// it is not the caller's (an operator deleted it, eviction took it, a
@@ -600,8 +648,8 @@ pub(super) static EXTEND_AS_LUA: LazyLock<String> = LazyLock::new(|| {
          local renewed = extend()\n\
          if renewed == 1 then\n  \
            local record = string.sub(ARGV[1], 1, 32) .. ' ' .. ARGV[3] .. ' ' .. ARGV[4]\n  \
-           if redis.pcall('GET', KEYS[3]) ~= record then\n    \
-             redis.call('SET', KEYS[3], record)\n  \
+           if redis.pcall('GET', KEYS[2]) ~= record then\n    \
+             redis.call('SET', KEYS[2], record)\n  \
            end\n\
          end\n\
          return renewed\n"

@@ -8,8 +8,8 @@ use ::redis::Script;
 
 /// A fair attempt ([`crate::backend::Queue::Respect`] or
 /// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
-/// of fair waiters in front. `KEYS[1]` to `KEYS[3]` and `ARGV[1]` to
-/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[4]` the queue and `KEYS[5]`
+/// of fair waiters in front. `KEYS[1]`, `KEYS[2]` and `ARGV[1]` to
+/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
 /// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
 /// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
@@ -31,12 +31,22 @@ use ::redis::Script;
 ///   renewed, or joins at the end; its entry records the ttl it asks for
 ///   and its holder record, for a handoff. A `Respect` joins nothing.
 ///   The renewal, what a waiter sends every second, is one `SET … PX …
-///   GET` of the caller's own entry key, which says it was alive, and a
+///   GET` of the caller's own entry key, which says it was alive, a
 ///   `PTTL` of the queue (a `PEXPIRE` too when the queue would die before
-///   the entry): the queue is neither read nor written, whatever its
-///   length. Only an entry key found gone (a first `Join`, or an entry
-///   that died) reads the queue, drops the owner's old line and appends
-///   one at the end.
+///   the entry) and a `GET` of the key's rejoin mark (below): the queue
+///   is neither read nor written, whatever its length. Only an entry key
+///   found gone (a first `Join`, or an entry that died) reads the queue,
+///   drops the owner's old line and appends one at the end.
+/// - **A lost queue.** An entry key that lives on while its line is gone
+///   means the queue was lost (deleted by an operator, a failover that
+///   missed its writes): the order is not recoverable, so the waiter
+///   joins again at the end, and sets the rejoin mark,
+///   `dlock:{T}:rejoin`, for an entry's life. While the mark stands,
+///   every waiter's refresh reads the queue and looks for its own line,
+///   so each waiter that lost its line joins again at its next attempt
+///   (within a second), not only the first to look. A queue found gone
+///   (`PTTL` -2) by a waiter whose entry lives is read as lost the same
+///   way.
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
@@ -45,73 +55,85 @@ use ::redis::Script;
 /// no attempt takes the key past a waiter that queued before it, and a
 /// release that hands over never races a `Join`.
 pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
-    "local function take()\n",
-    acquire_lua!("ARGV[5] == 'w'"),
+    "local function take(prefetched)\n",
+    acquire_lua!("ARGV[5] == 'w'", "prefetched"),
     "end\n",
     queue_lua!(),
     r"
 local owner = string.sub(ARGV[1], 1, 32)
 local life = ARGV[4] ~= '' and tonumber(ARGV[4])
-local function enter(text)
-  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
-  if type(old) == 'string' and string.find('\n' .. text, '\n' .. owner, 1, true) then
-    return text
-  end
-  return without(text, owner) .. owner .. '\n'
+local rejoin = string.sub(KEYS[3], 1, -6) .. 'rejoin'
+local function refresh()
+  return redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
 end
-if not redis.pcall('GET', KEYS[1]) then
-  local text = redis.pcall('GET', KEYS[4])
+local function enter(text, old)
+  if type(old) == 'string' then
+    if string.find('\n' .. text, '\n' .. owner, 1, true) then
+      return text
+    end
+    redis.call('SET', rejoin, '1', 'PX', ARGV[4])
+  end
+  return without(text, owner) .. owner .. ' v\n'
+end
+local held = redis.pcall('GET', KEYS[1])
+if not held then
+  local text = redis.pcall('GET', KEYS[3])
   if type(text) ~= 'string' then
     text = ''
   end
   local clock = server_time()
-  local entry, start, stop = first_live(text, KEYS[4])
+  local entry, start, stop = first_live(text, KEYS[3])
   if entry and (not life or entry[1] ~= owner) then
-    local handed = hand_over(entry, clock, KEYS[1], KEYS[2], KEYS[3])
+    local handed = hand_over(entry, clock, KEYS[1], KEYS[2])
     local rest = string.sub(text, handed and stop or start)
     if life then
-      rest = enter(rest)
+      rest = enter(rest, refresh())
     end
     if rest ~= text then
-      write(KEYS[4], rest, life)
+      write(KEYS[3], rest, life)
     end
     if handed then
       return tonumber(handed)
     end
     return -1
   end
-  local reply = take()
+  local reply = take(false)
   if type(reply) == 'string' and text ~= '' then
     local rest = entry and string.sub(text, stop) or ''
-    write(KEYS[4], rest)
-    redis.call('DEL', KEYS[5])
+    write(KEYS[3], rest)
+    redis.call('DEL', KEYS[4])
     if rest ~= '' then
       redis.call('SETRANGE', KEYS[1], 32, '+')
     end
   end
   return reply
 end
-local reply = take()
+local reply = take(held)
 if type(reply) == 'string' then
-  if redis.call('DEL', KEYS[5]) == 1 then
-    local text = redis.pcall('GET', KEYS[4])
+  if redis.call('DEL', KEYS[4]) == 1 then
+    local text = redis.pcall('GET', KEYS[3])
     if type(text) == 'string' and text ~= '' then
-      leave(KEYS[4], text, owner)
+      leave(KEYS[3], text, owner)
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local old = redis.pcall('SET', KEYS[5], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
-  local left = redis.call('PTTL', KEYS[4])
-  if type(old) == 'string' and left ~= -2 then
+  local old = refresh()
+  local left = redis.call('PTTL', KEYS[3])
+  if type(old) == 'string' and left ~= -2 and not redis.pcall('GET', rejoin) then
     if left < life then
-      redis.call('PEXPIRE', KEYS[4], life)
+      redis.call('PEXPIRE', KEYS[3], life)
     end
   else
-    local text = redis.pcall('GET', KEYS[4])
+    local text = redis.pcall('GET', KEYS[3])
     if type(text) ~= 'string' then
       text = ''
     end
-    write(KEYS[4], without(text, owner) .. owner .. '\n', life)
+    local rest = enter(text, old)
+    if rest ~= text then
+      write(KEYS[3], rest, life, left)
+    elseif left < life then
+      redis.call('PEXPIRE', KEYS[3], life)
+    end
   end
 end
 return reply

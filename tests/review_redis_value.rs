@@ -242,3 +242,66 @@ async fn a_value_whose_record_is_not_text_hides_no_other_holder() {
     );
     assert!(odd_read.is_ok(), "the odd value's holder: {odd_read:?}");
 }
+
+/// `force_release_holding` compares the token `holder` reads, read the
+/// same way: a value whose token is written with leading zeros (an
+/// operator's edit) is shown with that token and broken by it, and one
+/// whose token `holder` cannot read (its time is not a number) is shown
+/// without one and broken by none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_holding_reads_the_token_holder_shows() {
+    let backend = backend().await;
+    let mut conn = raw().await;
+    let owner = "0123456789abcdef0123456789abcdef";
+    let padded = dlock_runtime::conformance::fresh_key("review-token-padded");
+    let untimed = dlock_runtime::conformance::fresh_key("review-token-untimed");
+    let values = [
+        (
+            &padded,
+            format!("{owner}- 0005 1700000000000000 1\thost\t42\t"),
+        ),
+        (&untimed, format!("{owner}- 5 not-a-time 1\thost\t42\t")),
+    ];
+    for (key, value) in &values {
+        let () = conn
+            .pset_ex(name(key, "lock"), value, 60_000)
+            .await
+            .expect("SET");
+    }
+
+    let shown = backend
+        .holder(&padded)
+        .await
+        .expect("holder")
+        .expect("held");
+    let padded_broken = backend
+        .force_release_holding(&padded, &shown)
+        .await
+        .expect("force release");
+    let unshown = backend
+        .holder(&untimed)
+        .await
+        .expect("holder")
+        .expect("held");
+    let named = dlock::Holding::new(Some(dlock::FencingToken::new(5)), None);
+    let untimed_broken = backend
+        .force_release_holding(&untimed, &named)
+        .await
+        .expect("force release");
+    let _: i64 = conn
+        .del(&[name(&padded, "lock"), name(&untimed, "lock")])
+        .await
+        .expect("DEL");
+    assert_eq!(shown.token.map(|t| t.get()), Some(5));
+    assert_eq!(
+        padded_broken,
+        ForceRelease::Released,
+        "the holder shown with token 5 was not broken by it"
+    );
+    assert_eq!(unshown.token, None);
+    assert_ne!(
+        untimed_broken,
+        ForceRelease::Released,
+        "a holder shown without a token was broken by token 5"
+    );
+}

@@ -331,8 +331,8 @@ end
 /// **The waiter mark.** The value is the 32-hex-digit owner id and one
 /// character: `-` while nobody is known to wait for the key, `+` once
 /// someone may. A failed attempt turns the holder's `-` into `+` (in place,
-/// keeping the expiry; only a value of that exact form, 32 hex digits and
-/// `-`, is ever written to); a caller that knows waiters of its own
+/// keeping the expiry; only a value of dlock's shapes, 32 hex digits and
+/// `-`, alone or followed by a token and a time, is ever written to); a caller that knows waiters of its own
 /// process are queued for the key takes it with `+` at once. An attempt
 /// refused the mark (an ACL without `SETRANGE`) still answers "held", as
 /// `{remaining ttl, the refusal}`, so the caller can say why releases will

@@ -24,3 +24,4 @@ mod sentinel;
 mod server;
 mod upgrade;
 mod upgrade_record;
+mod values;

@@ -140,7 +140,10 @@ pub(super) fn read_holding(reply: &Value) -> Option<Option<Holding>> {
     else {
         return None;
     };
-    let (record, fence, info) = (text(record)?, text(fence)?, text(info)?);
+    // A part that is not text (a value another tool wrote, or a hand
+    // edit) names nothing: that one holder is unknown, and a listing of
+    // many keys still shows the others.
+    let [record, fence, info] = [record, fence, info].map(|part| text(part).unwrap_or_default());
     // `<owner id> <token> <identity>`, the identity last (it may hold spaces).
     let recorded = record.splitn(3, ' ').collect::<Vec<_>>();
     let (token, identity) = match recorded.as_slice() {

@@ -30,7 +30,7 @@ macro_rules! acquire_lua {
 local owner, mark = string.sub(ARGV[1], 1, 32), string.sub(ARGV[1], 33)
 if held then
   if not (type(held) == 'string' and string.sub(held, 1, 32) == owner
-      and (#held == 33 or string.byte(held, 34) == 32)) then
+      and (#held == 33 or string.find(held, '^ %d+ %d+ ', 34))) then
     local reading = type(held) == 'string' and #held == 33
       and string.sub(held, 1, 32) == '00000000000000000000000000000000'
     if reading and waits then
@@ -43,7 +43,7 @@ if held then
       end
     end
     if type(held) == 'string' and select(2, string.find(held, '^%x+%-')) == 33
-        and (#held == 33 or string.byte(held, 34) == 32) then
+        and (#held == 33 or string.find(held, '^ %d+ %d+ ', 34)) then
       local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
       if type(marked) == 'table' then
         return {redis.call('PTTL', KEYS[1]), marked.err}
@@ -336,8 +336,8 @@ end
 /// **The waiter mark.** The value is the 32-hex-digit owner id and one
 /// character: `-` while nobody is known to wait for the key, `+` once
 /// someone may. A failed attempt turns the holder's `-` into `+` (in place,
-/// keeping the expiry; only a value of that exact form, 32 hex digits and
-/// `-`, is ever written to); a caller that knows waiters of its own
+/// keeping the expiry; only a value of dlock's shapes, 32 hex digits and
+/// `-`, alone or followed by a token and a time, is ever written to); a caller that knows waiters of its own
 /// process are queued for the key takes it with `+` at once. An attempt
 /// refused the mark (an ACL without `SETRANGE`) still answers "held", as
 /// `{remaining ttl, the refusal}`, so the caller can say why releases will
@@ -378,7 +378,7 @@ if type(held) == 'string' and string.sub(held, 1, 32) == string.sub(ARGV[1], 1, 
   if #held == 33 then
     redis.call('PEXPIRE', string.sub(KEYS[1], 1, -5) .. 'info', ARGV[2])
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  elseif string.byte(held, 34) == 32 then
+  elseif string.find(held, '^ %d+ %d+ ', 34) then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
 end
@@ -433,7 +433,7 @@ pub const RELEASE_LUA: &str = concat!(
     r"
 local held = redis.pcall('GET', KEYS[1])
 local mine = type(held) == 'string' and string.sub(held, 1, 32) == string.sub(ARGV[1], 1, 32)
-  and (#held == 33 or string.byte(held, 34) == 32)
+  and (#held == 33 or string.find(held, '^ %d+ %d+ ', 34))
 if mine and #held > 33 and string.byte(held, 33) == 45 then
   redis.call('DEL', KEYS[1])
   return 1
@@ -507,8 +507,10 @@ return 0
 /// lease the caller names by its token: the token [`HOLDER_LUA`] reads for
 /// it (the identity record's, when the lock's owner wrote one, else the
 /// value's own, or the read phase's; for a value of the previous
-/// protocol's shape, which carries none, the key's last token drawn). `KEYS[1]` lock key,
-/// `KEYS[2]` fence key, `KEYS[3]` identity record; `ARGV[1]` release channel, `ARGV[2]` the token named. Returns 1
+/// protocol's shape, which carries none, the key's last token drawn, as
+/// [`HOLDER_LUA`] reads it), read as a number as the client reads it. `KEYS[1]` lock key, `KEYS[2]` fence
+/// key, `KEYS[3]` identity record; `ARGV[1]` release channel, `ARGV[2]`
+/// the token named. Returns 1
 /// if the named lease was broken, 0 if another holds the key (or one whose
 /// token cannot be read), -1 if nobody does (whatever records are left
 /// beside a lock that is gone), -2 (nothing changed) if the key is held as
@@ -539,14 +541,20 @@ local record = redis.pcall('GET', KEYS[3])
 if type(record) == 'string' and string.sub(record, 1, 33) == owner .. ' ' then
   token = string.match(record, '^%x+ (%d+) ')
 elseif rest ~= '' then
-  token = string.match(rest, '^ (%d+) ')
+  token = string.match(rest, '^ (%d+) %d+ ')
 elseif owner == '00000000000000000000000000000000' then
   local phase = redis.pcall('GET', stem .. 'phase')
   token = type(phase) == 'string' and string.match(phase, '^%d+')
 else
-  token = redis.pcall('GET', KEYS[2])
+  local recorded = redis.pcall('GET', stem .. 'info')
+  local last = redis.pcall('GET', KEYS[2])
+  if type(recorded) ~= 'string' or string.sub(recorded, 1, 33) ~= owner .. ' '
+      or string.match(recorded, '^(%d+) ', 34) == last then
+    token = last
+  end
 end
-if token ~= ARGV[2] then
+-- As the client reads it: a number, whatever zeros an edit put before it.
+if not token or string.gsub(token, '^0+(%d)', '%1') ~= ARGV[2] then
   return 0
 end
 redis.call('DEL', KEYS[1], stem .. 'info', stem .. 'readers', stem .. 'phase', stem .. 'writer')
@@ -585,9 +593,16 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
 /// info, held for in µs}`: the record (owner id, token, identity) only if
 /// the lock's holder wrote it, else an empty string; the holder's token,
 /// read from its value (a read phase's from its phase key; for the
-/// permits' sentinel and a value of the previous protocol's shape, the
-/// key's last token drawn: only an acquisition draws), only for a value
-/// dlock wrote, else an empty string; the holder info record (host,
+/// permits' sentinel, the key's last token drawn: only an acquisition
+/// draws), only for a value dlock wrote, else an empty string. A value of
+/// the previous protocol's shape carries no token: it is read as the key's
+/// last token drawn, but for a holder that recorded itself in the info key
+/// only while the counter still reads the clock recorded there (that
+/// protocol's token is that clock unless the counter ran ahead of it): a
+/// counter an operator set back or forward since is not the holder's
+/// token, and the holder is shown without one. (A holder of the protocol
+/// before the info key left no record to check the counter against: it is
+/// shown with the counter, as that protocol showed it.) the holder info record (host,
 /// pid, label: [`crate::HolderInfo::decode`] reads it) from the value (or
 /// the previous protocol's info key, only if the lock's
 /// holder wrote it), else an empty string, and then how long ago its
@@ -616,10 +631,13 @@ if rest == '' and owner == '00000000000000000000000000000000 ' then
   local phase = redis.pcall('GET', string.sub(KEYS[1], 1, -5) .. 'phase')
   token = type(phase) == 'string' and string.match(phase, '^%d+')
 elseif rest == '' then
-  token = redis.pcall('GET', KEYS[2])
   local recorded = redis.pcall('GET', KEYS[4])
   if type(recorded) == 'string' and string.sub(recorded, 1, 33) == owner then
     since, info = string.match(recorded, '^(%d+) (.*)$', 34)
+  end
+  local last = redis.pcall('GET', KEYS[2])
+  if not since or last == since then
+    token = last
   end
 end
 if type(token) ~= 'string' then

@@ -104,7 +104,7 @@ local function stretch(names, left)
   end
 end
 local function mark_waited(lock, held)
-  if select(2, string.find(held, '^%x+%-')) == 33 and (#held == 33 or string.byte(held, 34) == 32) then
+  if select(2, string.find(held, '^%x+%-')) == 33 and (#held == 33 or string.find(held, '^ %d+ %d+ ', 34)) then
     local marked = redis.pcall('SETRANGE', lock, 32, '+')
     if type(marked) == 'table' then
       return marked.err

@@ -201,6 +201,24 @@ macro_rules! release_gate {
     };
 }
 
+/// The two `int4` halves of a key's `rewriting` mark, from its advisory
+/// key `h` (an SQL expression), in the `(int4, int4)` form (`objsubid` 2,
+/// never one of dlock's keys): see `TRY_LOCK_RECORDING`, which takes it
+/// for its transaction, and `FAIR_LOCK_MARKED`, which holds it for the
+/// session while a fair waiter's record is not yet committed.
+macro_rules! rewriting_mark {
+    ($h:literal) => {
+        concat!(
+            "(",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4,
+             ((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4"
+        )
+    };
+}
+
 /// The condition on a `pg_locks` row `l` that it is a granted exclusive
 /// hold, in this database, of the advisory key `k.h`. A `bigint` advisory
 /// key shows in `pg_locks` split into `classid` (high 32 bits) and `objid`
@@ -229,7 +247,8 @@ pub(super) use self::failures::{
     sequence_missing, unencodable,
 };
 pub(super) use self::fair::{
-    CLIENT_CONNECTION_CHECK, FAIR_LOCK, FAIR_LOCK_RECORDING, FAIR_SESSION_SETUP, WAITS_IN_QUEUE,
+    CLIENT_CONNECTION_CHECK, FAIR_LOCK, FAIR_LOCK_MARKED, FAIR_RECORD, FAIR_SESSION_SETUP,
+    WAITS_IN_QUEUE,
 };
 pub(super) use self::holders::{
     ANNOUNCE, FORCE_RELEASE_NAMED, ForceWaits, HELD, HOLDER_RECORD, HOLDER_SESSION, HOLDERS,

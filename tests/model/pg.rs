@@ -97,12 +97,6 @@ impl Pg {
         k: usize,
         o: u32,
     ) -> Result<(), String> {
-        // A queued fair waiter's statement keeps dlock_holders open (row
-        // exclusive) for as long as it waits: a DBA's lock waits behind it
-        // (a finding of the model, not fixed yet).
-        if run.model.keys.iter().any(|key| !key.queue.is_empty()) {
-            return Ok(());
-        }
         let locked = self
             .dba
             .batch_execute(&format!(

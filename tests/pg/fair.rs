@@ -513,6 +513,62 @@ async fn a_handed_over_key_reads_with_the_identity_and_token_its_wait_recorded()
     assert_eq!(one.holder(&key).await.expect("holder"), None);
 }
 
+/// A fair waiter queued for a key holds no lock on dlock's tables: a DBA's
+/// `LOCK TABLE` of the table of holder records (a migration's, say) is
+/// granted while the waiter waits, and the waiter, handed the key once the
+/// DBA is done, reads with the identity its grant recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_locks_the_holders_table_while_a_recorded_fair_waiter_is_queued() {
+    let key = fresh_key("table-lock");
+    let (one, two) = (backend().await, backend().await);
+    let holder = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(one.clone(), &key)
+        .await
+        .expect("free key");
+    let owner = OwnerId::random().expect("owner");
+    let notice = two
+        .subscribe_handoff(&key, &owner)
+        .await
+        .expect("handoff notice");
+    let request = AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+        .with_identity(Some("queued-candidate"))
+        .with_queue(Queue::Join {
+            entry_ttl: Duration::from_secs(30),
+        });
+    let answer = two
+        .try_acquire(&request)
+        .await
+        .expect("the backend answers");
+    assert!(matches!(answer, Attempt::Held { .. }), "{answer:?}");
+    let dba = shared_client().await;
+    until_queued(&dba, &key, None, 10, "the fair waiter queues", |q| {
+        q.len() == 1
+    })
+    .await;
+    dba.batch_execute(
+        "BEGIN; SET LOCAL lock_timeout = '2s';
+         LOCK TABLE dlock.dlock_holders IN ACCESS EXCLUSIVE MODE",
+    )
+    .await
+    .expect("a queued fair waiter must not hold the table of holder records");
+    holder.release().await.expect("release");
+    dba.batch_execute("COMMIT").await.expect("commit");
+    let grant = within(10, "the handoff", notice).await;
+    let holding = one
+        .holder(&key)
+        .await
+        .expect("holder")
+        .expect("the handed-over key is held");
+    assert_eq!(holding.identity.as_deref(), Some("queued-candidate"));
+    assert_eq!(holding.token, Some(grant.token));
+    assert_eq!(
+        two.release(&ReleaseRequest::new(&key, &owner))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// Rule M3 holds for a fair writer too: a fair writer of one process is
 /// not starved by readers of another process that keep joining their
 /// process's shared hold. Four reader tasks of one backend each hold the

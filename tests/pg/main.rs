@@ -5,7 +5,7 @@
 //! (`fair`), shared locks and permits against operators and callers
 //! (`modes`), who holds a key (`holder`), bad input and servers of a
 //! test's own (`server`), and fencing tokens when the token sequence is
-//! tampered with (`tokens`).
+//! tampered with (`tokens`) or made unlogged by a DBA (`unlogged`).
 //!
 //! Tests that spawn child processes re-run this binary with the
 //! `child_process_entry` of their own module (`support::child_command`).
@@ -21,3 +21,4 @@ mod lock;
 mod modes;
 mod server;
 mod tokens;
+mod unlogged;

@@ -7,10 +7,12 @@
 //! fair waiter (rules F1 to F3 of the `Backend` trait) is a session that
 //! waits in that queue: the owner's first [`Queue::Join`] takes a *fair
 //! session* (a connection of its own, shared with nothing while it waits)
-//! and sends [`sql::FAIR_LOCK`] on it (or [`sql::FAIR_LOCK_RECORDING`], by
-//! the rules a plain acquisition records by): `pg_advisory_lock` on the
-//! key's advisory key, and once granted the token drawn and the holder
-//! recorded in the same statement. The attempt answers `Held` once the
+//! and sends [`sql::FAIR_LOCK`] on it: `pg_advisory_lock` on the key's
+//! advisory key, and once granted the token drawn in the same statement.
+//! A waiter whose holder is recorded (by the rules a plain acquisition
+//! records by) sends [`sql::FAIR_LOCK_MARKED`] instead, and once granted
+//! [`sql::FAIR_RECORD`]: the statement that waits names none of dlock's
+//! tables, so a DBA's lock of a table never waits for a queue. The attempt answers `Held` once the
 //! server shows the session waiting in the key's queue
 //! ([`sql::WAITS_IN_QUEUE`]), so an attempt answered later is queued later,
 //! or `Acquired` if the lock was granted first (the key was free). The
@@ -80,7 +82,8 @@
 //! [`Queue::Join`]: crate::backend::Queue::Join
 //! [`Queue::Respect`]: crate::backend::Queue::Respect
 //! [`sql::FAIR_LOCK`]: super::sql::FAIR_LOCK
-//! [`sql::FAIR_LOCK_RECORDING`]: super::sql::FAIR_LOCK_RECORDING
+//! [`sql::FAIR_LOCK_MARKED`]: super::sql::FAIR_LOCK_MARKED
+//! [`sql::FAIR_RECORD`]: super::sql::FAIR_RECORD
 //! [`sql::WAITS_IN_QUEUE`]: super::sql::WAITS_IN_QUEUE
 
 use std::collections::HashMap;

@@ -64,7 +64,7 @@ impl Inner {
         sent: &mut std::pin::Pin<&mut F>,
         recording: Option<SystemTime>,
     ) where
-        F: Future<Output = Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>>,
+        F: Future<Output = Result<WaitRows, tokio_postgres::Error>>,
     {
         let key = &wait.key;
         if let Err(err) = self.fair_connector.cancel(session.cancel_token()).await {
@@ -107,25 +107,33 @@ impl Inner {
 /// of a wait statement's answer.
 pub(super) type Granted = (i64, Option<i64>, Option<SystemTime>);
 
-/// Reads a wait statement's answer (see [`sql::FAIR_LOCK`]); `None`
-/// without a row.
+/// What a fair wait's statements answered: the wait's rows
+/// ([`sql::FAIR_LOCK`] or [`sql::FAIR_LOCK_MARKED`]) and, once granted to
+/// a waiter whose holder is recorded, the record's ([`sql::FAIR_RECORD`]).
+pub(super) struct WaitRows {
+    wait: Vec<tokio_postgres::Row>,
+    record: Option<Vec<tokio_postgres::Row>>,
+}
+
+/// Reads a wait's answer; `None` without a row.
 pub(super) fn granted(
-    rows: &[tokio_postgres::Row],
+    answer: &WaitRows,
     recording: Option<SystemTime>,
 ) -> Option<Result<Granted, tokio_postgres::Error>> {
-    rows.first().map(|row| {
-        let since = if recording.is_some() {
-            sql::recorded_since(row, 2, None)?.0
-        } else {
-            None
+    answer.wait.first().map(|row| {
+        let record = answer.record.as_deref().and_then(<[_]>::first);
+        let since = match (recording, record) {
+            (Some(_), Some(record)) => sql::recorded_since(record, 0, None)?.0,
+            _ => None,
         };
         Ok((row.try_get(0)?, row.try_get(1)?, since))
     })
 }
 
-/// Sends the wait statement for `key` on `session`: recording the holder
-/// (`identity` and `holder`, the session's start given) or not. One round
-/// trip, unprepared.
+/// Sends the wait statement for `key` on `session`, and, once it is
+/// granted, the statement that records the holder (`identity` and
+/// `holder`, the session's start given) if it is recorded: the wait names
+/// none of dlock's tables (see [`sql::FAIR_LOCK_MARKED`]). Unprepared.
 pub(super) async fn send_wait(
     inner: Arc<Inner>,
     session: Arc<LockSession>,
@@ -133,32 +141,48 @@ pub(super) async fn send_wait(
     identity: Option<Arc<str>>,
     holder: String,
     recording: Option<SystemTime>,
-) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+) -> Result<WaitRows, tokio_postgres::Error> {
     let key = key.as_str();
     let seed = &inner.options.key_seed;
-    match recording {
-        None => {
-            session
-                .query_typed(
-                    &inner.fair_lock_sql,
-                    &[(&key, Type::TEXT), (seed, Type::INT8)],
-                )
-                .await
-        }
-        Some(started) => {
-            let identity = identity.as_deref();
-            session
-                .query_typed(
-                    &inner.fair_lock_recording_sql,
-                    &[
-                        (&key, Type::TEXT),
-                        (seed, Type::INT8),
-                        (&identity, Type::TEXT),
-                        (&started, Type::TIMESTAMPTZ),
-                        (&holder, Type::TEXT),
-                    ],
-                )
-                .await
-        }
-    }
+    let Some(started) = recording else {
+        let wait = session
+            .query_typed(
+                &inner.fair_lock_sql,
+                &[(&key, Type::TEXT), (seed, Type::INT8)],
+            )
+            .await?;
+        return Ok(WaitRows { wait, record: None });
+    };
+    let wait = session
+        .query_typed(
+            &inner.fair_lock_marked_sql,
+            &[(&key, Type::TEXT), (seed, Type::INT8)],
+        )
+        .await?;
+    let taken = wait.first().and_then(|row| {
+        let advisory_key: i64 = row.try_get(0).ok()?;
+        let token: i64 = row.try_get::<_, Option<i64>>(1).ok()??;
+        Some((advisory_key, token))
+    });
+    let Some((advisory_key, token)) = taken else {
+        return Ok(WaitRows { wait, record: None });
+    };
+    let identity = identity.as_deref();
+    let record = session
+        .query_typed(
+            &inner.fair_record_sql,
+            &[
+                (&key, Type::TEXT),
+                (&advisory_key, Type::INT8),
+                (&identity, Type::TEXT),
+                (&started, Type::TIMESTAMPTZ),
+                (&holder, Type::TEXT),
+                (&token, Type::INT8),
+            ],
+        )
+        .await?;
+    Ok(WaitRows {
+        wait,
+        record: Some(record),
+    })
 }

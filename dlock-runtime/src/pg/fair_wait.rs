@@ -16,7 +16,7 @@ use tokio_postgres::error::SqlState;
 use super::connection::Failure;
 use super::fair::{FairTicket, First, Place, Reserved};
 use super::fair_grant::deliver;
-use super::fair_statement::{granted, send_wait};
+use super::fair_statement::{WaitRows, granted, send_wait};
 use super::session::LockSession;
 use super::{Inner, KIND, sql};
 use crate::backend::OwnerId;
@@ -317,7 +317,7 @@ async fn answer_of_wait(
     wait: &mut Wait,
     on: &Arc<LockSession>,
     recording: Option<SystemTime>,
-) -> Option<Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> {
+) -> Option<Result<WaitRows, tokio_postgres::Error>> {
     let sent = send_wait(
         Arc::clone(inner),
         Arc::clone(on),

@@ -307,11 +307,11 @@
 //!   it shows the wait queued.
 //! - A waiting statement holds a snapshot, so `VACUUM` cannot remove rows
 //!   deleted after the oldest wait began (`backend_xmin` in
-//!   `pg_stat_activity`). A recording one holds the `ROW EXCLUSIVE` lock
-//!   of `<schema>.dlock_holders` while it waits: a DBA's `ALTER TABLE`,
-//!   `TRUNCATE`, `VACUUM FULL` or `LOCK TABLE` of it waits for the fair
-//!   waiters of the moment (and acquisitions meanwhile lock without a
-//!   record, as they do behind any such lock). With `log_lock_waits` on,
+//!   `pg_stat_activity`). It names none of dlock's tables, so it holds
+//!   no lock on them: a waiter whose holder is recorded writes its record
+//!   in a statement of its own once granted, and a DBA's `ALTER TABLE`,
+//!   `TRUNCATE`, `VACUUM FULL` or `LOCK TABLE` never waits for a queue.
+//!   With `log_lock_waits` on,
 //!   the server logs every wait longer than `deadlock_timeout`, after
 //!   which it also runs its deadlock check once for it.
 //! - Nothing for plain locks: no statement is added to their acquisition,
@@ -510,10 +510,12 @@ struct Inner {
     terminate_sql: String,
     /// [`sql::FORCE_RELEASE_NAMED`], schema filled in.
     force_release_named_sql: String,
-    /// A fair waiter's statements ([`sql::FAIR_LOCK`],
-    /// [`sql::FAIR_LOCK_RECORDING`]), schema filled in.
+    /// A fair waiter's statements ([`sql::FAIR_LOCK`], or
+    /// [`sql::FAIR_LOCK_MARKED`] and then [`sql::FAIR_RECORD`]), schema
+    /// filled in.
     fair_lock_sql: String,
-    fair_lock_recording_sql: String,
+    fair_lock_marked_sql: String,
+    fair_record_sql: String,
     /// The statements of identity records ([`holders`]), schema filled in.
     try_lock_recording_sql: String,
     unlock_recorded_sql: String,

@@ -45,15 +45,15 @@ pub(in crate::pg) fn refused_sequence(err: &tokio_postgres::Error) -> Option<Unf
     })
 }
 
-/// Reads what a recording lock statement ([`TRY_LOCK_RECORDING`],
-/// [`FAIR_LOCK_RECORDING`]) says of its record: the time of the record it
+/// Reads what a recording statement ([`TRY_LOCK_RECORDING`],
+/// [`FAIR_RECORD`]) says of its record: the time of the record it
 /// wrote (`None`: it wrote none; the time now, if a DBA's trigger blanked
 /// the row's), from the columns `since` (at `at`) and `wrote` (after it,
 /// and after `already` when the statement has that column, `already`:
 /// whose value comes second).
 ///
 /// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
-/// [`FAIR_LOCK_RECORDING`]: super::FAIR_LOCK_RECORDING
+/// [`FAIR_RECORD`]: super::FAIR_RECORD
 pub(in crate::pg) fn recorded_since(
     row: &tokio_postgres::Row,
     at: usize,

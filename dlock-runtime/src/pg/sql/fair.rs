@@ -63,67 +63,84 @@ FROM (",
     ") AS w"
 );
 
-/// [`FAIR_LOCK`] that also records the holder as [`TRY_LOCK_RECORDING`]
-/// does, once the lock is granted, in the same statement: the key (`$1`),
-/// the token, this session (its pid and its start, `$4`), the identity
-/// (`$3`, NULL for a lease without one) and the holder record (`$5`), and
-/// as the time of acquisition the clock after the wait
-/// (`clock_timestamp()`; `now()` is the statement's start, before the
-/// wait). Returns the advisory key, the token, the time of the row it
-/// wrote and `wrote`, as [`TRY_LOCK_RECORDING`] does.
+/// [`FAIR_LOCK`] for a fair waiter whose holder is recorded: the same
+/// wait and draw, with the key's `rewriting` mark (see
+/// [`TRY_LOCK_RECORDING`]) taken shared *for the session* before the wait,
+/// so that a reader who sees the lock granted sees the mark too until
+/// [`FAIR_RECORD`] has committed the record (a pooled fair session may
+/// take a key again whose released record it has not deleted yet). The
+/// mark is only ever taken shared, so taking it never waits.
 ///
-/// It takes the `rewriting` mark first, as [`TRY_LOCK_RECORDING`] does (a
-/// pooled fair session may take a key again whose released record it has
-/// not deleted yet), and holds it while it waits: the mark is only ever
-/// taken shared, and readers look for it only on the session that holds
-/// the key. There is no `already`: a fair session holds no other lock
-/// while it waits. It waits for the lock as the transaction's
-/// (`pg_advisory_xact_lock`, in the same queue as the session lock) and
-/// takes it for the session as its last step, as [`TRY_LOCK_RECORDING`]
-/// does: a statement that fails after the grant leaves nothing held.
-///
-/// Its `INSERT` holds the table's `ROW EXCLUSIVE` lock from the start of
-/// the statement, through the wait: a DBA's `ALTER TABLE`, `TRUNCATE`,
-/// `VACUUM FULL` or `LOCK TABLE` on the table waits for the fair waiters
-/// of the moment (see the module docs of `fair`).
+/// It names none of dlock's tables: a statement that waits in a key's
+/// queue for as long as its waiter waits must hold no lock on them, or a
+/// DBA's `ALTER TABLE`, `TRUNCATE`, `VACUUM FULL` or `LOCK TABLE` of the
+/// table would wait behind every fair waiter of the moment (and every
+/// acquisition behind that DBA). The record is written once the lock is
+/// granted, by [`FAIR_RECORD`], which waits for the table no longer than
+/// any lock session's statement does. A statement that fails leaves the
+/// mark (and perhaps the lock) held for the session: the backend drops
+/// both with [`UNLOCK_ALL`], as after a failed [`FAIR_LOCK`].
 ///
 /// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
-pub(in crate::pg) const FAIR_LOCK_RECORDING: &str = concat!(
-    "WITH k AS (
-  SELECT k.h, pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev,
-         pg_catalog.pg_advisory_xact_lock_shared(
-             (k.h OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4,
-             ((k.h OPERATOR(pg_catalog.<<) 32::pg_catalog.int4)
-              OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4) AS rewriting
-  FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
-),
-u AS (
-  SELECT k.h, k.prev,
-         pg_catalog.set_config('lock_timeout'::pg_catalog.text, '0'::pg_catalog.text, true) AS unbounded
-  FROM k WHERE k.rewriting IS NOT NULL
-),
-w AS (
-  SELECT u.h, u.prev, pg_catalog.pg_advisory_xact_lock(u.h) AS locked
-  FROM u WHERE u.unbounded IS NOT NULL
-),
-t AS (
-  SELECT w.h, CASE WHEN pg_catalog.set_config('lock_timeout'::pg_catalog.text, w.prev, true)
-                        IS NOT NULL THEN (",
+/// [`UNLOCK_ALL`]: super::UNLOCK_ALL
+pub(in crate::pg) const FAIR_LOCK_MARKED: &str = concat!(
+    "SELECT w.h, CASE WHEN pg_catalog.set_config('lock_timeout'::pg_catalog.text, w.prev, true)
+                      IS NOT NULL THEN (",
     draw_token!(
         ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
               AS commit_mode",
         ""
     ),
-    ") END AS token
-  FROM w WHERE w.locked IS NOT NULL
+    ") END
+FROM (SELECT u.h, u.prev, pg_catalog.pg_advisory_lock(u.h) AS locked
+      FROM (SELECT m.h, m.prev,
+                   pg_catalog.set_config('lock_timeout'::pg_catalog.text, '0'::pg_catalog.text, true)
+                       AS unbounded
+            FROM (SELECT k.h, k.prev,
+                         pg_catalog.pg_advisory_lock_shared(",
+    rewriting_mark!("k.h"),
+    ") AS marked
+                  FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h,
+                               pg_catalog.current_setting('lock_timeout'::pg_catalog.text) AS prev
+                        OFFSET 0) AS k
+                  OFFSET 0) AS m
+            OFFSET 0) AS u
+      OFFSET 0) AS w"
+);
+
+/// Records the holder of a lock [`FAIR_LOCK_MARKED`] was just granted, as
+/// [`TRY_LOCK_RECORDING`] records one: the key (`$1`), its advisory key
+/// (`$2`), the token drawn (`$6`), this session (its pid and its start,
+/// `$4`), the identity (`$3`, NULL for a lease without one), the holder
+/// record (`$5`) and the server's time of acquisition (`now()`, this
+/// statement's start, just after the grant). Returns the time of the row
+/// it wrote and `wrote`, as [`TRY_LOCK_RECORDING`] does.
+///
+/// The `rewriting` mark goes from the session to this transaction: taken
+/// for the transaction before the row is written, and let go for the
+/// session after (`OFFSET 0` fixes the order), so it stays in the lock
+/// table until the commit has made the record visible. Its wait for the
+/// table is the session's `lock_timeout`, as any lock session statement's;
+/// one that fails leaves the lock and the mark for the backend to drop.
+/// Asynchronous commit, as [`TRY_LOCK_RECORDING`].
+///
+/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+pub(in crate::pg) const FAIR_RECORD: &str = concat!(
+    "WITH t AS (
+  SELECT $2::pg_catalog.int8 AS h, $6::pg_catalog.int8 AS token,
+         pg_catalog.pg_advisory_xact_lock_shared(",
+    rewriting_mark!("$2::pg_catalog.int8"),
+    ") AS rewriting,
+         pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+             AS commit_mode
 ),
 recorded AS (
   INSERT INTO {schema}.dlock_holders AS r
          (lock_id, key, token, pid, session_start, identity, holder, holder_token, since)
   SELECT t.h, $1::pg_catalog.text, t.token, pg_catalog.pg_backend_pid(),
          $4::pg_catalog.timestamptz, $3::pg_catalog.text, $5::pg_catalog.text, t.token,
-         pg_catalog.clock_timestamp()
-  FROM t WHERE t.token IS NOT NULL
+         pg_catalog.now()
+  FROM t WHERE t.rewriting IS NOT NULL AND t.commit_mode IS NOT NULL
   ON CONFLICT (lock_id) DO UPDATE
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,
@@ -131,10 +148,11 @@ recorded AS (
   RETURNING r.lock_id, r.key, r.token, r.holder_token, r.pid, r.session_start, r.identity,
             r.holder, r.since
 )
-SELECT s.h, CASE WHEN s.token IS NOT NULL AND pg_catalog.pg_advisory_lock(s.h) IS NOT NULL
-                 THEN s.token END,
-       s.since, COALESCE(s.wrote, false)
-FROM (SELECT t.h, t.token, (SELECT recorded.since FROM recorded) AS since,
+SELECT s.since, COALESCE(s.wrote, false),
+       pg_catalog.pg_advisory_unlock_shared(",
+    rewriting_mark!("$2::pg_catalog.int8"),
+    ")
+FROM (SELECT (SELECT recorded.since FROM recorded) AS since,
              (SELECT ",
     wrote_row!(),
     " FROM recorded) AS wrote

@@ -58,6 +58,25 @@
 ///    is what carries tokens when the sequence was set back, lost or
 ///    recreated, or moved down by the race in 3.
 ///
+/// Why the draw writes the sequence whenever the clock wins, which is
+/// nearly every draw (tokens come slower than one a microsecond): the
+/// clock floors tokens after the sequence went back only if no token was
+/// ever above the clock at its draw, so the sequence may not be moved
+/// *ahead* of the clock to spare later writes (a `setval` to the clock
+/// plus a margin, drawn from until the clock catches up, hands out tokens
+/// up to that margin above the clock, which a sequence lost within the
+/// margin then undercuts); and a sequence left *behind* the clock-won
+/// tokens no longer holds the last token when the clock steps back. So a
+/// durable memory of the last token is written by every draw the clock
+/// wins. What that write costs is WAL (with an asynchronous commit, no
+/// flush): `nextval` after a `setval` logs too, and the transaction takes
+/// an id. The rest of the draw (the clock reading, the `pg_sequence`
+/// check, the privilege check) costs next to nothing beside the advisory
+/// lock itself. A sequence a DBA made `UNLOGGED` (PostgreSQL 15+) writes
+/// no WAL and keeps every rule above while the server runs, but a crash
+/// or a failover resets it: a counter lost more often, see
+/// docs/postgres.md ("What a token costs").
+///
 /// So a lower token needs two faults at once: the sequence behind the
 /// key's last token (set back, lost, or that race) *and* that token ahead
 /// of the server clock: the clock stepped back past it, a DBA `setval`ed

@@ -34,7 +34,7 @@ pub(super) enum State {
     Releasing,
 }
 
-/// Made only once `session` granted a [`LockSession::claim`] of
+/// Made only once `session` granted a `claim` of
 /// `advisory_key`, which its drop gives back: so a session's claims are
 /// exactly the advisory keys of the `Held` entries on it (and, while it
 /// runs, the one of a failed lock statement's undo).

@@ -66,7 +66,7 @@ pub(super) struct LockSession {
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
     /// Holder records of plain leases released on this session, not yet
-    /// deleted (see [`sql::DELETE_RELEASED`]).
+    /// deleted (see [`sql::DELETE_RELEASED`](super::sql::DELETE_RELEASED)).
     released: Mutex<Released>,
     /// What this process knows of the advisory keys on this session: the
     /// ones its leases hold, and the lock statements in flight.
@@ -329,7 +329,7 @@ impl LockSession {
     }
 
     /// The statements of leases that record an identity (the SQL of
-    /// [`sql::TRY_LOCK_RECORDING`] and [`sql::UNLOCK_RECORDED`] with the
+    /// [`sql::TRY_LOCK_RECORDING`](super::sql::TRY_LOCK_RECORDING) and [`sql::UNLOCK_RECORDED`](super::sql::UNLOCK_RECORDED) with the
     /// schema filled in), prepared on first use.
     pub(super) async fn recording(
         &self,
@@ -469,7 +469,7 @@ impl LockSession {
 ///
 /// A fair session whose statement waits in a key's queue gets no ping:
 /// the ping would only be answered after the wait, however long. TCP
-/// keepalives watch it then (see [`Connector::keeping_alive`]), and a ping
+/// keepalives watch it then (see `Connector::keeping_alive`), and a ping
 /// sent just before the wait began is not held against it.
 pub(super) async fn check_liveness(session: Weak<LockSession>, interval: Duration) {
     loop {

@@ -202,7 +202,7 @@ pub(super) const REFUSED: &str = "dlock-refused: ";
 /// for the length of each statement that drops the key's lock
 /// ([`UNLOCK_GATED`], [`UNLOCK_RECORDED`]); a force release that names a
 /// lease takes it *exclusively* for its whole transaction
-/// ([`RELEASE_GATE`]). While the force release holds it, the session
+/// (`RELEASE_GATE`). While the force release holds it, the session
 /// holding the key cannot let go of it, so what the force release read of
 /// that session and its record is still so when it ends the session.
 macro_rules! release_gate {

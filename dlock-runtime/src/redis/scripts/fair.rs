@@ -7,26 +7,26 @@ use std::sync::LazyLock;
 use ::redis::Script;
 
 /// A fair attempt ([`crate::backend::Queue::Respect`] or
-/// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`] with the key's queue
+/// [`crate::backend::Queue::Join`]): [`ACQUIRE_LUA`](super::ACQUIRE_LUA) with the key's queue
 /// of fair waiters in front. `KEYS[1]`, `KEYS[2]` and `ARGV[1]` to
-/// `ARGV[3]` as for [`ACQUIRE_LUA`], `KEYS[3]` the queue and `KEYS[4]`
+/// `ARGV[3]` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA), `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
 /// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
-/// caller waits. Answers as [`ACQUIRE_LUA`] does, and `-1` (held, no
+/// caller waits. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
 /// - The key is free and the first live entry is the caller's (a `Join`),
-///   or nobody live is queued: it is taken as [`ACQUIRE_LUA`] takes it,
+///   or nobody live is queued: it is taken as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) takes it,
 ///   and the caller's entry and the dead ones in front of it are dropped. Live
 ///   entries left behind mark the new value `+`, so its release hands on.
 /// - The key is free and someone else's live entry comes first (its
 ///   holder's lease ran out, or a plain holder released it unmarked): the
-///   key is handed to that entry, as a release would ([`RELEASE_LUA`]),
+///   key is handed to that entry, as a release would ([`RELEASE_LUA`](super::RELEASE_LUA)),
 ///   rather than left idle until its waiter looks again; the caller is
 ///   answered held, for that lease's ms. A `Join` then keeps or takes its
 ///   place.
-/// - Someone holds it: [`ACQUIRE_LUA`] answers (and marks the value `+`),
+/// - Someone holds it: [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers (and marks the value `+`),
 ///   and a `Join` keeps its place in the queue, with its entry's life
 ///   renewed, or joins at the end; its entry records the ttl it asks for
 ///   and its holder record, for a handoff. A `Respect` joins nothing.
@@ -47,7 +47,7 @@ use ::redis::Script;
 ///   (within a second), not only the first to look. A queue found gone
 ///   (`PTTL` -2) by a waiter whose entry lives is read as lost the same
 ///   way.
-/// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`] answers, and
+/// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
 ///

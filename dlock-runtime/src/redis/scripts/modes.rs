@@ -151,8 +151,8 @@ end
 /// key, `KEYS[2]` fence key, `KEYS[3]` readers' hash, `KEYS[4]` the
 /// writer-waiting mark, `KEYS[5]` the phase key; `ARGV[1]` the owner id
 /// (32 hex digits), `ARGV[2]` ttl in ms, `ARGV[3]` the waiter mark to take
-/// the key with (`-` or `+`, as for [`ACQUIRE_LUA`]). Answers as
-/// [`ACQUIRE_LUA`] does: the token as a bulk string, or the ms to look
+/// the key with (`-` or `+`, as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA)). Answers as
+/// [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does: the token as a bulk string, or the ms to look
 /// again in (with the refusal to mark the holder, if any).
 ///
 /// The phase key is the read phase: `<token> <owner>` while its first
@@ -163,7 +163,7 @@ end
 /// - No phase (the key free): refused while a live writer-waiting mark
 ///   stands (rule M3: the mark flagged `+`, so the writer takes the key
 ///   marked and its release publishes); else a new phase, its token drawn
-///   as [`ACQUIRE_LUA`] draws one (the counter advanced, floored at the
+///   as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) draws one (the counter advanced, floored at the
 ///   server clock, so above every token before, across a lost counter
 ///   too), kept in the phase key with the caller as its one reader. This
 ///   path runs before the helpers are defined: it is the common one, and
@@ -392,7 +392,7 @@ return ended()
 /// script pruned a dead entry). The caller's own live slot is granted
 /// again (a retry, rule M5), else the lowest slot no entry names: the
 /// walk up from 0 stops at the first gap, so it steps over at most the
-/// entries there are. A grant draws a token anew as [`ACQUIRE_LUA`] draws
+/// entries there are. A grant draws a token anew as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) draws
 /// one (so a slot's tokens rise, across a lost counter too), writes
 /// `<expiry> <owner id>` to the slot and keeps the sentinel alive as long
 /// as the longest-lived permit. A full set marks the sentinel `+`, so the

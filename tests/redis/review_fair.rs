@@ -1,6 +1,8 @@
 //! Fair mode on Redis after its queue was deleted: every waiter that was
 //! queued joins again, and is served before callers that join after it
-//! looked again, whoever recreated the queue first.
+//! looked again, whoever recreated the queue first. And a fair writer's
+//! writer-waiting mark (rule M3) goes when the writer has the key, however
+//! it got it.
 
 use crate::redis_support;
 use crate::support;
@@ -8,7 +10,9 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::backend::{AcquireRequest, Attempt, OwnerId, QUEUE_ENTRY_TTL, Queue, ReleaseRequest};
+use dlock::backend::{
+    Access, AcquireRequest, Attempt, OwnerId, QUEUE_ENTRY_TTL, Queue, ReleaseRequest,
+};
 use dlock::{Backend, LockError, LockKey, LockOptions};
 use redis::aio::MultiplexedConnection;
 use redis_support::{lock_name, shared_backend as backend, shared_url as redis_url};
@@ -220,4 +224,57 @@ async fn a_waiter_of_a_deleted_queue_is_served_within_its_wait_while_callers_kee
          {served:?}"
     );
     served.expect("served");
+}
+
+/// Rule M3 with fair writers: a fair writer that found readers left a
+/// writer-waiting mark, and was then handed the key (by the attempt of the
+/// fair writer behind it, once the readers left) rather than taking it by
+/// its own attempt. Once both writers released, nobody holds or waits: a
+/// reader that does not wait must get the key, not be refused by the
+/// first writer's mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_is_not_refused_by_the_mark_of_a_fair_writer_that_was_handed_the_key() {
+    let backend = backend().await;
+    let mut conn = raw().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-writer-mark");
+    let [reader, first, second, later] = ids();
+    let ttl = Duration::from_secs(20);
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &reader, ttl).with_access(Access::Shared))
+        .await
+        .expect("read");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    // Both fair writers queue behind the reader; the first leaves its mark.
+    join(&backend, &key, first).await;
+    join(&backend, &key, second).await;
+    backend
+        .release(&ReleaseRequest::new(&key, &reader).holding(Access::Shared, None))
+        .await
+        .expect("release the read");
+    // The second writer looks first: it hands the free key to the first.
+    join(&backend, &key, second).await;
+    assert_eq!(holder_of(&mut conn, &key).await, first.to_string());
+    release(&backend, &key, first).await;
+    assert_eq!(holder_of(&mut conn, &key).await, second.to_string());
+    release(&backend, &key, second).await;
+    let mark: Option<String> = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:writer"))
+        .query_async(&mut conn)
+        .await
+        .expect("GET writer");
+    let answer = backend
+        .try_acquire(&AcquireRequest::new(&key, &later, ttl).with_access(Access::Shared))
+        .await
+        .expect("read");
+    if matches!(answer, Attempt::Acquired(_)) {
+        backend
+            .release(&ReleaseRequest::new(&key, &later).holding(Access::Shared, None))
+            .await
+            .expect("release the read");
+    }
+    assert!(
+        matches!(answer, Attempt::Acquired(_)),
+        "a reader of a free key nobody waits for gets it: {answer:?}, writer mark {mark:?} \
+         (the first writer was {first})"
+    );
 }

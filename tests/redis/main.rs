@@ -20,6 +20,7 @@ mod cluster;
 mod fair;
 mod lock;
 mod modes;
+mod review_fair;
 mod sentinel;
 mod server;
 mod upgrade;

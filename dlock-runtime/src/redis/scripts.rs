@@ -247,6 +247,13 @@ local function hand_over(entry, clock, lock, fence)
     redis.call('SET', string.sub(lock, 1, -5) .. 'info', entry[1] .. ' ' .. clock .. ' ' .. entry[3], 'PX', px)
   end
   redis.call('DEL', entry[4])
+  -- The waiter's writer-waiting mark, if it left one behind readers, goes
+  -- as when it takes the key itself: it holds the key now.
+  local writer = string.sub(lock, 1, -5) .. 'writer'
+  local waiting = redis.pcall('GET', writer)
+  if type(waiting) == 'string' and string.sub(waiting, 1, 32) == entry[1] then
+    redis.call('DEL', writer)
+  end
   redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
   return px
 end

@@ -46,7 +46,10 @@ use ::redis::Script;
 ///   so each waiter that lost its line joins again at its next attempt
 ///   (within a second), not only the first to look. A queue found gone
 ///   (`PTTL` -2) by a waiter whose entry lives is read as lost the same
-///   way.
+///   way. A `Join` that begins a queue anew sets the mark too: the
+///   waiters of a lost queue cannot tell a newcomer's queue from theirs
+///   by its existence alone (a queue that merely ran empty costs its
+///   waiters a read of it for one entry's life).
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
@@ -67,10 +70,11 @@ local function refresh()
   return redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
 end
 local function enter(text, old)
-  if type(old) == 'string' then
-    if string.find('\n' .. text, '\n' .. owner, 1, true) then
-      return text
-    end
+  local lost = type(old) == 'string'
+  if lost and string.find('\n' .. text, '\n' .. owner, 1, true) then
+    return text
+  end
+  if lost or text == '' then
     redis.call('SET', rejoin, '1', 'PX', ARGV[4])
   end
   return without(text, owner) .. owner .. ' v\n'

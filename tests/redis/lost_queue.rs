@@ -171,7 +171,10 @@ async fn a_waiter_of_a_deleted_queue_is_served_within_its_wait_while_callers_kee
         let (backend, key) = (backend.clone(), key.clone());
         tokio::spawn(async move {
             let lease = LockOptions::new(Duration::from_secs(30))
-                .wait(Duration::from_secs(12))
+                // Long, for a loaded machine: passed by every later
+                // caller, it would wait out any wait (the stream runs
+                // until it is served).
+                .wait(Duration::from_secs(30))
                 .fair(true)
                 .acquire_on(backend, &key)
                 .await?;
@@ -210,7 +213,7 @@ async fn a_waiter_of_a_deleted_queue_is_served_within_its_wait_while_callers_kee
     // The old waiter has looked again (every second) before the release.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     holder.release().await.expect("release");
-    let served = within(30, "the old waiter", old).await.expect("task");
+    let served = within(45, "the old waiter", old).await.expect("task");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let callers = within(10, "the stream stops", stream).await.expect("task");
     for caller in callers {

@@ -10,14 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dlock::backend::ForceRelease;
-use dlock::{Backend, HolderInfo, LockKey, LockOptions};
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncCommands as _, Script, Value};
+use dlock::{Backend, LockKey, LockOptions};
 
-/// The previous protocol's scripts (the record in `dlock:{T}:info`), as the
-/// rolling-upgrade tests keep them.
-const PREVIOUS_ACQUIRE: &str = include_str!("recorded/acquire.lua");
-const PREVIOUS_RELEASE: &str = include_str!("recorded/release.lua");
+use crate::upgrade_record::Recorded;
+use redis::AsyncCommands as _;
+use redis::aio::MultiplexedConnection;
 
 async fn backend() -> Arc<dyn Backend> {
     crate::redis_support::shared_backend().await
@@ -33,55 +30,6 @@ async fn raw() -> MultiplexedConnection {
 
 fn name(key: &LockKey, part: &str) -> String {
     format!("dlock:{{{key}}}:{part}")
-}
-
-/// A replica on the previous protocol: its acquisition (the token, `None`
-/// when held) and its release.
-struct Previous {
-    conn: MultiplexedConnection,
-    value: String,
-}
-
-impl Previous {
-    async fn new(owner: char) -> Self {
-        let value = format!("{}-", std::iter::repeat_n(owner, 32).collect::<String>());
-        Self {
-            conn: raw().await,
-            value,
-        }
-    }
-
-    async fn acquire(&mut self, key: &LockKey) -> Option<u64> {
-        let reply: Value = Script::new(PREVIOUS_ACQUIRE)
-            .key(name(key, "lock"))
-            .key(name(key, "fence"))
-            .key(name(key, "info"))
-            .arg(&self.value)
-            .arg(60_000)
-            .arg(HolderInfo::this_process(Some("previous")).encode())
-            .invoke_async(&mut self.conn)
-            .await
-            .expect("the previous acquire script");
-        match reply {
-            Value::BulkString(token) => Some(
-                String::from_utf8(token)
-                    .expect("text")
-                    .parse()
-                    .expect("a token"),
-            ),
-            _ => None,
-        }
-    }
-
-    async fn release(&mut self, key: &LockKey) -> i64 {
-        Script::new(PREVIOUS_RELEASE)
-            .key(name(key, "lock"))
-            .key(name(key, "info"))
-            .arg(&self.value)
-            .invoke_async(&mut self.conn)
-            .await
-            .expect("the previous release script")
-    }
 }
 
 /// An operator sets the fence counter back (a restore of the key, a
@@ -102,7 +50,7 @@ async fn a_previous_holder_is_never_shown_or_broken_by_a_token_it_was_not_grante
     let backend = backend().await;
     let mut conn = raw().await;
     let key = dlock_runtime::conformance::fresh_key("review-previous-counter-back");
-    let mut previous = Previous::new('d').await;
+    let mut previous = Recorded::new('d').await;
     let granted = previous.acquire(&key).await.expect("free");
     set_counter_back(&mut conn, &key, granted - 1_000).await;
 
@@ -132,7 +80,7 @@ async fn a_new_lease_handed_over_by_a_previous_replica_is_broken_only_by_its_own
     let backend = backend().await;
     let mut conn = raw().await;
     let key = dlock_runtime::conformance::fresh_key("review-handed-counter-back");
-    let mut previous = Previous::new('e').await;
+    let mut previous = Recorded::new('e').await;
     previous.acquire(&key).await.expect("free");
     let waiter = tokio::spawn({
         let (backend, key) = (backend.clone(), key.clone());

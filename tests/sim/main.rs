@@ -164,13 +164,17 @@ impl Bulk {
 /// of a hang.
 type Running = Mutex<Vec<Option<(u64, u64)>>>;
 
-/// Runs schedules `0..count` of `base`, as many at once as the machine
-/// has processors. Each schedule is a runtime and a world of its own, so
-/// what it does depends on its seed alone, not on which thread ran it or
-/// beside what; the sums and the failing schedules come out in index
+/// Runs schedules `0..count` of `base`, two at once for each of the
+/// machine's processors (at most four). Each schedule is a runtime and a
+/// world of its own, so what it does depends on its seed alone, not on
+/// which thread ran it or beside what; the sums and the failing schedules come out in index
 /// order. A schedule that never ends fails the run with its seed.
 fn run_bulk(base: u64, count: u64) -> Bulk {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    // Twice the processors (at most four): inside the suite the other
+    // binaries and cargo keep the processors busy, and the scheduler
+    // shares them out by thread, so two threads a processor keep the
+    // simulator's share; alone, the extra threads only wait their turn.
+    let threads = std::thread::available_parallelism().map_or(2, |n| (2 * n.get()).min(4));
     let next = Arc::new(AtomicU64::new(0));
     let running: Arc<Running> = Arc::new(Mutex::new(vec![None; threads]));
     let (done, ended) = mpsc::channel();

@@ -19,28 +19,19 @@ use dlock::backend::{
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockKey, LockOptions};
 use redis::aio::MultiplexedConnection;
-use redis_support::{RedisServer, shared_backend as backend, shared_url as redis_url};
+use redis_support::{RedisServer, shared_backend as backend};
 use support::within;
 
 /// The environment variable that turns this test binary into a child
 /// process playing one role (see `child_process_entry`).
 const CHILD_ROLE: &str = "DLOCK_REDIS_FAIR_TEST_CHILD";
 
-/// A raw connection to the shared Redis, to read what the backend keeps.
-async fn raw() -> MultiplexedConnection {
-    redis::Client::open(redis_url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the shared Redis")
-}
-
 fn queue_name(key: &LockKey) -> String {
     format!("dlock:{{{key}}}:queue")
 }
 
 /// The owner ids queued for `key`, in the order the queue keeps them.
-async fn queued(conn: &mut MultiplexedConnection, key: &LockKey) -> Vec<String> {
+pub(crate) async fn queued(conn: &mut MultiplexedConnection, key: &LockKey) -> Vec<String> {
     let text: Option<String> = redis::cmd("GET")
         .arg(queue_name(key))
         .query_async(conn)
@@ -140,7 +131,7 @@ impl Drop for Killed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_waiters_of_several_tasks_queue_in_arrival_order_and_are_served_so() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-fifo");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -192,7 +183,7 @@ async fn fair_waiters_of_several_tasks_queue_in_arrival_order_and_are_served_so(
 async fn a_fair_caller_behind_a_waiter_of_its_process_queues_without_a_first_try() {
     let counting = dlock_runtime::conformance::CountingBackend::new(backend().await);
     let backend: Arc<dyn Backend> = counting.clone();
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-no-first-try");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -231,7 +222,7 @@ async fn a_fair_caller_behind_a_waiter_of_its_process_queues_without_a_first_try
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_waiter_killed_while_queued_holds_up_the_next_for_its_entry_life_at_most() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-killed");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -294,7 +285,7 @@ async fn a_fair_waiter_killed_while_queued_holds_up_the_next_for_its_entry_life_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_lasts_the_smaller_of_the_ttl_and_the_entry_life_left_with_a_rising_token() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let ttl = Duration::from_secs(30);
     // The entries live, and the handed lease lasts, long enough that a
     // loaded machine's stall between the join and the release, or between
@@ -433,7 +424,7 @@ async fn queue_and_release(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_token_is_drawn_as_an_acquisitions_and_a_stuck_counter_fails_only_the_waiter() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let ttl = Duration::from_secs(30);
     let key = dlock_runtime::conformance::fresh_key("redis-fair-token");
     let fence = format!("dlock:{{{key}}}:fence");
@@ -529,7 +520,7 @@ async fn a_handoff_token_is_drawn_as_an_acquisitions_and_a_stuck_counter_fails_o
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_is_not_listed_as_a_held_key_and_a_leaving_waiter_takes_its_entry_along() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-listed");
     let ttl = Duration::from_secs(30);
     let (holder, waiter) = (
@@ -592,7 +583,7 @@ return 0
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_by_a_replica_before_fair_mode_lets_the_first_fair_waiter_take_the_key_soon() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-upgrade");
     let holder = OwnerId::random().expect("id");
     // What that dlock's acquisition writes: the owner id and its mark.
@@ -786,7 +777,7 @@ async fn fair_mode_needs_no_command_beyond_the_least_privilege_acl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_entry_that_expired_joins_again_at_the_end_and_the_queue_outlives_every_live_entry() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-expiry");
     let ttl = Duration::from_secs(30);
     let holder = OwnerId::random().expect("id");
@@ -883,7 +874,7 @@ async fn an_entry_that_expired_joins_again_at_the_end_and_the_queue_outlives_eve
 async fn queued_waiters_stay_alive_past_their_entry_life_without_the_queue_being_rewritten() {
     const WAITERS: usize = 40;
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-refresh");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)

@@ -10,21 +10,14 @@ use crate::support;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fair::queued;
 use dlock::backend::{
     Access, AcquireRequest, Attempt, OwnerId, QUEUE_ENTRY_TTL, Queue, ReleaseRequest,
 };
 use dlock::{Backend, LockError, LockKey, LockOptions};
 use redis::aio::MultiplexedConnection;
-use redis_support::{lock_name, shared_backend as backend, shared_url as redis_url};
+use redis_support::{lock_name, shared_backend as backend};
 use support::within;
-
-async fn raw() -> MultiplexedConnection {
-    redis::Client::open(redis_url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("the shared Redis")
-}
 
 async fn del(conn: &mut MultiplexedConnection, name: &str) {
     let _: i64 = redis::cmd("DEL")
@@ -32,19 +25,6 @@ async fn del(conn: &mut MultiplexedConnection, name: &str) {
         .query_async(conn)
         .await
         .expect("DEL");
-}
-
-/// The owner ids queued for `key`, in the queue's order.
-async fn queued(conn: &mut MultiplexedConnection, key: &LockKey) -> Vec<String> {
-    let text: Option<String> = redis::cmd("GET")
-        .arg(format!("dlock:{{{key}}}:queue"))
-        .query_async(conn)
-        .await
-        .expect("GET queue");
-    text.unwrap_or_default()
-        .lines()
-        .map(|line| line.split(' ').next().unwrap_or_default().to_owned())
-        .collect()
 }
 
 /// The owner id that holds `key` now, from the lock's value.
@@ -90,7 +70,7 @@ fn ids<const N: usize>() -> [OwnerId; N] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_waiter_of_a_deleted_queue_joins_again_when_a_newcomer_recreated_it_first() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-rejoin-newcomer");
     let [holder, a, b, newcomer, later] = ids();
     let taken = backend
@@ -127,7 +107,7 @@ async fn every_waiter_of_a_deleted_queue_joins_again_when_a_newcomer_recreated_i
 #[ignore = "open: the recovery of a lost queue rests on the rejoin mark alone (docs/fair.md)"]
 async fn every_waiter_of_a_deleted_queue_joins_again_when_its_rejoin_mark_was_deleted() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-rejoin-mark");
     let [holder, a, b, c] = ids();
     let taken = backend
@@ -161,7 +141,7 @@ async fn every_waiter_of_a_deleted_queue_joins_again_when_its_rejoin_mark_was_de
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_of_a_deleted_queue_is_served_within_its_wait_while_callers_keep_coming() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-rejoin-stream");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -239,7 +219,7 @@ async fn a_waiter_of_a_deleted_queue_is_served_within_its_wait_while_callers_kee
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_is_not_refused_by_the_mark_of_a_fair_writer_that_was_handed_the_key() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-fair-writer-mark");
     let [reader, first, second, later] = ids();
     let ttl = Duration::from_secs(20);

@@ -20,14 +20,6 @@ async fn backend() -> Arc<dyn Backend> {
     crate::redis_support::shared_backend().await
 }
 
-async fn raw() -> MultiplexedConnection {
-    redis::Client::open(crate::redis_support::shared_url())
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect")
-}
-
 fn name(key: &LockKey, part: &str) -> String {
     format!("dlock:{{{key}}}:{part}")
 }
@@ -48,7 +40,7 @@ async fn set_counter_back(conn: &mut MultiplexedConnection, key: &LockKey, to: u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_previous_holder_is_never_shown_or_broken_by_a_token_it_was_not_granted() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = crate::redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("review-previous-counter-back");
     let mut previous = Recorded::new('d').await;
     let granted = previous.acquire(&key).await.expect("free");
@@ -78,7 +70,7 @@ async fn a_previous_holder_is_never_shown_or_broken_by_a_token_it_was_not_grante
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_lease_handed_over_by_a_previous_replica_is_broken_only_by_its_own_token() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = crate::redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("review-handed-counter-back");
     let mut previous = Recorded::new('e').await;
     previous.acquire(&key).await.expect("free");
@@ -128,7 +120,7 @@ async fn a_new_lease_handed_over_by_a_previous_replica_is_broken_only_by_its_own
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_value_shaped_like_a_holder_is_never_written_to() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = crate::redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("review-foreign-shaped");
     let foreign = "0123456789abcdef0123456789abcdef- session of another tool";
     let () = conn
@@ -153,7 +145,7 @@ async fn a_foreign_value_shaped_like_a_holder_is_never_written_to() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_value_whose_record_is_not_text_hides_no_other_holder() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = crate::redis_support::shared_conn().await;
     let odd = dlock_runtime::conformance::fresh_key("review-not-text");
     let prefix = format!("{odd}/");
     let live = LockKey::new(format!("{prefix}live")).expect("key");
@@ -190,7 +182,7 @@ async fn a_value_whose_record_is_not_text_hides_no_other_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_release_holding_reads_the_token_holder_shows() {
     let backend = backend().await;
-    let mut conn = raw().await;
+    let mut conn = crate::redis_support::shared_conn().await;
     let owner = "0123456789abcdef0123456789abcdef";
     let padded = dlock_runtime::conformance::fresh_key("review-token-padded");
     let untimed = dlock_runtime::conformance::fresh_key("review-token-untimed");

@@ -29,6 +29,16 @@ pub async fn shared_backend() -> std::sync::Arc<dyn dlock::Backend> {
     )
 }
 
+/// A raw connection to the shared Redis, to read and write what the
+/// backend keeps as an operator or another tool would.
+pub async fn shared_conn() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(shared_url())
+        .expect("the url at DLOCK_REDIS_URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("the Redis at DLOCK_REDIS_URL (or 127.0.0.1:6379) must be running")
+}
+
 /// `redis-cli` against the shared Redis.
 pub fn shared_cli(args: &[&str]) -> String {
     cli(&["-u", &shared_url()], args)

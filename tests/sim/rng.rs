@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
-/// SplitMix64 (Steele, Lea and Flood): tiny, fast, and good enough to
-/// choose schedules; no crate needed.
+use crate::support::seeds;
+pub use seeds::mix;
+
+/// SplitMix64 (`support::seeds::splitmix`): tiny, fast, and good enough
+/// to choose schedules; no crate needed.
 pub struct Rng(u64);
 
 impl Rng {
@@ -17,8 +20,7 @@ impl Rng {
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        mix(self.0)
+        seeds::splitmix(&mut self.0)
     }
 
     /// A number in `0..n` (`n` > 0).
@@ -40,12 +42,4 @@ impl Rng {
     pub fn pick<T: Copy>(&mut self, choices: &[T]) -> T {
         choices[self.below(choices.len() as u64) as usize]
     }
-}
-
-/// The SplitMix64 finaliser: also how a run's base seed spreads into the
-/// seeds of its schedules.
-pub fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }

@@ -86,3 +86,18 @@ fn fixed(text: &str, test: &str) -> Vec<u64> {
         })
         .collect()
 }
+
+/// One step of SplitMix64 (Steele, Lea and Flood), the generator every
+/// randomized test draws from: advances `state` and returns 64 bits.
+pub fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    mix(*state)
+}
+
+/// SplitMix64's finaliser: also how a run's base seed spreads into the
+/// seeds of its parts.
+pub fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}

@@ -268,8 +268,12 @@ async fn leases_that_follow_one_another_on_one_session_are_never_read_with_an_ea
     assert!(named > 0, "the readers saw some identity at all");
 }
 
+/// A plain lease names its holder (its session and its key, once each)
+/// and writes no record: another process reads its token from the lock
+/// table and its host and pid from the session's name, and nothing is
+/// left to delete once it is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_locks_record_their_holder_and_create_the_table() {
+async fn plain_locks_name_their_holder_and_create_the_tables() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
     let (holder, reader) = two_instances(&schema).await;
@@ -282,7 +286,9 @@ async fn plain_locks_record_their_holder_and_create_the_table() {
         .acquire_on(Arc::new(holder.clone()), &key)
         .await
         .expect("free");
-    assert!(schema.has_relation(&admin, "dlock_holders").await);
+    for table in ["dlock_holders", "dlock_sessions", "dlock_keys"] {
+        assert!(schema.has_relation(&admin, table).await, "{table}");
+    }
     let seen = reader.holder(&key).await.expect("read").expect("held");
     assert_eq!((seen.token, seen.identity), (Some(lease.token()), None));
     let me = dlock::HolderInfo::this_process(None);
@@ -291,10 +297,17 @@ async fn plain_locks_record_their_holder_and_create_the_table() {
     let own = holder.holder(&key).await.expect("read").expect("held");
     assert_eq!((own.token, own.identity), (Some(lease.token()), None));
     assert_eq!(own.holder.map(|h| h.pid), Some(me.pid), "its own, too");
+    assert!(
+        info.held_for
+            .is_some_and(|held| held < Duration::from_secs(30)),
+        "{info:?}"
+    );
+    assert_eq!(rows_under(&admin, &schema, "dlock-test:plain:").await, 0);
     lease.release().await.expect("release");
     assert_eq!(reader.holder(&key).await.expect("read"), None);
-    // The record stays for its session's batch delete, and is never read.
-    assert_eq!(rows_under(&admin, &schema, "dlock-test:plain:").await, 1);
+    // The key's name stays, and is read only while the key is held.
+    assert_eq!(rows_under(&admin, &schema, "dlock-test:plain:").await, 0);
+    assert_eq!(names_under(&admin, &schema, key.as_str()).await, 1);
     assert!(
         holder
             .held("dlock-test:plain:")
@@ -302,6 +315,41 @@ async fn plain_locks_record_their_holder_and_create_the_table() {
             .expect("list")
             .is_empty()
     );
+}
+
+/// Makes `schema` one where the tables of names cannot be made (a view
+/// holds the name `dlock_keys`), as for a role that may not create them:
+/// its leases without an identity record their holder with every
+/// acquisition, the older way, which the tests of those records exercise.
+async fn without_names(admin: &dlock::pg::tokio_postgres::Client, schema: &ScratchSchema) {
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA IF NOT EXISTS {s}; \
+             CREATE VIEW {s}.dlock_keys AS SELECT NULL::int8 AS lock_id, NULL::text AS key \
+             WHERE false",
+            s = schema.name
+        ))
+        .await
+        .expect("a view in the way of the tables of names");
+}
+
+/// How many names of keys under `prefix` the table of names holds.
+async fn names_under(
+    admin: &dlock::pg::tokio_postgres::Client,
+    schema: &ScratchSchema,
+    prefix: &str,
+) -> i64 {
+    admin
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM {}.dlock_keys WHERE starts_with(key, $1)",
+                schema.name
+            ),
+            &[&prefix],
+        )
+        .await
+        .expect("count")
+        .get(0)
 }
 
 /// How many rows of the table of holder records name a key under `prefix`.
@@ -388,13 +436,15 @@ async fn released_batch_counts(
     ))
 }
 
-/// A plain lease's release leaves its record, and its session deletes
+/// A plain lease that records its holder (where the tables of names cannot
+/// be made) leaves its record at its release, and its session deletes
 /// the records it left in batches: after 64 releases none is left, and a
 /// release a second after the last batch deletes what came since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_records_are_deleted_in_batches() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
+    without_names(&admin, &schema).await;
     let mut tries = 0;
     let (prefix, left, holder) = loop {
         tries += 1;
@@ -432,6 +482,7 @@ async fn released_records_are_deleted_in_batches() {
 async fn a_record_left_behind_is_never_read_for_a_later_holder() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
+    without_names(&admin, &schema).await;
     let holder = connect(schema.options().sessions(1)).await;
     let other = connect(schema.options().sessions(1)).await;
     let reader = connect(schema.options()).await;
@@ -696,6 +747,7 @@ async fn a_key_sharing_the_advisory_key_of_a_recorded_one_is_never_read_with_its
 async fn a_colliding_plain_lease_known_in_process_records_nothing() {
     let schema = ScratchSchema::new("holder");
     let admin = shared_client().await;
+    without_names(&admin, &schema).await;
     let (a, b) = colliding_keys(&format!(":{}", random_id()));
     let (a, b) = (LockKey::new(a).expect("key"), LockKey::new(b).expect("key"));
     let holder = connect(schema.options().sessions(1)).await;
@@ -2181,8 +2233,9 @@ async fn a_lock_statement_failed_by_a_trigger_after_its_last_step_leaves_the_key
         Trigger::SkipsUpdates,
     ] {
         let schema = ScratchSchema::new("trigger");
-        let (holder, other) = two_instances(&schema).await;
         let admin = shared_client().await;
+        without_names(&admin, &schema).await;
+        let (holder, other) = two_instances(&schema).await;
         let key = fresh_key("trigger");
         let owner = OwnerId::random().expect("owner");
         // A record of the key, for the trigger that skips updates to skip.
@@ -2228,9 +2281,10 @@ async fn a_lock_failed_by_a_trigger_is_never_read_or_force_released_as_the_relea
         Trigger::SkipsUpdates,
     ] {
         let schema = ScratchSchema::new("trigger");
+        let admin = shared_client().await;
+        without_names(&admin, &schema).await;
         let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
         let operator = connect(schema.options()).await;
-        let admin = shared_client().await;
         let (key, owner) = (fresh_key("shown"), OwnerId::random().expect("owner"));
         let released = take(&holder, &key, &owner, None).await.expect("free");
         give_back(&holder, &key, &owner).await;
@@ -2282,9 +2336,10 @@ async fn a_trigger_that_keeps_old_rows_or_blanks_their_time_never_shows_another_
         Trigger::MovesRows,
     ] {
         let schema = ScratchSchema::new("trigger");
+        let admin = shared_client().await;
+        without_names(&admin, &schema).await;
         let (holder, bystander) = one_session_with_a_bystander(schema.options()).await;
         let operator = connect(schema.options()).await;
-        let admin = shared_client().await;
         let (key, owner) = (fresh_key("kept-row"), OwnerId::random().expect("owner"));
         let released = take(&holder, &key, &owner, None).await.expect("free");
         give_back(&holder, &key, &owner).await;

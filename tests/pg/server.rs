@@ -1069,10 +1069,13 @@ async fn lock_statements_move_the_sequence_without_waiting_for_a_wal_flush() {
 }
 
 /// A force release by a role that may end other sessions
-/// (`pg_signal_backend`) but not see their start (`pg_read_all_stats`):
-/// the start is what tells the holder's session from a later one with its
-/// pid, so the force release ends nothing and says what the role lacks,
-/// rather than that the holder changed.
+/// (`pg_signal_backend`) but not see their start (`pg_read_all_stats`),
+/// naming a lease with a record (one taken with an identity): the start is
+/// what tells the record's session from a later one with its pid, so the
+/// force release ends nothing and says what the role lacks, rather than
+/// that the holder changed. A plain lease's token is in the lock table
+/// itself, which tells its session apart without the start: naming it
+/// ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_release_by_a_role_that_cannot_see_the_holders_session_says_so_and_ends_nothing() {
     let (admin, connection) = tokio_postgres::connect(&shared_conn(), NoTls)
@@ -1111,8 +1114,15 @@ async fn a_force_release_by_a_role_that_cannot_see_the_holders_session_says_so_a
             .expect("the holder's role owns the schema"),
     );
     let key = dlock_runtime::conformance::fresh_key("forced-hidden-start");
-    let lease = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(holder.clone(), key.clone())
+    let owner = OwnerId::random().expect("owner");
+    let request = dlock::backend::AcquireRequest::new(&key, &owner, Duration::from_secs(30))
+        .with_identity(Some("node-a"));
+    let Ok(dlock::backend::Attempt::Acquired(grant)) = holder.try_acquire(&request).await else {
+        panic!("`{key}` must be free");
+    };
+    let plain_key = dlock_runtime::conformance::fresh_key("forced-hidden-start-plain");
+    let plain = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(holder.clone(), plain_key.clone())
         .await
         .expect("free");
     admin
@@ -1129,10 +1139,7 @@ async fn a_force_release_by_a_role_that_cannot_see_the_holders_session_says_so_a
             .expect("the operator's role"),
     );
     let answer = operator
-        .force_release_holding(
-            &key,
-            &dlock::backend::Holding::new(Some(lease.token()), None),
-        )
+        .force_release_holding(&key, &dlock::backend::Holding::new(Some(grant.token), None))
         .await;
     let text = match &answer {
         Err(err) => err.to_string(),
@@ -1142,7 +1149,17 @@ async fn a_force_release_by_a_role_that_cannot_see_the_holders_session_says_so_a
     };
     assert!(text.contains("pg_read_all_stats"), "{text}");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(lease.check().is_ok(), "nothing may be ended: {text}");
-    lease.release().await.expect("release");
-    drop((operator, holder));
+    assert!(plain.check().is_ok(), "nothing may be ended: {text}");
+    let shown = operator
+        .holder(&plain_key)
+        .await
+        .expect("read")
+        .expect("held");
+    assert_eq!(shown.token, Some(plain.token()), "read from the lock table");
+    let answer = operator.force_release_holding(&plain_key, &shown).await;
+    assert_eq!(
+        answer.expect("ends it"),
+        dlock::backend::ForceRelease::Released
+    );
+    drop((operator, holder, plain));
 }

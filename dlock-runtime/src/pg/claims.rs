@@ -10,6 +10,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+/// The `classid`s of the two token marks of `advisory_key`, as
+/// `sql::TRY_LOCK_NAMED` takes them (`mark_class_a!`, `mark_class_b!`).
+fn mark_classes(advisory_key: i64) -> (i64, i64) {
+    const MASK: i64 = 0xffff_ffff;
+    (
+        ((advisory_key >> 32) ^ 0x544f_4b4e) & MASK,
+        (((advisory_key << 32) >> 32) ^ 0x544f_4b4d) & MASK,
+    )
+}
+
 /// How many slots of a permit statement in flight are hashed to see
 /// whether it may take an advisory key: one of more slots may take any.
 const SLOTS_HASHED: u32 = 4096;
@@ -197,6 +207,28 @@ impl Claims {
     pub(super) fn claim(&self, advisory_key: i64) -> bool {
         let mut claimed = self.claimed();
         !claimed.permits.contains_key(&advisory_key) && claimed.leases.insert(advisory_key)
+    }
+
+    /// Whether a lease held on this session, or a lock statement in flight
+    /// on it, other than of `advisory_key` itself, has a key whose token
+    /// marks share a `classid` with `advisory_key`'s (see
+    /// `sql::TRY_LOCK_NAMED`): an undo of its marks could then drop
+    /// another lease's.
+    pub(super) fn marks_collide(&self, advisory_key: i64) -> bool {
+        let classes = mark_classes(advisory_key);
+        let collides = |other: i64| {
+            let theirs = mark_classes(other);
+            other != advisory_key
+                && [classes.0, classes.1]
+                    .iter()
+                    .any(|c| *c == theirs.0 || *c == theirs.1)
+        };
+        let claimed = self.claimed();
+        let flying = self.flying();
+        claimed.leases.iter().any(|h| collides(*h))
+            || claimed.permits.keys().any(|h| collides(*h))
+            || flying.keys.keys().any(|h| collides(*h))
+            || flying.unknown > 0
     }
 
     /// Undoes a [`claim`](Self::claim) when the hold ends.

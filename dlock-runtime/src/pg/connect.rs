@@ -22,7 +22,7 @@ use super::sessions::SessionSlot;
 use super::wait::Waits;
 use super::{
     Inner, KIND, PgBackend, WarningPace, announce, fair, holders_rewrite, holders_table, modes,
-    sql, tls,
+    names, sql, tls,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -124,6 +124,12 @@ impl PgBackend {
             holder_session_sql: sql::render(sql::HOLDER_SESSION, &quoted_schema),
             holder_record_sql: sql::render(sql::HOLDER_RECORD, &quoted_schema),
             held_sql: sql::render(sql::HELD, &quoted_schema),
+            name_lease_sql: sql::render(sql::NAME_LEASE, &quoted_schema),
+            try_lock_named_sql: sql::render(sql::TRY_LOCK_NAMED, &quoted_schema),
+            unlock_named_sql: sql::render(sql::UNLOCK_NAMED, &quoted_schema),
+            session_holders_sql: sql::render(sql::SESSION_HOLDERS, &quoted_schema),
+            held_named_sql: sql::render(sql::HELD_NAMED, &quoted_schema),
+            names: names::Names::default(),
             holders_table: AsyncMutex::new(false),
             holders_state: holders_table::TableState::default(),
             holders_recreated: Mutex::new(None),

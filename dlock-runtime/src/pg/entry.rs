@@ -46,6 +46,9 @@ pub(super) struct Holding {
     /// Whether its lock statement wrote a holder record (which its unlock
     /// deletes with an identity, or leaves for the session's batch delete).
     pub(super) recorded: bool,
+    /// Whether each token mark of a named lease was taken (see `names`):
+    /// its unlock drops those. `None` for other leases.
+    pub(super) marks: Option<(bool, bool)>,
     /// The identity recorded beside the lock, with what a renewal writes
     /// again should the record go missing, if its lock statement wrote a
     /// record with an identity.

@@ -36,7 +36,7 @@ impl Inner {
         immediate: bool,
     ) {
         match self
-            .unlock_on(session, advisory_key, record, immediate)
+            .unlock_on(session, advisory_key, (record, None), immediate)
             .await
         {
             Ok(unlocked) if unlocked.record_left.is_none() => self.fair_session_free(session),
@@ -190,6 +190,7 @@ fn held_entry(
         advisory_key,
         token,
         recorded: since.is_some(),
+        marks: None,
         identity,
         deadline_slot,
         deadlines: Arc::clone(&inner.deadlines),

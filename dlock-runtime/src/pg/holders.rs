@@ -41,7 +41,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
 use super::connection::Failure;
-use super::{Inner, KIND, UNWATCHED_RECHECK, sql, xact};
+use super::{Inner, KIND, UNWATCHED_RECHECK, names, sql, xact};
 use crate::backend::{self, ReleaseNotice};
 use crate::error::{LockError, Operation};
 use crate::holder::HolderInfo;
@@ -73,6 +73,10 @@ struct HolderSession {
     /// Whether the session's lock statement of the key is still running
     /// (see [`sql::HOLDER_SESSION`]): its record may not be visible yet.
     rewriting: bool,
+    /// The token in the session's token marks of the key (see `names`).
+    marked: Option<i64>,
+    /// The server's clock, in microseconds.
+    now_us: i64,
 }
 
 impl Inner {
@@ -101,9 +105,14 @@ impl Inner {
             return Ok(unknown);
         }
         // Without the session's start, a record naming its pid could be a
-        // dead session's whose pid the server gave to this one.
+        // dead session's whose pid the server gave to this one; the token
+        // marks were read with the lock, and are the session's own.
+        let marked = found
+            .marked
+            .map(|token| xact::to_token(token, key.as_str()))
+            .transpose()?;
         let Some(started) = found.started else {
-            return Ok(unknown);
+            return Ok(Some(backend::Holding::new(marked, None)));
         };
         let own = self.own_holding(key, found.pid, started);
         if !found.records {
@@ -136,18 +145,54 @@ impl Inner {
             }
         };
         let Some(row) = rows.first() else {
-            return Ok(own.or(unknown));
+            // No record: a named lease (see `names`), with the token its
+            // marks carry and the name its session gave, if any.
+            let named = self.session_holder(&session, found.pid, started).await;
+            let holding = own.unwrap_or_else(|| backend::Holding::new(marked, None));
+            let holding = match named {
+                Some(info) if holding.holder.is_none() => {
+                    let info = match found.marked {
+                        Some(token) => info.held_for(names::held_for(token, found.now_us)),
+                        None => info,
+                    };
+                    holding.held_by(Some(info))
+                }
+                _ => holding,
+            };
+            return Ok(Some(holding));
         };
         let record = Record::from_row(row, 0)
             .map_err(|e| self.failed(Operation::Inspect, key, "unexpected answer", e))?;
         Ok(Some(record.holding(key, own)?))
     }
 
+    /// Who the session `pid` that started at `started` is, as it named
+    /// itself ([`sql::SESSION_HOLDERS`]): `None` if it did not, or the
+    /// names cannot be read (missing tables, a role without SELECT), which
+    /// leaves the holder unnamed rather than failing the read.
+    async fn session_holder(
+        &self,
+        session: &super::session::LockSession,
+        pid: i32,
+        started: SystemTime,
+    ) -> Option<HolderInfo> {
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&pid, Type::INT4), (&started, Type::TIMESTAMPTZ)];
+        let rows = session
+            .query_typed(&self.session_holders_sql, &params)
+            .await
+            .inspect_err(|err| tracing::debug!(error = %err, "cannot read a session's name"))
+            .ok()?;
+        let named: Vec<String> = rows.iter().filter_map(|row| row.try_get(0).ok()).collect();
+        names::session_holder(&named)
+    }
+
     /// Every key held now whose name starts with `prefix`, as
     /// [`Backend::held`](crate::Backend::held) answers: the keys the table
     /// of holder records names, each believed as [`holder`](Self::holder)
-    /// believes a record ([`sql::HELD`]), sorted by key. A key held
-    /// without a record is not listed (see the module docs).
+    /// believes a record ([`sql::HELD`]), and the keys held without one
+    /// that a dlock named ([`sql::HELD_NAMED`]), sorted by key. A key held
+    /// with neither is not listed (see the module docs).
     pub(super) async fn held(
         self: &Arc<Self>,
         prefix: &str,
@@ -184,8 +229,82 @@ impl Inner {
             let own = self.own_holding(&key, pid, started);
             held.push((name, record.holding(&key, own)?));
         }
+        self.held_named(&session, prefix, &mut held).await?;
         held.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(held)
+    }
+
+    /// Adds to `held` the keys under `prefix` held without a record that
+    /// a dlock named ([`sql::HELD_NAMED`]): with no token (unless this
+    /// process holds the key) and the name of the session holding it.
+    /// Missing tables of names (an older dlock's schema) add none.
+    async fn held_named(
+        &self,
+        session: &super::session::LockSession,
+        prefix: &str,
+        held: &mut Vec<(String, backend::Holding)>,
+    ) -> Result<(), LockError> {
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+            [(&prefix, Type::TEXT), (&self.options.key_seed, Type::INT8)];
+        let rows = match session.query_typed(&self.held_named_sql, &params).await {
+            Ok(rows) => rows,
+            Err(err) if sql::sequence_missing(&err) => return Ok(()),
+            Err(err) => {
+                return Err(LockError::backend(
+                    KIND,
+                    Operation::List,
+                    prefix,
+                    Failure::new("cannot list the named keys", err),
+                ));
+            }
+        };
+        let recorded: std::collections::HashSet<String> =
+            held.iter().map(|(name, _)| name.clone()).collect();
+        for row in &rows {
+            let read = || {
+                Ok::<_, tokio_postgres::Error>((
+                    row.try_get::<_, String>(0)?,
+                    row.try_get::<_, i32>(1)?,
+                    row.try_get::<_, Option<SystemTime>>(2)?,
+                    row.try_get::<_, Option<Vec<String>>>(3)?,
+                    row.try_get::<_, Option<i64>>(4)?,
+                    row.try_get::<_, i64>(5)?,
+                ))
+            };
+            let (name, pid, started, named, marked, now_us) = read().map_err(|e| {
+                LockError::backend(
+                    KIND,
+                    Operation::List,
+                    prefix,
+                    Failure::new("unexpected answer", e),
+                )
+            })?;
+            let Ok(key) = LockKey::new(name.clone()) else {
+                continue;
+            };
+            if recorded.contains(&name) {
+                continue;
+            }
+            let info =
+                named
+                    .and_then(|named| names::session_holder(&named))
+                    .map(|info| match marked {
+                        Some(token) => info.held_for(names::held_for(token, now_us)),
+                        None => info,
+                    });
+            let own = started.and_then(|started| self.own_holding(&key, pid, started));
+            let holding = match own {
+                Some(own) => own,
+                None => {
+                    let token = marked
+                        .map(|token| xact::to_token(token, key.as_str()))
+                        .transpose()?;
+                    backend::Holding::new(token, None)
+                }
+            };
+            held.push((name, holding.held_by(info)));
+        }
+        Ok(())
     }
 
     /// A notice of the next change of `key`'s holder. A release is
@@ -296,6 +415,8 @@ impl Inner {
                 started: row.try_get(1)?,
                 records: row.try_get(2)?,
                 rewriting: row.try_get(3)?,
+                marked: row.try_get(4)?,
+                now_us: row.try_get(5)?,
             })
         };
         read()

@@ -133,7 +133,7 @@ impl Inner {
                 .transpose()
                 .map_err(inspect_failed)?;
         }
-        let Some(found) = found.filter(|t| t.exists && t.shaped) else {
+        let Some(mut found) = found.filter(|t| t.exists && t.shaped) else {
             return Err(Failure::msg(format!(
                 "the table {}.dlock_holders vanished or changed while it was being checked",
                 self.quoted_schema
@@ -145,7 +145,55 @@ impl Inner {
                 self.lacks_on_holders(&found.role, &missing.join(", ")),
             ));
         }
+        if !found.names_exist {
+            // Beside an older dlock's table: made now, or never used.
+            if let Err(err) = self.create_names_tables().await {
+                tracing::warn!(
+                    schema = self.quoted_schema,
+                    error = %err,
+                    "the tables that name a lock's holder without a write per acquisition                      (dlock_sessions, dlock_keys) could not be created: locks without an                      identity record their holder with every acquisition instead"
+                );
+            }
+            let rows = session
+                .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
+                .await
+                .map_err(inspect_failed)?;
+            if let Some(again) = rows.first() {
+                found = TableInspection::from_row(again).map_err(inspect_failed)?;
+            }
+        }
+        let usable = found.names_exist && found.names_usable;
+        if found.names_exist && !usable && !self.names.usable() {
+            tracing::warn!(
+                schema = self.quoted_schema,
+                role = found.role,
+                "the role may not use the tables that name a lock's holder without a write per                  acquisition: locks without an identity record their holder with every                  acquisition instead; have a DBA run: GRANT SELECT, INSERT, DELETE ON                  {s}.dlock_sessions TO {r}; GRANT SELECT, INSERT ON {s}.dlock_keys TO {r};",
+                s = self.quoted_schema,
+                r = found.role,
+            );
+        }
+        self.names.set_usable(usable);
         Ok(())
+    }
+
+    /// Creates the tables of names ([`sql::CREATE_NAMES_TABLES`]) beside a
+    /// table of holder records made without them, on a connection of its
+    /// own, under the setup lock.
+    async fn create_names_tables(&self) -> Result<(), Failure> {
+        let (close, closed) = oneshot::channel();
+        let mut client = self
+            .connector
+            .open(self.connector.connect_timeout(), closed, |_| {})
+            .await?;
+        let created = async {
+            let tx = self.setup_transaction(&mut client).await?;
+            tx.batch_execute(&sql::render(sql::CREATE_NAMES_TABLES, &self.quoted_schema))
+                .await?;
+            tx.commit().await
+        }
+        .await;
+        drop(close);
+        created.map_err(|err| Failure::new("cannot create the tables of names", err))
     }
 
     /// What a role lacks on the table of identity records, and the GRANT
@@ -198,6 +246,8 @@ impl Inner {
             let shaped = again.try_get::<_, Option<bool>>(6)?.unwrap_or(false);
             if !exists {
                 tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
+                    .await?;
+                tx.batch_execute(&sql::render(sql::CREATE_NAMES_TABLES, &self.quoted_schema))
                     .await?;
             } else if !shaped {
                 migrating = true;
@@ -332,6 +382,10 @@ struct TableInspection {
     role: String,
     /// Whether it has this version's shape ([`sql::MIGRATE_HOLDERS_TABLE`]).
     shaped: bool,
+    /// Whether the tables of names exist ([`sql::CREATE_NAMES_TABLES`]),
+    /// and the role may use them.
+    names_exist: bool,
+    names_usable: bool,
 }
 
 impl TableInspection {
@@ -344,6 +398,8 @@ impl TableInspection {
             delete: row.try_get(4)?,
             role: row.try_get(5)?,
             shaped: row.try_get::<_, Option<bool>>(6)?.unwrap_or(false),
+            names_exist: row.try_get(7)?,
+            names_usable: row.try_get(8)?,
         })
     }
 

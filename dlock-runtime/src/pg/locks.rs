@@ -27,9 +27,11 @@ impl Inner {
     /// Sends the lock statement: the one that records the holder
     /// (`holder`, the encoded [`crate::HolderInfo`]) and `identity` with
     /// the lock (see [`sql::TRY_LOCK_RECORDING`]) when the lease has an
-    /// identity, or has none and the table of holder records is usable
-    /// (see `Inner::may_record`); else the plain one. A session found dead
-    /// is replaced once.
+    /// identity; else the plain one. A lease without an identity whose
+    /// holder is recorded (see `Inner::may_record`) has its session and
+    /// key named first instead, in the same round trip (see `names`), or,
+    /// where the tables of names cannot be used, the recording statement.
+    /// A session found dead is replaced once.
     pub(super) async fn try_lock(
         self: &Arc<Self>,
         key: &LockKey,
@@ -37,11 +39,14 @@ impl Inner {
         holder: &str,
         in_flight: &mut Option<Arc<LockSession>>,
     ) -> Result<Locked, LockError> {
-        let mut record = if identity.is_some() {
+        let (mut record, naming) = if identity.is_some() {
             self.ensure_holders_table(key, false).await?;
-            true
+            (true, false)
+        } else if self.may_record(key).await {
+            let naming = self.names.usable();
+            (!naming, naming)
         } else {
-            self.may_record(key).await
+            (false, false)
         };
         let mut retried = false;
         let mut restored = false;
@@ -51,6 +56,7 @@ impl Inner {
             // A session that could not tell when it started cannot name
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
+            let named = naming && recording.is_none() && session.started.is_some();
             if recording.is_none() && session.may_have_a_record_of(key.as_str()) {
                 // A record it wrote of an earlier lease could be read for a
                 // lease it takes now without one (see
@@ -63,7 +69,13 @@ impl Inner {
                 .claims
                 .advisory_key_of(key.as_str(), self.options.key_seed);
             let sent = self
-                .send_lock_statement(&session, key, identity, holder, recording, expected)
+                .send_lock_statement(
+                    &session,
+                    key,
+                    (identity, holder, named),
+                    recording,
+                    expected,
+                )
                 .await;
             let Some(Sent {
                 answer,
@@ -78,6 +90,7 @@ impl Inner {
                     advisory_key: expected.unwrap_or_default(),
                     token: None,
                     since: None,
+                    marks: None,
                     in_flight: None,
                 });
             };
@@ -88,7 +101,7 @@ impl Inner {
                         key,
                         identity,
                         row,
-                        recording,
+                        (recording, named),
                         (expected, flight),
                     );
                     match answer.await {
@@ -111,7 +124,7 @@ impl Inner {
                             &session,
                             key,
                             &err,
-                            (recording.is_some(), told_already),
+                            (recording.is_some(), told_already, named),
                             own,
                         );
                         Box::pin(undo).await;
@@ -150,21 +163,45 @@ impl Inner {
 
     /// Sends the lock statement for `key` on `session`, counted in flight:
     /// the one that records the holder when `recording` (the session's
-    /// start), else the plain one. `None`, with nothing sent, when the
-    /// session claims `expected`, the key's advisory key, for a lease of a
-    /// colliding key or for an undo.
+    /// start), else the plain one, behind the names of the session's
+    /// holder and the key when `named` (see [`Inner::name_lease`]).
+    /// `None`, with nothing sent, when the session claims `expected`, the
+    /// key's advisory key, for a lease of a colliding key or for an undo.
     async fn send_lock_statement(
         &self,
         session: &LockSession,
         key: &LockKey,
-        identity: Option<&str>,
-        holder: &str,
+        (identity, holder, named): (Option<&str>, &str, bool),
         recording: Option<SystemTime>,
         expected: Option<i64>,
     ) -> Option<Sent> {
         let flight;
         let mut told_already = false;
         let answer = match recording {
+            None if named => {
+                match session
+                    .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
+                    .await
+                {
+                    Ok((try_lock, _)) => {
+                        let (_, flying) = session.claims.already_holds(expected)?;
+                        flight = Some(flying);
+                        let name = key.as_str();
+                        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                            [&name, &self.options.key_seed];
+                        // The names are polled first, so sent first.
+                        let lock = session.query_one(try_lock, &params);
+                        tokio::join!(self.name_lease(session, key, holder), lock)
+                            .1
+                            .map(|row| (Ok(row), false))
+                    }
+                    // Preparing runs nothing: there is nothing to undo.
+                    Err(err) => {
+                        flight = None;
+                        Ok((Err(err), false))
+                    }
+                }
+            }
             None => {
                 // Counted in flight as a recording statement is: one
                 // sent behind it is told it may hold the advisory key.
@@ -219,22 +256,39 @@ impl Inner {
     }
 
     /// Reads the lock statement's answer `row` on `session` (`recording`:
-    /// the statement that records the holder), `expected` the advisory key
-    /// computed in process and `flight` the statement's count in flight:
-    /// the lease's lock, or the attempt's error. `None` when a lease
-    /// without an identity is to be taken again, without its record.
+    /// the statement that records the holder; `named`: the plain one,
+    /// behind names), `expected` the advisory key computed in process and
+    /// `flight` the statement's count in flight: the lease's lock, or the
+    /// attempt's error. `None` when a lease without an identity is to be
+    /// taken again, without its record.
     async fn read_lock_answer(
         &self,
         session: Arc<LockSession>,
         key: &LockKey,
         identity: Option<&str>,
         row: tokio_postgres::Row,
-        recording: bool,
+        (recording, named): (bool, bool),
         (expected, flight): (Option<i64>, Option<InFlight>),
     ) -> Option<Result<Locked, LockError>> {
-        let taken = row
-            .try_get::<_, i64>(0)
-            .and_then(|h| Ok((h, row.try_get::<_, Option<i64>>(1)?)));
+        // A named lease's token comes with whether each of its token
+        // marks was taken (see `sql::TRY_LOCK_NAMED`).
+        let mut marks = None;
+        let taken = row.try_get::<_, i64>(0).and_then(|h| {
+            if !named {
+                return Ok((h, row.try_get::<_, Option<i64>>(1)?));
+            }
+            let answer = row.try_get::<_, Option<Vec<i64>>>(1)?;
+            Ok((
+                h,
+                answer.and_then(|answer| match answer[..] {
+                    [token, a, b] => {
+                        marks = Some((a == 1, b == 1));
+                        Some(token)
+                    }
+                    _ => None,
+                }),
+            ))
+        });
         // And whether the record it was to write is missing: a
         // token drawn for a key the session held for no other
         // lease (`already`), and no record written.
@@ -254,7 +308,7 @@ impl Inner {
                 // making: the session takes no lease of the
                 // key without a record from now on.
                 session.wrote_a_record(key.as_str());
-                self.give_back(&session, advisory_key, None).await;
+                self.give_back(&session, advisory_key, None, None).await;
                 let what = format!(
                     "the lock statement of `{key}` wrote no record, which a trigger \
                      or a rule on {}.dlock_holders skips: the lock was not taken",
@@ -283,6 +337,7 @@ impl Inner {
                     advisory_key,
                     token,
                     since,
+                    marks,
                     in_flight: flight,
                 })
             }
@@ -294,7 +349,7 @@ impl Inner {
             (Ok((advisory_key, token)), Err(e)) => {
                 session.wrote_a_record(key.as_str());
                 if token.is_some() {
-                    self.give_back(&session, advisory_key, token).await;
+                    self.give_back(&session, advisory_key, token, None).await;
                 }
                 if identity.is_none() {
                     self.records_unusable(&e);
@@ -426,6 +481,7 @@ impl Inner {
             advisory_key,
             token,
             since,
+            marks,
             in_flight: _in_flight,
         } = match attempt {
             Ok(answer) => answer,
@@ -444,11 +500,13 @@ impl Inner {
         // give the lock back.
         let recorded = since.is_some();
         let record = recorded.then_some(token);
+        // The token marks it took, to drop with the lock likewise.
+        let marked = marks.map(|marks| (token, marks));
         let token = match xact::to_token(token, key.as_str()) {
             Ok(token) => token,
             Err(err) => {
                 self.forget(key, owner);
-                Box::pin(self.give_back(&session, advisory_key, record)).await;
+                Box::pin(self.give_back(&session, advisory_key, record, marked)).await;
                 unfinished.finish();
                 return Err(err);
             }
@@ -479,6 +537,7 @@ impl Inner {
                         advisory_key,
                         token,
                         recorded,
+                        marks,
                         identity: identity.zip(since).map(|(identity, since)| {
                             Box::new(super::Identified {
                                 identity,
@@ -496,7 +555,7 @@ impl Inner {
         };
         if !held {
             self.forget(key, owner);
-            Box::pin(self.give_back(&session, advisory_key, record)).await;
+            Box::pin(self.give_back(&session, advisory_key, record, marked)).await;
             unfinished.finish();
             return Ok(Attempt::Held { expires_in: None });
         }
@@ -533,6 +592,9 @@ pub(super) struct Locked {
     pub(super) token: Option<i64>,
     /// When it wrote a holder record, by the server's clock, if it wrote one.
     pub(super) since: Option<SystemTime>,
+    /// Whether each token mark of a named lease was taken (see
+    /// `sql::TRY_LOCK_NAMED`): `None` for other leases.
+    pub(super) marks: Option<(bool, bool)>,
     /// Counts the statement in flight until the lease claimed its key.
     pub(super) in_flight: Option<InFlight>,
 }

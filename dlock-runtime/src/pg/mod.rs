@@ -382,6 +382,7 @@ mod listen;
 mod locks;
 mod mode_statements;
 mod modes;
+mod names;
 mod objects;
 mod options;
 mod read_hold;
@@ -524,6 +525,14 @@ struct Inner {
     holder_session_sql: String,
     holder_record_sql: String,
     held_sql: String,
+    /// The statements of names ([`names`]), schema filled in.
+    name_lease_sql: String,
+    try_lock_named_sql: String,
+    unlock_named_sql: String,
+    session_holders_sql: String,
+    held_named_sql: String,
+    /// What this backend named, and whether it may (see [`names`]).
+    names: names::Names,
     /// Whether the table of holder records is known to exist, have this
     /// version's shape and be usable, checked (created, migrated) on the
     /// first acquisition that records, one check at a time; and, for

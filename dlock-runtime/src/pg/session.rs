@@ -39,6 +39,9 @@ pub(super) struct LockSession {
     /// The statements of leases that record an identity, prepared on the
     /// first such lease (they name a table that only exists from then on).
     recording: OnceCell<Recording>,
+    /// The lock and unlock of named leases (see `names`), prepared on the
+    /// first such lease.
+    named_statements: OnceCell<(Statement, Statement)>,
     /// The statements of shared locks and permits (by
     /// [`ModeStatement`]), each prepared on its first use on this session:
     /// they name functions and a table that exist only once shared locks
@@ -62,6 +65,9 @@ pub(super) struct LockSession {
     /// The keys whose holder records lock statements wrote on this
     /// session (see [`wrote_a_record`](Self::wrote_a_record)).
     recorded_keys: Mutex<HashSet<String>>,
+    /// The holders this session named (see `names`): one, unless its
+    /// leases carry several labels.
+    named_holders: Mutex<Vec<Box<str>>>,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
@@ -192,12 +198,14 @@ impl LockSession {
             try_lock: statements.0,
             unlock: statements.1,
             recording: OnceCell::new(),
+            named_statements: OnceCell::new(),
             modes: std::array::from_fn(|_| OnceCell::new()),
             record_writes: AsyncMutex::new(()),
             rewrites_paused_until: Mutex::new(None),
             announcements: Mutex::default(),
             retired: AtomicBool::new(false),
             recorded_keys: Mutex::default(),
+            named_holders: Mutex::default(),
             ended,
             kill: Mutex::new(Some(kill)),
             released: Mutex::default(),
@@ -353,6 +361,27 @@ impl LockSession {
             .await
     }
 
+    /// The lock and unlock statements of named leases (the SQL of
+    /// [`sql::TRY_LOCK_NAMED`](super::sql::TRY_LOCK_NAMED) and
+    /// [`sql::UNLOCK_NAMED`](super::sql::UNLOCK_NAMED)), prepared on first
+    /// use.
+    pub(super) async fn named_statements(
+        &self,
+        try_lock_sql: &str,
+        unlock_sql: &str,
+    ) -> Result<&(Statement, Statement), tokio_postgres::Error> {
+        self.named_statements
+            .get_or_try_init(|| async {
+                let prepare = |sql| async move {
+                    let prepared = self.client.prepare(sql).await;
+                    self.count_answer(&prepared);
+                    prepared
+                };
+                Ok((prepare(try_lock_sql).await?, prepare(unlock_sql).await?))
+            })
+            .await
+    }
+
     /// `statement` (its SQL in `sql`), prepared on its first use on this
     /// session (after the backend made what it names).
     pub(super) async fn mode_statement(
@@ -430,6 +459,26 @@ impl LockSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(key)
+    }
+
+    /// Whether this session named `holder` (see `names`).
+    pub(super) fn named(&self, holder: &str) -> bool {
+        self.named_holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|named| **named == *holder)
+    }
+
+    /// Notes that this session named `holder`.
+    pub(super) fn name(&self, holder: &str) {
+        let mut named = self
+            .named_holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !named.iter().any(|n| **n == *holder) {
+            named.push(holder.into());
+        }
     }
 
     /// True once [`retire`](Self::retire)d.

@@ -37,15 +37,19 @@ impl Inner {
         session: &Arc<LockSession>,
         key: &LockKey,
         err: &tokio_postgres::Error,
-        (recording, told_already): (bool, bool),
+        (recording, told_already, named): (bool, bool, bool),
         own: &InFlight,
     ) {
         if recording && told_already {
             return;
         }
+        let left = sql::lock_left_by(err, recording);
+        if named && !matches!(left, sql::LockLeft::No) {
+            self.undo_marks(session, key, own).await;
+        }
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
             [&key.as_str(), &self.options.key_seed];
-        match sql::lock_left_by(err, recording) {
+        match left {
             sql::LockLeft::No => {}
             // This attempt holds the lock (once more, if another lease of
             // the session holds the same advisory key): one unlock drops
@@ -94,17 +98,37 @@ impl Inner {
         }
     }
 
+    /// Drops the token marks a named lock statement of `key` that failed
+    /// may have taken after its lock (see [`sql::UNDO_MARKS`]), under the
+    /// statement's count in flight (`own`), which keeps any statement of
+    /// the same advisory key off the session meanwhile. Marks that another
+    /// lease's could share, or that cannot be dropped, leave the session
+    /// retired instead: it takes no new lock, so no later lease of it is
+    /// read with them.
+    async fn undo_marks(&self, session: &LockSession, key: &LockKey, own: &InFlight) {
+        let clear = own
+            .advisory_key()
+            .is_some_and(|h| !session.claims.marks_collide(h));
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+            [&key.as_str(), &self.options.key_seed];
+        if !clear || session.query_one(sql::UNDO_MARKS, &params).await.is_err() {
+            session.retire();
+        }
+    }
+
     /// Drops one hold of `advisory_key` on `session` that no lease owns,
     /// with the identity record its lock statement wrote, if it wrote one
-    /// (`record`: its token).
+    /// (`record`: its token), or the token marks it took (`marked`: the
+    /// token, and which marks).
     pub(super) async fn give_back(
         &self,
         session: &LockSession,
         advisory_key: i64,
         record: Option<i64>,
+        marked: Option<Marked>,
     ) {
         if self
-            .unlock_on(session, advisory_key, record, true)
+            .unlock_on(session, advisory_key, (record, marked), true)
             .await
             .is_err()
         {
@@ -114,7 +138,9 @@ impl Inner {
 
     /// Drops one hold of `advisory_key` on `session`, and, for a lease that
     /// recorded its identity (`record`: its token), the record with it (see
-    /// [`sql::UNLOCK_RECORDED`]).
+    /// [`sql::UNLOCK_RECORDED`]), or, for a named lease (`marked`: its
+    /// token and which of its token marks it took), its marks (see
+    /// [`sql::UNLOCK_NAMED`]).
     ///
     /// A plain lease's record stays (unless `immediate`) and goes in its
     /// session's next batch delete ([`sql::DELETE_RELEASED`]); a lease
@@ -123,9 +149,33 @@ impl Inner {
         &self,
         session: &LockSession,
         advisory_key: i64,
-        record: Option<i64>,
+        (record, marked): (Option<i64>, Option<Marked>),
         immediate: bool,
     ) -> Result<Unlocked, tokio_postgres::Error> {
+        if let Some((token, (a, b))) = marked {
+            let (_, unlock) = session
+                .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
+                .await?;
+            let row = match session
+                .query_one(unlock, &[&advisory_key, &token, &a, &b, &true])
+                .await
+            {
+                // As `unlock_behind_gate`: another session's lock on the
+                // gate's numbers; let go without it.
+                Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    tracing::warn!(
+                        advisory_key,
+                        "a release waited past the lock timeout for the key's release gate, \
+                         which another session holds; released without it"
+                    );
+                    session
+                        .query_one(unlock, &[&advisory_key, &token, &a, &b, &false])
+                        .await?
+                }
+                answer => answer?,
+            };
+            return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
+        }
         if let Some(token) = record.filter(|_| !immediate) {
             let row = self.unlock_behind_gate(session, advisory_key).await?;
             if let Some(batch) = session.released(advisory_key, token) {
@@ -307,7 +357,7 @@ impl Inner {
         if let Some(unlocked) = self.unlock_mode(key, owner, overdue).await {
             return unlocked;
         }
-        let (session, advisory_key, record, immediate, live, entry_owner) = {
+        let (session, advisory_key, (record, marked), immediate, live, entry_owner) = {
             let mut keys = self.keys();
             let Some(entry) = keys.get_mut(key) else {
                 return Ok(false);
@@ -327,11 +377,14 @@ impl Inner {
             };
             // The token as drawn: a positive int8.
             let record = holding.recorded.then(|| holding.token.get() as i64);
+            let marked = holding
+                .marks
+                .map(|marks| (holding.token.get() as i64, marks));
             let immediate = holding.identity.is_some();
             (
                 Arc::clone(&holding.session),
                 holding.advisory_key,
-                record,
+                (record, marked),
                 immediate,
                 live,
                 entry.owner,
@@ -348,7 +401,7 @@ impl Inner {
                 let mut unfinished = Unfinished::new(&inner, &key, entry_owner);
                 unfinished.in_flight = Some(Arc::clone(&session));
                 let outcome = inner
-                    .unlock_on(&session, advisory_key, record, immediate)
+                    .unlock_on(&session, advisory_key, (record, marked), immediate)
                     .await;
                 unfinished.finish();
                 inner.forget(&key, entry_owner);
@@ -388,6 +441,10 @@ impl Inner {
         }
     }
 }
+
+/// A named lease's token, and whether each of its token marks was taken
+/// (see `sql::TRY_LOCK_NAMED`): what its unlock drops beside the lock.
+pub(super) type Marked = (i64, (bool, bool));
 
 /// What an unlock did.
 pub(super) struct Unlocked {

@@ -75,8 +75,11 @@ FROM (",
 /// 5. Reads the records, with a snapshot taken after the lock table was
 ///    read, and ends each session found whose record of the key names the
 ///    lease with the token given and that session (its pid and its start,
-///    so a later session that got the same pid is never taken for it),
-///    waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
+///    so a later session that got the same pid is never taken for it), or
+///    whose token marks of the key, read from the lock table again, carry
+///    the token given (a lease taken without a record, see
+///    [`TRY_LOCK_NAMED`]; under the gate its session can neither drop
+///    them nor take the key again), waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
 ///    its pid, whether its start is hidden from this role (it then cannot
 ///    be told from a later session with its pid, and is not ended; a
 ///    session gone meanwhile is not hidden, only not ended), and whether
@@ -90,6 +93,7 @@ FROM (",
 /// changed since an operator was shown it, a lease let go a moment
 /// before, or another session holding the key meanwhile, is never ended.
 ///
+/// [`TRY_LOCK_NAMED`]: super::TRY_LOCK_NAMED
 /// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
 pub(in crate::pg) const FORCE_RELEASE_NAMED: &str = concat!(
     "SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{lock_wait}'::pg_catalog.text, true),
@@ -122,16 +126,21 @@ WHERE l.granted AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1
   AND NOT EXISTS (SELECT FROM a AS m
                   WHERE m.pid = l.pid AND m.objsubid = 2::pg_catalog.int2
                     AND m.classid = l.classid AND m.objid = l.objid);
-SELECT l.pid, a.pid IS NOT NULL AND a.backend_start IS NULL,
-       CASE WHEN r.session_start = a.backend_start
+SELECT l.pid, r.pid IS NOT NULL AND a.pid IS NOT NULL AND a.backend_start IS NULL
+              AND t.token IS DISTINCT FROM {token}::pg_catalog.int8,
+       CASE WHEN r.session_start = a.backend_start OR t.token = {token}::pg_catalog.int8
             THEN pg_catalog.pg_terminate_backend(l.pid, {terminate_wait}::pg_catalog.int8) END
 FROM pg_catalog.unnest(pg_catalog.string_to_array(
          pg_catalog.current_setting('dlock.force_release_pids'::pg_catalog.text),
          ','::pg_catalog.text)::pg_catalog.int4[]) AS l(pid)
-JOIN {schema}.dlock_holders AS r
-  ON r.lock_id = pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8)
- AND r.key = {key} AND r.token = {token}::pg_catalog.int8 AND r.pid = l.pid
-LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true"
+CROSS JOIN (SELECT pg_catalog.hashtextextended({key}, {seed}::pg_catalog.int8) AS h) AS k
+LEFT JOIN {schema}.dlock_holders AS r
+  ON r.lock_id = k.h AND r.key = {key} AND r.token = {token}::pg_catalog.int8 AND r.pid = l.pid
+LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true
+LEFT JOIN LATERAL (SELECT ",
+    marked_token!("pg_catalog.pg_locks", "l.pid", "k.h"),
+    ") AS t(token) ON true
+WHERE r.pid IS NOT NULL OR t.token = {token}::pg_catalog.int8"
 );
 
 /// The waits of [`FORCE_RELEASE_NAMED`].
@@ -262,7 +271,14 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// an old snapshot could still show the record of a lease the session
 /// has since released and followed with another.
 ///
+/// The fifth column is the token the session carries in its token marks
+/// for the key (see `marked_token!`): a lease taken with
+/// [`TRY_LOCK_NAMED`] has no record, and this is how its token is read.
+/// The sixth is the server's clock in microseconds, which the time such a
+/// lease has been held is read against (see `names::held_for`).
+///
 /// [`DELETE_RELEASED`]: super::DELETE_RELEASED
+/// [`TRY_LOCK_NAMED`]: super::TRY_LOCK_NAMED
 /// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
 pub(in crate::pg) const HOLDER_SESSION: &str = concat!(
     "SELECT l.pid,
@@ -271,7 +287,12 @@ pub(in crate::pg) const HOLDER_SESSION: &str = concat!(
        EXISTS (SELECT FROM pg_catalog.pg_locks AS m
                WHERE m.pid = l.pid AND m.locktype = 'advisory'::pg_catalog.text
                  AND m.objsubid = 2::pg_catalog.int2 AND m.database = l.database
-                 AND m.classid = l.classid AND m.objid = l.objid)
+                 AND m.classid = l.classid AND m.objid = l.objid),
+       ",
+    marked_token!("pg_catalog.pg_locks", "l.pid", "k.h"),
+    ",
+       (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+        OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
 FROM pg_catalog.pg_locks AS l,
      (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
 WHERE ",
@@ -326,9 +347,10 @@ WHERE r.lock_id = pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalo
 /// how long it has been held (see `believed_holder!`), and the session's
 /// pid and start. Unsorted: the caller sorts by the key's bytes.
 ///
-/// A key held without a record (by a dlock that predates records for
-/// every lease, with recording off, by a [`TransactionLock`](crate::pg::TransactionLock)
-/// or any other client) is not listed: only the record keeps its name.
+/// A key held without a record is listed by [`HELD_NAMED`] if a dlock
+/// named it; one held by a dlock that predates names, with recording off,
+/// by a [`TransactionLock`](crate::pg::TransactionLock) or any other
+/// client is not listed: nothing keeps its name.
 pub(in crate::pg) const HELD: &str = concat!(
     "SELECT r.key, r.token, r.identity, ",
     believed_holder!(),
@@ -346,6 +368,56 @@ WHERE pg_catalog.starts_with(r.key, $1::pg_catalog.text)
       AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
                         WHERE d.datname = pg_catalog.current_database()))"
+);
+
+/// Who the session `$1` that started at `$2` is, as [`NAME_LEASE`]
+/// named it: one row per holder record it named (one, unless its leases
+/// carry several labels). A session holding a lease without an identity
+/// taken without a record (see [`NAME_LEASE`]) is named only here. No row: a session that named nobody (an older dlock, a
+/// [`TransactionLock`](crate::pg::TransactionLock), any other client), or
+/// a later session with a dead one's pid.
+///
+/// /// [`NAME_LEASE`]: super::NAME_LEASE
+pub(in crate::pg) const SESSION_HOLDERS: &str = "\
+SELECT s.holder
+FROM {schema}.dlock_sessions AS s
+WHERE s.pid = $1::pg_catalog.int4 AND s.session_start = $2::pg_catalog.timestamptz";
+
+/// Every key named in `{schema}.dlock_keys` (see [`NAME_LEASE`]) whose name
+/// starts with `$1` (`starts_with`: the prefix is data) and whose advisory
+/// key, under this backend's key seed (`$2`), a session holds exclusively
+/// now: the key, the session's pid and start (NULL when this role may not
+/// see it), the holders that session named ([`SESSION_HOLDERS`]), the
+/// token in the session's token marks (see `marked_token!`), and the
+/// server's clock in microseconds.
+/// What [`HELD`] lists from a record too is listed once, from the record
+/// (the caller merges the two). The lock table is read once, and each held
+/// advisory key looked up by the table's primary key, so the table's other
+/// names (keys let go long ago) cost nothing. `classid` and `objid` are
+/// the advisory key's two halves, each an unsigned 32-bit `oid`.
+///
+/// [`NAME_LEASE`]: super::NAME_LEASE
+pub(in crate::pg) const HELD_NAMED: &str = concat!(
+    "SELECT n.key, l.pid, a.backend_start,
+       (SELECT pg_catalog.array_agg(s.holder ORDER BY s.holder)
+        FROM {schema}.dlock_sessions AS s
+        WHERE s.pid = l.pid AND s.session_start = a.backend_start),
+       ",
+    marked_token!("pg_catalog.pg_locks", "l.pid", "n.lock_id"),
+    ",
+       (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+        OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+FROM pg_catalog.pg_locks AS l
+JOIN {schema}.dlock_keys AS n
+  ON n.lock_id = ((l.classid::pg_catalog.int8 << 32::pg_catalog.int4)
+                  | l.objid::pg_catalog.int8)
+LEFT JOIN LATERAL pg_catalog.pg_stat_get_activity(l.pid) AS a ON true
+WHERE l.locktype = 'advisory'::pg_catalog.text AND l.granted
+  AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                    WHERE d.datname = pg_catalog.current_database())
+  AND pg_catalog.starts_with(n.key, $1::pg_catalog.text)
+  AND n.lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended(n.key, $2::pg_catalog.int8)"
 );
 
 #[cfg(test)]

@@ -96,6 +96,96 @@ pub const TRY_LOCK: &str = concat!(
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
+/// [`TRY_LOCK`] for a lease without an identity whose holder is named
+/// rather than recorded (see `NAME_LEASE`): once the token is drawn, the
+/// session also takes its two token marks (see `token_marks!`), shared,
+/// for as long as it holds the key. So the token is in `pg_locks` beside
+/// the lock, for readers in other processes (`Backend::holder`, `held`)
+/// and for a force release that names the lease, and taking the lock
+/// writes nothing: no row, no WAL beyond the draw's own, no transaction
+/// id. A mark costs the server one more entry in its lock table while the
+/// lease lives (so three a lease, where a DBA sizes
+/// `max_locks_per_transaction`).
+///
+/// The marks are tried (`pg_try_advisory_lock_shared`), never waited for:
+/// only another client's exclusive lock on the very same pair of numbers
+/// refuses one, and the lease then reads with no token. The statement
+/// returns whether each was taken, and the release drops only those. A
+/// reader believes a token only when it finds exactly one mark of each
+/// half for the key on the session holding it, so a mark missing (for the
+/// instant between the lock and the marks, or refused) or left over (a
+/// failed statement, after which the session takes no new lock) makes the
+/// token unknown, never another lease's.
+pub(in crate::pg) const TRY_LOCK_NAMED: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
+    SELECT ARRAY[d.token,
+                 CASE WHEN m.a THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END,
+                 CASE WHEN m.b THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END]
+    FROM (",
+    draw_token!(
+        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+              AS commit_mode",
+        ""
+    ),
+    " OFFSET 0) AS d(token),
+         LATERAL (SELECT ",
+    token_marks!(
+        "pg_catalog.pg_try_advisory_lock_shared",
+        "k.h",
+        "d.token"
+    ),
+    " OFFSET 0) AS m(a, b)) END
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
+);
+
+/// Drops this session's token marks of the key `$1` (with its key seed
+/// `$2`; see
+/// [`TRY_LOCK_NAMED`]), whatever their tokens: sent after a named lock
+/// statement failed, which may have taken them after its lock, under the
+/// same claim as the undo of its lock, and only when no other lease or
+/// statement of the session has a key whose marks share a `classid` with
+/// these (see `Claims::marks_collide`). A mark's numbers are read back
+/// from `pg_locks` as unsigned, and turned into the `int4`s they were.
+pub(in crate::pg) const UNDO_MARKS: &str = concat!(
+    "SELECT pg_catalog.count(pg_catalog.pg_advisory_unlock_shared(
+    (m.classid::pg_catalog.int8 - CASE WHEN m.classid::pg_catalog.int8 >= 2147483648::pg_catalog.int8
+                                        THEN 4294967296::pg_catalog.int8 ELSE 0::pg_catalog.int8 END)::pg_catalog.int4,
+    (m.objid::pg_catalog.int8 - CASE WHEN m.objid::pg_catalog.int8 >= 2147483648::pg_catalog.int8
+                                      THEN 4294967296::pg_catalog.int8 ELSE 0::pg_catalog.int8 END)::pg_catalog.int4))
+FROM pg_catalog.pg_locks AS m,
+     (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k
+WHERE ",
+    held_mark!("pg_catalog.pg_backend_pid()"),
+    "
+  AND m.classid::pg_catalog.int8 IN (",
+    mark_class_a!("k.h"),
+    ", ",
+    mark_class_b!("k.h"),
+    ")"
+);
+
+/// Drops a named lease's lock and its token marks (see [`TRY_LOCK_NAMED`]):
+/// `$1` the advisory key, `$2` the token, `$3` and `$4` whether each mark
+/// was taken. Behind the key's release gate, as [`UNLOCK_GATED`], unless
+/// `$5` is false: sent so when the gate was held past the session's
+/// `lock_timeout` (see `Inner::unlock_behind_gate`). The
+/// order of the drops does not matter to a reader: marks without the lock
+/// are nobody's, and the lock without its marks reads with no token.
+pub(in crate::pg) const UNLOCK_NAMED: &str = concat!(
+    "SELECT pg_catalog.pg_advisory_unlock(g.h),
+       CASE WHEN $3::pg_catalog.bool THEN ",
+    "pg_catalog.pg_advisory_unlock_shared(((g.h OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (g.t OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)",
+    " END,
+       CASE WHEN $4::pg_catalog.bool THEN ",
+    "pg_catalog.pg_advisory_unlock_shared((((g.h OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4, ((g.t OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)",
+    " END
+FROM (SELECT $1::pg_catalog.int8 AS h, $2::pg_catalog.int8 AS t,
+             CASE WHEN $5::pg_catalog.bool THEN pg_catalog.pg_advisory_xact_lock_shared(",
+    release_gate!("$1::pg_catalog.int8"),
+    ") END AS gate
+      OFFSET 0) AS g"
+);
+
 /// Drops one session advisory lock of this session. Only the session that
 /// took a lock can drop it, and the backend checks the lease's owner in
 /// process before sending this on the session that holds it, so owner check

@@ -251,6 +251,104 @@ macro_rules! exclusive_hold {
     };
 }
 
+/// The two `(int4, int4)` advisory locks (`objsubid` 2) that carry the
+/// token `t` of a named lease of the advisory key `h` (SQL expressions)
+/// in `pg_locks`, as the four arguments of two calls, `$f(a1, a2)` and
+/// `$f(b1, b2)`: the key's high half XOR `TOKN` (`0x544f4b4e`), with the token's high
+/// half; the key's low half XOR `TOKM` (`0x544f4b4d`), with the token's low half. Taken
+/// shared, by the lease's session, for as long as the lease holds the key
+/// (see `TRY_LOCK_NAMED`). The constants keep them off the key's own
+/// `rewriting` mark and release gate (the halves, and their complements).
+macro_rules! token_marks {
+    ($f:literal, $h:literal, $t:literal) => {
+        concat!(
+            $f,
+            "(((",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (",
+            $t,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4), ",
+            $f,
+            "((((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4, ((",
+            $t,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
+        )
+    };
+}
+
+/// The `classid` in `pg_locks` (as an `int8`) of the first token mark of
+/// the advisory key `$h` (see `token_marks!`).
+macro_rules! mark_class_a {
+    ($h:literal) => {
+        concat!(
+            "(((",
+            $h,
+            " >> 32::pg_catalog.int4) # 1414482766::pg_catalog.int8) & 4294967295::pg_catalog.int8)"
+        )
+    };
+}
+
+/// The `classid` in `pg_locks` (as an `int8`) of the second token mark of
+/// the advisory key `$h` (see `token_marks!`).
+macro_rules! mark_class_b {
+    ($h:literal) => {
+        concat!(
+            "((((",
+            $h,
+            " << 32::pg_catalog.int4) >> 32::pg_catalog.int4) # 1414482765::pg_catalog.int8) \
+             & 4294967295::pg_catalog.int8)"
+        )
+    };
+}
+
+/// The condition on a `pg_locks` row `m` that it is a token mark (a
+/// shared `(int4, int4)` advisory lock) held by the session `$pid` in this
+/// database.
+macro_rules! held_mark {
+    ($pid:literal) => {
+        concat!(
+            "m.pid = ",
+            $pid,
+            " AND m.locktype = 'advisory'::pg_catalog.text AND m.granted
+    AND m.mode = 'ShareLock'::pg_catalog.text AND m.objsubid = 2::pg_catalog.int2
+    AND m.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                      WHERE d.datname = pg_catalog.current_database())"
+        )
+    };
+}
+
+/// The token the session `$pid` carries for the advisory key `$h` in its
+/// token marks (see `token_marks!`), read from `pg_locks` (as `$locks`):
+/// NULL unless exactly one mark of each half is there. Two keys of one
+/// session whose marks share a half make both unknown, never wrong.
+macro_rules! marked_token {
+    ($locks:literal, $pid:literal, $h:literal) => {
+        concat!(
+            "(SELECT CASE WHEN pg_catalog.count(*) FILTER (WHERE m.classid::pg_catalog.int8 = ",
+            mark_class_a!($h),
+            ") = 1
+              AND pg_catalog.count(*) FILTER (WHERE m.classid::pg_catalog.int8 = ",
+            mark_class_b!($h),
+            ") = 1
+         THEN (pg_catalog.max(m.objid::pg_catalog.int8) FILTER (WHERE m.classid::pg_catalog.int8 = ",
+            mark_class_a!($h),
+            ") << 32::pg_catalog.int4)
+              | pg_catalog.max(m.objid::pg_catalog.int8) FILTER (WHERE m.classid::pg_catalog.int8 = ",
+            mark_class_b!($h),
+            ")
+         END
+  FROM ",
+            $locks,
+            " AS m
+  WHERE ",
+            held_mark!($pid),
+            ")"
+        )
+    };
+}
+
 mod failures;
 mod fair;
 mod holders;
@@ -268,12 +366,13 @@ pub(super) use self::fair::{
     WAITS_IN_QUEUE,
 };
 pub(super) use self::holders::{
-    ANNOUNCE, FORCE_RELEASE_NAMED, ForceWaits, HELD, HOLDER_RECORD, HOLDER_SESSION, HOLDERS,
-    KEY_HELD, LISTEN, TERMINATE_HOLDERS, force_release_named, holders_channel,
+    ANNOUNCE, FORCE_RELEASE_NAMED, ForceWaits, HELD, HELD_NAMED, HOLDER_RECORD, HOLDER_SESSION,
+    HOLDERS, KEY_HELD, LISTEN, SESSION_HOLDERS, TERMINATE_HOLDERS, force_release_named,
+    holders_channel,
 };
 pub(super) use self::lock::{
-    LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNLOCK_ALL, UNLOCK_KEY, WAIT_FOR_RELEASE,
-    XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
+    LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, TRY_LOCK_NAMED, UNDO_MARKS, UNLOCK_ALL, UNLOCK_KEY,
+    UNLOCK_NAMED, WAIT_FOR_RELEASE, XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
 };
 pub use self::lock::{TRY_LOCK, UNLOCK, UNLOCK_GATED};
 pub(super) use self::modes::{
@@ -281,11 +380,11 @@ pub(super) use self::modes::{
     UNMARK,
 };
 pub use self::records::{DELETE_RELEASED, TRY_LOCK_RECORDING, UNLOCK_RECORDED};
-pub(super) use self::records::{REWRITE_RECORDS, RecordRow, rewrite_records};
+pub(super) use self::records::{NAME_LEASE, REWRITE_RECORDS, RecordRow, rewrite_records};
 pub(super) use self::schema::{
-    CREATE_HOLDERS_TABLE, CREATE_SCHEMA, CREATE_SEQUENCE, INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS,
-    MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba, holders_ddl_for_dba,
-    holders_migration_ddl_for_dba,
+    CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
+    INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba,
+    holders_ddl_for_dba, holders_migration_ddl_for_dba,
 };
 
 /// Appends `text`'s bytes to `out` as hex digits, for a literal that

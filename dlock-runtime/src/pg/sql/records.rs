@@ -322,3 +322,60 @@ pub(in crate::pg) fn rewrite_records(
         .replace("{wait}", &wait.as_millis().max(1).to_string())
         .replace("{rows}", &values)
 }
+
+/// Names what a lease without an identity needs named before its lock,
+/// without a write per acquisition, in one statement: this session's
+/// holder (`$1`, [`HolderInfo::encode`](crate::HolderInfo::encode)) in
+/// `{schema}.dlock_sessions` beside the session's pid and its start (`$2`,
+/// from `LOCK_SESSION_SETUP`), when `$5`; and the key (`$3`, with the key
+/// seed `$4`) in `{schema}.dlock_keys` beside its advisory key, when `$6`.
+/// The backend sends it only for what it has not named yet: a session's
+/// holder once per session and holder, a key the first time this process
+/// locks it (and again once the process's memory of it is older than
+/// `names::KEPT`, which heals a DBA's `TRUNCATE`). It goes on the lock
+/// session, pipelined ahead of the lock statement, so what it names is
+/// committed before the lock can be seen.
+///
+/// So a lease without an identity writes nothing when it is taken or let
+/// go: `pg_locks` tells which session holds a key and, in its token marks,
+/// the lease's token (`TRY_LOCK_NAMED`); `dlock_sessions` who that session
+/// is (`SESSION_HOLDERS`); `dlock_keys` which key the lock stands for
+/// (`HELD_NAMED`). What is lost against a record: the time of acquisition
+/// (such a lease reads with no time held, except in its own process).
+///
+/// A session row is believed only while a session with its pid *and* its
+/// start lives, so the row of a session that died (after this write,
+/// before or while it held anything) never names a later session that got
+/// its pid; this statement deletes such rows of its own pid, so the table
+/// holds about one row per live session. A session whose leases carry
+/// several labels has a row for each, and its holder reads with its host
+/// and pid but no label. The key's hash is computed here, by the server,
+/// as the lock statement computes it. Two names with the same advisory key
+/// both stay (the primary key is the pair), and `held` lists both while
+/// either is held: a chance of 2⁻⁶⁴ a pair of names. A key's row stays
+/// when the key is let go; nothing reads it unless the key is held, and a
+/// DBA may delete rows at any time. Asynchronous commit, as
+/// [`TRY_LOCK_RECORDING`]'s: the tables are `UNLOGGED`, and worth nothing
+/// after a crash, which ends every session.
+pub(in crate::pg) const NAME_LEASE: &str = "\
+WITH c AS (
+  SELECT pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+),
+gone AS (
+  DELETE FROM {schema}.dlock_sessions AS s
+  WHERE $5::pg_catalog.bool AND s.pid = pg_catalog.pg_backend_pid()
+    AND s.session_start OPERATOR(pg_catalog.<>) $2::pg_catalog.timestamptz
+),
+session AS (
+  INSERT INTO {schema}.dlock_sessions AS s (pid, session_start, holder)
+  SELECT pg_catalog.pg_backend_pid(), $2::pg_catalog.timestamptz, $1::pg_catalog.text
+  FROM c WHERE $5::pg_catalog.bool
+  ON CONFLICT DO NOTHING
+),
+key AS (
+  INSERT INTO {schema}.dlock_keys AS n (lock_id, key)
+  SELECT pg_catalog.hashtextextended($3::pg_catalog.text, $4::pg_catalog.int8), $3::pg_catalog.text
+  FROM c WHERE $6::pg_catalog.bool
+  ON CONFLICT DO NOTHING
+)
+SELECT FROM c";

@@ -71,9 +71,12 @@ pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String
 }
 
 /// Whether the table of holder records exists, and the privileges the
-/// role has on it (SELECT, INSERT, UPDATE, DELETE), the role, and whether
+/// role has on it (SELECT, INSERT, UPDATE, DELETE), the role, whether
 /// the table has this version's shape ([`MIGRATE_HOLDERS_TABLE`]: the
-/// columns of the holder record, and `identity` nullable).
+/// columns of the holder record, and `identity` nullable), whether the
+/// tables of names ([`CREATE_NAMES_TABLES`]) exist, and whether the role
+/// may use them (SELECT, INSERT and DELETE on `dlock_sessions`, SELECT and
+/// INSERT on `dlock_keys`).
 pub(in crate::pg) const INSPECT_HOLDERS_TABLE: &str = "\
 SELECT c.oid IS NOT NULL,
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'SELECT'::pg_catalog.text), false),
@@ -88,12 +91,24 @@ SELECT c.oid IS NOT NULL,
                             'since'::pg_catalog.name))
        AND NOT COALESCE((SELECT a.attnotnull FROM pg_catalog.pg_attribute AS a
                          WHERE a.attrelid = c.oid AND NOT a.attisdropped
-                           AND a.attname = 'identity'::pg_catalog.name), true)
+                           AND a.attname = 'identity'::pg_catalog.name), true),
+       s.oid IS NOT NULL AND k.oid IS NOT NULL,
+       COALESCE(pg_catalog.has_table_privilege(s.oid, 'SELECT'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(s.oid, 'INSERT'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(s.oid, 'DELETE'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(k.oid, 'SELECT'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(k.oid, 'INSERT'::pg_catalog.text), false)
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
 LEFT JOIN pg_catalog.pg_class AS c
        ON c.relnamespace = n.oid AND c.relname = 'dlock_holders'::pg_catalog.name
-      AND c.relkind = 'r'::pg_catalog.\"char\"";
+      AND c.relkind = 'r'::pg_catalog.\"char\"
+LEFT JOIN pg_catalog.pg_class AS s
+       ON s.relnamespace = n.oid AND s.relname = 'dlock_sessions'::pg_catalog.name
+      AND s.relkind = 'r'::pg_catalog.\"char\"
+LEFT JOIN pg_catalog.pg_class AS k
+       ON k.relnamespace = n.oid AND k.relname = 'dlock_keys'::pg_catalog.name
+      AND k.relkind = 'r'::pg_catalog.\"char\"";
 
 /// The table of holder records (see [`TRY_LOCK_RECORDING`]), created
 /// only when missing, by the first acquisition that records. `UNLOGGED`:
@@ -115,6 +130,27 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
     holder pg_catalog.text,
     holder_token pg_catalog.int8,
     since pg_catalog.timestamptz
+)";
+
+/// The tables that name, without a write per acquisition, the holder of a
+/// lease without an identity (see `NAME_LEASE`): who each lock session is
+/// (`NAME_LEASE`) and which key each advisory key stands for. Created
+/// with the table of holder records, or beside an older dlock's, when
+/// missing; a role that may not create or write them records such leases
+/// the older way, a record written by every acquisition. `UNLOGGED`, as
+/// that table is. The primary key of `dlock_keys` is the pair, so two
+/// names with the same advisory key both stay.
+pub(in crate::pg) const CREATE_NAMES_TABLES: &str = "\
+CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_sessions (
+    pid pg_catalog.int4 NOT NULL,
+    session_start pg_catalog.timestamptz NOT NULL,
+    holder pg_catalog.text NOT NULL,
+    PRIMARY KEY (pid, session_start, holder)
+);
+CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_keys (
+    lock_id pg_catalog.int8 NOT NULL,
+    key pg_catalog.text NOT NULL,
+    PRIMARY KEY (lock_id, key)
 )";
 
 /// Brings a table of holder records made by a dlock that recorded only
@@ -144,8 +180,14 @@ pub(in crate::pg) fn holders_migration_ddl_for_dba(quoted_schema: &str) -> Strin
 /// The DDL a DBA runs to create the table of holder records, for errors.
 pub(in crate::pg) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
-        "{create}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r};",
+        "{create}; {names}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r}; \
+         GRANT SELECT, INSERT, DELETE ON {s}.dlock_sessions TO {r}; \
+         GRANT SELECT, INSERT ON {s}.dlock_keys TO {r};",
         create = render(CREATE_HOLDERS_TABLE, quoted_schema)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
+        names = render(CREATE_NAMES_TABLES, quoted_schema)
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" "),

@@ -1,0 +1,174 @@
+//! Naming the holder of a lease without an identity with no write per
+//! acquisition: who each lock session is and which key each advisory key
+//! stands for, each written once ([`sql::NAME_LEASE`]), and read back
+//! beside `pg_locks` ([`sql::SESSION_HOLDERS`], [`sql::HELD_NAMED`]).
+//!
+//! Its own file because it is the one state of the lock path that spans
+//! sessions: the keys this process named, and whether the tables of names
+//! may be used at all.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_postgres::types::Type;
+
+use super::session::LockSession;
+use super::{Inner, sql};
+use crate::holder::HolderInfo;
+use crate::key::LockKey;
+
+/// How long this process takes a key it named for named: it names it again
+/// (a probe of the table's primary key, no write when the row is there) at
+/// its first lock after that, so a DBA who emptied `dlock_keys` hides a
+/// key's short leases from `held` for this long at most. A lease that
+/// lives to its first renewal is listed from its own record anyway.
+pub(super) const KEPT: Duration = Duration::from_secs(600);
+
+/// How many named keys this process remembers: past that it forgets them
+/// all, and names each again at its next lock.
+const MAX_KEPT: usize = 65_536;
+
+/// What this backend named, and whether it may name at all.
+#[derive(Default)]
+pub(super) struct Names {
+    /// Whether the tables of names exist and the role may use them, as the
+    /// last look at the table of holder records found them (see
+    /// `holders_table`): if not, leases without an identity record their
+    /// holder with every acquisition, the older way.
+    usable: AtomicBool,
+    /// The keys this process named, with when.
+    keys: Mutex<HashMap<Box<str>, Instant>>,
+}
+
+impl Names {
+    pub(super) fn usable(&self) -> bool {
+        self.usable.load(Ordering::Acquire)
+    }
+
+    pub(super) fn set_usable(&self, usable: bool) {
+        self.usable.store(usable, Ordering::Release);
+    }
+
+    /// Whether `key` is to be named before its next lock.
+    fn key_due(&self, key: &str) -> bool {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .is_none_or(|at| at.elapsed() >= KEPT)
+    }
+
+    fn key_named(&self, key: &str) {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        if keys.len() >= MAX_KEPT && !keys.contains_key(key) {
+            keys.clear();
+        }
+        keys.insert(key.into(), Instant::now());
+    }
+}
+
+impl Inner {
+    /// Names, on `session`, what a lock of `key` without an identity needs
+    /// named and this process has not named yet: the session's `holder`
+    /// ([`HolderInfo::encode`]) and the key. Polled before the lock
+    /// statement is sent on the same session, so the server runs it first
+    /// (see [`sql::NAME_LEASE`]). Best effort: a name that could not be
+    /// written costs the lease its holder's name until its first renewal
+    /// writes its record, never its lock.
+    pub(super) async fn name_lease(&self, session: &LockSession, key: &LockKey, holder: &str) {
+        let Some(started) = session.started else {
+            return;
+        };
+        let name_session = !session.named(holder);
+        let name_key = self.names.key_due(key.as_str());
+        if !name_session && !name_key {
+            return;
+        }
+        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
+            (&holder, Type::TEXT),
+            (&started, Type::TIMESTAMPTZ),
+            (&key.as_str(), Type::TEXT),
+            (&self.options.key_seed, Type::INT8),
+            (&name_session, Type::BOOL),
+            (&name_key, Type::BOOL),
+        ];
+        match session.query_typed(&self.name_lease_sql, &params).await {
+            Ok(_) => {
+                if name_session {
+                    session.name(holder);
+                }
+                if name_key {
+                    self.names.key_named(key.as_str());
+                }
+            }
+            // Dropped since: the next acquisition looks at the tables
+            // again, and creates them.
+            Err(err) if sql::sequence_missing(&err) => {
+                self.names.set_usable(false);
+                self.holders_state.set_unchecked();
+                tracing::debug!(key = %key, error = %err, "the tables of names are missing");
+            }
+            Err(err) => {
+                tracing::debug!(key = %key, error = %err, "could not name a lease's holder");
+            }
+        }
+    }
+}
+
+/// The holder of a session that named `records` ([`sql::SESSION_HOLDERS`]):
+/// the one it named, or, for a session whose leases carried several
+/// labels, its host and pid alone. `None` when it named none that reads.
+pub(super) fn session_holder(records: &[String]) -> Option<HolderInfo> {
+    let mut named = records.iter().filter_map(|r| HolderInfo::decode(r));
+    let first = named.next()?;
+    named.try_fold(first, |one, other| {
+        (one.host == other.host && one.pid == other.pid).then(|| HolderInfo {
+            label: if one.label == other.label {
+                one.label
+            } else {
+                None
+            },
+            ..one
+        })
+    })
+}
+
+/// How long a lease without a record has held its key: the server's clock
+/// now (`now_us`) less its `token`, which the draw took from that clock
+/// (see `sql::TRY_LOCK`: a token is the greater of the sequence and the
+/// clock in microseconds). Exact to the microsecond while the clock wins,
+/// as it does unless the token sequence runs ahead of the clock (tokens
+/// drawn faster than one a microsecond, or a DBA's `setval`): then it
+/// reads short by the sequence's lead, and no less than zero.
+pub(super) fn held_for(token: i64, now_us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(now_us.saturating_sub(token)).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_with_several_labels_is_named_by_its_host_and_pid_alone() {
+        let billing = HolderInfo::this_process(Some("billing")).encode();
+        let export = HolderInfo::this_process(Some("export")).encode();
+        let one = session_holder(std::slice::from_ref(&billing)).expect("named");
+        assert_eq!(one.label.as_deref(), Some("billing"));
+        let both = session_holder(&[billing.clone(), export]).expect("named");
+        assert_eq!(
+            (both.host.as_str(), both.pid, both.label),
+            (one.host.as_str(), one.pid, None)
+        );
+        assert_eq!(session_holder(&["garbage".to_owned()]), None);
+        assert_eq!(session_holder(&[]), None);
+    }
+
+    #[test]
+    fn a_token_ahead_of_the_clock_reads_as_held_for_no_time() {
+        assert_eq!(held_for(1_000, 3_500), Duration::from_micros(2_500));
+        assert_eq!(held_for(4_000, 3_500), Duration::ZERO);
+    }
+}

@@ -350,7 +350,7 @@ pub async fn pg_rows(cfg: &Config) -> Res<Vec<Row>> {
         .release()
         .await?;
     let recorded = dlock_row(
-        "PgBackend, default (holder recorded)",
+        "PgBackend, default (holder named)",
         backend,
         &cfg.run,
         "pgdlock",
@@ -470,7 +470,7 @@ pub fn pg_against_pair(
     );
     let cost = 1.0 - recorded[many].rate() / unrecorded[many].rate();
     s.target(
-        "PostgreSQL uncontended cycle, 64 tasks: the holder record costs <= 10 % of record_holders(false)'s throughput",
+        "PostgreSQL uncontended cycle, 64 tasks: naming the holder costs <= 10 % of record_holders(false)'s throughput",
         format!("{:.0} %", cost * 100.0),
         cost <= 0.10,
     );

@@ -5,7 +5,8 @@
 //! (`fair`), shared locks and permits against operators and callers
 //! (`modes`), who holds a key (`holder`), bad input and servers of a
 //! test's own (`server`), and fencing tokens when the token sequence is
-//! tampered with (`tokens`) or made unlogged by a DBA (`unlogged`).
+//! tampered with (`tokens`) or made unlogged by a DBA (`unlogged`), and
+//! older replicas beside new ones in a rolling upgrade (`upgrade`).
 //!
 //! Tests that spawn child processes re-run this binary with the
 //! `child_process_entry` of their own module (`support::child_command`).
@@ -22,3 +23,4 @@ mod modes;
 mod server;
 mod tokens;
 mod unlogged;
+mod upgrade;

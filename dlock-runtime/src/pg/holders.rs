@@ -4,27 +4,29 @@
 //! ([`Backend::watch_holder`](crate::Backend::watch_holder)).
 //!
 //! The holder is the session `pg_locks` shows holding the key's advisory
-//! lock exclusively. Every lease records, in `{schema}.dlock_holders`, in
-//! the statement that takes the lock, its key, token, session, identity (if
-//! any), holder record (host, pid, label) and the server's time of
-//! acquisition (`sql::TRY_LOCK_RECORDING`); a lease with an identity
-//! deletes the row in the statement that drops the lock
-//! (`sql::UNLOCK_RECORDED`), a plain one leaves it for its session's next
-//! batch delete (`sql::DELETE_RELEASED`). While the statement that took
-//! the lock has not committed, its session holds the key's `rewriting`
-//! mark, and the record read may be an earlier lease's: the holder is read
-//! again, and reads as unknown if the mark stays. Each renewal of a
-//! lease taken with an identity writes its record again if it went missing
-//! (`sql::REWRITE_RECORDS`; a lease without one is not rewritten, so a
-//! truncated table hides it until it is taken again). A record is believed
-//! only when it names the session that holds the lock (its pid and its
-//! start): a record not yet committed, one of a session that died, or one
-//! of another key with the same advisory key leaves the holder unknown
-//! (`Holding::new(None, None)`), never paired with an earlier lease. Other
-//! holders (a lease whose record could not be written, a
-//! [`TransactionLock`](super::TransactionLock), any client's advisory lock)
-//! are unknown too, except this process's own leases, whose token, identity
-//! and deadline it knows.
+//! lock exclusively. A lease without an identity writes no record: its
+//! token is in `pg_locks` too, in its token marks (`sql::TRY_LOCK_NAMED`),
+//! its session named itself once (`names`), and the time held is read
+//! from the token. A lease with an identity records, in
+//! `{schema}.dlock_holders`, in the statement that takes the lock, its key,
+//! token, session, identity, holder record (host, pid, label) and the
+//! server's time of acquisition (`sql::TRY_LOCK_RECORDING`), and deletes
+//! the row in the statement that drops the lock (`sql::UNLOCK_RECORDED`);
+//! so does a plain lease where the tables of names cannot be used, but it
+//! leaves its row for its session's next batch delete
+//! (`sql::DELETE_RELEASED`), as every plain lease of an older dlock does.
+//! While the statement that took the lock has not committed, its session
+//! holds the key's `rewriting` mark, and the record read may be an
+//! earlier lease's: the holder is read again, and reads as unknown if the
+//! mark stays. Each renewal of a lease taken with an identity writes its
+//! record again if it went missing (`sql::REWRITE_RECORDS`). A record is
+//! believed only when it names the session that holds the lock (its pid
+//! and its start): a record not yet committed, one of a session that
+//! died, or one of another key with the same advisory key leaves the
+//! holder to the marks and the session's name, never paired with an
+//! earlier lease. Other holders (a [`TransactionLock`](super::TransactionLock),
+//! any client's advisory lock) are unknown, except this process's own
+//! leases, whose token, identity and deadline it knows.
 //!
 //! A table the role cannot use costs leases without an identity their
 //! record, never their lock (see [`Inner::may_record`]).

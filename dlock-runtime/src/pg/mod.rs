@@ -94,79 +94,86 @@
 //! # Who holds a key
 //!
 //! [`Backend::holder`](crate::Backend::holder) reads the session that holds
-//! the key's advisory lock from `pg_locks`. Every acquisition also records
-//! who took it in the table `<schema>.dlock_holders`, in the statement that
-//! takes the lock (a lock with an identity deletes the row in the statement
-//! that drops it; a plain lock's row stays until its session deletes the
-//! rows of its released leases, in batches, see below): the
-//! key, its token, the session (pid and start time), the identity (NULL
-//! for a lock without one), the holder record (this process's host and pid
-//! and the label, [`PgOptions::label`] over the process's, see
-//! [`HolderInfo`](crate::HolderInfo)) and `since`, the server's time of
-//! acquisition, from which a reader computes how long the key has been held
-//! by the server's clock alone. A reader believes a record only when it
-//! names the session holding the lock; otherwise (a [`TransactionLock`], a
-//! record not committed yet or left by a session that died) the key reads
-//! as held by someone unknown. A reader of another role than the holder's
-//! sees the record only if it is a member of that role or of
-//! `pg_read_all_stats` (PostgreSQL hides when other roles' sessions
-//! started). [`Backend::held`](crate::Backend::held) lists the keys whose
-//! records are believed so, in one query (`starts_with`, so `%` and `_` in
-//! a prefix are data): a key held without a record — by an older dlock
-//! without an identity, with [`PgOptions::record_holders`] off, by a
-//! [`TransactionLock`] or any other client — cannot be listed, as no one
-//! keeps its name.
+//! the key's advisory lock from `pg_locks`.
 //!
-//! The table is created on the first acquisition, never at connect; a DBA
-//! can pre-create it:
+//! A lock without an identity writes nothing when it is taken or let go.
+//! Its lock statement also takes two *token marks*, shared advisory locks
+//! in the `(int4, int4)` form that carry its fencing token, beside the
+//! key's lock, and its release drops them with it; who its session is
+//! (this process's host and pid and the label, [`PgOptions::label`] over
+//! the process's, see [`HolderInfo`](crate::HolderInfo)) is written once
+//! per session in `<schema>.dlock_sessions`, and which key its advisory key
+//! stands for once per key and process in `<schema>.dlock_keys`, in a
+//! statement pipelined ahead of the first lock (see the `names` module).
+//! A reader takes the token from the marks of the session holding the lock
+//! (only when exactly one mark of each half is there: a missing or extra
+//! one reads as no token, never another lease's), the holder from that
+//! session's name (only for a session with its pid *and* start, so a dead
+//! session's name never names a later one), and how long the key has been
+//! held from the token, which is the server's clock in microseconds at
+//! the draw unless the token sequence ran ahead of it (it then reads short
+//! by that lead). [`Backend::held`](crate::Backend::held) lists the held
+//! keys a dlock named (`starts_with`, so `%` and `_` in a prefix are data).
+//!
+//! A lock with an identity (a leader) records who took it in the table
+//! `<schema>.dlock_holders`, in the statement that takes the lock, and
+//! deletes the row in the statement that drops it: the key, its token, the
+//! session (pid and start time), the identity, the holder record and
+//! `since`, the server's time of acquisition. A reader believes a record
+//! only when it names the session holding the lock. A reader of another
+//! role than the holder's sees the holder's name or record only if it is a
+//! member of that role or of `pg_read_all_stats` (PostgreSQL hides when
+//! other roles' sessions started); the marks it sees all the same. A key
+//! held by a [`TransactionLock`], with [`PgOptions::record_holders`] off or
+//! by any other client reads as held by someone unknown, and `held` lists
+//! it only if a dlock named the key.
+//!
+//! The tables are created on the first acquisition, never at connect; a
+//! DBA can pre-create them:
 //!
 //! ```sql
 //! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_holders (
 //!     lock_id int8 PRIMARY KEY, key text NOT NULL, token int8 NOT NULL,
 //!     pid int4 NOT NULL, session_start timestamptz NOT NULL, identity text,
 //!     holder text, holder_token int8, since timestamptz);
+//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_sessions (
+//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, holder text NOT NULL,
+//!     PRIMARY KEY (pid, session_start, holder));
+//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_keys (
+//!     lock_id int8 NOT NULL, key text NOT NULL, PRIMARY KEY (lock_id, key));
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
+//! GRANT SELECT, INSERT, DELETE ON dlock.dlock_sessions TO app_role;
+//! GRANT SELECT, INSERT ON dlock.dlock_keys TO app_role;
 //! ```
 //!
-//! A table made by an older dlock (which recorded only locks with an
-//! identity) is brought to this shape in the same setup transaction, by
-//! `ALTER TABLE … ADD COLUMN IF NOT EXISTS` and `ALTER COLUMN identity DROP
-//! NOT NULL` (only its owner may). An older dlock goes on writing its rows
-//! without the new columns, and they read with no holder record
-//! (`holder: None`); `holder_token` keeps a holder record a newer dlock left
-//! in a row from being read as the older one's. An older dlock that reads
-//! the row of a newer one's lock without an identity finds its identity
-//! NULL, and its `holder` answers an error for that key until it is
-//! upgraded.
+//! A table of holder records made by an older dlock (which recorded only
+//! locks with an identity) is brought to this shape in the same setup
+//! transaction, by `ALTER TABLE … ADD COLUMN IF NOT EXISTS` and `ALTER
+//! COLUMN identity DROP NOT NULL` (only its owner may), and the tables of
+//! names are created beside it. An older dlock goes on writing its rows,
+//! which a reader believes as it believes a record; an older dlock reads
+//! a newer one's plain lock as held by someone unknown (see
+//! `tests/pg/upgrade.rs`).
 //!
-//! A role that may not create the table (nor migrate it, nor write it)
-//! still locks: locks without an identity are then taken without a record
-//! (their holder reads as unknown and `held` does not list them), one
-//! warning says why, and the table is looked at again a minute later.
-//! Locks with an identity (elections) need their record, and fail with the
-//! DDL or GRANT a DBA must run. A lock without an identity whose recording
+//! Where the tables of names cannot be made or used, a lock without an
+//! identity records itself in `dlock_holders` instead, as an older dlock
+//! did: an upsert per acquisition, its row left at its release and
+//! deleted, with the session's other released rows, in one statement when
+//! 64 have come or with the first release a second after the oldest. A
+//! role that may not create or write that table either still locks:
+//! locks without an identity are then taken without a record (their
+//! holder reads as unknown and `held` does not list them), one warning
+//! says why, and the tables are looked at again a minute later. Locks with
+//! an identity (elections) need their record, and fail with the DDL or
+//! GRANT a DBA must run. A lock without an identity whose recording
 //! statement fails for its record (a privilege revoked, the table locked
 //! by a DBA's `ALTER TABLE` for longer than a lock session waits) is taken
-//! again at once without one.
-//!
-//! Recording costs every cycle an upsert of an `UNLOGGED` row (no WAL
-//! flush: the commits are asynchronous, as the token's). A plain lock's
-//! release sends the plain unlock and leaves its row: a row is believed
-//! only while the session it names holds the lock and its `holder_token`
-//! is its token, so a released one is never read. Each session remembers
-//! the rows it left and deletes them in one statement when 64 have come,
-//! or with the first release a second after the oldest (only its own
-//! released rows: a row a later lease overwrote has another token or
-//! session). The rows of a session that died stay until the key's next
-//! recorded acquisition overwrites them, as before: at most one a key held
-//! (or released and not yet deleted) at a crash. Whether the session
-//! already holds the key's advisory key (a re-entrant grant of a colliding
-//! key, that must record nothing) is decided in process, from the keys its
-//! leases hold; only a key the session has not locked before has the lock
-//! statement scan `pg_locks` for it. `examples/bench/notes.md` gives the
-//! uncontended cycle with it.
+//! again at once without one. Whether the session already holds the key's
+//! advisory key (a re-entrant grant of a colliding key, that must take
+//! nothing) is decided in process, from the keys its leases hold.
 //! [`PgOptions::record_holders`]`(false)` takes locks without an identity
-//! as before holder records, at the price of the holder and the listing.
+//! with neither name nor record, at the price of the holder and the
+//! listing.
 //!
 //! A renewal of a lock taken with an identity makes sure its record is
 //! there and is its own, and writes it again if not, so a DBA who
@@ -397,16 +404,18 @@ mod xact;
 
 /// The statements the backend sends, word for word, for tools that must
 /// speak the same protocol (the benchmark's raw tokio-postgres floor issues
-/// exactly these; `{schema}` stands for the quoted schema). A lease takes
-/// its lock with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING) and
-/// drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED) (a lease
-/// with an identity) or [`UNLOCK_GATED`](protocol::UNLOCK_GATED) (one
-/// without), or, with holder records off, [`TRY_LOCK`](protocol::TRY_LOCK)
-/// and [`UNLOCK`](protocol::UNLOCK). Not a stable API.
+/// exactly these; `{schema}` stands for the quoted schema). A lease without
+/// an identity takes its lock with [`TRY_LOCK_NAMED`](protocol::TRY_LOCK_NAMED)
+/// and drops it with [`UNLOCK_NAMED`](protocol::UNLOCK_NAMED); a lease with
+/// an identity takes it with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING)
+/// and drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED); with
+/// holder records off, [`TRY_LOCK`](protocol::TRY_LOCK) and
+/// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
     pub use super::sql::{
-        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED, UNLOCK_RECORDED,
+        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED,
+        UNLOCK_NAMED, UNLOCK_RECORDED,
     };
 }
 

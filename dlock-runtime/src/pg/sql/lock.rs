@@ -116,7 +116,7 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// instant between the lock and the marks, or refused) or left over (a
 /// failed statement, after which the session takes no new lock) makes the
 /// token unknown, never another lease's.
-pub(in crate::pg) const TRY_LOCK_NAMED: &str = concat!(
+pub const TRY_LOCK_NAMED: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
     SELECT ARRAY[d.token,
                  CASE WHEN m.a THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END,
@@ -171,7 +171,7 @@ WHERE ",
 /// `lock_timeout` (see `Inner::unlock_behind_gate`). The
 /// order of the drops does not matter to a reader: marks without the lock
 /// are nobody's, and the lock without its marks reads with no token.
-pub(in crate::pg) const UNLOCK_NAMED: &str = concat!(
+pub const UNLOCK_NAMED: &str = concat!(
     "SELECT pg_catalog.pg_advisory_unlock(g.h),
        CASE WHEN $3::pg_catalog.bool THEN ",
     "pg_catalog.pg_advisory_unlock_shared(((g.h OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (g.t OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)",

@@ -3,10 +3,11 @@
 //! themselves: the conformance suite and what advisory locks on owned
 //! sessions show (`lock`), fair mode on the server's own lock queue
 //! (`fair`), shared locks and permits against operators and callers
-//! (`modes`), who holds a key (`holder`), bad input and servers of a
-//! test's own (`server`), and fencing tokens when the token sequence is
-//! tampered with (`tokens`) or made unlogged by a DBA (`unlogged`), and
-//! older replicas beside new ones in a rolling upgrade (`upgrade`).
+//! (`modes`), who holds a key (`holder`) and how plain leases name it
+//! (`names`), bad input and servers of a test's own (`server`), fencing
+//! tokens when the token sequence is tampered with (`tokens`) or made
+//! unlogged by a DBA (`unlogged`), and older replicas beside new ones in a
+//! rolling upgrade (`upgrade`).
 //!
 //! Tests that spawn child processes re-run this binary with the
 //! `child_process_entry` of their own module (`support::child_command`).
@@ -20,6 +21,7 @@ mod fair;
 mod holder;
 mod lock;
 mod modes;
+mod names;
 mod server;
 mod tokens;
 mod unlogged;

@@ -13,23 +13,33 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tokio_postgres::types::Type;
+use tokio_postgres::error::SqlState;
 
 use super::session::LockSession;
 use super::{Inner, sql};
 use crate::holder::HolderInfo;
 use crate::key::LockKey;
 
-/// How long this process takes a key it named for named: it names it again
-/// (a probe of the table's primary key, no write when the row is there) at
-/// its first lock after that, so a DBA who emptied `dlock_keys` hides a
-/// key's short leases from `held` for this long at most. A lease that
-/// lives to its first renewal is listed from its own record anyway.
+/// How long this process takes a key (or a session its holder) it named
+/// for named: it names it again (a probe of the table's primary key, no
+/// write when the row is there) at its first lock after that, so a DBA who
+/// emptied `dlock_keys` or `dlock_sessions` hides a key from `held`, or a
+/// session's holder, for this long at most once the key is locked again.
 pub(super) const KEPT: Duration = Duration::from_secs(600);
 
 /// How many named keys this process remembers: past that it forgets them
 /// all, and names each again at its next lock.
 const MAX_KEPT: usize = 65_536;
+
+/// How long a naming statement waits for a lock on the tables of names
+/// (see [`sql::NAME_LEASE`]): every statement behind it on the session
+/// waits as long.
+const NAME_LOCK_WAIT: Duration = Duration::from_millis(100);
+
+/// How long no naming statement is sent after one waited too long for the
+/// tables (a DBA's `LOCK TABLE`, `TRUNCATE`, `ALTER TABLE`): the leases
+/// taken meanwhile go unnamed rather than each wait again.
+const LOCKED_PAUSE: Duration = Duration::from_secs(10);
 
 /// What this backend named, and whether it may name at all.
 #[derive(Default)]
@@ -41,6 +51,8 @@ pub(super) struct Names {
     usable: AtomicBool,
     /// The keys this process named, with when.
     keys: Mutex<HashMap<Box<str>, Instant>>,
+    /// Until when no naming statement is sent (see [`LOCKED_PAUSE`]).
+    paused_until: Mutex<Option<Instant>>,
 }
 
 impl Names {
@@ -50,6 +62,20 @@ impl Names {
 
     pub(super) fn set_usable(&self, usable: bool) {
         self.usable.store(usable, Ordering::Release);
+    }
+
+    fn paused(&self) -> bool {
+        self.paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    fn pause(&self) {
+        *self
+            .paused_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + LOCKED_PAUSE);
     }
 
     /// Whether `key` is to be named before its next lock.
@@ -79,23 +105,23 @@ impl Inner {
     /// written costs the lease its holder's name until its first renewal
     /// writes its record, never its lock.
     pub(super) async fn name_lease(&self, session: &LockSession, key: &LockKey, holder: &str) {
-        let Some(started) = session.started else {
+        if session.started.is_none() || self.names.paused() {
             return;
-        };
-        let name_session = !session.named(holder);
+        }
         let name_key = self.names.key_due(key.as_str());
+        // A key named anew names its session again too (a probe when the
+        // row is there), so a DBA's emptied table heals at the next new key.
+        let name_session = name_key || !session.named(holder, KEPT);
         if !name_session && !name_key {
             return;
         }
-        let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 6] = [
-            (&holder, Type::TEXT),
-            (&started, Type::TIMESTAMPTZ),
-            (&key.as_str(), Type::TEXT),
-            (&self.options.key_seed, Type::INT8),
-            (&name_session, Type::BOOL),
-            (&name_key, Type::BOOL),
-        ];
-        match session.query_typed(&self.name_lease_sql, &params).await {
+        let statement = sql::name_lease(
+            &self.name_lease_sql,
+            NAME_LOCK_WAIT.min(self.lock_timeout()),
+            (holder, name_session),
+            (key.as_str(), self.options.key_seed, name_key),
+        );
+        match session.simple_query(&statement).await {
             Ok(_) => {
                 if name_session {
                     session.name(holder);
@@ -108,8 +134,21 @@ impl Inner {
             // again, and creates them.
             Err(err) if sql::sequence_missing(&err) => {
                 self.names.set_usable(false);
+                *self.holders_table.lock().await = false;
                 self.holders_state.set_unchecked();
                 tracing::debug!(key = %key, error = %err, "the tables of names are missing");
+            }
+            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                self.names.pause();
+                tracing::warn!(
+                    key = %key,
+                    error = %err,
+                    "the tables {s}.dlock_sessions and {s}.dlock_keys are locked by another \
+                     transaction (a LOCK TABLE, TRUNCATE or ALTER TABLE left open?): locks \
+                     taken in the next {LOCKED_PAUSE:?} are held all the same, but their \
+                     holder or key may read as unknown until they are taken again",
+                    s = self.quoted_schema,
+                );
             }
             Err(err) => {
                 tracing::debug!(key = %key, error = %err, "could not name a lease's holder");

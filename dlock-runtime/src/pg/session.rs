@@ -65,9 +65,9 @@ pub(super) struct LockSession {
     /// The keys whose holder records lock statements wrote on this
     /// session (see [`wrote_a_record`](Self::wrote_a_record)).
     recorded_keys: Mutex<HashSet<String>>,
-    /// The holders this session named (see `names`): one, unless its
-    /// leases carry several labels.
-    named_holders: Mutex<Vec<Box<str>>>,
+    /// The holders this session named (see `names`), with when: one,
+    /// unless its leases carry several labels.
+    named_holders: Mutex<Vec<(Box<str>, Instant)>>,
     /// `Some(why)` once the connection has ended.
     ended: watch::Receiver<Option<String>>,
     kill: Mutex<Option<oneshot::Sender<String>>>,
@@ -461,24 +461,23 @@ impl LockSession {
             .contains(key)
     }
 
-    /// Whether this session named `holder` (see `names`).
-    pub(super) fn named(&self, holder: &str) -> bool {
+    /// Whether this session named `holder` within `kept` (see `names`).
+    pub(super) fn named(&self, holder: &str, kept: Duration) -> bool {
         self.named_holders
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .any(|named| **named == *holder)
+            .any(|(named, at)| **named == *holder && at.elapsed() < kept)
     }
 
-    /// Notes that this session named `holder`.
+    /// Notes that this session named `holder` now.
     pub(super) fn name(&self, holder: &str) {
         let mut named = self
             .named_holders
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if !named.iter().any(|n| **n == *holder) {
-            named.push(holder.into());
-        }
+        named.retain(|(n, _)| **n != *holder);
+        named.push((holder.into(), Instant::now()));
     }
 
     /// True once [`retire`](Self::retire)d.

@@ -380,7 +380,9 @@ pub(super) use self::modes::{
     UNMARK,
 };
 pub use self::records::{DELETE_RELEASED, TRY_LOCK_RECORDING, UNLOCK_RECORDED};
-pub(super) use self::records::{NAME_LEASE, REWRITE_RECORDS, RecordRow, rewrite_records};
+pub(super) use self::records::{
+    NAME_LEASE, REWRITE_RECORDS, RecordRow, name_lease, rewrite_records,
+};
 pub(super) use self::schema::{
     CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
     INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba,

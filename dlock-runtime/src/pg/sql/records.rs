@@ -324,24 +324,35 @@ pub(in crate::pg) fn rewrite_records(
 }
 
 /// Names what a lease without an identity needs named before its lock,
-/// without a write per acquisition, in one statement: this session's
-/// holder (`$1`, [`HolderInfo::encode`](crate::HolderInfo::encode)) in
-/// `{schema}.dlock_sessions` beside the session's pid and its start (`$2`,
-/// from `LOCK_SESSION_SETUP`), when `$5`; and the key (`$3`, with the key
-/// seed `$4`) in `{schema}.dlock_keys` beside its advisory key, when `$6`.
-/// The backend sends it only for what it has not named yet: a session's
-/// holder once per session and holder, a key the first time this process
-/// locks it (and again once the process's memory of it is older than
-/// `names::KEPT`, which heals a DBA's `TRUNCATE`). It goes on the lock
-/// session, pipelined ahead of the lock statement, so what it names is
-/// committed before the lock can be seen.
+/// without a write per acquisition: this session's holder
+/// ([`HolderInfo::encode`](crate::HolderInfo::encode)) in
+/// `{schema}.dlock_sessions` beside the session's pid and its start, when
+/// `{session}` is true; and the key (with its key seed) in
+/// `{schema}.dlock_keys` beside its advisory key, when `{key_named}` is
+/// true ([`name_lease`] fills these in). The backend sends it only for
+/// what it has not named lately: a session's holder once per session and
+/// holder, a key the first time this process locks it, each again once
+/// the memory of it is older than `names::KEPT` (which heals a DBA's
+/// `TRUNCATE`). It goes on the lock session, pipelined ahead of the lock
+/// statement, so what it names is committed before the lock can be seen.
 ///
 /// So a lease without an identity writes nothing when it is taken or let
 /// go: `pg_locks` tells which session holds a key and, in its token marks,
 /// the lease's token (`TRY_LOCK_NAMED`); `dlock_sessions` who that session
 /// is (`SESSION_HOLDERS`); `dlock_keys` which key the lock stands for
-/// (`HELD_NAMED`). What is lost against a record: the time of acquisition
-/// (such a lease reads with no time held, except in its own process).
+/// (`HELD_NAMED`). What is lost against a record: the exact time of
+/// acquisition (such a lease reads with the time since its token, see
+/// `names::held_for`).
+///
+/// Its wait for a lock is bounded by `{wait}` (milliseconds), far below
+/// the session's `lock_timeout`, as [`REWRITE_RECORDS`]'s and for the same
+/// reason: a DBA's `LOCK TABLE`, `TRUNCATE` or `ALTER TABLE` holds the
+/// table while it runs, and every statement behind this one on the session
+/// (the lock statement it goes ahead of, other leases' unlocks) waits as
+/// long. So it is a simple query of two statements, the bound set by the
+/// first before the second locks the tables, with its text as literals:
+/// the key and the holder as hex digits of their UTF-8. A write that
+/// cannot be made costs the lease its name, never its lock.
 ///
 /// A session row is believed only while a session with its pid *and* its
 /// start lives, so the row of a session that died (after this write,
@@ -358,24 +369,51 @@ pub(in crate::pg) fn rewrite_records(
 /// [`TRY_LOCK_RECORDING`]'s: the tables are `UNLOGGED`, and worth nothing
 /// after a crash, which ends every session.
 pub(in crate::pg) const NAME_LEASE: &str = "\
-WITH c AS (
-  SELECT pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{wait}'::pg_catalog.text, true),
+       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+WITH me AS (
+  SELECT pg_catalog.pg_backend_pid() AS pid,
+         (SELECT a.backend_start
+          FROM pg_catalog.pg_stat_get_activity(pg_catalog.pg_backend_pid()) AS a) AS started,
+         pg_catalog.convert_from(pg_catalog.decode('{holder}'::pg_catalog.text, 'hex'::pg_catalog.text),
+                                 'UTF8'::pg_catalog.name) AS holder,
+         pg_catalog.convert_from(pg_catalog.decode('{key}'::pg_catalog.text, 'hex'::pg_catalog.text),
+                                 'UTF8'::pg_catalog.name) AS key
 ),
 gone AS (
   DELETE FROM {schema}.dlock_sessions AS s
-  WHERE $5::pg_catalog.bool AND s.pid = pg_catalog.pg_backend_pid()
-    AND s.session_start OPERATOR(pg_catalog.<>) $2::pg_catalog.timestamptz
+  USING me
+  WHERE {session} AND s.pid = me.pid AND s.session_start OPERATOR(pg_catalog.<>) me.started
 ),
 session AS (
   INSERT INTO {schema}.dlock_sessions AS s (pid, session_start, holder)
-  SELECT pg_catalog.pg_backend_pid(), $2::pg_catalog.timestamptz, $1::pg_catalog.text
-  FROM c WHERE $5::pg_catalog.bool
+  SELECT me.pid, me.started, me.holder FROM me WHERE {session} AND me.started IS NOT NULL
   ON CONFLICT DO NOTHING
 ),
 key AS (
   INSERT INTO {schema}.dlock_keys AS n (lock_id, key)
-  SELECT pg_catalog.hashtextextended($3::pg_catalog.text, $4::pg_catalog.int8), $3::pg_catalog.text
-  FROM c WHERE $6::pg_catalog.bool
+  SELECT pg_catalog.hashtextextended(me.key, '{seed}'::pg_catalog.int8), me.key FROM me WHERE {key_named}
   ON CONFLICT DO NOTHING
 )
-SELECT FROM c";
+SELECT FROM me";
+
+/// [`NAME_LEASE`] (its schema already filled in: `rendered`) with the
+/// wait, the holder, the key and its seed, and what to name, filled in.
+pub(in crate::pg) fn name_lease(
+    rendered: &str,
+    wait: std::time::Duration,
+    (holder, session): (&str, bool),
+    (key, seed, key_named): (&str, i64, bool),
+) -> String {
+    let mut holder_hex = String::with_capacity(holder.len() * 2);
+    push_hex(&mut holder_hex, holder);
+    let mut key_hex = String::with_capacity(key.len() * 2);
+    push_hex(&mut key_hex, key);
+    rendered
+        .replace("{wait}", &wait.as_millis().max(1).to_string())
+        .replace("{holder}", &holder_hex)
+        .replace("{key}", &key_hex)
+        .replace("{seed}", &seed.to_string())
+        .replace("{session}", if session { "true" } else { "false" })
+        .replace("{key_named}", if key_named { "true" } else { "false" })
+}

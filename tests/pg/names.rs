@@ -254,3 +254,54 @@ async fn a_dba_lock_on_the_tables_of_names_costs_no_lock() {
         lease.release().await.expect("release");
     }
 }
+
+/// How many leases of a backend carry token marks at once (the backend's
+/// `names::MAX_MARKED`).
+const MAX_MARKED: usize = 512;
+
+/// Past the leases a backend marks at once, a plain lease records itself
+/// in `dlock_holders` (one lock-table entry, where a marked lease takes
+/// three): readers read its token and holder all the same, and once a
+/// marked lease is let go, the next lease is marked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_marked_leases_a_plain_lease_records_itself_and_is_read_all_the_same() {
+    let schema = ScratchSchema::new("names");
+    let admin = shared_client().await;
+    let holder = connect(schema.options()).await;
+    let reader = connect(schema.options()).await;
+    let prefix = prefix();
+    let mut leases = Vec::with_capacity(MAX_MARKED + 2);
+    for i in 0..MAX_MARKED {
+        let key = fresh_key(&prefix, &format!("m{i}"));
+        leases.push(take(&holder, &key).await);
+    }
+    let rows = format!(
+        "SELECT count(*) FROM {}.dlock_holders WHERE starts_with(key, '{prefix}')",
+        schema.name
+    );
+    assert_eq!(count(&admin, &rows).await, 0, "{MAX_MARKED} marked leases");
+    let past = fresh_key(&prefix, "past");
+    let recorded = take(&holder, &past).await;
+    assert_eq!(count(&admin, &rows).await, 1, "the next one records itself");
+    let seen = reader.holder(&past).await.expect("read").expect("held");
+    assert_eq!(seen.token, Some(recorded.token()));
+    assert!(seen.holder.is_some(), "{seen:?}");
+    let listed = reader.held(&prefix).await.expect("list");
+    assert_eq!(listed.len(), MAX_MARKED + 1);
+    leases
+        .pop()
+        .expect("a lease")
+        .release()
+        .await
+        .expect("release");
+    let again = fresh_key(&prefix, "again");
+    let marked = take(&holder, &again).await;
+    assert_eq!(count(&admin, &rows).await, 1, "marked again: no new row");
+    let seen = reader.holder(&again).await.expect("read").expect("held");
+    assert_eq!(seen.token, Some(marked.token()));
+    recorded.release().await.expect("release");
+    marked.release().await.expect("release");
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}

@@ -49,6 +49,9 @@ pub(super) struct Holding {
     /// Whether each token mark of a named lease was taken (see `names`):
     /// its unlock drops those. `None` for other leases.
     pub(super) marks: Option<(bool, bool)>,
+    /// A named lease's place among the backend's marked leases, given
+    /// back when the hold ends, however it ends (see `names::MAX_MARKED`).
+    pub(super) _mark_slot: Option<super::names::MarkSlot>,
     /// The identity recorded beside the lock, with what a renewal writes
     /// again should the record go missing, if its lock statement wrote a
     /// record with an identity.

@@ -191,6 +191,7 @@ fn held_entry(
         token,
         recorded: since.is_some(),
         marks: None,
+        _mark_slot: None,
         identity,
         deadline_slot,
         deadlines: Arc::clone(&inner.deadlines),

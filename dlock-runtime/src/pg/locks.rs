@@ -39,14 +39,16 @@ impl Inner {
         holder: &str,
         in_flight: &mut Option<Arc<LockSession>>,
     ) -> Result<Locked, LockError> {
-        let (mut record, naming) = if identity.is_some() {
+        // A named lease's place among the backend's marked ones (see
+        // `names::MAX_MARKED`): past them, it records itself instead.
+        let (mut record, mut slot) = if identity.is_some() {
             self.ensure_holders_table(key, false).await?;
-            (true, false)
+            (true, None)
         } else if self.may_record(key).await {
-            let naming = self.names.usable();
-            (!naming, naming)
+            let slot = self.names.mark_slot();
+            (slot.is_none(), slot)
         } else {
-            (false, false)
+            (false, None)
         };
         let mut retried = false;
         let mut restored = false;
@@ -56,7 +58,7 @@ impl Inner {
             // A session that could not tell when it started cannot name
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
-            let named = naming && recording.is_none() && session.started.is_some();
+            let named = slot.is_some() && recording.is_none() && session.started.is_some();
             if recording.is_none() && session.may_have_a_record_of(key.as_str()) {
                 // A record it wrote of an earlier lease could be read for a
                 // lease it takes now without one (see
@@ -91,6 +93,7 @@ impl Inner {
                     token: None,
                     since: None,
                     marks: None,
+                    slot: None,
                     in_flight: None,
                 });
             };
@@ -105,6 +108,12 @@ impl Inner {
                         (expected, flight),
                     );
                     match answer.await {
+                        Some(Ok(mut locked)) => {
+                            if locked.marks.is_some() {
+                                locked.slot = slot.take();
+                            }
+                            return Ok(locked);
+                        }
                         Some(locked) => return locked,
                         None => {
                             record = false;
@@ -338,6 +347,7 @@ impl Inner {
                     token,
                     since,
                     marks,
+                    slot: None,
                     in_flight: flight,
                 })
             }
@@ -482,6 +492,7 @@ impl Inner {
             token,
             since,
             marks,
+            slot,
             in_flight: _in_flight,
         } = match attempt {
             Ok(answer) => answer,
@@ -538,6 +549,7 @@ impl Inner {
                         token,
                         recorded,
                         marks,
+                        _mark_slot: slot,
                         identity: identity.zip(since).map(|(identity, since)| {
                             Box::new(super::Identified {
                                 identity,
@@ -595,6 +607,8 @@ pub(super) struct Locked {
     /// Whether each token mark of a named lease was taken (see
     /// `sql::TRY_LOCK_NAMED`): `None` for other leases.
     pub(super) marks: Option<(bool, bool)>,
+    /// A named lease's place among the backend's marked leases.
+    pub(super) slot: Option<super::names::MarkSlot>,
     /// Counts the statement in flight until the lease claimed its key.
     pub(super) in_flight: Option<InFlight>,
 }

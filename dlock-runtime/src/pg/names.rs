@@ -8,8 +8,8 @@
 //! may be used at all.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,6 +30,18 @@ pub(super) const KEPT: Duration = Duration::from_secs(600);
 /// How many named keys this process remembers: past that it forgets them
 /// all, and names each again at its next lock.
 const MAX_KEPT: usize = 65_536;
+
+/// How many leases of a backend carry token marks at once: each costs the
+/// server two more entries of its lock table while held (see
+/// `sql::TRY_LOCK_NAMED`), which is sized for about
+/// `max_locks_per_transaction` × `max_connections` (6,400 by default) for
+/// every client of the server. Past these, a lease without an identity
+/// records itself in `dlock_holders` instead, as where the tables of names
+/// cannot be used: one entry, and a write per acquisition. So a backend
+/// holding many leases at once (thousands, for long) needs no more of the
+/// lock table than before, and a cycle of a few hundred leases at a time
+/// writes nothing.
+pub(super) const MAX_MARKED: usize = 512;
 
 /// How long a naming statement waits for a lock on the tables of names
 /// (see [`sql::NAME_LEASE`]): every statement behind it on the session
@@ -53,6 +65,18 @@ pub(super) struct Names {
     keys: Mutex<HashMap<Box<str>, Instant>>,
     /// Until when no naming statement is sent (see [`LOCKED_PAUSE`]).
     paused_until: Mutex<Option<Instant>>,
+    /// How many leases carry token marks, or are being taken with them.
+    marked: Arc<AtomicUsize>,
+}
+
+/// A lease's place among a backend's marked leases (see [`MAX_MARKED`]),
+/// given back when dropped.
+pub(super) struct MarkSlot(Arc<AtomicUsize>);
+
+impl Drop for MarkSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Names {
@@ -62,6 +86,20 @@ impl Names {
 
     pub(super) fn set_usable(&self, usable: bool) {
         self.usable.store(usable, Ordering::Release);
+    }
+
+    /// A place for a lease that carries token marks: `None` when the tables
+    /// of names cannot be used, or [`MAX_MARKED`] leases carry marks.
+    pub(super) fn mark_slot(&self) -> Option<MarkSlot> {
+        if !self.usable() {
+            return None;
+        }
+        self.marked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_MARKED).then_some(n + 1)
+            })
+            .ok()?;
+        Some(MarkSlot(Arc::clone(&self.marked)))
     }
 
     fn paused(&self) -> bool {

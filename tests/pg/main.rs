@@ -19,6 +19,7 @@ mod fair;
 mod holder;
 mod lock;
 mod modes;
+mod review_names;
 mod server;
 mod tokens;
 mod unlogged;

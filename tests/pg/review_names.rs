@@ -1,0 +1,439 @@
+//! Leases without an identity named rather than recorded (their token in
+//! two shared `(int4, int4)` token marks beside the key's lock, their
+//! session in `dlock_sessions`, their key in `dlock_keys`), against what
+//! readers, force releases and acquisitions promise: a token shown is the
+//! holder's, a force release ends only the lease it names, `held` lists
+//! only held keys, the holder is named, and a DBA's hand on the tables of
+//! names holds no acquisition up past its first. Each test works in a
+//! schema of its own on the shared PostgreSQL (127.0.0.1:5432, or
+//! `DLOCK_PG_URL`).
+
+use crate::pg_support;
+
+use std::time::Duration;
+
+use dlock::backend::{AcquireRequest, Attempt, ForceRelease, Holding, OwnerId, ReleaseRequest};
+use dlock::pg::{PgBackend, PgOptions};
+use dlock::{Backend, FencingToken, LockKey};
+use pg_support::{
+    ScratchSchema, colliding_keys, free_on_the_server, random_id, shared_client, shared_conn,
+};
+use tokio::time::Instant;
+
+/// The two constants the token marks' `classid`s are XORed with.
+const TOKN: i64 = 0x544f_4b4e;
+const TOKM: i64 = 0x544f_4b4d;
+
+async fn connect(options: PgOptions) -> PgBackend {
+    PgBackend::connect_with(&shared_conn(), options)
+        .await
+        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
+}
+
+async fn take(backend: &PgBackend, key: &LockKey, owner: &OwnerId) -> FencingToken {
+    let request = AcquireRequest::new(key, owner, Duration::from_secs(60));
+    match backend.try_acquire(&request).await.expect("acquire") {
+        Attempt::Acquired(grant) => grant.token,
+        held => panic!("`{key}` should be free: {held:?}"),
+    }
+}
+
+async fn give_back(backend: &PgBackend, key: &LockKey, owner: &OwnerId) {
+    backend
+        .release(&ReleaseRequest::new(key, owner))
+        .await
+        .expect("release");
+}
+
+/// A random key seed, printed, so that the keys of a test are its own.
+fn random_seed() -> i64 {
+    let seed = i64::from_str_radix(&random_id()[..12], 16).expect("hex");
+    println!("key seed {seed}");
+    seed
+}
+
+/// The `classid` of a key's first and second token mark, as unsigned
+/// 32-bit numbers (see `token_marks!` in the backend).
+fn mark_classes(h: i64) -> (i64, i64) {
+    (
+        ((h >> 32) ^ TOKN) & 0xffff_ffff,
+        (((h << 32) >> 32) ^ TOKM) & 0xffff_ffff,
+    )
+}
+
+/// An unsigned 32-bit number as the `int4` it stands for.
+fn as_int4(n: i64) -> i32 {
+    (n as u32) as i32
+}
+
+/// Two keys under `prefix` whose advisory keys (with `seed`) differ but
+/// whose token marks share one `classid`: the first mark of `one` and the
+/// second mark of `two`. A birthday search over 32 bits, on the server.
+async fn keys_with_crossed_marks(
+    admin: &dlock::pg::tokio_postgres::Client,
+    prefix: &str,
+    seed: i64,
+) -> ((LockKey, i64), (LockKey, i64)) {
+    let rows = admin
+        .query(
+            "SELECT i, hashtextextended($1::text || i, $2) FROM generate_series(1, 250000) AS i",
+            &[&prefix, &seed],
+        )
+        .await
+        .expect("hash the keys");
+    let hashes: Vec<(i32, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let by_second: std::collections::HashMap<i64, (i32, i64)> = hashes
+        .iter()
+        .map(|&(i, h)| (mark_classes(h).1, (i, h)))
+        .collect();
+    let (i1, h1, i2, h2) = hashes
+        .iter()
+        .find_map(|&(i, h)| {
+            let (a, b) = mark_classes(h);
+            let &(j, g) = by_second.get(&a)?;
+            let (ga, gb) = mark_classes(g);
+            (g != h && b != ga && a != b && ga != gb).then_some((i, h, j, g))
+        })
+        .expect("250,000 keys have a pair with crossed marks");
+    let one = LockKey::new(format!("{prefix}{i1}")).expect("key");
+    let two = LockKey::new(format!("{prefix}{i2}")).expect("key");
+    println!("crossed marks: `{one}` and `{two}`");
+    ((one, h1), (two, h2))
+}
+
+/// The set-up of the crossed-marks tests: a holder (one session) holds
+/// `two`, whose second token mark has the `classid` of `one`'s first;
+/// another client holds `one`'s first mark for the current clock
+/// exclusively (an application's own `(int4, int4)` advisory lock on the
+/// same two numbers), so the holder's lock statement of `one` is refused
+/// that mark; then the holder takes `one`. Returns the holder, `one`,
+/// its owner and its token, and the client holding the mark.
+struct Crossed {
+    _schema: ScratchSchema,
+    holder: PgBackend,
+    reader: PgBackend,
+    one: LockKey,
+    token: FencingToken,
+    _other: dlock::pg::tokio_postgres::Client,
+}
+
+async fn crossed_marks(label: &str) -> Crossed {
+    let schema = ScratchSchema::new(label);
+    let seed = random_seed();
+    let options = schema.options().key_seed(seed);
+    let holder = connect(options.clone().sessions(1)).await;
+    let reader = connect(options).await;
+    let admin = shared_client().await;
+    let prefix = format!("dlock-test:{label}:{}:", random_id());
+    let ((one, h1), (two, h2)) = keys_with_crossed_marks(&admin, &prefix, seed).await;
+    assert_eq!(mark_classes(h1).0, mark_classes(h2).1);
+
+    // Tokens drawn from here on come from the sequence, set by a DBA
+    // ahead of the clock (by less than the hour, where the draw allows a
+    // day) to a value whose low half is a positive int4: so a token read
+    // from `two`'s second mark in place of `one`'s first is a valid one.
+    // (Without it the same holds whenever the clock's own low half is
+    // below 2^31, half of every 72 minutes; above, the reader fails.)
+    admin
+        .query_one(
+            &format!(
+                "SELECT setval('{}.dlock_token_seq',
+                               (((extract(epoch FROM clock_timestamp()) * 1000000)::int8 >> 32) + 1)
+                               << 32 | 4096)",
+                schema.name
+            ),
+            &[],
+        )
+        .await
+        .expect("setval");
+    let owner_two = OwnerId::random().expect("owner");
+    let token_two = take(&holder, &two, &owner_two).await;
+    println!("`{two}` held with token {token_two}");
+
+    // Another client holds exclusively the pair of numbers of `one`'s
+    // first mark for any token drawn from the clock in the next hour.
+    let other = shared_client().await;
+    let class = as_int4(mark_classes(h1).0);
+    other
+        .query_one(
+            "SELECT pg_advisory_lock($1::int4, (c >> 32)::int4),
+                    pg_advisory_lock($1::int4, ((c >> 32) + 1)::int4)
+             FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS c) AS t",
+            &[&class],
+        )
+        .await
+        .expect("the application's own lock");
+
+    let owner_one = OwnerId::random().expect("owner");
+    let token = take(&holder, &one, &owner_one).await;
+    println!("`{one}` held with token {token}");
+    Crossed {
+        _schema: schema,
+        holder,
+        reader,
+        one,
+        token,
+        _other: other,
+    }
+}
+
+/// A reader shows the token of the lease holding the key, or none: never
+/// one put together from another lease's mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_never_shows_a_token_made_of_another_leases_mark() {
+    let crossed = crossed_marks("rn_read").await;
+    let seen = crossed
+        .reader
+        .holder(&crossed.one)
+        .await
+        .expect("read")
+        .expect("held");
+    assert!(
+        seen.token.is_none() || seen.token == Some(crossed.token),
+        "`{}` is held with token {}, and read with token {:?}",
+        crossed.one,
+        crossed.token,
+        seen.token
+    );
+    let listed = crossed
+        .reader
+        .held(crossed.one.as_str())
+        .await
+        .expect("list");
+    for (key, holding) in &listed {
+        assert!(
+            holding.token.is_none() || holding.token == Some(crossed.token),
+            "`{key}` is held with token {}, and listed with token {:?}",
+            crossed.token,
+            holding.token
+        );
+    }
+    drop(crossed.holder);
+}
+
+/// A force release naming a token that no lease holds ends no lease, even
+/// the token a reader showed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_naming_a_token_no_lease_holds_ends_no_lease() {
+    let crossed = crossed_marks("rn_force").await;
+    let seen = crossed
+        .reader
+        .holder(&crossed.one)
+        .await
+        .expect("read")
+        .expect("held");
+    // The token the reader shows if it is not the lease's; else a token
+    // no lease holds, one above the lease's.
+    let named = match seen.token {
+        Some(token) if token != crossed.token => token,
+        _ => FencingToken::new(crossed.token.get() + 1),
+    };
+    let forced = crossed
+        .reader
+        .force_release_holding(&crossed.one, &Holding::new(Some(named), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(ForceRelease::Released)),
+        "a force release naming token {named} ended the lease holding `{}` with token {}: {forced:?}",
+        crossed.one,
+        crossed.token
+    );
+    drop(crossed.holder);
+}
+
+/// A DBA who locks the table of key names (`LOCK TABLE … ACCESS EXCLUSIVE`
+/// in a transaction left open) costs the acquisitions of a key at most one
+/// wait for that lock: the next ones do not wait the lock timeout again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_lock_on_the_table_of_key_names_holds_up_at_most_one_acquisition() {
+    let schema = ScratchSchema::new("rn_locked");
+    // A lock session's statements wait 1 s (half of the liveness interval)
+    // for a lock.
+    let holder = connect(
+        schema
+            .options()
+            .sessions(1)
+            .liveness_interval(Duration::from_secs(2)),
+    )
+    .await;
+    let warm = LockKey::new(format!("dlock-test:rn-locked:{}:warm", random_id())).expect("key");
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &warm, &owner).await;
+    give_back(&holder, &warm, &owner).await;
+    assert!(
+        schema
+            .has_relation(&shared_client().await, "dlock_keys")
+            .await,
+        "the tables of names were made"
+    );
+
+    let mut dba = shared_client().await;
+    let tx = dba.transaction().await.expect("begin");
+    tx.batch_execute(&format!(
+        "LOCK TABLE {}.dlock_keys IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("lock the table");
+
+    let key = LockKey::new(format!("dlock-test:rn-locked:{}:key", random_id())).expect("key");
+    let mut took = Vec::new();
+    for _ in 0..4 {
+        let started = Instant::now();
+        take(&holder, &key, &owner).await;
+        took.push(started.elapsed());
+        give_back(&holder, &key, &owner).await;
+    }
+    tx.rollback().await.expect("end the DBA's transaction");
+    let waited = took
+        .iter()
+        .skip(1)
+        .filter(|t| **t >= Duration::from_millis(900))
+        .count();
+    assert_eq!(
+        waited, 0,
+        "acquisitions of one free key after the first each waited about the lock timeout \
+         for the DBA's lock on dlock_keys: {took:?}"
+    );
+}
+
+/// The same, for the table of session names (`dlock_sessions`): a lease
+/// taken by a session that has not named itself yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_lock_on_the_table_of_session_names_holds_up_at_most_one_acquisition() {
+    let schema = ScratchSchema::new("rn_slocked");
+    let options = schema.options().liveness_interval(Duration::from_secs(2));
+    let first = connect(options.clone()).await;
+    let warm = LockKey::new(format!("dlock-test:rn-slocked:{}:warm", random_id())).expect("key");
+    let owner = OwnerId::random().expect("owner");
+    take(&first, &warm, &owner).await;
+    give_back(&first, &warm, &owner).await;
+
+    let mut dba = shared_client().await;
+    let tx = dba.transaction().await.expect("begin");
+    tx.batch_execute(&format!(
+        "LOCK TABLE {}.dlock_sessions IN ACCESS EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("lock the table");
+
+    // A new process: its sessions have named nobody yet.
+    let holder = connect(options.sessions(1)).await;
+    let key = LockKey::new(format!("dlock-test:rn-slocked:{}:key", random_id())).expect("key");
+    take(&holder, &key, &owner).await;
+    give_back(&holder, &key, &owner).await;
+    let mut took = Vec::new();
+    for _ in 0..3 {
+        let started = Instant::now();
+        take(&holder, &key, &owner).await;
+        took.push(started.elapsed());
+        give_back(&holder, &key, &owner).await;
+    }
+    tx.rollback().await.expect("end the DBA's transaction");
+    assert!(
+        took.iter().all(|t| *t < Duration::from_millis(900)),
+        "acquisitions of a named key by a session not yet named each waited about the lock \
+         timeout for the DBA's lock on dlock_sessions: {took:?}"
+    );
+}
+
+/// A lease taken after a DBA emptied `dlock_sessions` still names its
+/// holder's host and pid to readers, as a lease taken after a DBA emptied
+/// the table of holder records did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_after_the_session_names_were_truncated_names_its_holder() {
+    let schema = ScratchSchema::new("rn_trunc");
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    let first = LockKey::new(format!("dlock-test:rn-trunc:{}:first", random_id())).expect("key");
+    take(&holder, &first, &owner).await;
+    let seen = reader.holder(&first).await.expect("read").expect("held");
+    assert_eq!(
+        seen.holder.as_ref().map(|h| h.pid),
+        Some(std::process::id()),
+        "named before the TRUNCATE: {seen:?}"
+    );
+    give_back(&holder, &first, &owner).await;
+
+    shared_client()
+        .await
+        .batch_execute(&format!("TRUNCATE {}.dlock_sessions", schema.name))
+        .await
+        .expect("truncate");
+
+    let next = LockKey::new(format!("dlock-test:rn-trunc:{}:next", random_id())).expect("key");
+    take(&holder, &next, &owner).await;
+    let seen = reader.holder(&next).await.expect("read").expect("held");
+    assert_eq!(
+        seen.holder.as_ref().map(|h| h.pid),
+        Some(std::process::id()),
+        "a lease taken after the TRUNCATE is read without its holder: {seen:?}"
+    );
+    give_back(&holder, &next, &owner).await;
+}
+
+/// Two keys with one advisory key (made, not found by chance: the hash is
+/// not a cryptographic one): while one is held, `held` lists only that
+/// one, not the other that a dlock once named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lists_only_the_key_held_not_another_with_its_advisory_key() {
+    let schema = ScratchSchema::new("rn_coll");
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let (x, y) = colliding_keys(&format!(":{}", random_id()));
+    let (x, y) = (LockKey::new(x).expect("key"), LockKey::new(y).expect("key"));
+    let admin = shared_client().await;
+    let same: bool = admin
+        .query_one(
+            "SELECT hashtextextended($1::text, 0) = hashtextextended($2::text, 0)",
+            &[&x.as_str(), &y.as_str()],
+        )
+        .await
+        .expect("hash")
+        .get(0);
+    assert!(same, "`{x}` and `{y}` share an advisory key");
+
+    let owner = OwnerId::random().expect("owner");
+    take(&holder, &y, &owner).await;
+    give_back(&holder, &y, &owner).await;
+    assert!(free_on_the_server(&admin, &y).await);
+    let token = take(&holder, &x, &owner).await;
+
+    let listed: Vec<String> = reader
+        .held("dlock-")
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|(key, holding)| format!("{key} ({:?})", holding.token))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![format!("{x} ({:?})", Some(token))],
+        "only `{x}` is held"
+    );
+    give_back(&holder, &x, &owner).await;
+}
+
+/// A force release that names a key and a token ends a lease of that key
+/// only: not the lease of another key with the same advisory key and that
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_release_naming_one_key_never_ends_a_lease_of_another_key() {
+    let schema = ScratchSchema::new("rn_collf");
+    let holder = connect(schema.options().sessions(1)).await;
+    let operator = connect(schema.options()).await;
+    let (x, y) = colliding_keys(&format!(":{}", random_id()));
+    let (x, y) = (LockKey::new(x).expect("key"), LockKey::new(y).expect("key"));
+    let owner = OwnerId::random().expect("owner");
+    let token = take(&holder, &x, &owner).await;
+
+    let forced = operator
+        .force_release_holding(&y, &Holding::new(Some(token), None))
+        .await;
+    assert!(
+        !matches!(forced, Ok(ForceRelease::Released)),
+        "a force release naming `{y}` ended the lease of `{x}` (token {token}): {forced:?}"
+    );
+}

@@ -437,3 +437,122 @@ async fn a_force_release_naming_one_key_never_ends_a_lease_of_another_key() {
         "a force release naming `{y}` ended the lease of `{x}` (token {token}): {forced:?}"
     );
 }
+
+/// The advisory locks the session `pid` holds on `client`'s server: its
+/// exclusive `bigint` ones (the keys) and its shared `(int4, int4)` ones
+/// (the token marks).
+async fn locks_of(client: &dlock::pg::tokio_postgres::Client, pid: i32) -> (i64, i64) {
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE mode = 'ExclusiveLock' AND objsubid = 1),
+                    count(*) FILTER (WHERE mode = 'ShareLock' AND objsubid = 2)
+             FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1",
+            &[&pid],
+        )
+        .await
+        .expect("pg_locks");
+    (row.get(0), row.get(1))
+}
+
+/// A server whose lock table is full (default `max_locks_per_transaction`,
+/// every lease three entries of it) refuses the next acquisition with an
+/// error, and the leases held live on: neither lost with their session
+/// nor silently without their marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
+    use pg_support::{OwnServer, PASSWORD};
+    let server = OwnServer::start();
+    let conn = server.conn(PASSWORD, "sslmode=disable");
+    let holder = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+        .await
+        .expect("connect");
+    let (admin, connection) =
+        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("admin");
+    tokio::spawn(connection);
+    let owner = OwnerId::random().expect("owner");
+    let mut held = Vec::new();
+    let mut refused = None;
+    for i in 0..10_000 {
+        let key = LockKey::new(format!("dlock-test:rn-full:{i}")).expect("key");
+        let request = AcquireRequest::new(&key, &owner, Duration::from_secs(600));
+        match holder.try_acquire(&request).await {
+            Ok(Attempt::Acquired(_)) => held.push(key),
+            other => {
+                refused = Some(format!("{other:?}"));
+                break;
+            }
+        }
+    }
+    println!("{} leases held, then: {refused:?}", held.len());
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'
+               AND objsubid = 1 AND granted GROUP BY pid ORDER BY count(*) DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .map(|row| row.get(0))
+        .unwrap_or(0);
+    let (keys, marks) = locks_of(&admin, pid).await;
+    println!("session {pid}: {keys} keys, {marks} marks");
+    let settings = admin
+        .query_one(
+            "SELECT current_setting('max_locks_per_transaction'), current_setting('max_connections')",
+            &[],
+        )
+        .await
+        .expect("settings");
+    println!(
+        "max_locks_per_transaction {}, max_connections {}",
+        settings.get::<_, String>(0),
+        settings.get::<_, String>(1)
+    );
+    let lost = held.len() as i64 - keys;
+    assert!(
+        refused.as_deref().is_none_or(|r| r.starts_with("Err")),
+        "an acquisition past the lock table's end answered {refused:?}"
+    );
+    assert_eq!(
+        lost,
+        0,
+        "{} leases were held when an acquisition was refused ({refused:?}); {keys} are held now",
+        held.len()
+    );
+    assert!(
+        marks >= 2 * keys - 4,
+        "{keys} leases held with {marks} token marks"
+    );
+}
+
+/// Keys taken once and let go leave nothing behind in the tables of
+/// names: a service that locks a key per request (an order, a job) does
+/// not grow `dlock_keys` by a row for every key it ever locked, as the
+/// table of holder records, whose rows of released leases its batch
+/// delete removes, never grew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_let_go_leave_no_rows_behind_in_the_tables_of_names() {
+    let schema = ScratchSchema::new("rn_grow");
+    let holder = connect(schema.options().sessions(1)).await;
+    let owner = OwnerId::random().expect("owner");
+    let run = random_id();
+    for i in 0..500 {
+        let key = LockKey::new(format!("dlock-test:rn-grow:{run}:order-{i}")).expect("key");
+        take(&holder, &key, &owner).await;
+        give_back(&holder, &key, &owner).await;
+    }
+    let rows: i64 = shared_client()
+        .await
+        .query_one(
+            &format!("SELECT count(*) FROM {}.dlock_keys", schema.name),
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert!(
+        rows <= 16,
+        "500 keys, each taken once and let go, left {rows} rows in dlock_keys"
+    );
+}

@@ -556,3 +556,155 @@ async fn keys_let_go_leave_no_rows_behind_in_the_tables_of_names() {
         "500 keys, each taken once and let go, left {rows} rows in dlock_keys"
     );
 }
+
+/// A release on a server whose lock table is full (three entries a named
+/// lease, and another client's locks took the rest) lets go of its own
+/// lease only: the other leases of its session live on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_full_lock_table_loses_no_other_lease() {
+    use pg_support::{OwnServer, PASSWORD};
+    let server = OwnServer::start();
+    let conn = server.conn(PASSWORD, "sslmode=disable");
+    let holder = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+        .await
+        .expect("connect");
+    let (admin, connection) =
+        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("admin");
+    tokio::spawn(connection);
+    let owner = OwnerId::random().expect("owner");
+    let mut held = Vec::new();
+    for i in 0..1_000 {
+        let key = LockKey::new(format!("dlock-test:rn-full-release:{i}")).expect("key");
+        take(&holder, &key, &owner).await;
+        held.push(key);
+    }
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'
+               AND objsubid = 1 AND granted GROUP BY pid ORDER BY count(*) DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .expect("the holder's session")
+        .get(0);
+    // Another client's session locks take the rest of the lock table.
+    let (filler, connection) =
+        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("filler");
+    tokio::spawn(connection);
+    filler
+        .batch_execute(
+            "DO $$
+             BEGIN
+               FOR i IN 1..100000 LOOP
+                 BEGIN
+                   PERFORM pg_advisory_lock(7777, i);
+                 EXCEPTION WHEN out_of_memory THEN
+                   PERFORM set_config('filler.took', i::text, false);
+                   RETURN;
+                 END;
+               END LOOP;
+             END $$",
+        )
+        .await
+        .expect("fill the lock table");
+    let filled: String = filler
+        .query_one("SELECT current_setting('filler.took', true)", &[])
+        .await
+        .expect("filled")
+        .get::<_, Option<String>>(0)
+        .unwrap_or_default();
+    println!("the other client took {filled} locks");
+    let (keys, _) = locks_of(&admin, pid).await;
+    assert_eq!(keys, 1_000, "all held before the release");
+
+    let released = holder.release(&ReleaseRequest::new(&held[0], &owner)).await;
+    println!("release: {released:?}");
+    let (keys, marks) = locks_of(&admin, pid).await;
+    drop(filler);
+    assert_eq!(
+        keys, 999,
+        "a release on a full lock table answered {released:?}, and left {keys} of the other \
+         999 leases held ({marks} marks)"
+    );
+}
+
+/// An acquisition refused because the server's lock table is full (three
+/// entries a named lease, and another client's locks took the rest) costs
+/// the leases already held on its session nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_refused_by_a_full_lock_table_loses_no_lease_held() {
+    use pg_support::{OwnServer, PASSWORD};
+    let server = OwnServer::start();
+    let conn = server.conn(PASSWORD, "sslmode=disable");
+    let holder = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+        .await
+        .expect("connect");
+    let (admin, connection) =
+        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("admin");
+    tokio::spawn(connection);
+    let owner = OwnerId::random().expect("owner");
+    let mut held = Vec::new();
+    for i in 0..1_000 {
+        let key = LockKey::new(format!("dlock-test:rn-full-refused:{i}")).expect("key");
+        take(&holder, &key, &owner).await;
+        held.push(key);
+    }
+    let pid: i32 = admin
+        .query_one(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'
+               AND objsubid = 1 AND granted GROUP BY pid ORDER BY count(*) DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .expect("the holder's session")
+        .get(0);
+    // Another client's session locks take the rest of the lock table.
+    let (filler, connection) =
+        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
+            .await
+            .expect("filler");
+    tokio::spawn(connection);
+    filler
+        .batch_execute(
+            "DO $$
+             BEGIN
+               FOR i IN 1..100000 LOOP
+                 BEGIN
+                   PERFORM pg_advisory_lock(7777, i);
+                 EXCEPTION WHEN out_of_memory THEN
+                   PERFORM set_config('filler.took', i::text, false);
+                   RETURN;
+                 END;
+               END LOOP;
+             END $$",
+        )
+        .await
+        .expect("fill the lock table");
+    let filled: String = filler
+        .query_one("SELECT current_setting('filler.took', true)", &[])
+        .await
+        .expect("filled")
+        .get::<_, Option<String>>(0)
+        .unwrap_or_default();
+    println!("the other client took {filled} locks");
+    let (keys, _) = locks_of(&admin, pid).await;
+    assert_eq!(keys, 1_000, "all held before the release");
+
+    let refused = LockKey::new("dlock-test:rn-full-refused:next").expect("key");
+    let request = AcquireRequest::new(&refused, &owner, Duration::from_secs(600));
+    let answered = holder.try_acquire(&request).await;
+    println!("acquisition: {answered:?}");
+    let (keys, marks) = locks_of(&admin, pid).await;
+    drop(filler);
+    assert_eq!(
+        keys, 1_000,
+        "an acquisition on a full lock table answered {answered:?}, and left {keys} of the \
+         1,000 leases held ({marks} marks)"
+    );
+}

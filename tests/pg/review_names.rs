@@ -708,3 +708,68 @@ async fn an_acquisition_refused_by_a_full_lock_table_loses_no_lease_held() {
          1,000 leases held ({marks} marks)"
     );
 }
+
+/// A lease without an identity is read from its marks and the tables of
+/// names alone: a DBA who drops `dlock_holders` (which such leases no
+/// longer write) leaves its token and its holder readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_lease_is_read_with_its_token_and_holder_after_the_table_of_records_was_dropped() {
+    let schema = ScratchSchema::new("rn_drop");
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    let first = LockKey::new(format!("dlock-test:rn-drop:{}:first", random_id())).expect("key");
+    take(&holder, &first, &owner).await;
+    give_back(&holder, &first, &owner).await;
+
+    shared_client()
+        .await
+        .batch_execute(&format!("DROP TABLE {}.dlock_holders", schema.name))
+        .await
+        .expect("drop the table of records");
+
+    let key = LockKey::new(format!("dlock-test:rn-drop:{}:key", random_id())).expect("key");
+    let token = take(&holder, &key, &owner).await;
+    let seen = reader.holder(&key).await.expect("read").expect("held");
+    assert_eq!(
+        (seen.token, seen.holder.as_ref().map(|h| h.pid)),
+        (Some(token), Some(std::process::id())),
+        "a named lease read after dlock_holders was dropped: {seen:?}"
+    );
+    give_back(&holder, &key, &owner).await;
+}
+
+/// `held` lists the keys held by leases without an identity from the
+/// tables of names: a DBA who drops `dlock_holders` hides none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_lists_named_leases_after_the_table_of_records_was_dropped() {
+    let schema = ScratchSchema::new("rn_dropl");
+    let holder = connect(schema.options().sessions(1)).await;
+    let reader = connect(schema.options()).await;
+    let owner = OwnerId::random().expect("owner");
+    let prefix = format!("dlock-test:rn-dropl:{}:", random_id());
+    let key = LockKey::new(format!("{prefix}key")).expect("key");
+    let token = take(&holder, &key, &owner).await;
+    let listed = reader.held(&prefix).await.expect("list");
+    assert_eq!(listed.len(), 1, "listed before the DROP: {listed:?}");
+
+    shared_client()
+        .await
+        .batch_execute(&format!("DROP TABLE {}.dlock_holders", schema.name))
+        .await
+        .expect("drop the table of records");
+
+    let listed: Vec<(String, Option<FencingToken>)> = reader
+        .held(&prefix)
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|(key, holding)| (key, holding.token))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![(key.as_str().to_owned(), Some(token))],
+        "the named lease listed after dlock_holders was dropped"
+    );
+    give_back(&holder, &key, &owner).await;
+}

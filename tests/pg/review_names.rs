@@ -454,6 +454,34 @@ async fn locks_of(client: &dlock::pg::tokio_postgres::Client, pid: i32) -> (i64,
     (row.get(0), row.get(1))
 }
 
+/// The advisory locks of every session on `client`'s server (keys, token
+/// marks), once a session ended meanwhile has let go of its own: read
+/// until two reads 200 ms apart agree.
+async fn settled_locks(client: &dlock::pg::tokio_postgres::Client) -> (i64, i64) {
+    let read = || async {
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE mode = 'ExclusiveLock' AND objsubid = 1),
+                        count(*) FILTER (WHERE mode = 'ShareLock' AND objsubid = 2)
+                 FROM pg_locks WHERE locktype = 'advisory' AND granted",
+                &[],
+            )
+            .await
+            .expect("pg_locks");
+        (row.get::<_, i64>(0), row.get::<_, i64>(1))
+    };
+    let mut last = read().await;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = read().await;
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
 /// A server whose lock table is full (default `max_locks_per_transaction`,
 /// every lease three entries of it) refuses the next acquisition with an
 /// error, and the leases held live on: neither lost with their session
@@ -487,16 +515,7 @@ async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
     }
     println!("{} leases held, then: {refused:?}", held.len());
     // Every session's: only the holder locks keys on this server.
-    let row = admin
-        .query_one(
-            "SELECT count(*) FILTER (WHERE mode = 'ExclusiveLock' AND objsubid = 1),
-                    count(*) FILTER (WHERE mode = 'ShareLock' AND objsubid = 2)
-             FROM pg_locks WHERE locktype = 'advisory' AND granted",
-            &[],
-        )
-        .await
-        .expect("pg_locks");
-    let (keys, marks): (i64, i64) = (row.get(0), row.get(1));
+    let (keys, marks) = settled_locks(&admin).await;
     println!("{keys} keys and {marks} marks held on the server");
     let settings = admin
         .query_one(

@@ -22,6 +22,7 @@ mod holder;
 mod lock;
 mod modes;
 mod names;
+mod review_names;
 mod server;
 mod tokens;
 mod unlogged;

@@ -3,11 +3,12 @@
 //! themselves: the conformance suite and what advisory locks on owned
 //! sessions show (`lock`), fair mode on the server's own lock queue
 //! (`fair`), shared locks and permits against operators and callers
-//! (`modes`), who holds a key (`holder`) and how plain leases name it
-//! (`names`), bad input and servers of a test's own (`server`), fencing
-//! tokens when the token sequence is tampered with (`tokens`) or made
-//! unlogged by a DBA (`unlogged`), and older replicas beside new ones in a
-//! rolling upgrade (`upgrade`).
+//! (`modes`), who holds a key (`holder`), how plain leases name it
+//! (`names`) and what that promises against collisions, full lock tables
+//! and DBAs (`names_faults`), bad input and servers of a test's own
+//! (`server`), fencing tokens when the token sequence is tampered with
+//! (`tokens`) or made unlogged by a DBA (`unlogged`), and older replicas
+//! beside new ones in a rolling upgrade (`upgrade`).
 //!
 //! Tests that spawn child processes re-run this binary with the
 //! `child_process_entry` of their own module (`support::child_command`).
@@ -22,7 +23,7 @@ mod holder;
 mod lock;
 mod modes;
 mod names;
-mod review_names;
+mod names_faults;
 mod server;
 mod tokens;
 mod unlogged;

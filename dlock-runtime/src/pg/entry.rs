@@ -46,9 +46,9 @@ pub(super) struct Holding {
     /// Whether its lock statement wrote a holder record (which its unlock
     /// deletes with an identity, or leaves for the session's batch delete).
     pub(super) recorded: bool,
-    /// Whether each token mark of a named lease was taken (see `names`):
-    /// its unlock drops those. `None` for other leases.
-    pub(super) marks: Option<(bool, bool)>,
+    /// Whether a named lease's token marks were taken (see `names`): its
+    /// unlock drops them if they were. `None` for other leases.
+    pub(super) marks: Option<bool>,
     /// A named lease's place among the backend's marked leases, given
     /// back when the hold ends, however it ends (see `names::MAX_MARKED`).
     pub(super) _mark_slot: Option<super::names::MarkSlot>,

@@ -117,9 +117,6 @@ impl Inner {
             return Ok(Some(backend::Holding::new(marked, None)));
         };
         let own = self.own_holding(key, found.pid, started);
-        if !found.records {
-            return Ok(own.or(unknown));
-        }
         let session = self.session().await?;
         let params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 4] = [
             (&key.as_str(), Type::TEXT),
@@ -127,23 +124,30 @@ impl Inner {
             (&found.pid, Type::INT4),
             (&started, Type::TIMESTAMPTZ),
         ];
-        let rows = match session.query_typed(&self.holder_record_sql, &params).await {
-            Ok(rows) => rows,
-            // Dropped since: no record to read.
-            Err(err) if sql::sequence_missing(&err) => return Ok(own.or(unknown)),
-            // A table of an earlier dlock that this role may not bring to
-            // this version's shape (only its owner may): the lock works, and
-            // its holder is unknown, as without a table.
-            Err(err) if err.code() == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) => {
-                return Ok(own.or(unknown));
-            }
-            Err(err) => {
-                return Err(self.failed(
-                    Operation::Inspect,
-                    key,
-                    "cannot read the holder record",
-                    err,
-                ));
+        // No table of records (never made, or dropped since), or one of
+        // an earlier dlock that this role may not bring to this version's
+        // shape (only its owner may): no record to read, and the holder
+        // is read from its marks and its session's name.
+        let rows = if !found.records {
+            Vec::new()
+        } else {
+            match session.query_typed(&self.holder_record_sql, &params).await {
+                Ok(rows) => rows,
+                Err(err)
+                    if sql::sequence_missing(&err)
+                        || err.code()
+                            == Some(&tokio_postgres::error::SqlState::UNDEFINED_COLUMN) =>
+                {
+                    Vec::new()
+                }
+                Err(err) => {
+                    return Err(self.failed(
+                        Operation::Inspect,
+                        key,
+                        "cannot read the holder record",
+                        err,
+                    ));
+                }
             }
         };
         let Some(row) = rows.first() else {
@@ -207,8 +211,9 @@ impl Inner {
             [(&prefix, Type::TEXT), (&self.options.key_seed, Type::INT8)];
         let rows = match session.query_typed(&self.held_sql, &params).await {
             Ok(rows) => rows,
-            // No table (or schema): nothing was ever recorded.
-            Err(err) if sql::sequence_missing(&err) => return Ok(Vec::new()),
+            // No table of records (or no schema): nothing recorded, and
+            // the named keys are listed all the same.
+            Err(err) if sql::sequence_missing(&err) => Vec::new(),
             Err(err) => return Err(failed("cannot list the holder records", err)),
         };
         let mut held = Vec::with_capacity(rows.len());

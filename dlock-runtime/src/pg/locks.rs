@@ -290,8 +290,8 @@ impl Inner {
             Ok((
                 h,
                 answer.and_then(|answer| match answer[..] {
-                    [token, a, b] => {
-                        marks = Some((a == 1, b == 1));
+                    [token, marked] => {
+                        marks = Some(marked == 1);
                         Some(token)
                     }
                     _ => None,
@@ -604,9 +604,9 @@ pub(super) struct Locked {
     pub(super) token: Option<i64>,
     /// When it wrote a holder record, by the server's clock, if it wrote one.
     pub(super) since: Option<SystemTime>,
-    /// Whether each token mark of a named lease was taken (see
+    /// Whether a named lease's token marks were taken (see
     /// `sql::TRY_LOCK_NAMED`): `None` for other leases.
-    pub(super) marks: Option<(bool, bool)>,
+    pub(super) marks: Option<bool>,
     /// A named lease's place among the backend's marked leases.
     pub(super) slot: Option<super::names::MarkSlot>,
     /// Counts the statement in flight until the lease claimed its key.

@@ -152,24 +152,24 @@ impl Inner {
         (record, marked): (Option<i64>, Option<Marked>),
         immediate: bool,
     ) -> Result<Unlocked, tokio_postgres::Error> {
-        if let Some((token, (a, b))) = marked {
+        if let Some((token, marks)) = marked {
             let (_, unlock) = session
                 .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
                 .await?;
             let row = match session
-                .query_one(unlock, &[&advisory_key, &token, &a, &b, &true])
+                .query_one(unlock, &[&advisory_key, &token, &marks, &true])
                 .await
             {
-                // As `unlock_behind_gate`: another session's lock on the
-                // gate's numbers; let go without it.
-                Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                // As `unlock_behind_gate`: let go without the gate.
+                Err(err) if gate_refused(&err) => {
                     tracing::warn!(
                         advisory_key,
-                        "a release waited past the lock timeout for the key's release gate, \
-                         which another session holds; released without it"
+                        "a release could not take the key's release gate (another session holds \
+                         it past the lock timeout, or the server's lock table is full); \
+                         released without it"
                     );
                     session
-                        .query_one(unlock, &[&advisory_key, &token, &a, &b, &false])
+                        .query_one(unlock, &[&advisory_key, &token, &marks, &false])
                         .await?
                 }
                 answer => answer?,
@@ -281,11 +281,12 @@ impl Inner {
         advisory_key: i64,
     ) -> Result<tokio_postgres::Row, tokio_postgres::Error> {
         match session.query_one(&session.unlock, &[&advisory_key]).await {
-            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            Err(err) if gate_refused(&err) => {
                 tracing::warn!(
                     advisory_key,
-                    "a release waited past the lock timeout for the key's release gate, which \
-                     another session holds; released without it"
+                    "a release could not take the key's release gate (another session holds it \
+                     past the lock timeout, or the server's lock table is full); released \
+                     without it"
                 );
                 session.query_one(sql::UNLOCK, &[&advisory_key]).await
             }
@@ -442,9 +443,20 @@ impl Inner {
     }
 }
 
-/// A named lease's token, and whether each of its token marks was taken
-/// (see `sql::TRY_LOCK_NAMED`): what its unlock drops beside the lock.
-pub(super) type Marked = (i64, (bool, bool));
+/// A named lease's token, and whether its token marks were taken (see
+/// `sql::TRY_LOCK_NAMED`): what its unlock drops beside the lock.
+pub(super) type Marked = (i64, bool);
+
+/// Whether an unlock behind the key's release gate failed for the gate
+/// alone, and is to be sent again without it: another session holds the
+/// gate's numbers past the session's `lock_timeout`, or the server's lock
+/// table has no room for the gate (a full table must cost the lease being
+/// let go nothing, and the session's other leases nothing either: ending
+/// the session would drop every lock it holds).
+fn gate_refused(err: &tokio_postgres::Error) -> bool {
+    err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
+        || err.code() == Some(&SqlState::OUT_OF_MEMORY)
+}
 
 /// What an unlock did.
 pub(super) struct Unlocked {

@@ -98,29 +98,36 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 
 /// [`TRY_LOCK`] for a lease without an identity whose holder is named
 /// rather than recorded (see `NAME_LEASE`): once the token is drawn, the
-/// session also takes its two token marks (see `token_marks!`), shared,
-/// for as long as it holds the key. So the token is in `pg_locks` beside
-/// the lock, for readers in other processes (`Backend::holder`, `held`)
-/// and for a force release that names the lease, and taking the lock
-/// writes nothing: no row, no WAL beyond the draw's own, no transaction
-/// id. A mark costs the server one more entry in its lock table while the
-/// lease lives (so three a lease, where a DBA sizes
-/// `max_locks_per_transaction`).
+/// session also takes its two token marks (see `token_mark_a!`,
+/// `token_mark_b!`), shared, for as long as it holds the key. So the token
+/// is in `pg_locks` beside the lock, for readers in other processes
+/// (`Backend::holder`, `held`) and for a force release that names the
+/// lease, and taking the lock writes nothing: no row, no WAL beyond the
+/// draw's own, no transaction id. A mark costs the server one more entry
+/// in its lock table while the lease lives (see `names::MAX_MARKED`).
 ///
 /// The marks are tried (`pg_try_advisory_lock_shared`), never waited for:
 /// only another client's exclusive lock on the very same pair of numbers
-/// refuses one, and the lease then reads with no token. The statement
-/// returns whether each was taken, and the release drops only those. A
-/// reader believes a token only when it finds exactly one mark of each
-/// half for the key on the session holding it, so a mark missing (for the
-/// instant between the lock and the marks, or refused) or left over (a
-/// failed statement, after which the session takes no new lock) makes the
+/// refuses one. A lease has both marks or neither: the second is tried
+/// only once the first is taken, and the first is dropped again if the
+/// second is refused, so a lease that could not mark itself reads with no
+/// token. Returns the token and whether the marks were taken (1 or 0), as
+/// an array; the release drops them only if they were.
+///
+/// A reader believes a token only when it finds exactly one mark of each
+/// half for the key on the session holding it. Both or neither is what
+/// keeps another lease's mark from posing as one of this lease's: two
+/// keys of one session whose marks share a half find two rows of that
+/// half, and read as unknown; a lease with no marks finds another's mark
+/// only in both halves at once, which takes the `classid`s of both of
+/// its marks to be those of another lease's (a chance of 2⁻⁶⁴ a pair of
+/// keys on a session). A mark left over (a failed statement, after which
+/// the marks are dropped, or the session takes no new lock) makes the
 /// token unknown, never another lease's.
 pub const TRY_LOCK_NAMED: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
     SELECT ARRAY[d.token,
-                 CASE WHEN m.a THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END,
-                 CASE WHEN m.b THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END]
+                 CASE WHEN ma.a AND mb.b THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END]
     FROM (",
     draw_token!(
         ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
@@ -129,12 +136,14 @@ pub const TRY_LOCK_NAMED: &str = concat!(
     ),
     " OFFSET 0) AS d(token),
          LATERAL (SELECT ",
-    token_marks!(
-        "pg_catalog.pg_try_advisory_lock_shared",
-        "k.h",
-        "d.token"
-    ),
-    " OFFSET 0) AS m(a, b)) END
+    token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " AS a OFFSET 0) AS ma,
+         LATERAL (SELECT CASE WHEN ma.a THEN ",
+    token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " ELSE false END AS b OFFSET 0) AS mb,
+         LATERAL (SELECT CASE WHEN ma.a AND NOT mb.b THEN ",
+    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "k.h", "d.token"),
+    " END AS dropped OFFSET 0) AS mu) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
@@ -165,22 +174,22 @@ WHERE ",
 );
 
 /// Drops a named lease's lock and its token marks (see [`TRY_LOCK_NAMED`]):
-/// `$1` the advisory key, `$2` the token, `$3` and `$4` whether each mark
-/// was taken. Behind the key's release gate, as [`UNLOCK_GATED`], unless
-/// `$5` is false: sent so when the gate was held past the session's
-/// `lock_timeout` (see `Inner::unlock_behind_gate`). The
-/// order of the drops does not matter to a reader: marks without the lock
-/// are nobody's, and the lock without its marks reads with no token.
+/// `$1` the advisory key, `$2` the token, `$3` whether its marks were
+/// taken. Behind the key's release gate, as [`UNLOCK_GATED`], unless `$4`
+/// is false: sent so when the gate was held past the session's
+/// `lock_timeout`, or could not be taken for want of room in the server's
+/// lock table (see `Inner::unlock_behind_gate`). The order of the drops
+/// does not matter to a reader: marks without the lock are nobody's, and
+/// the lock without its marks reads with no token.
 pub const UNLOCK_NAMED: &str = concat!(
     "SELECT pg_catalog.pg_advisory_unlock(g.h),
        CASE WHEN $3::pg_catalog.bool THEN ",
-    "pg_catalog.pg_advisory_unlock_shared(((g.h OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (g.t OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)",
-    " END,
-       CASE WHEN $4::pg_catalog.bool THEN ",
-    "pg_catalog.pg_advisory_unlock_shared((((g.h OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4, ((g.t OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)",
+    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "g.h", "g.t"),
+    " AND ",
+    token_mark_b!("pg_catalog.pg_advisory_unlock_shared", "g.h", "g.t"),
     " END
 FROM (SELECT $1::pg_catalog.int8 AS h, $2::pg_catalog.int8 AS t,
-             CASE WHEN $5::pg_catalog.bool THEN pg_catalog.pg_advisory_xact_lock_shared(",
+             CASE WHEN $4::pg_catalog.bool THEN pg_catalog.pg_advisory_xact_lock_shared(",
     release_gate!("$1::pg_catalog.int8"),
     ") END AS gate
       OFFSET 0) AS g"

@@ -251,15 +251,14 @@ macro_rules! exclusive_hold {
     };
 }
 
-/// The two `(int4, int4)` advisory locks (`objsubid` 2) that carry the
-/// token `t` of a named lease of the advisory key `h` (SQL expressions)
-/// in `pg_locks`, as the four arguments of two calls, `$f(a1, a2)` and
-/// `$f(b1, b2)`: the key's high half XOR `TOKN` (`0x544f4b4e`), with the token's high
-/// half; the key's low half XOR `TOKM` (`0x544f4b4d`), with the token's low half. Taken
-/// shared, by the lease's session, for as long as the lease holds the key
-/// (see `TRY_LOCK_NAMED`). The constants keep them off the key's own
+/// The first of the two `(int4, int4)` advisory locks (`objsubid` 2) that
+/// carry the token `t` of a named lease of the advisory key `h` (SQL
+/// expressions) in `pg_locks`, as a call of `$f`: the key's high half XOR
+/// `TOKN` (`0x544f4b4e`), with the token's high half. Taken shared, by the
+/// lease's session, for as long as the lease holds the key (see
+/// `TRY_LOCK_NAMED`). The constants keep the marks off the key's own
 /// `rewriting` mark and release gate (the halves, and their complements).
-macro_rules! token_marks {
+macro_rules! token_mark_a {
     ($f:literal, $h:literal, $t:literal) => {
         concat!(
             $f,
@@ -267,7 +266,16 @@ macro_rules! token_marks {
             $h,
             " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (",
             $t,
-            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4), ",
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
+        )
+    };
+}
+
+/// The second token mark (see `token_mark_a!`): the key's low half XOR
+/// `TOKM` (`0x544f4b4d`), with the token's low half.
+macro_rules! token_mark_b {
+    ($f:literal, $h:literal, $t:literal) => {
+        concat!(
             $f,
             "((((",
             $h,
@@ -279,7 +287,7 @@ macro_rules! token_marks {
 }
 
 /// The `classid` in `pg_locks` (as an `int8`) of the first token mark of
-/// the advisory key `$h` (see `token_marks!`).
+/// the advisory key `$h` (see `token_mark_a!`).
 macro_rules! mark_class_a {
     ($h:literal) => {
         concat!(
@@ -291,7 +299,7 @@ macro_rules! mark_class_a {
 }
 
 /// The `classid` in `pg_locks` (as an `int8`) of the second token mark of
-/// the advisory key `$h` (see `token_marks!`).
+/// the advisory key `$h` (see `token_mark_a!`).
 macro_rules! mark_class_b {
     ($h:literal) => {
         concat!(
@@ -320,7 +328,7 @@ macro_rules! held_mark {
 }
 
 /// The token the session `$pid` carries for the advisory key `$h` in its
-/// token marks (see `token_marks!`), read from `pg_locks` (as `$locks`):
+/// token marks (see `token_mark_a!`), read from `pg_locks` (as `$locks`):
 /// NULL unless exactly one mark of each half is there. Two keys of one
 /// session whose marks share a half make both unknown, never wrong.
 macro_rules! marked_token {

@@ -15,9 +15,7 @@ use std::time::Duration;
 use dlock::backend::{AcquireRequest, Attempt, ForceRelease, Holding, OwnerId, ReleaseRequest};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockKey};
-use pg_support::{
-    ScratchSchema, colliding_keys, free_on_the_server, random_id, shared_client, shared_conn,
-};
+use pg_support::{ScratchSchema, random_id, shared_client, shared_conn};
 use tokio::time::Instant;
 
 /// The two constants the token marks' `classid`s are XORed with.
@@ -374,70 +372,6 @@ async fn a_lease_taken_after_the_session_names_were_truncated_names_its_holder()
     give_back(&holder, &next, &owner).await;
 }
 
-/// Two keys with one advisory key (made, not found by chance: the hash is
-/// not a cryptographic one): while one is held, `held` lists only that
-/// one, not the other that a dlock once named.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn held_lists_only_the_key_held_not_another_with_its_advisory_key() {
-    let schema = ScratchSchema::new("rn_coll");
-    let holder = connect(schema.options().sessions(1)).await;
-    let reader = connect(schema.options()).await;
-    let (x, y) = colliding_keys(&format!(":{}", random_id()));
-    let (x, y) = (LockKey::new(x).expect("key"), LockKey::new(y).expect("key"));
-    let admin = shared_client().await;
-    let same: bool = admin
-        .query_one(
-            "SELECT hashtextextended($1::text, 0) = hashtextextended($2::text, 0)",
-            &[&x.as_str(), &y.as_str()],
-        )
-        .await
-        .expect("hash")
-        .get(0);
-    assert!(same, "`{x}` and `{y}` share an advisory key");
-
-    let owner = OwnerId::random().expect("owner");
-    take(&holder, &y, &owner).await;
-    give_back(&holder, &y, &owner).await;
-    assert!(free_on_the_server(&admin, &y).await);
-    let token = take(&holder, &x, &owner).await;
-
-    let listed: Vec<String> = reader
-        .held("dlock-")
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|(key, holding)| format!("{key} ({:?})", holding.token))
-        .collect();
-    assert_eq!(
-        listed,
-        vec![format!("{x} ({:?})", Some(token))],
-        "only `{x}` is held"
-    );
-    give_back(&holder, &x, &owner).await;
-}
-
-/// A force release that names a key and a token ends a lease of that key
-/// only: not the lease of another key with the same advisory key and that
-/// token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_force_release_naming_one_key_never_ends_a_lease_of_another_key() {
-    let schema = ScratchSchema::new("rn_collf");
-    let holder = connect(schema.options().sessions(1)).await;
-    let operator = connect(schema.options()).await;
-    let (x, y) = colliding_keys(&format!(":{}", random_id()));
-    let (x, y) = (LockKey::new(x).expect("key"), LockKey::new(y).expect("key"));
-    let owner = OwnerId::random().expect("owner");
-    let token = take(&holder, &x, &owner).await;
-
-    let forced = operator
-        .force_release_holding(&y, &Holding::new(Some(token), None))
-        .await;
-    assert!(
-        !matches!(forced, Ok(ForceRelease::Released)),
-        "a force release naming `{y}` ended the lease of `{x}` (token {token}): {forced:?}"
-    );
-}
-
 /// The advisory locks the session `pid` holds on `client`'s server: its
 /// exclusive `bigint` ones (the keys) and its shared `(int4, int4)` ones
 /// (the token marks).
@@ -482,8 +416,8 @@ async fn settled_locks(client: &dlock::pg::tokio_postgres::Client) -> (i64, i64)
     last
 }
 
-/// A server whose lock table is full (default `max_locks_per_transaction`,
-/// every lease three entries of it) refuses the next acquisition with an
+/// A server whose lock table is full (default `max_locks_per_transaction`;
+/// a marked lease takes three entries of it) refuses the next acquisition with an
 /// error, and the leases held live on: neither lost with their session
 /// nor silently without their marks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,40 +474,11 @@ async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
         "{} leases were held when an acquisition was refused ({refused:?}); {keys} are held now",
         held.len()
     );
+    // A backend marks at most 512 leases at once (`names::MAX_MARKED`);
+    // the others record themselves.
     assert!(
-        marks >= 2 * keys - 4,
+        marks >= 2 * keys.min(512) - 4,
         "{keys} leases held with {marks} token marks"
-    );
-}
-
-/// Keys taken once and let go leave nothing behind in the tables of
-/// names: a service that locks a key per request (an order, a job) does
-/// not grow `dlock_keys` by a row for every key it ever locked, as the
-/// table of holder records, whose rows of released leases its batch
-/// delete removes, never grew.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keys_let_go_leave_no_rows_behind_in_the_tables_of_names() {
-    let schema = ScratchSchema::new("rn_grow");
-    let holder = connect(schema.options().sessions(1)).await;
-    let owner = OwnerId::random().expect("owner");
-    let run = random_id();
-    for i in 0..500 {
-        let key = LockKey::new(format!("dlock-test:rn-grow:{run}:order-{i}")).expect("key");
-        take(&holder, &key, &owner).await;
-        give_back(&holder, &key, &owner).await;
-    }
-    let rows: i64 = shared_client()
-        .await
-        .query_one(
-            &format!("SELECT count(*) FROM {}.dlock_keys", schema.name),
-            &[],
-        )
-        .await
-        .expect("count")
-        .get(0);
-    assert!(
-        rows <= 16,
-        "500 keys, each taken once and let go, left {rows} rows in dlock_keys"
     );
 }
 

@@ -416,12 +416,15 @@ async fn settled_locks(client: &dlock::pg::tokio_postgres::Client) -> (i64, i64)
     last
 }
 
-/// A server whose lock table is full (default `max_locks_per_transaction`;
-/// a marked lease takes three entries of it) refuses the next acquisition with an
-/// error, and the leases held live on: neither lost with their session
-/// nor silently without their marks.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
+/// A server of the test's own (kept alive by the first value), its
+/// connection string, a backend on it with one lock session, and an
+/// admin connection.
+async fn own_server_backend() -> (
+    pg_support::OwnServer,
+    String,
+    PgBackend,
+    dlock::pg::tokio_postgres::Client,
+) {
     use pg_support::{OwnServer, PASSWORD};
     let server = OwnServer::start();
     let conn = server.conn(PASSWORD, "sslmode=disable");
@@ -433,6 +436,16 @@ async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
             .await
             .expect("admin");
     tokio::spawn(connection);
+    (server, conn, holder, admin)
+}
+
+/// A server whose lock table is full (default `max_locks_per_transaction`;
+/// a marked lease takes three entries of it) refuses the next acquisition with an
+/// error, and the leases held live on: neither lost with their session
+/// nor silently without their marks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
+    let (_server, _, holder, admin) = own_server_backend().await;
     let owner = OwnerId::random().expect("owner");
     let mut held = Vec::new();
     let mut refused = None;
@@ -482,26 +495,26 @@ async fn a_full_lock_table_refuses_an_acquisition_and_loses_no_lease_held() {
     );
 }
 
-/// A release on a server whose lock table is full (three entries a named
-/// lease, and another client's locks took the rest) lets go of its own
-/// lease only: the other leases of its session live on.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_on_a_full_lock_table_loses_no_other_lease() {
-    use pg_support::{OwnServer, PASSWORD};
-    let server = OwnServer::start();
-    let conn = server.conn(PASSWORD, "sslmode=disable");
-    let holder = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
-        .await
-        .expect("connect");
-    let (admin, connection) =
-        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
-            .await
-            .expect("admin");
-    tokio::spawn(connection);
+/// A server of the test's own whose lock table another client filled up,
+/// beside 1,000 leases of one backend on one session: the server (kept
+/// alive), the backend, an admin connection, the owner of the leases,
+/// their keys, the session's pid and the filler's connection.
+async fn a_full_lock_table(
+    label: &str,
+) -> (
+    pg_support::OwnServer,
+    PgBackend,
+    dlock::pg::tokio_postgres::Client,
+    OwnerId,
+    Vec<LockKey>,
+    i32,
+    dlock::pg::tokio_postgres::Client,
+) {
+    let (server, conn, holder, admin) = own_server_backend().await;
     let owner = OwnerId::random().expect("owner");
     let mut held = Vec::new();
     for i in 0..1_000 {
-        let key = LockKey::new(format!("dlock-test:rn-full-release:{i}")).expect("key");
+        let key = LockKey::new(format!("dlock-test:rn-full-{label}:{i}")).expect("key");
         take(&holder, &key, &owner).await;
         held.push(key);
     }
@@ -545,6 +558,15 @@ async fn a_release_on_a_full_lock_table_loses_no_other_lease() {
     println!("the other client took {filled} locks");
     let (keys, _) = locks_of(&admin, pid).await;
     assert_eq!(keys, 1_000, "all held before the release");
+    (server, holder, admin, owner, held, pid, filler)
+}
+
+/// A release on a server whose lock table is full (three entries a named
+/// lease, and another client's locks took the rest) lets go of its own
+/// lease only: the other leases of its session live on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_full_lock_table_loses_no_other_lease() {
+    let (_server, holder, admin, owner, held, pid, filler) = a_full_lock_table("release").await;
 
     let released = holder.release(&ReleaseRequest::new(&held[0], &owner)).await;
     println!("release: {released:?}");
@@ -562,64 +584,7 @@ async fn a_release_on_a_full_lock_table_loses_no_other_lease() {
 /// the leases already held on its session nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_refused_by_a_full_lock_table_loses_no_lease_held() {
-    use pg_support::{OwnServer, PASSWORD};
-    let server = OwnServer::start();
-    let conn = server.conn(PASSWORD, "sslmode=disable");
-    let holder = PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
-        .await
-        .expect("connect");
-    let (admin, connection) =
-        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
-            .await
-            .expect("admin");
-    tokio::spawn(connection);
-    let owner = OwnerId::random().expect("owner");
-    let mut held = Vec::new();
-    for i in 0..1_000 {
-        let key = LockKey::new(format!("dlock-test:rn-full-refused:{i}")).expect("key");
-        take(&holder, &key, &owner).await;
-        held.push(key);
-    }
-    let pid: i32 = admin
-        .query_one(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'
-               AND objsubid = 1 AND granted GROUP BY pid ORDER BY count(*) DESC LIMIT 1",
-            &[],
-        )
-        .await
-        .expect("the holder's session")
-        .get(0);
-    // Another client's session locks take the rest of the lock table.
-    let (filler, connection) =
-        dlock::pg::tokio_postgres::connect(&conn, dlock::pg::tokio_postgres::NoTls)
-            .await
-            .expect("filler");
-    tokio::spawn(connection);
-    filler
-        .batch_execute(
-            "DO $$
-             BEGIN
-               FOR i IN 1..100000 LOOP
-                 BEGIN
-                   PERFORM pg_advisory_lock(7777, i);
-                 EXCEPTION WHEN out_of_memory THEN
-                   PERFORM set_config('filler.took', i::text, false);
-                   RETURN;
-                 END;
-               END LOOP;
-             END $$",
-        )
-        .await
-        .expect("fill the lock table");
-    let filled: String = filler
-        .query_one("SELECT current_setting('filler.took', true)", &[])
-        .await
-        .expect("filled")
-        .get::<_, Option<String>>(0)
-        .unwrap_or_default();
-    println!("the other client took {filled} locks");
-    let (keys, _) = locks_of(&admin, pid).await;
-    assert_eq!(keys, 1_000, "all held before the release");
+    let (_server, holder, admin, owner, _held, pid, filler) = a_full_lock_table("refused").await;
 
     // A few attempts: which step of the lock statement meets the full
     // table varies from one to the next.

@@ -305,3 +305,50 @@ async fn past_the_marked_leases_a_plain_lease_records_itself_and_is_read_all_the
         lease.release().await.expect("release");
     }
 }
+
+/// Names of keys that nobody locked for long are swept: a backend's first
+/// naming (and one every 10 minutes after) deletes the names stamped over
+/// 20 minutes ago whose advisory key nobody holds, so a service that locks
+/// a key per request does not grow `dlock_keys` for ever. A name whose
+/// key is held stays, however old.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_of_keys_nobody_locked_for_long_are_swept_and_held_ones_stay() {
+    let schema = ScratchSchema::new("names");
+    let admin = shared_client().await;
+    let first = connect(schema.options()).await;
+    let prefix = prefix();
+    let mut kept = None;
+    for i in 0..20 {
+        let lease = take(&first, &fresh_key(&prefix, &format!("k{i}"))).await;
+        if i == 0 {
+            kept = Some(lease);
+        } else {
+            lease.release().await.expect("release");
+        }
+    }
+    let kept = kept.expect("a lease");
+    let names = format!(
+        "SELECT count(*) FROM {}.dlock_keys WHERE starts_with(key, '{prefix}')",
+        schema.name
+    );
+    assert_eq!(count(&admin, &names).await, 20);
+    admin
+        .batch_execute(&format!(
+            "UPDATE {}.dlock_keys SET named_at = now() - interval '1 day'",
+            schema.name
+        ))
+        .await
+        .expect("age the names");
+    // Another backend's first naming sweeps.
+    let second = connect(schema.options()).await;
+    let fresh = take(&second, &fresh_key(&prefix, "fresh")).await;
+    assert_eq!(
+        count(&admin, &names).await,
+        2,
+        "the held key's name and the fresh one stay"
+    );
+    let listed = second.held(&prefix).await.expect("list");
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    kept.release().await.expect("release");
+    fresh.release().await.expect("release");
+}

@@ -151,7 +151,9 @@ impl Inner {
                 tracing::warn!(
                     schema = self.quoted_schema,
                     error = %err,
-                    "the tables that name a lock's holder without a write per acquisition                      (dlock_sessions, dlock_keys) could not be created: locks without an                      identity record their holder with every acquisition instead"
+                    "the tables that name a lock's holder without a write per acquisition \
+                     (dlock_sessions, dlock_keys) could not be created: locks without an \
+                     identity record their holder with every acquisition instead"
                 );
             }
             let rows = session
@@ -167,7 +169,11 @@ impl Inner {
             tracing::warn!(
                 schema = self.quoted_schema,
                 role = found.role,
-                "the role may not use the tables that name a lock's holder without a write per                  acquisition: locks without an identity record their holder with every                  acquisition instead; have a DBA run: GRANT SELECT, INSERT, DELETE ON                  {s}.dlock_sessions TO {r}; GRANT SELECT, INSERT ON {s}.dlock_keys TO {r};",
+                "the role may not use the tables that name a lock's holder without a write per \
+                 acquisition: locks without an identity record their holder with every \
+                 acquisition instead; have a DBA run: GRANT SELECT, INSERT, DELETE ON \
+                 {s}.dlock_sessions TO {r}; GRANT SELECT, INSERT, UPDATE, DELETE ON \
+                 {s}.dlock_keys TO {r};",
                 s = self.quoted_schema,
                 r = found.role,
             );

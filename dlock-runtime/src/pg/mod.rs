@@ -140,10 +140,12 @@
 //!     pid int4 NOT NULL, session_start timestamptz NOT NULL, holder text NOT NULL,
 //!     PRIMARY KEY (pid, session_start, holder));
 //! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_keys (
-//!     lock_id int8 NOT NULL, key text NOT NULL, PRIMARY KEY (lock_id, key));
+//!     lock_id int8 NOT NULL, key text NOT NULL, named_at timestamptz NOT NULL DEFAULT now(),
+//!     PRIMARY KEY (lock_id, key));
+//! CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON dlock.dlock_keys (named_at);
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
 //! GRANT SELECT, INSERT, DELETE ON dlock.dlock_sessions TO app_role;
-//! GRANT SELECT, INSERT ON dlock.dlock_keys TO app_role;
+//! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_keys TO app_role;
 //! ```
 //!
 //! A table of holder records made by an older dlock (which recorded only

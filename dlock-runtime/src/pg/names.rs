@@ -67,6 +67,8 @@ pub(super) struct Names {
     paused_until: Mutex<Option<Instant>>,
     /// How many leases carry token marks, or are being taken with them.
     marked: Arc<AtomicUsize>,
+    /// When this process last swept names of keys no longer locked.
+    swept_at: Mutex<Option<Instant>>,
 }
 
 /// A lease's place among a backend's marked leases (see [`MAX_MARKED`]),
@@ -116,6 +118,18 @@ impl Names {
             .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + LOCKED_PAUSE);
     }
 
+    /// Whether the naming about to be sent sweeps names of keys no longer
+    /// locked (see [`sql::NAME_LEASE`]): once per [`KEPT`], counted from
+    /// the first.
+    fn sweep_due(&self) -> bool {
+        let mut swept = self.swept_at.lock().unwrap_or_else(PoisonError::into_inner);
+        if swept.is_some_and(|at| at.elapsed() < KEPT) {
+            return false;
+        }
+        *swept = Some(Instant::now());
+        true
+    }
+
     /// Whether `key` is to be named before its next lock.
     fn key_due(&self, key: &str) -> bool {
         self.keys
@@ -155,9 +169,10 @@ impl Inner {
         }
         let statement = sql::name_lease(
             &self.name_lease_sql,
-            NAME_LOCK_WAIT.min(self.lock_timeout()),
+            (NAME_LOCK_WAIT.min(self.lock_timeout()), KEPT),
             (holder, name_session),
             (key.as_str(), self.options.key_seed, name_key),
+            name_key && self.names.sweep_due(),
         );
         match session.simple_query(&statement).await {
             Ok(_) => {

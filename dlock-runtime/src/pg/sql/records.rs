@@ -365,7 +365,19 @@ pub(in crate::pg) fn rewrite_records(
 /// both stay (the primary key is the pair), and `held` lists both while
 /// either is held: a chance of 2⁻⁶⁴ a pair of names. A key's row stays
 /// when the key is let go; nothing reads it unless the key is held, and a
-/// DBA may delete rows at any time. Asynchronous commit, as
+/// DBA may delete rows at any time.
+///
+/// Each naming of a key stamps its row's `named_at` when the stamp is
+/// older than `{kept}` (`names::KEPT`, a write once per key and process in
+/// that time). When `{sweep}` (once per `{kept}` and process, see
+/// `names::Names::sweep_due`), it also deletes up to 10,000 rows stamped
+/// over `{stale}` ago (twice `{kept}`) whose advisory key nobody holds:
+/// the oldest first, found by the index on `named_at`, against one read
+/// of the lock table. A process names again a key it locks once its
+/// memory of it is `{kept}` old, by which time a stamp it found fresh is
+/// not yet `{stale}` old, so no row a process takes for named is swept; a
+/// service that locks a key per request leaves about as many rows as it
+/// named keys in the last `{stale}`. Asynchronous commit, as
 /// [`TRY_LOCK_RECORDING`]'s: the tables are `UNLOGGED`, and worth nothing
 /// after a crash, which ends every session.
 pub(in crate::pg) const NAME_LEASE: &str = "\
@@ -391,29 +403,54 @@ session AS (
   ON CONFLICT DO NOTHING
 ),
 key AS (
-  INSERT INTO {schema}.dlock_keys AS n (lock_id, key)
-  SELECT pg_catalog.hashtextextended(me.key, '{seed}'::pg_catalog.int8), me.key FROM me WHERE {key_named}
-  ON CONFLICT DO NOTHING
+  INSERT INTO {schema}.dlock_keys AS n (lock_id, key, named_at)
+  SELECT pg_catalog.hashtextextended(me.key, '{seed}'::pg_catalog.int8), me.key, pg_catalog.now()
+  FROM me WHERE {key_named}
+  ON CONFLICT (lock_id, key) DO UPDATE SET named_at = EXCLUDED.named_at
+  WHERE n.named_at OPERATOR(pg_catalog.<)
+        (pg_catalog.now() OPERATOR(pg_catalog.-) '{kept} milliseconds'::pg_catalog.interval)
+),
+held AS MATERIALIZED (
+  SELECT (l.classid::pg_catalog.int8 << 32::pg_catalog.int4) | l.objid::pg_catalog.int8 AS lock_id
+  FROM pg_catalog.pg_locks AS l
+  WHERE l.locktype = 'advisory'::pg_catalog.text AND l.objsubid = 1::pg_catalog.int2
+    AND l.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
+                      WHERE d.datname = pg_catalog.current_database())
+),
+swept AS (
+  DELETE FROM {schema}.dlock_keys AS n
+  WHERE {sweep} AND n.ctid = ANY (ARRAY(
+    SELECT o.ctid FROM {schema}.dlock_keys AS o
+    WHERE o.named_at OPERATOR(pg_catalog.<)
+          (pg_catalog.now() OPERATOR(pg_catalog.-) '{stale} milliseconds'::pg_catalog.interval)
+      AND NOT EXISTS (SELECT FROM held WHERE held.lock_id = o.lock_id)
+    ORDER BY o.named_at
+    LIMIT 10000))
 )
 SELECT FROM me";
 
 /// [`NAME_LEASE`] (its schema already filled in: `rendered`) with the
-/// wait, the holder, the key and its seed, and what to name, filled in.
+/// wait and how long a naming is kept, the holder, the key and its seed,
+/// what to name, and whether to sweep, filled in.
 pub(in crate::pg) fn name_lease(
     rendered: &str,
-    wait: std::time::Duration,
+    (wait, kept): (std::time::Duration, std::time::Duration),
     (holder, session): (&str, bool),
     (key, seed, key_named): (&str, i64, bool),
+    sweep: bool,
 ) -> String {
     let mut holder_hex = String::with_capacity(holder.len() * 2);
     push_hex(&mut holder_hex, holder);
     let mut key_hex = String::with_capacity(key.len() * 2);
     push_hex(&mut key_hex, key);
     rendered
+        .replace("{kept}", &kept.as_millis().to_string())
+        .replace("{stale}", &(2 * kept.as_millis()).to_string())
         .replace("{wait}", &wait.as_millis().max(1).to_string())
         .replace("{holder}", &holder_hex)
         .replace("{key}", &key_hex)
         .replace("{seed}", &seed.to_string())
         .replace("{session}", if session { "true" } else { "false" })
         .replace("{key_named}", if key_named { "true" } else { "false" })
+        .replace("{sweep}", if sweep { "true" } else { "false" })
 }

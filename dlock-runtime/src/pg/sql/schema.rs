@@ -75,8 +75,8 @@ pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String
 /// the table has this version's shape ([`MIGRATE_HOLDERS_TABLE`]: the
 /// columns of the holder record, and `identity` nullable), whether the
 /// tables of names ([`CREATE_NAMES_TABLES`]) exist, and whether the role
-/// may use them (SELECT, INSERT and DELETE on `dlock_sessions`, SELECT and
-/// INSERT on `dlock_keys`).
+/// may use them (SELECT, INSERT and DELETE on `dlock_sessions`; SELECT,
+/// INSERT, UPDATE and DELETE on `dlock_keys`).
 pub(in crate::pg) const INSPECT_HOLDERS_TABLE: &str = "\
 SELECT c.oid IS NOT NULL,
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'SELECT'::pg_catalog.text), false),
@@ -97,7 +97,9 @@ SELECT c.oid IS NOT NULL,
                 AND pg_catalog.has_table_privilege(s.oid, 'INSERT'::pg_catalog.text)
                 AND pg_catalog.has_table_privilege(s.oid, 'DELETE'::pg_catalog.text)
                 AND pg_catalog.has_table_privilege(k.oid, 'SELECT'::pg_catalog.text)
-                AND pg_catalog.has_table_privilege(k.oid, 'INSERT'::pg_catalog.text), false)
+                AND pg_catalog.has_table_privilege(k.oid, 'INSERT'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(k.oid, 'UPDATE'::pg_catalog.text)
+                AND pg_catalog.has_table_privilege(k.oid, 'DELETE'::pg_catalog.text), false)
 FROM (SELECT 1) AS one
 LEFT JOIN pg_catalog.pg_namespace AS n ON n.nspname = $1::pg_catalog.text::pg_catalog.name
 LEFT JOIN pg_catalog.pg_class AS c
@@ -139,7 +141,9 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
 /// missing; a role that may not create or write them records such leases
 /// the older way, a record written by every acquisition. `UNLOGGED`, as
 /// that table is. The primary key of `dlock_keys` is the pair, so two
-/// names with the same advisory key both stay.
+/// names with the same advisory key both stay; `named_at` (indexed) is
+/// when a process last named the key, which the sweep of names of keys
+/// no longer locked goes by (see `NAME_LEASE`).
 pub(in crate::pg) const CREATE_NAMES_TABLES: &str = "\
 CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_sessions (
     pid pg_catalog.int4 NOT NULL,
@@ -150,8 +154,10 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_sessions (
 CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_keys (
     lock_id pg_catalog.int8 NOT NULL,
     key pg_catalog.text NOT NULL,
+    named_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (lock_id, key)
-)";
+);
+CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON {schema}.dlock_keys (named_at)";
 
 /// Brings a table of holder records made by a dlock that recorded only
 /// leases with an identity to this version's shape: the holder record's
@@ -182,7 +188,7 @@ pub(in crate::pg) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -
     format!(
         "{create}; {names}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r}; \
          GRANT SELECT, INSERT, DELETE ON {s}.dlock_sessions TO {r}; \
-         GRANT SELECT, INSERT ON {s}.dlock_keys TO {r};",
+         GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_keys TO {r};",
         create = render(CREATE_HOLDERS_TABLE, quoted_schema)
             .split_whitespace()
             .collect::<Vec<_>>()

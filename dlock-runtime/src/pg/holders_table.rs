@@ -253,8 +253,6 @@ impl Inner {
             if !exists {
                 tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
                     .await?;
-                tx.batch_execute(&sql::render(sql::CREATE_NAMES_TABLES, &self.quoted_schema))
-                    .await?;
             } else if !shaped {
                 migrating = true;
                 tx.batch_execute(&sql::render(

@@ -76,7 +76,8 @@ pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String
 /// columns of the holder record, and `identity` nullable), whether the
 /// tables of names ([`CREATE_NAMES_TABLES`]) exist, and whether the role
 /// may use them (SELECT, INSERT and DELETE on `dlock_sessions`; SELECT,
-/// INSERT, UPDATE and DELETE on `dlock_keys`).
+/// INSERT, UPDATE and DELETE on `dlock_keys`); a `dlock_keys` without its
+/// `named_at` is taken for missing, and [`CREATE_NAMES_TABLES`] adds it.
 pub(in crate::pg) const INSPECT_HOLDERS_TABLE: &str = "\
 SELECT c.oid IS NOT NULL,
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'SELECT'::pg_catalog.text), false),
@@ -92,7 +93,10 @@ SELECT c.oid IS NOT NULL,
        AND NOT COALESCE((SELECT a.attnotnull FROM pg_catalog.pg_attribute AS a
                          WHERE a.attrelid = c.oid AND NOT a.attisdropped
                            AND a.attname = 'identity'::pg_catalog.name), true),
-       s.oid IS NOT NULL AND k.oid IS NOT NULL,
+       s.oid IS NOT NULL AND k.oid IS NOT NULL
+       AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
+                   WHERE a.attrelid = k.oid AND NOT a.attisdropped
+                     AND a.attname = 'named_at'::pg_catalog.name),
        COALESCE(pg_catalog.has_table_privilege(s.oid, 'SELECT'::pg_catalog.text)
                 AND pg_catalog.has_table_privilege(s.oid, 'INSERT'::pg_catalog.text)
                 AND pg_catalog.has_table_privilege(s.oid, 'DELETE'::pg_catalog.text)
@@ -137,8 +141,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
 /// The tables that name, without a write per acquisition, the holder of a
 /// lease without an identity (see `NAME_LEASE`): who each lock session is
 /// (`NAME_LEASE`) and which key each advisory key stands for. Created
-/// with the table of holder records, or beside an older dlock's, when
-/// missing; a role that may not create or write them records such leases
+/// beside the table of holder records when missing, in a transaction of
+/// their own (one made before `named_at` gets it); a role that may not create or write them records such leases
 /// the older way, a record written by every acquisition. `UNLOGGED`, as
 /// that table is. The primary key of `dlock_keys` is the pair, so two
 /// names with the same advisory key both stay; `named_at` (indexed) is
@@ -157,6 +161,8 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_keys (
     named_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (lock_id, key)
 );
+ALTER TABLE {schema}.dlock_keys
+    ADD COLUMN IF NOT EXISTS named_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now();
 CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON {schema}.dlock_keys (named_at)";
 
 /// Brings a table of holder records made by a dlock that recorded only

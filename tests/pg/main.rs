@@ -6,7 +6,7 @@
 //! (`modes`), who holds a key (`holder`), how plain leases name it
 //! (`names`) and what that promises against collisions, full lock tables
 //! and DBAs (`names_faults`) and beside marked leases of one session
-//! (`names_review`), bad input and servers of a test's own
+//! (`names_marks`), bad input and servers of a test's own
 //! (`server`), fencing tokens when the token sequence is tampered with
 //! (`tokens`) or made unlogged by a DBA (`unlogged`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
@@ -25,7 +25,7 @@ mod lock;
 mod modes;
 mod names;
 mod names_faults;
-mod names_review;
+mod names_marks;
 mod server;
 mod tokens;
 mod unlogged;

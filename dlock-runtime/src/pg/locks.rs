@@ -109,6 +109,26 @@ impl Inner {
                     );
                     match answer.await {
                         Some(Ok(mut locked)) => {
+                            if let (Some(false), Some(token)) = (locked.marks, locked.token) {
+                                // Its marks were refused (another client
+                                // holds one's numbers): without them a
+                                // reader could pair other leases' marks
+                                // of the session into a token nobody
+                                // holds. The lock goes back, and the key
+                                // is taken again with a record, which a
+                                // reader believes first.
+                                self.give_back(
+                                    &locked.session,
+                                    locked.advisory_key,
+                                    None,
+                                    Some((token, false)),
+                                )
+                                .await;
+                                drop(locked);
+                                slot = None;
+                                record = true;
+                                continue;
+                            }
                             if locked.marks.is_some() {
                                 locked.slot = slot.take();
                             }

@@ -77,9 +77,12 @@ FROM (",
 ///    lease with the token given and that session (its pid and its start,
 ///    so a later session that got the same pid is never taken for it), or
 ///    whose token marks of the key, read from the lock table again, carry
-///    the token given (a lease taken without a record, see
-///    [`TRY_LOCK_NAMED`]; under the gate its session can neither drop
-///    them nor take the key again), waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
+///    the token given while no record of the key names that session (a
+///    lease taken without a record, see [`TRY_LOCK_NAMED`]; under the gate
+///    its session can neither drop them nor take the key again; a record
+///    of the session, written by a lease whose marks were refused, is
+///    believed over marks that other leases' marks could make up),
+///    waiting as [`TERMINATE_HOLDERS`] does. A row per session found:
 ///    its pid, whether its start is hidden from this role (it then cannot
 ///    be told from a later session with its pid, and is not ended; a
 ///    session gone meanwhile is not hidden, only not ended), and whether
@@ -128,7 +131,10 @@ WHERE l.granted AND l.mode = 'ExclusiveLock'::pg_catalog.text AND l.objsubid = 1
                     AND m.classid = l.classid AND m.objid = l.objid);
 SELECT l.pid, r.pid IS NOT NULL AND a.pid IS NOT NULL AND a.backend_start IS NULL
               AND t.token IS DISTINCT FROM {token}::pg_catalog.int8,
-       CASE WHEN r.session_start = a.backend_start OR t.token = {token}::pg_catalog.int8
+       CASE WHEN r.session_start = a.backend_start
+              OR (t.token = {token}::pg_catalog.int8
+                  AND NOT EXISTS (SELECT FROM {schema}.dlock_holders AS o
+                                  WHERE o.lock_id = k.h AND o.key = {key} AND o.pid = l.pid))
             THEN pg_catalog.pg_terminate_backend(l.pid, {terminate_wait}::pg_catalog.int8) END
 FROM pg_catalog.unnest(pg_catalog.string_to_array(
          pg_catalog.current_setting('dlock.force_release_pids'::pg_catalog.text),

@@ -116,14 +116,16 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 ///
 /// A reader believes a token only when it finds exactly one mark of each
 /// half for the key on the session holding it. Both or neither is what
-/// keeps another lease's mark from posing as one of this lease's: two
-/// keys of one session whose marks share a half find two rows of that
-/// half, and read as unknown; a lease with no marks finds another's mark
-/// only in both halves at once, which takes the `classid`s of both of
-/// its marks to be those of another lease's (a chance of 2⁻⁶⁴ a pair of
-/// keys on a session). A mark left over (a failed statement, after which
-/// the marks are dropped, or the session takes no new lock) makes the
-/// token unknown, never another lease's.
+/// keeps another lease's mark from posing as one of this lease's beside
+/// its own: two keys of one session whose marks share a half find two
+/// rows of that half, and read as unknown. A lease with no marks could
+/// find other leases' marks in both halves (two keys of its session whose
+/// `classid`s are its own, which a known key seed lets one choose): so a
+/// lease whose marks were refused gives its lock back at once, and is
+/// taken again with a record (`TRY_LOCK_RECORDING`), which readers and
+/// the force release believe over marks. A mark left over (a failed
+/// statement, after which the marks are dropped, or the session takes no
+/// new lock) makes the token unknown, never another lease's.
 pub const TRY_LOCK_NAMED: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
     SELECT ARRAY[d.token,
@@ -180,14 +182,15 @@ WHERE ",
 /// `lock_timeout`, or could not be taken for want of room in the server's
 /// lock table (see `Inner::unlock_behind_gate`). The order of the drops
 /// does not matter to a reader: marks without the lock are nobody's, and
-/// the lock without its marks reads with no token.
+/// the lock without its marks reads with no token. Both marks are dropped
+/// in an array, which evaluates both (an `AND` could skip the second).
 pub const UNLOCK_NAMED: &str = concat!(
     "SELECT pg_catalog.pg_advisory_unlock(g.h),
-       CASE WHEN $3::pg_catalog.bool THEN ",
+       CASE WHEN $3::pg_catalog.bool THEN ARRAY[",
     token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "g.h", "g.t"),
-    " AND ",
+    ", ",
     token_mark_b!("pg_catalog.pg_advisory_unlock_shared", "g.h", "g.t"),
-    " END
+    "] END
 FROM (SELECT $1::pg_catalog.int8 AS h, $2::pg_catalog.int8 AS t,
              CASE WHEN $4::pg_catalog.bool THEN pg_catalog.pg_advisory_xact_lock_shared(",
     release_gate!("$1::pg_catalog.int8"),

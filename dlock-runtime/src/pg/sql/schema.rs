@@ -120,18 +120,13 @@ LEFT JOIN pg_catalog.pg_class AS k
        ON k.relnamespace = n.oid AND k.relname = 'dlock_keys'::pg_catalog.name
       AND k.relkind = 'r'::pg_catalog.\"char\"";
 
-/// The table of holder records (see [`TRY_LOCK_RECORDING`]),
-/// `holders_table.sql`, created only when missing, by the first
-/// acquisition that records.
-///
-/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
+/// The table of holder records, `holders_table.sql`, created only when
+/// missing, by the first acquisition that records.
 pub(in crate::pg) const CREATE_HOLDERS_TABLE: &str = include_str!("holders_table.sql");
 
-/// The tables of names, `names_tables.sql` (see `NAME_LEASE`). Created
-/// beside the table of holder records when missing, in a transaction of
-/// their own (one made before `named_at` gets it); a role that may not
-/// create or write them records such leases the older way, a record
-/// written by every acquisition.
+/// The tables of names, `names_tables.sql` (see `NAME_LEASE`), created
+/// beside the table of holder records when missing; a role that may not
+/// create or write them records such leases with a write per acquisition.
 pub(in crate::pg) const CREATE_NAMES_TABLES: &str = include_str!("names_tables.sql");
 
 /// Brings an older dlock's table of holder records to this version's

@@ -6,7 +6,8 @@
 -- `CREATE OR REPLACE FUNCTION` run at once by two sessions fails.
 --
 -- Keys are never spliced into the functions: they take the key as an
--- argument and hash it on the server as every lock statement does.
+-- argument and hash it on the server as every lock statement does. Each
+-- token draw is `draw_token!` of sql/mod.rs written out; a test keeps them equal.
 --
 -- - `dlock_try_read_phase(key, seed)`: tries the shared advisory lock of the
 --   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive

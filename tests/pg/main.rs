@@ -6,7 +6,7 @@
 //! (`modes`), who holds a key (`holder`), how plain leases name it
 //! (`names`) and what that promises against collisions, full lock tables
 //! and DBAs (`names_faults`) and beside marked leases of one session
-//! (`names_marks`), bad input and servers of a test's own
+//! (`names_marks`, with `marks`, what both share), bad input and servers of a test's own
 //! (`server`), fencing tokens when the token sequence is tampered with
 //! (`tokens`) or made unlogged by a DBA (`unlogged`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
@@ -22,6 +22,7 @@ mod support;
 mod fair;
 mod holder;
 mod lock;
+mod marks;
 mod modes;
 mod names;
 mod names_faults;

@@ -12,29 +12,13 @@ use crate::pg_support;
 
 use std::time::Duration;
 
-use dlock::backend::{AcquireRequest, Attempt, ForceRelease, Holding, OwnerId, ReleaseRequest};
+use dlock::backend::{AcquireRequest, Attempt, OwnerId, ReleaseRequest};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockKey};
-use pg_support::{ScratchSchema, random_id, shared_client, shared_conn};
 use tokio::time::Instant;
 
-/// The two constants the token marks' `classid`s are XORed with.
-const TOKN: i64 = 0x544f_4b4e;
-const TOKM: i64 = 0x544f_4b4d;
-
-async fn connect(options: PgOptions) -> PgBackend {
-    PgBackend::connect_with(&shared_conn(), options)
-        .await
-        .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL")
-}
-
-async fn take(backend: &PgBackend, key: &LockKey, owner: &OwnerId) -> FencingToken {
-    let request = AcquireRequest::new(key, owner, Duration::from_secs(60));
-    match backend.try_acquire(&request).await.expect("acquire") {
-        Attempt::Acquired(grant) => grant.token,
-        held => panic!("`{key}` should be free: {held:?}"),
-    }
-}
+use crate::marks::{Markless, connect, mark_classes, take};
+use pg_support::{ScratchSchema, random_id, shared_client};
 
 async fn give_back(backend: &PgBackend, key: &LockKey, owner: &OwnerId) {
     backend
@@ -48,20 +32,6 @@ fn random_seed() -> i64 {
     let seed = i64::from_str_radix(&random_id()[..12], 16).expect("hex");
     println!("key seed {seed}");
     seed
-}
-
-/// The `classid` of a key's first and second token mark, as unsigned
-/// 32-bit numbers (see `token_marks!` in the backend).
-fn mark_classes(h: i64) -> (i64, i64) {
-    (
-        ((h >> 32) ^ TOKN) & 0xffff_ffff,
-        (((h << 32) >> 32) ^ TOKM) & 0xffff_ffff,
-    )
-}
-
-/// An unsigned 32-bit number as the `int4` it stands for.
-fn as_int4(n: i64) -> i32 {
-    (n as u32) as i32
 }
 
 /// Two keys under `prefix` whose advisory keys (with `seed`) differ but
@@ -100,79 +70,15 @@ async fn keys_with_crossed_marks(
 }
 
 /// The set-up of the crossed-marks tests: a holder (one session) holds
-/// `two`, whose second token mark has the `classid` of `one`'s first;
-/// another client holds `one`'s first mark for the current clock
-/// exclusively (an application's own `(int4, int4)` advisory lock on the
-/// same two numbers), so the holder's lock statement of `one` is refused
-/// that mark; then the holder takes `one`. Returns the holder, `one`,
-/// its owner and its token, and the client holding the mark.
-struct Crossed {
-    _schema: ScratchSchema,
-    holder: PgBackend,
-    reader: PgBackend,
-    one: LockKey,
-    token: FencingToken,
-    _other: dlock::pg::tokio_postgres::Client,
-}
-
-async fn crossed_marks(label: &str) -> Crossed {
-    let schema = ScratchSchema::new(label);
+/// `two`, whose second token mark has the `classid` of `one`'s first, and
+/// takes `one` without its marks (see [`Markless::take`]).
+async fn crossed_marks(label: &str) -> Markless {
     let seed = random_seed();
-    let options = schema.options().key_seed(seed);
-    let holder = connect(options.clone().sessions(1)).await;
-    let reader = connect(options).await;
     let admin = shared_client().await;
     let prefix = format!("dlock-test:{label}:{}:", random_id());
     let ((one, h1), (two, h2)) = keys_with_crossed_marks(&admin, &prefix, seed).await;
     assert_eq!(mark_classes(h1).0, mark_classes(h2).1);
-
-    // Tokens drawn from here on come from the sequence, set by a DBA
-    // ahead of the clock (by less than the hour, where the draw allows a
-    // day) to a value whose low half is a positive int4: so a token read
-    // from `two`'s second mark in place of `one`'s first is a valid one.
-    // (Without it the same holds whenever the clock's own low half is
-    // below 2^31, half of every 72 minutes; above, the reader fails.)
-    admin
-        .query_one(
-            &format!(
-                "SELECT setval('{}.dlock_token_seq',
-                               (((extract(epoch FROM clock_timestamp()) * 1000000)::int8 >> 32) + 1)
-                               << 32 | 4096)",
-                schema.name
-            ),
-            &[],
-        )
-        .await
-        .expect("setval");
-    let owner_two = OwnerId::random().expect("owner");
-    let token_two = take(&holder, &two, &owner_two).await;
-    println!("`{two}` held with token {token_two}");
-
-    // Another client holds exclusively the pair of numbers of `one`'s
-    // first mark for any token drawn from the clock in the next hour.
-    let other = shared_client().await;
-    let class = as_int4(mark_classes(h1).0);
-    other
-        .query_one(
-            "SELECT pg_advisory_lock($1::int4, (c >> 32)::int4),
-                    pg_advisory_lock($1::int4, ((c >> 32) + 1)::int4)
-             FROM (SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8 AS c) AS t",
-            &[&class],
-        )
-        .await
-        .expect("the application's own lock");
-
-    let owner_one = OwnerId::random().expect("owner");
-    let token = take(&holder, &one, &owner_one).await;
-    println!("`{one}` held with token {token}");
-    Crossed {
-        _schema: schema,
-        holder,
-        reader,
-        one,
-        token,
-        _other: other,
-    }
+    Markless::take(ScratchSchema::new(label), seed, (one, h1), &[two]).await
 }
 
 /// A reader shows the token of the lease holding the key, or none: never
@@ -180,33 +86,7 @@ async fn crossed_marks(label: &str) -> Crossed {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_never_shows_a_token_made_of_another_leases_mark() {
     let crossed = crossed_marks("rn_read").await;
-    let seen = crossed
-        .reader
-        .holder(&crossed.one)
-        .await
-        .expect("read")
-        .expect("held");
-    assert!(
-        seen.token.is_none() || seen.token == Some(crossed.token),
-        "`{}` is held with token {}, and read with token {:?}",
-        crossed.one,
-        crossed.token,
-        seen.token
-    );
-    let listed = crossed
-        .reader
-        .held(crossed.one.as_str())
-        .await
-        .expect("list");
-    for (key, holding) in &listed {
-        assert!(
-            holding.token.is_none() || holding.token == Some(crossed.token),
-            "`{key}` is held with token {}, and listed with token {:?}",
-            crossed.token,
-            holding.token
-        );
-    }
-    drop(crossed.holder);
+    crossed.assert_read_token_is_the_leases_or_none().await;
 }
 
 /// A force release naming a token that no lease holds ends no lease, even
@@ -214,29 +94,9 @@ async fn a_reader_never_shows_a_token_made_of_another_leases_mark() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_force_release_naming_a_token_no_lease_holds_ends_no_lease() {
     let crossed = crossed_marks("rn_force").await;
-    let seen = crossed
-        .reader
-        .holder(&crossed.one)
-        .await
-        .expect("read")
-        .expect("held");
-    // The token the reader shows if it is not the lease's; else a token
-    // no lease holds, one above the lease's.
-    let named = match seen.token {
-        Some(token) if token != crossed.token => token,
-        _ => FencingToken::new(crossed.token.get() + 1),
-    };
-    let forced = crossed
-        .reader
-        .force_release_holding(&crossed.one, &Holding::new(Some(named), None))
+    crossed
+        .assert_force_release_of_another_token_ends_no_lease()
         .await;
-    assert!(
-        !matches!(forced, Ok(ForceRelease::Released)),
-        "a force release naming token {named} ended the lease holding `{}` with token {}: {forced:?}",
-        crossed.one,
-        crossed.token
-    );
-    drop(crossed.holder);
 }
 
 /// A DBA who locks the table of key names (`LOCK TABLE … ACCESS EXCLUSIVE`

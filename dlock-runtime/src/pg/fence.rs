@@ -49,20 +49,8 @@ RETURNING f.token";
 const HIGHEST: &str = "SELECT f.token FROM {schema}.dlock_fence AS f \
 WHERE f.resource OPERATOR(pg_catalog.=) $1::pg_catalog.text";
 
-/// Creates the table (and schema) if missing. The transaction-scoped
-/// advisory lock serializes concurrent creators: two `CREATE ... IF NOT
-/// EXISTS` at the same moment can still collide on the catalog's unique
-/// indexes. On the caller's connection, so every name is qualified.
-const CREATE: &str = "\
-BEGIN;
-SELECT pg_catalog.pg_advisory_xact_lock(
-    pg_catalog.hashtextextended('dlock:fence-setup'::pg_catalog.text, 0::pg_catalog.int8));
-CREATE SCHEMA IF NOT EXISTS {schema};
-CREATE TABLE IF NOT EXISTS {schema}.dlock_fence (
-    resource pg_catalog.text PRIMARY KEY,
-    token pg_catalog.int8 NOT NULL
-);
-COMMIT;";
+/// Creates the table (and schema) if missing: `fence.sql`.
+const CREATE: &str = include_str!("fence.sql");
 
 /// The resource-side check for data in PostgreSQL: call [`PgFence::accept`]
 /// first thing in the transaction that writes (and in one that reads for a
@@ -125,11 +113,12 @@ impl PgFence {
     }
 
     /// Creates the schema and the `dlock_fence` table if they are missing.
-    /// Safe to call from several processes at once. A DBA can instead run:
+    /// Safe to call from several processes at once. A DBA can instead run
+    /// the same file (for the schema `dlock`; see docs/postgres.md), then
+    /// grant its use:
     ///
     /// ```sql
-    /// CREATE SCHEMA IF NOT EXISTS dlock;
-    /// CREATE TABLE IF NOT EXISTS dlock.dlock_fence (resource text PRIMARY KEY, token bigint NOT NULL);
+    #[doc = include_str!("fence.sql")]
     /// GRANT USAGE ON SCHEMA dlock TO app_role;
     /// GRANT SELECT, INSERT, UPDATE ON dlock.dlock_fence TO app_role;
     /// ```

@@ -234,9 +234,9 @@ fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
     } else if sql::sequence_missing(err) {
         format!(
             "transaction lock failed: the token sequence {s}.dlock_token_seq is missing; \
-             PgBackend::connect with this schema recreates it, or have a DBA run: \
-             CREATE SCHEMA IF NOT EXISTS {s}; CREATE SEQUENCE IF NOT EXISTS {s}.dlock_token_seq AS bigint",
-            s = quoted_schema
+             PgBackend::connect with this schema recreates it, or have a DBA run: {ddl}",
+            s = quoted_schema,
+            ddl = sql::objects_ddl_for_dba(quoted_schema),
         )
     } else {
         "transaction lock failed".to_owned()

@@ -29,6 +29,9 @@
 //!
 //! # Where each statement lives
 //!
+//! The DDL and the PL/pgSQL are `.sql` files with their why-comments, for
+//! the schema [`FILE_SCHEMA`]: a DBA runs what dlock runs (docs/postgres.md).
+//!
 //! This file keeps what several kinds of statement share: the session
 //! settings, the token draw (`draw_token!`) with its refusal mark, the
 //! check of a recording statement's row (`wrote_row!`), a key's release
@@ -394,7 +397,7 @@ pub(super) use self::records::{
 pub(super) use self::schema::{
     CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
     INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba,
-    holders_ddl_for_dba, holders_migration_ddl_for_dba,
+    holders_ddl_for_dba, holders_migration_ddl_for_dba, objects_ddl_for_dba,
 };
 
 /// Appends `text`'s bytes to `out` as hex digits, for a literal that
@@ -406,7 +409,14 @@ fn push_hex(out: &mut String, text: &str) {
     }
 }
 
-/// Fills `{schema}` in a statement.
+/// Fills the schema in a statement: `{schema}` in a constant,
+/// [`FILE_SCHEMA`] (no other text of a file) in a `.sql` file.
 pub(crate) fn render(statement: &str, quoted_schema: &str) -> String {
-    statement.replace("{schema}", quoted_schema)
+    statement
+        .replace("{schema}", quoted_schema)
+        .replace(FILE_SCHEMA, quoted_schema)
 }
+
+/// The schema a `.sql` file names: the default one, quoted as dlock
+/// quotes it, so a DBA runs a file as is, and [`render`] puts another.
+pub(crate) const FILE_SCHEMA: &str = "\"dlock\"";

@@ -50,21 +50,25 @@ LEFT JOIN pg_catalog.pg_sequence AS q ON q.seqrelid = s.oid";
 pub(in crate::pg) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock(
     pg_catalog.hashtextextended('dlock:setup'::pg_catalog.text, 0::pg_catalog.int8))";
 
-/// Creates the schema (only sent when it is missing: PostgreSQL checks the
-/// CREATE privilege before `IF NOT EXISTS`).
-pub(in crate::pg) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
+/// Creates the schema, `schema.sql` (only sent when it is missing:
+/// PostgreSQL checks the CREATE privilege before `IF NOT EXISTS`).
+pub(in crate::pg) const CREATE_SCHEMA: &str = include_str!("schema.sql");
 
-/// Creates the token sequence (only sent when it is missing).
-pub(in crate::pg) const CREATE_SEQUENCE: &str =
-    "CREATE SEQUENCE IF NOT EXISTS {schema}.dlock_token_seq AS bigint";
+/// Creates the token sequence, `token_seq.sql` (only sent when it is missing).
+pub(in crate::pg) const CREATE_SEQUENCE: &str = include_str!("token_seq.sql");
+
+/// The DDL that creates the schema and the token sequence, for errors.
+pub(in crate::pg) fn objects_ddl_for_dba(quoted_schema: &str) -> String {
+    let schema = one_line(CREATE_SCHEMA, quoted_schema);
+    format!("{schema} {}", one_line(CREATE_SEQUENCE, quoted_schema))
+}
 
 /// The DDL a DBA runs to pre-create the backend's objects, for errors.
 pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
-        "CREATE SCHEMA IF NOT EXISTS {s}; \
-         CREATE SEQUENCE IF NOT EXISTS {s}.dlock_token_seq AS bigint; \
-         GRANT USAGE ON SCHEMA {s} TO {r}; \
+        "{} GRANT USAGE ON SCHEMA {s} TO {r}; \
          GRANT USAGE, UPDATE ON SEQUENCE {s}.dlock_token_seq TO {r};",
+        objects_ddl_for_dba(quoted_schema),
         s = quoted_schema,
         r = role_hint,
     )
@@ -116,94 +120,108 @@ LEFT JOIN pg_catalog.pg_class AS k
        ON k.relnamespace = n.oid AND k.relname = 'dlock_keys'::pg_catalog.name
       AND k.relkind = 'r'::pg_catalog.\"char\"";
 
-/// The table of holder records (see [`TRY_LOCK_RECORDING`]), created
-/// only when missing, by the first acquisition that records. `UNLOGGED`:
-/// no WAL for the rows, which a crash would make worthless anyway (it
-/// ends every session, and every lock with it), and none on a standby,
-/// where no lock session runs. `identity` is NULL for a lease without
-/// one; `holder`, `holder_token` and `since` are NULL in rows written by
-/// a dlock that predates them.
-///
-/// [`TRY_LOCK_RECORDING`]: super::TRY_LOCK_RECORDING
-pub(in crate::pg) const CREATE_HOLDERS_TABLE: &str = "\
-CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_holders (
-    lock_id pg_catalog.int8 PRIMARY KEY,
-    key pg_catalog.text NOT NULL,
-    token pg_catalog.int8 NOT NULL,
-    pid pg_catalog.int4 NOT NULL,
-    session_start pg_catalog.timestamptz NOT NULL,
-    identity pg_catalog.text,
-    holder pg_catalog.text,
-    holder_token pg_catalog.int8,
-    since pg_catalog.timestamptz
-)";
+/// The table of holder records, `holders_table.sql`, created only when
+/// missing, by the first acquisition that records.
+pub(in crate::pg) const CREATE_HOLDERS_TABLE: &str = include_str!("holders_table.sql");
 
-/// The tables that name, without a write per acquisition, the holder of a
-/// lease without an identity (see `NAME_LEASE`): who each lock session is
-/// (`NAME_LEASE`) and which key each advisory key stands for. Created
-/// beside the table of holder records when missing, in a transaction of
-/// their own (one made before `named_at` gets it); a role that may not create or write them records such leases
-/// the older way, a record written by every acquisition. `UNLOGGED`, as
-/// that table is. The primary key of `dlock_keys` is the pair, so two
-/// names with the same advisory key both stay; `named_at` (indexed) is
-/// when a process last named the key, which the sweep of names of keys
-/// no longer locked goes by (see `NAME_LEASE`).
-pub(in crate::pg) const CREATE_NAMES_TABLES: &str = "\
-CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_sessions (
-    pid pg_catalog.int4 NOT NULL,
-    session_start pg_catalog.timestamptz NOT NULL,
-    holder pg_catalog.text NOT NULL,
-    PRIMARY KEY (pid, session_start, holder)
-);
-CREATE UNLOGGED TABLE IF NOT EXISTS {schema}.dlock_keys (
-    lock_id pg_catalog.int8 NOT NULL,
-    key pg_catalog.text NOT NULL,
-    named_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (lock_id, key)
-);
-ALTER TABLE {schema}.dlock_keys
-    ADD COLUMN IF NOT EXISTS named_at pg_catalog.timestamptz NOT NULL DEFAULT pg_catalog.now();
-CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON {schema}.dlock_keys (named_at)";
+/// The tables of names, `names_tables.sql` (see `NAME_LEASE`), created
+/// beside the table of holder records when missing; a role that may not
+/// create or write them records such leases with a write per acquisition.
+pub(in crate::pg) const CREATE_NAMES_TABLES: &str = include_str!("names_tables.sql");
 
-/// Brings a table of holder records made by a dlock that recorded only
-/// leases with an identity to this version's shape: the holder record's
-/// columns, and `identity` nullable for leases without one. Sent in the
-/// setup transaction, only when [`INSPECT_HOLDERS_TABLE`] says the shape
-/// is old; it takes the table's `ACCESS EXCLUSIVE` lock for an instant
-/// (no rewrite: the new columns have no default). Rows of an older dlock
-/// keep working: it names the columns it writes, and reads only those.
-pub(in crate::pg) const MIGRATE_HOLDERS_TABLE: &str = "\
-ALTER TABLE {schema}.dlock_holders
-    ADD COLUMN IF NOT EXISTS holder pg_catalog.text,
-    ADD COLUMN IF NOT EXISTS holder_token pg_catalog.int8,
-    ADD COLUMN IF NOT EXISTS since pg_catalog.timestamptz,
-    ALTER COLUMN identity DROP NOT NULL";
+/// Brings an older dlock's table of holder records to this version's
+/// shape, `holders_migration.sql`. Sent in the setup transaction, only
+/// when [`INSPECT_HOLDERS_TABLE`] says the shape is old.
+pub(in crate::pg) const MIGRATE_HOLDERS_TABLE: &str = include_str!("holders_migration.sql");
 
 /// The DDL a DBA runs to bring a table of holder records of an older dlock
 /// to this version's shape (as the table's owner), for errors.
 pub(in crate::pg) fn holders_migration_ddl_for_dba(quoted_schema: &str) -> String {
-    render(MIGRATE_HOLDERS_TABLE, quoted_schema)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ")
-        + ";"
+    one_line(MIGRATE_HOLDERS_TABLE, quoted_schema)
 }
 
 /// The DDL a DBA runs to create the table of holder records, for errors.
 pub(in crate::pg) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
-        "{create}; {names}; GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r}; \
+        "{} {} GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_holders TO {r}; \
          GRANT SELECT, INSERT, DELETE ON {s}.dlock_sessions TO {r}; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.dlock_keys TO {r};",
-        create = render(CREATE_HOLDERS_TABLE, quoted_schema)
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" "),
-        names = render(CREATE_NAMES_TABLES, quoted_schema)
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" "),
+        one_line(CREATE_HOLDERS_TABLE, quoted_schema),
+        one_line(CREATE_NAMES_TABLES, quoted_schema),
         s = quoted_schema,
         r = role_hint,
     )
+}
+
+/// A `.sql` file for `quoted_schema` on one line, its comments left out,
+/// as an error shows it.
+fn one_line(file: &str, quoted_schema: &str) -> String {
+    let text = render(file, quoted_schema);
+    let lines = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("--"));
+    lines
+        .flat_map(str::split_whitespace)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{FILE_SCHEMA, MODES_SETUP};
+    use super::*;
+    use crate::pg::{DEFAULT_SCHEMA, quote_schema};
+
+    const FILES: [&str; 7] = [
+        CREATE_SCHEMA,
+        CREATE_SEQUENCE,
+        CREATE_HOLDERS_TABLE,
+        CREATE_NAMES_TABLES,
+        MIGRATE_HOLDERS_TABLE,
+        MODES_SETUP,
+        include_str!("../fence.sql"),
+    ];
+
+    #[test]
+    fn a_dba_runs_the_sql_files_as_is_for_the_default_schema() {
+        assert_eq!(quote_schema(DEFAULT_SCHEMA).unwrap(), FILE_SCHEMA);
+    }
+
+    #[test]
+    fn every_object_a_sql_file_names_is_in_the_schema_it_is_sent_for() {
+        for file in FILES {
+            assert!(!file.contains("{schema}"), "{file}");
+            let sent = render(file, "\"dlock_2\"");
+            assert!(!sent.contains(FILE_SCHEMA), "{sent}");
+            for (at, _) in sent.match_indices(".dlock_") {
+                assert!(sent[..at].ends_with("\"dlock_2\""), "{}", &sent[..at]);
+            }
+        }
+    }
+
+    #[test]
+    fn the_ddl_errors_show_is_the_statements_of_the_files_dlock_sends() {
+        let s = "\"dlock_2\"";
+        assert_eq!(
+            ddl_for_dba(s, "app"),
+            "CREATE SCHEMA IF NOT EXISTS \"dlock_2\"; CREATE SEQUENCE IF NOT EXISTS \
+             \"dlock_2\".dlock_token_seq AS bigint; GRANT USAGE ON SCHEMA \"dlock_2\" TO app; \
+             GRANT USAGE, UPDATE ON SEQUENCE \"dlock_2\".dlock_token_seq TO app;"
+        );
+        assert_eq!(
+            holders_migration_ddl_for_dba(s),
+            "ALTER TABLE \"dlock_2\".dlock_holders ADD COLUMN IF NOT EXISTS holder \
+             pg_catalog.text, ADD COLUMN IF NOT EXISTS holder_token pg_catalog.int8, ADD COLUMN \
+             IF NOT EXISTS since pg_catalog.timestamptz, ALTER COLUMN identity DROP NOT NULL;"
+        );
+        let tables = holders_ddl_for_dba(s, "app");
+        let index = "ON \"dlock_2\".dlock_keys (named_at); GRANT SELECT, INSERT, UPDATE, DELETE";
+        assert!(!tables.contains("--") && tables.contains(index), "{tables}");
+    }
+
+    #[test]
+    fn the_mode_functions_draw_tokens_as_the_lock_statements_do() {
+        let draw = draw_token!("", "").replace("{schema}", FILE_SCHEMA);
+        assert_eq!(MODES_SETUP.matches(&draw).count(), 2, "{draw}");
+    }
 }

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::holders::ANNOUNCED_RECHECK;
 use super::session::LockSession;
 use super::{Inner, sql};
 use crate::key::LockKey;
@@ -24,6 +23,14 @@ const ANNOUNCE_LOCK_WAIT: Duration = Duration::from_millis(100);
 /// another transaction holds the lock of notifying commits, every
 /// acquisition with an identity fails to announce.
 pub(super) const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// How soon a reader watching a free key looks again although the
+/// listening connection would wake it: an acquisition that was not
+/// announced (by a dlock that predates announcements, as in a rolling
+/// upgrade, or whose announcement failed) would otherwise go unseen until
+/// the reader's own timer, 10 s for an election's observer. One read a
+/// second for each such watch, where `holders::FREE_RECHECK` costs twenty.
+pub(super) const ANNOUNCED_RECHECK: Duration = Duration::from_secs(1);
 
 /// A session's acquisitions waiting to be announced.
 #[derive(Default)]

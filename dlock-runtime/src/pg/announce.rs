@@ -5,7 +5,7 @@
 //! which covers an announcement that failed, or that an older dlock never
 //! made.
 
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
@@ -34,7 +34,7 @@ pub(super) const ANNOUNCED_RECHECK: Duration = Duration::from_secs(1);
 
 /// A session's acquisitions waiting to be announced.
 #[derive(Default)]
-pub(super) struct Announcements {
+struct Announcements {
     /// Their advisory keys, with their keys for the logs.
     pending: Vec<(i64, LockKey)>,
     /// Whether a task is sending them.
@@ -155,7 +155,7 @@ impl Inner {
 
 fn announcements(session: &LockSession) -> MutexGuard<'_, Announcements> {
     session
-        .announcements
+        .feature::<Mutex<Announcements>>()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
 }

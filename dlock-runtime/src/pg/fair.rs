@@ -88,7 +88,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot, watch};
@@ -169,6 +169,24 @@ pub(super) struct Waiter {
 
 /// A fair session's count against [`Fair::max`], given back when dropped.
 pub(super) struct FairTicket(Weak<Fair>);
+
+/// Set on a fair session: the session counts against
+/// [`PgOptions::fair_sessions`](super::PgOptions::fair_sessions) until it
+/// is dropped.
+#[derive(Default)]
+struct FairSession(OnceLock<FairTicket>);
+
+impl LockSession {
+    /// Makes this a fair session, counted by `ticket` until it is dropped.
+    pub(super) fn make_fair(&self, ticket: FairTicket) {
+        let _ = self.feature::<FairSession>().0.set(ticket);
+    }
+
+    /// True for a fair session (see the `fair` module).
+    pub(super) fn is_fair(&self) -> bool {
+        self.feature::<FairSession>().0.get().is_some()
+    }
+}
 
 impl Drop for FairTicket {
     fn drop(&mut self) {

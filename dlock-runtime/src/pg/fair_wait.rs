@@ -238,9 +238,9 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             }
         };
         let recording = on.started.filter(|_| recording);
-        if recording.is_none() && on.may_have_a_record_of(wait.key.as_str()) {
+        if recording.is_none() && on.records().may_have_a_record_of(wait.key.as_str()) {
             // A record it wrote of an earlier lease could be read for this
-            // one (see `LockSession::wrote_a_record`): another session.
+            // one (see `Records::wrote_a_record`): another session.
             on.end(
                 "a fair session that wrote holder records takes no lease without one".to_owned(),
             );
@@ -264,7 +264,7 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                         if recording.is_none() || since.is_some() =>
                     {
                         if since.is_some() {
-                            on.wrote_a_record(wait.key.as_str());
+                            on.records().wrote_a_record(wait.key.as_str());
                         }
                         return deliver(wait, on, advisory_key, token, since).await;
                     }
@@ -281,7 +281,7 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                     // An answer it cannot read: the record may be there.
                     Some(Err(err)) => {
                         if recording.is_some() {
-                            on.wrote_a_record(wait.key.as_str());
+                            on.records().wrote_a_record(wait.key.as_str());
                         }
                         err
                     }
@@ -406,7 +406,7 @@ impl Rounds {
     ) -> ControlFlow<()> {
         // A trigger may have written a row of its own
         // making (see `Inner::try_lock`).
-        on.wrote_a_record(wait.key.as_str());
+        on.records().wrote_a_record(wait.key.as_str());
         if !inner.drop_fair_locks(&on).await {
             self.pause = restart_pause(self.pause);
             return ControlFlow::Continue(());

@@ -67,10 +67,10 @@ impl Inner {
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
             let named = slot.is_some() && recording.is_none() && session.started.is_some();
-            if recording.is_none() && session.may_have_a_record_of(key.as_str()) {
+            if recording.is_none() && session.records().may_have_a_record_of(key.as_str()) {
                 // A record it wrote of an earlier lease could be read for a
                 // lease it takes now without one (see
-                // `LockSession::wrote_a_record`): it takes no new lease,
+                // `Records::wrote_a_record`): it takes no new lease,
                 // and the next session (a new one, if need be) takes this.
                 session.retire();
                 continue;
@@ -251,7 +251,9 @@ impl Inner {
             }
             Some(started) => {
                 match session
+                    .records()
                     .recording(
+                        session,
                         &self.try_lock_recording_sql,
                         &self.unlock_recorded_sql,
                         &self.delete_released_sql,
@@ -344,7 +346,7 @@ impl Inner {
                 // A trigger may have written a row of its own
                 // making: the session takes no lease of the
                 // key without a record from now on.
-                session.wrote_a_record(key.as_str());
+                session.records().wrote_a_record(key.as_str());
                 self.give_back(&session, advisory_key, None, None).await;
                 let what = format!(
                     "the lock statement of `{key}` wrote no record, which a trigger \
@@ -364,7 +366,7 @@ impl Inner {
             }
             (Ok((advisory_key, token)), Ok((since, _))) => {
                 if since.is_some() {
-                    session.wrote_a_record(key.as_str());
+                    session.records().wrote_a_record(key.as_str());
                 }
                 session
                     .claims
@@ -385,7 +387,7 @@ impl Inner {
             // without an identity is taken without its record,
             // on another session (the record may be there).
             (Ok((advisory_key, token)), Err(e)) => {
-                session.wrote_a_record(key.as_str());
+                session.records().wrote_a_record(key.as_str());
                 if token.is_some() {
                     self.give_back(&session, advisory_key, token, None).await;
                 }

@@ -9,195 +9,19 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::sleep;
 use tokio_postgres::error::SqlState;
 
 use super::connection::Failure;
-use super::fair::{FairTicket, First, Place, Reserved};
 use super::fair_grant::deliver;
+use super::fair_queue::{FairTicket, Reserved, Wait};
 use super::fair_statement::{WaitRows, granted, send_wait};
 use super::session::LockSession;
 use super::{Inner, KIND, sql};
-use crate::backend::OwnerId;
 use crate::error::{LockError, Operation};
-use crate::key::LockKey;
 
 /// The longest pause between two waits sent again after a cut-off.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(1);
-
-/// One owner's wait in one key's queue, run by [`wait_in_queue`].
-pub(super) struct Wait {
-    pub(super) inner: Arc<Inner>,
-    pub(super) key: LockKey,
-    pub(super) owner: OwnerId,
-    pub(super) id: u64,
-    pub(super) identity: Option<Arc<str>>,
-    /// The holder record ([`crate::HolderInfo::encode`]).
-    pub(super) holder: String,
-    /// Resolves when the entry is removed (rule F3).
-    pub(super) stop: oneshot::Receiver<()>,
-    /// Set once the wait is no longer wanted.
-    pub(super) stopped: bool,
-    /// Set (and dropped) when the task ends.
-    pub(super) done: watch::Sender<bool>,
-    /// The first attempt, until it is answered.
-    pub(super) first: Option<oneshot::Sender<First>>,
-}
-
-impl Wait {
-    pub(super) fn place(&self) -> Place {
-        (self.key.clone(), self.owner)
-    }
-
-    /// Tells the first attempt that the wait is queued; the entry lives
-    /// its `entry_ttl` from this answer. The waits of the key that came
-    /// after it in this process may go to the server now.
-    fn report_queued(&mut self) {
-        if let Some(first) = self.first.take() {
-            let _ = first.send(First::Queued);
-            let place = self.place();
-            {
-                let mut queues = self.inner.fair.queues();
-                if let Some(waiter) = queues.waiters.get_mut(&place).filter(|w| w.id == self.id) {
-                    waiter.expires_at = Instant::now() + waiter.entry_ttl;
-                    waiter.queued = true;
-                }
-            }
-            self.inner.fair.enqueued.notify_waiters();
-        }
-    }
-
-    /// Waits until every earlier wait of this key in this process is
-    /// queued on the server, or gone: a process's waiters of one key are
-    /// queued in the order their first attempts came, however long each
-    /// takes to get a session. Only a first wait does: one sent again
-    /// (after a cut-off) goes at once, its place being lost anyway. False
-    /// if the wait is no longer wanted meanwhile.
-    async fn until_first_in_process(&mut self) -> bool {
-        if self.first.is_none() {
-            return true;
-        }
-        let fair = Arc::clone(&self.inner.fair);
-        loop {
-            let told = fair.enqueued.notified();
-            tokio::pin!(told);
-            told.as_mut().enable();
-            let behind = {
-                let queues = fair.queues();
-                queues.waiters.iter().any(|((key, _), waiter)| {
-                    *key == self.key
-                        && waiter.id < self.id
-                        && !waiter.queued
-                        && waiter.failed.is_none()
-                })
-            };
-            if !behind {
-                return true;
-            }
-            tokio::select! {
-                () = told => {}
-                // A safety net: an earlier wait's task that ends without
-                // a word is seen within this.
-                () = sleep(Duration::from_millis(50)) => {}
-                () = self.unwanted() => return false,
-            }
-        }
-    }
-
-    /// Ends the wait with `err`: the first attempt's answer if it still
-    /// waits for one, else the owner's next attempt's.
-    pub(super) fn fail(&mut self, err: LockError) {
-        let err = match self.first.take() {
-            Some(first) => match first.send(First::Failed(err)) {
-                Ok(()) => return,
-                Err(First::Failed(err)) => err,
-                Err(_) => return,
-            },
-            None => err,
-        };
-        let place = self.place();
-        let mut queues = self.inner.fair.queues();
-        if let Some(waiter) = queues.waiters.get_mut(&place).filter(|w| w.id == self.id) {
-            waiter.failed = Some(err);
-        }
-    }
-
-    /// Resolves once nobody wants the wait any more: its entry was removed
-    /// (its owner left the queue), or it expired unrefreshed (and is
-    /// removed here). An entry does not expire while its first attempt
-    /// waits for its answer: its life counts from that answer.
-    async fn unwanted(&mut self) {
-        if self.stopped {
-            return;
-        }
-        let place = self.place();
-        loop {
-            let expires_at = {
-                let mut queues = self.inner.fair.queues();
-                match queues.waiters.get(&place) {
-                    Some(waiter) if waiter.id == self.id => {
-                        if self.first.is_some() {
-                            None
-                        } else if waiter.expires_at <= Instant::now() {
-                            queues.waiters.remove(&place);
-                            self.stopped = true;
-                            return;
-                        } else {
-                            Some(waiter.expires_at)
-                        }
-                    }
-                    _ => {
-                        self.stopped = true;
-                        return;
-                    }
-                }
-            };
-            let expiry = async {
-                match expires_at {
-                    Some(at) => sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = &mut self.stop => {
-                    self.stopped = true;
-                    return;
-                }
-                () = expiry => {}
-            }
-        }
-    }
-}
-
-impl Drop for Wait {
-    /// However the task ends (its runtime shutting down included), the
-    /// owner's entry goes with it, unless it keeps an error for the owner's
-    /// next attempt; then whoever waits for the wait to end hears of it.
-    fn drop(&mut self) {
-        let place = self.place();
-        let unfinished = {
-            let mut queues = self.inner.fair.queues();
-            let unfinished = queues
-                .waiters
-                .get(&place)
-                .is_some_and(|w| w.id == self.id && w.failed.is_none());
-            if unfinished {
-                queues.waiters.remove(&place);
-            }
-            unfinished
-        };
-        // A first attempt still waiting for its answer: the owner left the
-        // queue meanwhile, and the key is not its (`Held`); unless the task
-        // was dropped unfinished, with its runtime, which that attempt
-        // hears as such.
-        if !unfinished && let Some(first) = self.first.take() {
-            let _ = first.send(First::Queued);
-        }
-        self.inner.fair.enqueued.notify_waiters();
-        self.done.send_replace(true);
-    }
-}
 
 /// The task of one fair wait (see the module docs): a session of its own,
 /// the wait statement, and what comes of it.

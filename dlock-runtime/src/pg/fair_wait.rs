@@ -235,24 +235,15 @@ impl Rounds {
             self.pause = restart_pause(self.pause);
             return ControlFlow::Continue(());
         }
-        let what = format!(
-            "the fair lock statement of `{}` wrote no record, which a trigger \
-             or a rule on {}.dlock_holders skips: the lock was not taken",
-            wait.key, inner.quoted_schema
-        );
-        if wait.identity.is_none() {
-            inner.records_unusable(&what);
+        let identified = wait.identity.is_some();
+        let Some(err) = inner.no_record_written("fair lock statement", &wait.key, identified)
+        else {
             self.record = Some(false);
             self.session = Some(on);
             return ControlFlow::Continue(());
-        }
+        };
         inner.fair_session_free(&on);
-        wait.fail(LockError::backend(
-            KIND,
-            Operation::Acquire,
-            wait.key.as_str(),
-            Failure::msg(what),
-        ));
+        wait.fail(err);
         ControlFlow::Break(())
     }
 

@@ -1,14 +1,8 @@
 //! Taking one key's session advisory lock: the lock statement and its
 //! token, the in-process claim, undoing a failed statement, and the
-//! clean-up of work cut short. Dropping it is `unlock`'s.
-//!
-//! Over 700 lines because the three lock statements (plain, named with
-//! token marks, recording) share one attempt loop: which one is sent, what
-//! its answer means and how a failure of each is undone are decided
-//! together, so a retry never pairs one statement's answer with another's
-//! undo. The seam for a split is the recording statement's answer
-//! (`read_lock_answer`'s trigger and record cases), which belongs with
-//! `holders_table` once plain leases no longer fall back to records.
+//! clean-up of work cut short. Dropping it is `unlock`'s; what the
+//! recording statement's answer and failures mean for its record is
+//! `recording`'s.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -348,21 +342,9 @@ impl Inner {
                 // key without a record from now on.
                 session.records().wrote_a_record(key.as_str());
                 self.give_back(&session, advisory_key, None, None).await;
-                let what = format!(
-                    "the lock statement of `{key}` wrote no record, which a trigger \
-                     or a rule on {}.dlock_holders skips: the lock was not taken",
-                    self.quoted_schema
-                );
-                if identity.is_none() {
-                    self.records_unusable(&what);
-                    return None;
-                }
-                Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::msg(what),
-                ))
+                return self
+                    .no_record_written("lock statement", key, identity.is_some())
+                    .map(Err);
             }
             (Ok((advisory_key, token)), Ok((since, _))) => {
                 if since.is_some() {
@@ -405,34 +387,6 @@ impl Inner {
                 Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
             }
         })
-    }
-
-    /// Whether a lease without an identity (`identified` false) whose
-    /// `recording` lock statement failed with `err` is taken without its
-    /// record: it never fails for its record, since what stopped the
-    /// recording statement (a privilege revoked, the table locked by a DBA
-    /// or changed), the plain one does not meet. Says why the records are
-    /// given up when they are.
-    pub(super) fn records_refused(
-        &self,
-        key: &LockKey,
-        identified: bool,
-        recording: bool,
-        err: &tokio_postgres::Error,
-    ) -> bool {
-        if identified
-            || !recording
-            || err.as_db_error().is_none()
-            || sql::refused_sequence(err).is_some()
-        {
-            return false;
-        }
-        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-            self.records_locked(key, err);
-        } else {
-            self.records_unusable(err);
-        }
-        true
     }
 
     /// The error of a lock statement (plain, or `recording` the holder)

@@ -1,6 +1,7 @@
 //! What a lock session keeps of the holder records its lock statements
 //! write in `dlock_holders` (leases with an identity, and plain ones where
-//! the tables of names cannot be used).
+//! the tables of names cannot be used), and what a recording statement's
+//! answer and failures mean for its record.
 //!
 //! Its own file: the lock path, releases, fair waiters and renewals all
 //! meet this state, which the session itself does not know.
@@ -12,8 +13,13 @@ use std::time::Duration;
 use tokio::sync::{Mutex as AsyncMutex, OnceCell};
 use tokio::time::Instant;
 use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
 
+use super::connection::Failure;
 use super::session::LockSession;
+use super::{Inner, KIND, sql};
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
 
 /// What a lock session keeps of holder records (see the module docs).
 #[derive(Default)]
@@ -158,5 +164,61 @@ impl Records {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(key)
+    }
+}
+
+impl Inner {
+    /// The error of a recording `statement` of `key` that took the lock
+    /// (given back since) and wrote no record: none for a lease without
+    /// an identity (`identified` false), taken again without its record.
+    pub(super) fn no_record_written(
+        &self,
+        statement: &str,
+        key: &LockKey,
+        identified: bool,
+    ) -> Option<LockError> {
+        let what = format!(
+            "the {statement} of `{key}` wrote no record, which a trigger \
+             or a rule on {}.dlock_holders skips: the lock was not taken",
+            self.quoted_schema
+        );
+        if !identified {
+            self.records_unusable(&what);
+            return None;
+        }
+        Some(LockError::backend(
+            KIND,
+            Operation::Acquire,
+            key.as_str(),
+            Failure::msg(what),
+        ))
+    }
+
+    /// Whether a lease without an identity (`identified` false) whose
+    /// `recording` lock statement failed with `err` is taken without its
+    /// record: it never fails for its record, since what stopped the
+    /// recording statement (a privilege revoked, the table locked by a DBA
+    /// or changed), the plain one does not meet. Says why the records are
+    /// given up when they are.
+    pub(super) fn records_refused(
+        &self,
+        key: &LockKey,
+        identified: bool,
+        recording: bool,
+        err: &tokio_postgres::Error,
+    ) -> bool {
+        if identified
+            || !recording
+            || err.as_db_error().is_none()
+            || sql::refused_sequence(err).is_some()
+        {
+            return false;
+        }
+        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            self.records_locked(key, err);
+        } else {
+            self.records_unusable(err);
+        }
+        true
     }
 }

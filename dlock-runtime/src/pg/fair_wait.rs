@@ -3,7 +3,7 @@
 //! comes of the answer, and the statement sent again after a cut-off.
 //!
 //! Its own file: the task runs apart from the owner's attempts, which only
-//! meet it through the queues in `fair`.
+//! meet it through the queues in `fair_queue`.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;

@@ -39,7 +39,7 @@ pub(super) struct Records {
     /// session (see [`wrote_a_record`](Self::wrote_a_record)).
     keys: Mutex<HashSet<String>>,
     /// Holder records of plain leases released on this session, not yet
-    /// deleted (see [`sql::DELETE_RELEASED`](super::sql::DELETE_RELEASED)).
+    /// deleted (see [`sql::DELETE_RELEASED`]).
     released: Mutex<Released>,
 }
 
@@ -118,7 +118,7 @@ impl Records {
     }
 
     /// The statements of leases that record an identity (the SQL of
-    /// [`sql::TRY_LOCK_RECORDING`](super::sql::TRY_LOCK_RECORDING) and [`sql::UNLOCK_RECORDED`](super::sql::UNLOCK_RECORDED) with the
+    /// [`sql::TRY_LOCK_RECORDING`] and [`sql::UNLOCK_RECORDED`] with the
     /// schema filled in), prepared on first use.
     pub(super) async fn recording(
         &self,

@@ -5,13 +5,12 @@
 //! which covers an announcement that failed, or that an older dlock never
 //! made.
 
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::holders::ANNOUNCED_RECHECK;
 use super::session::LockSession;
 use super::{Inner, sql};
 use crate::key::LockKey;
@@ -25,9 +24,17 @@ const ANNOUNCE_LOCK_WAIT: Duration = Duration::from_millis(100);
 /// acquisition with an identity fails to announce.
 pub(super) const WARN_EVERY: Duration = Duration::from_secs(60);
 
+/// How soon a reader watching a free key looks again although the
+/// listening connection would wake it: an acquisition that was not
+/// announced (by a dlock that predates announcements, as in a rolling
+/// upgrade, or whose announcement failed) would otherwise go unseen until
+/// the reader's own timer, 10 s for an election's observer. One read a
+/// second for each such watch, where `holders::FREE_RECHECK` costs twenty.
+pub(super) const ANNOUNCED_RECHECK: Duration = Duration::from_secs(1);
+
 /// A session's acquisitions waiting to be announced.
 #[derive(Default)]
-pub(super) struct Announcements {
+struct Announcements {
     /// Their advisory keys, with their keys for the logs.
     pending: Vec<(i64, LockKey)>,
     /// Whether a task is sending them.
@@ -148,7 +155,7 @@ impl Inner {
 
 fn announcements(session: &LockSession) -> MutexGuard<'_, Announcements> {
     session
-        .announcements
+        .feature::<Mutex<Announcements>>()
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
 }

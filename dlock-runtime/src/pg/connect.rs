@@ -21,8 +21,8 @@ use super::options::{PgOptions, misplaced_at_sign, parse_error_reason};
 use super::sessions::SessionSlot;
 use super::wait::Waits;
 use super::{
-    Inner, KIND, PgBackend, WarningPace, announce, fair, holders_rewrite, holders_table, modes,
-    names, sql, tls,
+    Inner, KIND, PgBackend, WarningPace, announce, fair_queue, holders_rewrite, holders_table,
+    modes, names, sql, tls,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -143,7 +143,7 @@ impl PgBackend {
             keys: Mutex::default(),
             deadlines: Arc::new(Deadlines::new(Arc::clone(&home))),
             waits,
-            fair: fair::Fair::new(options.fair_sessions),
+            fair: fair_queue::Fair::new(options.fair_sessions),
             listener,
             announce_warnings: WarningPace::new(announce::WARN_EVERY),
             rewrite_lock_warnings: WarningPace::new(holders_rewrite::REWRITE_LOCK_WARN_EVERY),

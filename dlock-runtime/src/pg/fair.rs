@@ -74,10 +74,10 @@
 //! (the sequence restored, the record left out), and otherwise answered as
 //! an error to the owner's next attempt.
 //!
-//! This file keeps the queues and the owner's side: its attempts, its
-//! handoff notice, its leaving, and the fair sessions kept. The wait's task
-//! is `fair_wait`'s, its statement on the server `fair_statement`'s, and
-//! what becomes of a grant `fair_grant`'s.
+//! This file keeps the owner's side: its attempts, its handoff notice and
+//! its leaving. The queues and the fair sessions kept are `fair_queue`'s,
+//! the wait's task `fair_wait`'s, its statement on the server
+//! `fair_statement`'s, and what becomes of a grant `fair_grant`'s.
 //!
 //! [`Queue::Join`]: crate::backend::Queue::Join
 //! [`Queue::Respect`]: crate::backend::Queue::Respect
@@ -86,154 +86,20 @@
 //! [`sql::FAIR_RECORD`]: super::sql::FAIR_RECORD
 //! [`sql::WAITS_IN_QUEUE`]: super::sql::WAITS_IN_QUEUE
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::sync::{Notify, oneshot, watch};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, timeout};
 
-use super::connection::Failure;
-use super::fair_wait::{Wait, wait_in_queue};
+use super::fair_queue::{Fair, First, Place, Wait, Waiter};
+use super::fair_wait::wait_in_queue;
 use super::locks::no_runtime;
-use super::session::LockSession;
-use super::{Inner, KIND, State};
+use super::{Inner, State};
 use crate::backend::{AcquireRequest, Attempt, Grant, Handoff, OwnerId};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
-
-/// How long a fair session is kept for the next fair waiter after its last
-/// use.
-const KEPT_IDLE: Duration = Duration::from_secs(30);
-
-/// One owner's place in one key's queue.
-pub(super) type Place = (LockKey, OwnerId);
-
-/// The fair waiters of one backend, their handoff notices, and the fair
-/// sessions kept for the next waiter.
-pub(super) struct Fair {
-    /// Set by the first fair attempt or handoff notice: until then a
-    /// release (every plain one) costs one load of it here, no lock.
-    used: AtomicBool,
-    queues: Mutex<Queues>,
-    /// Told whenever a waiter is queued on the server or leaves (see
-    /// [`Wait::until_first_in_process`]).
-    pub(super) enqueued: Notify,
-    /// Fair sessions open, being opened, or reserved to be: at most `max`.
-    sessions: AtomicUsize,
-    max: usize,
-}
-
-#[derive(Default)]
-pub(super) struct Queues {
-    pub(super) waiters: HashMap<Place, Waiter>,
-    /// The owners' handoff notices ([`Inner::subscribe_handoff`]), each
-    /// with the number of its registration.
-    pub(super) handoffs: HashMap<Place, (u64, oneshot::Sender<Grant>)>,
-    /// Fair sessions that hold nothing, with the number of their stay.
-    idle: Vec<(Arc<LockSession>, u64)>,
-    next_id: u64,
-}
-
-impl Queues {
-    fn next_id(&mut self) -> u64 {
-        self.next_id += 1;
-        self.next_id
-    }
-}
-
-/// A fair waiter's entry: its wait runs in a task of its own.
-pub(super) struct Waiter {
-    /// Which wait of the owner this is (an owner may queue again later);
-    /// the waits of one key of this process are sent to the server in the
-    /// order of their ids.
-    pub(super) id: u64,
-    /// Whether the server showed the wait queued (or it was taken for
-    /// queued), which the first attempt was answered on.
-    pub(super) queued: bool,
-    /// When the entry expires unless a `Join` refreshes it: `entry_ttl`
-    /// after the owner's latest attempt was answered.
-    pub(super) expires_at: Instant,
-    pub(super) entry_ttl: Duration,
-    /// The ttl of the owner's latest attempt: a granted lease's.
-    pub(super) ttl: Duration,
-    /// Dropped with the entry, which stops the wait.
-    _stop: oneshot::Sender<()>,
-    /// True once the task has let go of the wait (and of a lock granted in
-    /// the race).
-    done: watch::Receiver<bool>,
-    /// Why the wait ended without the key, for the owner's next attempt.
-    pub(super) failed: Option<LockError>,
-}
-
-/// A fair session's count against [`Fair::max`], given back when dropped.
-pub(super) struct FairTicket(Weak<Fair>);
-
-impl Drop for FairTicket {
-    fn drop(&mut self) {
-        if let Some(fair) = self.0.upgrade() {
-            fair.sessions.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-}
-
-/// What a new wait starts with: a kept session, or the right to open one.
-pub(super) enum Reserved {
-    Session(Arc<LockSession>),
-    Ticket(FairTicket),
-}
-
-/// The first answer of a wait, to the attempt that started it.
-pub(super) enum First {
-    /// The server shows the session waiting in the key's queue.
-    Queued,
-    /// The lock was granted (the key was free), and is the owner's lease.
-    Granted(Grant),
-    Failed(LockError),
-}
-
-impl Fair {
-    pub(super) fn new(max: usize) -> Arc<Self> {
-        Arc::new(Self {
-            used: AtomicBool::new(false),
-            queues: Mutex::default(),
-            enqueued: Notify::new(),
-            sessions: AtomicUsize::new(0),
-            max,
-        })
-    }
-
-    pub(super) fn queues(&self) -> MutexGuard<'_, Queues> {
-        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// The queues, for a fair attempt or a handoff notice.
-    fn queues_in_use(&self) -> MutexGuard<'_, Queues> {
-        self.used.store(true, Ordering::Release);
-        self.queues()
-    }
-
-    /// The right to open one more fair session, if there is room.
-    pub(super) fn ticket(self: &Arc<Self>) -> Option<FairTicket> {
-        self.sessions
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-                (open < self.max).then_some(open + 1)
-            })
-            .ok()?;
-        Some(FairTicket(Arc::downgrade(self)))
-    }
-
-    /// A kept session that is still fit, or else the right to open one.
-    fn reserve(self: &Arc<Self>, queues: &mut Queues) -> Option<Reserved> {
-        while let Some((session, _)) = queues.idle.pop() {
-            if !session.is_ended() && !session.is_retired() && session.claims.holds_nothing() {
-                return Some(Reserved::Session(session));
-            }
-        }
-        self.ticket().map(Reserved::Ticket)
-    }
-}
 
 /// Drops the handoff registration it names, unless a newer one took its
 /// place: a notice dropped unresolved leaves nothing registered.
@@ -408,21 +274,6 @@ impl Inner {
             })
     }
 
-    /// The error of a fair waiter that would need one fair session more
-    /// than [`PgOptions::fair_sessions`](super::PgOptions::fair_sessions).
-    pub(super) fn fair_sessions_busy(&self, key: &LockKey) -> LockError {
-        LockError::backend(
-            KIND,
-            Operation::Acquire,
-            key.as_str(),
-            Failure::msg(format!(
-                "every fair session is in use ({} at most, PgOptions::fair_sessions): the \
-                 waiter cannot queue until a fair waiter of this backend is served or leaves",
-                self.options.fair_sessions
-            )),
-        )
-    }
-
     /// Registers `owner`'s handoff notice for `key` (see the module docs).
     pub(super) fn subscribe_handoff(&self, key: &LockKey, owner: &OwnerId) -> Handoff {
         let (sender, receiver) = oneshot::channel();
@@ -476,45 +327,5 @@ impl Inner {
             let within = self.connector.connect_timeout() * 2 + Duration::from_secs(1);
             let _ = timeout(within, done.wait_for(|done| *done)).await;
         }
-    }
-
-    /// Keeps `session`, a fair session that holds nothing now, for the next
-    /// fair waiter, for [`KEPT_IDLE`]; any other session is left alone.
-    pub(super) fn fair_session_free(self: &Arc<Self>, session: &Arc<LockSession>) {
-        if !session.is_fair()
-            || session.is_ended()
-            || session.is_retired()
-            || !session.claims.holds_nothing()
-        {
-            return;
-        }
-        let stay = {
-            let mut queues = self.fair.queues();
-            if queues
-                .idle
-                .iter()
-                .any(|(kept, _)| Arc::ptr_eq(kept, session))
-            {
-                return;
-            }
-            let stay = queues.next_id();
-            queues.idle.push((Arc::clone(session), stay));
-            stay
-        };
-        let fair = Arc::downgrade(&self.fair);
-        self.home.spawn(async move {
-            sleep(KEPT_IDLE).await;
-            let Some(fair) = fair.upgrade() else { return };
-            let closed = {
-                let mut queues = fair.queues();
-                queues
-                    .idle
-                    .iter()
-                    .position(|(_, kept)| *kept == stay)
-                    .map(|at| queues.idle.swap_remove(at))
-            };
-            // Dropping the last handle closes the connection.
-            drop(closed);
-        });
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::types::Type;
 
-use super::fair_wait::Wait;
+use super::fair_queue::Wait;
 use super::session::LockSession;
 use super::{Inner, sql};
 use crate::key::LockKey;

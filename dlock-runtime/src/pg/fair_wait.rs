@@ -3,201 +3,25 @@
 //! comes of the answer, and the statement sent again after a cut-off.
 //!
 //! Its own file: the task runs apart from the owner's attempts, which only
-//! meet it through the queues in `fair`.
+//! meet it through the queues in `fair_queue`.
 
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tokio::sync::{oneshot, watch};
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::sleep;
 use tokio_postgres::error::SqlState;
 
 use super::connection::Failure;
-use super::fair::{FairTicket, First, Place, Reserved};
 use super::fair_grant::deliver;
+use super::fair_queue::{FairTicket, Reserved, Wait};
 use super::fair_statement::{WaitRows, granted, send_wait};
 use super::session::LockSession;
 use super::{Inner, KIND, sql};
-use crate::backend::OwnerId;
 use crate::error::{LockError, Operation};
-use crate::key::LockKey;
 
 /// The longest pause between two waits sent again after a cut-off.
 const MAX_RESTART_PAUSE: Duration = Duration::from_secs(1);
-
-/// One owner's wait in one key's queue, run by [`wait_in_queue`].
-pub(super) struct Wait {
-    pub(super) inner: Arc<Inner>,
-    pub(super) key: LockKey,
-    pub(super) owner: OwnerId,
-    pub(super) id: u64,
-    pub(super) identity: Option<Arc<str>>,
-    /// The holder record ([`crate::HolderInfo::encode`]).
-    pub(super) holder: String,
-    /// Resolves when the entry is removed (rule F3).
-    pub(super) stop: oneshot::Receiver<()>,
-    /// Set once the wait is no longer wanted.
-    pub(super) stopped: bool,
-    /// Set (and dropped) when the task ends.
-    pub(super) done: watch::Sender<bool>,
-    /// The first attempt, until it is answered.
-    pub(super) first: Option<oneshot::Sender<First>>,
-}
-
-impl Wait {
-    pub(super) fn place(&self) -> Place {
-        (self.key.clone(), self.owner)
-    }
-
-    /// Tells the first attempt that the wait is queued; the entry lives
-    /// its `entry_ttl` from this answer. The waits of the key that came
-    /// after it in this process may go to the server now.
-    fn report_queued(&mut self) {
-        if let Some(first) = self.first.take() {
-            let _ = first.send(First::Queued);
-            let place = self.place();
-            {
-                let mut queues = self.inner.fair.queues();
-                if let Some(waiter) = queues.waiters.get_mut(&place).filter(|w| w.id == self.id) {
-                    waiter.expires_at = Instant::now() + waiter.entry_ttl;
-                    waiter.queued = true;
-                }
-            }
-            self.inner.fair.enqueued.notify_waiters();
-        }
-    }
-
-    /// Waits until every earlier wait of this key in this process is
-    /// queued on the server, or gone: a process's waiters of one key are
-    /// queued in the order their first attempts came, however long each
-    /// takes to get a session. Only a first wait does: one sent again
-    /// (after a cut-off) goes at once, its place being lost anyway. False
-    /// if the wait is no longer wanted meanwhile.
-    async fn until_first_in_process(&mut self) -> bool {
-        if self.first.is_none() {
-            return true;
-        }
-        let fair = Arc::clone(&self.inner.fair);
-        loop {
-            let told = fair.enqueued.notified();
-            tokio::pin!(told);
-            told.as_mut().enable();
-            let behind = {
-                let queues = fair.queues();
-                queues.waiters.iter().any(|((key, _), waiter)| {
-                    *key == self.key
-                        && waiter.id < self.id
-                        && !waiter.queued
-                        && waiter.failed.is_none()
-                })
-            };
-            if !behind {
-                return true;
-            }
-            tokio::select! {
-                () = told => {}
-                // A safety net: an earlier wait's task that ends without
-                // a word is seen within this.
-                () = sleep(Duration::from_millis(50)) => {}
-                () = self.unwanted() => return false,
-            }
-        }
-    }
-
-    /// Ends the wait with `err`: the first attempt's answer if it still
-    /// waits for one, else the owner's next attempt's.
-    pub(super) fn fail(&mut self, err: LockError) {
-        let err = match self.first.take() {
-            Some(first) => match first.send(First::Failed(err)) {
-                Ok(()) => return,
-                Err(First::Failed(err)) => err,
-                Err(_) => return,
-            },
-            None => err,
-        };
-        let place = self.place();
-        let mut queues = self.inner.fair.queues();
-        if let Some(waiter) = queues.waiters.get_mut(&place).filter(|w| w.id == self.id) {
-            waiter.failed = Some(err);
-        }
-    }
-
-    /// Resolves once nobody wants the wait any more: its entry was removed
-    /// (its owner left the queue), or it expired unrefreshed (and is
-    /// removed here). An entry does not expire while its first attempt
-    /// waits for its answer: its life counts from that answer.
-    async fn unwanted(&mut self) {
-        if self.stopped {
-            return;
-        }
-        let place = self.place();
-        loop {
-            let expires_at = {
-                let mut queues = self.inner.fair.queues();
-                match queues.waiters.get(&place) {
-                    Some(waiter) if waiter.id == self.id => {
-                        if self.first.is_some() {
-                            None
-                        } else if waiter.expires_at <= Instant::now() {
-                            queues.waiters.remove(&place);
-                            self.stopped = true;
-                            return;
-                        } else {
-                            Some(waiter.expires_at)
-                        }
-                    }
-                    _ => {
-                        self.stopped = true;
-                        return;
-                    }
-                }
-            };
-            let expiry = async {
-                match expires_at {
-                    Some(at) => sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                _ = &mut self.stop => {
-                    self.stopped = true;
-                    return;
-                }
-                () = expiry => {}
-            }
-        }
-    }
-}
-
-impl Drop for Wait {
-    /// However the task ends (its runtime shutting down included), the
-    /// owner's entry goes with it, unless it keeps an error for the owner's
-    /// next attempt; then whoever waits for the wait to end hears of it.
-    fn drop(&mut self) {
-        let place = self.place();
-        let unfinished = {
-            let mut queues = self.inner.fair.queues();
-            let unfinished = queues
-                .waiters
-                .get(&place)
-                .is_some_and(|w| w.id == self.id && w.failed.is_none());
-            if unfinished {
-                queues.waiters.remove(&place);
-            }
-            unfinished
-        };
-        // A first attempt still waiting for its answer: the owner left the
-        // queue meanwhile, and the key is not its (`Held`); unless the task
-        // was dropped unfinished, with its runtime, which that attempt
-        // hears as such.
-        if !unfinished && let Some(first) = self.first.take() {
-            let _ = first.send(First::Queued);
-        }
-        self.inner.fair.enqueued.notify_waiters();
-        self.done.send_replace(true);
-    }
-}
 
 /// The task of one fair wait (see the module docs): a session of its own,
 /// the wait statement, and what comes of it.
@@ -238,9 +62,9 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
             }
         };
         let recording = on.started.filter(|_| recording);
-        if recording.is_none() && on.may_have_a_record_of(wait.key.as_str()) {
+        if recording.is_none() && on.records().may_have_a_record_of(wait.key.as_str()) {
             // A record it wrote of an earlier lease could be read for this
-            // one (see `LockSession::wrote_a_record`): another session.
+            // one (see `Records::wrote_a_record`): another session.
             on.end(
                 "a fair session that wrote holder records takes no lease without one".to_owned(),
             );
@@ -264,7 +88,7 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                         if recording.is_none() || since.is_some() =>
                     {
                         if since.is_some() {
-                            on.wrote_a_record(wait.key.as_str());
+                            on.records().wrote_a_record(wait.key.as_str());
                         }
                         return deliver(wait, on, advisory_key, token, since).await;
                     }
@@ -281,7 +105,7 @@ pub(super) async fn wait_in_queue(mut wait: Wait, reserved: Reserved) {
                     // An answer it cannot read: the record may be there.
                     Some(Err(err)) => {
                         if recording.is_some() {
-                            on.wrote_a_record(wait.key.as_str());
+                            on.records().wrote_a_record(wait.key.as_str());
                         }
                         err
                     }
@@ -406,29 +230,20 @@ impl Rounds {
     ) -> ControlFlow<()> {
         // A trigger may have written a row of its own
         // making (see `Inner::try_lock`).
-        on.wrote_a_record(wait.key.as_str());
+        on.records().wrote_a_record(wait.key.as_str());
         if !inner.drop_fair_locks(&on).await {
             self.pause = restart_pause(self.pause);
             return ControlFlow::Continue(());
         }
-        let what = format!(
-            "the fair lock statement of `{}` wrote no record, which a trigger \
-             or a rule on {}.dlock_holders skips: the lock was not taken",
-            wait.key, inner.quoted_schema
-        );
-        if wait.identity.is_none() {
-            inner.records_unusable(&what);
+        let identified = wait.identity.is_some();
+        let Some(err) = inner.no_record_written("fair lock statement", &wait.key, identified)
+        else {
             self.record = Some(false);
             self.session = Some(on);
             return ControlFlow::Continue(());
-        }
+        };
         inner.fair_session_free(&on);
-        wait.fail(LockError::backend(
-            KIND,
-            Operation::Acquire,
-            wait.key.as_str(),
-            Failure::msg(what),
-        ));
+        wait.fail(err);
         ControlFlow::Break(())
     }
 

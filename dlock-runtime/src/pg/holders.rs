@@ -42,6 +42,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_postgres::types::Type;
 
+use super::announce::ANNOUNCED_RECHECK;
 use super::connection::Failure;
 use super::{Inner, KIND, UNWATCHED_RECHECK, names, sql, xact};
 use crate::backend::{self, ReleaseNotice};
@@ -55,15 +56,6 @@ use crate::key::LockKey;
 /// server's state moves on its own), or while no listening connection
 /// could be opened (see the `listen` module).
 const FREE_RECHECK: Duration = Duration::from_millis(50);
-
-/// How soon a reader watching a free key looks again although the
-/// listening connection would wake it: an acquisition that was not
-/// announced (by a dlock that predates announcements, as in a rolling
-/// upgrade, or whose announcement failed, see the `announce` module)
-/// would otherwise go unseen until the reader's own timer, 10 s for an
-/// election's observer. One read a second for each such watch, where
-/// [`FREE_RECHECK`] costs twenty.
-pub(super) const ANNOUNCED_RECHECK: Duration = Duration::from_secs(1);
 
 /// The session holding a key, as [`sql::HOLDER_SESSION`] reads it.
 struct HolderSession {

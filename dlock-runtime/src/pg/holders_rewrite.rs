@@ -66,7 +66,7 @@ impl Inner {
         leases: Vec<(LockKey, OwnerId)>,
     ) {
         // A session that could not tell when it started records nothing.
-        if leases.is_empty() || session.started.is_none() || !session.may_rewrite() {
+        if leases.is_empty() || session.started.is_none() || !session.records().may_rewrite() {
             return;
         }
         let (inner, session) = (Arc::clone(self), Arc::clone(session));
@@ -90,10 +90,10 @@ impl Inner {
     ) {
         // An unlock deleting a record on this session, or another write
         // in flight: the next renewal looks at the records.
-        let Ok(_writes) = session.record_writes.try_lock() else {
+        let Ok(_writes) = session.records().writes.try_lock() else {
             return;
         };
-        if session.is_ended() || !session.may_rewrite() {
+        if session.is_ended() || !session.records().may_rewrite() {
             return;
         }
         // Only leases held at this moment, under the lock an unlock takes
@@ -210,7 +210,7 @@ impl Inner {
             );
             return;
         }
-        session.pause_rewrites(REWRITE_PAUSE);
+        session.records().pause_rewrites(REWRITE_PAUSE);
         if err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
             let lacks = self
                 .holders_privileges(session)

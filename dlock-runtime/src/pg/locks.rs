@@ -1,14 +1,8 @@
 //! Taking one key's session advisory lock: the lock statement and its
 //! token, the in-process claim, undoing a failed statement, and the
-//! clean-up of work cut short. Dropping it is `unlock`'s.
-//!
-//! Over 700 lines because the three lock statements (plain, named with
-//! token marks, recording) share one attempt loop: which one is sent, what
-//! its answer means and how a failure of each is undone are decided
-//! together, so a retry never pairs one statement's answer with another's
-//! undo. The seam for a split is the recording statement's answer
-//! (`read_lock_answer`'s trigger and record cases), which belongs with
-//! `holders_table` once plain leases no longer fall back to records.
+//! clean-up of work cut short. Dropping it is `unlock`'s; what the
+//! recording statement's answer and failures mean for its record is
+//! `recording`'s.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -67,10 +61,10 @@ impl Inner {
             // itself in a record: its leases record nothing.
             let recording = session.started.filter(|_| record);
             let named = slot.is_some() && recording.is_none() && session.started.is_some();
-            if recording.is_none() && session.may_have_a_record_of(key.as_str()) {
+            if recording.is_none() && session.records().may_have_a_record_of(key.as_str()) {
                 // A record it wrote of an earlier lease could be read for a
                 // lease it takes now without one (see
-                // `LockSession::wrote_a_record`): it takes no new lease,
+                // `Records::wrote_a_record`): it takes no new lease,
                 // and the next session (a new one, if need be) takes this.
                 session.retire();
                 continue;
@@ -251,7 +245,9 @@ impl Inner {
             }
             Some(started) => {
                 match session
+                    .records()
                     .recording(
+                        session,
                         &self.try_lock_recording_sql,
                         &self.unlock_recorded_sql,
                         &self.delete_released_sql,
@@ -344,27 +340,15 @@ impl Inner {
                 // A trigger may have written a row of its own
                 // making: the session takes no lease of the
                 // key without a record from now on.
-                session.wrote_a_record(key.as_str());
+                session.records().wrote_a_record(key.as_str());
                 self.give_back(&session, advisory_key, None, None).await;
-                let what = format!(
-                    "the lock statement of `{key}` wrote no record, which a trigger \
-                     or a rule on {}.dlock_holders skips: the lock was not taken",
-                    self.quoted_schema
-                );
-                if identity.is_none() {
-                    self.records_unusable(&what);
-                    return None;
-                }
-                Err(LockError::backend(
-                    KIND,
-                    Operation::Acquire,
-                    key.as_str(),
-                    Failure::msg(what),
-                ))
+                return self
+                    .no_record_written("lock statement", key, identity.is_some())
+                    .map(Err);
             }
             (Ok((advisory_key, token)), Ok((since, _))) => {
                 if since.is_some() {
-                    session.wrote_a_record(key.as_str());
+                    session.records().wrote_a_record(key.as_str());
                 }
                 session
                     .claims
@@ -385,7 +369,7 @@ impl Inner {
             // without an identity is taken without its record,
             // on another session (the record may be there).
             (Ok((advisory_key, token)), Err(e)) => {
-                session.wrote_a_record(key.as_str());
+                session.records().wrote_a_record(key.as_str());
                 if token.is_some() {
                     self.give_back(&session, advisory_key, token, None).await;
                 }
@@ -403,34 +387,6 @@ impl Inner {
                 Err(self.failed(Operation::Acquire, key, "unexpected answer", e))
             }
         })
-    }
-
-    /// Whether a lease without an identity (`identified` false) whose
-    /// `recording` lock statement failed with `err` is taken without its
-    /// record: it never fails for its record, since what stopped the
-    /// recording statement (a privilege revoked, the table locked by a DBA
-    /// or changed), the plain one does not meet. Says why the records are
-    /// given up when they are.
-    pub(super) fn records_refused(
-        &self,
-        key: &LockKey,
-        identified: bool,
-        recording: bool,
-        err: &tokio_postgres::Error,
-    ) -> bool {
-        if identified
-            || !recording
-            || err.as_db_error().is_none()
-            || sql::refused_sequence(err).is_some()
-        {
-            return false;
-        }
-        if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-            self.records_locked(key, err);
-        } else {
-            self.records_unusable(err);
-        }
-        true
     }
 
     /// The error of a lock statement (plain, or `recording` the holder)

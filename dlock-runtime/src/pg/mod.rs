@@ -378,6 +378,7 @@ mod deadlines;
 mod entry;
 mod fair;
 mod fair_grant;
+mod fair_queue;
 mod fair_statement;
 mod fair_wait;
 pub mod fence;
@@ -389,12 +390,14 @@ mod holders_table;
 mod home;
 mod listen;
 mod locks;
+mod mode_sql;
 mod mode_statements;
 mod modes;
 mod names;
 mod objects;
 mod options;
 mod read_hold;
+mod recording;
 mod sequence;
 mod session;
 mod sessions;
@@ -567,7 +570,7 @@ struct Inner {
     deadlines: Arc<Deadlines>,
     waits: Waits,
     /// Fair waiters, their handoff notices and their sessions.
-    fair: Arc<fair::Fair>,
+    fair: Arc<fair_queue::Fair>,
     /// Hears acquisitions announced, for watches of free keys.
     listener: Listener,
     /// Paces the warnings of announcements that failed (see `announce`)

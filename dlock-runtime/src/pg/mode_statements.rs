@@ -16,9 +16,10 @@ use tokio_postgres::error::SqlState;
 
 use super::claims::PermitClaim;
 use super::connection::Failure;
+use super::mode_sql::ModeStatement;
 use super::modes::ABSENT_BELIEVED;
 use super::read_hold::ReadHold;
-use super::session::{LockSession, ModeStatement};
+use super::session::LockSession;
 use super::{Inner, KIND, sql, xact};
 use crate::backend::{Access, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL};
 use crate::error::{LockError, Operation};

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use tokio::sync::OnceCell;
 use tokio::time::Instant;
+use tokio_postgres::Statement;
 use tokio_postgres::error::SqlState;
 
 use super::session::LockSession;
@@ -78,6 +80,59 @@ pub(super) struct MarkSlot(Arc<AtomicUsize>);
 impl Drop for MarkSlot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a lock session keeps of names.
+#[derive(Default)]
+struct NamedSession {
+    /// The lock and unlock of named leases, prepared on the first such
+    /// lease.
+    statements: OnceCell<(Statement, Statement)>,
+    /// The holders this session named, with when: one, unless its leases
+    /// carry several labels.
+    holders: Mutex<Vec<(Box<str>, Instant)>>,
+}
+
+impl LockSession {
+    /// The lock and unlock statements of named leases (the SQL of
+    /// [`sql::TRY_LOCK_NAMED`] and [`sql::UNLOCK_NAMED`]), prepared on
+    /// first use.
+    pub(super) async fn named_statements(
+        &self,
+        try_lock_sql: &str,
+        unlock_sql: &str,
+    ) -> Result<&(Statement, Statement), tokio_postgres::Error> {
+        self.feature::<NamedSession>()
+            .statements
+            .get_or_try_init(|| async {
+                Ok((
+                    self.prepare(try_lock_sql).await?,
+                    self.prepare(unlock_sql).await?,
+                ))
+            })
+            .await
+    }
+
+    /// Whether this session named `holder` within `kept`.
+    fn named(&self, holder: &str, kept: Duration) -> bool {
+        self.feature::<NamedSession>()
+            .holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .any(|(named, at)| **named == *holder && at.elapsed() < kept)
+    }
+
+    /// Notes that this session named `holder` now.
+    fn name(&self, holder: &str) {
+        let mut named = self
+            .feature::<NamedSession>()
+            .holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        named.retain(|(n, _)| **n != *holder);
+        named.push((holder.into(), Instant::now()));
     }
 }
 

@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 
 use super::Inner;
-use super::session::{LockSession, ModeStatement};
+use super::mode_sql::ModeStatement;
+use super::session::LockSession;
 use crate::backend::{Access, Attempt, Grant, OwnerId, QUEUE_ENTRY_TTL};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::SystemTime;
 
 use super::connection::Failure;
-use super::fair::FairTicket;
+use super::fair_queue::FairTicket;
 use super::session::{self, LockSession, SessionEnding};
 use super::{Inner, KIND, hash, sql};
 use crate::backend::LossGroup;

@@ -178,14 +178,16 @@ impl Inner {
         }
         if let Some(token) = record.filter(|_| !immediate) {
             let row = self.unlock_behind_gate(session, advisory_key).await?;
-            if let Some(batch) = session.released(advisory_key, token) {
+            if let Some(batch) = session.records().released(advisory_key, token) {
                 self.delete_batch(session, batch).await;
             }
             return Ok(Unlocked::plain(row.try_get(0).unwrap_or(false)));
         }
         if let Some(token) = record {
             let statements = session
+                .records()
                 .recording(
+                    session,
                     &self.try_lock_recording_sql,
                     &self.unlock_recorded_sql,
                     &self.delete_released_sql,
@@ -193,7 +195,7 @@ impl Inner {
                 .await?;
             // Not while a renewal writes records on this session: its write
             // must reach the server before this delete, never after.
-            let _writes = session.record_writes.lock().await;
+            let _writes = session.records().writes.lock().await;
             match session
                 .query_one(&statements.unlock, &[&advisory_key, &token])
                 .await
@@ -224,7 +226,7 @@ impl Inner {
                 // this live session until now, and it is released.
                 Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
                     self.unlock_behind_gate(session, advisory_key).await?;
-                    if let Some(batch) = session.released(advisory_key, token) {
+                    if let Some(batch) = session.records().released(advisory_key, token) {
                         self.delete_batch(session, batch).await;
                     }
                     return Ok(Unlocked::plain(true));
@@ -237,7 +239,7 @@ impl Inner {
                 // key, so an unlock of a lock already dropped drops
                 // nothing), and the record stays. The session wrote it,
                 // so no lease of the key on it is ever read with it (see
-                // `LockSession::wrote_a_record`); ending the session would
+                // `Records::wrote_a_record`); ending the session would
                 // lose every other lease on it.
                 Err(err)
                     if sql::raised_by_a_trigger(&err)
@@ -298,8 +300,9 @@ impl Inner {
     /// [`sql::DELETE_RELEASED`]). A failure keeps them for the next batch:
     /// until then the session takes no lock that records nothing of their
     /// keys without deleting them first (see `try_lock`).
-    async fn delete_batch(&self, session: &LockSession, batch: super::session::Released) {
-        let (Some(started), Some(statements)) = (session.started, session.recording_prepared())
+    async fn delete_batch(&self, session: &LockSession, batch: super::recording::Released) {
+        let (Some(started), Some(statements)) =
+            (session.started, session.records().recording_prepared())
         else {
             return;
         };
@@ -310,7 +313,7 @@ impl Inner {
             )
             .await;
         if deleted.is_err() {
-            session.keep_released(batch);
+            session.records().keep_released(batch);
         }
     }
 

@@ -54,15 +54,20 @@ pub(in crate::pg) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_l
 /// CREATE privilege before `IF NOT EXISTS`).
 pub(in crate::pg) const CREATE_SCHEMA: &str = "CREATE SCHEMA IF NOT EXISTS {schema}";
 
-/// Creates the token sequence (only sent when it is missing).
-pub(in crate::pg) const CREATE_SEQUENCE: &str =
-    "CREATE SEQUENCE IF NOT EXISTS {schema}.dlock_token_seq AS bigint";
+/// Creates the token sequence (only sent when it is missing), with a token
+/// lead of 10 ms (see `token_lead!`): a sequence dlock creates is drawn
+/// from by this version and later ones only, which serialise their writes
+/// under the draw lock.
+pub(in crate::pg) const CREATE_SEQUENCE: &str = "\
+CREATE SEQUENCE IF NOT EXISTS {schema}.dlock_token_seq AS bigint;
+COMMENT ON SEQUENCE {schema}.dlock_token_seq IS 'dlock-token-lead-us=10000'";
 
 /// The DDL a DBA runs to pre-create the backend's objects, for errors.
 pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
         "CREATE SCHEMA IF NOT EXISTS {s}; \
          CREATE SEQUENCE IF NOT EXISTS {s}.dlock_token_seq AS bigint; \
+         COMMENT ON SEQUENCE {s}.dlock_token_seq IS 'dlock-token-lead-us=10000'; \
          GRANT USAGE ON SCHEMA {s} TO {r}; \
          GRANT USAGE, UPDATE ON SEQUENCE {s}.dlock_token_seq TO {r};",
         s = quoted_schema,

@@ -28,6 +28,7 @@ mod names;
 mod names_faults;
 mod names_marks;
 mod server;
+mod token_lead;
 mod tokens;
 mod unlogged;
 mod upgrade;

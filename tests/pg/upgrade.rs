@@ -90,6 +90,18 @@ impl Older {
     }
 }
 
+/// The schema and token sequence as an older dlock made them: a sequence
+/// without a token lead, which a new replica leaves so (docs/postgres.md).
+async fn made_by_an_older_dlock(schema: &ScratchSchema, admin: &Client) {
+    admin
+        .batch_execute(&format!(
+            "CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint",
+            s = schema.name
+        ))
+        .await
+        .expect("the older dlock's objects");
+}
+
 async fn connect(schema: &ScratchSchema) -> Arc<dyn Backend> {
     Arc::new(
         PgBackend::connect_with(&shared_conn(), schema.options())
@@ -105,6 +117,8 @@ async fn connect(schema: &ScratchSchema) -> Arc<dyn Backend> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_and_new_replicas_exclude_each_other_and_tokens_keep_rising_across_both() {
     let schema = ScratchSchema::new("upgrade");
+    let admin = shared_client().await;
+    made_by_an_older_dlock(&schema, &admin).await;
     let new = connect(&schema).await;
     let reader = connect(&schema).await;
     let prefix = format!("dlock-test:upgrade:{}:", random_id());
@@ -119,7 +133,6 @@ async fn old_and_new_replicas_exclude_each_other_and_tokens_keep_rising_across_b
         .await
         .expect("release");
     let older = Older::new(&schema).await;
-    let admin = shared_client().await;
     let mut last = 0_i64;
     for round in 0..3 {
         let old_token = older.try_lock(&key).await.expect("free for the older one");
@@ -177,4 +190,63 @@ async fn old_and_new_replicas_exclude_each_other_and_tokens_keep_rising_across_b
         );
         lease.release().await.expect("release");
     }
+}
+
+/// An older dlock writes the sequence without the draw lock, so its
+/// `setval` of a clock reading may land after a new replica's draw. On the
+/// sequence an older dlock made, which a new replica leaves without a
+/// token lead, such a late write lowers no key's next token, whichever
+/// replica draws it: the next draw finds the sequence behind the clock and
+/// hands out the clock, past the last token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_token() {
+    let schema = ScratchSchema::new("upgrade");
+    let admin = shared_client().await;
+    made_by_an_older_dlock(&schema, &admin).await;
+    let new = connect(&schema).await;
+    let seq = format!("{}.dlock_token_seq", schema.name);
+    let lead: Option<String> = admin
+        .query_one(
+            &format!("SELECT obj_description('{seq}'::regclass, 'pg_class')"),
+            &[],
+        )
+        .await
+        .expect("comment")
+        .get(0);
+    assert_eq!(lead, None, "a new replica added a token lead");
+    let older = Older::new(&schema).await;
+    let key = LockKey::new(format!("dlock-test:upgrade:{}:late", random_id())).expect("key");
+    let options = LockOptions::new(Duration::from_secs(30));
+    let late_write = |token: i64| format!("SELECT setval('{seq}', {})", token - 5_000);
+    let mut last = 0_i64;
+    for round in 0..3 {
+        let lease = options
+            .acquire_on(Arc::clone(&new), &key)
+            .await
+            .expect("free for the new one");
+        let new_token = lease.token().get() as i64;
+        lease.release().await.expect("release");
+        assert!(new_token > last, "round {round}: {new_token} after {last}");
+        admin
+            .batch_execute(&late_write(new_token))
+            .await
+            .expect("the older replica's late write");
+        let old_token = older.try_lock(&key).await.expect("free for the older one");
+        older.unlock(&key).await;
+        assert!(
+            old_token > new_token,
+            "round {round}: the older replica's {old_token} after {new_token}"
+        );
+        admin
+            .batch_execute(&late_write(old_token))
+            .await
+            .expect("the older replica's late write");
+        last = old_token;
+    }
+    let lease = options
+        .acquire_on(Arc::clone(&new), &key)
+        .await
+        .expect("free for the new one");
+    assert!(lease.token().get() as i64 > last);
+    lease.release().await.expect("release");
 }

@@ -38,8 +38,10 @@
 //! One statement takes the lock and, only if it was taken, draws the token,
 //! so the token comes in the same round trip: the next value of the
 //! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
-//! (`clock_timestamp()`), whichever is higher — the Redis backend's rule,
-//! with its two guarantees. The clock floor keeps tokens above every token
+//! (`clock_timestamp()`) plus the sequence's token lead (10 ms on a
+//! sequence dlock creates), whichever is higher — the Redis backend's rule
+//! with the clock moved up by the lead, and its two guarantees. The clock
+//! floor keeps tokens above every token
 //! handed out before when the sequence goes back: a DBA drops and recreates
 //! it or `setval`s it, a failover to an asynchronous replica or a
 //! point-in-time restore brings back an older copy. And whenever the clock
@@ -50,7 +52,9 @@
 //! step back lowers them. A sequence is not transactional and needs no row
 //! per key; the statement's own commit is asynchronous (a crash that loses
 //! the last `setval` only leaves the sequence behind, which the clock floor
-//! covers), so the write costs no WAL flush.
+//! covers), so the write costs no WAL flush. With the lead it comes once
+//! per 10 ms per server: the draws in between take `nextval`, the sequence
+//! being ahead of the clock (docs/postgres.md, "What a token costs").
 //!
 //! Tokens of one key rise strictly unless the sequence went back *and* the
 //! server clock stepped back at the same time (or, after a failover, the

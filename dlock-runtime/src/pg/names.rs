@@ -285,11 +285,11 @@ pub(super) fn session_holder(records: &[String]) -> Option<HolderInfo> {
 
 /// How long a lease without a record has held its key: the server's clock
 /// now (`now_us`) less its `token`, which the draw took from that clock
-/// (see `sql::TRY_LOCK`: a token is the greater of the sequence and the
-/// clock in microseconds). Exact to the microsecond while the clock wins,
-/// as it does unless the token sequence runs ahead of the clock (tokens
-/// drawn faster than one a microsecond, or a DBA's `setval`): then it
-/// reads short by the sequence's lead, and no less than zero.
+/// (see `sql::TRY_LOCK`). Short by how far the token was ahead of the clock
+/// at its draw: up to the sequence's token lead (10 ms on a sequence dlock
+/// creates, see `draw_token!`; exact without one), more after a burst of
+/// tokens drawn faster than one a microsecond or a DBA's `setval` ahead;
+/// never less than zero.
 pub(super) fn held_for(token: i64, now_us: i64) -> Duration {
     Duration::from_micros(u64::try_from(now_us.saturating_sub(token)).unwrap_or(0))
 }

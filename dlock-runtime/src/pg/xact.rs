@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use tokio_postgres::Transaction;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 use super::connection::Failure;
 use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
@@ -30,16 +30,21 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// [`PgBackend`](super::PgBackend) locks with the same key seed (the
 /// schema plays no part in it), so both kinds exclude each other; with the
 /// same schema too, the fencing token is drawn by the same rule from the
-/// same sequence — `greatest(nextval, server clock in
-/// µs)`, see the [module docs](super#fencing-tokens) — so the tokens of a
+/// same sequence — `nextval`, or the server clock in µs plus the token
+/// lead once the clock is past it, see the [module docs](super#fencing-tokens) — so the tokens of a
 /// key rise across both, and keep rising when the sequence is dropped and
 /// recreated or set back. The sequence is not transactional: a token handed
 /// out is never handed out again, even if the transaction rolls back. With
 /// UPDATE on the sequence (see the module docs) the draw `setval`s it when
-/// the clock wins, which gives the transaction a transaction id and a WAL
-/// record: a read-only transaction becomes a writing one, whose commit
-/// waits for its WAL flush as your `synchronous_commit` says (dlock leaves
-/// that setting of your transaction alone).
+/// the clock is past it (once per token lead, or nearly always without
+/// one), in a savepoint of its own that the same message rolls back, so
+/// the draw lock it takes is never held by your transaction; that gives
+/// the transaction a transaction id and a WAL record: a read-only
+/// transaction becomes a writing one, whose commit waits for its WAL
+/// flush as your `synchronous_commit` says (dlock leaves that setting of
+/// your transaction alone). Should that draw fail, the savepoint is rolled
+/// back and the error returned; the lock taken before it stays with the
+/// transaction until it ends, as any transaction lock.
 ///
 /// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
 /// creates it and checks its settings (a DBA may pre-create it instead).
@@ -161,15 +166,17 @@ impl TransactionLock {
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
                 .map_err(|e| fail(&lock_failed(&e, &quoted), e))?;
-            let token: Option<i64> = row
-                .try_get(0)
+            let answer = row
+                .try_get::<_, bool>(0)
+                .and_then(|locked| Ok((locked, row.try_get::<_, Option<i64>>(1)?)))
                 .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
-            return match token {
-                Some(token) => to_token(token, key.as_str()),
-                None => Err(LockError::Held {
+            return match answer {
+                (false, _) => Err(LockError::Held {
                     key: key.to_string(),
                     holder: None,
                 }),
+                (true, Some(token)) => to_token(token, key.as_str()),
+                (true, None) => draw_in_savepoint(tx, &quoted, key.as_str()).await,
             };
         }
         let started = tokio::time::Instant::now();
@@ -190,18 +197,32 @@ impl TransactionLock {
             .await;
         match locked {
             Ok(row) => {
-                let token: i64 = row
+                let token: Option<i64> = row
                     .try_get(0)
                     .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
                 savepoint
                     .query_typed_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
                     .await
                     .map_err(|e| fail("cannot restore lock_timeout", e))?;
+                // Drawn inside the waiting savepoint, so a failed draw
+                // rolls the lock back with it.
+                let mut savepoint = savepoint;
+                let token = match token {
+                    Some(token) => to_token(token, key.as_str()),
+                    None => draw_in_savepoint(&mut savepoint, &quoted, key.as_str()).await,
+                };
+                if token.is_err() {
+                    savepoint
+                        .rollback()
+                        .await
+                        .map_err(|e| fail("cannot roll back the savepoint", e))?;
+                    return token;
+                }
                 savepoint
                     .commit()
                     .await
                     .map_err(|e| fail("cannot release the savepoint", e))?;
-                to_token(token, key.as_str())
+                token
             }
             Err(err) => {
                 let timed_out = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
@@ -219,6 +240,47 @@ impl TransactionLock {
                 }
             }
         }
+    }
+}
+
+/// The draw of a transaction lock whose sequence is behind the clock, in a
+/// savepoint of its own that gives the draw lock back at once (see
+/// [`sql::DRAW_IN_SAVEPOINT`]). Should it fail, the savepoint is rolled
+/// back (the draw lock with it) and the caller's transaction is usable
+/// again; the transaction lock taken before stays until the transaction
+/// ends, as any transaction lock does.
+async fn draw_in_savepoint(
+    tx: &mut Transaction<'_>,
+    quoted_schema: &str,
+    key: &str,
+) -> Result<FencingToken, LockError> {
+    let fail = |what: String, e: tokio_postgres::Error| {
+        LockError::backend(KIND, Operation::Acquire, key, Failure::new(&what, e))
+    };
+    let answer = tx
+        .simple_query(&sql::render(sql::DRAW_IN_SAVEPOINT, quoted_schema))
+        .await;
+    let messages = match answer {
+        Ok(messages) => messages,
+        Err(err) => {
+            if let Err(undo) = tx.batch_execute(sql::DRAW_SAVEPOINT_UNDO).await {
+                tracing::warn!(key, error = %undo, "cannot roll back the savepoint of a failed token draw");
+            }
+            return Err(fail(lock_failed(&err, quoted_schema), err));
+        }
+    };
+    let token = messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0).map(str::parse::<i64>),
+        _ => None,
+    });
+    match token {
+        Some(Ok(token)) => to_token(token, key),
+        _ => Err(LockError::backend(
+            KIND,
+            Operation::Acquire,
+            key,
+            Failure::msg("the token draw answered no token".to_owned()),
+        )),
     }
 }
 

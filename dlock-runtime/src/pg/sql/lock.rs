@@ -17,74 +17,77 @@
 ///
 /// The statement's own transaction commits asynchronously
 /// (`synchronous_commit` off for this transaction only, set before it
-/// commits). `setval` writes WAL and takes a transaction id, and almost
-/// every draw `setval`s (the clock has moved on since the last one), so a
-/// synchronous commit would wait for a WAL flush on every lock. Safe here,
-/// because the commit protects nothing but the sequence's position: the
-/// advisory lock is not logged, and a crash that loses the last `setval`s
-/// (or `nextval`s) leaves the sequence *behind* tokens already handed out
-/// — exactly the sequence going back that the clock floor covers. Only on
+/// commits). `setval` writes WAL and takes a transaction id (once per
+/// lead, or at nearly every draw without one), so a synchronous commit
+/// would wait for a WAL flush on those locks. Safe here, because the
+/// commit protects nothing but the sequence's position: the advisory lock
+/// is not logged, and a crash that loses the last `setval`s (or
+/// `nextval`s) leaves the sequence *behind* tokens already handed out —
+/// exactly the sequence going back that the clock floor covers (a server
+/// takes far longer than the 10 ms lead to come back). Only on
 /// the sessions the backend owns: a [`TransactionLock`](crate::pg::TransactionLock)
 /// draws in the caller's transaction, whose durability is the caller's.
 ///
 /// Why the tokens of one key rise strictly:
 ///
-/// 1. A token is the `greatest` of the two values its own statement read,
-///    never what the sequence holds afterwards.
+/// 1. A token is a value its own statement drew or wrote: `nextval` when
+///    the clock is not past it, else the clock plus the lead (or, under the
+///    draw lock, a second `nextval` the clock is not past) — never what the
+///    sequence holds afterwards.
 /// 2. Acquisitions of one key are serialised by its advisory lock, and the
 ///    draw comes after the lock is taken. A holder lets go only by a later
 ///    statement or by its session ending, so the next holder's `nextval`
 ///    and clock reading come after the previous holder's statement ended,
 ///    `setval` included.
 /// 3. When that statement ended the sequence held at least its token (the
-///    token was `nextval`'s value, or the clock it `setval`ed), so the next
+///    token was `nextval`'s value, or the value it `setval`ed), so the next
 ///    holder's `nextval` is above it, whatever the clock does. A `setval`
-///    of another key's statement can lower the sequence in between only if
-///    that statement overlapped this one: its `nextval` came first and its
-///    `setval`, of a clock reading below this token, lands after. (A
-///    statement that starts later draws a `nextval` above the sequence, so
-///    a clock reading that beats it is above the token too.) That clock
-///    reading is below the token by at most the overlap — microseconds,
-///    unless a server process is descheduled right between its reading and
-///    its `setval` — or by how far the sequence ran ahead of the clock,
-///    which it does only while tokens are drawn faster than one a
-///    microsecond, by that burst's excess.
+///    of another key's statement cannot lower the sequence in between:
+///    draws that write take the draw lock, and under it take `nextval`
+///    again and write only if that is still behind the clock (see
+///    `draw_token!`), so each write is above every value drawn before it. (With no lead a draw writes without the draw lock, as dlock did
+///    before the lead: two overlapping draws may then `setval` in the
+///    wrong order, which lowers the sequence by at most their clocks'
+///    difference, below the clock the next holder reads.)
 /// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start
 ///    of the transaction, which for a waiting `XACT_LOCK` lies before the
 ///    previous holder let go. Between two holders' readings lie at least an
 ///    unlock and a lock, round trips of their own, so if the clock does not
-///    go back the next holder reads a strictly later microsecond, and its
-///    token is above every previous one that came from the clock — which
-///    is what carries tokens when the sequence was set back, lost or
-///    recreated, or moved down by the race in 3.
+///    go back the next holder reads a strictly later microsecond. No token
+///    is above the clock plus the lead at its draw (from the sequence only
+///    while the sequence is at or below that, unless tokens come faster
+///    than one a microsecond), and a draw that finds the sequence behind
+///    hands out its own clock plus the lead: above every earlier token —
+///    which is what carries tokens when the sequence was set back, lost or
+///    recreated.
 ///
-/// Why the draw writes the sequence whenever the clock wins, which is
-/// nearly every draw (tokens come slower than one a microsecond): the
-/// clock floors tokens after the sequence went back only if no token was
-/// ever above the clock at its draw, so the sequence may not be moved
-/// *ahead* of the clock to spare later writes (a `setval` to the clock
-/// plus a margin, drawn from until the clock catches up, hands out tokens
-/// up to that margin above the clock, which a sequence lost within the
-/// margin then undercuts); and a sequence left *behind* the clock-won
-/// tokens no longer holds the last token when the clock steps back. So a
-/// durable memory of the last token is written by every draw the clock
-/// wins. What that write costs is WAL (with an asynchronous commit, no
-/// flush): `nextval` after a `setval` logs too, and the transaction takes
-/// an id. The rest of the draw (the clock reading, the `pg_sequence`
-/// check, the privilege check) costs next to nothing beside the advisory
-/// lock itself. A sequence a DBA made `UNLOGGED` (PostgreSQL 15+) writes
-/// no WAL and keeps every rule above while the server runs, but a crash
-/// or a failover resets it: a counter lost more often, see
-/// docs/postgres.md ("What a token costs").
+/// Why a draw writes the sequence whenever it is behind the clock: the
+/// sequence must hold the last token, or a clock stepped back would lower
+/// tokens. With the lead (10 ms on a sequence dlock creates, see
+/// `token_lead!`) that write moves the sequence 10 ms ahead, and the draws
+/// of those 10 ms take `nextval` and write nothing, which is why the lead
+/// also moves the floor up by as much: a token from the sequence is up to
+/// the lead above the clock, so the floor after a loss must be too. A
+/// write costs WAL and a transaction id (with an asynchronous commit, no
+/// flush); with the lead it comes once per lead per server instead of at
+/// nearly every draw. The rest of the draw (the clock reading, the
+/// `pg_sequence` check, the privilege check) costs next to nothing beside
+/// the advisory lock itself. A sequence a DBA made `UNLOGGED`
+/// (PostgreSQL 15+) writes no WAL and keeps every rule above while the
+/// server runs, but a crash or a failover resets it: a counter lost more
+/// often, see docs/postgres.md ("What a token costs").
 ///
 /// So a lower token needs two faults at once: the sequence behind the
-/// key's last token (set back, lost, or that race) *and* that token ahead
-/// of the server clock: the clock stepped back past it, a DBA `setval`ed
-/// the sequence ahead of the clock (by less than the day the draw allows)
-/// and tokens were drawn from it before it went back, or, after a
-/// failover, a new primary's clock is behind the old one's by more than
-/// the failover took; or a role without UPDATE on the sequence and a
-/// clock that steps back.
+/// key's last token (set back, lost, or, with no lead, that race) *and*
+/// that token ahead of the server clock plus the lead: the clock stepped
+/// back past it, a DBA `setval`ed the sequence ahead of the clock (by less
+/// than the day the draw allows, or, with a lead, set it back to a value
+/// less than the lead above the clock) and tokens were drawn from it
+/// before it went back, or, after a failover, a new primary's clock is
+/// behind the old one's by more than the failover took; or a role without
+/// UPDATE on the sequence and a clock that steps back. A process of a
+/// dlock without the draw lock writes out of order with a leading one:
+/// the lead is switched on only where none draws (see `token_lead!`).
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
     draw_token!(
@@ -274,11 +277,15 @@ SELECT pg_catalog.pg_backend_pid(),
 /// if taken, draws the token — one statement, for the reasons of
 /// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
 /// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
+/// Returns whether the lock was taken and the token, NULL when the draw
+/// must write: then [`DRAW_IN_SAVEPOINT`] draws it (see `draw_ahead!`).
 pub(in crate::pg) const XACT_TRY_LOCK: &str = concat!(
-    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock(
-                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) THEN (",
-    draw_token!("", ""),
-    ") END"
+    "SELECT l.locked, CASE WHEN l.locked THEN (",
+    draw_ahead!(""),
+    ") END
+FROM (SELECT pg_catalog.pg_try_advisory_xact_lock(
+                 pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) AS locked
+      OFFSET 0) AS l"
 );
 
 /// Transaction-scoped, waiting under `lock_timeout` (set just before, inside
@@ -286,13 +293,34 @@ pub(in crate::pg) const XACT_TRY_LOCK: &str = concat!(
 /// the token is drawn, with the clock read after the wait (see
 /// [`TRY_LOCK`]). Should the lock be granted in the instant the timeout
 /// fires, the statement still fails, and rolling back to the savepoint
-/// drops the lock it took.
-pub(in crate::pg) const XACT_LOCK: &str = draw_token!(
-    "",
+/// drops the lock it took. NULL when the draw must write, as for
+/// [`XACT_TRY_LOCK`].
+pub(in crate::pg) const XACT_LOCK: &str = draw_ahead!(
     "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
                 pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
       OFFSET 0) AS locked"
 );
+
+/// The draw of a transaction lock whose sequence is behind the clock (see
+/// `draw_ahead!`), sent as one simple query in the caller's transaction,
+/// after its lock: `draw_token!` in a savepoint that the same message
+/// rolls back, which gives the draw lock back before the server answers
+/// (the `setval` stays: a sequence is not transactional). So the draw lock
+/// is held for the draw alone, however long the caller's transaction, and
+/// even if the caller stops waiting for the answer. Its only row is the
+/// token. Should the draw fail, the rest of the message is skipped and the
+/// backend rolls back to the savepoint itself.
+pub(in crate::pg) const DRAW_IN_SAVEPOINT: &str = concat!(
+    "SAVEPOINT dlock_draw; ",
+    draw_token!("", ""),
+    "; ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw"
+);
+
+/// Drops the savepoint of a [`DRAW_IN_SAVEPOINT`] that failed, and the draw
+/// lock with it, so the caller's transaction is usable again and no other
+/// draw waits for it.
+pub(in crate::pg) const DRAW_SAVEPOINT_UNDO: &str =
+    "ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw";
 
 /// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
 /// value it had, to be put back once the lock is taken.

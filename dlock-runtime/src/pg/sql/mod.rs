@@ -116,21 +116,47 @@ macro_rules! wrote_row {
     };
 }
 
-/// Draws a fencing token once the lock is taken, for the three lock
-/// statements below: `greatest(nextval, clock)`, the clock being the
-/// server's `clock_timestamp()` in microseconds since 1970 — the Redis
-/// backend's rule, and the same two guarantees as there:
+/// Draws a fencing token once the lock is taken, for the lock statements
+/// that run in a transaction of their own (the lock sessions' statements
+/// and the shared and permit functions): the token is
+/// `greatest(nextval, clock + lead)`, the clock being the server's
+/// `clock_timestamp()` in microseconds since 1970 and the lead the
+/// sequence's token lead (see `token_lead!`; 0 unless switched on) — the
+/// Redis backend's rule with the clock moved up by the lead, and the same
+/// two guarantees as there:
 ///
 /// - The clock floor keeps tokens above every token handed out before when
 ///   the sequence goes back: a DBA drops and recreates it or `setval`s it,
 ///   a failover to an asynchronous replica or a point-in-time restore
-///   brings back an older copy, a crash loses its last moves.
+///   brings back an older copy, a crash loses its last moves. No token is
+///   ever above the clock *plus the lead* at its draw (a token from the
+///   sequence is drawn only while the sequence is at or below the clock
+///   plus the lead it was last set with, unless tokens come faster than
+///   one a microsecond), and the floor after a loss is a later clock plus
+///   the same lead.
 /// - The sequence holds at least the last token, so a server clock that
-///   steps back cannot lower tokens: whenever the clock wins, the same
-///   statement `setval`s the sequence to it (the token) — if the role has
-///   UPDATE on it, which the second `WHEN` asks only then. Without UPDATE
-///   tokens rest on the clock alone. `setval` returns the value it set, so
-///   every branch yields `greatest(seq, clock)`.
+///   steps back cannot lower tokens: whenever the sequence is behind the
+///   clock, the same statement `setval`s it to the token — if the role
+///   has UPDATE on it, which is asked only then. Without UPDATE tokens
+///   rest on the clock alone. `setval` returns the value it set.
+///
+/// What the lead buys: a draw while the sequence is still ahead of the
+/// clock hands out `nextval` and writes nothing (`nextval` logs once in
+/// 32 values), so with a lead of 10 ms the sequence is written about once
+/// per 10 ms per server, not at every acquisition. Without one, nearly
+/// every draw writes (tokens come slower than one a microsecond), and a
+/// write costs WAL and a transaction id.
+///
+/// Writes with a lead are serialised by the *draw lock* (see
+/// `draw_lock!`), taken for the rest of the statement's transaction only
+/// when the sequence is behind the clock: under it the draw takes
+/// `nextval` again and writes only if that is still behind. Without it,
+/// two overlapping draws could `setval` in the wrong order and leave the
+/// sequence below a token just handed out by up to their clocks'
+/// difference; with no lead the next draw's clock would be past that
+/// token anyway, but with one, draws within the lead take `nextval` and
+/// would hand out lower tokens. A draw in a caller's transaction must not
+/// hold the draw lock until that transaction ends: see `draw_ahead!`.
 ///
 /// Before all that, the draw refuses (fails the statement, which takes back
 /// the lock it took: see [`REFUSED`]) a sequence that cannot keep tokens
@@ -152,9 +178,57 @@ macro_rules! wrote_row {
 /// after. `OFFSET 0` keeps each subquery from being merged into the next
 /// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
-/// `nextval`, then the clock reading, then `setval`.
+/// `nextval`, then the clock reading, then (only when behind) the lead,
+/// the draw lock, `nextval` and the clock again, and `setval`.
 macro_rules! draw_token {
     ($extra:literal, $after:literal) => {
+        draw!(
+            $extra,
+            $after,
+            "WHEN pg_catalog.has_sequence_privilege(
+                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                     'UPDATE'::pg_catalog.text)
+            THEN (SELECT CASE WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
+                              THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
+                              ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
+                                                ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                                                                       u.clock OPERATOR(pg_catalog.+) w.lead) END
+                                    FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
+                                                 (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                                  OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+                                          FROM (SELECT ",
+            draw_lock!(),
+            " AS held, w.lead OFFSET 0) AS d
+                                          OFFSET 0) AS u) END
+                  FROM (SELECT ",
+            token_lead!(),
+            " AS lead, t.clock OFFSET 0) AS w)
+            ELSE t.clock OPERATOR(pg_catalog.+) (SELECT ",
+            token_lead!(),
+            ")"
+        )
+    };
+}
+
+/// The first half of a draw in a caller's transaction
+/// ([`XACT_TRY_LOCK`], [`XACT_LOCK`]): the refusals and the token when the
+/// sequence is ahead of the clock, as in `draw_token!`, and NULL when the
+/// draw must write. The backend then sends [`DRAW_IN_SAVEPOINT`], which
+/// draws with `draw_token!` in a savepoint it rolls back in the same
+/// message: rolling back gives the draw lock back at once (the `setval`
+/// stays: a sequence is not transactional), where a draw lock taken in
+/// the caller's transaction would hold every other writing draw of the
+/// server until that transaction ends.
+macro_rules! draw_ahead {
+    ($after:literal) => {
+        draw!("", $after, "ELSE NULL::pg_catalog.int8")
+    };
+}
+
+/// What `draw_token!` and `draw_ahead!` share: the refusals, then the
+/// token from `nextval` when the clock is not past it, then `$behind`.
+macro_rules! draw {
+    ($extra:literal, $after:literal, $($behind:expr),+) => {
         concat!(
             "SELECT CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
@@ -169,11 +243,9 @@ macro_rules! draw_token {
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            WHEN pg_catalog.has_sequence_privilege(
-                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                     'UPDATE'::pg_catalog.text)
-            THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
-            ELSE t.clock END
+            ",
+            $($behind,)+
+            " END
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
@@ -183,6 +255,40 @@ FROM (SELECT s.seq,
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
         )
+    };
+}
+
+/// The sequence's token lead in microseconds (see `draw_token!`), an
+/// `int8` expression: what its comment says, `dlock-token-lead-us=N`
+/// with N at most 1,000,000 (one second), else 0. Kept in the
+/// database, not in each backend, so every process that draws from the
+/// sequence uses the same lead, and a DBA switches it for all of them at
+/// once: on (`CREATE_SEQUENCE` sets 10 ms on a sequence dlock creates)
+/// only once no process of a dlock without the draw lock draws from it,
+/// whose writes could otherwise land out of order with a leading one
+/// (see docs/postgres.md, "What a token costs"). A comment is readable
+/// by every role. Read only by draws that must write.
+macro_rules! token_lead {
+    () => {
+        "LEAST(COALESCE(pg_catalog.substring(
+                    pg_catalog.obj_description('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                                               'pg_class'::pg_catalog.name),
+                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
+                  0::pg_catalog.int8), 1000000::pg_catalog.int8)"
+    };
+}
+
+/// Takes the draw lock for the rest of the transaction (see
+/// `draw_token!`): the advisory lock `(0x64726177, sequence oid)` in the
+/// `(int4, int4)` form (`objsubid` 2, never one of dlock's keys), the
+/// oid's top bit dropped to fit an `int4` (two sequences whose oids
+/// differ only there share one draw lock, which only serialises more).
+/// One per sequence, so schemas do not wait for each other.
+macro_rules! draw_lock {
+    () => {
+        "pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                    (('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
+                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)"
     };
 }
 
@@ -382,8 +488,8 @@ pub(super) use self::holders::{
     holders_channel,
 };
 pub(super) use self::lock::{
-    LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNDO_MARKS, UNLOCK_ALL, UNLOCK_KEY,
-    WAIT_FOR_RELEASE, XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
+    DRAW_IN_SAVEPOINT, DRAW_SAVEPOINT_UNDO, LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNDO_MARKS,
+    UNLOCK_ALL, UNLOCK_KEY, WAIT_FOR_RELEASE, XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
 };
 pub use self::lock::{TRY_LOCK, TRY_LOCK_NAMED, UNLOCK, UNLOCK_GATED, UNLOCK_NAMED};
 pub(super) use self::modes::{

@@ -54,7 +54,10 @@ pub(in crate::pg) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_l
 /// PostgreSQL checks the CREATE privilege before `IF NOT EXISTS`).
 pub(in crate::pg) const CREATE_SCHEMA: &str = include_str!("schema.sql");
 
-/// Creates the token sequence, `token_seq.sql` (only sent when it is missing).
+/// Creates the token sequence, `token_seq.sql` (only sent when it is
+/// missing), with a token lead of 10 ms (see `token_lead!`): a sequence
+/// dlock creates is drawn from by this version and later ones only, which
+/// serialise their writes under the draw lock.
 pub(in crate::pg) const CREATE_SEQUENCE: &str = include_str!("token_seq.sql");
 
 /// The DDL that creates the schema and the token sequence, for errors.
@@ -205,7 +208,8 @@ mod tests {
         assert_eq!(
             ddl_for_dba(s, "app"),
             "CREATE SCHEMA IF NOT EXISTS \"dlock_2\"; CREATE SEQUENCE IF NOT EXISTS \
-             \"dlock_2\".dlock_token_seq AS bigint; GRANT USAGE ON SCHEMA \"dlock_2\" TO app; \
+             \"dlock_2\".dlock_token_seq AS bigint; COMMENT ON SEQUENCE \"dlock_2\".dlock_token_seq \
+             IS 'dlock-token-lead-us=10000'; GRANT USAGE ON SCHEMA \"dlock_2\" TO app; \
              GRANT USAGE, UPDATE ON SEQUENCE \"dlock_2\".dlock_token_seq TO app;"
         );
         assert_eq!(

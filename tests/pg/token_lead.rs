@@ -1,0 +1,299 @@
+//! The token lead: a sequence dlock creates is set 10 ms ahead of the
+//! server clock whenever a draw must write it, so the draws within those
+//! 10 ms take `nextval` and write nothing; a draw that must write takes the
+//! draw lock first, and a transaction lock gives it back before its
+//! caller's transaction ends. Each test works in a schema of its own on
+//! the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
+
+use crate::pg_support::{ScratchSchema, random_id, shared_client, shared_conn};
+use crate::support::within;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::pg::tokio_postgres::Client;
+use dlock::pg::{PgBackend, TransactionLock};
+use dlock::{Backend, FencingToken, LockKey, LockOptions};
+
+/// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
+const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
+
+fn fresh_key(label: &str) -> LockKey {
+    LockKey::new(format!("dlock-test:lead:{label}:{}", random_id())).expect("valid key")
+}
+
+/// The server clock, in microseconds since 1970: what a draw reads.
+async fn server_clock(client: &Client) -> i64 {
+    client
+        .query_one(
+            "SELECT (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8",
+            &[],
+        )
+        .await
+        .expect("clock")
+        .get(0)
+}
+
+/// The schema's token sequence, as SQL names it.
+fn seq(scratch: &ScratchSchema) -> String {
+    format!("{}.dlock_token_seq", scratch.name)
+}
+
+/// Sets the sequence back to 1, so the next draw finds it behind the clock
+/// and must write.
+async fn set_back(admin: &Client, scratch: &ScratchSchema) {
+    admin
+        .execute(&format!("SELECT setval('{}', 1)", seq(scratch)), &[])
+        .await
+        .expect("setval");
+}
+
+async fn set_lead(admin: &Client, scratch: &ScratchSchema, lead: Option<&str>) {
+    let comment = lead.map_or("NULL".to_owned(), |lead| format!("'{lead}'"));
+    admin
+        .batch_execute(&format!(
+            "COMMENT ON SEQUENCE {} IS {comment}",
+            seq(scratch)
+        ))
+        .await
+        .expect("comment");
+}
+
+async fn connect(scratch: &ScratchSchema) -> Arc<dyn Backend> {
+    Arc::new(
+        PgBackend::connect_with(
+            &shared_conn(),
+            scratch
+                .options()
+                .sessions(1)
+                .liveness_interval(Duration::from_secs(60))
+                .server_idle_timeout(Some(Duration::from_secs(180))),
+        )
+        .await
+        .expect("connect"),
+    )
+}
+
+async fn hold_once(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
+    let lease = LockOptions::new(Duration::from_secs(30))
+        .acquire_on(Arc::clone(backend), key)
+        .await
+        .expect("the key is free");
+    let token = lease.token();
+    lease.release().await.expect("release");
+    token
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_dlock_creates_leads_the_clock_and_draws_within_the_lead_write_nothing() {
+    let scratch = ScratchSchema::new("lead");
+    let admin = shared_client().await;
+    let backend = connect(&scratch).await;
+    let comment: Option<String> = admin
+        .query_one(
+            &format!(
+                "SELECT obj_description('{}'::regclass, 'pg_class')",
+                seq(&scratch)
+            ),
+            &[],
+        )
+        .await
+        .expect("comment")
+        .get(0);
+    assert_eq!(comment.as_deref(), Some("dlock-token-lead-us=10000"));
+
+    // A lead of one second, so two acquisitions in a row fall within it
+    // even on a slow machine; five tries, in case one pair does not.
+    set_lead(&admin, &scratch, Some("dlock-token-lead-us=1000000")).await;
+    set_back(&admin, &scratch).await;
+    let before = server_clock(&admin).await;
+    let mut first = hold_once(&backend, &fresh_key("first")).await.get() as i64;
+    assert!(
+        first >= before + 1_000_000,
+        "a draw that writes hands out the clock plus the lead: {first} against a clock of {before}"
+    );
+    let mut from_the_sequence = false;
+    for _ in 0..5 {
+        let next = hold_once(&backend, &fresh_key("next")).await.get() as i64;
+        assert!(next > first, "tokens rise: {next} after {first}");
+        if next == first + 1 {
+            from_the_sequence = true;
+            break;
+        }
+        first = next;
+    }
+    assert!(
+        from_the_sequence,
+        "a draw within the lead takes nextval and writes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_without_a_lead_hands_out_the_clock() {
+    let scratch = ScratchSchema::new("lead");
+    let mut admin = shared_client().await;
+    let backend = connect(&scratch).await;
+    set_lead(&admin, &scratch, None).await;
+    for _ in 0..3 {
+        set_back(&admin, &scratch).await;
+        let before = server_clock(&admin).await;
+        let token = hold_once(&backend, &fresh_key("plain")).await.get() as i64;
+        let after = server_clock(&admin).await;
+        assert!(
+            (before..=after).contains(&token),
+            "without a lead the token is the clock at the draw: {token} not in {before}..={after}"
+        );
+    }
+    set_back(&admin, &scratch).await;
+    let before = server_clock(&admin).await;
+    let tx = admin.transaction().await.expect("begin");
+    let mut tx = tx;
+    let token = TransactionLock::new()
+        .schema(&scratch.name)
+        .acquire(&mut tx, fresh_key("plain-xact"))
+        .await
+        .expect("transaction lock")
+        .get() as i64;
+    tx.commit().await.expect("commit");
+    let after = server_clock(&admin).await;
+    assert!(
+        (before..=after).contains(&token),
+        "{token} not in {before}..={after}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_set_back_within_the_lead_still_hands_out_higher_tokens() {
+    let scratch = ScratchSchema::new("lead");
+    let admin = shared_client().await;
+    let backend = connect(&scratch).await;
+    set_lead(&admin, &scratch, Some("dlock-token-lead-us=1000000")).await;
+    let key = fresh_key("set-back");
+    let mut last = hold_once(&backend, &key).await;
+    for _ in 0..3 {
+        // Drawn from the sequence, up to a second above the clock.
+        let from_sequence = hold_once(&backend, &key).await;
+        assert!(from_sequence > last);
+        set_back(&admin, &scratch).await;
+        let after_set_back = hold_once(&backend, &key).await;
+        assert!(
+            after_set_back > from_sequence,
+            "the floor moves with the lead: {after_set_back:?} after {from_sequence:?}"
+        );
+        last = after_set_back;
+    }
+}
+
+/// The draw lock's numbers for the scratch schema's sequence.
+async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, i32) {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT $1::int8::int4, ((('{}'::regclass::oid)::int8) & 2147483647)::int4",
+                seq(scratch)
+            ),
+            &[&DRAW_LOCK_CLASS],
+        )
+        .await
+        .expect("draw lock numbers");
+    (row.get(0), row.get(1))
+}
+
+/// Sessions holding (`granted`) or waiting for the draw lock.
+async fn draw_lock_sessions(admin: &Client, lock: (i32, i32), granted: bool) -> Vec<i32> {
+    admin
+        .query(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2
+               AND classid::int8 = ($1::int4::int8 & 4294967295)
+               AND objid::int8 = ($2::int4::int8 & 4294967295) AND granted = $3",
+            &[&lock.0, &lock.1, &granted],
+        )
+        .await
+        .expect("pg_locks")
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draw_that_must_write_waits_for_the_draw_lock() {
+    let scratch = ScratchSchema::new("lead");
+    let admin = shared_client().await;
+    let holder = shared_client().await;
+    let backend = connect(&scratch).await;
+    let lock = draw_lock(&admin, &scratch).await;
+    holder
+        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
+        .await
+        .expect("hold the draw lock");
+    set_back(&admin, &scratch).await;
+    let before = server_clock(&admin).await;
+    let acquiring = tokio::spawn({
+        let backend = Arc::clone(&backend);
+        async move { hold_once(&backend, &fresh_key("waits")).await }
+    });
+    within(30, "the draw waiting for the draw lock", async {
+        while draw_lock_sessions(&admin, lock, false).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        !acquiring.is_finished(),
+        "the draw went on without the draw lock"
+    );
+    holder
+        .execute("SELECT pg_advisory_unlock($1, $2)", &[&lock.0, &lock.1])
+        .await
+        .expect("let the draw lock go");
+    let token = within(30, "the draw after the draw lock", acquiring)
+        .await
+        .expect("task")
+        .get() as i64;
+    assert!(
+        token >= before + 10_000,
+        "{token} against a clock of {before}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_whose_draw_writes_holds_no_draw_lock_while_its_transaction_runs() {
+    let scratch = ScratchSchema::new("lead");
+    let admin = shared_client().await;
+    let mut caller = shared_client().await;
+    let backend = connect(&scratch).await;
+    let lock = draw_lock(&admin, &scratch).await;
+    for wait in [false, true] {
+        set_back(&admin, &scratch).await;
+        let before = server_clock(&admin).await;
+        let mut tx = caller.transaction().await.expect("begin");
+        let xact = TransactionLock::new().schema(&scratch.name);
+        let xact = if wait {
+            xact.wait(Duration::from_secs(5))
+        } else {
+            xact
+        };
+        let token = xact
+            .acquire(&mut tx, fresh_key("xact"))
+            .await
+            .expect("transaction lock")
+            .get() as i64;
+        assert!(
+            token >= before + 10_000,
+            "{token} against a clock of {before}"
+        );
+        assert_eq!(
+            draw_lock_sessions(&admin, lock, true).await,
+            Vec::<i32>::new(),
+            "the draw lock was given back before the transaction ended (wait: {wait})"
+        );
+        // Another draw that must write goes through meanwhile.
+        set_back(&admin, &scratch).await;
+        let other = within(20, "a lease's draw beside an open transaction", async {
+            hold_once(&backend, &fresh_key("beside")).await
+        })
+        .await;
+        assert!(other.get() as i64 > token);
+        tx.commit().await.expect("commit");
+    }
+}

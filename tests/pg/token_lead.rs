@@ -40,10 +40,25 @@ fn seq(scratch: &ScratchSchema) -> String {
 }
 
 /// Sets the sequence back to 1, so the next draw finds it behind the clock
-/// and must write.
+/// and must write (and takes it for a lost one: more than a day behind).
 async fn set_back(admin: &Client, scratch: &ScratchSchema) {
     admin
         .execute(&format!("SELECT setval('{}', 1)", seq(scratch)), &[])
+        .await
+        .expect("setval");
+}
+
+/// Sets the sequence a second behind the clock: the next draw must write,
+/// but the sequence is not taken for a lost one.
+async fn set_just_behind(admin: &Client, scratch: &ScratchSchema) {
+    admin
+        .execute(
+            &format!(
+                "SELECT setval('{}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 - 1000000)",
+                seq(scratch)
+            ),
+            &[],
+        )
         .await
         .expect("setval");
 }
@@ -135,7 +150,7 @@ async fn a_sequence_without_a_lead_hands_out_the_clock() {
     let backend = connect(&scratch).await;
     set_lead(&admin, &scratch, None).await;
     for _ in 0..3 {
-        set_back(&admin, &scratch).await;
+        set_just_behind(&admin, &scratch).await;
         let before = server_clock(&admin).await;
         let token = hold_once(&backend, &fresh_key("plain")).await.get() as i64;
         let after = server_clock(&admin).await;
@@ -144,7 +159,7 @@ async fn a_sequence_without_a_lead_hands_out_the_clock() {
             "without a lead the token is the clock at the draw: {token} not in {before}..={after}"
         );
     }
-    set_back(&admin, &scratch).await;
+    set_just_behind(&admin, &scratch).await;
     let before = server_clock(&admin).await;
     let tx = admin.transaction().await.expect("begin");
     let mut tx = tx;
@@ -181,6 +196,33 @@ async fn a_sequence_set_back_within_the_lead_still_hands_out_higher_tokens() {
             "the floor moves with the lead: {after_set_back:?} after {from_sequence:?}"
         );
         last = after_set_back;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_recreated_without_its_lead_still_gives_tokens_above_the_last_ones() {
+    let scratch = ScratchSchema::new("lead");
+    let admin = shared_client().await;
+    let backend = connect(&scratch).await;
+    set_lead(&admin, &scratch, Some("dlock-token-lead-us=1000000")).await;
+    let key = fresh_key("recreated");
+    for _ in 0..3 {
+        // Up to a second above the clock.
+        let last = hold_once(&backend, &key).await;
+        admin
+            .batch_execute(&format!(
+                "BEGIN; DROP SEQUENCE {s}; CREATE SEQUENCE {s} AS bigint; COMMIT",
+                s = seq(&scratch)
+            ))
+            .await
+            .expect("recreate without the comment");
+        let next = hold_once(&backend, &key).await;
+        assert!(
+            next > last,
+            "a sequence recreated without its lead floors at the clock plus the largest lead: \
+             {next:?} after {last:?}"
+        );
+        set_lead(&admin, &scratch, Some("dlock-token-lead-us=1000000")).await;
     }
 }
 

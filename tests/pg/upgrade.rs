@@ -203,8 +203,15 @@ async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_
     let schema = ScratchSchema::new("upgrade");
     let admin = shared_client().await;
     made_by_an_older_dlock(&schema, &admin).await;
-    let new = connect(&schema).await;
     let seq = format!("{}.dlock_token_seq", schema.name);
+    // Where the older dlock's draws left its sequence: at the clock.
+    admin
+        .batch_execute(&format!(
+            "SELECT setval('{seq}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8)"
+        ))
+        .await
+        .expect("the older dlock's draws");
+    let new = connect(&schema).await;
     let lead: Option<String> = admin
         .query_one(
             &format!("SELECT obj_description('{seq}'::regclass, 'pg_class')"),
@@ -217,7 +224,10 @@ async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_
     let older = Older::new(&schema).await;
     let key = LockKey::new(format!("dlock-test:upgrade:{}:late", random_id())).expect("key");
     let options = LockOptions::new(Duration::from_secs(30));
-    let late_write = |token: i64| format!("SELECT setval('{seq}', {})", token - 5_000);
+    // A `setval` of the older replica's clock reading of 5 ms ago.
+    let late_write = format!(
+        "SELECT setval('{seq}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 - 5000)"
+    );
     let mut last = 0_i64;
     for round in 0..3 {
         let lease = options
@@ -228,7 +238,7 @@ async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_
         lease.release().await.expect("release");
         assert!(new_token > last, "round {round}: {new_token} after {last}");
         admin
-            .batch_execute(&late_write(new_token))
+            .batch_execute(&late_write)
             .await
             .expect("the older replica's late write");
         let old_token = older.try_lock(&key).await.expect("free for the older one");
@@ -238,7 +248,7 @@ async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_
             "round {round}: the older replica's {old_token} after {new_token}"
         );
         admin
-            .batch_execute(&late_write(old_token))
+            .batch_execute(&late_write)
             .await
             .expect("the older replica's late write");
         last = old_token;

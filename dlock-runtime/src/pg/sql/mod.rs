@@ -147,6 +147,13 @@ macro_rules! wrote_row {
 /// every draw writes (tokens come slower than one a microsecond), and a
 /// write costs WAL and a transaction id.
 ///
+/// A sequence more than a day behind the clock is taken for a new or a
+/// lost one (recreated, set back to its start, restored from long ago):
+/// its draw floors tokens at the clock plus one second, the largest lead,
+/// whatever its comment says. A sequence dropped and recreated loses its
+/// comment, and with it the lead its last tokens were handed out with;
+/// the floor must still be above them.
+///
 /// Writes with a lead are serialised by the *draw lock* (see
 /// `draw_lock!`), taken for the rest of the statement's transaction only
 /// when the sequence is behind the clock: under it the draw takes
@@ -185,27 +192,31 @@ macro_rules! draw_token {
         draw!(
             $extra,
             $after,
-            "WHEN pg_catalog.has_sequence_privilege(
-                     '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                     'UPDATE'::pg_catalog.text)
-            THEN (SELECT CASE WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                              THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
-                              ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                                                ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                                                       u.clock OPERATOR(pg_catalog.+) w.lead) END
-                                    FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
-                                                 (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                                  OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                                          FROM (SELECT ",
+            "ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock OPERATOR(pg_catalog.+) w.lead
+                          WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
+                          THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
+                          ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
+                                            ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
+                                FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
+                                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+                                      FROM (SELECT ",
             draw_lock!(),
             " AS held, w.lead OFFSET 0) AS d
-                                          OFFSET 0) AS u) END
-                  FROM (SELECT ",
+                                      OFFSET 0) AS u) END
+              FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                                THEN pg_catalog.int8larger(",
             token_lead!(),
-            " AS lead, t.clock OFFSET 0) AS w)
-            ELSE t.clock OPERATOR(pg_catalog.+) (SELECT ",
+            ", 1000000::pg_catalog.int8)
+                                ELSE ",
             token_lead!(),
-            ")"
+            " END AS lead,
+                           pg_catalog.has_sequence_privilege(
+                               '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                               'UPDATE'::pg_catalog.text) AS may_write,
+                           t.clock
+                    OFFSET 0) AS w)"
         )
     };
 }

@@ -166,6 +166,75 @@ fn etcd_answers_match_the_model_with_its_keys_deleted() {
     );
 }
 
+/// A permit drawn by the shared and permit functions after the token
+/// sequence was set back to 1 gets a token above the key's last one: the
+/// functions' written-out draw is the lock statements' own, which takes a
+/// sequence that far behind the clock for a lost one.
+#[test]
+fn pg_a_permit_drawn_after_the_sequence_was_set_back_gets_a_higher_token() {
+    replay(
+        Kind::Pg,
+        &[
+            Op::Acquire {
+                p: 0,
+                k: 2,
+                o: 5,
+                mode: Mode::Exclusive,
+            },
+            Op::Acquire {
+                p: 2,
+                k: 1,
+                o: 1,
+                mode: Mode::Permit,
+            },
+            Op::WriterWaits {
+                p: 1,
+                o: 7,
+                reader: 8,
+            },
+            Op::TableLocked {
+                table: 0,
+                p: 2,
+                k: 1,
+                o: 9,
+            },
+            Op::Acquire {
+                p: 0,
+                k: 0,
+                o: 10,
+                mode: Mode::Exclusive,
+            },
+            Op::Release { k: 1, o: 3 },
+            Op::Release { k: 2, o: 5 },
+            Op::Release { k: 1, o: 9 },
+            Op::Acquire {
+                p: 1,
+                k: 1,
+                o: 11,
+                mode: Mode::Permit,
+            },
+            Op::Release { k: 2, o: 5 },
+            Op::Acquire {
+                p: 0,
+                k: 0,
+                o: 12,
+                mode: Mode::Shared,
+            },
+            Op::Rewind { k: 1, value: 1 },
+            Op::Release { k: 2, o: 5 },
+            Op::Held { p: 1 },
+            Op::Release { k: 0, o: 8 },
+            Op::Release { k: 1, o: 1 },
+            Op::TableLocked {
+                table: 1,
+                p: 1,
+                k: 1,
+                o: 13,
+            },
+        ],
+    );
+}
+
 /// A permit holder whose lease was broken by force, retried with its owner
 /// id through the same process, is answered: its alive file, still locked
 /// by that process, is let go of first instead of waited for forever with

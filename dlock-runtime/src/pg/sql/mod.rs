@@ -149,7 +149,7 @@ macro_rules! wrote_row {
 ///
 /// A sequence more than a day behind the clock is taken for a new or a
 /// lost one (recreated, set back to its start, restored from long ago):
-/// its draw floors tokens at the clock plus one second, the largest lead,
+/// its draw floors tokens at the clock plus 10 ms, the largest lead,
 /// whatever its comment says. A sequence dropped and recreated loses its
 /// comment, and with it the lead its last tokens were handed out with;
 /// the floor must still be above them.
@@ -206,9 +206,7 @@ macro_rules! draw_token {
             " AS held, w.lead OFFSET 0) AS d
                                       OFFSET 0) AS u) END
               FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                                THEN pg_catalog.int8larger(",
-            token_lead!(),
-            ", 1000000::pg_catalog.int8)
+                                THEN 10000::pg_catalog.int8
                                 ELSE ",
             token_lead!(),
             " END AS lead,
@@ -271,7 +269,11 @@ FROM (SELECT s.seq,
 
 /// The sequence's token lead in microseconds (see `draw_token!`), an
 /// `int8` expression: what its comment says, `dlock-token-lead-us=N`
-/// with N at most 1,000,000 (one second), else 0. Kept in the
+/// with N at most 10,000 (10 ms), else 0. At most 10 ms, because a server
+/// that crashed and came back faster than the lead (its last `setval`
+/// lost with the asynchronous commit) would find its sequence still ahead
+/// of the clock and hand out again tokens drawn within the lead: no
+/// server restarts or fails over in 10 ms. Kept in the
 /// database, not in each backend, so every process that draws from the
 /// sequence uses the same lead, and a DBA switches it for all of them at
 /// once: on (`CREATE_SEQUENCE` sets 10 ms on a sequence dlock creates)
@@ -285,7 +287,7 @@ macro_rules! token_lead {
                     pg_catalog.obj_description('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 1000000::pg_catalog.int8)"
+                  0::pg_catalog.int8), 10000::pg_catalog.int8)"
     };
 }
 

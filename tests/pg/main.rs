@@ -29,6 +29,7 @@ mod names_faults;
 mod names_marks;
 mod server;
 mod token_lead;
+mod token_lead_faults;
 mod tokens;
 mod unlogged;
 mod upgrade;

@@ -68,6 +68,13 @@ impl Inner {
                 if !again.sequence_exists {
                     tx.batch_execute(&sql::render(sql::CREATE_SEQUENCE, &self.quoted_schema))
                         .await?;
+                    // The token lead only in a schema new to everyone: a
+                    // sequence made again may still be drawn from by an
+                    // earlier dlock, which writes without the draw lock.
+                    if !again.schema_exists {
+                        tx.batch_execute(&sql::render(sql::SET_TOKEN_LEAD, &self.quoted_schema))
+                            .await?;
+                    }
                 }
                 tx.commit().await
             };

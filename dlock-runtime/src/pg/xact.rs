@@ -266,7 +266,18 @@ async fn draw_in_savepoint(
             if let Err(undo) = tx.batch_execute(sql::DRAW_SAVEPOINT_UNDO).await {
                 tracing::warn!(key, error = %undo, "cannot roll back the savepoint of a failed token draw");
             }
-            return Err(fail(lock_failed(&err, quoted_schema), err));
+            let what = if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+                format!(
+                    "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq \
+                     (an ALTER SEQUENCE or a DROP left open?) or its draw lock (the advisory lock \
+                     (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
+                     hand) was held for over 1 s by another transaction; the lock taken stays \
+                     with this transaction"
+                )
+            } else {
+                lock_failed(&err, quoted_schema)
+            };
+            return Err(fail(what, err));
         }
     };
     let token = messages.iter().find_map(|message| match message {

@@ -308,10 +308,13 @@ pub(in crate::pg) const XACT_LOCK: &str = draw_ahead!(
 /// (the `setval` stays: a sequence is not transactional). So the draw lock
 /// is held for the draw alone, however long the caller's transaction, and
 /// even if the caller stops waiting for the answer. Its only row is the
-/// token. Should the draw fail, the rest of the message is skipped and the
-/// backend rolls back to the savepoint itself.
+/// token. The draw lock is waited for 1 s at most, whatever the caller's
+/// `lock_timeout` (0, no bound, by default): it is held for a draw alone,
+/// so a longer wait means something else holds it. Should the draw fail,
+/// the rest of the message is skipped and the backend rolls back to the
+/// savepoint itself.
 pub(in crate::pg) const DRAW_IN_SAVEPOINT: &str = concat!(
-    "SAVEPOINT dlock_draw; ",
+    "SAVEPOINT dlock_draw; SET LOCAL lock_timeout = '1s'; ",
     draw_token!("", ""),
     "; ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw"
 );

@@ -138,7 +138,11 @@ macro_rules! wrote_row {
 ///   steps back cannot lower tokens: whenever the sequence is behind the
 ///   clock, the same statement `setval`s it to the token — if the role
 ///   has UPDATE on it, which is asked only then. Without UPDATE tokens
-///   rest on the clock alone. `setval` returns the value it set.
+///   rest on the bare clock, without the lead: a token above the clock
+///   that the sequence does not hold could be undercut by a draw within
+///   the lead after another's `setval` of an earlier clock reading. So such
+///   a role's token is below the floor after a loss by up to the lead.
+///   `setval` returns the value it set.
 ///
 /// What the lead buys: a draw while the sequence is still ahead of the
 /// clock hands out `nextval` and writes nothing (`nextval` logs once in
@@ -192,19 +196,52 @@ macro_rules! draw_token {
         draw!(
             $extra,
             $after,
-            "ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock OPERATOR(pg_catalog.+) w.lead
+            draw_behind!(concat!(
+                "(SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
+                            ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
+                FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
+                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+                      FROM (SELECT ",
+                draw_lock!(),
+                " AS held, w.lead OFFSET 0) AS d
+                      OFFSET 0) AS u)"
+            ))
+        )
+    };
+}
+
+/// The first half of a draw in a caller's transaction
+/// ([`XACT_TRY_LOCK`], [`XACT_LOCK`]): `draw_token!` up to the draw lock,
+/// and NULL where that would take it. The backend then sends
+/// [`DRAW_IN_SAVEPOINT`], which draws with `draw_token!` in a savepoint it
+/// rolls back in the same message: rolling back gives the draw lock back
+/// at once (the `setval` stays: a sequence is not transactional), where a
+/// draw lock taken in the caller's transaction would hold every other
+/// writing draw of the server until that transaction ends. Without a lead
+/// no draw takes it, and the draw is one statement, as before the lead.
+macro_rules! draw_ahead {
+    ($after:literal) => {
+        draw!("", $after, draw_behind!("NULL::pg_catalog.int8"))
+    };
+}
+
+/// The draw of a sequence behind the clock, for `draw_token!` and
+/// `draw_ahead!`: without UPDATE the bare clock; without a lead (and not
+/// lost) `setval` to the clock, as before the lead, without the draw lock;
+/// else `$locked`, the write under the draw lock. `w.lead` is the lead:
+/// the sequence's own (`token_lead!`), or 10 ms for a sequence more than a
+/// day behind the clock (new or lost).
+macro_rules! draw_behind {
+    ($locked:expr) => {
+        concat!(
+            "ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
                           WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
                           THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                                            ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                                FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
-                                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                                      FROM (SELECT ",
-            draw_lock!(),
-            " AS held, w.lead OFFSET 0) AS d
-                                      OFFSET 0) AS u) END
+                          ELSE ",
+            $locked,
+            " END
               FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                                 THEN 10000::pg_catalog.int8
                                 ELSE ",
@@ -216,21 +253,6 @@ macro_rules! draw_token {
                            t.clock
                     OFFSET 0) AS w)"
         )
-    };
-}
-
-/// The first half of a draw in a caller's transaction
-/// ([`XACT_TRY_LOCK`], [`XACT_LOCK`]): the refusals and the token when the
-/// sequence is ahead of the clock, as in `draw_token!`, and NULL when the
-/// draw must write. The backend then sends [`DRAW_IN_SAVEPOINT`], which
-/// draws with `draw_token!` in a savepoint it rolls back in the same
-/// message: rolling back gives the draw lock back at once (the `setval`
-/// stays: a sequence is not transactional), where a draw lock taken in
-/// the caller's transaction would hold every other writing draw of the
-/// server until that transaction ends.
-macro_rules! draw_ahead {
-    ($after:literal) => {
-        draw!("", $after, "ELSE NULL::pg_catalog.int8")
     };
 }
 
@@ -276,7 +298,8 @@ FROM (SELECT s.seq,
 /// server restarts or fails over in 10 ms. Kept in the
 /// database, not in each backend, so every process that draws from the
 /// sequence uses the same lead, and a DBA switches it for all of them at
-/// once: on (`CREATE_SEQUENCE` sets 10 ms on a sequence dlock creates)
+/// once: on (`SET_TOKEN_LEAD` sets 10 ms on a sequence dlock creates
+/// with its schema)
 /// only once no process of a dlock without the draw lock draws from it,
 /// whose writes could otherwise land out of order with a leading one
 /// (see docs/postgres.md, "What a token costs"). A comment is readable
@@ -515,8 +538,8 @@ pub(super) use self::records::{
 };
 pub(super) use self::schema::{
     CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
-    INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SETUP_LOCK, ddl_for_dba,
-    holders_ddl_for_dba, holders_migration_ddl_for_dba, objects_ddl_for_dba,
+    INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SET_TOKEN_LEAD, SETUP_LOCK,
+    ddl_for_dba, holders_ddl_for_dba, holders_migration_ddl_for_dba, objects_ddl_for_dba,
 };
 
 /// Appends `text`'s bytes to `out` as hex digits, for a literal that

@@ -9,7 +9,7 @@
 -- argument and hash it on the server as every lock statement does. Each
 -- token draw is `draw_token!` of sql/mod.rs written out; a test keeps them equal.
 --
--- - `dlock_try_read_phase(key, seed)`: tries the shared advisory lock of the
+-- - `dlock_try_reader(key, seed)`: tries the shared advisory lock of the
 --   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive
 --   holder, of dlock or not), then refuses (`marked`) while a writer's
 --   mark is live. A reader also holds a shared lock on the phase key
@@ -44,6 +44,11 @@
 --   process share one hold, see the `modes` module). No row is locked
 --   and no lock table is scanned but by a joiner, which looks up the
 --   token lock's holders: a starting reader costs what a writer does.
+--   Named apart from `dlock_try_read_phase` (and `dlock_try_permit_slot`
+--   from `dlock_try_permit`), their forms before the draw lock, which
+--   processes of an earlier dlock keep calling and making again: a body
+--   of theirs left in place by the last `CREATE OR REPLACE` would draw
+--   without the draw lock, beside draws with a lead, for every process.
 --   Named apart from `dlock_try_shared`, its form before token locks,
 --   which processes of an earlier dlock keep calling: their unlock drops
 --   no token lock, so a shared body would leave their sessions one per
@@ -58,7 +63,7 @@
 --   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
 --   waiting writer is enough to hold new readers off); answers whether
 --   readers hold.
--- - `dlock_try_permit(key, seed, n, skipped)`: tries the slots `0..n` in
+-- - `dlock_try_permit_slot(key, seed, n, skipped)`: tries the slots `0..n` in
 --   order, except those in `skipped` (this process's own slots, which a
 --   re-entrant grant on the same session would hand out twice), one
 --   `pg_try_advisory_lock` each on `hashtextextended('dlock-permit:' ||
@@ -71,7 +76,7 @@ PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('dlock-mode
 CREATE UNLOGGED TABLE IF NOT EXISTS "dlock".dlock_phases (
     lock_id pg_catalog.int8 PRIMARY KEY, phase_token pg_catalog.int8,
     mark_owner pg_catalog.text, mark_until pg_catalog.timestamptz);
-CREATE OR REPLACE FUNCTION "dlock".dlock_try_read_phase(k pg_catalog.text, seed pg_catalog.int8,
+CREATE OR REPLACE FUNCTION "dlock".dlock_try_reader(k pg_catalog.text, seed pg_catalog.int8,
     OUT granted_token pg_catalog.int8, OUT marked pg_catalog.bool)
 LANGUAGE plpgsql AS $f$
 DECLARE
@@ -173,19 +178,19 @@ BEGIN
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock OPERATOR(pg_catalog.+) w.lead
+            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
                           WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
                           THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
                           ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
-                                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
+                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
+                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
                     (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
                      OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) AS held, w.lead OFFSET 0) AS d
-                                      OFFSET 0) AS u) END
+                      OFFSET 0) AS u) END
               FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                                 THEN 10000::pg_catalog.int8
                                 ELSE LEAST(COALESCE(pg_catalog.substring(
@@ -240,7 +245,7 @@ BEGIN
     RETURN true;
 END
 $f$;
-CREATE OR REPLACE FUNCTION "dlock".dlock_try_permit(k pg_catalog.text, seed pg_catalog.int8,
+CREATE OR REPLACE FUNCTION "dlock".dlock_try_permit_slot(k pg_catalog.text, seed pg_catalog.int8,
     n pg_catalog.int4, skipped pg_catalog.int4[],
     OUT granted_slot pg_catalog.int4, OUT granted_token pg_catalog.int8)
 LANGUAGE plpgsql AS $f$
@@ -266,19 +271,19 @@ BEGIN
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock OPERATOR(pg_catalog.+) w.lead
+            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
                           WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
                           THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
                           ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
-                                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
+                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
+                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
+                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
                     (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
                      OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) AS held, w.lead OFFSET 0) AS d
-                                      OFFSET 0) AS u) END
+                      OFFSET 0) AS u) END
               FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                                 THEN 10000::pg_catalog.int8
                                 ELSE LEAST(COALESCE(pg_catalog.substring(

@@ -55,10 +55,14 @@ pub(in crate::pg) const SETUP_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_l
 pub(in crate::pg) const CREATE_SCHEMA: &str = include_str!("schema.sql");
 
 /// Creates the token sequence, `token_seq.sql` (only sent when it is
-/// missing), with a token lead of 10 ms (see `token_lead!`): a sequence
-/// dlock creates is drawn from by this version and later ones only, which
-/// serialise their writes under the draw lock.
+/// missing).
 pub(in crate::pg) const CREATE_SEQUENCE: &str = include_str!("token_seq.sql");
+
+/// Gives the token sequence its token lead of 10 ms, `token_lead.sql` (see
+/// `token_lead!`): sent only with a sequence created in a schema dlock
+/// created in the same transaction, where no process of an earlier dlock
+/// can be drawing.
+pub(in crate::pg) const SET_TOKEN_LEAD: &str = include_str!("token_lead.sql");
 
 /// The DDL that creates the schema and the token sequence, for errors.
 pub(in crate::pg) fn objects_ddl_for_dba(quoted_schema: &str) -> String {
@@ -69,9 +73,10 @@ pub(in crate::pg) fn objects_ddl_for_dba(quoted_schema: &str) -> String {
 /// The DDL a DBA runs to pre-create the backend's objects, for errors.
 pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
     format!(
-        "{} GRANT USAGE ON SCHEMA {s} TO {r}; \
+        "{} {} GRANT USAGE ON SCHEMA {s} TO {r}; \
          GRANT USAGE, UPDATE ON SEQUENCE {s}.dlock_token_seq TO {r};",
         objects_ddl_for_dba(quoted_schema),
+        one_line(SET_TOKEN_LEAD, quoted_schema),
         s = quoted_schema,
         r = role_hint,
     )
@@ -175,9 +180,10 @@ mod tests {
     use super::*;
     use crate::pg::{DEFAULT_SCHEMA, quote_schema};
 
-    const FILES: [&str; 7] = [
+    const FILES: [&str; 8] = [
         CREATE_SCHEMA,
         CREATE_SEQUENCE,
+        SET_TOKEN_LEAD,
         CREATE_HOLDERS_TABLE,
         CREATE_NAMES_TABLES,
         MIGRATE_HOLDERS_TABLE,

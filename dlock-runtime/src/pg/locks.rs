@@ -440,7 +440,7 @@ impl Inner {
                 format!(
                     "the token sequence {}.dlock_token_seq (an ALTER SEQUENCE or a DROP left \
                      open?) or its draw lock (the advisory lock (0x64726177, the sequence's oid), \
-                     held by a draw that waits, or taken by hand) is held by another transaction",
+                     held by a draw that waits, or taken by hand) is locked by another transaction",
                     self.quoted_schema
                 )
             };

@@ -271,7 +271,7 @@ async fn draw_in_savepoint(
                     "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq \
                      (an ALTER SEQUENCE or a DROP left open?) or its draw lock (the advisory lock \
                      (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
-                     hand) was held for over 1 s by another transaction; the lock taken stays \
+                     hand) was locked by another transaction for over 1 s; the lock taken stays \
                      with this transaction"
                 )
             } else {

@@ -104,7 +104,6 @@ async fn every_waiter_of_a_deleted_queue_joins_again_when_a_newcomer_recreated_i
 /// The rejoin mark is deleted right after the first old waiter set it:
 /// the other old waiters must still join again at their next look.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: the recovery of a lost queue rests on the rejoin mark alone (docs/fair.md)"]
 async fn every_waiter_of_a_deleted_queue_joins_again_when_its_rejoin_mark_was_deleted() {
     let backend = backend().await;
     let mut conn = redis_support::shared_conn().await;

@@ -272,15 +272,6 @@ impl RedisBackend {
         if request.waits {
             args.push(bytes(WAITS));
         }
-        if let Queue::Join { .. } = request.queue {
-            // A releaser of this process asking for the key again queues
-            // behind the grant its release sent, not in front of its
-            // wake-up.
-            self.inner
-                .subscriber
-                .behind_handoffs(&keyspace::handoff_channel(key))
-                .await;
-        }
         self.attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
             .await
     }

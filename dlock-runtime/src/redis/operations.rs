@@ -208,33 +208,10 @@ impl Backend for RedisBackend {
                     .arg(slot_arg(lease.slot));
             }
         }
-        let (reply, retried): (Value, bool) = self
+        let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
             .await?;
-        let released = match reply {
-            Value::Int(released) => released == 1,
-            // An exclusive release that handed the key to a fair waiter:
-            // the token handed over (see `scripts::RELEASE_LUA`).
-            Value::BulkString(token) => {
-                if let Some(token) = std::str::from_utf8(&token)
-                    .ok()
-                    .and_then(|token| token.parse::<u64>().ok())
-                {
-                    self.inner
-                        .subscriber
-                        .note_handed(&keyspace::handoff_channel(key), token);
-                }
-                true
-            }
-            other => {
-                return Err(self.error(
-                    Operation::Release,
-                    key,
-                    format!("unexpected reply {other:?} from the release script"),
-                ));
-            }
-        };
-        Ok(match (released, retried) {
+        Ok(match (released == 1, retried) {
             (true, _) => ReleaseOutcome::Released,
             (false, true) => ReleaseOutcome::Unconfirmed,
             (false, false) => ReleaseOutcome::NotOwner,

@@ -200,8 +200,8 @@ end
 ///   caller read it already).
 /// - `hand_over(entry, clock, lock, fence)`: gives the free key to
 ///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
-///   ms and its token, or `nil` when the counter cannot rise (the key is
-///   then left free, the entry kept).
+///   ms, or `nil` when the counter cannot rise (the key is then left free,
+///   the entry kept).
 /// - `stamp_of(text)`: the stamp a queue's text begins with, if any;
 ///   `stamped(text, stamp)` the text with its first line carrying it.
 /// - `write(queue, text, life, left, from)` as above, stamping the text
@@ -289,7 +289,7 @@ local function hand_over(entry, clock, lock, fence)
     redis.call('DEL', writer)
   end
   redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
-  return px, token
+  return px
 end
 local function without(text, owner)
   local at = string.find('\n' .. text, '\n' .. owner, 1, true)
@@ -434,13 +434,8 @@ return 0
 /// `released`, `queue` and `fence` (the same hash tag, so the same slot of
 /// a cluster), named here only when a marked release needs them: every
 /// argument costs the server, and the client, on every call, and a plain
-/// release sends exactly what it sent before fair mode. Returns 1 if
-/// released, the token handed over (a bulk string) if the release handed
-/// the key to a fair waiter, 0 if the caller was not the owner. The token
-/// lets the releasing process send its own next attempt on the key only
-/// once its pub/sub reader has passed the grant on (see
-/// `Subscriber::behind_handoffs`), so a releaser that queues again at once
-/// does not stand in front of the next holder's wake-up.
+/// release sends exactly what it sent before fair mode. Returns 1 if released (or handed over), 0 if
+/// the caller was not the owner.
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
 /// lock the next owner holds now (the reference article's `releaseScript`).
@@ -497,10 +492,9 @@ if mine then
       local clock = server_time()
       local entry, start, stop = first_live(text, queue)
       if entry then
-        local handed, token = hand_over(entry, clock, KEYS[1], fence)
-        if handed then
+        if hand_over(entry, clock, KEYS[1], fence) then
           write(queue, string.sub(text, stop), nil, nil, text)
-          return token
+          return 1
         end
       end
       if start > 1 then

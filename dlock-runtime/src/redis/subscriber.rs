@@ -65,11 +65,6 @@ use link::Link;
 /// a failover that lost writes) is then asked for by the next caller at
 /// most this long after.
 const FULL_FRESH: Duration = Duration::from_millis(100);
-/// How long a fair attempt waits at most for the reader to pass on a
-/// grant this process's release handed over ([`Subscriber::behind_handoffs`]):
-/// many times the usual delay of a message on loopback, and short beside
-/// any wait for a key.
-const HANDOFF_LEAD: Duration = Duration::from_millis(2);
 /// After a failed attempt to open a connection, subscriptions fail at once
 /// for this long (their waiters poll) instead of each trying again in
 /// turn.
@@ -133,13 +128,6 @@ struct Channel {
     /// permit of the key is taken (a refusal, or a grant of the last free
     /// one): a caller is answered in process only shortly after.
     full_at: Option<Instant>,
-    /// A handoff channel's highest token heard (`<owner> <token> <ms>`):
-    /// how far the reader has passed grants on.
-    handed_heard: watch::Sender<u64>,
-    /// The highest token a release of this process handed over on the
-    /// key and that the reader had not yet heard when it was noted; 0
-    /// when none is outstanding.
-    handed_sent: u64,
 }
 
 /// Where a fair waiter's handoff message is put: the latest one
@@ -167,8 +155,6 @@ impl Channel {
             queue: VecDeque::new(),
             expiry: None,
             full_at: None,
-            handed_heard: watch::channel(0).0,
-            handed_sent: 0,
         }
     }
 
@@ -493,59 +479,6 @@ impl Subscriber {
     pub(crate) fn note_full(&self, channel: &str) {
         if let Some(entry) = self.shared.channels().by_name.get_mut(channel) {
             entry.full_at = Some(Instant::now());
-        }
-    }
-
-    /// A release of this process handed `channel`'s key over with
-    /// `token`: a fair attempt of this process on the key waits, briefly,
-    /// until the reader has passed that grant on
-    /// ([`Subscriber::behind_handoffs`]). Noted only while fair waiters of
-    /// this process follow the channel on a confirmed subscription: the
-    /// grant then reaches the reader, whoever it is for.
-    pub(crate) fn note_handed(&self, channel: &str, token: u64) {
-        let mut channels = self.shared.channels();
-        let generation = channels.generation;
-        if let Some(entry) = channels.by_name.get_mut(channel)
-            && entry.confirmed_in == Some(generation)
-            && !entry.mailboxes.is_empty()
-            && *entry.handed_heard.borrow() < token
-        {
-            entry.handed_sent = entry.handed_sent.max(token);
-        }
-    }
-
-    /// Waits, at most [`HANDOFF_LEAD`], until the reader has heard every
-    /// grant a release of this process handed over on `channel`'s key
-    /// ([`Subscriber::note_handed`]). A releaser that asks for the key
-    /// again at once would otherwise send its attempt while the grant is
-    /// still on its way to the next holder, and have the two compete for
-    /// the process's threads and its connection: the attempt waits behind
-    /// the wake-up instead, as it would queue behind the next holder on
-    /// the server anyway. A grant not heard in time (a broken connection)
-    /// is not waited for again.
-    pub(crate) async fn behind_handoffs(&self, channel: &str) {
-        let (mut heard, sent) = {
-            let channels = self.shared.channels();
-            match channels.by_name.get(channel) {
-                Some(entry) if entry.handed_sent > *entry.handed_heard.borrow() => {
-                    (entry.handed_heard.subscribe(), entry.handed_sent)
-                }
-                _ => return,
-            }
-        };
-        // The borrow the wait returns is let go at once: the reader takes
-        // the channels' lock before it writes this value.
-        let passed = matches!(
-            timeout(HANDOFF_LEAD, heard.wait_for(|heard| *heard >= sent)).await,
-            Ok(Ok(_))
-        );
-        if !passed {
-            let mut channels = self.shared.channels();
-            if let Some(entry) = channels.by_name.get_mut(channel)
-                && entry.handed_sent <= sent
-            {
-                entry.handed_sent = 0;
-            }
         }
     }
 

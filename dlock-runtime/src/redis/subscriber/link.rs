@@ -385,13 +385,6 @@ async fn read(
                 {
                     mailbox.send_replace(Some(payload[33..].into()));
                 }
-                if let Some(token) = handed_token(payload) {
-                    channel.handed_heard.send_if_modified(|heard| {
-                        let higher = token > *heard;
-                        *heard = (*heard).max(token);
-                        higher
-                    });
-                }
             }
         }
     }
@@ -403,12 +396,4 @@ async fn read(
         );
         shared.wake_all(generation);
     }
-}
-
-/// The token of a handoff message, `<owner id> <token> <ms>`.
-fn handed_token(payload: &[u8]) -> Option<u64> {
-    let mut fields = std::str::from_utf8(payload).ok()?.split(' ');
-    let owner = fields.next()?;
-    (owner.len() == 32).then_some(())?;
-    fields.next()?.parse().ok()
 }

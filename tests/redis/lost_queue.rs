@@ -261,3 +261,50 @@ async fn a_reader_is_not_refused_by_the_mark_of_a_fair_writer_that_was_handed_th
          (the first writer was {first})"
     );
 }
+
+/// The queue's text, as stored.
+async fn queue_text(conn: &mut MultiplexedConnection, key: &LockKey) -> String {
+    let text: Option<String> = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:queue"))
+        .query_async(conn)
+        .await
+        .expect("GET queue");
+    text.unwrap_or_default()
+}
+
+/// The first waiter leaves, then the next is handed the key: each rewrite
+/// of the queue's front keeps the queue's stamp, so the waiters behind
+/// keep their places at their next refresh without reading, or
+/// rewriting, the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refreshes_after_the_front_of_the_queue_changed_keep_their_places_untouched() {
+    let backend = backend().await;
+    let mut conn = redis_support::shared_conn().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-front-changed");
+    let [holder, a, b, c, d] = ids();
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, Duration::from_secs(20)))
+        .await
+        .expect("acquire");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    for owner in [a, b, c, d] {
+        join(&backend, &key, owner).await;
+    }
+    // `a`, first, gives up; the holder hands the key to `b`.
+    release(&backend, &key, a).await;
+    release(&backend, &key, holder).await;
+    assert_eq!(holder_of(&mut conn, &key).await, b.to_string());
+    let before = queue_text(&mut conn, &key).await;
+    for owner in [c, d] {
+        join(&backend, &key, owner).await;
+    }
+    let after = queue_text(&mut conn, &key).await;
+    assert_eq!(
+        queued(&mut conn, &key).await,
+        vec![c.to_string(), d.to_string()]
+    );
+    for owner in [b, c, d] {
+        release(&backend, &key, owner).await;
+    }
+    assert_eq!(after, before, "a refresh rewrote the queue");
+}

@@ -308,3 +308,68 @@ async fn refreshes_after_the_front_of_the_queue_changed_keep_their_places_untouc
     }
     assert_eq!(after, before, "a refresh rewrote the queue");
 }
+
+/// Everything of the key is lost at once while fair waiters wait (a
+/// restart without persistence, as far as this key goes): the holder's
+/// lock, the queue with its stamp, every entry and the counter. Each
+/// waiter is still served within its wait, each with a token above the
+/// holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_are_all_served_after_every_key_of_their_lock_was_lost() {
+    let backend = backend().await;
+    let mut conn = redis_support::shared_conn().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-all-lost");
+    let fair = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .fair(true);
+    let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
+            tokio::spawn(async move {
+                let lease = fair.acquire_on(backend, &key).await?;
+                let token = lease.token();
+                lease.release().await?;
+                Ok::<_, LockError>(token)
+            })
+        })
+        .collect();
+    let owners = within(20, "the waiters queue", async {
+        loop {
+            let owners = queued(&mut conn, &key).await;
+            if owners.len() == 3 {
+                return owners;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let mut names = vec![
+        lock_name(&key),
+        format!("dlock:{{{key}}}:queue"),
+        format!("dlock:{{{key}}}:fence"),
+        format!("dlock:{{{key}}}:rejoin"),
+    ];
+    names.extend(
+        owners
+            .iter()
+            .map(|owner| format!("dlock:{{{key}}}:waiter:{owner}")),
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(&names)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let lost = holder.token();
+    for waiter in waiters {
+        let token = within(20, "every waiter is served", waiter)
+            .await
+            .expect("task")
+            .expect("served");
+        assert!(token > lost, "{token} after the lost holder's {lost}");
+    }
+    assert!(
+        holder.release().await.is_err(),
+        "the holder's lease was lost"
+    );
+}

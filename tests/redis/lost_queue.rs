@@ -104,7 +104,6 @@ async fn every_waiter_of_a_deleted_queue_joins_again_when_a_newcomer_recreated_i
 /// The rejoin mark is deleted right after the first old waiter set it:
 /// the other old waiters must still join again at their next look.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: the recovery of a lost queue rests on the rejoin mark alone (docs/fair.md)"]
 async fn every_waiter_of_a_deleted_queue_joins_again_when_its_rejoin_mark_was_deleted() {
     let backend = backend().await;
     let mut conn = redis_support::shared_conn().await;
@@ -260,5 +259,117 @@ async fn a_reader_is_not_refused_by_the_mark_of_a_fair_writer_that_was_handed_th
         matches!(answer, Attempt::Acquired(_)),
         "a reader of a free key nobody waits for gets it: {answer:?}, writer mark {mark:?} \
          (the first writer was {first})"
+    );
+}
+
+/// The queue's text, as stored.
+async fn queue_text(conn: &mut MultiplexedConnection, key: &LockKey) -> String {
+    let text: Option<String> = redis::cmd("GET")
+        .arg(format!("dlock:{{{key}}}:queue"))
+        .query_async(conn)
+        .await
+        .expect("GET queue");
+    text.unwrap_or_default()
+}
+
+/// The first waiter leaves, then the next is handed the key: each rewrite
+/// of the queue's front keeps the queue's stamp, so the waiters behind
+/// keep their places at their next refresh without reading, or
+/// rewriting, the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refreshes_after_the_front_of_the_queue_changed_keep_their_places_untouched() {
+    let backend = backend().await;
+    let mut conn = redis_support::shared_conn().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-front-changed");
+    let [holder, a, b, c, d] = ids();
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, Duration::from_secs(20)))
+        .await
+        .expect("acquire");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    for owner in [a, b, c, d] {
+        join(&backend, &key, owner).await;
+    }
+    // `a`, first, gives up; the holder hands the key to `b`.
+    release(&backend, &key, a).await;
+    release(&backend, &key, holder).await;
+    assert_eq!(holder_of(&mut conn, &key).await, b.to_string());
+    let before = queue_text(&mut conn, &key).await;
+    for owner in [c, d] {
+        join(&backend, &key, owner).await;
+    }
+    let after = queue_text(&mut conn, &key).await;
+    assert_eq!(
+        queued(&mut conn, &key).await,
+        vec![c.to_string(), d.to_string()]
+    );
+    for owner in [b, c, d] {
+        release(&backend, &key, owner).await;
+    }
+    assert_eq!(after, before, "a refresh rewrote the queue");
+}
+
+/// Everything of the key is lost at once while fair waiters wait (a
+/// restart without persistence, as far as this key goes): the holder's
+/// lock, the queue with its stamp, every entry and the counter. Each
+/// waiter is still served within its wait, each with a token above the
+/// holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_waiters_are_all_served_after_every_key_of_their_lock_was_lost() {
+    let backend = backend().await;
+    let mut conn = redis_support::shared_conn().await;
+    let key = dlock_runtime::conformance::fresh_key("redis-fair-all-lost");
+    let fair = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .fair(true);
+    let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
+            tokio::spawn(async move {
+                let lease = fair.acquire_on(backend, &key).await?;
+                let token = lease.token();
+                lease.release().await?;
+                Ok::<_, LockError>(token)
+            })
+        })
+        .collect();
+    let owners = within(20, "the waiters queue", async {
+        loop {
+            let owners = queued(&mut conn, &key).await;
+            if owners.len() == 3 {
+                return owners;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let mut names = vec![
+        lock_name(&key),
+        format!("dlock:{{{key}}}:queue"),
+        format!("dlock:{{{key}}}:fence"),
+        format!("dlock:{{{key}}}:rejoin"),
+    ];
+    names.extend(
+        owners
+            .iter()
+            .map(|owner| format!("dlock:{{{key}}}:waiter:{owner}")),
+    );
+    let _: i64 = redis::cmd("DEL")
+        .arg(&names)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    let lost = holder.token();
+    for waiter in waiters {
+        let token = within(20, "every waiter is served", waiter)
+            .await
+            .expect("task")
+            .expect("served");
+        assert!(token > lost, "{token} after the lost holder's {lost}");
+    }
+    assert!(
+        holder.release().await.is_err(),
+        "the holder's lease was lost"
     );
 }

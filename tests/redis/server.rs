@@ -821,6 +821,68 @@ async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be
     );
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn an_acl_without_getrange_still_serves_fair_waiters_in_order_and_says_so_once() {
+    // The previous release's least-privilege rules lack `+getrange`: a
+    // fair waiter's refresh cannot read its queue's stamp, and must still
+    // queue, be served in order, and be said once.
+    let (logs, _guard) = support::Logs::capture();
+    let server = RedisServer::start(&[]);
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    redis_support::create_user(
+        &target,
+        "stampless",
+        "stampless-pass-6",
+        redis_support::LEAST_PRIVILEGE_ACL
+            .split_whitespace()
+            .filter(|rule| *rule != "+getrange"),
+    );
+    let url = format!(
+        "redis://stampless:stampless-pass-6@127.0.0.1:{}",
+        server.port
+    );
+    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let key = fresh_key("acl-no-getrange");
+    let fair = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .fair(true);
+    let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = fair.acquire_on(backend, &key).await.expect("served");
+            let token = lease.token();
+            lease.release().await.expect("release");
+            token
+        }));
+        // Past a refresh (a third of the entry's life): the next waiter
+        // arrives after it.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+    }
+    let first = holder.token();
+    holder.release().await.expect("release");
+    let mut tokens = vec![first];
+    for waiter in waiters {
+        tokens.push(waiter.await.expect("task"));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "served in arrival order with rising tokens: {tokens:?}"
+    );
+    let text = logs.text();
+    assert_eq!(
+        text.matches("read of its queue's stamp").count(),
+        1,
+        "said once per backend, not per refresh:\n{text}"
+    );
+    assert!(
+        text.contains("+getrange") && !text.contains("stampless-pass-6"),
+        "{text}"
+    );
+}
+
 /// Stops a server process (SIGSTOP: a hung or swapped-out server, or a
 /// partition that drops packets) until dropped (SIGCONT).
 struct Stopped(u32);

@@ -13,6 +13,7 @@ use redis_support::{lock_name, shared_backend as backend, shared_cli as cli, sha
 use std::sync::Arc;
 use std::time::Duration;
 
+use dlock::backend::{AcquireRequest, Attempt, OwnerId, QUEUE_ENTRY_TTL, Queue, ReleaseRequest};
 use dlock::redis::RedisBackend;
 use dlock::{Backend, HolderInfo, LockKey, LockOptions};
 use redis::aio::MultiplexedConnection;
@@ -289,5 +290,140 @@ async fn fair_handoffs_across_the_upgrade_give_each_waiter_a_value_it_keeps() {
         cli(&["EXISTS", &lock_name(&key), &format!("dlock:{{{key}}}:info")]),
         "0",
         "the release deletes the value and its info key"
+    );
+}
+
+/// The owner id that holds `key` now, from the lock's value.
+fn holder_of(key: &LockKey) -> String {
+    cli(&["GET", &lock_name(key)]).chars().take(32).collect()
+}
+
+/// The owner ids queued for `key`, in order.
+fn queued(key: &LockKey) -> Vec<String> {
+    cli(&["GET", &format!("dlock:{{{key}}}:queue")])
+        .lines()
+        .filter_map(|line| line.split(' ').next())
+        .filter(|owner| !owner.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A new replica's fair attempt as a queued waiter (`Queue::Join`).
+async fn join_new(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) -> Attempt {
+    backend
+        .try_acquire(
+            &AcquireRequest::new(key, &owner, Duration::from_secs(60))
+                .with_queue(Queue::Join {
+                    entry_ttl: QUEUE_ENTRY_TTL,
+                })
+                .with_waits(true),
+        )
+        .await
+        .expect("join")
+}
+
+async fn release_new(backend: &Arc<dyn Backend>, key: &LockKey, owner: OwnerId) {
+    backend
+        .release(&ReleaseRequest::new(key, &owner))
+        .await
+        .expect("release");
+}
+
+/// The token of `key`'s holder, as a new replica reads it.
+async fn token_now(backend: &Arc<dyn Backend>, key: &LockKey) -> u64 {
+    let holding = backend.holder(key).await.expect("holder").expect("held");
+    holding.token.expect("a token").get()
+}
+
+/// One queue holds waiters of both protocols: each release, of either,
+/// hands the key to the first waiter in arrival order, tokens rise, and a
+/// new waiter whose queue lost its stamp to a previous replica's rewrite
+/// keeps its place rather than joining again at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_both_protocols_is_served_in_arrival_order_with_rising_tokens() {
+    let backend = backend().await;
+    let key = dlock_runtime::conformance::fresh_key("upgrade-recorded-mixed-queue");
+    let mut previous = Recorded::new('d').await;
+    let [holder, a, c, d, e] = std::array::from_fn(|_| OwnerId::random().expect("id"));
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, Duration::from_secs(60)))
+        .await
+        .expect("acquire");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let mut tokens = vec![token_now(&backend, &key).await];
+    assert!(matches!(
+        join_new(&backend, &key, a).await,
+        Attempt::Held { .. }
+    ));
+    assert_eq!(previous.join(&key).await, None, "queued behind the holder");
+    for owner in [c, d] {
+        assert!(matches!(
+            join_new(&backend, &key, owner).await,
+            Attempt::Held { .. }
+        ));
+    }
+    let arrived = vec![
+        a.to_string(),
+        previous.owner.clone(),
+        c.to_string(),
+        d.to_string(),
+    ];
+    assert_eq!(queued(&key), arrived);
+
+    release_new(&backend, &key, holder).await;
+    assert_eq!(holder_of(&key), a.to_string());
+    tokens.push(token_now(&backend, &key).await);
+    // Refreshes keep every place.
+    assert!(matches!(
+        join_new(&backend, &key, d).await,
+        Attempt::Held { .. }
+    ));
+    assert_eq!(previous.join(&key).await, None);
+    assert_eq!(queued(&key), arrived[1..]);
+
+    release_new(&backend, &key, a).await;
+    assert_eq!(
+        holder_of(&key),
+        previous.owner,
+        "the previous waiter is next"
+    );
+    tokens.push(token_now(&backend, &key).await);
+
+    // The previous release hands on and rewrites the queue without its
+    // stamp; a new waiter that joins then stamps it anew.
+    assert_eq!(previous.release(&key).await, 1, "handed on");
+    assert_eq!(holder_of(&key), c.to_string());
+    let holding = backend.holder(&key).await.expect("holder").expect("held");
+    assert_eq!(
+        holding.holder.map(|h| h.pid),
+        Some(std::process::id()),
+        "the record a previous replica handed over is read"
+    );
+    tokens.push(holding.token.expect("a token").get());
+    assert!(matches!(
+        join_new(&backend, &key, e).await,
+        Attempt::Held { .. }
+    ));
+    assert!(matches!(
+        join_new(&backend, &key, d).await,
+        Attempt::Held { .. }
+    ));
+    assert_eq!(
+        queued(&key),
+        vec![d.to_string(), e.to_string()],
+        "the waiter queued before the stamp changed keeps its place"
+    );
+
+    release_new(&backend, &key, c).await;
+    assert_eq!(holder_of(&key), d.to_string());
+    tokens.push(token_now(&backend, &key).await);
+    release_new(&backend, &key, d).await;
+    assert_eq!(holder_of(&key), e.to_string());
+    tokens.push(token_now(&backend, &key).await);
+    release_new(&backend, &key, e).await;
+    assert_eq!(cli(&["EXISTS", &lock_name(&key)]), "0");
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens rise: {tokens:?}"
     );
 }

@@ -351,7 +351,7 @@ pub fn start_cluster_of(replicas: usize, node_timeout_ms: u32) -> Vec<RedisServe
 /// The least-privilege ACL rules for a dlock user, exactly as the module
 /// docs of `dlock::redis` and docs/redis.md give them (a test checks both
 /// texts), used by the ACL tests on a single server and on a cluster.
-pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping";
+pub const LEAST_PRIVILEGE_ACL: &str = "~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +getrange +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping";
 
 /// Creates (or resets) ACL user `user` with `password` and exactly the
 /// rules of [`LEAST_PRIVILEGE_ACL`] on the server `target` (redis-cli

@@ -185,6 +185,28 @@ impl RedisBackend {
         );
     }
 
+    /// Says, once, that a fair waiter's refresh could not read its queue's
+    /// stamp with `GETRANGE`: a waiter of a lost queue then finds out only
+    /// through the rejoin mark, as before the stamp (see
+    /// `scripts::FAIR_ACQUIRE_LUA`).
+    fn warn_unstamped(&self, key: &LockKey, refusal: &Value) {
+        if self.inner.warned_unstamped.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let reason = match refusal {
+            Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
+            other => format!("{other:?}"),
+        };
+        tracing::warn!(
+            key = %key,
+            reason = %scrub(&reason, &self.inner.secrets),
+            "redis refused a fair waiter's read of its queue's stamp (an ACL without \
+             +getrange?): a waiter whose queue was deleted finds out through the rejoin \
+             mark alone, which a second fault can take; see the least-privilege ACL in \
+             dlock's Redis docs"
+        );
+    }
+
     /// The waiter mark an attempt takes the key with: `+` when waiters of
     /// this process already wait for it (so its release wakes them), for a
     /// lease taken with an identity (a leader, watched by observers the
@@ -396,6 +418,11 @@ impl RedisBackend {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(remaining), refusal] => {
                     self.warn_unmarked(key, refusal);
+                    return Ok(held(*remaining));
+                }
+                // Held; the refresh could not read the queue's stamp.
+                [Value::Int(remaining), refusal, _] => {
+                    self.warn_unstamped(key, refusal);
                     return Ok(held(*remaining));
                 }
                 _ => None,

@@ -155,7 +155,10 @@ pub(super) fn read_holding(reply: &Value) -> Option<Option<Holding>> {
     let identity = identity.filter(|_| token.is_some());
     // `<host>\t<pid>\t<label>` and how long ago it was taken, when the
     // holder's acquisition recorded it (an older dlock's did not).
-    let holder = HolderInfo::decode(&info).map(|holder| match u64::try_from(*held_for) {
+    // A record a previous dlock's fair handoff copied whole from a
+    // waiter's queue entry carries the queue's stamp after a line break.
+    let info = info.split('\n').next().unwrap_or_default();
+    let holder = HolderInfo::decode(info).map(|holder| match u64::try_from(*held_for) {
         Ok(micros) => holder.held_for(Duration::from_micros(micros)),
         Err(_) => holder,
     });

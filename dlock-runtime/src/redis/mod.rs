@@ -42,9 +42,9 @@
 //! | `dlock:{T}:info` | string with the lock's `PX` expiry | only beside a lock of the previous protocol (a value of the owner id and the mark alone): who took it, written by a replica not yet upgraded |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
-//! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order (see [Fair mode](#fair-mode)) |
-//! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for and its holder record |
-//! | `dlock:{T}:rejoin` | string with an entry's `PX` | set when a fair waiter found its line gone from a lost queue: while it stands, each waiter looks for its line and joins again without one |
+//! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order, the first line ending in the queue's stamp (see [Fair mode](#fair-mode)) |
+//! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for, its holder record and the stamp of the queue it is in |
+//! | `dlock:{T}:rejoin` | string with an entry's `PX` | set when a fair waiter found its line gone from a lost queue: while it stands, a waiter that cannot read the stamp (an ACL without `+getrange`) looks for its line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
 //! | `dlock:{T}:readers` | hash with the read phase's `PX` | while two or more readers hold: owner id → expiry in server ms (see [Shared locks and permits](#shared-locks-and-permits)) |
 //! | `dlock:{T}:phase` | string with the read phase's `PX` | the read phase's token, and while it has one reader, that reader's owner id (its expiry the key's `PX`) |
@@ -233,11 +233,12 @@
 //! create it on every node):
 //!
 //! ```text
-//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping
+//! ~dlock:* &dlock:* +evalsha +script|load +set +setrange +get +getrange +incr +pexpire +pttl +del +publish +time +hgetall +hset +hdel +subscribe +unsubscribe +cluster|slots +ping
 //! ```
 //!
 //! The scripts run with `EVALSHA` (loaded by `SCRIPT LOAD` when the server
-//! lacks them) and call `SET`, `SETRANGE`, `GET`, `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
+//! lacks them) and call `SET`, `SETRANGE`, `GET`, `GETRANGE` (a fair waiter's
+//! refresh reads its queue's stamp), `INCR`, `PEXPIRE`, `PTTL`, `DEL`,
 //! `PUBLISH` and `TIME` (and `HGETALL`, `HSET`, `HDEL` over the readers'
 //! and slots' hashes of shared locks and permits); waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
@@ -373,6 +374,8 @@ struct Inner {
     response_timeout: Duration,
     /// Whether the missing waiter mark was warned about (once a backend).
     warned_unmarked: AtomicBool,
+    /// Whether a fair refresh refused `GETRANGE` was warned about.
+    warned_unstamped: AtomicBool,
     /// Take every key marked, so every release publishes
     /// ([`RedisBuilder::publish_every_release`]).
     publish_every_release: bool,

@@ -154,9 +154,18 @@ end
 ///   Written only when someone joins, leaves, or is handed the key or
 ///   found dead at the front; its `PX` is never shorter than its
 ///   longest-lived entry's, so an abandoned queue goes away by itself.
+///   The first line ends in the queue's **stamp**, ` g<stamp>` (the
+///   server clock in µs and the first 8 digits of the owner id that began
+///   it), which every rewrite moves onto the new first line: a queue
+///   begun anew after a loss has another stamp. A line without the
+///   stamp (a queue last written by the previous protocol, which drops
+///   it with the first line) gets a new one at the next rewrite.
 /// - **Each entry's life**, in `dlock:{T}:waiter:<owner id>`: `<ttl>
 ///   <holder record>` (the ttl the waiter's attempt asked for, in ms, and
-///   [`crate::HolderInfo::encode`]'s record), with `PX` the entry's life.
+///   [`crate::HolderInfo::encode`]'s record), then a line break and the
+///   stamp of the queue its line is in (the previous protocol reads the
+///   stamp as part of the record; a record read from an info key is cut
+///   at the line break), with `PX` the entry's life.
 ///   A waiter's refresh sets this small key again and touches nothing
 ///   else (the queue's `PX` is stretched in place when it would die
 ///   first), so keeping n waiters alive costs the server O(1) per waiter
@@ -193,6 +202,12 @@ end
 ///   `entry` (see [`RELEASE_LUA`]) and deletes its entry key; the lease's
 ///   ms, or `nil` when the counter cannot rise (the key is then left free,
 ///   the entry kept).
+/// - `stamp_of(text)`: the stamp a queue's text begins with, if any;
+///   `stamped(text, stamp)` the text with its first line carrying it.
+/// - `write(queue, text, life, left, from)` as above, stamping the text
+///   with the stamp of `from` (the text it was made from), else its own,
+///   else a new one; nothing is written when that is `from` itself.
+///   Returns the text stored.
 /// - `without(text, owner)`: the queue's text without `owner`'s line.
 /// - `leave(queue, text, owner)`: removes `owner`'s line, if any.
 macro_rules! queue_lua {
@@ -213,22 +228,41 @@ local function first_live(text, queue)
     local name = waiter(queue, owner)
     local entry = redis.pcall('GET', name)
     if type(entry) == 'string' then
-      local ttl, record = string.match(entry, '^(%d+) (.*)$')
+      local ttl, record = string.match(entry, '^(%d+) ([^\n]*)')
       if ttl then
-        return {owner, ttl, record, name, shape == ' v'}, at, stop
+        return {owner, ttl, record, name, string.sub(shape, 1, 2) == ' v'}, at, stop
       end
     end
     at = stop
   end
 end
-local function write(queue, text, life, left)
-  if text == '' then
+local function stamp_of(text)
+  return string.match(text, '^[^\n]* g(%w+)\n')
+end
+local function stamped(text, stamp)
+  local line, rest = string.match(text, '^([^\n]*)(\n.*)$')
+  if not line or string.sub(line, -#stamp - 2) == ' g' .. stamp then
+    return text
+  end
+  return string.gsub(line, ' g%w+$', '') .. ' g' .. stamp .. rest
+end
+local function write(queue, text, life, left, from)
+  if text ~= '' then
+    text = stamped(text, stamp_of(from or text) or stamp_of(text)
+      or server_time() .. string.sub(text, 1, 8))
+  end
+  if text == from then
+    if life and (left or redis.call('PTTL', queue)) < life then
+      redis.call('PEXPIRE', queue, life)
+    end
+  elseif text == '' then
     redis.call('DEL', queue)
   elseif life then
     redis.call('SET', queue, text, 'PX', math.max(left or redis.call('PTTL', queue), life))
   else
     redis.call('SET', queue, text, 'KEEPTTL')
   end
+  return text
 end
 local function hand_over(entry, clock, lock, fence)
   local px = entry[2]
@@ -268,7 +302,7 @@ end
 local function leave(queue, text, owner)
   local rest = without(text, owner)
   if rest ~= text then
-    write(queue, rest)
+    write(queue, rest, nil, nil, text)
   end
 end
 "
@@ -457,12 +491,14 @@ if mine then
     if type(text) == 'string' and text ~= '' then
       local clock = server_time()
       local entry, start, stop = first_live(text, queue)
-      if entry and hand_over(entry, clock, KEYS[1], fence) then
-        write(queue, string.sub(text, stop))
-        return 1
+      if entry then
+        if hand_over(entry, clock, KEYS[1], fence) then
+          write(queue, string.sub(text, stop), nil, nil, text)
+          return 1
+        end
       end
       if start > 1 then
-        write(queue, string.sub(text, start))
+        write(queue, string.sub(text, start), nil, nil, text)
       end
     end
   end

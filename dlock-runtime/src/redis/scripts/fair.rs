@@ -38,18 +38,21 @@ use ::redis::Script;
 ///   found gone (a first `Join`, or an entry that died) reads the queue,
 ///   drops the owner's old line and appends one at the end.
 /// - **A lost queue.** An entry key that lives on while its line is gone
-///   means the queue was lost (deleted by an operator, a failover that
-///   missed its writes): the order is not recoverable, so the waiter
-///   joins again at the end, and sets the rejoin mark,
-///   `dlock:{T}:rejoin`, for an entry's life. While the mark stands,
-///   every waiter's refresh reads the queue and looks for its own line,
-///   so each waiter that lost its line joins again at its next attempt
-///   (within a second), not only the first to look. A queue found gone
-///   (`PTTL` -2) by a waiter whose entry lives is read as lost the same
-///   way. A `Join` that begins a queue anew sets the mark too: the
-///   waiters of a lost queue cannot tell a newcomer's queue from theirs
-///   by its existence alone (a queue that merely ran empty costs its
-///   waiters a read of it for one entry's life).
+///   means the queue was lost (deleted by an operator, evicted): the
+///   order is not recoverable, so the waiter joins again at the end. The
+///   refresh tells a lost queue by its **stamp**: it reads the queue's
+///   first line (`GETRANGE`, a bounded prefix, whatever the queue's
+///   length) and compares its stamp with the one its entry recorded; a
+///   stamp that differs (a queue begun anew, by a newcomer or by another
+///   waiter of the lost one) or is missing sends it to read the whole
+///   queue and look for its line, and its entry then records the stamp of
+///   the queue it is in. No other key is involved, so no second deletion
+///   can hide the loss. With an ACL that refuses `GETRANGE`, the answer
+///   carries the refusal (the caller warns once) and the refresh falls
+///   back on the rejoin mark, `dlock:{T}:rejoin`, set for an entry's life
+///   by a waiter that found its line gone and by a `Join` that begins a
+///   queue: while it stands, or when the queue is gone (`PTTL` -2), the
+///   refresh reads the queue and looks for its line.
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
@@ -66,8 +69,9 @@ pub(in crate::redis) const FAIR_ACQUIRE_LUA: &str = concat!(
 local owner = string.sub(ARGV[1], 1, 32)
 local life = ARGV[4] ~= '' and tonumber(ARGV[4])
 local rejoin = string.sub(KEYS[3], 1, -6) .. 'rejoin'
-local function refresh()
-  return redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3], 'PX', ARGV[4], 'GET')
+local function refresh(stamp)
+  return redis.pcall('SET', KEYS[4], ARGV[2] .. ' ' .. ARGV[3] .. '\n' .. (stamp or ''),
+    'PX', ARGV[4], 'GET')
 end
 local function enter(text, old)
   local lost = type(old) == 'string'
@@ -78,6 +82,12 @@ local function enter(text, old)
     redis.call('SET', rejoin, '1', 'PX', ARGV[4])
   end
   return without(text, owner) .. owner .. ' v\n'
+end
+local function settle(stored, stamp)
+  local now = stamp_of(stored)
+  if now ~= stamp then
+    refresh(now)
+  end
 end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
@@ -91,10 +101,11 @@ if not held then
     local handed = hand_over(entry, clock, KEYS[1], KEYS[2])
     local rest = string.sub(text, handed and stop or start)
     if life then
-      rest = enter(rest, refresh())
-    end
-    if rest ~= text then
-      write(KEYS[3], rest, life)
+      local stamp = stamp_of(text)
+      rest = enter(rest, refresh(stamp))
+      settle(write(KEYS[3], rest, life, nil, text), stamp)
+    elseif rest ~= text then
+      write(KEYS[3], rest, nil, nil, text)
     end
     if handed then
       return tonumber(handed)
@@ -104,7 +115,7 @@ if not held then
   local reply = take(false)
   if type(reply) == 'string' and text ~= '' then
     local rest = entry and string.sub(text, stop) or ''
-    write(KEYS[3], rest)
+    write(KEYS[3], rest, nil, nil, text)
     redis.call('DEL', KEYS[4])
     if rest ~= '' then
       redis.call('SETRANGE', KEYS[1], 32, '+')
@@ -121,9 +132,17 @@ if type(reply) == 'string' then
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local old = refresh()
+  local head = redis.pcall('GETRANGE', KEYS[3], 0, 127)
+  local stamp = type(head) == 'string' and stamp_of(head) or nil
+  local old = refresh(stamp)
   local left = redis.call('PTTL', KEYS[3])
-  if type(old) == 'string' and left ~= -2 and not redis.pcall('GET', rejoin) then
+  local kept
+  if type(head) == 'string' then
+    kept = stamp and type(old) == 'string' and string.match(old, '\n(%w*)$') == stamp
+  else
+    kept = type(old) == 'string' and left ~= -2 and not redis.pcall('GET', rejoin)
+  end
+  if kept then
     if left < life then
       redis.call('PEXPIRE', KEYS[3], life)
     end
@@ -132,12 +151,10 @@ elseif life and not (type(reply) == 'table' and reply.err) then
     if type(text) ~= 'string' then
       text = ''
     end
-    local rest = enter(text, old)
-    if rest ~= text then
-      write(KEYS[3], rest, life, left)
-    elseif left < life then
-      redis.call('PEXPIRE', KEYS[3], life)
-    end
+    settle(write(KEYS[3], enter(text, old), life, left, text), stamp)
+  end
+  if type(head) == 'table' and type(reply) == 'number' then
+    return {reply, head.err, 'getrange'}
   end
 end
 return reply

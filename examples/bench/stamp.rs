@@ -190,7 +190,24 @@ async fn server_versions(cfg: &Config) -> (String, String) {
     let pg = async {
         let client = cycle::pg_client(&cfg.pg_conn).await?;
         let row = client.query_one("SHOW server_version", &[]).await?;
-        Ok::<_, crate::BoxError>(row.try_get::<_, String>(0)?)
+        let version = row.try_get::<_, String>(0)?;
+        // The token lead decides how often a draw writes the sequence
+        // (docs/postgres.md): the PostgreSQL rows depend on it.
+        let lead = client
+            .query_one(
+                "SELECT obj_description(to_regclass('dlock.dlock_token_seq'), 'pg_class')",
+                &[],
+            )
+            .await?
+            .try_get::<_, Option<String>>(0)?;
+        let lead = match lead
+            .as_deref()
+            .and_then(|c| c.strip_prefix("dlock-token-lead-us="))
+        {
+            Some(us) => format!("token lead {us} µs"),
+            None => "no token lead".to_owned(),
+        };
+        Ok::<_, crate::BoxError>(format!("{version}, dlock.dlock_token_seq with {lead}"))
     };
     (
         redis.await.unwrap_or_else(|e| format!("? ({e})")),

@@ -18,7 +18,7 @@ use dlock::{Backend, FencingToken, LockKey, LockOptions};
 /// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
 const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
 
-fn fresh_key(label: &str) -> LockKey {
+pub(super) fn fresh_key(label: &str) -> LockKey {
     LockKey::new(format!("dlock-test:lead:{label}:{}", random_id())).expect("valid key")
 }
 
@@ -35,27 +35,27 @@ async fn server_clock(client: &Client) -> i64 {
 }
 
 /// The schema's token sequence, as SQL names it.
-fn seq(scratch: &ScratchSchema) -> String {
-    format!("{}.dlock_token_seq", scratch.name)
+pub(super) fn seq(schema: &str) -> String {
+    format!("{schema}.dlock_token_seq")
 }
 
 /// Sets the sequence back to 1, so the next draw finds it behind the clock
 /// and must write (and takes it for a lost one: more than a day behind).
-async fn set_back(admin: &Client, scratch: &ScratchSchema) {
+pub(super) async fn set_back(admin: &Client, schema: &str) {
     admin
-        .execute(&format!("SELECT setval('{}', 1)", seq(scratch)), &[])
+        .execute(&format!("SELECT setval('{}', 1)", seq(schema)), &[])
         .await
         .expect("setval");
 }
 
 /// Sets the sequence a second behind the clock: the next draw must write,
 /// but the sequence is not taken for a lost one.
-async fn set_just_behind(admin: &Client, scratch: &ScratchSchema) {
+async fn set_just_behind(admin: &Client, schema: &str) {
     admin
         .execute(
             &format!(
                 "SELECT setval('{}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 - 1000000)",
-                seq(scratch)
+                seq(schema)
             ),
             &[],
         )
@@ -63,23 +63,23 @@ async fn set_just_behind(admin: &Client, scratch: &ScratchSchema) {
         .expect("setval");
 }
 
-async fn set_lead(admin: &Client, scratch: &ScratchSchema, lead: Option<&str>) {
+/// Sets the sequence's comment, the lead (`None`: no comment).
+pub(super) async fn set_lead(admin: &Client, schema: &str, lead: Option<&str>) {
     let comment = lead.map_or("NULL".to_owned(), |lead| format!("'{lead}'"));
     admin
-        .batch_execute(&format!(
-            "COMMENT ON SEQUENCE {} IS {comment}",
-            seq(scratch)
-        ))
+        .batch_execute(&format!("COMMENT ON SEQUENCE {} IS {comment}", seq(schema)))
         .await
         .expect("comment");
 }
 
-async fn connect(scratch: &ScratchSchema) -> Arc<dyn Backend> {
+/// A backend of one lock session on `schema` through `conn`, whose
+/// statements wait for locks as long as a test may need (30 s).
+pub(super) async fn connect(conn: &str, schema: &str) -> Arc<dyn Backend> {
     Arc::new(
         PgBackend::connect_with(
-            &shared_conn(),
-            scratch
-                .options()
+            conn,
+            dlock::pg::PgOptions::new()
+                .schema(schema)
                 .sessions(1)
                 .liveness_interval(Duration::from_secs(60))
                 .server_idle_timeout(Some(Duration::from_secs(180))),
@@ -89,26 +89,40 @@ async fn connect(scratch: &ScratchSchema) -> Arc<dyn Backend> {
     )
 }
 
-async fn hold_once(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
-    let lease = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(Arc::clone(backend), key)
-        .await
-        .expect("the key is free");
-    let token = lease.token();
-    lease.release().await.expect("release");
-    token
+/// Takes `key` and gives it back at once, retrying for up to 5 s while the
+/// acquisition fails (a sequence being recreated): the token.
+pub(super) async fn hold_once(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
+    let mut tries = 0;
+    loop {
+        match LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(backend), key)
+            .await
+        {
+            Ok(lease) => {
+                let token = lease.token();
+                lease.release().await.expect("release");
+                return token;
+            }
+            Err(err) if tries < 50 => {
+                eprintln!("acquisition failed, retrying: {err}");
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("acquisition kept failing: {err}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_dlock_creates_leads_the_clock_and_draws_within_the_lead_write_nothing() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
-    let backend = connect(&scratch).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
     let comment: Option<String> = admin
         .query_one(
             &format!(
                 "SELECT obj_description('{}'::regclass, 'pg_class')",
-                seq(&scratch)
+                seq(&scratch.name)
             ),
             &[],
         )
@@ -119,7 +133,7 @@ async fn a_sequence_dlock_creates_leads_the_clock_and_draws_within_the_lead_writ
 
     // A sequence behind the clock by less than a day (not a lost one): the
     // draw hands out the clock plus the lead.
-    set_just_behind(&admin, &scratch).await;
+    set_just_behind(&admin, &scratch.name).await;
     let before = server_clock(&admin).await;
     let mut first = hold_once(&backend, &fresh_key("first")).await.get() as i64;
     let after = server_clock(&admin).await;
@@ -150,10 +164,10 @@ async fn a_sequence_dlock_creates_leads_the_clock_and_draws_within_the_lead_writ
 async fn a_sequence_without_a_lead_hands_out_the_clock() {
     let scratch = ScratchSchema::new("lead");
     let mut admin = shared_client().await;
-    let backend = connect(&scratch).await;
-    set_lead(&admin, &scratch, None).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
+    set_lead(&admin, &scratch.name, None).await;
     for _ in 0..3 {
-        set_just_behind(&admin, &scratch).await;
+        set_just_behind(&admin, &scratch.name).await;
         let before = server_clock(&admin).await;
         let token = hold_once(&backend, &fresh_key("plain")).await.get() as i64;
         let after = server_clock(&admin).await;
@@ -162,7 +176,7 @@ async fn a_sequence_without_a_lead_hands_out_the_clock() {
             "without a lead the token is the clock at the draw: {token} not in {before}..={after}"
         );
     }
-    set_just_behind(&admin, &scratch).await;
+    set_just_behind(&admin, &scratch.name).await;
     let before = server_clock(&admin).await;
     let tx = admin.transaction().await.expect("begin");
     let mut tx = tx;
@@ -184,7 +198,7 @@ async fn a_sequence_without_a_lead_hands_out_the_clock() {
 async fn a_lead_is_at_most_10_ms_and_a_comment_of_another_form_is_no_lead() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
-    let backend = connect(&scratch).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
     for (comment, lead) in [
         ("dlock-token-lead-us=1000000", 10_000),
         ("dlock-token-lead-us=2500", 2_500),
@@ -193,8 +207,8 @@ async fn a_lead_is_at_most_10_ms_and_a_comment_of_another_form_is_no_lead() {
         ("lead 10 ms", 0),
         (" dlock-token-lead-us=10000", 0),
     ] {
-        set_lead(&admin, &scratch, Some(comment)).await;
-        set_just_behind(&admin, &scratch).await;
+        set_lead(&admin, &scratch.name, Some(comment)).await;
+        set_just_behind(&admin, &scratch.name).await;
         let before = server_clock(&admin).await;
         let token = hold_once(&backend, &fresh_key("form")).await.get() as i64;
         let after = server_clock(&admin).await;
@@ -209,15 +223,15 @@ async fn a_lead_is_at_most_10_ms_and_a_comment_of_another_form_is_no_lead() {
 async fn a_sequence_set_back_within_the_lead_still_hands_out_higher_tokens() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
-    let backend = connect(&scratch).await;
-    set_lead(&admin, &scratch, Some("dlock-token-lead-us=10000")).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
+    set_lead(&admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
     let key = fresh_key("set-back");
     let mut last = hold_once(&backend, &key).await;
     for _ in 0..3 {
         // Drawn from the sequence, up to a second above the clock.
         let from_sequence = hold_once(&backend, &key).await;
         assert!(from_sequence > last);
-        set_back(&admin, &scratch).await;
+        set_back(&admin, &scratch.name).await;
         let after_set_back = hold_once(&backend, &key).await;
         assert!(
             after_set_back > from_sequence,
@@ -231,8 +245,8 @@ async fn a_sequence_set_back_within_the_lead_still_hands_out_higher_tokens() {
 async fn a_sequence_recreated_without_its_lead_still_gives_tokens_above_the_last_ones() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
-    let backend = connect(&scratch).await;
-    set_lead(&admin, &scratch, Some("dlock-token-lead-us=10000")).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
+    set_lead(&admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
     let key = fresh_key("recreated");
     for _ in 0..3 {
         // Up to a second above the clock.
@@ -240,7 +254,7 @@ async fn a_sequence_recreated_without_its_lead_still_gives_tokens_above_the_last
         admin
             .batch_execute(&format!(
                 "BEGIN; DROP SEQUENCE {s}; CREATE SEQUENCE {s} AS bigint; COMMIT",
-                s = seq(&scratch)
+                s = seq(&scratch.name)
             ))
             .await
             .expect("recreate without the comment");
@@ -250,7 +264,7 @@ async fn a_sequence_recreated_without_its_lead_still_gives_tokens_above_the_last
             "a sequence recreated without its lead floors at the clock plus the largest lead: \
              {next:?} after {last:?}"
         );
-        set_lead(&admin, &scratch, Some("dlock-token-lead-us=10000")).await;
+        set_lead(&admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
     }
 }
 
@@ -260,7 +274,7 @@ async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, i32) {
         .query_one(
             &format!(
                 "SELECT $1::int8::int4, ((('{}'::regclass::oid)::int8) & 2147483647)::int4",
-                seq(scratch)
+                seq(&scratch.name)
             ),
             &[&DRAW_LOCK_CLASS],
         )
@@ -290,13 +304,13 @@ async fn a_draw_that_must_write_waits_for_the_draw_lock() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
     let holder = shared_client().await;
-    let backend = connect(&scratch).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
     let lock = draw_lock(&admin, &scratch).await;
     holder
         .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
         .await
         .expect("hold the draw lock");
-    set_back(&admin, &scratch).await;
+    set_back(&admin, &scratch.name).await;
     let before = server_clock(&admin).await;
     let acquiring = tokio::spawn({
         let backend = Arc::clone(&backend);
@@ -331,10 +345,10 @@ async fn a_transaction_lock_whose_draw_writes_holds_no_draw_lock_while_its_trans
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
     let mut caller = shared_client().await;
-    let backend = connect(&scratch).await;
+    let backend = connect(&shared_conn(), &scratch.name).await;
     let lock = draw_lock(&admin, &scratch).await;
     for wait in [false, true] {
-        set_back(&admin, &scratch).await;
+        set_back(&admin, &scratch.name).await;
         let before = server_clock(&admin).await;
         let mut tx = caller.transaction().await.expect("begin");
         let xact = TransactionLock::new().schema(&scratch.name);
@@ -358,7 +372,7 @@ async fn a_transaction_lock_whose_draw_writes_holds_no_draw_lock_while_its_trans
             "the draw lock was given back before the transaction ended (wait: {wait})"
         );
         // Another draw that must write goes through meanwhile.
-        set_back(&admin, &scratch).await;
+        set_back(&admin, &scratch.name).await;
         let other = within(20, "a lease's draw beside an open transaction", async {
             hold_once(&backend, &fresh_key("beside")).await
         })

@@ -7,6 +7,7 @@
 //! a schema of its own on the shared server (127.0.0.1:5432, or
 //! `DLOCK_PG_URL`), or a server of its own.
 
+use super::token_lead::{connect, fresh_key, hold_once, seq, set_back, set_lead};
 use crate::pg_support::{
     OwnServer, PASSWORD, ScratchSchema, random_id, shared_client, shared_conn,
 };
@@ -19,79 +20,15 @@ use dlock::pg::PgBackend;
 use dlock::pg::tokio_postgres::Client;
 use dlock::{Backend, FencingToken, LockKey, LockOptions};
 
-/// A lead of one second, the most the comment allows: wide enough that
-/// every step of a test falls within it, however slow the machine.
+/// A lead of one second, which dlock reads as its largest, 10 ms.
 const ONE_SECOND: &str = "dlock-token-lead-us=1000000";
-
-fn fresh_key(label: &str) -> LockKey {
-    LockKey::new(format!("dlock-test:lead-review:{label}:{}", random_id())).expect("valid key")
-}
-
-fn seq(schema: &str) -> String {
-    format!("{schema}.dlock_token_seq")
-}
-
-async fn set_lead(admin: &Client, schema: &str, lead: &str) {
-    admin
-        .batch_execute(&format!("COMMENT ON SEQUENCE {} IS '{lead}'", seq(schema)))
-        .await
-        .expect("comment");
-}
-
-/// Sets the sequence back to 1, so the next draw finds it behind the clock
-/// and must write.
-async fn set_back(admin: &Client, schema: &str) {
-    admin
-        .execute(&format!("SELECT setval('{}', 1)", seq(schema)), &[])
-        .await
-        .expect("setval");
-}
-
-async fn connect(conn: &str, schema: &str) -> Arc<dyn Backend> {
-    Arc::new(
-        PgBackend::connect_with(
-            conn,
-            dlock::pg::PgOptions::new()
-                .schema(schema)
-                .sessions(1)
-                .liveness_interval(Duration::from_secs(60))
-                .server_idle_timeout(Some(Duration::from_secs(180))),
-        )
-        .await
-        .expect("connect"),
-    )
-}
-
-/// Takes `key` and gives it back at once, retrying for a few seconds while
-/// the acquisition fails (the sequence being recreated): the token.
-async fn hold_once(backend: &Arc<dyn Backend>, key: &LockKey) -> FencingToken {
-    let mut tries = 0;
-    loop {
-        match LockOptions::new(Duration::from_secs(30))
-            .acquire_on(Arc::clone(backend), key)
-            .await
-        {
-            Ok(lease) => {
-                let token = lease.token();
-                lease.release().await.expect("release");
-                return token;
-            }
-            Err(err) if tries < 50 => {
-                eprintln!("acquisition failed, retrying: {err}");
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("acquisition kept failing: {err}"),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sequence_given_a_longer_lead_and_recreated_by_dlock_still_gives_higher_tokens() {
     let scratch = ScratchSchema::new("leadrev");
     let admin = shared_client().await;
     let backend = connect(&shared_conn(), &scratch.name).await;
-    set_lead(&admin, &scratch.name, ONE_SECOND).await;
+    set_lead(&admin, &scratch.name, Some(ONE_SECOND)).await;
     set_back(&admin, &scratch.name).await;
     let key = fresh_key("dropped");
     let before = hold_once(&backend, &key).await;
@@ -137,7 +74,7 @@ async fn a_role_without_update_draws_the_bare_clock_which_a_late_writer_cannot_u
         config.get_ports().first().copied().unwrap_or(5432),
         config.get_dbname().unwrap_or("test"),
     );
-    set_lead(&admin, &scratch.name, ONE_SECOND).await;
+    set_lead(&admin, &scratch.name, Some(ONE_SECOND)).await;
     let reader = connect(&usage_only, &scratch.name).await;
     let writer = connect(&shared_conn(), &scratch.name).await;
     set_back(&admin, &scratch.name).await;
@@ -458,7 +395,7 @@ async fn switching_the_lead_off_while_a_draw_queues_lowers_no_token() {
     let scratch = ScratchSchema::new("leadrev");
     let admin = shared_client().await;
     let backend = connect(&shared_conn(), &scratch.name).await;
-    set_lead(&admin, &scratch.name, ONE_SECOND).await;
+    set_lead(&admin, &scratch.name, Some(ONE_SECOND)).await;
     let queue = shared_client().await;
     hold_the_draw_lock(&queue, &scratch.name).await;
     set_back(&admin, &scratch.name).await;
@@ -568,7 +505,7 @@ async fn shared_locks_after_an_older_replica_came_and_went_draw_with_the_lead() 
         .await
         .expect("the older replica's functions");
     // Only this version from here on, with the lead switched on.
-    set_lead(&admin, &scratch.name, ONE_SECOND).await;
+    set_lead(&admin, &scratch.name, Some(ONE_SECOND)).await;
     set_back(&admin, &scratch.name).await;
     let exclusive = hold_once(&backend, &key).await;
     set_back(&admin, &scratch.name).await;

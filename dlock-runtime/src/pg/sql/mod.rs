@@ -118,9 +118,9 @@ macro_rules! wrote_row {
 
 /// Draws a fencing token once the lock is taken, for the lock statements
 /// that run in a transaction of their own (the lock sessions' statements
-/// and the shared and permit functions): the token is
-/// `greatest(nextval, clock + lead)`, the clock being the server's
-/// `clock_timestamp()` in microseconds since 1970 and the lead the
+/// and the shared and permit functions): the token is `nextval` while the
+/// clock is not past it, else the clock plus the lead, the clock being the
+/// server's `clock_timestamp()` in microseconds since 1970 and the lead the
 /// sequence's token lead (see `token_lead!`; 0 unless switched on) — the
 /// Redis backend's rule with the clock moved up by the lead, and the same
 /// two guarantees as there:

@@ -63,6 +63,21 @@ async fn set_just_behind(admin: &Client, schema: &str) {
         .expect("setval");
 }
 
+/// The sequence's comment, where its lead is kept.
+pub(super) async fn lead_comment(admin: &Client, schema: &str) -> Option<String> {
+    admin
+        .query_one(
+            &format!(
+                "SELECT obj_description('{}'::regclass, 'pg_class')",
+                seq(schema)
+            ),
+            &[],
+        )
+        .await
+        .expect("comment")
+        .get(0)
+}
+
 /// Sets the sequence's comment, the lead (`None`: no comment).
 pub(super) async fn set_lead(admin: &Client, schema: &str, lead: Option<&str>) {
     let comment = lead.map_or("NULL".to_owned(), |lead| format!("'{lead}'"));
@@ -118,18 +133,10 @@ async fn a_sequence_dlock_creates_leads_the_clock_and_draws_within_the_lead_writ
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
     let backend = connect(&shared_conn(), &scratch.name).await;
-    let comment: Option<String> = admin
-        .query_one(
-            &format!(
-                "SELECT obj_description('{}'::regclass, 'pg_class')",
-                seq(&scratch.name)
-            ),
-            &[],
-        )
-        .await
-        .expect("comment")
-        .get(0);
-    assert_eq!(comment.as_deref(), Some("dlock-token-lead-us=10000"));
+    assert_eq!(
+        lead_comment(&admin, &scratch.name).await.as_deref(),
+        Some("dlock-token-lead-us=10000")
+    );
 
     // A sequence behind the clock by less than a day (not a lost one): the
     // draw hands out the clock plus the lead.
@@ -228,7 +235,7 @@ async fn a_sequence_set_back_within_the_lead_still_hands_out_higher_tokens() {
     let key = fresh_key("set-back");
     let mut last = hold_once(&backend, &key).await;
     for _ in 0..3 {
-        // Drawn from the sequence, up to a second above the clock.
+        // Drawn from the sequence, up to the lead above the clock.
         let from_sequence = hold_once(&backend, &key).await;
         assert!(from_sequence > last);
         set_back(&admin, &scratch.name).await;

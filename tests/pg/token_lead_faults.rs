@@ -7,10 +7,8 @@
 //! a schema of its own on the shared server (127.0.0.1:5432, or
 //! `DLOCK_PG_URL`), or a server of its own.
 
-use super::token_lead::{connect, fresh_key, hold_once, seq, set_back, set_lead};
-use crate::pg_support::{
-    OwnServer, PASSWORD, ScratchSchema, random_id, shared_client, shared_conn,
-};
+use super::token_lead::{connect, fresh_key, hold_once, lead_comment, seq, set_back, set_lead};
+use crate::pg_support::{OwnServer, PASSWORD, ScratchSchema, shared_client, shared_conn};
 use crate::support::within;
 
 use std::sync::Arc;
@@ -56,24 +54,7 @@ async fn a_sequence_given_a_longer_lead_and_recreated_by_dlock_still_gives_highe
 async fn a_role_without_update_draws_the_bare_clock_which_a_late_writer_cannot_undercut() {
     let mut scratch = ScratchSchema::new("leadrev");
     let admin = shared_client().await;
-    let role = format!("dlock_leadrev_{}", random_id());
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; \
-             CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
-             GRANT USAGE ON SCHEMA {s} TO {role}; \
-             GRANT USAGE ON SEQUENCE {s}.dlock_token_seq TO {role};",
-            s = scratch.name
-        ))
-        .await
-        .expect("role and objects");
-    scratch.role = Some(role.clone());
-    let config: dlock::pg::tokio_postgres::Config = shared_conn().parse().expect("config");
-    let usage_only = format!(
-        "host=127.0.0.1 port={} user={role} dbname={}",
-        config.get_ports().first().copied().unwrap_or(5432),
-        config.get_dbname().unwrap_or("test"),
-    );
+    let usage_only = scratch.role_with_usage_only(&admin).await;
     set_lead(&admin, &scratch.name, Some(ONE_SECOND)).await;
     let reader = connect(&usage_only, &scratch.name).await;
     let writer = connect(&shared_conn(), &scratch.name).await;
@@ -305,17 +286,7 @@ async fn a_sequence_recreated_beside_older_replicas_gets_no_lead() {
         .await
         .expect("drop");
     hold_once(&backend, &key).await;
-    let lead: Option<String> = admin
-        .query_one(
-            &format!(
-                "SELECT obj_description('{}'::regclass, 'pg_class')",
-                seq(&scratch.name)
-            ),
-            &[],
-        )
-        .await
-        .expect("comment")
-        .get(0);
+    let lead = lead_comment(&admin, &scratch.name).await;
     assert_eq!(
         lead, None,
         "a new replica switched the lead on where older replicas may still draw"

@@ -212,14 +212,7 @@ async fn an_older_dlocks_sequence_gets_no_lead_and_a_late_older_write_lowers_no_
         .await
         .expect("the older dlock's draws");
     let new = connect(&schema).await;
-    let lead: Option<String> = admin
-        .query_one(
-            &format!("SELECT obj_description('{seq}'::regclass, 'pg_class')"),
-            &[],
-        )
-        .await
-        .expect("comment")
-        .get(0);
+    let lead = super::token_lead::lead_comment(&admin, &schema.name).await;
     assert_eq!(lead, None, "a new replica added a token lead");
     let older = Older::new(&schema).await;
     let key = LockKey::new(format!("dlock-test:upgrade:{}:late", random_id())).expect("key");

@@ -143,13 +143,30 @@ impl ScratchSchema {
         &mut self,
         admin: &dlock::pg::tokio_postgres::Client,
     ) -> String {
+        self.role_with_sequence_grants(admin, "USAGE, UPDATE").await
+    }
+
+    /// As [`role_without_create`](Self::role_without_create), with USAGE
+    /// alone on the sequence: a role whose tokens rest on the clock.
+    pub async fn role_with_usage_only(
+        &mut self,
+        admin: &dlock::pg::tokio_postgres::Client,
+    ) -> String {
+        self.role_with_sequence_grants(admin, "USAGE").await
+    }
+
+    async fn role_with_sequence_grants(
+        &mut self,
+        admin: &dlock::pg::tokio_postgres::Client,
+        grants: &str,
+    ) -> String {
         let role = format!("dlock_role_{}", random_id());
         admin
             .batch_execute(&format!(
                 "CREATE ROLE {role} LOGIN; \
                  CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
                  GRANT USAGE ON SCHEMA {s} TO {role}; \
-                 GRANT USAGE, UPDATE ON SEQUENCE {s}.dlock_token_seq TO {role};",
+                 GRANT {grants} ON SEQUENCE {s}.dlock_token_seq TO {role};",
                 s = self.name
             ))
             .await

@@ -165,6 +165,16 @@ impl RedisBackend {
         }
     }
 
+    /// What a script's refusal said, without the secrets of the backend's
+    /// URLs.
+    fn refusal_reason(&self, refusal: &Value) -> String {
+        let reason = match refusal {
+            Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
+            other => format!("{other:?}"),
+        };
+        scrub(&reason, &self.inner.secrets)
+    }
+
     /// Says, once, that an attempt could not mark the holder's value, so
     /// releases will not wake this backend's waiters (they look again when
     /// the holder's ttl runs out, at most every 10 s).
@@ -172,13 +182,10 @@ impl RedisBackend {
         if self.inner.warned_unmarked.swap(true, Ordering::Relaxed) {
             return;
         }
-        let reason = match refusal {
-            Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
-            other => format!("{other:?}"),
-        };
+        let reason = self.refusal_reason(refusal);
         tracing::warn!(
             key = %key,
-            reason = %scrub(&reason, &self.inner.secrets),
+            reason = %reason,
             "redis refused to mark a held lock as waited for (an ACL without +setrange?): \
              releases will not wake waiters, who look again only when the holder's ttl \
              runs out; see the least-privilege ACL in dlock's Redis docs"
@@ -193,13 +200,10 @@ impl RedisBackend {
         if self.inner.warned_unstamped.swap(true, Ordering::Relaxed) {
             return;
         }
-        let reason = match refusal {
-            Value::BulkString(text) => String::from_utf8_lossy(text).into_owned(),
-            other => format!("{other:?}"),
-        };
+        let reason = self.refusal_reason(refusal);
         tracing::warn!(
             key = %key,
-            reason = %scrub(&reason, &self.inner.secrets),
+            reason = %reason,
             "redis refused a fair waiter's read of its queue's stamp (an ACL without \
              +getrange?): a waiter whose queue was deleted finds out through the rejoin \
              mark alone, which a second fault can take; see the least-privilege ACL in \

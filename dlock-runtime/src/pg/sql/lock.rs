@@ -114,8 +114,14 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// refuses one. A lease has both marks or neither: the second is tried
 /// only once the first is taken, and the first is dropped again if the
 /// second is refused, so a lease that could not mark itself reads with no
-/// token. Returns the token and whether the marks were taken (1 or 0), as
-/// an array; the release drops them only if they were.
+/// token. One `CASE`, which evaluates its conditions in order and stops at
+/// the first that holds (the calls are volatile, so none is folded while
+/// planning): the first mark refused, 0; the second taken, 1; else the
+/// first is dropped, 0. Not subqueries: the server builds the executor
+/// state of every subquery of a plan at each execution, and three of them
+/// cost a named lock about a tenth of its server time. Returns the token
+/// and whether the marks were taken (1 or 0), as an array; the release
+/// drops them only if they were.
 ///
 /// A reader believes a token only when it finds exactly one mark of each
 /// half for the key on the session holding it. Both or neither is what
@@ -132,23 +138,23 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 pub const TRY_LOCK_NAMED: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
     SELECT ARRAY[d.token,
-                 CASE WHEN ma.a AND mb.b THEN 1::pg_catalog.int8 ELSE 0::pg_catalog.int8 END]
+                 CASE WHEN NOT ",
+    token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " THEN 0::pg_catalog.int8
+                      WHEN ",
+    token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " THEN 1::pg_catalog.int8
+                      WHEN ",
+    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "k.h", "d.token"),
+    " THEN 0::pg_catalog.int8
+                      ELSE 0::pg_catalog.int8 END]
     FROM (",
     draw_token!(
         ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
               AS commit_mode",
         ""
     ),
-    " OFFSET 0) AS d(token),
-         LATERAL (SELECT ",
-    token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
-    " AS a OFFSET 0) AS ma,
-         LATERAL (SELECT CASE WHEN ma.a THEN ",
-    token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
-    " ELSE false END AS b OFFSET 0) AS mb,
-         LATERAL (SELECT CASE WHEN ma.a AND NOT mb.b THEN ",
-    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "k.h", "d.token"),
-    " END AS dropped OFFSET 0) AS mu) END
+    " OFFSET 0) AS d(token)) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 

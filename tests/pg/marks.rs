@@ -40,7 +40,7 @@ pub fn mark_classes(h: i64) -> (i64, i64) {
 }
 
 /// An unsigned 32-bit number as the `int4` it stands for.
-fn as_int4(n: i64) -> i32 {
+pub fn as_int4(n: i64) -> i32 {
     (n as u32) as i32
 }
 

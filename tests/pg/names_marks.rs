@@ -7,10 +7,11 @@
 //! a schema of its own on the shared PostgreSQL (127.0.0.1:5432, or
 //! `DLOCK_PG_URL`).
 
-use dlock::LockKey;
+use dlock::backend::OwnerId;
+use dlock::{Backend, LockKey};
 
-use crate::marks::{Markless, mark_classes};
-use crate::pg_support::{ScratchSchema, shared_client};
+use crate::marks::{Markless, as_int4, connect, mark_classes, take};
+use crate::pg_support::{ScratchSchema, random_id, shared_client};
 
 /// The key seed of the three keys below.
 const SEED: i64 = 20_261_205;
@@ -70,4 +71,68 @@ async fn a_force_release_naming_a_token_no_lease_holds_ends_no_lease_beside_mark
     markless
         .assert_force_release_of_another_token_ends_no_lease()
         .await;
+}
+
+/// A lease whose first token mark was taken and whose second a foreign
+/// lock refused drops the first again (the last branch of the named lock
+/// statement's `CASE`): no mark of the key is left on the server, so no
+/// half of it can pose as another lease's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_refused_its_second_mark_leaves_no_first_mark() {
+    let schema = ScratchSchema::new("rv_second");
+    let backend = connect(schema.options().sessions(1)).await;
+    let key = LockKey::new(format!("dlock-test:second-mark:{}", random_id())).expect("key");
+    let admin = shared_client().await;
+    let h: i64 = admin
+        .query_one("SELECT hashtextextended($1::text, 0)", &[&key.as_str()])
+        .await
+        .expect("hash")
+        .get(0);
+    // The sequence set by a DBA an hour ahead of the clock (the draw allows
+    // a day), so the next token is the sequence's next value: known here.
+    let next: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT setval('{}.dlock_token_seq',
+                               (extract(epoch FROM clock_timestamp()) * 1000000)::int8 + 3600000000) + 1",
+                schema.name
+            ),
+            &[],
+        )
+        .await
+        .expect("setval")
+        .get(0);
+    let (first, second) = mark_classes(h);
+    // Another client holds exclusively the pair of numbers of the second
+    // mark for that token.
+    admin
+        .query_one(
+            "SELECT pg_advisory_lock($1::int4, $2::int4)",
+            &[&as_int4(second), &as_int4(next & 0xffff_ffff)],
+        )
+        .await
+        .expect("the application's own lock");
+
+    let token = take(&backend, &key, &OwnerId::random().expect("owner")).await;
+    println!("`{key}` held with token {token} (the refused draw was {next})");
+    let left: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_locks
+             WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ShareLock'
+               AND classid::int8 = $1",
+            &[&first],
+        )
+        .await
+        .expect("read pg_locks")
+        .get(0);
+    assert_eq!(left, 0, "the first mark of `{key}` was left held");
+    assert_eq!(
+        backend
+            .holder(&key)
+            .await
+            .expect("read")
+            .and_then(|h| h.token),
+        Some(token),
+        "the lease reads with its own token"
+    );
 }

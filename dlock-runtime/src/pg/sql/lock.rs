@@ -71,8 +71,8 @@
 /// write costs WAL and a transaction id (with an asynchronous commit, no
 /// flush); with the lead it comes once per lead per server instead of at
 /// nearly every draw. The rest of the draw (the clock reading, the
-/// `pg_sequence` check, the privilege check) costs next to nothing beside
-/// the advisory lock itself. A sequence a DBA made `UNLOGGED`
+/// settings check, the privilege check) costs little beside the advisory
+/// lock itself, written without subqueries (see `draw_token!`). A sequence a DBA made `UNLOGGED`
 /// (PostgreSQL 15+) writes no WAL and keeps every rule above while the
 /// server runs, but a crash or a failover resets it: a counter lost more
 /// often, see docs/postgres.md ("What a token costs").

@@ -180,8 +180,11 @@ macro_rules! wrote_row {
 /// statement that draws, so no acquisition ever uses such a sequence,
 /// whether it came by a [`TransactionLock`](super::TransactionLock) (which
 /// has no session of its own to check on) or on a lock session opened
-/// before the change. The check reads `pg_sequence`'s row of the sequence
-/// by its unique index.
+/// before the change. The check reads the settings with
+/// `pg_sequence_parameters`, from the catalog's cache (it needs USAGE,
+/// SELECT or UPDATE on the sequence, as `nextval` does), not with a
+/// subquery of `pg_sequence`, whose table and index the server would open
+/// at every execution: that cost a draw twice what the calls do.
 ///
 /// `$extra` is a further column of the innermost subquery, evaluated with
 /// `nextval` (the lock sessions' statement makes its commit asynchronous
@@ -189,24 +192,33 @@ macro_rules! wrote_row {
 /// after. `OFFSET 0` keeps each subquery from being merged into the next
 /// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
-/// `nextval`, then the clock reading, then (only when behind) the lead,
-/// the draw lock, `nextval` and the clock again, and `setval`.
+/// `nextval`, then the clock reading. Only when behind come the lead, the
+/// draw lock, `nextval` and the clock again (in either order: both after
+/// the draw lock), and `setval`: conditions of one `CASE`, which evaluates
+/// them in order and stops at the first that holds (the calls are
+/// volatile, so none is folded while planning). Not subqueries: the server
+/// builds the executor state of every subquery of a plan at each
+/// execution, taken or not, and this branch is taken once per lead.
 macro_rules! draw_token {
     ($extra:literal, $after:literal) => {
         draw!(
             $extra,
             $after,
             draw_behind!(concat!(
-                "(SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                            ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
-                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                      FROM (SELECT ",
+                "WHEN ",
                 draw_lock!(),
-                " AS held, w.lead OFFSET 0) AS d
-                      OFFSET 0) AS u)"
+                "::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
+                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                               OPERATOR(pg_catalog.<=)
+                               pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass)
+                          THEN pg_catalog.currval('{schema}.dlock_token_seq'::pg_catalog.regclass)
+                          ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                   OPERATOR(pg_catalog.+) ",
+                lead!(),
+                ")"
             ))
         )
     };
@@ -223,35 +235,42 @@ macro_rules! draw_token {
 /// no draw takes it, and the draw is one statement, as before the lead.
 macro_rules! draw_ahead {
     ($after:literal) => {
-        draw!("", $after, draw_behind!("NULL::pg_catalog.int8"))
+        draw!("", $after, draw_behind!("ELSE NULL::pg_catalog.int8"))
     };
 }
 
 /// The draw of a sequence behind the clock, for `draw_token!` and
 /// `draw_ahead!`: without UPDATE the bare clock; without a lead (and not
 /// lost) `setval` to the clock, as before the lead, without the draw lock;
-/// else `$locked`, the write under the draw lock. `w.lead` is the lead:
-/// the sequence's own (`token_lead!`), or 10 ms for a sequence more than a
-/// day behind the clock (new or lost).
+/// else `$locked`, the rest of the `CASE`: the write under the draw lock.
 macro_rules! draw_behind {
     ($locked:expr) => {
         concat!(
-            "ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
-                          WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          ELSE ",
-            $locked,
-            " END
-              FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                                THEN 10000::pg_catalog.int8
-                                ELSE ",
-            token_lead!(),
-            " END AS lead,
-                           pg_catalog.has_sequence_privilege(
+            "ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
                                '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text) AS may_write,
-                           t.clock
-                    OFFSET 0) AS w)"
+                               'UPDATE'::pg_catalog.text)
+                          THEN t.clock
+                          WHEN ",
+            lead!(),
+            " OPERATOR(pg_catalog.=) 0::pg_catalog.int8
+                          THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
+                          ",
+            $locked,
+            " END"
+        )
+    };
+}
+
+/// The lead of a draw behind the clock: the sequence's own (`token_lead!`),
+/// or 10 ms for a sequence more than a day behind the clock (new or lost).
+macro_rules! lead {
+    () => {
+        concat!(
+            "(CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE ",
+            token_lead!(),
+            " END)"
         )
     };
 }
@@ -265,11 +284,11 @@ macro_rules! draw {
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN EXISTS (SELECT FROM pg_catalog.pg_sequence AS q
-                         WHERE q.seqrelid OPERATOR(pg_catalog.=)
-                               '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid
-                           AND ((q.seqcache OPERATOR(pg_catalog.<>) 1::pg_catalog.int8) OR q.seqcycle
-                                OR (q.seqincrement OPERATOR(pg_catalog.<=) 0::pg_catalog.int8)))
+            WHEN (pg_catalog.pg_sequence_parameters('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cache_size
+                     OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
+                 OR (pg_catalog.pg_sequence_parameters('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cycle_option
+                 OR (pg_catalog.pg_sequence_parameters('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).increment
+                     OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))

@@ -169,40 +169,45 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN EXISTS (SELECT FROM pg_catalog.pg_sequence AS q
-                         WHERE q.seqrelid OPERATOR(pg_catalog.=)
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid
-                           AND ((q.seqcache OPERATOR(pg_catalog.<>) 1::pg_catalog.int8) OR q.seqcycle
-                                OR (q.seqincrement OPERATOR(pg_catalog.<=) 0::pg_catalog.int8)))
+            WHEN (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cache_size
+                     OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
+                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cycle_option
+                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).increment
+                     OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
-                          WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
-                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
-                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
-                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) AS held, w.lead OFFSET 0) AS d
-                      OFFSET 0) AS u) END
-              FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                                THEN 10000::pg_catalog.int8
-                                ELSE LEAST(COALESCE(pg_catalog.substring(
+            ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
+                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                               'UPDATE'::pg_catalog.text)
+                          THEN t.clock
+                          WHEN (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END AS lead,
-                           pg_catalog.has_sequence_privilege(
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text) AS may_write,
-                           t.clock
-                    OFFSET 0) AS w) END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog.=) 0::pg_catalog.int8
+                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
+                          WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
+                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
+                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                               OPERATOR(pg_catalog.<=)
+                               pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass)
+                          THEN pg_catalog.currval('"dlock".dlock_token_seq'::pg_catalog.regclass)
+                          ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                   OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
+                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                                               'pg_class'::pg_catalog.name),
+                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
@@ -262,40 +267,45 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN EXISTS (SELECT FROM pg_catalog.pg_sequence AS q
-                         WHERE q.seqrelid OPERATOR(pg_catalog.=)
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid
-                           AND ((q.seqcache OPERATOR(pg_catalog.<>) 1::pg_catalog.int8) OR q.seqcycle
-                                OR (q.seqincrement OPERATOR(pg_catalog.<=) 0::pg_catalog.int8)))
+            WHEN (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cache_size
+                     OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
+                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cycle_option
+                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).increment
+                     OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE (SELECT CASE WHEN NOT w.may_write THEN t.clock
-                          WHEN w.lead OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          ELSE (SELECT CASE WHEN u.clock OPERATOR(pg_catalog.<=) u.seq THEN u.seq
-                            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                                   u.clock OPERATOR(pg_catalog.+) w.lead) END
-                FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
-                             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-                      FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
-                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
-                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) AS held, w.lead OFFSET 0) AS d
-                      OFFSET 0) AS u) END
-              FROM (SELECT CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                                THEN 10000::pg_catalog.int8
-                                ELSE LEAST(COALESCE(pg_catalog.substring(
+            ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
+                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                               'UPDATE'::pg_catalog.text)
+                          THEN t.clock
+                          WHEN (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END AS lead,
-                           pg_catalog.has_sequence_privilege(
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text) AS may_write,
-                           t.clock
-                    OFFSET 0) AS w) END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog.=) 0::pg_catalog.int8
+                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
+                          WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
+                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
+                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                               OPERATOR(pg_catalog.<=)
+                               pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass)
+                          THEN pg_catalog.currval('"dlock".dlock_token_seq'::pg_catalog.regclass)
+                          ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                   OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
+                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                                               'pg_class'::pg_catalog.name),
+                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock

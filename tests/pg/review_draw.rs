@@ -150,3 +150,48 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
         "a draw under the draw lock after another draw wrote ahead ({ahead}): {token:?}"
     );
 }
+
+/// The same without anyone's help: transaction locks of a role with
+/// UPDATE alone on a sequence dlock leads by 10 ms, drawing at once on
+/// keys of their own. Once per lead the sequence falls behind the clock
+/// and the draws that find it so queue for the draw lock; all but the
+/// first then find it written ahead. Every one of them gets a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_locks_of_a_role_with_update_alone_drawing_at_once_all_get_tokens() {
+    let admin = shared_client().await;
+    let mut scratch = ScratchSchema::new("upd_race");
+    let role = schema_and_role(&admin, &mut scratch, "UPDATE").await;
+    let stop = std::time::Instant::now() + Duration::from_secs(2);
+    let mut callers = Vec::new();
+    for i in 0..4 {
+        let role = role.clone();
+        let schema = scratch.name.clone();
+        callers.push(tokio::spawn(async move {
+            let mut caller = connect_as(&role).await;
+            let key = fresh_key(&format!("upd-race{i}"));
+            let (mut drawn, mut failed) = (0_u32, Vec::new());
+            while std::time::Instant::now() < stop {
+                let mut tx = caller.transaction().await.expect("begin");
+                match TransactionLock::new().schema(&schema).acquire(&mut tx, &key).await {
+                    Ok(_) => drawn += 1,
+                    Err(err) => failed.push(format!("{err:?}")),
+                }
+                tx.rollback().await.expect("rollback");
+            }
+            (drawn, failed)
+        }));
+    }
+    let (mut drawn, mut failed) = (0, Vec::new());
+    for caller in callers {
+        let (d, f) = caller.await.expect("caller");
+        drawn += d;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} draws failed, the first: {}",
+        failed.len(),
+        drawn as usize + failed.len(),
+        failed[0]
+    );
+}

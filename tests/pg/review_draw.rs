@@ -1,0 +1,197 @@
+//! The token draw's write under the draw lock, against roles with only
+//! some of the sequence's privileges and draws that overlap: what a
+//! transaction lock of such a role hands out. Each test works in a schema
+//! of its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
+
+use crate::pg_support::{ScratchSchema, random_id, shared_client, shared_conn};
+use crate::token_lead::{fresh_key, seq, set_lead};
+
+use std::time::Duration;
+
+use dlock::pg::TransactionLock;
+use dlock::pg::tokio_postgres::{Client, NoTls};
+
+/// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
+const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
+
+/// A connection string for `role` on the shared server.
+fn conn_as(role: &str) -> String {
+    let config: dlock::pg::tokio_postgres::Config = shared_conn().parse().expect("config");
+    format!(
+        "host=127.0.0.1 port={} user={role} dbname={}",
+        config.get_ports().first().copied().unwrap_or(5432),
+        config.get_dbname().unwrap_or("test"),
+    )
+}
+
+async fn connect_as(role: &str) -> Client {
+    let (client, connection) = dlock::pg::tokio_postgres::connect(&conn_as(role), NoTls)
+        .await
+        .expect("connect as the role");
+    tokio::spawn(connection);
+    client
+}
+
+/// Creates the schema, its token sequence with the 10 ms lead dlock gives
+/// its own, and a login role with USAGE on the schema and `grants` on the
+/// sequence; returns the role.
+async fn schema_and_role(admin: &Client, scratch: &mut ScratchSchema, grants: &str) -> String {
+    let role = format!("dlock_role_{}", random_id());
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN; \
+             CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
+             GRANT USAGE ON SCHEMA {s} TO {role}; \
+             GRANT {grants} ON SEQUENCE {s}.dlock_token_seq TO {role};",
+            s = scratch.name
+        ))
+        .await
+        .expect("role and objects");
+    scratch.role = Some(role.clone());
+    set_lead(admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
+    role
+}
+
+/// The draw lock's second number for the schema's sequence.
+async fn draw_lock_objid(admin: &Client, schema: &str) -> i32 {
+    admin
+        .query_one(
+            &format!(
+                "SELECT (('{}'::regclass::oid::int8) & 2147483647)::int4",
+                seq(schema)
+            ),
+            &[],
+        )
+        .await
+        .expect("oid")
+        .get(0)
+}
+
+/// Waits until some session waits for the draw lock.
+async fn until_a_draw_waits(admin: &Client, objid: i32) {
+    for _ in 0..400 {
+        let waiting: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 2",
+                &[&DRAW_LOCK_CLASS, &(objid as i64)],
+            )
+            .await
+            .expect("pg_locks")
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("no draw came to wait for the draw lock");
+}
+
+/// A role with UPDATE on the sequence and neither USAGE nor SELECT may
+/// `nextval` and `setval` it, so a transaction lock of that role draws by
+/// the whole rule, the write under the draw lock included. When another
+/// draw wrote the sequence ahead of the clock while this one waited for
+/// the draw lock, the draw takes `nextval` again and hands that out: a
+/// token, not a "permission denied" that `currval` (SELECT or USAGE only)
+/// would raise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw_wrote_ahead() {
+    let admin = shared_client().await;
+    let mut scratch = ScratchSchema::new("upd_only");
+    let role = schema_and_role(&admin, &mut scratch, "UPDATE").await;
+    let objid = draw_lock_objid(&admin, &scratch.name).await;
+
+    // Held by hand, as a draw that writes holds it: the transaction lock's
+    // draw (its sequence far behind the clock) comes to wait for it.
+    let holder = shared_client().await;
+    holder
+        .execute(
+            "SELECT pg_advisory_lock($1::int8::int4, $2::int4)",
+            &[&DRAW_LOCK_CLASS, &objid],
+        )
+        .await
+        .expect("draw lock");
+
+    let schema = scratch.name.clone();
+    let drawn = tokio::spawn(async move {
+        let mut caller = connect_as(&role).await;
+        let mut tx = caller.transaction().await.expect("begin");
+        let token = TransactionLock::new()
+            .schema(&schema)
+            .acquire(&mut tx, fresh_key("upd-only"))
+            .await;
+        tx.rollback().await.expect("rollback");
+        token
+    });
+    until_a_draw_waits(&admin, objid).await;
+    // The other draw's write: the sequence a second ahead of the clock.
+    let ahead: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT setval('{}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 + 1000000)",
+                seq(&scratch.name)
+            ),
+            &[],
+        )
+        .await
+        .expect("setval")
+        .get(0);
+    holder
+        .execute(
+            "SELECT pg_advisory_unlock($1::int8::int4, $2::int4)",
+            &[&DRAW_LOCK_CLASS, &objid],
+        )
+        .await
+        .expect("unlock");
+
+    let token = drawn.await.expect("task").map(|t| t.get() as i64);
+    assert!(
+        matches!(token, Ok(t) if t > ahead),
+        "a draw under the draw lock after another draw wrote ahead ({ahead}): {token:?}"
+    );
+}
+
+/// The same without anyone's help: transaction locks of a role with
+/// UPDATE alone on a sequence dlock leads by 10 ms, drawing at once on
+/// keys of their own. Once per lead the sequence falls behind the clock
+/// and the draws that find it so queue for the draw lock; all but the
+/// first then find it written ahead. Every one of them gets a token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transaction_locks_of_a_role_with_update_alone_drawing_at_once_all_get_tokens() {
+    let admin = shared_client().await;
+    let mut scratch = ScratchSchema::new("upd_race");
+    let role = schema_and_role(&admin, &mut scratch, "UPDATE").await;
+    let stop = std::time::Instant::now() + Duration::from_secs(2);
+    let mut callers = Vec::new();
+    for i in 0..4 {
+        let role = role.clone();
+        let schema = scratch.name.clone();
+        callers.push(tokio::spawn(async move {
+            let mut caller = connect_as(&role).await;
+            let key = fresh_key(&format!("upd-race{i}"));
+            let (mut drawn, mut failed) = (0_u32, Vec::new());
+            while std::time::Instant::now() < stop {
+                let mut tx = caller.transaction().await.expect("begin");
+                match TransactionLock::new().schema(&schema).acquire(&mut tx, &key).await {
+                    Ok(_) => drawn += 1,
+                    Err(err) => failed.push(format!("{err:?}")),
+                }
+                tx.rollback().await.expect("rollback");
+            }
+            (drawn, failed)
+        }));
+    }
+    let (mut drawn, mut failed) = (0, Vec::new());
+    for caller in callers {
+        let (d, f) = caller.await.expect("caller");
+        drawn += d;
+        failed.extend(f);
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of {} draws failed, the first: {}",
+        failed.len(),
+        drawn as usize + failed.len(),
+        failed[0]
+    );
+}

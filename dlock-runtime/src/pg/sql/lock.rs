@@ -31,9 +31,9 @@
 /// Why the tokens of one key rise strictly:
 ///
 /// 1. A token is a value its own statement drew or wrote: `nextval` when
-///    the clock is not past it, else the clock plus the lead (or, under the
-///    draw lock, a second `nextval` the clock is not past) — never what the
-///    sequence holds afterwards.
+///    the clock is not past it, else the clock plus the lead (under the
+///    draw lock, the greater of that and a second `nextval`, which it
+///    writes) — never what the sequence holds afterwards.
 /// 2. Acquisitions of one key are serialised by its advisory lock, and the
 ///    draw comes after the lock is taken. A holder lets go only by a later
 ///    statement or by its session ending, so the next holder's `nextval`
@@ -44,9 +44,10 @@
 ///    holder's `nextval` is above it, whatever the clock does. A `setval`
 ///    of another key's statement cannot lower the sequence in between:
 ///    draws that write take the draw lock, and under it take `nextval`
-///    again and write only if that is still behind the clock (see
-///    `draw_token!`), so each write is above every value drawn before it. (With no lead a draw writes without the draw lock, as dlock did
-///    before the lead: two overlapping draws may then `setval` in the
+///    again and write the greater of that and the clock plus the lead
+///    (see `draw_token!`), so each write is at or above every value drawn
+///    before it. (With no lead a draw writes without the draw lock, as
+///    dlock did before the lead: two overlapping draws may then `setval` in the
 ///    wrong order, which lowers the sequence by at most their clocks'
 ///    difference, below the clock the next holder reads.)
 /// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start

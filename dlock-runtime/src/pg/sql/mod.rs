@@ -161,7 +161,8 @@ macro_rules! wrote_row {
 /// Writes with a lead are serialised by the *draw lock* (see
 /// `draw_lock!`), taken for the rest of the statement's transaction only
 /// when the sequence is behind the clock: under it the draw takes
-/// `nextval` again and writes only if that is still behind. Without it,
+/// `nextval` again and writes the greater of that and the clock plus the
+/// lead. Without it,
 /// two overlapping draws could `setval` in the wrong order and leave the
 /// sequence below a token just handed out by up to their clocks'
 /// difference; with no lead the next draw's clock would be past that
@@ -193,12 +194,19 @@ macro_rules! wrote_row {
 /// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
 /// `nextval`, then the clock reading. Only when behind come the lead, the
-/// draw lock, `nextval` and the clock again (in either order: both after
-/// the draw lock), and `setval`: conditions of one `CASE`, which evaluates
-/// them in order and stops at the first that holds (the calls are
-/// volatile, so none is folded while planning). Not subqueries: the server
-/// builds the executor state of every subquery of a plan at each
-/// execution, taken or not, and this branch is taken once per lead.
+/// draw lock, and `setval` of the greater of `nextval` and the clock plus
+/// the lead, both read again under the draw lock: conditions of one
+/// `CASE`, which evaluates them in order and stops at the first that holds
+/// (the calls are volatile, so none is folded while planning). Not
+/// subqueries: the server builds the executor state of every subquery of
+/// a plan at each execution, taken or not, and this branch is taken once
+/// per lead. The write under the draw lock is never below the `nextval`
+/// drawn under it, whatever the clock does, and needs only UPDATE on the
+/// sequence, as `setval` does (no `currval`, which needs USAGE or SELECT:
+/// a transaction lock's role may have UPDATE alone). When that `nextval`
+/// is already ahead of the clock (another draw wrote meanwhile), it
+/// writes the sequence's own value back: a write more, once per lead at
+/// most, where the statement before this one wrote nothing.
 macro_rules! draw_token {
     ($extra:literal, $after:literal) => {
         draw!(
@@ -208,17 +216,13 @@ macro_rules! draw_token {
                 "WHEN ",
                 draw_lock!(),
                 "::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
-                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                               OPERATOR(pg_catalog.<=)
-                               pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass)
-                          THEN pg_catalog.currval('{schema}.dlock_token_seq'::pg_catalog.regclass)
                           ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                   OPERATOR(pg_catalog.+) ",
+                                   GREATEST(pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass),
+                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                            OPERATOR(pg_catalog.+) ",
                 lead!(),
-                ")"
+                "))"
             ))
         )
     };

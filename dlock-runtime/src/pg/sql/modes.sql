@@ -193,21 +193,17 @@ BEGIN
                           WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
                     (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
                      OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
-                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                               OPERATOR(pg_catalog.<=)
-                               pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass)
-                          THEN pg_catalog.currval('"dlock".dlock_token_seq'::pg_catalog.regclass)
                           ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                   OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                                   GREATEST(pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass),
+                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                            OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
@@ -291,21 +287,17 @@ BEGIN
                           WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
                     (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
                      OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
-                          WHEN (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                               OPERATOR(pg_catalog.<=)
-                               pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass)
-                          THEN pg_catalog.currval('"dlock".dlock_token_seq'::pg_catalog.regclass)
                           ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                    OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                   OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                                   GREATEST(pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass),
+                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
+                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
+                                            OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
 FROM (SELECT s.seq,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock

@@ -8,7 +8,9 @@
 //! and DBAs (`names_faults`) and beside marked leases of one session
 //! (`names_marks`, with `marks`, what both share), bad input and servers of a test's own
 //! (`server`), fencing tokens when the token sequence is tampered with
-//! (`tokens`) or made unlogged by a DBA (`unlogged`), and older replicas
+//! (`tokens`) or made unlogged by a DBA (`unlogged`), drawn under the
+//! draw lock by roles with some of the sequence's privileges
+//! (`draw_roles`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
 //!
 //! Tests that spawn child processes re-run this binary with the
@@ -19,6 +21,7 @@ mod pg_support;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod draw_roles;
 mod fair;
 mod holder;
 mod lock;
@@ -27,7 +30,6 @@ mod modes;
 mod names;
 mod names_faults;
 mod names_marks;
-mod review_draw;
 mod server;
 mod token_lead;
 mod token_lead_faults;

@@ -172,7 +172,11 @@ async fn transaction_locks_of_a_role_with_update_alone_drawing_at_once_all_get_t
             let (mut drawn, mut failed) = (0_u32, Vec::new());
             while std::time::Instant::now() < stop {
                 let mut tx = caller.transaction().await.expect("begin");
-                match TransactionLock::new().schema(&schema).acquire(&mut tx, &key).await {
+                match TransactionLock::new()
+                    .schema(&schema)
+                    .acquire(&mut tx, &key)
+                    .await
+                {
                     Ok(_) => drawn += 1,
                     Err(err) => failed.push(format!("{err:?}")),
                 }

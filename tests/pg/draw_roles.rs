@@ -3,7 +3,7 @@
 //! transaction lock of such a role hands out. Each test works in a schema
 //! of its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
-use crate::pg_support::{ScratchSchema, random_id, shared_client, shared_conn};
+use crate::pg_support::{ScratchSchema, shared_client};
 use crate::token_lead::{fresh_key, seq, set_lead};
 
 use std::time::Duration;
@@ -14,18 +14,8 @@ use dlock::pg::tokio_postgres::{Client, NoTls};
 /// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
 const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
 
-/// A connection string for `role` on the shared server.
-fn conn_as(role: &str) -> String {
-    let config: dlock::pg::tokio_postgres::Config = shared_conn().parse().expect("config");
-    format!(
-        "host=127.0.0.1 port={} user={role} dbname={}",
-        config.get_ports().first().copied().unwrap_or(5432),
-        config.get_dbname().unwrap_or("test"),
-    )
-}
-
-async fn connect_as(role: &str) -> Client {
-    let (client, connection) = dlock::pg::tokio_postgres::connect(&conn_as(role), NoTls)
+async fn connect_as(conn: &str) -> Client {
+    let (client, connection) = dlock::pg::tokio_postgres::connect(conn, NoTls)
         .await
         .expect("connect as the role");
     tokio::spawn(connection);
@@ -34,22 +24,11 @@ async fn connect_as(role: &str) -> Client {
 
 /// Creates the schema, its token sequence with the 10 ms lead dlock gives
 /// its own, and a login role with USAGE on the schema and `grants` on the
-/// sequence; returns the role.
+/// sequence; returns a connection string for the role.
 async fn schema_and_role(admin: &Client, scratch: &mut ScratchSchema, grants: &str) -> String {
-    let role = format!("dlock_role_{}", random_id());
-    admin
-        .batch_execute(&format!(
-            "CREATE ROLE {role} LOGIN; \
-             CREATE SCHEMA {s}; CREATE SEQUENCE {s}.dlock_token_seq AS bigint; \
-             GRANT USAGE ON SCHEMA {s} TO {role}; \
-             GRANT {grants} ON SEQUENCE {s}.dlock_token_seq TO {role};",
-            s = scratch.name
-        ))
-        .await
-        .expect("role and objects");
-    scratch.role = Some(role.clone());
+    let conn = scratch.role_with_sequence_grants(admin, grants).await;
     set_lead(admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
-    role
+    conn
 }
 
 /// The draw lock's second number for the schema's sequence.
@@ -98,7 +77,7 @@ async fn until_a_draw_waits(admin: &Client, objid: i32) {
 async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw_wrote_ahead() {
     let admin = shared_client().await;
     let mut scratch = ScratchSchema::new("upd_only");
-    let role = schema_and_role(&admin, &mut scratch, "UPDATE").await;
+    let caller_conn = schema_and_role(&admin, &mut scratch, "UPDATE").await;
     let objid = draw_lock_objid(&admin, &scratch.name).await;
 
     // Held by hand, as a draw that writes holds it: the transaction lock's
@@ -114,7 +93,7 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
 
     let schema = scratch.name.clone();
     let drawn = tokio::spawn(async move {
-        let mut caller = connect_as(&role).await;
+        let mut caller = connect_as(&caller_conn).await;
         let mut tx = caller.transaction().await.expect("begin");
         let token = TransactionLock::new()
             .schema(&schema)
@@ -160,14 +139,14 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
 async fn transaction_locks_of_a_role_with_update_alone_drawing_at_once_all_get_tokens() {
     let admin = shared_client().await;
     let mut scratch = ScratchSchema::new("upd_race");
-    let role = schema_and_role(&admin, &mut scratch, "UPDATE").await;
+    let caller_conn = schema_and_role(&admin, &mut scratch, "UPDATE").await;
     let stop = std::time::Instant::now() + Duration::from_secs(2);
     let mut callers = Vec::new();
     for i in 0..4 {
-        let role = role.clone();
+        let caller_conn = caller_conn.clone();
         let schema = scratch.name.clone();
         callers.push(tokio::spawn(async move {
-            let mut caller = connect_as(&role).await;
+            let mut caller = connect_as(&caller_conn).await;
             let key = fresh_key(&format!("upd-race{i}"));
             let (mut drawn, mut failed) = (0_u32, Vec::new());
             while std::time::Instant::now() < stop {

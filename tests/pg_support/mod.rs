@@ -155,7 +155,9 @@ impl ScratchSchema {
         self.role_with_sequence_grants(admin, "USAGE").await
     }
 
-    async fn role_with_sequence_grants(
+    /// As [`role_without_create`](Self::role_without_create), with
+    /// `grants` on the sequence.
+    pub async fn role_with_sequence_grants(
         &mut self,
         admin: &dlock::pg::tokio_postgres::Client,
         grants: &str,

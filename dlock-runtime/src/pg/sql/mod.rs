@@ -183,7 +183,8 @@ macro_rules! wrote_row {
 /// has no session of its own to check on) or on a lock session opened
 /// before the change. The check reads the settings with
 /// `pg_sequence_parameters`, from the catalog's cache (it needs USAGE,
-/// SELECT or UPDATE on the sequence, as `nextval` does), not with a
+/// SELECT or UPDATE on the sequence, which every role that may `nextval`
+/// has), not with a
 /// subquery of `pg_sequence`, whose table and index the server would open
 /// at every execution: that cost a draw twice what the calls do.
 ///

@@ -3,24 +3,16 @@
 //! transaction lock of such a role hands out. Each test works in a schema
 //! of its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
-use crate::pg_support::{ScratchSchema, shared_client};
+use crate::pg_support::{ScratchSchema, client_of, shared_client};
 use crate::token_lead::{fresh_key, seq, set_lead};
 
 use std::time::Duration;
 
 use dlock::pg::TransactionLock;
-use dlock::pg::tokio_postgres::{Client, NoTls};
+use dlock::pg::tokio_postgres::Client;
 
 /// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
 const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
-
-async fn connect_as(conn: &str) -> Client {
-    let (client, connection) = dlock::pg::tokio_postgres::connect(conn, NoTls)
-        .await
-        .expect("connect as the role");
-    tokio::spawn(connection);
-    client
-}
 
 /// Creates the schema, its token sequence with the 10 ms lead dlock gives
 /// its own, and a login role with USAGE on the schema and `grants` on the
@@ -93,7 +85,7 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
 
     let schema = scratch.name.clone();
     let drawn = tokio::spawn(async move {
-        let mut caller = connect_as(&caller_conn).await;
+        let mut caller = client_of(&caller_conn).await;
         let mut tx = caller.transaction().await.expect("begin");
         let token = TransactionLock::new()
             .schema(&schema)
@@ -146,7 +138,7 @@ async fn transaction_locks_of_a_role_with_update_alone_drawing_at_once_all_get_t
         let caller_conn = caller_conn.clone();
         let schema = scratch.name.clone();
         callers.push(tokio::spawn(async move {
-            let mut caller = connect_as(&caller_conn).await;
+            let mut caller = client_of(&caller_conn).await;
             let key = fresh_key(&format!("upd-race{i}"));
             let (mut drawn, mut failed) = (0_u32, Vec::new());
             while std::time::Instant::now() < stop {

@@ -84,8 +84,14 @@ pub fn conn_to(db: &str) -> String {
 
 /// A plain client of the shared server, as a DBA or an application uses.
 pub async fn shared_client() -> dlock::pg::tokio_postgres::Client {
+    client_of(&shared_conn()).await
+}
+
+/// A plain client of `conn` (a role's connection string, say), driven by
+/// a task of its own.
+pub async fn client_of(conn: &str) -> dlock::pg::tokio_postgres::Client {
     let (client, connection) =
-        dlock::pg::tokio_postgres::connect(&shared_conn(), dlock::pg::tokio_postgres::NoTls)
+        dlock::pg::tokio_postgres::connect(conn, dlock::pg::tokio_postgres::NoTls)
             .await
             .expect("PostgreSQL at 127.0.0.1:5432 or DLOCK_PG_URL");
     tokio::spawn(connection);

@@ -774,25 +774,37 @@ async fn a_waiter_whose_pubsub_connection_went_silent_gets_the_key_once_it_is_re
     assert_eq!(pings(), before, "PINGs were sent while nobody waited");
 }
 
+/// A server of the test's own with a user whose rules are the
+/// least-privilege ACL without `rule` (as the previous release's), and a
+/// backend connected as that user.
+async fn backend_without_rule(
+    rule: &str,
+    user: &str,
+    password: &str,
+) -> (RedisServer, Arc<dyn Backend>) {
+    let server = RedisServer::start(&[]);
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    redis_support::create_user(
+        &target,
+        user,
+        password,
+        redis_support::LEAST_PRIVILEGE_ACL
+            .split_whitespace()
+            .filter(|kept| *kept != rule),
+    );
+    let url = format!("redis://{user}:{password}@127.0.0.1:{}", server.port);
+    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    (server, backend)
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be_woken() {
     // The previous release's least-privilege rules lack `+setrange`: an
     // attempt that finds the key held cannot mark the holder, which must
     // still read "held" (never a backend error) and be said once, loudly.
     let (logs, _guard) = support::Logs::capture();
-    let server = RedisServer::start(&[]);
-    let target = ["-p".to_owned(), server.port.to_string()];
-    let target: Vec<&str> = target.iter().map(String::as_str).collect();
-    redis_support::create_user(
-        &target,
-        "older",
-        "older-pass-5",
-        redis_support::LEAST_PRIVILEGE_ACL
-            .split_whitespace()
-            .filter(|rule| *rule != "+setrange"),
-    );
-    let url = format!("redis://older:older-pass-5@127.0.0.1:{}", server.port);
-    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let (_server, backend) = backend_without_rule("+setrange", "older", "older-pass-5").await;
     let key = fresh_key("acl-no-setrange");
     let holder = LockOptions::new(Duration::from_secs(30))
         .acquire_on(backend.clone(), &key)
@@ -827,22 +839,8 @@ async fn an_acl_without_getrange_still_serves_fair_waiters_in_order_and_says_so_
     // fair waiter's refresh cannot read its queue's stamp, and must still
     // queue, be served in order, and be said once.
     let (logs, _guard) = support::Logs::capture();
-    let server = RedisServer::start(&[]);
-    let target = ["-p".to_owned(), server.port.to_string()];
-    let target: Vec<&str> = target.iter().map(String::as_str).collect();
-    redis_support::create_user(
-        &target,
-        "stampless",
-        "stampless-pass-6",
-        redis_support::LEAST_PRIVILEGE_ACL
-            .split_whitespace()
-            .filter(|rule| *rule != "+getrange"),
-    );
-    let url = format!(
-        "redis://stampless:stampless-pass-6@127.0.0.1:{}",
-        server.port
-    );
-    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let (_server, backend) =
+        backend_without_rule("+getrange", "stampless", "stampless-pass-6").await;
     let key = fresh_key("acl-no-getrange");
     let fair = LockOptions::new(Duration::from_secs(30))
         .wait(Duration::from_secs(20))

@@ -201,7 +201,10 @@ macro_rules! wrote_row {
 /// (the calls are volatile, so none is folded while planning). Not
 /// subqueries: the server builds the executor state of every subquery of
 /// a plan at each execution, taken or not, and this branch is taken once
-/// per lead. The write under the draw lock is never below the `nextval`
+/// per lead. The draw lock is taken by a condition that never holds
+/// (`pg_advisory_xact_lock` returns `void`, which as text is empty, never
+/// NULL), so the `CASE` goes on to the write once it is granted. The
+/// write under the draw lock is never below the `nextval`
 /// drawn under it, whatever the clock does, and needs only UPDATE on the
 /// sequence, as `setval` does (no `currval`, which needs USAGE or SELECT:
 /// a transaction lock's role may have UPDATE alone). When that `nextval`

@@ -1228,7 +1228,7 @@ async fn elections_are_won_and_observed_while_another_apps_notify_waits_for_a_st
     let waited = started.elapsed();
     // Each failed announcement waits 100 ms: fifty in a row would be 5 s.
     assert!(
-        waited < Duration::from_millis(2500),
+        waited < Duration::from_millis(4000),
         "a plain lock behind the burst's announcements took {waited:?}"
     );
     assert!(!stuck.is_finished(), "the standby never came");

@@ -224,13 +224,13 @@ pub async fn extend_of_an_ended_lease_is_refused_and_takes_nothing(backend: Arc<
 /// and change nothing, wherever they stand in the batch.
 pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>) {
     use crate::backend::{Attempt, ReleaseOutcome, Renewal};
-    const INITIAL_MS: u64 = 2_000;
+    const INITIAL_MS: u64 = 4_000;
     let keys: Vec<LockKey> = (0..4).map(|_| fresh_key("batch")).collect();
     let owners: Vec<OwnerId> = (0..4).map(|_| OwnerId::random().expect("random")).collect();
-    // 0 and 3 held for 2 s (the batch renews them), 1 released, 2 held by
-    // its owner but renewed in the batch by a stranger. The 2 s are
-    // counted from before the first request; a stall of that long before
-    // the batch lands would end them unrenewed.
+    // 0 and 3 held for 4 s (the batch renews them), 1 released, 2 held by
+    // its owner but renewed in the batch by a stranger. The 4 s are
+    // counted from before the first request; only a stall of that long
+    // before the batch lands would end them unrenewed.
     let taken = Instant::now();
     for (i, (key, owner)) in keys.iter().zip(&owners).enumerate() {
         let ttl = Duration::from_millis(if i == 2 { 10_000 } else { INITIAL_MS });
@@ -271,7 +271,7 @@ pub async fn extend_many_answers_each_lease_on_its_own(backend: Arc<dyn Backend>
         .map(|answer| answer.expect("backend answers"))
         .collect();
     assert_eq!(answers, [false, true], "one answer per lease: ended, held");
-    // Past the 2 s the leases were taken for: the batch renewed 0 and 3.
+    // Past the 4 s the leases were taken for: the batch renewed 0 and 3.
     tokio::time::sleep_until(taken + Duration::from_millis(INITIAL_MS + 500)).await;
     for i in [0, 2, 3] {
         let contender = options(10_000).acquire_on(backend.clone(), &keys[i]).await;
@@ -307,8 +307,8 @@ pub async fn extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch(
     let keys: Vec<LockKey> = (0..8).map(|_| fresh_key("long-batch")).collect();
     let owners: Vec<OwnerId> = (0..8).map(|_| OwnerId::random().expect("random")).collect();
     // Counted from before the first request: a stall of up to the initial
-    // 2 s before the batch lands still leaves every lease to renew.
-    const INITIAL_MS: u64 = 2_000;
+    // 4 s before the batch lands still leaves every lease to renew.
+    const INITIAL_MS: u64 = 4_000;
     let taken = Instant::now();
     for (key, owner) in keys.iter().zip(&owners) {
         let attempt = attempt_as(&backend, key, owner, Duration::from_millis(INITIAL_MS)).await;
@@ -328,13 +328,15 @@ pub async fn extend_many_renews_each_lease_for_its_own_ttl_in_a_long_batch(
         .map(|answer| answer.expect("backend answers"))
         .collect();
     assert_eq!(answers, [true; 8], "every lease of the batch is held");
-    // Past the 2 s the leases were taken for and the 300 ms of the odd
-    // ones, and past the time the store may keep an unrenewed lease longer
-    // (its `expiry_slack`: etcd's whole-second leases, freed at the
-    // leader's next sweep): the even ones were renewed for 10 s, the odd
-    // ones ended.
+    let batched = Instant::now();
+    // Past the 4 s the leases were taken for and the 300 ms of the odd
+    // ones (counted from the batch's answer, however late it came), and
+    // past the time the store may keep an unrenewed lease longer (its
+    // `expiry_slack`: etcd's whole-second leases, freed at the leader's
+    // next sweep): the even ones were renewed for 10 s, the odd ones ended.
     tokio::time::sleep_until(
-        taken + Duration::from_millis(INITIAL_MS + 500) + backend.expiry_slack(),
+        (taken + Duration::from_millis(INITIAL_MS + 500)).max(batched + Duration::from_millis(800))
+            + backend.expiry_slack(),
     )
     .await;
     for (i, key) in keys.iter().enumerate() {

@@ -53,6 +53,16 @@ async fn after_an_answered_attempt(counting: &CountingBackend, seen: usize) -> u
     .await
 }
 
+/// Whether `key` is held right after a release that should have handed it
+/// on. A waiter served with no attempt after the release was handed the
+/// key; so was one whose key was held right after it (on a stalled
+/// machine its next poll, a third of a queue entry's life after its last,
+/// may still come before the handoff reaches it). Only a release that
+/// freed the key, and a poll that took it, fail both.
+async fn held_right_after(backend: &Arc<dyn Backend>, key: &LockKey) -> bool {
+    backend.holder(key).await.expect("holder").is_some()
+}
+
 /// Waits until `counting` has seen `owners` distinct fair waiters queue.
 async fn until_queued(counting: &[&CountingBackend], owners: usize, what: &str) {
     within(10, what, async {
@@ -213,12 +223,13 @@ pub async fn fair_an_expired_entry_is_skipped_by_the_release(backend: Arc<dyn Ba
     // attempt after this was handed the key, not let in by a poll.
     let polled = after_an_answered_attempt(&counting, joined).await;
     holder.release().await.expect("release");
+    let held_at_once = held_right_after(&backend, &key).await;
     within(20, "the live waiter", live).await.expect("task");
     let polls = counting.attempts() - polled;
-    assert_eq!(
-        polls, 0,
-        "the live waiter needed {polls} attempt(s) after the release: it was not handed \
-         the key past the expired entry"
+    assert!(
+        polls == 0 || held_at_once,
+        "the live waiter needed {polls} attempt(s) after the release, and the key was free \
+         right after it: it was not handed the key past the expired entry"
     );
     assert_eq!(
         release_as(&backend, &key, &vanished).await,
@@ -318,14 +329,15 @@ pub async fn fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on(
         crate::backend::ReleaseOutcome::Released,
         "the waiter that gave up held the handed-over key, and released it"
     );
+    let held_at_once = held_right_after(&backend, &key).await;
     within(20, "the next waiter", next).await.expect("task");
     let polls = counting.attempts() - polled;
     let (_, token, _) = order.lock().expect("order")[0];
     assert!(token > handed.token, "{token} is above {}", handed.token);
-    assert_eq!(
-        polls, 0,
-        "the next waiter needed {polls} attempt(s) after the release: the given-up \
-         handoff was not passed on"
+    assert!(
+        polls == 0 || held_at_once,
+        "the next waiter needed {polls} attempt(s) after the release, and the key was free \
+         right after it: the given-up handoff was not passed on"
     );
 }
 
@@ -396,7 +408,7 @@ pub async fn fair_a_handed_over_lease_renews_and_hands_on_when_dropped(backend: 
     let first = {
         let (counting, key) = (counting.clone(), key.clone());
         tokio::spawn(async move {
-            fair(1_000, Duration::from_secs(20))
+            fair(2_000, Duration::from_secs(20))
                 .acquire_on(counting, key)
                 .await
         })
@@ -410,8 +422,8 @@ pub async fn fair_a_handed_over_lease_renews_and_hands_on_when_dropped(backend: 
         .await
         .expect("task")
         .expect("the first waiter is handed the key");
-    // A ttl of 1 s renewed every third of it survives a stall of ~600 ms.
-    sleep(Duration::from_millis(3_500)).await;
+    // A ttl of 2 s renewed every third of it survives a stall of ~1.3 s.
+    sleep(Duration::from_millis(7_000)).await;
     lease
         .check()
         .expect("a handed-over lease is renewed past three ttls");

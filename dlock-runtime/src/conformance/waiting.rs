@@ -43,6 +43,13 @@ pub async fn waiter_wakes_on_release_not_by_polling(backend: Arc<dyn Backend>) {
         attempts <= 3 || took >= Duration::from_millis(900),
         "the waiter tried {attempts} times: it polled instead of waking on the release"
     );
+    // Woken by the release, not by its safety net: a waiter that hears of
+    // no release looks again only after its longest nap (10 s, 7.5 s
+    // after this release), far beyond any stall the release may meet.
+    assert!(
+        took < Duration::from_secs(5),
+        "the waiter took the key {took:?} after the release: the release did not wake it"
+    );
     lease.release().await.expect("release");
 }
 

@@ -31,18 +31,18 @@
 //! # async fn main() {
 //! // The round trip that takes the lock: once sent, the store may grant it
 //! // whether or not the caller is still there to hear.
-//! let round_trip = async {
-//!     tokio::time::sleep(Duration::from_millis(50)).await;
-//!     Some(7)
-//! };
-//! // The caller gives up after 10 ms; the round trip goes on in a task of
-//! // its own, and `GiveBack` hands its grant back.
+//! let (store, answer) = tokio::sync::oneshot::channel::<u64>();
+//! let round_trip = async move { answer.await.ok() };
+//! // The caller gives up after 10 ms, before the store answers; the round
+//! // trip goes on in a task of its own.
 //! let gave_up = tokio::time::timeout(
 //!     Duration::from_millis(10),
 //!     Detachable::new(round_trip, GiveBack),
 //! )
 //! .await;
 //! assert!(gave_up.is_err());
+//! // The store grants the lock after all: `GiveBack` hands it back.
+//! store.send(7).expect("the detached round trip still waits for its answer");
 //! # tokio::time::sleep(Duration::from_millis(100)).await;
 //! # }
 //! ```

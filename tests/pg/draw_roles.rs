@@ -4,15 +4,13 @@
 //! of its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
 use crate::pg_support::{ScratchSchema, client_of, shared_client};
-use crate::token_lead::{fresh_key, seq, set_lead};
+use crate::support::within;
+use crate::token_lead::{draw_lock, draw_lock_sessions, fresh_key, seq, set_lead};
 
 use std::time::Duration;
 
 use dlock::pg::TransactionLock;
 use dlock::pg::tokio_postgres::Client;
-
-/// The draw lock's first number (see `draw_lock!`): "draw" in ASCII.
-const DRAW_LOCK_CLASS: i64 = 0x6472_6177;
 
 /// Creates the schema, its token sequence with the 10 ms lead dlock gives
 /// its own, and a login role with USAGE on the schema and `grants` on the
@@ -21,41 +19,6 @@ async fn schema_and_role(admin: &Client, scratch: &mut ScratchSchema, grants: &s
     let conn = scratch.role_with_sequence_grants(admin, grants).await;
     set_lead(admin, &scratch.name, Some("dlock-token-lead-us=10000")).await;
     conn
-}
-
-/// The draw lock's second number for the schema's sequence.
-async fn draw_lock_objid(admin: &Client, schema: &str) -> i32 {
-    admin
-        .query_one(
-            &format!(
-                "SELECT (('{}'::regclass::oid::int8) & 2147483647)::int4",
-                seq(schema)
-            ),
-            &[],
-        )
-        .await
-        .expect("oid")
-        .get(0)
-}
-
-/// Waits until some session waits for the draw lock.
-async fn until_a_draw_waits(admin: &Client, objid: i32) {
-    for _ in 0..400 {
-        let waiting: i64 = admin
-            .query_one(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
-                 AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = 2",
-                &[&DRAW_LOCK_CLASS, &(objid as i64)],
-            )
-            .await
-            .expect("pg_locks")
-            .get(0);
-        if waiting > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("no draw came to wait for the draw lock");
 }
 
 /// A role with UPDATE on the sequence and neither USAGE nor SELECT may
@@ -70,18 +33,15 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
     let admin = shared_client().await;
     let mut scratch = ScratchSchema::new("upd_only");
     let caller_conn = schema_and_role(&admin, &mut scratch, "UPDATE").await;
-    let objid = draw_lock_objid(&admin, &scratch.name).await;
+    let lock = draw_lock(&admin, &scratch).await;
 
     // Held by hand, as a draw that writes holds it: the transaction lock's
     // draw (its sequence far behind the clock) comes to wait for it.
     let holder = shared_client().await;
     holder
-        .execute(
-            "SELECT pg_advisory_lock($1::int8::int4, $2::int4)",
-            &[&DRAW_LOCK_CLASS, &objid],
-        )
+        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
         .await
-        .expect("draw lock");
+        .expect("hold the draw lock");
 
     let schema = scratch.name.clone();
     let drawn = tokio::spawn(async move {
@@ -94,7 +54,12 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
         tx.rollback().await.expect("rollback");
         token
     });
-    until_a_draw_waits(&admin, objid).await;
+    within(30, "the draw waiting for the draw lock", async {
+        while draw_lock_sessions(&admin, lock, false).await.is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     // The other draw's write: the sequence a second ahead of the clock.
     let ahead: i64 = admin
         .query_one(
@@ -108,12 +73,9 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
         .expect("setval")
         .get(0);
     holder
-        .execute(
-            "SELECT pg_advisory_unlock($1::int8::int4, $2::int4)",
-            &[&DRAW_LOCK_CLASS, &objid],
-        )
+        .execute("SELECT pg_advisory_unlock($1, $2)", &[&lock.0, &lock.1])
         .await
-        .expect("unlock");
+        .expect("let the draw lock go");
 
     let token = drawn.await.expect("task").map(|t| t.get() as i64);
     assert!(

@@ -276,7 +276,7 @@ async fn a_sequence_recreated_without_its_lead_still_gives_tokens_above_the_last
 }
 
 /// The draw lock's numbers for the scratch schema's sequence.
-async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, i32) {
+pub(super) async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, i32) {
     let row = admin
         .query_one(
             &format!(
@@ -291,7 +291,11 @@ async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, i32) {
 }
 
 /// Sessions holding (`granted`) or waiting for the draw lock.
-async fn draw_lock_sessions(admin: &Client, lock: (i32, i32), granted: bool) -> Vec<i32> {
+pub(super) async fn draw_lock_sessions(
+    admin: &Client,
+    lock: (i32, i32),
+    granted: bool,
+) -> Vec<i32> {
     admin
         .query(
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 2

@@ -18,6 +18,7 @@ mod support;
 
 mod cluster;
 mod fair;
+mod list_queue;
 mod lock;
 mod lost_queue;
 mod modes;

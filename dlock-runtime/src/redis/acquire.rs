@@ -14,7 +14,8 @@ use super::commands::Failure;
 use super::keyspace::{self, Keyspace, PermitNames, SharedNames};
 use super::redact::scrub;
 use super::{
-    RedisBackend, UNWAITED, WAITED_ON, WAITS, bytes, held_value, scripts, sentinel, ttl_millis,
+    LISTED, RedisBackend, UNWAITED, WAITED_ON, WAITS, bytes, held_value, scripts, sentinel,
+    ttl_millis,
 };
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, Grant, Look, Queue, ReleaseRequest,
@@ -211,6 +212,25 @@ impl RedisBackend {
         );
     }
 
+    /// Says, once, that a fair waiter's queue was to be begun as a list
+    /// ([`RedisBuilder::list_queues`](super::RedisBuilder::list_queues))
+    /// and the ACL refused it: it was begun as a string, as without the
+    /// option.
+    fn warn_unlisted(&self, key: &LockKey, refusal: &Value) {
+        if self.inner.warned_unlisted.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let reason = self.refusal_reason(refusal);
+        tracing::warn!(
+            key = %key,
+            reason = %reason,
+            "redis refused to begin a fair queue as a list (an ACL without the list \
+             commands?): queues are begun as strings, which costs the server more per \
+             handoff; allow +lpush +rpush +lpop +rpop +lindex +lpos +lrem, or turn \
+             list_queues off"
+        );
+    }
+
     /// The waiter mark an attempt takes the key with: `+` when waiters of
     /// this process already wait for it (so its release wakes them), for a
     /// lease taken with an identity (a leader, watched by observers the
@@ -273,8 +293,13 @@ impl RedisBackend {
             bytes(record),
             bytes(entry_ttl),
         ];
-        if request.waits {
-            args.push(bytes(WAITS));
+        args.push(if request.waits {
+            bytes(WAITS)
+        } else {
+            Vec::new()
+        });
+        if self.inner.list_queues {
+            args.push(bytes(LISTED));
         }
         self.attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
             .await
@@ -422,6 +447,11 @@ impl RedisBackend {
             Value::Array(parts) => match parts.as_slice() {
                 [Value::Int(remaining), refusal] => {
                     self.warn_unmarked(key, refusal);
+                    return Ok(held(*remaining));
+                }
+                // Held; the queue could not be begun as a list.
+                [Value::Int(remaining), refusal, Value::BulkString(kind)] if kind == b"rpush" => {
+                    self.warn_unlisted(key, refusal);
                     return Ok(held(*remaining));
                 }
                 // Held; the refresh could not read the queue's stamp.

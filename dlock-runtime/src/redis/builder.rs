@@ -69,6 +69,8 @@ pub struct RedisBuilder {
     /// system's.
     tls_root: Option<Vec<u8>>,
     publish_every_release: bool,
+    /// Begin fair queues as lists.
+    list_queues: bool,
     /// The label acquisitions record, over the process's.
     label: Option<String>,
     /// Behind sentinels: the name of the primary they monitor (`urls` are
@@ -132,6 +134,7 @@ impl RedisBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             tls_root: None,
             publish_every_release: false,
+            list_queues: false,
             label: None,
             sentinel_service: None,
             node_auth: None,
@@ -233,6 +236,24 @@ impl RedisBuilder {
         self
     }
 
+    /// Begins each key's queue of fair waiters as a Redis list (default
+    /// off: a string, as earlier versions keep it). A handoff then pops
+    /// the list's first entry and a waiter joins by a push, where the
+    /// string queue is read and written whole at each, which costs the
+    /// server time that grows with the queue (see *Fair mode* in the
+    /// module docs, and BENCHMARKS.md). Every replica of this version
+    /// serves a queue of either kind, whichever begun it; turn this on
+    /// once no replica of an earlier dlock runs, and with an ACL that
+    /// allows the list commands (`+lpush +rpush +lpop +rpop +lindex +lpos
+    /// +lrem`): an earlier dlock reads a list as no queue, and its
+    /// waiters replace it with a queue of their own. A queue this backend
+    /// would begin as a list while the ACL refuses `RPOP` is begun as a
+    /// string instead, and the first such refusal is logged as a warning.
+    pub fn list_queues(mut self, list: bool) -> Self {
+        self.list_queues = list;
+        self
+    }
+
     /// Trusts the PEM certificate(s) in `pem` for `rediss://` connections
     /// instead of the system's root certificates: for a server whose
     /// certificate comes from a private CA.
@@ -325,7 +346,9 @@ impl RedisBuilder {
                 response_timeout: self.response_timeout,
                 warned_unmarked: AtomicBool::new(false),
                 warned_unstamped: AtomicBool::new(false),
+                warned_unlisted: AtomicBool::new(false),
                 publish_every_release: self.publish_every_release,
+                list_queues: self.list_queues,
                 label: self.label,
                 replica_acks: self.replica_acks,
                 acks_gate: tokio::sync::Mutex::new(()),
@@ -570,7 +593,9 @@ impl RedisBuilder {
             response_timeout: self.response_timeout,
             warned_unmarked: AtomicBool::new(false),
             warned_unstamped: AtomicBool::new(false),
+            warned_unlisted: AtomicBool::new(false),
             publish_every_release: self.publish_every_release,
+            list_queues: self.list_queues,
             label: self.label,
             replica_acks: self.replica_acks,
             acks_gate: tokio::sync::Mutex::new(()),

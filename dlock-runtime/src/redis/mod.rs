@@ -42,7 +42,7 @@
 //! | `dlock:{T}:info` | string with the lock's `PX` expiry | only beside a lock of the previous protocol (a value of the owner id and the mark alone): who took it, written by a replica not yet upgraded |
 //! | `dlock:{T}:holder` | string, no expiry | only for leases taken with an identity (leader election): the owner id, the token and the identity |
 //! | `dlock:{T}:released` | pub/sub channel | one message per release someone may wait for |
-//! | `dlock:{T}:queue` | string with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order, the first line ending in the queue's stamp (see [Fair mode](#fair-mode)) |
+//! | `dlock:{T}:queue` | string (or list) with a `PX` no shorter than its longest-lived entry's | only while fair waiters queue: one owner id a line, in arrival order, the first line ending in the queue's stamp (see [Fair mode](#fair-mode)); a list of the owner ids, the stamp last, when begun by a backend with [`RedisBuilder::list_queues`] |
 //! | `dlock:{T}:waiter:<owner id>` | string with the entry's `PX` | one per queued fair waiter while its entry lives: the ttl it asked for, its holder record and the stamp of the queue it is in |
 //! | `dlock:{T}:rejoin` | string with an entry's `PX` | set when a fair waiter found its line gone from a lost queue: while it stands, a waiter that cannot read the stamp (an ACL without `+getrange`) looks for its line and joins again without one |
 //! | `dlock:{T}:handoff` | pub/sub channel | one message per handoff to a fair waiter: its owner id, the token and how long that lease lasts |
@@ -100,6 +100,18 @@
 //!   trip from the release's send to the waiter holding the key.
 //! - **A waiter that gives up** sends an owner-checked release: it removes
 //!   its entry (or, should the key have reached it meanwhile, hands it on).
+//! - **A list queue**, with [`RedisBuilder::list_queues`]: the queue a
+//!   backend begins is a Redis list of owner ids (its stamp last), which a
+//!   handoff pops and a joining waiter pushes onto, where the string is
+//!   read and written whole at each: a handoff costs the server about
+//!   half as much with 16 waiters, and no more with more (see
+//!   BENCHMARKS.md). Every script serves a queue of either kind, so
+//!   backends with and without the option share keys; an earlier dlock
+//!   reads a list as no queue (its waiters replace it with a string, and
+//!   the list's waiters join that again within a second), so turn it on
+//!   once none runs, with the list commands in the ACL (below). A queue
+//!   the ACL does not let it begin as a list is begun as a string, with a
+//!   warning.
 //! - **Plain locks are unchanged**: a plain attempt never reads the queue,
 //!   and an unmarked release (`-`, nobody waited) never looks at it
 //!   either. During a rolling upgrade a release by an older dlock frees a
@@ -243,7 +255,10 @@
 //! and slots' hashes of shared locks and permits); waiters `SUBSCRIBE` and `UNSUBSCRIBE` on `dlock:*`
 //! channels; `CLUSTER SLOTS` tells a cluster from a single server and maps
 //! its slots, and the cluster client checks its node connections with
-//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add `+select` when the URL names a database other than 0,
+//! `PING`, as the backend checks its pub/sub connection while waiters wait. Add
+//! `+lpush +rpush +lpop +rpop +lindex +lpos +lrem` for fair queues kept as
+//! lists ([`RedisBuilder::list_queues`], on every replica once any begins
+//! them). Add `+select` when the URL names a database other than 0,
 //! and `+scan` for listing the held keys ([`Backend::held`], the `dlock
 //! list` inspector; on a cluster it finds the primaries with `CLUSTER SLOTS`).
 //! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+
@@ -376,9 +391,13 @@ struct Inner {
     warned_unmarked: AtomicBool,
     /// Whether a fair refresh refused `GETRANGE` was warned about.
     warned_unstamped: AtomicBool,
+    /// Whether a list queue refused by the ACL was warned about.
+    warned_unlisted: AtomicBool,
     /// Take every key marked, so every release publishes
     /// ([`RedisBuilder::publish_every_release`]).
     publish_every_release: bool,
+    /// Begin fair queues as lists ([`RedisBuilder::list_queues`]).
+    list_queues: bool,
     /// The label acquisitions record, over the process's
     /// ([`RedisBuilder::label`]).
     label: Option<String>,
@@ -479,6 +498,10 @@ fn bytes(value: impl ToRedisArgs) -> Vec<u8> {
 /// The exclusive acquire scripts' argument that says the caller waits,
 /// so its attempt leaves a writer-waiting mark behind readers (rule M3).
 const WAITS: &str = "w";
+
+/// The fair acquire script's argument that says a queue it begins is a
+/// list ([`RedisBuilder::list_queues`]).
+const LISTED: &str = "l";
 
 /// The mark of a held value nobody is known to wait for: its release
 /// deletes the key without publishing.

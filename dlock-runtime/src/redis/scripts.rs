@@ -172,9 +172,23 @@ end
 ///   and second, not a rewrite of the whole queue each. An entry is live
 ///   exactly while its key exists: no clock is compared.
 ///
-/// Strings only, so the commands are the ones a lock already needs (the
+/// **Or a list**, for a backend with
+/// [`list_queues`](super::RedisBuilder::list_queues): the same queue, the
+/// same key, as a Redis list of owner ids in arrival order with the stamp
+/// last, as its own element `g<stamp>`. A handoff pops the front (`LPOP`)
+/// and a waiter joins by moving the stamp back behind it (`RPOP`, then
+/// `RPUSH` of both), where a string is read and written whole at each, a
+/// copy of every line made in Lua (whose strings Redis hashes byte by
+/// byte as it makes them). Every script serves a queue of either kind,
+/// which it tells by the type error (`WRONGTYPE`) a string command meets
+/// on a list: the option only says what a queue this backend begins is.
+/// A refresh reads the stamp with `LINDEX -1`, and only a refresh whose
+/// stamp differs looks for its line (`LPOS`). Entry keys are the same.
+///
+/// The string queue needs only the commands a lock already needs (the
 /// least-privilege ACL is unchanged): `GET`, `SET`, `DEL`, `PTTL`,
-/// `PEXPIRE`, `INCR`, `TIME`, `PUBLISH`. The entry keys of other waiters
+/// `PEXPIRE`, `INCR`, `TIME`, `PUBLISH`; a list, `LPUSH`, `RPUSH`, `LPOP`,
+/// `RPOP`, `LINDEX`, `LPOS` and `LREM` besides. The entry keys of other waiters
 /// are named from the queue's (`KEYS`) in the script: they share its hash
 /// tag, so they live in its slot on a cluster, where a script may touch
 /// any key of the slot it runs on.
@@ -210,6 +224,24 @@ end
 ///   Returns the text stored.
 /// - `without(text, owner)`: the queue's text without `owner`'s line.
 /// - `leave(queue, text, owner)`: removes `owner`'s line, if any.
+///
+/// Of a list queue:
+///
+/// - `is_list(reply)`: whether a string command's reply was the type error
+///   a list gives it.
+/// - `list_stamp(queue)`: its stamp (its last element's, without the `g`).
+/// - `pop_live(queue)`: pops its front up to and including the first live
+///   entry, returned as `first_live` returns it (`nil` when nobody live is
+///   queued: the list is then gone); a list left with its stamp alone is
+///   deleted, as an empty string queue is.
+/// - `unpop(queue, entry)`: puts a popped entry back in front (a handoff
+///   or a take that failed), the list living at least as long as it.
+/// - `append(queue, owner, life)`: queues `owner` last (a new list, with a
+///   new stamp, when there was none), the list living at least `life` ms;
+///   returns the stamp, or `nil` and the refusal when the ACL refuses
+///   `RPOP`.
+/// - `drop(queue, owner)`: removes `owner`'s element, and the list when
+///   only its stamp is left.
 macro_rules! queue_lua {
     () => {
         concat!(
@@ -303,6 +335,73 @@ local function leave(queue, text, owner)
   local rest = without(text, owner)
   if rest ~= text then
     write(queue, rest, nil, nil, text)
+  end
+end
+local function is_list(reply)
+  return type(reply) == 'table' and type(reply.err) == 'string'
+    and string.find(reply.err, 'WRONGTYPE', 1, true) == 1
+end
+local function list_stamp(queue)
+  local last = redis.call('LINDEX', queue, -1)
+  if last and string.byte(last, 1) == 103 then
+    return string.sub(last, 2)
+  end
+end
+local function pop_live(queue)
+  while true do
+    local owner = redis.call('LPOP', queue)
+    if not owner then
+      return nil
+    end
+    if #owner == 32 then
+      local name = waiter(queue, owner)
+      local entry = redis.pcall('GET', name)
+      if type(entry) == 'string' then
+        local ttl, record = string.match(entry, '^(%d+) ([^\n]*)')
+        if ttl then
+          local next = redis.call('LINDEX', queue, 0)
+          if next and string.byte(next, 1) == 103 then
+            redis.call('DEL', queue)
+          end
+          return {owner, ttl, record, name, true}
+        end
+      end
+    elseif redis.call('LINDEX', queue, 0) == false then
+      return nil
+    end
+  end
+end
+local function unpop(queue, entry)
+  redis.call('LPUSH', queue, entry[1])
+  local left = redis.call('PTTL', entry[4])
+  if left > 0 and redis.call('PTTL', queue) < left then
+    redis.call('PEXPIRE', queue, left)
+  end
+end
+local function append(queue, owner, life)
+  local last = redis.pcall('RPOP', queue)
+  if type(last) == 'table' then
+    return nil, last.err
+  end
+  local stamp = last
+  if not last or string.byte(last, 1) ~= 103 then
+    if last then
+      redis.call('RPUSH', queue, last)
+    end
+    stamp = 'g' .. server_time() .. string.sub(owner, 1, 8)
+  end
+  redis.call('RPUSH', queue, owner, stamp)
+  if redis.call('PTTL', queue) < life then
+    redis.call('PEXPIRE', queue, life)
+  end
+  return string.sub(stamp, 2)
+end
+local function drop(queue, owner)
+  if redis.call('LREM', queue, 1, owner) == 1 then
+    local first = redis.call('LINDEX', queue, 0)
+    if first and string.byte(first, 1) == 103 then
+      redis.call('DEL', queue)
+    end
   end
 end
 "
@@ -465,6 +564,10 @@ return 0
 /// release: the key is freed and announced, and the waiter's own attempt
 /// meets the error.
 ///
+/// A list queue (see `queue_lua!`) is served the same way: its front is
+/// popped up to the first live entry, which is handed the key (and put
+/// back should the counter fail to rise).
+///
 /// A caller that does not hold the key leaves the queue instead (rule F3):
 /// its entry key is deleted (named from the queue's, see `queue_lua!`) and
 /// its line, if any, removed; and its writer-waiting mark, if it left one
@@ -488,7 +591,15 @@ local queue, fence = stem .. 'queue', stem .. 'fence'
 if mine then
   if string.byte(held, 33) == 43 then
     local text = redis.pcall('GET', queue)
-    if type(text) == 'string' and text ~= '' then
+    if is_list(text) then
+      local entry = pop_live(queue)
+      if entry then
+        if hand_over(entry, server_time(), KEYS[1], fence) then
+          return 1
+        end
+        unpop(queue, entry)
+      end
+    elseif type(text) == 'string' and text ~= '' then
       local clock = server_time()
       local entry, start, stop = first_live(text, queue)
       if entry then
@@ -520,7 +631,9 @@ if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
 end
 redis.call('DEL', waiter(queue, owner))
 local text = redis.pcall('GET', queue)
-if type(text) == 'string' and text ~= '' then
+if is_list(text) then
+  drop(queue, owner)
+elseif type(text) == 'string' and text ~= '' then
   leave(queue, text, owner)
 end
 return 0

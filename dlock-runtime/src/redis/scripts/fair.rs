@@ -12,7 +12,8 @@ use ::redis::Script;
 /// `ARGV[3]` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA), `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
 /// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
-/// caller waits. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
+/// caller waits (else empty), `ARGV[6]` `l` when a queue this attempt
+/// begins is to be a list. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
@@ -57,6 +58,17 @@ use ::redis::Script;
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
 ///
+/// - **A list queue** (see `queue_lua!`) keeps the same rules: a free key
+///   pops the list's front up to its first live entry, which takes it or
+///   is handed it; a `Join` keeps its place while its entry's stamp is
+///   the list's (one `LINDEX`), or, when it differs, while `LPOS` finds
+///   its line, and otherwise appends itself (a new entry first drops a
+///   line of its owner's that died, with `LREM`); a retry by the holder
+///   drops its element. A `Join` that would begin a queue as a list while
+///   the ACL refuses `RPOP` begins a string instead, and its answer
+///   carries the refusal (`{ms, refusal, 'rpush'}`, the caller warns
+///   once); one refused on a list that exists fails, the list untouched.
+///
 /// Why one atomic step: the queue is read and the key taken together, so
 /// no attempt takes the key past a waiter that queued before it, and a
 /// release that hands over never races a `Join`.
@@ -89,9 +101,60 @@ local function settle(stored, stamp)
     refresh(now)
   end
 end
+local function in_list(stamp, old, listed)
+  if listed and type(old) == 'string' and (stamp and string.match(old, '\n(%w*)$') == stamp
+      or redis.call('LPOS', KEYS[3], owner)) then
+    if redis.call('PTTL', KEYS[3]) < life then
+      redis.call('PEXPIRE', KEYS[3], life)
+    end
+    return nil
+  end
+  if listed and type(old) ~= 'string' then
+    redis.call('LREM', KEYS[3], 1, owner)
+  end
+  local now, refused = append(KEYS[3], owner, life)
+  if not now then
+    return refused
+  end
+  if now ~= stamp then
+    refresh(now)
+  end
+end
+local function join_list()
+  local stamp = list_stamp(KEYS[3])
+  local refused = in_list(stamp, refresh(stamp), true)
+  if refused then
+    return redis.error_reply('ERR a fair waiter could not queue in the list ' .. KEYS[3] .. ': ' .. refused)
+  end
+end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
   local text = redis.pcall('GET', KEYS[3])
+  if is_list(text) then
+    local entry = pop_live(KEYS[3])
+    if entry and (not life or entry[1] ~= owner) then
+      local handed = hand_over(entry, server_time(), KEYS[1], KEYS[2])
+      if not handed then
+        unpop(KEYS[3], entry)
+      end
+      local refused = life and join_list()
+      if refused then
+        return refused
+      end
+      return handed and tonumber(handed) or -1
+    end
+    local reply = take(false)
+    if type(reply) == 'string' then
+      redis.call('DEL', KEYS[4])
+      local first = redis.call('LINDEX', KEYS[3], 0)
+      if first and #first == 32 then
+        redis.call('SETRANGE', KEYS[1], 32, '+')
+      end
+    elseif entry then
+      unpop(KEYS[3], entry)
+    end
+    return reply
+  end
   if type(text) ~= 'string' then
     text = ''
   end
@@ -127,12 +190,28 @@ local reply = take(held)
 if type(reply) == 'string' then
   if redis.call('DEL', KEYS[4]) == 1 then
     local text = redis.pcall('GET', KEYS[3])
-    if type(text) == 'string' and text ~= '' then
+    if is_list(text) then
+      drop(KEYS[3], owner)
+    elseif type(text) == 'string' and text ~= '' then
       leave(KEYS[3], text, owner)
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
   local head = redis.pcall('GETRANGE', KEYS[3], 0, 127)
+  if is_list(head) then
+    local refused = join_list()
+    if refused then
+      return refused
+    end
+    return reply
+  end
+  local unlisted
+  if head == '' and ARGV[6] == 'l' then
+    unlisted = in_list(nil, refresh(nil), false)
+    if not unlisted then
+      return reply
+    end
+  end
   local stamp = type(head) == 'string' and stamp_of(head) or nil
   local old = refresh(stamp)
   local left = redis.call('PTTL', KEYS[3])
@@ -155,6 +234,9 @@ elseif life and not (type(reply) == 'table' and reply.err) then
   end
   if type(head) == 'table' and type(reply) == 'number' then
     return {reply, head.err, 'getrange'}
+  end
+  if unlisted and type(reply) == 'number' then
+    return {reply, unlisted, 'rpush'}
   end
 end
 return reply

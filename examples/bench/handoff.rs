@@ -27,6 +27,10 @@ struct Book {
     /// The same, only when the next holder is another task.
     handoffs: Vec<Duration>,
     holders: [u64; TASKS],
+    /// Turns taken again by the previous holder once every task had held
+    /// the key: before that, a task may take it again because nobody
+    /// else had queued yet.
+    repeats_once_all_served: usize,
 }
 
 /// What one implementation did.
@@ -42,6 +46,9 @@ pub struct Outcome {
     pub handoff: Measured,
     /// How many of the tasks ever held the key.
     pub tasks_served: usize,
+    /// Turns taken again by the previous holder once every task had held
+    /// the key (see `Book`).
+    pub repeats_once_all_served: usize,
 }
 
 #[derive(Clone, Default)]
@@ -56,6 +63,8 @@ impl Shared {
             book.turns.push(got - at);
             if book.last_holder != Some(task) {
                 book.handoffs.push(got - at);
+            } else if book.holders.iter().all(|&n| n > 0) {
+                book.repeats_once_all_served += 1;
             }
         }
         book.last_holder = Some(task);
@@ -120,6 +129,7 @@ where
         turns_per_s: book.turns.len() as f64 / elapsed,
         handoffs_per_s: book.handoffs.len() as f64 / elapsed,
         tasks_served: book.holders.iter().filter(|&&n| n > 0).count(),
+        repeats_once_all_served: book.repeats_once_all_served,
         ..Outcome::default()
     };
     outcome.turn.samples = book.turns;
@@ -214,6 +224,29 @@ pub async fn set_nx_poll(cfg: &Config, key: &str, time: Duration) -> Res<Outcome
         }
     })
     .await
+}
+
+/// The server's time in scripts so far: `INFO commandstats`' `evalsha`
+/// line, in µs (read before and after a row, nothing reset, so a shared
+/// server's statistics are left alone).
+pub async fn script_micros(cfg: &Config) -> Res<u64> {
+    let mut conn = redis::Client::open(cfg.redis_url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await?;
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
+        .and_then(|stats| {
+            stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("usec="))
+        })
+        .and_then(|usec| usec.trim().parse().ok())
+        .unwrap_or(0))
 }
 
 /// The median of `n` PINGs on a multiplexed connection: one round trip.

@@ -146,7 +146,59 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
         let key = |what: &str| format!("bench:{}:handoff:{what}", cfg.run);
         let redis: Arc<dyn Backend> =
             Arc::new(dlock::redis::RedisBackend::connect(&cfg.redis_url).await?);
+        let listing: Arc<dyn Backend> = Arc::new(
+            dlock::redis::RedisBackend::builder(&cfg.redis_url)
+                .list_queues(true)
+                .connect()
+                .await?,
+        );
         let pg: Arc<dyn Backend> = Arc::new(dlock::pg::PgBackend::connect(&cfg.pg_conn).await?);
+        // The server's time in scripts per handoff of the fair rows: the
+        // string queue's and the list's (the rows run one at a time).
+        let mut fair_script_time = Vec::new();
+        let mut scripts = |row: &str, before: u64, after: u64, o: &handoff::Outcome| {
+            let handoffs = o.handoff.samples.len().max(1) as f64;
+            fair_script_time.push((
+                row.to_owned(),
+                after.saturating_sub(before) as f64 / handoffs,
+            ));
+        };
+        let fair_string = {
+            let before = handoff::script_micros(cfg).await?;
+            let o = handoff::dlock(
+                redis.clone(),
+                &key("dlock-fair"),
+                cfg.handoff_time,
+                true,
+                handoff::Again::AtOnce,
+            )
+            .await?;
+            scripts(
+                "string queue (the default)",
+                before,
+                handoff::script_micros(cfg).await?,
+                &o,
+            );
+            o
+        };
+        let fair_list = {
+            let before = handoff::script_micros(cfg).await?;
+            let o = handoff::dlock(
+                listing.clone(),
+                &key("dlock-fair-list"),
+                cfg.handoff_time,
+                true,
+                handoff::Again::AtOnce,
+            )
+            .await?;
+            scripts(
+                "list queue (`list_queues`)",
+                before,
+                handoff::script_micros(cfg).await?,
+                &o,
+            );
+            o
+        };
         let rows = [
             (
                 "dlock RedisBackend (pub/sub wake-up)",
@@ -160,20 +212,17 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 .await?,
             ),
             (
-                "dlock RedisBackend, fair (queue, handoff in the release)",
-                handoff::dlock(
-                    redis.clone(),
-                    &key("dlock-fair"),
-                    cfg.handoff_time,
-                    true,
-                    handoff::Again::AtOnce,
-                )
-                .await?,
+                "dlock RedisBackend, fair, string queue (the default; handoff in the release)",
+                fair_string,
             ),
             (
-                "dlock RedisBackend, fair, the releaser queues again only after the next holder took it",
+                "dlock RedisBackend, fair, list queue (RedisBuilder::list_queues; handoff in the release)",
+                fair_list,
+            ),
+            (
+                "dlock RedisBackend, fair, list queue, the releaser queues again only after the next holder took it",
                 handoff::dlock(
-                    redis,
+                    listing,
                     &key("dlock-fair-apart"),
                     cfg.handoff_time,
                     true,
@@ -212,7 +261,7 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 .await?,
             ),
         ];
-        let redis_rows: Vec<(String, &[std::time::Duration])> = rows[..5]
+        let redis_rows: Vec<(String, &[std::time::Duration])> = rows[..6]
             .iter()
             .map(|(name, o)| {
                 let samples = o.handoff.samples.as_slice();
@@ -264,9 +313,17 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 show(o.turn.p99())
             );
         }
-        let _ = writeln!(s.body);
+        let _ = writeln!(
+            s.body,
+            "\nThe server's time in dlock's scripts per fair handoff (`INFO commandstats`, `evalsha`, over the row; with 16 tasks each handoff is the release that hands over and the releaser's attempt that queues again): {}. The targets below are measured on the list queue.\n",
+            fair_script_time
+                .iter()
+                .map(|(row, micros)| format!("{row} {micros:.1} µs"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         let rtt = (redis_rtt + rtt_after) / 2;
-        let (dl, fair, apart, rs) = (&rows[0].1, &rows[1].1, &rows[2].1, &rows[3].1);
+        let (dl, fair, apart, rs) = (&rows[0].1, &rows[2].1, &rows[3].1, &rows[4].1);
         let per_rtt = dl.handoff.median().as_secs_f64() / rtt.as_secs_f64();
         s.target(
             "Redis contended handoff: median <= 3 x round trip",
@@ -309,12 +366,16 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
             ),
             fair_vs >= 1.8,
         );
-        let every = fair.handoff.samples.len();
         let turns = fair.turn.samples.len();
+        let repeats = fair.repeats_once_all_served;
         s.target(
-            "Redis fair handoff: every turn is a handoff",
-            format!("{every} of {turns} turns"),
-            every == turns,
+            "Redis fair handoff: every turn is a handoff once every task held the key",
+            format!(
+                "{} of {turns} turns ({} taken again at the start, before every task had queued)",
+                turns - repeats,
+                turns - fair.handoff.samples.len() - repeats
+            ),
+            repeats == 0,
         );
         clean_redis(cfg).await?;
         sections.push(s.end());

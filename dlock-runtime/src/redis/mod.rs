@@ -103,9 +103,9 @@
 //! - **A list queue**, with [`RedisBuilder::list_queues`]: the queue a
 //!   backend begins is a Redis list of owner ids (its stamp last), which a
 //!   handoff pops and a joining waiter pushes onto, where the string is
-//!   read and written whole at each: a handoff costs the server about
-//!   half as much with 16 waiters, and no more with more (see
-//!   BENCHMARKS.md). Every script serves a queue of either kind, so
+//!   read and written whole at each: the release that hands over costs
+//!   the same however long the queue, and a handoff with 16 waiters about
+//!   a fifth less of the server's time (see BENCHMARKS.md). Every script serves a queue of either kind, so
 //!   backends with and without the option share keys; an earlier dlock
 //!   reads a list as no queue (its waiters replace it with a string, and
 //!   the list's waiters join that again within a second), so turn it on

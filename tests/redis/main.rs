@@ -25,5 +25,6 @@ mod modes;
 mod sentinel;
 mod server;
 mod upgrade;
+mod upgrade_lists;
 mod upgrade_record;
 mod values;

@@ -239,7 +239,10 @@ end
 /// - `append(queue, owner, life)`: queues `owner` last (a new list, with a
 ///   new stamp, when there was none), the list living at least `life` ms;
 ///   returns the stamp, or `nil` and the refusal when the ACL refuses
-///   `RPOP`.
+///   `RPOP`. A new list sets the rejoin mark, as a new string queue does:
+///   a waiter of an earlier dlock whose queue was lost reads the list as
+///   a refused `GETRANGE` and looks for its line only while the mark
+///   stands.
 /// - `drop(queue, owner)`: removes `owner`'s element, and the list when
 ///   only its stamp is left.
 macro_rules! queue_lua {
@@ -387,6 +390,8 @@ local function append(queue, owner, life)
   if not last or string.byte(last, 1) ~= 103 then
     if last then
       redis.call('RPUSH', queue, last)
+    else
+      redis.call('SET', string.sub(queue, 1, -6) .. 'rejoin', '1', 'PX', life)
     end
     stamp = 'g' .. server_time() .. string.sub(owner, 1, 8)
   end

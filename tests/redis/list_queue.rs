@@ -307,3 +307,90 @@ async fn list_queues_under_an_acl_without_the_list_commands_are_begun_as_strings
         "only the list's first command is refused, once per queue begun: {refused:?}"
     );
 }
+
+/// A take of `key` for `owner` that must succeed.
+async fn take(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
+    let got = backend
+        .try_acquire(&AcquireRequest::new(key, owner, Duration::from_secs(20)))
+        .await
+        .expect("acquire");
+    assert!(matches!(got, Attempt::Acquired(..)), "{got:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_key_of_another_type_is_no_queue_to_a_release_and_replaced_by_a_join() {
+    for listing in [false, true] {
+        let backend = if listing {
+            backend().await
+        } else {
+            redis_support::shared_backend().await
+        };
+        let key = dlock_runtime::conformance::fresh_key("redis-list-hash-queue");
+        let [holder, waiter] = ids();
+        shared(&["HSET", &queue_name(&key), "junk", "1"]);
+        take(&backend, &key, &holder).await;
+        // Neither the join nor the release may fail on it, or leave the
+        // key held: the join begins a queue of its own in its place.
+        join(&backend, &key, &waiter).await;
+        assert_ne!(queue_type(&shared, &key), "hash", "listing {listing}");
+        release(&backend, &key, &holder).await;
+        assert_eq!(
+            holder_of(&shared, &key),
+            hex(&waiter),
+            "listing {listing}: handed to the waiter"
+        );
+        release(&backend, &key, &waiter).await;
+        shared(&["HSET", &queue_name(&key), "junk", "1"]);
+        take(&backend, &key, &holder).await;
+        shared(&["SETRANGE", &lock_name(&key), "32", "+"]);
+        release(&backend, &key, &holder).await;
+        assert_eq!(
+            shared(&["EXISTS", &lock_name(&key)]),
+            "0",
+            "listing {listing}: freed"
+        );
+        shared(&["DEL", &queue_name(&key)]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_acl_lacks_the_list_commands_still_frees_a_key_a_list_waits_for() {
+    let server = RedisServer::start(&[]);
+    let port = server.port.to_string();
+    let target = ["-p", port.as_str()];
+    let rules = format!(
+        "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
+        redis_support::LEAST_PRIVILEGE_ACL
+    );
+    redis_support::create_user(&target, "lister", "lister-pass-2", rules.split_whitespace());
+    redis_support::create_least_privilege_user(&target, "plain", "plain-pass-2");
+    let lister = list_backend(&format!("redis://lister:lister-pass-2@127.0.0.1:{port}")).await;
+    let plain: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&format!("redis://plain:plain-pass-2@127.0.0.1:{port}"))
+            .await
+            .expect("connect"),
+    );
+    let cli = |args: &[&str]| server.cli(args);
+    let key = dlock_runtime::conformance::fresh_key("redis-list-acl-mixed");
+    let [holder, waiter] = ids();
+    take(&plain, &key, &holder).await;
+    join(&lister, &key, &waiter).await;
+    assert_eq!(queue_type(&cli, &key), "list");
+    // The release cannot read the list: it frees the key (and announces
+    // it) instead of failing with the key still held.
+    release(&plain, &key, &holder).await;
+    assert_eq!(cli(&["EXISTS", &lock_name(&key)]), "0", "freed");
+    // The list's waiter takes it at its next look.
+    let answer = lister
+        .try_acquire(
+            &AcquireRequest::new(&key, &waiter, Duration::from_secs(20))
+                .with_queue(Queue::Join {
+                    entry_ttl: Duration::from_secs(30),
+                })
+                .with_waits(true),
+        )
+        .await
+        .expect("the waiter's next look");
+    assert!(matches!(answer, Attempt::Acquired(..)), "{answer:?}");
+    release(&lister, &key, &waiter).await;
+}

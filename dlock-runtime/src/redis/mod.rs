@@ -257,8 +257,11 @@
 //! its slots, and the cluster client checks its node connections with
 //! `PING`, as the backend checks its pub/sub connection while waiters wait. Add
 //! `+lpush +rpush +lpop +rpop +lindex +lpos +lrem` for fair queues kept as
-//! lists ([`RedisBuilder::list_queues`], on every replica once any begins
-//! them). Add `+select` when the URL names a database other than 0,
+//! lists ([`RedisBuilder::list_queues`]), for every replica's user once any
+//! replica begins them: a user without them serves a list as an earlier
+//! dlock does (a release frees the key without handing it over, a waiter
+//! replaces the list with a string), and the server's `ACL LOG` shows each
+//! refusal. Add `+select` when the URL names a database other than 0,
 //! and `+scan` for listing the held keys ([`Backend::held`], the `dlock
 //! list` inspector; on a cluster it finds the primaries with `CLUSTER SLOTS`).
 //! (redis-rs also names its connections with `CLIENT SETINFO` on Redis 7.2+

@@ -44,7 +44,7 @@ if held then
     end
     if type(held) == 'string' and select(2, string.find(held, '^%x+%-')) == 33
         and (#held == 33 or string.find(held, '^ %d+ %d+ ', 34)) then
-      local marked = redis.pcall('SETRANGE', KEYS[1], 32, '+')
+      local marked = redis.pcall('SETRANGE', KEYS[1], '32', '+')
       if type(marked) == 'table' then
         return {redis.call('PTTL', KEYS[1]), marked.err}
       end
@@ -228,23 +228,29 @@ end
 /// Of a list queue:
 ///
 /// - `is_list(reply)`: whether a string command's reply was the type error
-///   a list gives it.
-/// - `list_stamp(queue)`: its stamp (its last element's, without the `g`).
+///   a list gives it (another type gives the same: the list commands below
+///   tell, and a key of another type, or a list this user may not read,
+///   is served as before lists, as no queue).
+/// - `list_stamp(queue)`: its stamp (its last element's, without the `g`),
+///   and whether the queue is a list this user may read.
 /// - `pop_live(queue)`: pops its front up to and including the first live
 ///   entry, returned as `first_live` returns it (`nil` when nobody live is
-///   queued: the list is then gone); a list left with its stamp alone is
+///   queued: the list is then gone; `nil, true` when the queue is not a
+///   list or the ACL refuses `LPOP`); a list left with its stamp alone is
 ///   deleted, as an empty string queue is.
 /// - `unpop(queue, entry)`: puts a popped entry back in front (a handoff
 ///   or a take that failed), the list living at least as long as it.
-/// - `append(queue, owner, life)`: queues `owner` last (a new list, with a
-///   new stamp, when there was none), the list living at least `life` ms;
+/// - `append(queue, owner, life, px)`: queues `owner` last (a new list,
+///   with a new stamp, when there was none), the list living at least
+///   `life` ms (`px`, the same as the argument's text);
 ///   returns the stamp, or `nil` and the refusal when the ACL refuses
 ///   `RPOP`. A new list sets the rejoin mark, as a new string queue does:
 ///   a waiter of an earlier dlock whose queue was lost reads the list as
 ///   a refused `GETRANGE` and looks for its line only while the mark
 ///   stands.
 /// - `drop(queue, owner)`: removes `owner`'s element, and the list when
-///   only its stamp is left.
+///   only its stamp is left (nothing, when the queue is not a list or the
+///   ACL refuses `LREM`).
 macro_rules! queue_lua {
     () => {
         concat!(
@@ -345,14 +351,21 @@ local function is_list(reply)
     and string.find(reply.err, 'WRONGTYPE', 1, true) == 1
 end
 local function list_stamp(queue)
-  local last = redis.call('LINDEX', queue, -1)
-  if last and string.byte(last, 1) == 103 then
-    return string.sub(last, 2)
+  local last = redis.pcall('LINDEX', queue, '-1')
+  if type(last) == 'table' then
+    return nil, false
   end
+  if last and string.byte(last, 1) == 103 then
+    return string.sub(last, 2), true
+  end
+  return nil, true
 end
 local function pop_live(queue)
   while true do
-    local owner = redis.call('LPOP', queue)
+    local owner = redis.pcall('LPOP', queue)
+    if type(owner) == 'table' then
+      return nil, true
+    end
     if not owner then
       return nil
     end
@@ -362,14 +375,14 @@ local function pop_live(queue)
       if type(entry) == 'string' then
         local ttl, record = string.match(entry, '^(%d+) ([^\n]*)')
         if ttl then
-          local next = redis.call('LINDEX', queue, 0)
+          local next = redis.call('LINDEX', queue, '0')
           if next and string.byte(next, 1) == 103 then
             redis.call('DEL', queue)
           end
           return {owner, ttl, record, name, true}
         end
       end
-    elseif redis.call('LINDEX', queue, 0) == false then
+    elseif redis.call('LINDEX', queue, '0') == false then
       return nil
     end
   end
@@ -381,7 +394,7 @@ local function unpop(queue, entry)
     redis.call('PEXPIRE', queue, left)
   end
 end
-local function append(queue, owner, life)
+local function append(queue, owner, life, px)
   local last = redis.pcall('RPOP', queue)
   if type(last) == 'table' then
     return nil, last.err
@@ -391,19 +404,19 @@ local function append(queue, owner, life)
     if last then
       redis.call('RPUSH', queue, last)
     else
-      redis.call('SET', string.sub(queue, 1, -6) .. 'rejoin', '1', 'PX', life)
+      redis.call('SET', string.sub(queue, 1, -6) .. 'rejoin', '1', 'PX', px)
     end
     stamp = 'g' .. server_time() .. string.sub(owner, 1, 8)
   end
   redis.call('RPUSH', queue, owner, stamp)
   if redis.call('PTTL', queue) < life then
-    redis.call('PEXPIRE', queue, life)
+    redis.call('PEXPIRE', queue, px)
   end
   return string.sub(stamp, 2)
 end
 local function drop(queue, owner)
-  if redis.call('LREM', queue, 1, owner) == 1 then
-    local first = redis.call('LINDEX', queue, 0)
+  if redis.pcall('LREM', queue, '1', owner) == 1 then
+    local first = redis.call('LINDEX', queue, '0')
     if first and string.byte(first, 1) == 103 then
       redis.call('DEL', queue)
     end

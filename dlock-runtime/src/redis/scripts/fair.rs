@@ -105,14 +105,14 @@ local function in_list(stamp, old, listed)
   if listed and type(old) == 'string' and (stamp and string.match(old, '\n(%w*)$') == stamp
       or redis.call('LPOS', KEYS[3], owner)) then
     if redis.call('PTTL', KEYS[3]) < life then
-      redis.call('PEXPIRE', KEYS[3], life)
+      redis.call('PEXPIRE', KEYS[3], ARGV[4])
     end
     return nil
   end
   if listed and type(old) ~= 'string' then
-    redis.call('LREM', KEYS[3], 1, owner)
+    redis.call('LREM', KEYS[3], '1', owner)
   end
-  local now, refused = append(KEYS[3], owner, life)
+  local now, refused = append(KEYS[3], owner, life, ARGV[4])
   if not now then
     return refused
   end
@@ -121,7 +121,10 @@ local function in_list(stamp, old, listed)
   end
 end
 local function join_list()
-  local stamp = list_stamp(KEYS[3])
+  local stamp, listed = list_stamp(KEYS[3])
+  if not listed then
+    return nil, true
+  end
   local refused = in_list(stamp, refresh(stamp), true)
   if refused then
     return redis.error_reply('ERR a fair waiter could not queue in the list ' .. KEYS[3] .. ': ' .. refused)
@@ -130,8 +133,11 @@ end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
   local text = redis.pcall('GET', KEYS[3])
+  local entry, foreign
   if is_list(text) then
-    local entry = pop_live(KEYS[3])
+    entry, foreign = pop_live(KEYS[3])
+  end
+  if is_list(text) and not foreign then
     if entry and (not life or entry[1] ~= owner) then
       local handed = hand_over(entry, server_time(), KEYS[1], KEYS[2])
       if not handed then
@@ -146,9 +152,9 @@ if not held then
     local reply = take(false)
     if type(reply) == 'string' then
       redis.call('DEL', KEYS[4])
-      local first = redis.call('LINDEX', KEYS[3], 0)
+      local first = redis.call('LINDEX', KEYS[3], '0')
       if first and #first == 32 then
-        redis.call('SETRANGE', KEYS[1], 32, '+')
+        redis.call('SETRANGE', KEYS[1], '32', '+')
       end
     elseif entry then
       unpop(KEYS[3], entry)
@@ -181,7 +187,7 @@ if not held then
     write(KEYS[3], rest, nil, nil, text)
     redis.call('DEL', KEYS[4])
     if rest ~= '' then
-      redis.call('SETRANGE', KEYS[1], 32, '+')
+      redis.call('SETRANGE', KEYS[1], '32', '+')
     end
   end
   return reply
@@ -197,19 +203,25 @@ if type(reply) == 'string' then
     end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
-  local head = redis.pcall('GETRANGE', KEYS[3], 0, 127)
+  local head = redis.pcall('GETRANGE', KEYS[3], '0', '127')
+  local refused, foreign
   if is_list(head) then
-    local refused = join_list()
+    refused, foreign = join_list()
     if refused then
       return refused
     end
-    return reply
+    if not foreign then
+      return reply
+    end
   end
   local unlisted
   if head == '' and ARGV[6] == 'l' then
     unlisted = in_list(nil, refresh(nil), false)
     if not unlisted then
       return reply
+    end
+    if string.find(unlisted, 'WRONGTYPE', 1, true) == 1 then
+      unlisted = nil
     end
   end
   local stamp = type(head) == 'string' and stamp_of(head) or nil
@@ -223,7 +235,7 @@ elseif life and not (type(reply) == 'table' and reply.err) then
   end
   if kept then
     if left < life then
-      redis.call('PEXPIRE', KEYS[3], life)
+      redis.call('PEXPIRE', KEYS[3], ARGV[4])
     end
   else
     local text = redis.pcall('GET', KEYS[3])

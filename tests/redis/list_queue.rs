@@ -20,7 +20,8 @@ async fn backend() -> Arc<dyn Backend> {
     list_backend(&shared_url()).await
 }
 
-async fn list_backend(url: &str) -> Arc<dyn Backend> {
+/// A backend on `url` that begins fair queues as lists.
+pub(crate) async fn list_backend(url: &str) -> Arc<dyn Backend> {
     Arc::new(
         RedisBackend::builder(url)
             .list_queues(true)
@@ -47,7 +48,7 @@ fn queue_name(key: &LockKey) -> String {
     format!("dlock:{{{key}}}:queue")
 }
 
-fn hex(owner: &OwnerId) -> String {
+pub(crate) fn hex(owner: &OwnerId) -> String {
     String::from_utf8(owner.to_hex().to_vec()).expect("hex")
 }
 
@@ -79,7 +80,7 @@ fn shared(args: &[&str]) -> String {
 }
 
 /// One fair waiter's attempt (its first join or a refresh), answered held.
-async fn join(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
+pub(crate) async fn join(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
     let answer = backend
         .try_acquire(
             &AcquireRequest::new(key, owner, Duration::from_secs(20))
@@ -103,6 +104,26 @@ async fn release(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
 /// The owner id that holds `key` now, from the lock's value.
 fn holder_of(cli: &dyn Fn(&[&str]) -> String, key: &LockKey) -> String {
     cli(&["GET", &lock_name(key)]).chars().take(32).collect()
+}
+
+/// Creates ACL user `user` on the server `target` names with the
+/// least-privilege rules and the list commands the docs add for list
+/// queues.
+fn create_lister(target: &[&str], user: &str, password: &str) {
+    let rules = format!(
+        "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
+        redis_support::LEAST_PRIVILEGE_ACL
+    );
+    redis_support::create_user(target, user, password, rules.split_whitespace());
+}
+
+/// The commands the server `target` names refused since its ACL log was
+/// reset, but for those refused harmlessly.
+fn refused(target: &[&str]) -> Vec<String> {
+    redis_support::refused_commands(target)
+        .into_iter()
+        .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -261,11 +282,7 @@ async fn list_queues_need_only_the_list_commands_the_docs_name() {
     let server = RedisServer::start(&[]);
     let port = server.port.to_string();
     let target = ["-p", port.as_str()];
-    let rules = format!(
-        "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
-        redis_support::LEAST_PRIVILEGE_ACL
-    );
-    redis_support::create_user(&target, "lister", "lister-pass-1", rules.split_whitespace());
+    create_lister(&target, "lister", "lister-pass-1");
     redis_support::reset_acl_log(&target);
     let backend = list_backend(&format!("redis://lister:lister-pass-1@127.0.0.1:{port}")).await;
     let key = dlock_runtime::conformance::fresh_key("redis-list-acl");
@@ -275,11 +292,11 @@ async fn list_queues_need_only_the_list_commands_the_docs_name() {
         queued(&cli, &key).len()
     })
     .await;
-    let refused: Vec<String> = redis_support::refused_commands(&target)
-        .into_iter()
-        .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
-        .collect();
-    assert_eq!(refused, Vec::<String>::new(), "commands the ACL refused");
+    assert_eq!(
+        refused(&target),
+        Vec::<String>::new(),
+        "commands the ACL refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -297,10 +314,7 @@ async fn list_queues_under_an_acl_without_the_list_commands_are_begun_as_strings
         queued(&cli, &key).len()
     })
     .await;
-    let refused: Vec<String> = redis_support::refused_commands(&target)
-        .into_iter()
-        .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
-        .collect();
+    let refused = refused(&target);
     assert!(!refused.is_empty(), "the list was tried");
     assert!(
         refused.iter().all(|command| command == "rpop"),
@@ -358,11 +372,7 @@ async fn a_replica_whose_acl_lacks_the_list_commands_still_frees_a_key_a_list_wa
     let server = RedisServer::start(&[]);
     let port = server.port.to_string();
     let target = ["-p", port.as_str()];
-    let rules = format!(
-        "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
-        redis_support::LEAST_PRIVILEGE_ACL
-    );
-    redis_support::create_user(&target, "lister", "lister-pass-2", rules.split_whitespace());
+    create_lister(&target, "lister", "lister-pass-2");
     redis_support::create_least_privilege_user(&target, "plain", "plain-pass-2");
     let lister = list_backend(&format!("redis://lister:lister-pass-2@127.0.0.1:{port}")).await;
     let plain: Arc<dyn Backend> = Arc::new(

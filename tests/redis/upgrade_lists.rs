@@ -6,16 +6,15 @@
 //! behind it, and every waiter of both is served, one holder at a time,
 //! with rising tokens.
 
+use crate::list_queue::{hex, join, list_backend};
 use crate::redis_support;
 
 use redis_support::{lock_name, shared_cli as cli, shared_url};
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::backend::{AcquireRequest, Attempt, OwnerId, Queue, ReleaseRequest};
-use dlock::redis::RedisBackend;
-use dlock::{Backend, HolderInfo, LockKey};
+use dlock::backend::{AcquireRequest, OwnerId, ReleaseRequest};
+use dlock::{HolderInfo, LockKey};
 use redis::Script;
 
 /// The fair acquire and release scripts of the dlock before list queues.
@@ -65,20 +64,6 @@ async fn release_earlier(conn: &mut redis::aio::MultiplexedConnection, key: &Loc
     assert_eq!(released, 1, "the earlier replica held the key");
 }
 
-async fn join(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
-    let answer = backend
-        .try_acquire(
-            &AcquireRequest::new(key, owner, Duration::from_secs(60))
-                .with_queue(Queue::Join {
-                    entry_ttl: Duration::from_secs(30),
-                })
-                .with_waits(true),
-        )
-        .await
-        .expect("join");
-    assert!(matches!(answer, Attempt::Held { .. }), "{answer:?}");
-}
-
 /// The holder's owner id and token, from the lock's value.
 fn holder(key: &LockKey) -> (String, u64) {
     let value = cli(&["GET", &lock_name(key)]);
@@ -91,19 +76,9 @@ fn holder(key: &LockKey) -> (String, u64) {
     (owner, token)
 }
 
-fn hex(owner: &OwnerId) -> String {
-    String::from_utf8(owner.to_hex().to_vec()).expect("hex")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_waiter_replaces_a_list_and_every_waiter_of_both_is_served_in_turn() {
-    let backend: Arc<dyn Backend> = Arc::new(
-        RedisBackend::builder(&shared_url())
-            .list_queues(true)
-            .connect()
-            .await
-            .expect("the shared Redis"),
-    );
+    let backend = list_backend(&shared_url()).await;
     let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-upgrade-lists");
     let [holder_id, a, b] = std::array::from_fn(|_| OwnerId::random().expect("id"));
@@ -162,13 +137,7 @@ async fn an_earlier_waiter_replaces_a_list_and_every_waiter_of_both_is_served_in
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_earlier_waiter_whose_queue_was_lost_to_a_list_queues_again_and_is_served() {
-    let backend: Arc<dyn Backend> = Arc::new(
-        RedisBackend::builder(&shared_url())
-            .list_queues(true)
-            .connect()
-            .await
-            .expect("the shared Redis"),
-    );
+    let backend = list_backend(&shared_url()).await;
     let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-upgrade-lists-lost");
     let [holder_id, a] = std::array::from_fn(|_| OwnerId::random().expect("id"));

@@ -404,3 +404,34 @@ async fn a_replica_whose_acl_lacks_the_list_commands_still_frees_a_key_a_list_wa
     assert!(matches!(answer, Attempt::Acquired(..)), "{answer:?}");
     release(&lister, &key, &waiter).await;
 }
+
+// One thread: the log capture sees this thread's events.
+#[tokio::test]
+async fn a_waiter_that_cannot_read_a_list_says_the_list_commands_are_missing_not_getrange() {
+    let (logs, _guard) = support::Logs::capture();
+    let server = RedisServer::start(&[]);
+    let port = server.port.to_string();
+    let target = ["-p", port.as_str()];
+    create_lister(&target, "lister", "lister-pass-3");
+    redis_support::create_least_privilege_user(&target, "plain", "plain-pass-3");
+    let lister = list_backend(&format!("redis://lister:lister-pass-3@127.0.0.1:{port}")).await;
+    let plain: Arc<dyn Backend> = Arc::new(
+        RedisBackend::connect(&format!("redis://plain:plain-pass-3@127.0.0.1:{port}"))
+            .await
+            .expect("connect"),
+    );
+    let key = dlock_runtime::conformance::fresh_key("redis-list-warn");
+    let [holder, listed, unlisted] = ids();
+    take(&lister, &key, &holder).await;
+    join(&lister, &key, &listed).await;
+    join(&plain, &key, &unlisted).await;
+    let text = logs.text();
+    assert!(
+        text.contains("could not be kept as a list"),
+        "the warning names the list: {text}"
+    );
+    assert!(
+        !text.contains("+getrange"),
+        "the user may GETRANGE; it lacks the list commands: {text}"
+    );
+}

@@ -212,10 +212,11 @@ impl RedisBackend {
         );
     }
 
-    /// Says, once, that a fair waiter's queue was to be begun as a list
-    /// ([`RedisBuilder::list_queues`](super::RedisBuilder::list_queues))
-    /// and the ACL refused it: it was begun as a string, as without the
-    /// option.
+    /// Says, once, that a fair waiter's queue could not be kept as a list
+    /// ([`RedisBuilder::list_queues`](super::RedisBuilder::list_queues)):
+    /// the ACL refused to begin one, or refused to read one another
+    /// replica began, or the queue's key is of another type. The queue is
+    /// then kept as a string, as by a dlock before list queues.
     fn warn_unlisted(&self, key: &LockKey, refusal: &Value) {
         if self.inner.warned_unlisted.swap(true, Ordering::Relaxed) {
             return;
@@ -224,10 +225,12 @@ impl RedisBackend {
         tracing::warn!(
             key = %key,
             reason = %reason,
-            "redis refused to begin a fair queue as a list (an ACL without the list \
-             commands?): queues are begun as strings, which costs the server more per \
-             handoff; allow +lpush +rpush +lpop +rpop +lindex +lpos +lrem, or turn \
-             list_queues off"
+            "a fair queue could not be kept as a list (an ACL without the list commands, \
+             or a key of another type at the queue's name): it is kept as a string, as by \
+             a dlock before list queues, which costs the server more per handoff and, where \
+             another replica keeps the queue as a list, loses the order between them; allow \
+             +lpush +rpush +lpop +rpop +lindex +lpos +lrem for every replica's user, or turn \
+             list_queues off on every replica"
         );
     }
 
@@ -449,8 +452,8 @@ impl RedisBackend {
                     self.warn_unmarked(key, refusal);
                     return Ok(held(*remaining));
                 }
-                // Held; the queue could not be begun as a list.
-                [Value::Int(remaining), refusal, Value::BulkString(kind)] if kind == b"rpush" => {
+                // Held; the queue could not be begun, or read, as a list.
+                [Value::Int(remaining), refusal, Value::BulkString(kind)] if kind == b"list" => {
                     self.warn_unlisted(key, refusal);
                     return Ok(held(*remaining));
                 }

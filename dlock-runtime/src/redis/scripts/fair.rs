@@ -66,8 +66,10 @@ use ::redis::Script;
 ///   line of its owner's that died, with `LREM`); a retry by the holder
 ///   drops its element. A `Join` that would begin a queue as a list while
 ///   the ACL refuses `RPOP` begins a string instead, and its answer
-///   carries the refusal (`{ms, refusal, 'rpush'}`, the caller warns
-///   once); one refused on a list that exists fails, the list untouched.
+///   carries the refusal (`{ms, refusal, 'list'}`, the caller warns
+///   once). A queue that is not a list this user may read (the ACL
+///   refuses `LINDEX`, or the key is of another type) is served as before
+///   lists, and the answer says so the same way.
 ///
 /// Why one atomic step: the queue is read and the key taken together, so
 /// no attempt takes the key past a waiter that queued before it, and a
@@ -245,10 +247,13 @@ elseif life and not (type(reply) == 'table' and reply.err) then
     settle(write(KEYS[3], enter(text, old), life, left, text), stamp)
   end
   if type(head) == 'table' and type(reply) == 'number' then
+    if is_list(head) then
+      return {reply, head.err, 'list'}
+    end
     return {reply, head.err, 'getrange'}
   end
   if unlisted and type(reply) == 'number' then
-    return {reply, unlisted, 'rpush'}
+    return {reply, unlisted, 'list'}
   end
 end
 return reply

@@ -62,6 +62,7 @@ pub enum Kind {
     Memory,
     File,
     Redis,
+    RedisLists,
     RedisCluster,
     Pg,
     PgRestart,
@@ -75,6 +76,7 @@ async fn open(kind: Kind) -> Box<dyn Store> {
         Kind::Memory => Box::new(local::Memory::open()),
         Kind::File => Box::new(local::Files::open()),
         Kind::Redis => Box::new(redis::Redis::standalone().await),
+        Kind::RedisLists => Box::new(redis::Redis::standalone_with_lists().await),
         Kind::RedisCluster => Box::new(redis::Redis::cluster().await),
         Kind::Pg => Box::new(pg::Pg::open().await),
         Kind::PgRestart => Box::new(pg_restart::PgRestart::open().await),
@@ -133,6 +135,14 @@ fn redis_answers_match_the_model_under_operator_faults() {
     check(
         Kind::Redis,
         "redis_answers_match_the_model_under_operator_faults",
+    );
+}
+
+#[test]
+fn redis_with_list_queues_answers_match_the_model_under_operator_faults() {
+    check(
+        Kind::RedisLists,
+        "redis_with_list_queues_answers_match_the_model_under_operator_faults",
     );
 }
 

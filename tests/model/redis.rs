@@ -20,6 +20,9 @@ pub struct Redis {
     servers: Mutex<Vec<RedisServer>>,
     backends: Vec<Arc<dyn Backend>>,
     cluster: bool,
+    /// Whether the first and last instances begin fair queues as lists
+    /// (`RedisBuilder::list_queues`; the middle one begins strings).
+    lists: bool,
 }
 
 impl Redis {
@@ -27,30 +30,40 @@ impl Redis {
     pub async fn standalone() -> Self {
         let server = RedisServer::start(&[]);
         let url = server.url();
-        Self::on(vec![server], &url, false).await
+        Self::on(vec![server], &url, false, false).await
+    }
+
+    /// A lone server of the run's own, two of whose instances begin fair
+    /// queues as lists and one as strings: a queue is of the kind its
+    /// first waiter's instance begins, and every instance serves both.
+    pub async fn standalone_with_lists() -> Self {
+        let server = RedisServer::start(&[]);
+        let url = server.url();
+        Self::on(vec![server], &url, false, true).await
     }
 
     /// A cluster of three masters of the run's own.
     pub async fn cluster() -> Self {
         let servers = start_cluster();
         let url = servers[0].url();
-        Self::on(servers, &url, true).await
+        Self::on(servers, &url, true, false).await
     }
 
-    async fn on(servers: Vec<RedisServer>, url: &str, cluster: bool) -> Self {
+    async fn on(servers: Vec<RedisServer>, url: &str, cluster: bool, lists: bool) -> Self {
         let mut backends: Vec<Arc<dyn Backend>> = Vec::new();
-        for _ in 0..3 {
-            let backend = if cluster {
-                RedisBackend::builder(url).cluster(true).connect().await
-            } else {
-                RedisBackend::connect(url).await
-            };
+        for instance in 0..3 {
+            let mut builder = RedisBackend::builder(url).list_queues(lists && instance != 1);
+            if cluster {
+                builder = builder.cluster(true);
+            }
+            let backend = builder.connect().await;
             backends.push(Arc::new(backend.expect("the run's own Redis")));
         }
         Self {
             servers: Mutex::new(servers),
             backends,
             cluster,
+            lists,
         }
     }
 
@@ -94,10 +107,10 @@ fn counts(value: &str) -> bool {
 #[async_trait]
 impl Store for Redis {
     fn name(&self) -> &'static str {
-        if self.cluster {
-            "redis_cluster"
-        } else {
-            "redis"
+        match (self.cluster, self.lists) {
+            (true, _) => "redis_cluster",
+            (false, true) => "redis_lists",
+            (false, false) => "redis",
         }
     }
 

@@ -153,52 +153,31 @@ pub async fn run_all(cfg: &Config) -> Res<(RunFacts, Vec<Section>)> {
                 .await?,
         );
         let pg: Arc<dyn Backend> = Arc::new(dlock::pg::PgBackend::connect(&cfg.pg_conn).await?);
-        // The server's time in scripts per handoff of the fair rows: the
-        // string queue's and the list's (the rows run one at a time).
+        // The fair rows on each kind of queue, one at a time, with the
+        // server's time in scripts per handoff of each.
         let mut fair_script_time = Vec::new();
-        let mut scripts = |row: &str, before: u64, after: u64, o: &handoff::Outcome| {
-            let handoffs = o.handoff.samples.len().max(1) as f64;
-            fair_script_time.push((
-                row.to_owned(),
-                after.saturating_sub(before) as f64 / handoffs,
-            ));
-        };
-        let fair_string = {
+        let mut fair_rows = Vec::new();
+        for (row, backend, what) in [
+            ("string queue (the default)", &redis, "dlock-fair"),
+            ("list queue (`list_queues`)", &listing, "dlock-fair-list"),
+        ] {
             let before = handoff::script_micros(cfg).await?;
             let o = handoff::dlock(
-                redis.clone(),
-                &key("dlock-fair"),
+                backend.clone(),
+                &key(what),
                 cfg.handoff_time,
                 true,
                 handoff::Again::AtOnce,
             )
             .await?;
-            scripts(
-                "string queue (the default)",
-                before,
-                handoff::script_micros(cfg).await?,
-                &o,
-            );
-            o
-        };
-        let fair_list = {
-            let before = handoff::script_micros(cfg).await?;
-            let o = handoff::dlock(
-                listing.clone(),
-                &key("dlock-fair-list"),
-                cfg.handoff_time,
-                true,
-                handoff::Again::AtOnce,
-            )
-            .await?;
-            scripts(
-                "list queue (`list_queues`)",
-                before,
-                handoff::script_micros(cfg).await?,
-                &o,
-            );
-            o
-        };
+            let micros = handoff::script_micros(cfg).await?.saturating_sub(before);
+            fair_script_time.push((row, micros as f64 / o.handoff.samples.len().max(1) as f64));
+            fair_rows.push(o);
+        }
+        let (fair_list, fair_string) = (
+            fair_rows.pop().expect("the list row"),
+            fair_rows.pop().expect("the string row"),
+        );
         let rows = [
             (
                 "dlock RedisBackend (pub/sub wake-up)",

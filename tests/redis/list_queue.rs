@@ -323,7 +323,7 @@ async fn list_queues_under_an_acl_without_the_list_commands_are_begun_as_strings
 }
 
 /// A take of `key` for `owner` that must succeed.
-async fn take(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
+pub(crate) async fn take(backend: &Arc<dyn Backend>, key: &LockKey, owner: &OwnerId) {
     let got = backend
         .try_acquire(&AcquireRequest::new(key, owner, Duration::from_secs(20)))
         .await

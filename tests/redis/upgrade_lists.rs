@@ -6,14 +6,12 @@
 //! behind it, and every waiter of both is served, one holder at a time,
 //! with rising tokens.
 
-use crate::list_queue::{hex, join, list_backend};
+use crate::list_queue::{hex, join, list_backend, take};
 use crate::redis_support;
 
 use redis_support::{lock_name, shared_cli as cli, shared_url};
 
-use std::time::Duration;
-
-use dlock::backend::{AcquireRequest, OwnerId, ReleaseRequest};
+use dlock::backend::{OwnerId, ReleaseRequest};
 use dlock::{HolderInfo, LockKey};
 use redis::Script;
 
@@ -82,14 +80,7 @@ async fn an_earlier_waiter_replaces_a_list_and_every_waiter_of_both_is_served_in
     let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-upgrade-lists");
     let [holder_id, a, b] = std::array::from_fn(|_| OwnerId::random().expect("id"));
-    backend
-        .try_acquire(&AcquireRequest::new(
-            &key,
-            &holder_id,
-            Duration::from_secs(60),
-        ))
-        .await
-        .expect("acquire");
+    take(&backend, &key, &holder_id).await;
     join(&backend, &key, &a).await;
     join(&backend, &key, &b).await;
     let queue = format!("dlock:{{{key}}}:queue");
@@ -141,14 +132,7 @@ async fn an_earlier_waiter_whose_queue_was_lost_to_a_list_queues_again_and_is_se
     let mut conn = redis_support::shared_conn().await;
     let key = dlock_runtime::conformance::fresh_key("redis-upgrade-lists-lost");
     let [holder_id, a] = std::array::from_fn(|_| OwnerId::random().expect("id"));
-    backend
-        .try_acquire(&AcquireRequest::new(
-            &key,
-            &holder_id,
-            Duration::from_secs(60),
-        ))
-        .await
-        .expect("acquire");
+    take(&backend, &key, &holder_id).await;
     // The earlier replica's waiter queues first, in a string.
     let earlier = "f".repeat(32);
     join_earlier(&mut conn, &key, &earlier).await;

@@ -135,11 +135,11 @@ end
 local held = redis.pcall('GET', KEYS[1])
 if not held then
   local text = redis.pcall('GET', KEYS[3])
-  local entry, foreign
-  if is_list(text) then
+  local listed, entry, foreign = is_list(text)
+  if listed then
     entry, foreign = pop_live(KEYS[3])
   end
-  if is_list(text) and not foreign then
+  if listed and not foreign then
     if entry and (not life or entry[1] ~= owner) then
       local handed = hand_over(entry, server_time(), KEYS[1], KEYS[2])
       if not handed then

@@ -86,6 +86,9 @@ pub mod kit;
 ///    [`AcquireRequest::queue`] ([`Queue`]): a fair attempt never takes a
 ///    key past a live queued entry ahead of it, and a [`Queue::Join`] that
 ///    does not take the key keeps its owner's place, or joins at the end.
+///    A grant takes its owner out of the queue, whatever the attempt's
+///    mode: a queued owner that takes the key with a [`Queue::Barge`]
+///    attempt is never handed it again.
 /// - **F2. A release hands over.** A holder's `release` gives the key to the
 ///    first live entry in one atomic step: its owner holds it, with a token
 ///    drawn as an acquisition's (rule 2) and the ttl its attempt asked for

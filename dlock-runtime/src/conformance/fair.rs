@@ -229,6 +229,77 @@ pub async fn fair_an_expired_entry_is_skipped_by_the_release(backend: Arc<dyn Ba
     );
 }
 
+/// A grant takes its owner out of the queue, whatever the attempt's mode:
+/// a queued owner that takes the key with a plain attempt (its holder's
+/// lease ran out, nobody was handed the key) is not handed the key again
+/// by its own release; the waiter behind it is.
+pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: Arc<dyn Backend>) {
+    if !keeps_fair_queues(&backend).await {
+        return;
+    }
+    let key = fresh_key("fair-plain-grant");
+    let owner = || OwnerId::random().expect("owner");
+    let (holder, first, second) = (owner(), owner(), owner());
+    let plain = |who: &OwnerId, ttl: Duration| {
+        let (backend, key, who) = (backend.clone(), key.clone(), *who);
+        async move {
+            backend
+                .try_acquire(&AcquireRequest::new(&key, &who, ttl))
+                .await
+                .expect("backend answers")
+        }
+    };
+    let held = plain(&holder, Duration::from_millis(300)).await;
+    assert!(
+        matches!(held, Attempt::Acquired(_)),
+        "a free key is taken: {held:?}"
+    );
+    let _first_notice = queue_at_backend(&backend, &key, &first, Duration::from_secs(30)).await;
+    // The holder's lease runs out; the first waiter then takes the key with
+    // a plain attempt (or, where the store hands it over by itself, holds
+    // it already and the attempt is its retry).
+    let taken = within(
+        10,
+        "the queued owner's plain attempt after the ttl",
+        async {
+            loop {
+                if let Attempt::Acquired(grant) = plain(&first, Duration::from_secs(30)).await {
+                    return grant.token;
+                }
+                sleep(Duration::from_millis(20)).await;
+            }
+        },
+    )
+    .await;
+    let second_notice = queue_at_backend(&backend, &key, &second, Duration::from_secs(30)).await;
+    assert_eq!(
+        release_as(&backend, &key, &first).await,
+        crate::backend::ReleaseOutcome::Released,
+        "the owner that took the key with a plain attempt releases it"
+    );
+    let handed = within(
+        10,
+        "the handoff to the waiter behind the owner granted by a plain attempt",
+        second_notice,
+    )
+    .await;
+    assert!(
+        handed.token > taken,
+        "the handed-over key's token {} is above the plain holder's {taken}",
+        handed.token
+    );
+    assert_eq!(
+        release_as(&backend, &key, &first).await,
+        crate::backend::ReleaseOutcome::NotOwner,
+        "the owner granted by a plain attempt was not handed the key again"
+    );
+    assert_eq!(
+        release_as(&backend, &key, &second).await,
+        crate::backend::ReleaseOutcome::Released,
+        "the waiter behind it holds the key"
+    );
+}
+
 /// A handoff to a waiter that never listens (it died after refreshing its
 /// entry) is taken back by the time its entry would have expired: the
 /// live waiter behind it gets the key soon after.

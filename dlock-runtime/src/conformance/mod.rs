@@ -134,6 +134,7 @@ macro_rules! conformance_suite {
             fair_waiters_are_served_in_arrival_order_with_rising_tokens,
             fair_a_cancelled_waiter_in_the_middle_does_not_hold_up_the_queue,
             fair_an_expired_entry_is_skipped_by_the_release,
+            fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue,
             fair_a_handoff_to_a_waiter_that_never_listens_comes_back_within_its_entry_ttl,
             fair_a_handoff_that_arrived_after_its_waiter_gave_up_is_passed_on,
             fair_no_waiter_starves_among_sixteen_looping_tasks,

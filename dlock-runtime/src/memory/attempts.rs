@@ -65,8 +65,11 @@ impl MemoryBackend {
                 }
                 return Attempt::Held { expires_in: None };
             }
-            entry.leave_queue(owner);
         }
+        // A grant takes its owner out of the queue, whatever its mode: a
+        // later release must not hand the key to an acquisition that is
+        // over.
+        entry.leave_queue(owner);
         if entry
             .live_mark(now)
             .is_some_and(|(marked, _)| marked == *owner)

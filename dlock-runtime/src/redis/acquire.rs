@@ -4,7 +4,9 @@
 //! pairs a script's keys and arguments with the handling of its answer,
 //! and they share the waiter mark and the `WAIT` that follows a grant.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use ::redis::{ErrorKind, RedisResult, Script, ServerErrorKind, Value};
@@ -14,17 +16,78 @@ use super::commands::Failure;
 use super::keyspace::{self, Keyspace, PermitNames, SharedNames};
 use super::redact::scrub;
 use super::{
-    LISTED, RedisBackend, UNWAITED, WAITED_ON, WAITS, bytes, held_value, scripts, sentinel,
+    BARGES, LISTED, RedisBackend, UNWAITED, WAITED_ON, WAITS, bytes, held_value, scripts, sentinel,
     ttl_millis,
 };
 use crate::backend::{
-    Access, AcquireRequest, Attempt, Backend, Grant, Look, Queue, ReleaseRequest,
+    Access, AcquireRequest, Attempt, Backend, Grant, Look, OwnerId, Queue, ReleaseRequest,
 };
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
+/// The owners a backend queued with a `Join`, with when their entries
+/// die unless a `Join` refreshes them. A grant takes its owner out of the
+/// queue whatever its mode (rule F1), but a plain attempt's script never
+/// reads the queue: a `Barge` by an owner found here goes through the fair
+/// acquire script instead, whose grant drops the owner's entry and line
+/// (see `scripts::FAIR_ACQUIRE_LUA`, `b`). The core never queues and
+/// barges with one owner id (owner ids are per acquisition), so its plain
+/// attempts find nobody here and cost the server nothing more.
+#[derive(Default)]
+pub(super) struct Queued(Mutex<HashMap<OwnerId, Instant>>);
+
+/// How many queued owners are kept before those whose entries died are
+/// forgotten.
+const QUEUED_SWEEP: usize = 1024;
+
+impl Queued {
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Instant>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `owner` is queued, or about to be, by an entry living `life` from
+    /// now.
+    fn joined(&self, owner: &OwnerId, life: Duration) {
+        let now = Instant::now();
+        let mut owners = self.owners();
+        if owners.len() >= QUEUED_SWEEP {
+            owners.retain(|_, dies| *dies > now);
+        }
+        owners.insert(*owner, now + life);
+    }
+
+    /// Whether `owner` may still have a live entry in a queue.
+    fn may_wait(&self, owner: &OwnerId) -> bool {
+        let mut owners = self.owners();
+        match owners.get(owner) {
+            Some(dies) if *dies > Instant::now() => true,
+            Some(_) => {
+                owners.remove(owner);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// `owner`'s acquisition is over: granted, or let go.
+    pub(super) fn done(&self, owner: &OwnerId) {
+        let mut owners = self.owners();
+        if !owners.is_empty() {
+            owners.remove(owner);
+        }
+    }
+}
+
 impl RedisBackend {
+    /// Whether a `Barge` by `owner` goes through the fair acquire script
+    /// (see [`Queued`]).
+    pub(super) fn barges_from_a_queue(&self, request: &AcquireRequest<'_>) -> bool {
+        request.queue == Queue::Barge
+            && request.identity.is_none()
+            && self.inner.queued.may_wait(request.owner)
+    }
+
     /// Runs an acquire `script` with `keys` and `args`: with
     /// [`RedisBuilder::replica_acks`](super::RedisBuilder::replica_acks),
     /// followed on the same connection, in one pipeline, by `WAIT` (so it
@@ -274,8 +337,12 @@ impl RedisBackend {
         }
         let names = Keyspace::of(key);
         let entry_ttl = match request.queue {
-            Queue::Join { entry_ttl } => ttl_millis(entry_ttl).to_string(),
-            _ => String::new(),
+            Queue::Join { entry_ttl } => {
+                self.inner.queued.joined(owner, entry_ttl);
+                ttl_millis(entry_ttl).to_string()
+            }
+            Queue::Respect => String::new(),
+            Queue::Barge => BARGES.to_owned(),
         };
         // The entry's record becomes a handoff's holder info, read as one
         // line: a record never holds a newline (labels are checked when
@@ -304,8 +371,16 @@ impl RedisBackend {
         if self.inner.list_queues {
             args.push(bytes(LISTED));
         }
-        self.attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
-            .await
+        let attempt = self
+            .attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
+            .await;
+        match (&attempt, request.queue) {
+            (Ok(Attempt::Acquired(_)), _) => self.inner.queued.done(owner),
+            // The entry lives its whole life from the server's answer.
+            (_, Queue::Join { entry_ttl }) => self.inner.queued.joined(owner, entry_ttl),
+            _ => {}
+        }
+        attempt
     }
 
     /// A shared attempt (rules M1 to M3, M5): the shared acquire script,

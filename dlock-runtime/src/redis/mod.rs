@@ -401,6 +401,9 @@ struct Inner {
     publish_every_release: bool,
     /// Begin fair queues as lists ([`RedisBuilder::list_queues`]).
     list_queues: bool,
+    /// The owners this backend queued with a `Join` (see
+    /// [`acquire::Queued`]).
+    queued: acquire::Queued,
     /// The label acquisitions record, over the process's
     /// ([`RedisBuilder::label`]).
     label: Option<String>,
@@ -505,6 +508,11 @@ const WAITS: &str = "w";
 /// The fair acquire script's argument that says a queue it begins is a
 /// list ([`RedisBuilder::list_queues`]).
 const LISTED: &str = "l";
+
+/// The fair acquire script's `ARGV[4]` for a `Barge` by an owner this
+/// backend queued: taken as a plain attempt takes the key, its entry
+/// dropped with a grant.
+const BARGES: &str = "b";
 
 /// The mark of a held value nobody is known to wait for: its release
 /// deletes the key without publishing.

@@ -47,7 +47,7 @@ impl Backend for RedisBackend {
             Access::Shared => return self.try_acquire_shared(request).await,
             Access::Permits { permits } => return self.try_acquire_permit(request, permits).await,
         }
-        if request.queue.is_fair() {
+        if request.queue.is_fair() || self.barges_from_a_queue(request) {
             return self.try_acquire_fair(request).await;
         }
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
@@ -180,6 +180,9 @@ impl Backend for RedisBackend {
     /// the key before its reply was lost.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
+        if lease.access == Access::Exclusive {
+            self.inner.queued.done(owner);
+        }
         let mut script = match lease.access {
             Access::Exclusive => scripts::RELEASE.prepare_invoke(),
             Access::Shared => scripts::SHARED_RELEASE.prepare_invoke(),

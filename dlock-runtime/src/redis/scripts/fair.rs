@@ -11,7 +11,8 @@ use ::redis::Script;
 /// of fair waiters in front. `KEYS[1]`, `KEYS[2]` and `ARGV[1]` to
 /// `ARGV[3]` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA), `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
-/// in ms for a `Join`, empty for a `Respect`, `ARGV[5]` `w` when the
+/// in ms for a `Join`, empty for a `Respect`, `b` for a `Barge` by an
+/// owner that may be queued (below), `ARGV[5]` `w` when the
 /// caller waits (else empty), `ARGV[6]` `l` when a queue this attempt
 /// begins is to be a list. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
@@ -57,6 +58,14 @@ use ::redis::Script;
 /// - The caller holds it (rule 3, a retry): [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, and
 ///   an entry of the caller's, if any, is dropped (the queue is read only
 ///   if there was one).
+/// - **A `Barge` by a queued owner** (`b`): a caller may queue an owner
+///   with a `Join` and then try it without the queue. It is answered as
+///   [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, whoever waits, and a
+///   grant drops its entry and line as a retry's does: a grant takes its
+///   owner out of the queue whatever its mode, or a later release would
+///   hand the key to the line of an owner whose acquisition is over. The
+///   backend sends it only for an owner it queued (a plain attempt never
+///   pays for the queue).
 ///
 /// - **A list queue** (see `queue_lua!`) keeps the same rules: a free key
 ///   pops the list's front up to its first live entry, which takes it or
@@ -133,7 +142,7 @@ local function join_list()
   end
 end
 local held = redis.pcall('GET', KEYS[1])
-if not held then
+if not held and ARGV[4] ~= 'b' then
   local text = redis.pcall('GET', KEYS[3])
   local listed, entry, foreign = is_list(text)
   if listed then

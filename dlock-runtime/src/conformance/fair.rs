@@ -232,15 +232,17 @@ pub async fn fair_an_expired_entry_is_skipped_by_the_release(backend: Arc<dyn Ba
 /// A grant takes its owner out of the queue, whatever the attempt's mode:
 /// a queued owner that takes the key with a plain attempt (its holder's
 /// lease ran out, nobody was handed the key) is not handed the key again
-/// by its own release; the waiter behind it is.
+/// by its own release, whatever it did with other keys meanwhile; the
+/// waiter queued behind it is.
 pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: Arc<dyn Backend>) {
     if !keeps_fair_queues(&backend).await {
         return;
     }
     let key = fresh_key("fair-plain-grant");
+    let elsewhere = fresh_key("fair-plain-grant-elsewhere");
     let owner = || OwnerId::random().expect("owner");
     let (holder, first, second) = (owner(), owner(), owner());
-    let plain = |who: &OwnerId, ttl: Duration| {
+    let plain = |key: &LockKey, who: &OwnerId, ttl: Duration| {
         let (backend, key, who) = (backend.clone(), key.clone(), *who);
         async move {
             backend
@@ -249,12 +251,31 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
                 .expect("backend answers")
         }
     };
-    let held = plain(&holder, Duration::from_millis(300)).await;
+    let held = plain(&key, &holder, Duration::from_millis(300)).await;
     assert!(
         matches!(held, Attempt::Acquired(_)),
         "a free key is taken: {held:?}"
     );
     let _first_notice = queue_at_backend(&backend, &key, &first, Duration::from_secs(30)).await;
+    let second_notice = queue_at_backend(&backend, &key, &second, Duration::from_secs(30)).await;
+    // Meanwhile the first waiter's owner takes and lets go of another key,
+    // and lets go of one it never held.
+    let other = plain(&elsewhere, &first, Duration::from_secs(30)).await;
+    assert!(
+        matches!(other, Attempt::Acquired(_)),
+        "another free key is taken: {other:?}"
+    );
+    assert_eq!(
+        release_as(&backend, &elsewhere, &first).await,
+        crate::backend::ReleaseOutcome::Released,
+        "the other key is let go"
+    );
+    let never = fresh_key("fair-plain-grant-never");
+    assert_eq!(
+        release_as(&backend, &never, &first).await,
+        crate::backend::ReleaseOutcome::NotOwner,
+        "a key never held is not released"
+    );
     // The holder's lease runs out; the first waiter then takes the key with
     // a plain attempt (or, where the store hands it over by itself, holds
     // it already and the attempt is its retry).
@@ -263,7 +284,8 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
         "the queued owner's plain attempt after the ttl",
         async {
             loop {
-                if let Attempt::Acquired(grant) = plain(&first, Duration::from_secs(30)).await {
+                if let Attempt::Acquired(grant) = plain(&key, &first, Duration::from_secs(30)).await
+                {
                     return grant.token;
                 }
                 sleep(Duration::from_millis(20)).await;
@@ -271,7 +293,6 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
         },
     )
     .await;
-    let second_notice = queue_at_backend(&backend, &key, &second, Duration::from_secs(30)).await;
     assert_eq!(
         release_as(&backend, &key, &first).await,
         crate::backend::ReleaseOutcome::Released,
@@ -279,7 +300,7 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
     );
     let handed = within(
         10,
-        "the handoff to the waiter behind the owner granted by a plain attempt",
+        "the handoff to the waiter queued behind the owner granted by a plain attempt",
         second_notice,
     )
     .await;

@@ -26,55 +26,87 @@ use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 use crate::token::FencingToken;
 
-/// The owners a backend queued with a `Join`, with when their entries
-/// die unless a `Join` refreshes them. A grant takes its owner out of the
-/// queue whatever its mode (rule F1), but a plain attempt's script never
-/// reads the queue: a `Barge` by an owner found here goes through the fair
-/// acquire script instead, whose grant drops the owner's entry and line
-/// (see `scripts::FAIR_ACQUIRE_LUA`, `b`). The core never queues and
-/// barges with one owner id (owner ids are per acquisition), so its plain
-/// attempts find nobody here and cost the server nothing more.
+/// The owners a backend queued with a `Join`, per key, with when their
+/// entries die unless a `Join` refreshes them. A grant takes its owner out
+/// of the queue whatever its mode (rule F1), but a plain attempt's script
+/// never reads the queue: a `Barge` by an owner found here for its key
+/// goes through the fair acquire script instead, whose grant drops the
+/// owner's entry and line (see `scripts::FAIR_ACQUIRE_LUA`, `b`). The core
+/// never queues and barges with one owner id (owner ids are per
+/// acquisition), so its plain attempts find nobody here and cost the
+/// server nothing more.
+///
+/// An owner is forgotten for a key only once the server answered a grant
+/// or a release of it there: a call given up half-way may still have left
+/// the entry, and a `Barge` through the fair script costs one look more,
+/// never a stale line. It knows the owners this instance queued: an owner
+/// queued through one instance and barging through another is served as
+/// before this memory (its line stays until its entry dies).
 #[derive(Default)]
-pub(super) struct Queued(Mutex<HashMap<OwnerId, Instant>>);
+pub(super) struct Queued(Mutex<Owners>);
 
-/// How many queued owners are kept before those whose entries died are
-/// forgotten.
+#[derive(Default)]
+struct Owners {
+    /// Each owner's keys, with when its entry there dies.
+    keys: HashMap<OwnerId, Vec<(Box<str>, Instant)>>,
+    /// How many owners there may be before those whose entries all died
+    /// are forgotten: twice the live ones at the last sweep, so a sweep
+    /// costs each `Join` O(1) on average however many wait.
+    sweep_at: usize,
+}
+
+/// The fewest owners a sweep waits for.
 const QUEUED_SWEEP: usize = 1024;
 
 impl Queued {
-    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<OwnerId, Instant>> {
+    fn owners(&self) -> std::sync::MutexGuard<'_, Owners> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `owner` is queued, or about to be, by an entry living `life` from
-    /// now.
-    fn joined(&self, owner: &OwnerId, life: Duration) {
+    /// `owner` is queued for `key`, or about to be, by an entry living
+    /// `life` from now.
+    fn joined(&self, key: &LockKey, owner: &OwnerId, life: Duration) {
         let now = Instant::now();
+        // A life no clock can add (`Duration::MAX`): the entry outlives
+        // any look.
+        let dies = now
+            .checked_add(life)
+            .unwrap_or(now + Duration::from_secs(86_400 * 365));
         let mut owners = self.owners();
-        if owners.len() >= QUEUED_SWEEP {
-            owners.retain(|_, dies| *dies > now);
+        if owners.keys.len() >= owners.sweep_at.max(QUEUED_SWEEP) {
+            owners
+                .keys
+                .retain(|_, keys| keys.iter().any(|(_, dies)| *dies > now));
+            owners.sweep_at = 2 * owners.keys.len();
         }
-        owners.insert(*owner, now + life);
+        let keys = owners.keys.entry(*owner).or_default();
+        match keys
+            .iter_mut()
+            .find(|(queued, _)| **queued == *key.as_str())
+        {
+            Some((_, until)) => *until = dies,
+            None => keys.push((key.as_str().into(), dies)),
+        }
     }
 
-    /// Whether `owner` may still have a live entry in a queue.
-    fn may_wait(&self, owner: &OwnerId) -> bool {
+    /// Whether `owner` may still have a live entry in `key`'s queue.
+    fn may_wait(&self, key: &LockKey, owner: &OwnerId) -> bool {
+        let owners = self.owners();
+        owners.keys.get(owner).is_some_and(|keys| {
+            keys.iter()
+                .any(|(queued, dies)| **queued == *key.as_str() && *dies > Instant::now())
+        })
+    }
+
+    /// The server answered a grant or a release of `key` to `owner`: it is
+    /// not queued there any more.
+    pub(super) fn done(&self, key: &LockKey, owner: &OwnerId) {
         let mut owners = self.owners();
-        match owners.get(owner) {
-            Some(dies) if *dies > Instant::now() => true,
-            Some(_) => {
-                owners.remove(owner);
-                false
+        if let Some(keys) = owners.keys.get_mut(owner) {
+            keys.retain(|(queued, _)| **queued != *key.as_str());
+            if keys.is_empty() {
+                owners.keys.remove(owner);
             }
-            None => false,
-        }
-    }
-
-    /// `owner`'s acquisition is over: granted, or let go.
-    pub(super) fn done(&self, owner: &OwnerId) {
-        let mut owners = self.owners();
-        if !owners.is_empty() {
-            owners.remove(owner);
         }
     }
 }
@@ -85,7 +117,7 @@ impl RedisBackend {
     pub(super) fn barges_from_a_queue(&self, request: &AcquireRequest<'_>) -> bool {
         request.queue == Queue::Barge
             && request.identity.is_none()
-            && self.inner.queued.may_wait(request.owner)
+            && self.inner.queued.may_wait(request.key, request.owner)
     }
 
     /// Runs an acquire `script` with `keys` and `args`: with
@@ -338,7 +370,7 @@ impl RedisBackend {
         let names = Keyspace::of(key);
         let entry_ttl = match request.queue {
             Queue::Join { entry_ttl } => {
-                self.inner.queued.joined(owner, entry_ttl);
+                self.inner.queued.joined(key, owner, entry_ttl);
                 ttl_millis(entry_ttl).to_string()
             }
             Queue::Respect => String::new(),
@@ -375,9 +407,9 @@ impl RedisBackend {
             .attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)
             .await;
         match (&attempt, request.queue) {
-            (Ok(Attempt::Acquired(_)), _) => self.inner.queued.done(owner),
+            (Ok(Attempt::Acquired(_)), _) => self.inner.queued.done(key, owner),
             // The entry lives its whole life from the server's answer.
-            (_, Queue::Join { entry_ttl }) => self.inner.queued.joined(owner, entry_ttl),
+            (_, Queue::Join { entry_ttl }) => self.inner.queued.joined(key, owner, entry_ttl),
             _ => {}
         }
         attempt
@@ -569,5 +601,61 @@ pub(super) fn read_handoff(message: &[u8]) -> Option<Grant> {
 fn held(remaining: i64) -> Attempt {
     Attempt::Held {
         expires_in: u64::try_from(remaining).ok().map(Duration::from_millis),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> LockKey {
+        LockKey::new(name).expect("key")
+    }
+
+    /// An owner queued for a key stays so until a grant or a release of
+    /// that very key, and a `Join` with a life no clock can add is kept.
+    #[test]
+    fn an_owner_is_forgotten_for_a_key_only_by_that_keys_grant_or_release() {
+        let queued = Queued::default();
+        let owner = OwnerId::random().expect("owner");
+        let (k, elsewhere) = (key("k"), key("elsewhere"));
+        queued.joined(&k, &owner, Duration::from_secs(30));
+        queued.joined(&elsewhere, &owner, Duration::MAX);
+        queued.done(&elsewhere, &owner);
+        assert!(queued.may_wait(&k, &owner), "still queued for k");
+        assert!(!queued.may_wait(&elsewhere, &owner), "done elsewhere");
+        queued.done(&k, &owner);
+        assert!(!queued.may_wait(&k, &owner), "done for k");
+        assert!(
+            queued.owners().keys.is_empty(),
+            "nothing kept for a done owner"
+        );
+    }
+
+    /// Dead entries are swept, but not at every `Join`: the next sweep
+    /// waits for twice the owners that lived through the last one.
+    #[test]
+    fn dead_owners_are_swept_and_live_ones_kept() {
+        let queued = Queued::default();
+        let k = key("k");
+        let live = OwnerId::random().expect("owner");
+        queued.joined(&k, &live, Duration::from_secs(30));
+        for _ in 0..QUEUED_SWEEP {
+            queued.joined(&k, &OwnerId::random().expect("owner"), Duration::ZERO);
+        }
+        assert!(
+            queued.may_wait(&k, &live),
+            "a live owner survives the sweep"
+        );
+        let owners = queued.owners();
+        assert!(
+            owners.keys.len() <= 2,
+            "the dead were swept: {}",
+            owners.keys.len()
+        );
+        assert_eq!(
+            owners.sweep_at, 2,
+            "the next sweep waits for twice the live ones"
+        );
     }
 }

@@ -180,9 +180,6 @@ impl Backend for RedisBackend {
     /// the key before its reply was lost.
     async fn release(&self, lease: &ReleaseRequest<'_>) -> Result<ReleaseOutcome, LockError> {
         let (key, owner) = (lease.key, lease.owner);
-        if lease.access == Access::Exclusive {
-            self.inner.queued.done(owner);
-        }
         let mut script = match lease.access {
             Access::Exclusive => scripts::RELEASE.prepare_invoke(),
             Access::Shared => scripts::SHARED_RELEASE.prepare_invoke(),
@@ -214,6 +211,10 @@ impl Backend for RedisBackend {
         let (released, retried): (i64, bool) = self
             .run_noting_retry(Operation::Release, key, &script)
             .await?;
+        if lease.access == Access::Exclusive {
+            // Released, or out of the queue (rule F3).
+            self.inner.queued.done(key, owner);
+        }
         Ok(match (released == 1, retried) {
             (true, _) => ReleaseOutcome::Released,
             (false, true) => ReleaseOutcome::Unconfirmed,

@@ -63,9 +63,10 @@ use ::redis::Script;
 ///   [`ACQUIRE_LUA`](super::ACQUIRE_LUA) answers, whoever waits, and a
 ///   grant drops its entry and line as a retry's does: a grant takes its
 ///   owner out of the queue whatever its mode, or a later release would
-///   hand the key to the line of an owner whose acquisition is over. The
-///   backend sends it only for an owner it queued (a plain attempt never
-///   pays for the queue).
+///   hand the key to the line of an owner whose acquisition is over. A
+///   queue left behind marks the new value `+`, so its release hands on.
+///   The backend sends it only for an owner it queued (a plain attempt
+///   never pays for the queue).
 ///
 /// - **A list queue** (see `queue_lua!`) keeps the same rules: a free key
 ///   pops the list's front up to its first live entry, which takes it or
@@ -212,6 +213,9 @@ if type(reply) == 'string' then
     elseif type(text) == 'string' and text ~= '' then
       leave(KEYS[3], text, owner)
     end
+  end
+  if ARGV[4] == 'b' and redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.pcall('SETRANGE', KEYS[1], '32', '+')
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
   local head = redis.pcall('GETRANGE', KEYS[3], '0', '127')

@@ -27,7 +27,19 @@ impl Inner {
     /// shape and the role may use it, creating or migrating it if needed,
     /// before an acquisition of `key` that records; checked once per
     /// backend (`recheck`: again, as a lock statement found it missing).
+    ///
+    /// Boxed: the check and the migration are large futures, and every
+    /// lock path that may call this would otherwise carry their size in its
+    /// own, copied into a box at each acquisition.
     pub(super) async fn ensure_holders_table(
+        self: &Arc<Self>,
+        key: &LockKey,
+        recheck: bool,
+    ) -> Result<(), LockError> {
+        Box::pin(self.ensure_holders_table_now(key, recheck)).await
+    }
+
+    async fn ensure_holders_table_now(
         self: &Arc<Self>,
         key: &LockKey,
         recheck: bool,

@@ -330,8 +330,10 @@ impl Commands {
                     if is_connection_error(&err)
                         || (self.is_sentinel() && is_not_primary(&err)) =>
                 {
+                    // Boxed: the look-up is rare and large, and every
+                    // call's future would otherwise carry its size.
                     if self.is_sentinel()
-                        && let Err(lookup) = self.follow(generation).await
+                        && let Err(lookup) = Box::pin(self.follow(generation)).await
                     {
                         // A node that refused as a replica is no place for
                         // the second try; a broken connection with no

@@ -22,6 +22,7 @@ mod list_queue;
 mod lock;
 mod lost_queue;
 mod modes;
+mod queued_barge;
 mod sentinel;
 mod server;
 mod upgrade;

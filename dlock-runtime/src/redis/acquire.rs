@@ -80,6 +80,9 @@ impl Queued {
             owners.sweep_at = 2 * owners.keys.len();
         }
         let keys = owners.keys.entry(*owner).or_default();
+        // An owner's dead keys go as it joins another: its list never
+        // outgrows its live entries.
+        keys.retain(|(queued, until)| *until > now || **queued == *key.as_str());
         match keys
             .iter_mut()
             .find(|(queued, _)| **queued == *key.as_str())
@@ -115,9 +118,7 @@ impl RedisBackend {
     /// Whether a `Barge` by `owner` goes through the fair acquire script
     /// (see [`Queued`]).
     pub(super) fn barges_from_a_queue(&self, request: &AcquireRequest<'_>) -> bool {
-        request.queue == Queue::Barge
-            && request.identity.is_none()
-            && self.inner.queued.may_wait(request.key, request.owner)
+        request.queue == Queue::Barge && self.inner.queued.may_wait(request.key, request.owner)
     }
 
     /// Runs an acquire `script` with `keys` and `args`: with
@@ -359,7 +360,7 @@ impl RedisBackend {
         request: &AcquireRequest<'_>,
     ) -> Result<Attempt, LockError> {
         let (key, owner, ttl) = (request.key, request.owner, request.ttl);
-        if request.identity.is_some() {
+        if request.identity.is_some() && request.queue.is_fair() {
             return Err(LockError::InvalidOption {
                 option: "fair",
                 reason: "the redis backend does not queue an acquisition with an identity \
@@ -383,7 +384,7 @@ impl RedisBackend {
             .holder_record(self.inner.label.as_deref())
             .replace(['\n', '\r'], "?");
         let (queue, entry) = keyspace::queue_and_entry_names(key, owner);
-        let keys = [
+        let mut keys = vec![
             bytes(&names.lock),
             bytes(&names.fence),
             bytes(queue),
@@ -400,7 +401,17 @@ impl RedisBackend {
         } else {
             Vec::new()
         });
-        if self.inner.list_queues {
+        if let Some(identity) = request.identity {
+            // Only a queued owner's `Barge` (see `Queued`): recorded as
+            // `ACQUIRE_AS` records it.
+            keys.push(bytes(keyspace::holder_name(key)));
+            args.push(if self.inner.list_queues {
+                bytes(LISTED)
+            } else {
+                Vec::new()
+            });
+            args.push(bytes(identity));
+        } else if self.inner.list_queues {
             args.push(bytes(LISTED));
         }
         let attempt = self
@@ -621,6 +632,10 @@ mod tests {
         let (k, elsewhere) = (key("k"), key("elsewhere"));
         queued.joined(&k, &owner, Duration::from_secs(30));
         queued.joined(&elsewhere, &owner, Duration::MAX);
+        assert!(
+            queued.may_wait(&elsewhere, &owner),
+            "a join for ever is kept"
+        );
         queued.done(&elsewhere, &owner);
         assert!(queued.may_wait(&k, &owner), "still queued for k");
         assert!(!queued.may_wait(&elsewhere, &owner), "done elsewhere");
@@ -633,29 +648,49 @@ mod tests {
     }
 
     /// Dead entries are swept, but not at every `Join`: the next sweep
-    /// waits for twice the owners that lived through the last one.
+    /// waits for twice the owners that lived through the last one, and
+    /// never for fewer than `QUEUED_SWEEP`.
     #[test]
     fn dead_owners_are_swept_and_live_ones_kept() {
         let queued = Queued::default();
         let k = key("k");
         let live = OwnerId::random().expect("owner");
         queued.joined(&k, &live, Duration::from_secs(30));
-        for _ in 0..QUEUED_SWEEP {
-            queued.joined(&k, &OwnerId::random().expect("owner"), Duration::ZERO);
-        }
+        let dead = |n: usize| {
+            for _ in 0..n {
+                queued.joined(&k, &OwnerId::random().expect("owner"), Duration::ZERO);
+            }
+        };
+        dead(QUEUED_SWEEP);
         assert!(
             queued.may_wait(&k, &live),
             "a live owner survives the sweep"
         );
-        let owners = queued.owners();
-        assert!(
-            owners.keys.len() <= 2,
-            "the dead were swept: {}",
-            owners.keys.len()
-        );
+        assert_eq!(queued.owners().keys.len(), 2, "the dead were swept");
+        dead(10);
         assert_eq!(
-            owners.sweep_at, 2,
-            "the next sweep waits for twice the live ones"
+            queued.owners().keys.len(),
+            12,
+            "no sweep below the threshold"
+        );
+    }
+
+    /// An owner's dead keys go when it joins another, so one owner id
+    /// joining many keys keeps only its live ones.
+    #[test]
+    fn an_owners_dead_keys_go_when_it_joins_another() {
+        let queued = Queued::default();
+        let owner = OwnerId::random().expect("owner");
+        let live = key("live");
+        queued.joined(&live, &owner, Duration::from_secs(30));
+        for i in 0..100 {
+            queued.joined(&key(&format!("dead-{i}")), &owner, Duration::ZERO);
+        }
+        let owners = queued.owners();
+        assert_eq!(
+            owners.keys[&owner].len(),
+            2,
+            "the live key and the last joined"
         );
     }
 }

@@ -12,7 +12,8 @@ use ::redis::Script;
 /// `ARGV[3]` as for [`ACQUIRE_LUA`](super::ACQUIRE_LUA), `KEYS[3]` the queue and `KEYS[4]`
 /// the caller's entry key (see `queue_lua!`); `ARGV[4]` the entry's life
 /// in ms for a `Join`, empty for a `Respect`, `b` for a `Barge` by an
-/// owner that may be queued (below), `ARGV[5]` `w` when the
+/// owner that may be queued (below; with an identity, `KEYS[5]` its record
+/// and `ARGV[7]` the identity), `ARGV[5]` `w` when the
 /// caller waits (else empty), `ARGV[6]` `l` when a queue this attempt
 /// begins is to be a list. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
@@ -64,9 +65,11 @@ use ::redis::Script;
 ///   grant drops its entry and line as a retry's does: a grant takes its
 ///   owner out of the queue whatever its mode, or a later release would
 ///   hand the key to the line of an owner whose acquisition is over. A
-///   queue left behind marks the new value `+`, so its release hands on.
-///   The backend sends it only for an owner it queued (a plain attempt
-///   never pays for the queue).
+///   queue left behind (a `GET` that finds anything there: the least
+///   privilege ACL has no `EXISTS`) marks the new value `+`, so its
+///   release hands on. A grant with an identity records it and announces
+///   the acquisition as `ACQUIRE_AS_LUA` does. The backend sends it only
+///   for an owner it queued (a plain attempt never pays for the queue).
 ///
 /// - **A list queue** (see `queue_lua!`) keeps the same rules: a free key
 ///   pops the list's front up to its first live entry, which takes it or
@@ -214,8 +217,14 @@ if type(reply) == 'string' then
       leave(KEYS[3], text, owner)
     end
   end
-  if ARGV[4] == 'b' and redis.call('EXISTS', KEYS[3]) == 1 then
-    redis.pcall('SETRANGE', KEYS[1], '32', '+')
+  if ARGV[4] == 'b' then
+    if redis.pcall('GET', KEYS[3]) then
+      redis.pcall('SETRANGE', KEYS[1], '32', '+')
+    end
+    if ARGV[7] then
+      redis.call('SET', KEYS[5], owner .. ' ' .. reply .. ' ' .. ARGV[7])
+      redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')
+    end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
   local head = redis.pcall('GETRANGE', KEYS[3], '0', '127')

@@ -351,10 +351,11 @@ impl RedisBackend {
         }
     }
 
-    /// A fair attempt ([`Queue::Respect`], [`Queue::Join`]): the fair
-    /// acquire script, which reads and keeps the key's queue in the same
-    /// step (see `scripts::FAIR_ACQUIRE_LUA`). One round trip, as a plain
-    /// attempt.
+    /// A fair attempt ([`Queue::Respect`], [`Queue::Join`]), or a
+    /// [`Queue::Barge`] by an owner this backend queued (see [`Queued`]):
+    /// the fair acquire script, which reads and keeps the key's queue in
+    /// the same step (see `scripts::FAIR_ACQUIRE_LUA`). One round trip, as
+    /// a plain attempt.
     pub(super) async fn try_acquire_fair(
         &self,
         request: &AcquireRequest<'_>,

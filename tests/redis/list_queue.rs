@@ -110,7 +110,7 @@ fn holder_of(cli: &dyn Fn(&[&str]) -> String, key: &LockKey) -> String {
 /// Creates ACL user `user` on the server `target` names with the
 /// least-privilege rules and the list commands the docs add for list
 /// queues.
-fn create_lister(target: &[&str], user: &str, password: &str) {
+pub(crate) fn create_lister(target: &[&str], user: &str, password: &str) {
     let rules = format!(
         "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
         redis_support::LEAST_PRIVILEGE_ACL
@@ -120,7 +120,7 @@ fn create_lister(target: &[&str], user: &str, password: &str) {
 
 /// The commands the server `target` names refused since its ACL log was
 /// reset, but for those refused harmlessly.
-fn refused(target: &[&str]) -> Vec<String> {
+pub(crate) fn refused(target: &[&str]) -> Vec<String> {
     redis_support::refused_commands(target)
         .into_iter()
         .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))

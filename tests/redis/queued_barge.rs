@@ -2,6 +2,7 @@
 //! through the fair acquire script, whose grant takes the owner out of the
 //! queue (rule F1): under the least-privilege ACL, and with an identity.
 
+use crate::list_queue;
 use crate::redis_support;
 use crate::support::within;
 
@@ -111,16 +112,7 @@ async fn a_queued_owners_plain_attempt_needs_no_command_beyond_the_least_privile
     let target = ["-p", port.as_str()];
     // The docs' rules, and for list queues the list commands they add.
     redis_support::create_least_privilege_user(&target, "barge", "barge-pass-1");
-    let lister = format!(
-        "{} +lpush +rpush +lpop +rpop +lindex +lpos +lrem",
-        redis_support::LEAST_PRIVILEGE_ACL
-    );
-    redis_support::create_user(
-        &target,
-        "lister",
-        "lister-pass-1",
-        lister.split_whitespace(),
-    );
+    list_queue::create_lister(&target, "lister", "lister-pass-1");
     redis_support::reset_acl_log(&target);
     for (lists, user) in [
         (false, "barge:barge-pass-1"),
@@ -147,11 +139,11 @@ async fn a_queued_owners_plain_attempt_needs_no_command_beyond_the_least_privile
         .await;
         hand_on(&backend, &key, (&first, &second), notice).await;
     }
-    let refused: Vec<String> = redis_support::refused_commands(&target)
-        .into_iter()
-        .filter(|command| !redis_support::HARMLESS_REFUSALS.contains(&command.as_str()))
-        .collect();
-    assert_eq!(refused, Vec::<String>::new(), "commands the ACL refused");
+    assert_eq!(
+        list_queue::refused(&target),
+        Vec::<String>::new(),
+        "commands the ACL refused"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

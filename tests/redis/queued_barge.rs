@@ -5,11 +5,12 @@
 use crate::list_queue;
 use crate::redis_support;
 use crate::support::within;
+use dlock_runtime::conformance::{attempt_as, release_as};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::backend::{AcquireRequest, Attempt, OwnerId, Queue, ReleaseOutcome, ReleaseRequest};
+use dlock::backend::{AcquireRequest, Attempt, OwnerId, Queue, ReleaseOutcome};
 use dlock::redis::RedisBackend;
 use dlock::{Backend, LockKey};
 use redis_support::{RedisServer, shared_backend};
@@ -24,14 +25,7 @@ async fn held_with_two_waiters(
     second: &OwnerId,
 ) -> dlock::backend::Handoff {
     let holder = OwnerId::random().expect("owner");
-    let held = backend
-        .try_acquire(&AcquireRequest::new(
-            key,
-            &holder,
-            Duration::from_millis(300),
-        ))
-        .await
-        .expect("plain attempt");
+    let held = attempt_as(backend, key, &holder, Duration::from_millis(300)).await;
     assert!(
         matches!(held, Attempt::Acquired(_)),
         "a free key is taken: {held:?}"
@@ -82,24 +76,18 @@ async fn hand_on(
     (first, second): (&OwnerId, &OwnerId),
     second_notice: dlock::backend::Handoff,
 ) {
-    let release = |owner: &OwnerId| {
-        let (backend, key, owner) = (backend.clone(), key.clone(), *owner);
-        async move {
-            backend
-                .release(&ReleaseRequest::new(&key, &owner))
-                .await
-                .expect("release")
-        }
-    };
-    assert_eq!(release(first).await, ReleaseOutcome::Released);
+    assert_eq!(
+        release_as(backend, key, first).await,
+        ReleaseOutcome::Released
+    );
     within(10, "the handoff to the waiter behind", second_notice).await;
     assert_eq!(
-        release(first).await,
+        release_as(backend, key, first).await,
         ReleaseOutcome::NotOwner,
         "the owner granted by a plain attempt was not handed the key again"
     );
     assert_eq!(
-        release(second).await,
+        release_as(backend, key, second).await,
         ReleaseOutcome::Released,
         "the waiter behind it holds the key"
     );

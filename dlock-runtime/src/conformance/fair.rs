@@ -242,16 +242,7 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
     let elsewhere = fresh_key("fair-plain-grant-elsewhere");
     let owner = || OwnerId::random().expect("owner");
     let (holder, first, second) = (owner(), owner(), owner());
-    let plain = |key: &LockKey, who: &OwnerId, ttl: Duration| {
-        let (backend, key, who) = (backend.clone(), key.clone(), *who);
-        async move {
-            backend
-                .try_acquire(&AcquireRequest::new(&key, &who, ttl))
-                .await
-                .expect("backend answers")
-        }
-    };
-    let held = plain(&key, &holder, Duration::from_millis(300)).await;
+    let held = attempt_as(&backend, &key, &holder, Duration::from_millis(300)).await;
     assert!(
         matches!(held, Attempt::Acquired(_)),
         "a free key is taken: {held:?}"
@@ -260,7 +251,7 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
     let second_notice = queue_at_backend(&backend, &key, &second, Duration::from_secs(30)).await;
     // Meanwhile the first waiter's owner takes and lets go of another key,
     // and lets go of one it never held.
-    let other = plain(&elsewhere, &first, Duration::from_secs(30)).await;
+    let other = attempt_as(&backend, &elsewhere, &first, Duration::from_secs(30)).await;
     assert!(
         matches!(other, Attempt::Acquired(_)),
         "another free key is taken: {other:?}"
@@ -284,7 +275,8 @@ pub async fn fair_an_owner_granted_by_a_plain_attempt_leaves_the_queue(backend: 
         "the queued owner's plain attempt after the ttl",
         async {
             loop {
-                if let Attempt::Acquired(grant) = plain(&key, &first, Duration::from_secs(30)).await
+                if let Attempt::Acquired(grant) =
+                    attempt_as(&backend, &key, &first, Duration::from_secs(30)).await
                 {
                     return grant.token;
                 }

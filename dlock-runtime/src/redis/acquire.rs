@@ -402,18 +402,16 @@ impl RedisBackend {
         } else {
             Vec::new()
         });
+        args.push(if self.inner.list_queues {
+            bytes(LISTED)
+        } else {
+            Vec::new()
+        });
         if let Some(identity) = request.identity {
             // Only a queued owner's `Barge` (see `Queued`): recorded as
             // `ACQUIRE_AS` records it.
             keys.push(bytes(keyspace::holder_name(key)));
-            args.push(if self.inner.list_queues {
-                bytes(LISTED)
-            } else {
-                Vec::new()
-            });
             args.push(bytes(identity));
-        } else if self.inner.list_queues {
-            args.push(bytes(LISTED));
         }
         let attempt = self
             .attempt(request, &names.fence, &scripts::FAIR_ACQUIRE, &keys, &args)

@@ -142,6 +142,23 @@ end
     };
 }
 
+/// What a grant with an identity writes, once `reply` holds its token:
+/// the identity record at `$record` (`<owner id> <token> <identity>`, the
+/// identity from `$identity`), and the acquisition announced on the
+/// release channel, for a leader's observers. [`ACQUIRE_AS_LUA`]'s, and
+/// the fair acquire script's for a queued owner's `Barge`.
+macro_rules! identity_lua {
+    ($record:literal, $identity:literal) => {
+        concat!(
+            "  redis.call('SET', ",
+            $record,
+            ", string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ",
+            $identity,
+            ")\n  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n"
+        )
+    };
+}
+
 /// `queue_lua!`: the functions of fair mode's queue, string and list.
 #[macro_use]
 mod queue;
@@ -393,12 +410,10 @@ pub(super) static ACQUIRE_AS_LUA: LazyLock<String> = LazyLock::new(|| {
     format!(
         "local function take()\n{}\nend\n\
          local reply = take()\n\
-         if type(reply) == 'string' then\n  \
-           redis.call('SET', KEYS[3], string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ARGV[4])\n  \
-           redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n\
-         end\n\
+         if type(reply) == 'string' then\n{}end\n\
          return reply\n",
-        acquire_lua!("ARGV[5] == 'w'", "redis.pcall('GET', KEYS[1])")
+        acquire_lua!("ARGV[5] == 'w'", "redis.pcall('GET', KEYS[1])"),
+        identity_lua!("KEYS[3]", "ARGV[4]")
     )
 });
 

@@ -15,7 +15,7 @@ use ::redis::Script;
 /// owner that may be queued (below; with an identity, `KEYS[5]` its record
 /// and `ARGV[7]` the identity), `ARGV[5]` `w` when the
 /// caller waits (else empty), `ARGV[6]` `l` when a queue this attempt
-/// begins is to be a list. Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
+/// begins is to be a list (else empty). Answers as [`ACQUIRE_LUA`](super::ACQUIRE_LUA) does, and `-1` (held, no
 /// known expiry) when the key is free but a live entry that is not the
 /// caller's comes first.
 ///
@@ -222,9 +222,9 @@ if type(reply) == 'string' then
       redis.pcall('SETRANGE', KEYS[1], '32', '+')
     end
     if ARGV[7] then
-      redis.call('SET', KEYS[5], owner .. ' ' .. reply .. ' ' .. ARGV[7])
-      redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')
-    end
+",
+    identity_lua!("KEYS[5]", "ARGV[7]"),
+    r"    end
   end
 elseif life and not (type(reply) == 'table' and reply.err) then
   local head = redis.pcall('GETRANGE', KEYS[3], '0', '127')

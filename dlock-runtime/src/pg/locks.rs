@@ -210,18 +210,26 @@ impl Inner {
         let mut told_already = false;
         let answer = match recording {
             None if named => {
-                match session
-                    .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
-                    .await
-                {
-                    Ok((try_lock, _)) => {
+                let statements = async {
+                    let (try_lock, _) = session
+                        .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
+                        .await?;
+                    Ok((try_lock, self.quick.statements(session, true).await?))
+                };
+                match statements.await {
+                    Ok((try_lock, quick)) => {
                         let (_, flying) = session.claims.already_holds(expected)?;
                         flight = Some(flying);
                         let name = key.as_str();
                         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                             [&name, &self.options.key_seed];
+                        let lock = async {
+                            match quick {
+                                Some(quick) => self.quick.lock(session, quick, &params).await,
+                                None => session.query_one(try_lock, &params).await,
+                            }
+                        };
                         // The names are polled first, so sent first.
-                        let lock = session.query_one(try_lock, &params);
                         tokio::join!(self.name_lease(session, key, holder), lock)
                             .1
                             .map(|row| (Ok(row), false))
@@ -233,16 +241,26 @@ impl Inner {
                     }
                 }
             }
-            None => {
-                // Counted in flight as a recording statement is: one
-                // sent behind it is told it may hold the advisory key.
-                let (_, flying) = session.claims.already_holds(expected)?;
-                flight = Some(flying);
-                session
-                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
-                    .await
+            None => match self.quick.statements(session, false).await {
+                Ok(quick) => {
+                    // Counted in flight as a recording statement is: one
+                    // sent behind it is told it may hold the advisory key.
+                    let (_, flying) = session.claims.already_holds(expected)?;
+                    flight = Some(flying);
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                        [&key.as_str(), &self.options.key_seed];
+                    match quick {
+                        Some(quick) => self.quick.lock(session, quick, &params).await,
+                        None => session.query_one(&session.try_lock, &params).await,
+                    }
                     .map(|row| (Ok(row), false))
-            }
+                }
+                // Preparing runs nothing: there is nothing to undo.
+                Err(err) => {
+                    flight = None;
+                    Ok((Err(err), false))
+                }
+            },
             Some(started) => {
                 match session
                     .records()

@@ -173,14 +173,13 @@ pub const TRY_LOCK_NAMED: &str = named_lock!(draw_token!(
 /// sends while its sequence is ahead of the clock: the advisory key and,
 /// when the lock was taken, the token, or 0 when the token must be drawn
 /// by [`DRAW_HELD`] (a token is never 0: it comes from a sequence at or
-/// ahead of the clock in µs). NULL: held by someone else.
+/// ahead of the clock in µs). NULL: held by someone else. It commits
+/// asynchronously by the session's setting (see `SESSION_DEFAULTS`),
+/// without a call of its own.
 pub const TRY_LOCK_QUICK: &str = concat!(
     "-- dlock: lock, quick draw
 SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN COALESCE((",
-    quick_draw!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode"
-    ),
+    quick_draw!(),
     "), 0::pg_catalog.int8) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
@@ -190,10 +189,7 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// the lock taken and no mark (a mark of a NULL token is not taken).
 pub const TRY_LOCK_NAMED_QUICK: &str = concat!(
     "-- dlock: named lock, quick draw\n",
-    named_lock!(quick_draw!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode"
-    ))
+    named_lock!(quick_draw!())
 );
 
 /// The draw for a lock this session took with [`TRY_LOCK_QUICK`] when the

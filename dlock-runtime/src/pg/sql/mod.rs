@@ -80,8 +80,20 @@
 /// twice its execution, on every acquisition. dlock's statements only
 /// compute with their parameters, whose values never change which plan is
 /// best, so nothing is lost by planning them once.
+///
+/// And asynchronous commits (`synchronous_commit` off), which every
+/// statement of dlock's that writes also sets for its own transaction
+/// (see [`TRY_LOCK`]): the quick lock statements ([`TRY_LOCK_QUICK`],
+/// [`TRY_LOCK_NAMED_QUICK`]), sent at every acquisition, rely on this
+/// one instead, as the call cost the server 9 k instructions of a named
+/// lock and unlock's 199 k (a `nextval` logs once in 32 values, and a
+/// commit that waited for it would wait for a WAL flush). What dlock
+/// writes on its sessions is lost to a crash at no cost: the sequence's
+/// position is floored by the clock, the tables of names are unlogged,
+/// and a holder record is believed only beside its session's live hold.
 pub(super) const SESSION_DEFAULTS: &str = "\
 SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
+       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, false),
        pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, false),
        pg_catalog.set_config('default_transaction_isolation'::pg_catalog.text, 'read committed'::pg_catalog.text, false),
        CASE WHEN pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
@@ -261,7 +273,8 @@ macro_rules! draw_ahead {
 /// at each execution, branches never taken included, so a statement costs
 /// what its text holds. Counted with callgrind on PostgreSQL 15 (a named
 /// lock and its unlock, the sequence ahead; examples/bench/notes.md): 253 k
-/// instructions with `draw_token!`, 199 k with this draw (the hand-written
+/// instructions with `draw_token!`, 199 k with this draw, 190 k without
+/// its `set_config` (see `SESSION_DEFAULTS`; the hand-written
 /// pair: 72 k). The sequence's settings are read with one
 /// `pg_sequence_parameters` call, a column whose fields the conditions
 /// read, where `draw!` calls it once a field (11 k); `nextval` and the
@@ -273,7 +286,7 @@ macro_rules! draw_ahead {
 /// [`TRY_LOCK`]), under the same checks: a sequence that fails any of them
 /// is not drawn from here, whatever the reason.
 macro_rules! quick_draw {
-    ($extra:literal) => {
+    () => {
         concat!(
             "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq
                   AND t.seq OPERATOR(pg_catalog.<=) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
@@ -285,9 +298,8 @@ FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass)
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock,
              pg_catalog.pg_sequence_parameters(
-                 '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p",
-            $extra,
-            " OFFSET 0) AS t"
+                 '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p
+      OFFSET 0) AS t"
         )
     };
 }

@@ -186,3 +186,73 @@ async fn without_a_lead_the_backend_sends_the_one_statement_lock_after_its_first
         }
     }
 }
+
+/// A sequence dropped after the quick statement took the lock and before
+/// the draw that follows it: the draw fails as the one statement would
+/// have before its lock, but this lock was taken. It is undone, the
+/// sequence made again, and the key taken anew: once released, it is
+/// free (a second hold on the session would keep it locked, nobody's).
+/// The pause is held by a proxy just before the draw's Bind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_dropped_between_the_lock_and_its_draw_leaves_no_lock_behind() {
+    use dlock::pg::tokio_postgres::Config;
+    let config: Config = shared_conn()
+        .parse()
+        .expect("a PostgreSQL connection string");
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    for named in [true, false] {
+        let scratch = ScratchSchema::new("quick");
+        let admin = shared_client().await;
+        let proxy = crate::support::proxy::Proxy::bind_pg(format!("127.0.0.1:{port}")).await;
+        let through = format!(
+            "host=127.0.0.1 port={} user={} dbname={} sslmode=disable",
+            proxy.port,
+            config.get_user().unwrap_or("postgres"),
+            config.get_dbname().unwrap_or("test"),
+        );
+        let backend = PgBackend::connect_with(
+            &through,
+            PgOptions::new()
+                .schema(&scratch.name)
+                .sessions(1)
+                .record_holders(named),
+        )
+        .await
+        .expect("connect through the proxy");
+        // Its objects made and its statements prepared.
+        let first = take(&backend).await;
+        let before = first.token();
+        first.release().await.expect("release");
+        set_just_behind(&admin, &scratch.name).await;
+        let key = fresh_key("dropped-between");
+        let acquiring = tokio::spawn({
+            let (backend, key) = (backend.clone(), key.clone());
+            async move {
+                LockOptions::new(Duration::from_secs(30))
+                    .acquire_on(Arc::new(backend) as Arc<dyn Backend>, &key)
+                    .await
+            }
+        });
+        crate::support::within(
+            10,
+            "the draw after the lock",
+            proxy.pause_before("-- dlock: draw for a"),
+        )
+        .await;
+        admin
+            .batch_execute(&format!("DROP SEQUENCE {}", seq(&scratch.name)))
+            .await
+            .expect("drop the sequence");
+        proxy.go();
+        let lease = acquiring
+            .await
+            .expect("the acquisition")
+            .expect("taken, the sequence made again");
+        assert!(lease.token() > before, "tokens rise across the drop");
+        lease.release().await.expect("release");
+        assert!(
+            crate::pg_support::freed_on_the_server(&admin, &key).await,
+            "the released key is free (named: {named})"
+        );
+    }
+}

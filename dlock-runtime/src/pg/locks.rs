@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use super::claims::InFlight;
 use super::connection::Failure;
+use super::entry::micros_since_1970;
 use super::session::LockSession;
 use super::{Holding, Inner, KIND, State, sql, xact};
 use crate::backend::kit::detach::AbandonedWith;
@@ -84,7 +85,7 @@ impl Inner {
             let Some(Sent {
                 answer,
                 flight,
-                told_already,
+                left,
             }) = sent
             else {
                 // A lease of a colliding key, or an undo, claims the
@@ -155,7 +156,7 @@ impl Inner {
                             &session,
                             key,
                             &err,
-                            (recording.is_some(), told_already, named),
+                            (recording.is_some(), left, named),
                             own,
                         );
                         Box::pin(undo).await;
@@ -207,7 +208,7 @@ impl Inner {
         expected: Option<i64>,
     ) -> Option<Sent> {
         let flight;
-        let mut told_already = false;
+        let mut left = None;
         let answer = match recording {
             None if named => {
                 let statements = async {
@@ -225,7 +226,9 @@ impl Inner {
                             [&name, &self.options.key_seed];
                         let lock = async {
                             match quick {
-                                Some(quick) => self.quick.lock(session, quick, &params).await,
+                                Some(quick) => {
+                                    self.quick.lock(session, quick, &params, &mut left).await
+                                }
                                 None => session.query_one(try_lock, &params).await,
                             }
                         };
@@ -250,7 +253,7 @@ impl Inner {
                     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                         [&key.as_str(), &self.options.key_seed];
                     match quick {
-                        Some(quick) => self.quick.lock(session, quick, &params).await,
+                        Some(quick) => self.quick.lock(session, quick, &params, &mut left).await,
                         None => session.query_one(&session.try_lock, &params).await,
                     }
                     .map(|row| (Ok(row), false))
@@ -275,7 +278,8 @@ impl Inner {
                     Ok(statements) => {
                         let (already, flying) = session.claims.already_holds(expected)?;
                         flight = Some(flying);
-                        told_already = already == Some(true);
+                        // Told so, it takes no session lock.
+                        left = (already == Some(true)).then_some(sql::LockLeft::No);
                         session
                             .query_one(
                                 &statements.try_lock,
@@ -302,7 +306,7 @@ impl Inner {
         Some(Sent {
             answer,
             flight,
-            told_already,
+            left,
         })
     }
 
@@ -594,9 +598,11 @@ struct Sent {
         Result<(Result<tokio_postgres::Row, tokio_postgres::Error>, bool), tokio_postgres::Error>,
     /// Counts the statement in flight.
     flight: Option<InFlight>,
-    /// Whether the statement was told the session holds the key's
-    /// advisory key already, so that it took no session lock.
-    told_already: bool,
+    /// What a failure left held, when known whatever the error: nothing
+    /// (a recording statement told the session holds the advisory key
+    /// already takes no session lock), or the lock (the quick statement
+    /// took it, the draw after it failed).
+    left: Option<sql::LockLeft>,
 }
 
 /// What a lock statement answered.
@@ -614,14 +620,6 @@ pub(super) struct Locked {
     pub(super) slot: Option<super::names::MarkSlot>,
     /// Counts the statement in flight until the lease claimed its key.
     pub(super) in_flight: Option<InFlight>,
-}
-
-/// `at` in microseconds since 1970 (negative before).
-pub(super) fn micros_since_1970(at: SystemTime) -> i64 {
-    match at.duration_since(SystemTime::UNIX_EPOCH) {
-        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
-    }
 }
 
 /// Cleans up after work on a key that is dropped before it finished, which

@@ -84,17 +84,22 @@ impl QuickDraw {
     /// Sends the quick lock statement with `params` (the key and its seed)
     /// on `session` and, when it took the lock without a token, the draw:
     /// answers as the one-statement lock does. An error may come after the
-    /// lock was taken, as from the one statement.
+    /// lock was taken, as from the one statement; an error of the draw
+    /// sets `left` to say the lock was taken, whatever the error (a
+    /// sequence dropped in between, which the one statement meets before
+    /// its lock, fails the draw after it).
     pub(super) async fn lock(
         &self,
         session: &LockSession,
         statements: &QuickStatements,
         params: &[&(dyn ToSql + Sync)],
+        left: &mut Option<sql::LockLeft>,
     ) -> Result<Row, Error> {
         let row = session.query_one(&statements.lock, params).await?;
         if !statements.drawn_later(&row)? {
             return Ok(row);
         }
+        *left = Some(sql::LockLeft::Yes);
         let advisory_key: i64 = row.try_get(0)?;
         let row = session
             .query_one(&statements.draw, &[&advisory_key])

@@ -9,7 +9,7 @@
 //! server.
 
 use crate::pg_support::{ScratchSchema, shared_client, shared_conn};
-use crate::token_lead::{fresh_key, seq, set_just_behind, set_lead};
+use crate::token_lead::{fresh_key, seq, server_clock, set_just_behind, set_lead};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,18 +32,6 @@ async fn connect(schema: &str, named: bool) -> PgBackend {
     )
     .await
     .expect("connect")
-}
-
-/// The server clock, in microseconds since 1970: what a draw reads.
-async fn server_clock(client: &Client) -> i64 {
-    client
-        .query_one(
-            "SELECT (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8",
-            &[],
-        )
-        .await
-        .expect("clock")
-        .get(0)
 }
 
 /// Which of dlock's lock statements the backend's lock session sent last

@@ -136,6 +136,7 @@
 //! use std::time::{Duration, SystemTime, UNIX_EPOCH};
 //!
 //! use async_trait::async_trait;
+//! use dlock_runtime::backend::kit::after;
 //! use dlock_runtime::backend::{
 //!     AcquireRequest, Attempt, Backend, ForceRelease, Grant, Holding, OwnerId, ReleaseNotice,
 //!     ReleaseOutcome, ReleaseRequest, Renewal,
@@ -209,7 +210,7 @@
 //!         Ok(self.with_slot(request.key, |slot, now| match slot.holder {
 //!             // Rule 3: the owner's own retry, for the retry's ttl.
 //!             Some((holder, token, _)) if holder == owner => {
-//!                 slot.holder = Some((owner, token, now + ttl));
+//!                 slot.holder = Some((owner, token, after(now, ttl)));
 //!                 slot.identity = request.identity.map(str::to_owned);
 //!                 Attempt::Acquired(Grant::new(token))
 //!             }
@@ -223,7 +224,7 @@
 //!                     .map_or(0, |d| d.as_micros() as u64);
 //!                 slot.last_token = (slot.last_token + 1).max(clock);
 //!                 let token = FencingToken::new(slot.last_token);
-//!                 slot.holder = Some((owner, token, now + ttl));
+//!                 slot.holder = Some((owner, token, after(now, ttl)));
 //!                 // Rules 8 and 9: the identity and the holder record in
 //!                 // the same step as the holder.
 //!                 slot.identity = request.identity.map(str::to_owned);
@@ -238,7 +239,7 @@
 //!         // Rule 4: only the live holder's lease; an ended one stays ended.
 //!         Ok(self.with_slot(renewal.key, |slot, now| match &mut slot.holder {
 //!             Some((holder, _, until)) if holder == renewal.owner => {
-//!                 *until = now + renewal.ttl;
+//!                 *until = after(now, renewal.ttl);
 //!                 true
 //!             }
 //!             _ => false,

@@ -115,6 +115,7 @@ macro_rules! conformance_suite {
             cancelled_waiter_leaves_the_key_free,
             odd_keys_are_data_and_lock_exclusively,
             bad_keys_and_durations_are_errors,
+            a_duration_past_any_clock_is_answered_without_a_panic,
             acquisitions_abandoned_mid_attempt_leave_their_keys_free,
             a_release_abandoned_half_way_still_frees_the_key,
             a_woken_notice_dropped_unanswered_passes_the_wake_up_on,

@@ -598,3 +598,37 @@ pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dy
         lease.release().await.expect("release");
     }
 }
+
+/// Durations past what the core sends (it refuses a ttl of 40 days and
+/// more) reach a backend only from a caller of [`Backend`] itself: the
+/// backend answers them, an error or a grant, and never panics, whether
+/// the key is free or held, for a ttl, a fair entry's life or a renewal.
+pub async fn a_duration_past_any_clock_is_answered_without_a_panic(backend: Arc<dyn Backend>) {
+    use crate::backend::{Queue, ReleaseRequest, Renewal};
+    let key = fresh_key("endless");
+    let (holder, waiter) = (
+        OwnerId::random().expect("random"),
+        OwnerId::random().expect("random"),
+    );
+    let endless = Duration::MAX;
+    let taken = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, endless))
+        .await;
+    let _ = backend
+        .try_acquire(&AcquireRequest::new(&key, &holder, endless))
+        .await;
+    let _ = backend.extend(&Renewal::new(&key, &holder, endless)).await;
+    if !matches!(taken, Ok(Attempt::Acquired(_))) {
+        // Refused: take it for a while, so the queue below meets a holder.
+        attempt_as(&backend, &key, &holder, Duration::from_secs(30)).await;
+    }
+    let _ = backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &waiter, endless)
+                .with_queue(Queue::Join { entry_ttl: endless }),
+        )
+        .await;
+    let _ = backend.release(&ReleaseRequest::new(&key, &waiter)).await;
+    let _ = backend.release(&ReleaseRequest::new(&key, &holder)).await;
+    free_within(&backend, &key, 1000, Duration::from_secs(10), "released").await;
+}

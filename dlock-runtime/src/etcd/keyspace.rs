@@ -59,7 +59,9 @@ pub(super) fn key_of_record(name: &[u8]) -> Option<(&str, bool)> {
 /// keeps a lease a little longer keeps exclusion; one that keeps it
 /// shorter would break it), at least one.
 pub(super) fn lease_seconds(ttl: Duration) -> i64 {
-    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let seconds = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     i64::try_from(seconds.max(1)).unwrap_or(i64::MAX)
 }
 

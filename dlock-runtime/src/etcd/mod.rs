@@ -187,7 +187,7 @@ const EXPIRY_SWEEP: Duration = Duration::from_secs(1);
 /// in" and sent as `Retry-After`, which must not send a client back
 /// before the key can be free.
 fn time_left(seconds: u64) -> Duration {
-    Duration::from_secs(seconds.saturating_add(1)) + EXPIRY_SWEEP
+    Duration::from_secs(seconds.saturating_add(1)).saturating_add(EXPIRY_SWEEP)
 }
 /// How many times a release is sent before its failure is the answer.
 const RELEASE_TRIES: usize = 3;

@@ -18,7 +18,7 @@ impl MemoryBackend {
             // lost): it has the key, with the token already drawn, for a
             // ttl from now, as the caller counts it.
             if holder.owner == *owner {
-                holder.expires_at = now + ttl;
+                holder.expires_at = after(now, ttl);
                 holder.identity = request.identity.map(str::to_owned);
                 return Attempt::Acquired(Grant::new(holder.token));
             }
@@ -107,7 +107,7 @@ impl MemoryBackend {
         }
         let live_phase = entry.readers_left(now).is_some();
         if let Some(reader) = entry.readers.get_mut(owner).filter(|r| r.expires_at > now) {
-            reader.expires_at = now + ttl;
+            reader.expires_at = after(now, ttl);
             reader.identity = request.identity.map(str::to_owned);
             return Attempt::Acquired(Grant::new(reader.token));
         }
@@ -154,7 +154,7 @@ impl MemoryBackend {
         if let Some(slot) = entry.slot_of(owner, now)
             && let Some(Some(holder)) = entry.slots.get_mut(slot as usize)
         {
-            holder.expires_at = now + ttl;
+            holder.expires_at = after(now, ttl);
             holder.identity = request.identity.map(str::to_owned);
             return Attempt::Acquired(Grant::new(holder.token).in_slot(slot));
         }
@@ -193,7 +193,7 @@ impl MemoryBackend {
         Holder {
             owner: *request.owner,
             token,
-            expires_at: now + request.ttl,
+            expires_at: after(now, request.ttl),
             identity: request.identity.map(str::to_owned),
             info: HolderInfo::this_process(label),
             since: now,
@@ -246,7 +246,7 @@ impl MemoryBackend {
             entry.holder = Some(Holder {
                 owner: next.owner,
                 token,
-                expires_at: now + next.ttl,
+                expires_at: after(now, next.ttl),
                 identity: next.identity,
                 info: HolderInfo::this_process(label),
                 since: now,

@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use crate::backend::kit::after;
 use crate::backend::{
     self, Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, Holding, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -158,7 +159,7 @@ impl Entry {
         now: Instant,
     ) {
         if let Some(queued) = self.queue.iter_mut().find(|q| q.owner == *request.owner) {
-            queued.expires_at = now + entry_ttl;
+            queued.expires_at = after(now, entry_ttl);
             queued.ttl = request.ttl;
             return;
         }
@@ -167,7 +168,7 @@ impl Entry {
             ttl: request.ttl,
             identity: request.identity.map(str::to_owned),
             label: request.label.map(str::to_owned),
-            expires_at: now + entry_ttl,
+            expires_at: after(now, entry_ttl),
         });
     }
 
@@ -389,7 +390,7 @@ impl Backend for MemoryBackend {
         if holder.owner != *owner || holder.expires_at <= now {
             return Ok(false);
         }
-        holder.expires_at = now + ttl;
+        holder.expires_at = after(now, ttl);
         Ok(true)
     }
 

@@ -12,6 +12,7 @@ use super::session::LockSession;
 use super::{
     Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, refuse_own_lock_name,
 };
+use crate::backend::kit::after;
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -75,10 +76,12 @@ impl Backend for PgBackend {
                     && let State::Held(holding) = &mut entry.state
                     && holding.deadline() > now
                 {
-                    holding.deadline_slot =
-                        self.inner
-                            .deadlines
-                            .moved(holding.deadline_slot, key, *owner, now + ttl);
+                    holding.deadline_slot = self.inner.deadlines.moved(
+                        holding.deadline_slot,
+                        key,
+                        *owner,
+                        after(now, ttl),
+                    );
                     return Ok(Attempt::Acquired(
                         Grant::new(holding.token).lost_with(holding.session.loss_group()),
                     ));
@@ -234,7 +237,7 @@ impl Backend for PgBackend {
                         lease.key,
                         lease.owner,
                         session.id,
-                        now + lease.ttl,
+                        after(now, lease.ttl),
                     ));
                 }
                 match live_session(&keys, lease.key, lease.owner) {
@@ -246,7 +249,7 @@ impl Backend for PgBackend {
                                 holding.deadline_slot,
                                 lease.key,
                                 *lease.owner,
-                                now + lease.ttl,
+                                after(now, lease.ttl),
                             );
                         }
                         Ok(true)

@@ -97,6 +97,7 @@ use super::fair_queue::{Fair, First, Place, Wait, Waiter};
 use super::fair_wait::wait_in_queue;
 use super::locks::no_runtime;
 use super::{Inner, State};
+use crate::backend::kit::after;
 use crate::backend::{AcquireRequest, Attempt, Grant, Handoff, OwnerId};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -145,9 +146,12 @@ impl Inner {
                     // lost): rule 3, a lease for a ttl from now.
                     Some(entry) if entry.owner == owner => match &mut entry.state {
                         State::Held(holding) if holding.deadline() > now => {
-                            holding.deadline_slot =
-                                self.deadlines
-                                    .moved(holding.deadline_slot, key, owner, now + ttl);
+                            holding.deadline_slot = self.deadlines.moved(
+                                holding.deadline_slot,
+                                key,
+                                owner,
+                                after(now, ttl),
+                            );
                             let grant =
                                 Grant::new(holding.token).lost_with(holding.session.loss_group());
                             drop(keys);
@@ -164,7 +168,7 @@ impl Inner {
             };
             if let Some(waiter) = queues.waiters.get_mut(&place) {
                 if waiter.failed.is_none() {
-                    waiter.expires_at = now + entry_ttl;
+                    waiter.expires_at = after(now, entry_ttl);
                     waiter.entry_ttl = entry_ttl;
                     waiter.ttl = ttl;
                     break 'queues (expires_in, None);
@@ -191,7 +195,7 @@ impl Inner {
                 Waiter {
                     id,
                     queued: false,
-                    expires_at: now + entry_ttl,
+                    expires_at: after(now, entry_ttl),
                     entry_ttl,
                     ttl,
                     _stop: stop_sender,

@@ -16,6 +16,7 @@ use super::fair_queue::{First, Wait};
 use super::session::LockSession;
 use super::{Entry, Holding, Identified, Inner, State, xact};
 use crate::backend::Grant;
+use crate::backend::kit::after;
 use crate::token::FencingToken;
 
 /// How long a granted wait waits for this process's entry of the key (an
@@ -174,7 +175,7 @@ fn held_entry(
         Arc::downgrade(inner),
         &wait.key,
         wait.owner,
-        Instant::now() + ttl,
+        after(Instant::now(), ttl),
     );
     let identity = wait.identity.clone().zip(since).map(|(identity, since)| {
         Box::new(Identified {

@@ -17,6 +17,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use super::connection::Failure;
 use super::session::LockSession;
 use super::{Inner, KIND};
+use crate::backend::kit::after;
 use crate::backend::{Grant, OwnerId};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -205,7 +206,7 @@ impl Wait {
             {
                 let mut queues = self.inner.fair.queues();
                 if let Some(waiter) = queues.waiters.get_mut(&place).filter(|w| w.id == self.id) {
-                    waiter.expires_at = Instant::now() + waiter.entry_ttl;
+                    waiter.expires_at = after(Instant::now(), waiter.entry_ttl);
                     waiter.queued = true;
                 }
             }

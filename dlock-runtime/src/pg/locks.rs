@@ -12,6 +12,7 @@ use super::connection::Failure;
 use super::entry::micros_since_1970;
 use super::session::LockSession;
 use super::{Holding, Inner, KIND, State, sql, xact};
+use crate::backend::kit::after;
 use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Attempt, Grant, OwnerId};
 use crate::error::{LockError, Operation};
@@ -529,7 +530,7 @@ impl Inner {
                 return Err(err);
             }
         };
-        let deadline = Instant::now() + ttl;
+        let deadline = after(Instant::now(), ttl);
         let held_with_identity = recorded && identity.is_some();
         let held = {
             let mut keys = self.keys();

@@ -49,6 +49,7 @@ use super::mode_sql::{ModeSql, ModeStatement};
 use super::read_hold::ReadHold;
 use super::session::LockSession;
 use super::{Inner, sql};
+use crate::backend::kit::after;
 use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Access, AcquireRequest, Attempt, Grant, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
@@ -262,9 +263,12 @@ impl Inner {
                 && hold.deadline_slot.0 > Instant::now()
             {
                 // A retry by the owner that holds (rule M5).
-                hold.deadline_slot =
-                    self.deadlines
-                        .moved(hold.deadline_slot, key, *owner, Instant::now() + ttl);
+                hold.deadline_slot = self.deadlines.moved(
+                    hold.deadline_slot,
+                    key,
+                    *owner,
+                    after(Instant::now(), ttl),
+                );
                 let grant = Grant::new(hold.token).lost_with(hold.session.loss_group());
                 return Ok(Attempt::Acquired(match hold.slot {
                     Some(slot) => grant.in_slot(slot),
@@ -328,7 +332,7 @@ impl Inner {
     ) {
         let deadline_slot =
             self.deadlines
-                .add(Arc::downgrade(self), key, owner, Instant::now() + ttl);
+                .add(Arc::downgrade(self), key, owner, after(Instant::now(), ttl));
         let (slot, slot_claim) = slot.unzip();
         entry.holds.insert(
             owner,

@@ -69,9 +69,7 @@ impl Queued {
         let now = Instant::now();
         // A life no clock can add (`Duration::MAX`): the entry outlives
         // any look.
-        let dies = now
-            .checked_add(life)
-            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        let dies = crate::backend::kit::after(now, life);
         let mut owners = self.owners();
         if owners.keys.len() >= owners.sweep_at.max(QUEUED_SWEEP) {
             owners

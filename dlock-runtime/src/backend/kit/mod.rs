@@ -16,6 +16,8 @@
 //! - [`userinfo`]: where a URL's user info ends, one rule for every URL a
 //!   backend reads, redacts or refuses, so that no part of a password is
 //!   ever shown.
+//! - [`after`]: a deadline `span` from now that never overflows, for the
+//!   ttls and entry lives a backend is handed.
 //!
 //! Elsewhere in the public API, and also meant for backends:
 //! [`named_token`](super::named_token) and
@@ -34,6 +36,16 @@
 pub mod detach;
 pub mod percent;
 pub mod userinfo;
+
+/// The instant `span` after `now`, or a century on where the clock cannot
+/// count that far. The core sends no ttl of 40 days or more (it refuses
+/// them), but a caller of [`Backend`](crate::Backend) itself may send any
+/// `Duration`, `Duration::MAX` included: a backend answers it, grant or
+/// error, and never panics on `now + span`.
+pub fn after(now: tokio::time::Instant, span: std::time::Duration) -> tokio::time::Instant {
+    now.checked_add(span)
+        .unwrap_or_else(|| now + std::time::Duration::from_secs(100 * 365 * 86_400))
+}
 
 /// True when the caller runs on dlock's fallback runtime: the one thread,
 /// started on first use, where work that must happen after its caller is

@@ -8,8 +8,7 @@
 //! and DBAs (`names_faults`) and beside marked leases of one session
 //! (`names_marks`, with `marks`, what both share), bad input and servers of a test's own
 //! (`server`), fencing tokens when the token sequence is tampered with
-//! (`tokens`) or made unlogged by a DBA (`unlogged`), drawn by the quick
-//! statement or after the lock (`quick_draw`), drawn under the
+//! (`tokens`) or made unlogged by a DBA (`unlogged`), drawn under the
 //! draw lock by roles with some of the sequence's privileges
 //! (`draw_roles`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
@@ -31,7 +30,6 @@ mod modes;
 mod names;
 mod names_faults;
 mod names_marks;
-mod quick_draw;
 mod server;
 mod token_lead;
 mod token_lead_faults;

@@ -23,7 +23,7 @@ pub(super) fn fresh_key(label: &str) -> LockKey {
 }
 
 /// The server clock, in microseconds since 1970: what a draw reads.
-pub(super) async fn server_clock(client: &Client) -> i64 {
+async fn server_clock(client: &Client) -> i64 {
     client
         .query_one(
             "SELECT (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8",
@@ -50,7 +50,7 @@ pub(super) async fn set_back(admin: &Client, schema: &str) {
 
 /// Sets the sequence a second behind the clock: the next draw must write,
 /// but the sequence is not taken for a lost one.
-pub(super) async fn set_just_behind(admin: &Client, schema: &str) {
+async fn set_just_behind(admin: &Client, schema: &str) {
     admin
         .execute(
             &format!(

@@ -11,10 +11,7 @@
 //!
 //! A proxy bound with [`Proxy::bind_pg`] also counts the PostgreSQL
 //! protocol messages clients send, by type (`b'P'` for Parse: a statement
-//! prepared), so a test can tell what a backend sends per call, and can
-//! hold a connection just before it runs a chosen statement
-//! ([`Proxy::pause_before`]): what a test needs to act between two
-//! statements of one call.
+//! prepared), so a test can tell what a backend sends per call.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -35,22 +32,11 @@ pub struct Proxy {
     silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>>,
     /// Client messages by type, if this proxy counts them.
     pg_sent: Option<Arc<PgCounts>>,
-    /// The statement to pause before, if any (see [`Proxy::pause_before`]).
-    pause: Arc<Pause>,
     accept: AbortHandle,
 }
 
 /// Client messages of the PostgreSQL protocol, counted by type byte.
 type PgCounts = [AtomicUsize; 256];
-
-/// A pause before the next run of a statement: armed with the start of its
-/// text; `held` once a connection waits at it, `go` to let it on.
-#[derive(Default)]
-struct Pause {
-    armed: Mutex<Option<Vec<u8>>>,
-    held: tokio::sync::Notify,
-    go: tokio::sync::Notify,
-}
 
 impl Proxy {
     /// Listens on a free loopback port and forwards to `upstream`
@@ -88,14 +74,12 @@ impl Proxy {
         let (replies, _) = watch::channel(true);
         let pipes: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
         let silenced: Arc<Mutex<Vec<Arc<AtomicBool>>>> = Arc::default();
-        let pause: Arc<Pause> = Arc::default();
         let accept = tokio::spawn({
             let open = open.clone();
             let replies = replies.clone();
             let pipes = pipes.clone();
             let silenced = silenced.clone();
             let pg_sent = pg_sent.clone();
-            let pause = pause.clone();
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let silent = Arc::new(AtomicBool::new(false));
@@ -114,9 +98,7 @@ impl Proxy {
                     // the modes: a connection accepted while the old ones
                     // are cut forwards nothing under the old mode.
                     let mut pipes = pipes.lock().unwrap_or_else(PoisonError::into_inner);
-                    let counter = pg_sent
-                        .clone()
-                        .map(|counts| PgReader::new(counts, pause.clone()));
+                    let counter = pg_sent.clone().map(PgCounter::new);
                     let up = tokio::spawn(pipe(
                         cr,
                         sw,
@@ -147,29 +129,8 @@ impl Proxy {
             pipes,
             silenced,
             pg_sent,
-            pause,
             accept,
         }
-    }
-
-    /// Holds the next connection that is about to run a prepared
-    /// statement whose text starts with `text` (a proxy bound with
-    /// [`Proxy::bind_pg`]), before its Bind reaches the server; returns
-    /// once one waits there. [`Proxy::go`] lets it on.
-    pub async fn pause_before(&self, text: &str) {
-        assert!(self.pg_sent.is_some(), "a proxy bound with bind_pg");
-        let held = self.pause.held.notified();
-        *self
-            .pause
-            .armed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(text.as_bytes().to_vec());
-        held.await;
-    }
-
-    /// Lets on the connection [`Proxy::pause_before`] holds.
-    pub fn go(&self) {
-        self.pause.go.notify_one();
     }
 
     /// Silences every connection open now, for good: each stays open and
@@ -237,7 +198,7 @@ async fn pipe(
     mut open: watch::Receiver<bool>,
     deliver: Option<watch::Receiver<bool>>,
     silent: Arc<AtomicBool>,
-    mut counter: Option<PgReader>,
+    mut counter: Option<PgCounter>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -245,15 +206,8 @@ async fn pipe(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if let Some(counter) = counter.as_mut()
-            && counter.feed(&buf[..n])
-        {
-            // A statement paused before: what came before it in this read
-            // goes on, the rest waits for `go`.
-            let pause = counter.pause.clone();
-            let go = pause.go.notified();
-            pause.held.notify_one();
-            go.await;
+        if let Some(counter) = counter.as_mut() {
+            counter.feed(&buf[..n]);
         }
         if open.wait_for(|open| *open).await.is_err() {
             return;
@@ -269,91 +223,58 @@ async fn pipe(
     }
 }
 
-/// Reads one connection's client stream as PostgreSQL protocol messages,
-/// counts them by type, and tells when one is the Bind of a statement
-/// [`Proxy::pause_before`] waits for. Messages before the startup message
-/// (which opens with its protocol version, 3.0) have no type byte: the
-/// startup message itself and an SSL or GSS encryption request.
-struct PgReader {
+/// Reads one connection's client stream as PostgreSQL protocol messages
+/// and counts them by type. Messages before the startup message (which
+/// opens with its protocol version, 3.0) have no type byte: the startup
+/// message itself and an SSL or GSS encryption request.
+struct PgCounter {
     counts: Arc<PgCounts>,
-    pause: Arc<Pause>,
     started: bool,
-    /// What is read of the message not yet complete.
-    pending: Vec<u8>,
-    /// This connection's prepared statements, by name, with their text.
-    prepared: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The head of the message being read: its type byte (if typed) and
+    /// its four length bytes.
+    head: Vec<u8>,
+    /// What is left of the body of the message being read.
+    skip: usize,
 }
 
-impl PgReader {
-    fn new(counts: Arc<PgCounts>, pause: Arc<Pause>) -> Self {
+impl PgCounter {
+    fn new(counts: Arc<PgCounts>) -> Self {
         Self {
             counts,
-            pause,
             started: false,
-            pending: Vec::new(),
-            prepared: Vec::new(),
+            head: Vec::with_capacity(5),
+            skip: 0,
         }
     }
 
-    /// Reads `bytes`; true if they hold the Bind of the statement a pause
-    /// is armed for (the pause is then used up).
-    fn feed(&mut self, bytes: &[u8]) -> bool {
-        self.pending.extend_from_slice(bytes);
-        let mut paused = false;
-        loop {
-            let at = usize::from(self.started);
-            let Some(len) = self.pending.get(at..at + 4) else {
-                return paused;
-            };
-            let len = u32::from_be_bytes(len.try_into().unwrap_or_default()) as usize;
-            let Some(message) = self.pending.get(..at + len) else {
-                return paused;
-            };
-            let message = message.to_vec();
-            self.pending.drain(..at + len);
-            if !self.started {
-                let code = u32::from_be_bytes(message[4..8].try_into().unwrap_or_default());
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.skip > 0 {
+                let n = self.skip.min(bytes.len());
+                self.skip -= n;
+                bytes = &bytes[n..];
+                continue;
+            }
+            let want = if self.started { 5 } else { 8 };
+            let n = (want - self.head.len()).min(bytes.len());
+            self.head.extend_from_slice(&bytes[..n]);
+            bytes = &bytes[n..];
+            if self.head.len() < want {
+                return;
+            }
+            let at = if self.started { 1 } else { 0 };
+            let len = u32::from_be_bytes(self.head[at..at + 4].try_into().unwrap_or_default());
+            if self.started {
+                self.counts[usize::from(self.head[0])].fetch_add(1, Ordering::SeqCst);
+                self.skip = (len as usize).saturating_sub(4);
+            } else {
+                let code = u32::from_be_bytes(self.head[4..8].try_into().unwrap_or_default());
                 // 3.0: the startup message; anything else asks for
                 // encryption (or cancels) and is answered before it.
                 self.started = code == 196_608;
-                continue;
+                self.skip = (len as usize).saturating_sub(8);
             }
-            self.counts[usize::from(message[0])].fetch_add(1, Ordering::SeqCst);
-            paused |= self.read(message[0], &message[5..]);
-        }
-    }
-
-    /// Notes a Parse's statement; true for the Bind of an armed pause's.
-    fn read(&mut self, kind: u8, body: &[u8]) -> bool {
-        let mut strings = body.split(|&b| b == 0);
-        match kind {
-            b'P' => {
-                if let (Some(name), Some(text)) = (strings.next(), strings.next()) {
-                    self.prepared.push((name.to_vec(), text.to_vec()));
-                }
-                false
-            }
-            b'B' => {
-                let statement = strings.nth(1).unwrap_or_default();
-                let text = self
-                    .prepared
-                    .iter()
-                    .rev()
-                    .find(|(name, _)| name == statement)
-                    .map(|(_, text)| text.as_slice());
-                let mut armed = self
-                    .pause
-                    .armed
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let hit =
-                    matches!((&*armed, text), (Some(start), Some(text)) if text.starts_with(start));
-                if hit {
-                    *armed = None;
-                }
-                hit
-            }
-            _ => false,
+            self.head.clear();
         }
     }
 }

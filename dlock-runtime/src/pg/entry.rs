@@ -102,11 +102,3 @@ impl Entry {
         }
     }
 }
-
-/// `at` in microseconds since 1970 (negative before).
-pub(super) fn micros_since_1970(at: std::time::SystemTime) -> i64 {
-    match at.duration_since(std::time::SystemTime::UNIX_EPOCH) {
-        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
-        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
-    }
-}

@@ -11,8 +11,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, timeout};
 
-use super::entry::micros_since_1970;
 use super::fair_queue::{First, Wait};
+use super::locks::micros_since_1970;
 use super::session::LockSession;
 use super::{Entry, Holding, Identified, Inner, State, xact};
 use crate::backend::Grant;

@@ -9,7 +9,6 @@ use std::time::{Duration, SystemTime};
 
 use super::claims::InFlight;
 use super::connection::Failure;
-use super::entry::micros_since_1970;
 use super::session::LockSession;
 use super::{Holding, Inner, KIND, State, sql, xact};
 use crate::backend::kit::after;
@@ -86,7 +85,7 @@ impl Inner {
             let Some(Sent {
                 answer,
                 flight,
-                left,
+                told_already,
             }) = sent
             else {
                 // A lease of a colliding key, or an undo, claims the
@@ -157,7 +156,7 @@ impl Inner {
                             &session,
                             key,
                             &err,
-                            (recording.is_some(), left, named),
+                            (recording.is_some(), told_already, named),
                             own,
                         );
                         Box::pin(undo).await;
@@ -209,31 +208,21 @@ impl Inner {
         expected: Option<i64>,
     ) -> Option<Sent> {
         let flight;
-        let mut left = None;
+        let mut told_already = false;
         let answer = match recording {
             None if named => {
-                let statements = async {
-                    let (try_lock, _) = session
-                        .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
-                        .await?;
-                    Ok((try_lock, self.quick.statements(session, true).await?))
-                };
-                match statements.await {
-                    Ok((try_lock, quick)) => {
+                match session
+                    .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
+                    .await
+                {
+                    Ok((try_lock, _)) => {
                         let (_, flying) = session.claims.already_holds(expected)?;
                         flight = Some(flying);
                         let name = key.as_str();
                         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                             [&name, &self.options.key_seed];
-                        let lock = async {
-                            match quick {
-                                Some(quick) => {
-                                    self.quick.lock(session, quick, &params, &mut left).await
-                                }
-                                None => session.query_one(try_lock, &params).await,
-                            }
-                        };
                         // The names are polled first, so sent first.
+                        let lock = session.query_one(try_lock, &params);
                         tokio::join!(self.name_lease(session, key, holder), lock)
                             .1
                             .map(|row| (Ok(row), false))
@@ -245,26 +234,16 @@ impl Inner {
                     }
                 }
             }
-            None => match self.quick.statements(session, false).await {
-                Ok(quick) => {
-                    // Counted in flight as a recording statement is: one
-                    // sent behind it is told it may hold the advisory key.
-                    let (_, flying) = session.claims.already_holds(expected)?;
-                    flight = Some(flying);
-                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-                        [&key.as_str(), &self.options.key_seed];
-                    match quick {
-                        Some(quick) => self.quick.lock(session, quick, &params, &mut left).await,
-                        None => session.query_one(&session.try_lock, &params).await,
-                    }
+            None => {
+                // Counted in flight as a recording statement is: one
+                // sent behind it is told it may hold the advisory key.
+                let (_, flying) = session.claims.already_holds(expected)?;
+                flight = Some(flying);
+                session
+                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
+                    .await
                     .map(|row| (Ok(row), false))
-                }
-                // Preparing runs nothing: there is nothing to undo.
-                Err(err) => {
-                    flight = None;
-                    Ok((Err(err), false))
-                }
-            },
+            }
             Some(started) => {
                 match session
                     .records()
@@ -279,8 +258,7 @@ impl Inner {
                     Ok(statements) => {
                         let (already, flying) = session.claims.already_holds(expected)?;
                         flight = Some(flying);
-                        // Told so, it takes no session lock.
-                        left = (already == Some(true)).then_some(sql::LockLeft::No);
+                        told_already = already == Some(true);
                         session
                             .query_one(
                                 &statements.try_lock,
@@ -307,7 +285,7 @@ impl Inner {
         Some(Sent {
             answer,
             flight,
-            left,
+            told_already,
         })
     }
 
@@ -599,11 +577,9 @@ struct Sent {
         Result<(Result<tokio_postgres::Row, tokio_postgres::Error>, bool), tokio_postgres::Error>,
     /// Counts the statement in flight.
     flight: Option<InFlight>,
-    /// What a failure left held, when known whatever the error: nothing
-    /// (a recording statement told the session holds the advisory key
-    /// already takes no session lock), or the lock (the quick statement
-    /// took it, the draw after it failed).
-    left: Option<sql::LockLeft>,
+    /// Whether the statement was told the session holds the key's
+    /// advisory key already, so that it took no session lock.
+    told_already: bool,
 }
 
 /// What a lock statement answered.
@@ -621,6 +597,14 @@ pub(super) struct Locked {
     pub(super) slot: Option<super::names::MarkSlot>,
     /// Counts the statement in flight until the lease claimed its key.
     pub(super) in_flight: Option<InFlight>,
+}
+
+/// `at` in microseconds since 1970 (negative before).
+pub(super) fn micros_since_1970(at: SystemTime) -> i64 {
+    match at.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(after) => i64::try_from(after.as_micros()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_micros()).unwrap_or(i64::MAX),
+    }
 }
 
 /// Cleans up after work on a key that is dropped before it finished, which

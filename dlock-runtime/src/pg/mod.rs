@@ -400,7 +400,6 @@ mod modes;
 mod names;
 mod objects;
 mod options;
-mod quick;
 mod read_hold;
 mod recording;
 mod sequence;
@@ -415,22 +414,16 @@ mod xact;
 /// The statements the backend sends, word for word, for tools that must
 /// speak the same protocol (the benchmark's raw tokio-postgres floor issues
 /// exactly these; `{schema}` stands for the quoted schema). A lease without
-/// an identity takes its lock with
-/// [`TRY_LOCK_NAMED_QUICK`](protocol::TRY_LOCK_NAMED_QUICK) (then
-/// [`DRAW_HELD_NAMED`](protocol::DRAW_HELD_NAMED) when the sequence is
-/// behind the clock; [`TRY_LOCK_NAMED`](protocol::TRY_LOCK_NAMED) for a
-/// while after a draw left it behind) and drops it with
-/// [`UNLOCK_NAMED`](protocol::UNLOCK_NAMED); a lease with an identity takes
-/// it with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING) and drops
-/// it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED); with holder
-/// records off, [`TRY_LOCK_QUICK`](protocol::TRY_LOCK_QUICK) (then
-/// [`DRAW_HELD`](protocol::DRAW_HELD), or [`TRY_LOCK`](protocol::TRY_LOCK))
-/// and [`UNLOCK`](protocol::UNLOCK). Not a stable API.
+/// an identity takes its lock with [`TRY_LOCK_NAMED`](protocol::TRY_LOCK_NAMED)
+/// and drops it with [`UNLOCK_NAMED`](protocol::UNLOCK_NAMED); a lease with
+/// an identity takes it with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING)
+/// and drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED); with
+/// holder records off, [`TRY_LOCK`](protocol::TRY_LOCK) and
+/// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
     pub use super::sql::{
-        DELETE_RELEASED, DRAW_HELD, DRAW_HELD_NAMED, TRY_LOCK, TRY_LOCK_NAMED,
-        TRY_LOCK_NAMED_QUICK, TRY_LOCK_QUICK, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED,
+        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED,
         UNLOCK_NAMED, UNLOCK_RECORDED,
     };
 }
@@ -533,9 +526,6 @@ struct Inner {
     options: PgOptions,
     quoted_schema: String,
     try_lock_sql: String,
-    /// The lock statements with the quick draw, and whether they are sent
-    /// (see [`quick`]).
-    quick: quick::QuickDraw,
     terminate_sql: String,
     /// [`sql::FORCE_RELEASE_NAMED`], schema filled in.
     force_release_named_sql: String,

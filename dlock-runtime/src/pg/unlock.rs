@@ -29,18 +29,21 @@ impl Inner {
     /// it before a later step failed. Only what this attempt took: a plain
     /// unlock of the advisory key drops one hold, which, if this attempt
     /// took none, is the hold of another lease of this session whose key
-    /// has the same 64-bit hash. `left`, when known whatever the error,
-    /// says what the statement left (see `locks::Sent`), else its error
-    /// tells. `own` counts the statement in flight.
+    /// has the same 64-bit hash. A recording statement `told_already`
+    /// (see `sql::TRY_LOCK_RECORDING` on `already`) took no session lock:
+    /// nothing to undo. `own` counts the statement in flight.
     pub(super) async fn undo_failed_lock(
         &self,
         session: &Arc<LockSession>,
         key: &LockKey,
         err: &tokio_postgres::Error,
-        (recording, left, named): (bool, Option<sql::LockLeft>, bool),
+        (recording, told_already, named): (bool, bool, bool),
         own: &InFlight,
     ) {
-        let left = left.unwrap_or_else(|| sql::lock_left_by(err, recording));
+        if recording && told_already {
+            return;
+        }
+        let left = sql::lock_left_by(err, recording);
         if named && !matches!(left, sql::LockLeft::No) {
             self.undo_marks(session, key, own).await;
         }

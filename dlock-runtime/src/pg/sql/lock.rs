@@ -6,33 +6,6 @@
 //! Its own file because these are what every plain acquisition sends, with
 //! [`TRY_LOCK`]'s proof of why the tokens of one key rise strictly.
 
-/// [`TRY_LOCK_NAMED`]'s text around a draw `$draw`.
-macro_rules! named_lock {
-    ($draw:expr) => {
-        concat!(
-            "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
-    SELECT ARRAY[d.token, ",
-            token_marks!("k.h", "d.token"),
-            "]
-    FROM (",
-            $draw,
-            " OFFSET 0) AS d(token)) END
-FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
-        )
-    };
-}
-
-/// Whether the token `$t` is ahead of the clock, read now.
-macro_rules! ahead {
-    ($t:literal) => {
-        concat!(
-            $t,
-            " OPERATOR(pg_catalog.>) (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8"
-        )
-    };
-}
-
 /// Takes the session advisory lock of a key and, only if it was taken, draws
 /// the fencing token (see `draw_token!`). One statement, so the token comes
 /// back in the same round trip as the lock and no token is ever drawn for a
@@ -43,8 +16,8 @@ macro_rules! ahead {
 /// someone else).
 ///
 /// The statement's own transaction commits asynchronously
-/// (`synchronous_commit` off for this transaction only, set before it
-/// commits). `setval` writes WAL and takes a transaction id (once per
+/// (`synchronous_commit` off for the whole lock session, see
+/// `SESSION_DEFAULTS`). `setval` writes WAL and takes a transaction id (once per
 /// lead, or at nearly every draw without one), so a synchronous commit
 /// would wait for a WAL flush on those locks. Safe here, because the
 /// commit protects nothing but the sequence's position: the advisory lock
@@ -118,11 +91,7 @@ macro_rules! ahead {
 /// the lead is switched on only where none draws (see `token_lead!`).
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
+    draw_token!("", ""),
     ") END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
@@ -163,81 +132,23 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// the force release believe over marks. A mark left over (a failed
 /// statement, after which the marks are dropped, or the session takes no
 /// new lock) makes the token unknown, never another lease's.
-pub const TRY_LOCK_NAMED: &str = named_lock!(draw_token!(
-    ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-    ""
-));
-
-/// [`TRY_LOCK`] with the quick draw (`quick_draw!`), what a lock session
-/// sends while its sequence is ahead of the clock: the advisory key and,
-/// when the lock was taken, the token, or 0 when the token must be drawn
-/// by [`DRAW_HELD`] (a token is never 0: it comes from a sequence at or
-/// ahead of the clock in µs). NULL: held by someone else. It commits
-/// asynchronously by the session's setting (see `SESSION_DEFAULTS`),
-/// without a call of its own.
-pub const TRY_LOCK_QUICK: &str = concat!(
-    "-- dlock: lock, quick draw
-SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN COALESCE((",
-    quick_draw!(),
-    "), 0::pg_catalog.int8) END
+pub const TRY_LOCK_NAMED: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
+    SELECT ARRAY[d.token,
+                 CASE WHEN NOT ",
+    token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " THEN 0::pg_catalog.int8
+                      WHEN ",
+    token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
+    " THEN 1::pg_catalog.int8
+                      WHEN ",
+    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "k.h", "d.token"),
+    " THEN 0::pg_catalog.int8
+                      ELSE 0::pg_catalog.int8 END]
+    FROM (",
+    draw_token!("", ""),
+    " OFFSET 0) AS d(token)) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
-);
-
-/// [`TRY_LOCK_NAMED`] with the quick draw (`quick_draw!`): when the
-/// token must be drawn by [`DRAW_HELD_NAMED`], its answer is `{NULL, 0}`,
-/// the lock taken and no mark (a mark of a NULL token is not taken).
-pub const TRY_LOCK_NAMED_QUICK: &str = concat!(
-    "-- dlock: named lock, quick draw\n",
-    named_lock!(quick_draw!())
-);
-
-/// The draw for a lock this session took with [`TRY_LOCK_QUICK`] when the
-/// quick draw could not give the token: `draw_token!` alone, with the
-/// lock statement's asynchronous commit. `$1` the advisory key, answered
-/// back so the row reads as [`TRY_LOCK`]'s, then the token, then whether
-/// the sequence is now ahead of the clock (read after the draw): false
-/// when the draw wrote the bare clock (no lead, or no UPDATE on the
-/// sequence), so the next draws would be behind too, and the backend
-/// sends the one-statement lock for a while (see `quick`).
-///
-/// Rule 2 of [`TRY_LOCK`] holds as for the one statement: the draw comes
-/// after the lock was taken (a statement earlier, on the same session,
-/// which lets go only by a later statement), so the previous holder's
-/// statements all ended before it. The quick statement's own `nextval`
-/// is not used: a sequence value skipped.
-pub const DRAW_HELD: &str = concat!(
-    "-- dlock: draw for a lock taken
-SELECT $1::pg_catalog.int8, d.token, ",
-    ahead!("d.token"),
-    "
-FROM (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
-    " OFFSET 0) AS d(token)"
-);
-
-/// [`DRAW_HELD`] for a lock taken with [`TRY_LOCK_NAMED_QUICK`]: the
-/// draw, then the token marks as [`TRY_LOCK_NAMED`] takes them; answers
-/// as it does, then whether the sequence is ahead.
-pub const DRAW_HELD_NAMED: &str = concat!(
-    "-- dlock: draw for a named lock taken
-SELECT k.h, ARRAY[d.token, ",
-    token_marks!("k.h", "d.token"),
-    "], ",
-    ahead!("d.token"),
-    "
-FROM (SELECT $1::pg_catalog.int8 AS h) AS k,
-     (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
-    " OFFSET 0) AS d(token)"
 );
 
 /// Drops this session's token marks of the key `$1` (with its key seed

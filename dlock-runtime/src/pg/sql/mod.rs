@@ -81,16 +81,17 @@
 /// compute with their parameters, whose values never change which plan is
 /// best, so nothing is lost by planning them once.
 ///
-/// And asynchronous commits (`synchronous_commit` off), which every
-/// statement of dlock's that writes also sets for its own transaction
-/// (see [`TRY_LOCK`]): the quick lock statements ([`TRY_LOCK_QUICK`],
-/// [`TRY_LOCK_NAMED_QUICK`]), sent at every acquisition, rely on this
-/// one instead, as the call cost the server 9 k instructions of a named
-/// lock and unlock's 199 k (a `nextval` logs once in 32 values, and a
-/// commit that waited for it would wait for a WAL flush). What dlock
-/// writes on its sessions is lost to a crash at no cost: the sequence's
-/// position is floored by the clock, the tables of names are unlogged,
-/// and a holder record is believed only beside its session's live hold.
+/// And asynchronous commits (`synchronous_commit` off), which the
+/// statements of dlock's that write on its sessions set for their own
+/// transaction too: the lock statements sent at every acquisition
+/// ([`TRY_LOCK`], [`TRY_LOCK_NAMED`]) rely on this one instead, as the
+/// call cost the server 9 k of the 253 k instructions of a named lock
+/// and unlock (callgrind; examples/bench/notes.md). A `nextval` logs once
+/// in 32 values, and a commit that waited for it would wait for a WAL
+/// flush. What dlock writes on its sessions is lost to a crash at no
+/// cost: the sequence's position is floored by the clock, the tables of
+/// names are unlogged, and a holder record is believed only beside its
+/// session's live hold.
 pub(super) const SESSION_DEFAULTS: &str = "\
 SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_temp'::pg_catalog.text, false),
        pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, false),
@@ -256,51 +257,6 @@ macro_rules! draw_token {
 macro_rules! draw_ahead {
     ($after:literal) => {
         draw!("", $after, draw_behind!("ELSE NULL::pg_catalog.int8"))
-    };
-}
-
-/// The quick draw of a lock session's statements ([`TRY_LOCK_QUICK`],
-/// [`TRY_LOCK_NAMED_QUICK`]): `nextval` as the token when the sequence is
-/// at or ahead of the clock, not more than a day ahead, and its settings
-/// are fit; else NULL, and the backend draws with `draw_token!` in a
-/// statement of its own, the lock held ([`DRAW_HELD`], [`DRAW_HELD_NAMED`]):
-/// behind the clock, or refused with its reason. So the statement every
-/// acquisition sends holds only what a token from the sequence needs, and
-/// the rest (the refusal texts, the lead, the draw lock, `setval`) is in
-/// the statement sent once per lead, when the sequence falls behind.
-///
-/// Why: PostgreSQL builds every expression and subquery of a generic plan
-/// at each execution, branches never taken included, so a statement costs
-/// what its text holds. Counted with callgrind on PostgreSQL 15 (a named
-/// lock and its unlock, the sequence ahead; examples/bench/notes.md): 253 k
-/// instructions with `draw_token!`, 199 k with this draw, 190 k without
-/// its `set_config` (see `SESSION_DEFAULTS`; the hand-written
-/// pair: 72 k). The sequence's settings are read with one
-/// `pg_sequence_parameters` call, a column whose fields the conditions
-/// read, where `draw!` calls it once a field (11 k); `nextval` and the
-/// clock are columns of one subquery (5 k): the order of the two does not
-/// matter here, as the token is `nextval`'s only when it is not below the
-/// clock, which is read after the lock either way.
-///
-/// A token from here is `draw_token!`'s token from `nextval` (rule 1 of
-/// [`TRY_LOCK`]), under the same checks: a sequence that fails any of them
-/// is not drawn from here, whatever the reason.
-macro_rules! quick_draw {
-    () => {
-        concat!(
-            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq
-                  AND t.seq OPERATOR(pg_catalog.<=) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
-                  AND (t.p).cache_size OPERATOR(pg_catalog.=) 1::pg_catalog.int8
-                  AND NOT (t.p).cycle_option
-                  AND (t.p).increment OPERATOR(pg_catalog.>) 0::pg_catalog.int8
-             THEN t.seq END
-FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
-             (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-              OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock,
-             pg_catalog.pg_sequence_parameters(
-                 '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p
-      OFFSET 0) AS t"
-        )
     };
 }
 
@@ -515,30 +471,6 @@ macro_rules! token_mark_b {
     };
 }
 
-/// Takes both token marks of a named lease (see [`TRY_LOCK_NAMED`]) of the
-/// advisory key `$h` with the token `$t`: 1 when both were taken, 0 when
-/// neither is held (the first refused; or the second refused, and the
-/// first dropped again). One `CASE`, which evaluates its conditions in
-/// order and stops at the first that holds (the calls are volatile, so
-/// none is folded while planning). With a NULL token it takes nothing and
-/// answers 0: the calls are strict.
-macro_rules! token_marks {
-    ($h:literal, $t:literal) => {
-        concat!(
-            "CASE WHEN NOT ",
-            token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", $h, $t),
-            " THEN 0::pg_catalog.int8
-                      WHEN ",
-            token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", $h, $t),
-            " THEN 1::pg_catalog.int8
-                      WHEN ",
-            token_mark_a!("pg_catalog.pg_advisory_unlock_shared", $h, $t),
-            " THEN 0::pg_catalog.int8
-                      ELSE 0::pg_catalog.int8 END"
-        )
-    };
-}
-
 /// The `classid` in `pg_locks` (as an `int8`) of the first token mark of
 /// the advisory key `$h` (see `token_mark_a!`).
 macro_rules! mark_class_a {
@@ -631,14 +563,11 @@ pub(super) use self::holders::{
     HOLDERS, KEY_HELD, LISTEN, SESSION_HOLDERS, TERMINATE_HOLDERS, force_release_named,
     holders_channel,
 };
-pub use self::lock::{
-    DRAW_HELD, DRAW_HELD_NAMED, TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_NAMED_QUICK, TRY_LOCK_QUICK,
-    UNLOCK, UNLOCK_GATED, UNLOCK_NAMED,
-};
 pub(super) use self::lock::{
     DRAW_IN_SAVEPOINT, DRAW_SAVEPOINT_UNDO, LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNDO_MARKS,
     UNLOCK_ALL, UNLOCK_KEY, WAIT_FOR_RELEASE, XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
 };
+pub use self::lock::{TRY_LOCK, TRY_LOCK_NAMED, UNLOCK, UNLOCK_GATED, UNLOCK_NAMED};
 pub(super) use self::modes::{
     MARK, MARKED, MODES_EXIST, MODES_SETUP, TRY_PERMIT, TRY_SHARED, UNLOCK_PERMIT, UNLOCK_SHARED,
     UNMARK,

@@ -169,10 +169,10 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cache_size
+            WHEN (t.p).cache_size
                      OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
-                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cycle_option
-                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).increment
+                 OR (t.p).cycle_option
+                 OR (t.p).increment
                      OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
@@ -204,10 +204,12 @@ BEGIN
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
                   0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
-FROM (SELECT s.seq,
+FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-      FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq  OFFSET 0) AS s OFFSET 0) AS t);
+      FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
+                   pg_catalog.pg_sequence_parameters(
+                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p  OFFSET 0) AS s OFFSET 0) AS t);
         e := pg_catalog.hashtextextended(pg_catalog.concat('dlock-phase-token:'::pg_catalog.text,
             granted_token, ':'::pg_catalog.text, k), seed);
         PERFORM pg_catalog.pg_advisory_lock_shared(e);
@@ -263,10 +265,10 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cache_size
+            WHEN (t.p).cache_size
                      OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
-                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).cycle_option
-                 OR (pg_catalog.pg_sequence_parameters('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid)).increment
+                 OR (t.p).cycle_option
+                 OR (t.p).increment
                      OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
@@ -298,10 +300,12 @@ BEGIN
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
                   0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
-FROM (SELECT s.seq,
+FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
-      FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq  OFFSET 0) AS s OFFSET 0) AS t);
+      FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
+                   pg_catalog.pg_sequence_parameters(
+                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p  OFFSET 0) AS s OFFSET 0) AS t);
             EXCEPTION WHEN OTHERS OR query_canceled THEN
                 PERFORM pg_catalog.pg_advisory_unlock(sh);
                 RAISE;

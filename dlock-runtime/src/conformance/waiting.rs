@@ -602,7 +602,8 @@ pub async fn a_try_acquire_dropped_half_way_leaves_nothing_stuck(backend: Arc<dy
 /// Durations past what the core sends (it refuses a ttl of 40 days and
 /// more) reach a backend only from a caller of [`Backend`] itself: the
 /// backend answers them, an error or a grant, and never panics, whether
-/// the key is free or held, for a ttl, a fair entry's life or a renewal.
+/// the key is free or held, for a ttl, a fair entry's life, a renewal or
+/// a renewal's time left.
 pub async fn a_duration_past_any_clock_is_answered_without_a_panic(backend: Arc<dyn Backend>) {
     use crate::backend::{Queue, ReleaseRequest, Renewal};
     let key = fresh_key("endless");
@@ -618,6 +619,9 @@ pub async fn a_duration_past_any_clock_is_answered_without_a_panic(backend: Arc<
         .try_acquire(&AcquireRequest::new(&key, &holder, endless))
         .await;
     let _ = backend.extend(&Renewal::new(&key, &holder, endless)).await;
+    let hold = Renewal::new(&key, &holder, Duration::from_secs(30)).expiring_in(endless);
+    let _ = backend.extend(&hold).await;
+    let _ = backend.extend_many(&[hold]).await;
     if !matches!(taken, Ok(Attempt::Acquired(_))) {
         // Refused: take it for a while, so the queue below meets a holder.
         attempt_as(&backend, &key, &holder, Duration::from_secs(30)).await;

@@ -79,7 +79,7 @@ impl EtcdBackend {
         let Some(time_left) = time_left else {
             return self.bounded(operation, key, request).await;
         };
-        let deadline = started + time_left;
+        let deadline = crate::backend::kit::after(started, time_left);
         let mut tries = FuturesUnordered::new();
         let mut next_try = Instant::now();
         let mut failed = None;

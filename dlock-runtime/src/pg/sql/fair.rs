@@ -52,11 +52,7 @@ macro_rules! fair_wait {
 pub(in crate::pg) const FAIR_LOCK: &str = concat!(
     "SELECT w.h, CASE WHEN pg_catalog.set_config('lock_timeout'::pg_catalog.text, w.prev, true)
                       IS NOT NULL THEN (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
+    draw_token!(),
     ") END
 FROM (",
     fair_wait!(),
@@ -86,11 +82,7 @@ FROM (",
 pub(in crate::pg) const FAIR_LOCK_MARKED: &str = concat!(
     "SELECT w.h, CASE WHEN pg_catalog.set_config('lock_timeout'::pg_catalog.text, w.prev, true)
                       IS NOT NULL THEN (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
+    draw_token!(),
     ") END
 FROM (SELECT u.h, u.prev, pg_catalog.pg_advisory_lock(u.h) AS locked
       FROM (SELECT m.h, m.prev,
@@ -130,9 +122,7 @@ pub(in crate::pg) const FAIR_RECORD: &str = concat!(
   SELECT $2::pg_catalog.int8 AS h, $6::pg_catalog.int8 AS token,
          pg_catalog.pg_advisory_xact_lock_shared(",
     rewriting_mark!("$2::pg_catalog.int8"),
-    ") AS rewriting,
-         pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-             AS commit_mode
+    ") AS rewriting
 ),
 recorded AS (
   INSERT INTO {schema}.dlock_holders AS r
@@ -140,7 +130,7 @@ recorded AS (
   SELECT t.h, $1::pg_catalog.text, t.token, pg_catalog.pg_backend_pid(),
          $4::pg_catalog.timestamptz, $3::pg_catalog.text, $5::pg_catalog.text, t.token,
          pg_catalog.now()
-  FROM t WHERE t.rewriting IS NOT NULL AND t.commit_mode IS NOT NULL
+  FROM t WHERE t.rewriting IS NOT NULL
   ON CONFLICT (lock_id) DO UPDATE
   SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
       session_start = EXCLUDED.session_start, identity = EXCLUDED.identity,

@@ -239,7 +239,6 @@ pub(in crate::pg) fn holders_channel(schema: &str) -> String {
 /// [`TRY_LOCK`]: super::TRY_LOCK
 pub(in crate::pg) const ANNOUNCE: &str = "\
 SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, $1::pg_catalog.text, true),
-       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true),
        (SELECT pg_catalog.count(pg_catalog.pg_notify($2::pg_catalog.text, k.h::pg_catalog.text))
         FROM pg_catalog.unnest($3::pg_catalog.int8[]) AS k(h))";
 

@@ -91,7 +91,7 @@
 /// the lead is switched on only where none draws (see `token_lead!`).
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
-    draw_token!("", ""),
+    draw_token!(),
     ") END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
@@ -146,7 +146,7 @@ pub const TRY_LOCK_NAMED: &str = concat!(
     " THEN 0::pg_catalog.int8
                       ELSE 0::pg_catalog.int8 END]
     FROM (",
-    draw_token!("", ""),
+    draw_token!(),
     " OFFSET 0) AS d(token)) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
@@ -314,7 +314,7 @@ pub(in crate::pg) const XACT_LOCK: &str = draw_ahead!(
 /// savepoint itself.
 pub(in crate::pg) const DRAW_IN_SAVEPOINT: &str = concat!(
     "SAVEPOINT dlock_draw; SET LOCAL lock_timeout = '1s'; ",
-    draw_token!("", ""),
+    draw_token!(),
     "; ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw"
 );
 

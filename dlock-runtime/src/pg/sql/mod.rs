@@ -81,12 +81,10 @@
 /// compute with their parameters, whose values never change which plan is
 /// best, so nothing is lost by planning them once.
 ///
-/// And asynchronous commits (`synchronous_commit` off), which the
-/// statements of dlock's that write on its sessions set for their own
-/// transaction too: the lock statements sent at every acquisition
-/// ([`TRY_LOCK`], [`TRY_LOCK_NAMED`]) rely on this one instead, as the
-/// call cost the server 9 k of the 253 k instructions of a named lock
-/// and unlock (callgrind; examples/bench/notes.md). A `nextval` logs once
+/// And asynchronous commits (`synchronous_commit` off) for every statement
+/// of the session, which none of them sets again: the call cost the server
+/// 9 k of the 253 k instructions of a named lock and unlock (callgrind;
+/// examples/bench/notes.md). A `nextval` logs once
 /// in 32 values, and a commit that waited for it would wait for a WAL
 /// flush. What dlock writes on its sessions is lost to a crash at no
 /// cost: the sequence's position is floored by the clock, the tables of
@@ -207,9 +205,7 @@ macro_rules! wrote_row {
 /// the lock `nextval` takes on the sequence until the statement's
 /// transaction ends, so the settings read are the ones `nextval` drew with.
 ///
-/// `$extra` is a further column of the innermost subquery, evaluated with
-/// `nextval` (the lock sessions' statement makes its commit asynchronous
-/// there, see [`TRY_LOCK`]); `$after` is the row source the draw must come
+/// `$after` is the row source the draw must come
 /// after. `OFFSET 0` keeps each subquery from being merged into the next
 /// (and the planner keeps a volatile column it does not need), so the
 /// order is fixed: the lock (the caller's `CASE`, or `$after`), then
@@ -231,10 +227,9 @@ macro_rules! wrote_row {
 /// writes the sequence's own value back: a write more, once per lead at
 /// most, where the statement before this one wrote nothing.
 macro_rules! draw_token {
-    ($extra:literal, $after:literal) => {
+    () => {
         draw!(
-            $extra,
-            $after,
+            "",
             draw_behind!(concat!(
                 "WHEN ",
                 draw_lock!(),
@@ -262,7 +257,7 @@ macro_rules! draw_token {
 /// no draw takes it, and the draw is one statement, as before the lead.
 macro_rules! draw_ahead {
     ($after:literal) => {
-        draw!("", $after, draw_behind!("ELSE NULL::pg_catalog.int8"))
+        draw!($after, draw_behind!("ELSE NULL::pg_catalog.int8"))
     };
 }
 
@@ -305,7 +300,7 @@ macro_rules! lead {
 /// What `draw_token!` and `draw_ahead!` share: the refusals, then the
 /// token from `nextval` when the clock is not past it, then `$behind`.
 macro_rules! draw {
-    ($extra:literal, $after:literal, $($behind:expr),+) => {
+    ($after:literal, $($behind:expr),+) => {
         concat!(
             "SELECT CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
@@ -328,9 +323,7 @@ FROM (SELECT s.seq, s.p,
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
       FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
                    pg_catalog.pg_sequence_parameters(
-                       '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p",
-            $extra,
-            " ",
+                       '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p ",
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
         )

@@ -122,11 +122,7 @@ pub const TRY_LOCK_RECORDING: &str = concat!(
 t AS (
   SELECT k.h, k.already, CASE WHEN k.rewriting IS NOT NULL
                                AND pg_catalog.pg_try_advisory_xact_lock(k.h) THEN (",
-    draw_token!(
-        ", pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
-              AS commit_mode",
-        ""
-    ),
+    draw_token!(),
     ") END AS token
   FROM k
 ),
@@ -175,8 +171,7 @@ pub const UNLOCK_RECORDED: &str = concat!(
     AND r.pid = pg_catalog.pg_backend_pid()
   RETURNING r.lock_id
 )
-SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8),
-       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+SELECT pg_catalog.pg_advisory_unlock($1::pg_catalog.int8)
 FROM (SELECT pg_catalog.count(*) AS deleted,
              pg_catalog.pg_advisory_xact_lock_shared(",
     release_gate!("$1::pg_catalog.int8"),
@@ -205,8 +200,7 @@ WITH gone AS (
     AND r.pid = pg_catalog.pg_backend_pid() AND r.session_start = $3::pg_catalog.timestamptz
   RETURNING r.lock_id
 )
-SELECT pg_catalog.count(*),
-       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true)
+SELECT pg_catalog.count(*)
 FROM gone";
 
 /// Writes again the identity records of leases this session holds, when
@@ -381,8 +375,7 @@ pub(in crate::pg) fn rewrite_records(
 /// [`TRY_LOCK_RECORDING`]'s: the tables are `UNLOGGED`, and worth nothing
 /// after a crash, which ends every session.
 pub(in crate::pg) const NAME_LEASE: &str = "\
-SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{wait}'::pg_catalog.text, true),
-       pg_catalog.set_config('synchronous_commit'::pg_catalog.text, 'off'::pg_catalog.text, true);
+SELECT pg_catalog.set_config('lock_timeout'::pg_catalog.text, '{wait}'::pg_catalog.text, true);
 WITH me AS (
   SELECT pg_catalog.pg_backend_pid() AS pid,
          (SELECT a.backend_start

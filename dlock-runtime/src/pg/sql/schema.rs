@@ -231,7 +231,7 @@ mod tests {
 
     #[test]
     fn the_mode_functions_draw_tokens_as_the_lock_statements_do() {
-        let draw = draw_token!("", "").replace("{schema}", FILE_SCHEMA);
+        let draw = draw_token!().replace("{schema}", FILE_SCHEMA);
         assert_eq!(MODES_SETUP.matches(&draw).count(), 2, "{draw}");
     }
 }

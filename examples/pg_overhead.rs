@@ -125,7 +125,9 @@ async fn round(
                         .client
                         .query_one(&raw.lock, &[&key.as_str(), &0i64])
                         .await?;
-                    let (advisory, token): (i64, Option<i64>) = (row.try_get(0)?, row.try_get(1)?);
+                    // `{token, clock}`, NULL when held.
+                    let (advisory, token): (i64, Option<Vec<i64>>) =
+                        (row.try_get(0)?, row.try_get(1)?);
                     if token.is_none() {
                         return Err(format!("{key} was held").into());
                     }

@@ -30,6 +30,7 @@ mod modes;
 mod names;
 mod names_faults;
 mod names_marks;
+mod quick_draw;
 mod server;
 mod token_lead;
 mod token_lead_faults;

@@ -50,7 +50,7 @@ pub(super) async fn set_back(admin: &Client, schema: &str) {
 
 /// Sets the sequence a second behind the clock: the next draw must write,
 /// but the sequence is not taken for a lost one.
-async fn set_just_behind(admin: &Client, schema: &str) {
+pub(super) async fn set_just_behind(admin: &Client, schema: &str) {
     admin
         .execute(
             &format!(

@@ -112,6 +112,7 @@ impl PgBackend {
         let inner = Arc::new(Inner {
             try_lock_sql: sql::render(sql::TRY_LOCK, &quoted_schema),
             modes: modes::Modes::new(&quoted_schema),
+            quick: super::quick::QuickDraw::new(&quoted_schema),
             terminate_sql: sql::render(sql::TERMINATE_HOLDERS, &quoted_schema),
             force_release_named_sql: sql::render(sql::FORCE_RELEASE_NAMED, &quoted_schema),
             fair_lock_sql: sql::render(sql::FAIR_LOCK, &quoted_schema),

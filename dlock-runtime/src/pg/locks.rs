@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use super::claims::InFlight;
 use super::connection::Failure;
 use super::session::LockSession;
-use super::{Holding, Inner, KIND, State, sql, xact};
+use super::{Holding, Inner, KIND, State, quick, sql, xact};
 use crate::backend::kit::after;
 use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Attempt, Grant, OwnerId};
@@ -210,22 +210,31 @@ impl Inner {
         let flight;
         let mut told_already = false;
         let answer = match recording {
-            None if named => {
-                match session
-                    .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
-                    .await
-                {
-                    Ok((try_lock, _)) => {
+            None => {
+                let statements = async {
+                    let (lock, unlock) = (&self.try_lock_named_sql, &self.unlock_named_sql);
+                    let full = match named {
+                        true => &session.named_statements(lock, unlock).await?.0,
+                        false => &session.try_lock,
+                    };
+                    Ok((self.quick.statement(session, named).await?, full))
+                };
+                match statements.await {
+                    Ok(statements) => {
+                        // Counted in flight as a recording statement is: one
+                        // sent behind it is told it may hold the advisory key.
                         let (_, flying) = session.claims.already_holds(expected)?;
                         flight = Some(flying);
                         let name = key.as_str();
                         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                             [&name, &self.options.key_seed];
-                        // The names are polled first, so sent first.
-                        let lock = session.query_one(try_lock, &params);
-                        tokio::join!(self.name_lease(session, key, holder), lock)
-                            .1
-                            .map(|row| (Ok(row), false))
+                        let lock = self.quick.lock(session, statements, named, &params);
+                        match named {
+                            // The names are polled first, so sent first.
+                            true => tokio::join!(self.name_lease(session, key, holder), lock).1,
+                            false => lock.await,
+                        }
+                        .map(|row| (Ok(row), false))
                     }
                     // Preparing runs nothing: there is nothing to undo.
                     Err(err) => {
@@ -233,16 +242,6 @@ impl Inner {
                         Ok((Err(err), false))
                     }
                 }
-            }
-            None => {
-                // Counted in flight as a recording statement is: one
-                // sent behind it is told it may hold the advisory key.
-                let (_, flying) = session.claims.already_holds(expected)?;
-                flight = Some(flying);
-                session
-                    .query_one(&session.try_lock, &[&key.as_str(), &self.options.key_seed])
-                    .await
-                    .map(|row| (Ok(row), false))
             }
             Some(started) => {
                 match session
@@ -308,20 +307,18 @@ impl Inner {
         // marks was taken (see `sql::TRY_LOCK_NAMED`).
         let mut marks = None;
         let taken = row.try_get::<_, i64>(0).and_then(|h| {
-            if !named {
+            if recording {
                 return Ok((h, row.try_get::<_, Option<i64>>(1)?));
             }
-            let answer = row.try_get::<_, Option<Vec<i64>>>(1)?;
-            Ok((
-                h,
-                answer.and_then(|answer| match answer[..] {
-                    [token, marked] => {
-                        marks = Some(marked == 1);
-                        Some(token)
-                    }
-                    _ => None,
-                }),
-            ))
+            let token = quick::answer(&row)?.and_then(|answer| match answer[..] {
+                [token, marked, ..] if named => {
+                    marks = Some(marked == 1);
+                    Some(token)
+                }
+                [token, ..] if !named => Some(token),
+                _ => None,
+            });
+            Ok((h, token))
         });
         // And whether the record it was to write is missing: a
         // token drawn for a key the session held for no other

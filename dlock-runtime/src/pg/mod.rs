@@ -400,6 +400,7 @@ mod modes;
 mod names;
 mod objects;
 mod options;
+mod quick;
 mod read_hold;
 mod recording;
 mod sequence;
@@ -419,12 +420,15 @@ mod xact;
 /// an identity takes it with [`TRY_LOCK_RECORDING`](protocol::TRY_LOCK_RECORDING)
 /// and drops it with [`UNLOCK_RECORDED`](protocol::UNLOCK_RECORDED); with
 /// holder records off, [`TRY_LOCK`](protocol::TRY_LOCK) and
-/// [`UNLOCK`](protocol::UNLOCK). Not a stable API.
+/// [`UNLOCK`](protocol::UNLOCK). While the token sequence leads the clock,
+/// [`TRY_LOCK_NAMED_QUICK`](protocol::TRY_LOCK_NAMED_QUICK) and
+/// [`TRY_LOCK_QUICK`](protocol::TRY_LOCK_QUICK) stand in for the first and
+/// the last lock statement (see `quick`). Not a stable API.
 #[doc(hidden)]
 pub mod protocol {
     pub use super::sql::{
-        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED,
-        UNLOCK_NAMED, UNLOCK_RECORDED,
+        DELETE_RELEASED, TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_NAMED_QUICK, TRY_LOCK_QUICK,
+        TRY_LOCK_RECORDING, UNLOCK, UNLOCK_GATED, UNLOCK_NAMED, UNLOCK_RECORDED,
     };
 }
 
@@ -547,6 +551,8 @@ struct Inner {
     name_lease_sql: String,
     try_lock_named_sql: String,
     unlock_named_sql: String,
+    /// Whether lock statements take the quick draw (see [`quick`]).
+    quick: quick::QuickDraw,
     session_holders_sql: String,
     held_named_sql: String,
     /// What this backend named, and whether it may (see [`names`]).

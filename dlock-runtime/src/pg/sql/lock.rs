@@ -12,8 +12,10 @@
 /// lock that was not taken: `CASE` evaluates the draw only after
 /// `pg_try_advisory_lock` returned true. The sequence is not transactional,
 /// so a value once drawn is never drawn again, whatever happens to the
-/// transaction. Returns the advisory key and the token (NULL: held by
-/// someone else).
+/// transaction. Returns the advisory key and `{token, clock}` (NULL: held
+/// by someone else), the clock the draw read in microseconds: until the
+/// token's lead over it has passed, the backend sends [`TRY_LOCK_QUICK`]
+/// instead (see `quick::QuickDraw`).
 ///
 /// The statement's own transaction commits asynchronously
 /// (`synchronous_commit` off for the whole lock session, see
@@ -91,8 +93,25 @@
 /// the lead is switched on only where none draws (see `token_lead!`).
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
-    draw_token!(),
+    draw_token!("ARRAY[", ", t.clock]"),
     ") END
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
+);
+
+/// [`TRY_LOCK`] with the quick draw (`quick_draw!`), what a lock session
+/// sends while its backend's last draw left the sequence ahead of the
+/// clock by more than the time since (see `quick::QuickDraw`). Returns
+/// the advisory key and `{token}` (NULL: held by someone else), or `{0}`
+/// when the sequence was not fit for the quick draw after all: the statement
+/// then gave the lock back at once (`COALESCE` evaluates its second
+/// argument only when the first is NULL), held for no longer than its own
+/// execution, and the backend sends [`TRY_LOCK`]. A token is never 0: one
+/// from here is at or above the clock in microseconds. The `nextval` it
+/// drew for nothing is a value skipped.
+pub const TRY_LOCK_QUICK: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN ARRAY[COALESCE((",
+    quick_draw!(),
+    "), CASE WHEN pg_catalog.pg_advisory_unlock(k.h) THEN 0::pg_catalog.int8 END)] END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );
 
@@ -111,14 +130,12 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// refuses one. A lease has both marks or neither: the second is tried
 /// only once the first is taken, and the first is dropped again if the
 /// second is refused, so a lease that could not mark itself reads with no
-/// token. One `CASE`, which evaluates its conditions in order and stops at
-/// the first that holds (the calls are volatile, so none is folded while
-/// planning): the first mark refused, 0; the second taken, 1; else the
-/// first is dropped, 0. Not subqueries: the server builds the executor
+/// token. One `CASE` (`token_marks!`). Not subqueries: the server builds the executor
 /// state of every subquery of a plan at each execution, and three of them
-/// cost a named lock about a tenth of its server time. Returns the token
-/// and whether the marks were taken (1 or 0), as an array; the release
-/// drops them only if they were.
+/// cost a named lock about a tenth of its server time. Returns the
+/// advisory key and `{token, marks, clock}`: whether the marks were taken
+/// (1 or 0; the release drops them only if they were), and the clock the
+/// draw read, as [`TRY_LOCK`].
 ///
 /// A reader believes a token only when it finds exactly one mark of each
 /// half for the key on the session holding it. Both or neither is what
@@ -134,19 +151,27 @@ FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int
 /// new lock) makes the token unknown, never another lease's.
 pub const TRY_LOCK_NAMED: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
-    SELECT ARRAY[d.token,
-                 CASE WHEN NOT ",
-    token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
-    " THEN 0::pg_catalog.int8
-                      WHEN ",
-    token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", "k.h", "d.token"),
-    " THEN 1::pg_catalog.int8
-                      WHEN ",
-    token_mark_a!("pg_catalog.pg_advisory_unlock_shared", "k.h", "d.token"),
-    " THEN 0::pg_catalog.int8
-                      ELSE 0::pg_catalog.int8 END]
+    SELECT ARRAY[d.token, ",
+    token_marks!("k.h", "d.token"),
+    ", d.clock]
     FROM (",
-    draw_token!(),
+    draw_token!("", ", t.clock"),
+    " OFFSET 0) AS d(token, clock)) END
+FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
+);
+
+/// [`TRY_LOCK_NAMED`] with the quick draw, as [`TRY_LOCK_QUICK`] is
+/// [`TRY_LOCK`]: the marks are taken only beside a token, and when the
+/// sequence was not fit for the quick draw the statement gives the lock
+/// back at once and answers `{0,0}`, having taken no mark.
+pub const TRY_LOCK_NAMED_QUICK: &str = concat!(
+    "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (
+    SELECT CASE WHEN d.token IS NOT NULL THEN ARRAY[d.token, ",
+    token_marks!("k.h", "d.token"),
+    "]
+                WHEN pg_catalog.pg_advisory_unlock(k.h) THEN ARRAY[0::pg_catalog.int8, 0::pg_catalog.int8] END
+    FROM (",
+    quick_draw!(),
     " OFFSET 0) AS d(token)) END
 FROM (SELECT pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8) AS h) AS k"
 );

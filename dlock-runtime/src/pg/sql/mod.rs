@@ -228,7 +228,11 @@ macro_rules! wrote_row {
 /// most, where the statement before this one wrote nothing.
 macro_rules! draw_token {
     () => {
+        draw_token!("", "")
+    };
+    ($head:literal, $tail:literal) => {
         draw!(
+            ($head, $tail),
             "",
             draw_behind!(concat!(
                 "WHEN ",
@@ -257,7 +261,7 @@ macro_rules! draw_token {
 /// no draw takes it, and the draw is one statement, as before the lead.
 macro_rules! draw_ahead {
     ($after:literal) => {
-        draw!($after, draw_behind!("ELSE NULL::pg_catalog.int8"))
+        draw!(("", ""), $after, draw_behind!("ELSE NULL::pg_catalog.int8"))
     };
 }
 
@@ -298,11 +302,15 @@ macro_rules! lead {
 }
 
 /// What `draw_token!` and `draw_ahead!` share: the refusals, then the
-/// token from `nextval` when the clock is not past it, then `$behind`.
+/// token from `nextval` when the clock is not past it, then `$behind`;
+/// the token between `$head` and `$tail`, where a lock statement adds the
+/// clock the draw read (see `quick::QuickDraw`).
 macro_rules! draw {
-    ($after:literal, $($behind:expr),+) => {
+    (($head:literal, $tail:literal), $after:literal, $($behind:expr),+) => {
         concat!(
-            "SELECT CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
+            "SELECT ",
+            $head,
+            "CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
@@ -317,7 +325,20 @@ macro_rules! draw {
             WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
             ",
             $($behind,)+
-            " END
+            " END",
+            $tail,
+            draw_from!($after)
+        )
+    };
+}
+
+/// The rows a draw reads (`t.seq`, `t.p`, `t.clock`), for `draw!` and
+/// `quick_draw!`: `nextval`, then the sequence's settings, then the
+/// clock, in that order, `$after` the row source the draw must come after.
+macro_rules! draw_from {
+    ($after:literal) => {
+        concat!(
+            "
 FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
@@ -326,6 +347,57 @@ FROM (SELECT s.seq, s.p,
                        '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p ",
             $after,
             " OFFSET 0) AS s OFFSET 0) AS t"
+        )
+    };
+}
+
+/// The quick draw of the lock statements a lock session sends while its
+/// token sequence leads the clock ([`TRY_LOCK_QUICK`],
+/// [`TRY_LOCK_NAMED_QUICK`]): `draw!`'s token from `nextval`, under the
+/// same checks (at or ahead of the clock, at most a day ahead, fit
+/// settings), else NULL, and the statement gives its lock back at once.
+/// None of `draw!`'s rarer branches is in it: no refusal text, no lead, no
+/// draw lock, no `setval`. PostgreSQL 15 builds every expression of a
+/// generic plan at each execution, branches never taken included, so a
+/// statement costs what its text holds: those branches were more than a
+/// third of a named lock's server instructions (examples/bench/notes.md).
+///
+/// A token from here is one `draw_token!` would have given in the same
+/// place (rule 1 of [`TRY_LOCK`]); a sequence that fails any check gives
+/// no token here, and the full statement draws, or refuses with its
+/// reason.
+macro_rules! quick_draw {
+    () => {
+        concat!(
+            "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq
+                  AND t.seq OPERATOR(pg_catalog.<=) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
+                  AND (t.p).cache_size OPERATOR(pg_catalog.=) 1::pg_catalog.int8
+                  AND NOT (t.p).cycle_option
+                  AND (t.p).increment OPERATOR(pg_catalog.>) 0::pg_catalog.int8
+             THEN t.seq END",
+            draw_from!("")
+        )
+    };
+}
+
+/// A named lease's two token marks of the advisory key `$h` with the token
+/// `$t` (see [`TRY_LOCK_NAMED`]), as one `CASE`, which evaluates its
+/// conditions in order and stops at the first that holds (the calls are
+/// volatile, so none is folded while planning): the first mark refused, 0;
+/// the second taken, 1; else the first is dropped, 0.
+macro_rules! token_marks {
+    ($h:literal, $t:literal) => {
+        concat!(
+            "CASE WHEN NOT ",
+            token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", $h, $t),
+            " THEN 0::pg_catalog.int8
+                      WHEN ",
+            token_mark_b!("pg_catalog.pg_try_advisory_lock_shared", $h, $t),
+            " THEN 1::pg_catalog.int8
+                      WHEN ",
+            token_mark_a!("pg_catalog.pg_advisory_unlock_shared", $h, $t),
+            " THEN 0::pg_catalog.int8
+                      ELSE 0::pg_catalog.int8 END"
         )
     };
 }
@@ -568,7 +640,10 @@ pub(super) use self::lock::{
     DRAW_IN_SAVEPOINT, DRAW_SAVEPOINT_UNDO, LOCK_SESSION_SETUP, SET_LOCAL_LOCK_TIMEOUT, UNDO_MARKS,
     UNLOCK_ALL, UNLOCK_KEY, WAIT_FOR_RELEASE, XACT_LOCK, XACT_SWAP_LOCK_TIMEOUT, XACT_TRY_LOCK,
 };
-pub use self::lock::{TRY_LOCK, TRY_LOCK_NAMED, UNLOCK, UNLOCK_GATED, UNLOCK_NAMED};
+pub use self::lock::{
+    TRY_LOCK, TRY_LOCK_NAMED, TRY_LOCK_NAMED_QUICK, TRY_LOCK_QUICK, UNLOCK, UNLOCK_GATED,
+    UNLOCK_NAMED,
+};
 pub(super) use self::modes::{
     MARK, MARKED, MODES_EXIST, MODES_SETUP, TRY_PERMIT, TRY_SHARED, UNLOCK_PERMIT, UNLOCK_SHARED,
     UNMARK,

@@ -28,7 +28,7 @@ use dlock::election::{Election, Leader, Leadership};
 use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, FencingToken, LockError, LockKey, LockOptions};
 use pg_support::{
-    OwnServer, PASSWORD, ScratchSchema, colliding_keys, free_on_the_server, freed_on_the_server,
+    OwnServer, PASSWORD, ScratchSchema, colliding_keys, freed_on_the_server,
     key_colliding_with_a_permit, random_id, shared_client, shared_conn,
 };
 use support::within;
@@ -606,8 +606,9 @@ async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege
         "the key was not taken"
     );
 
-    // A table of an older dlock's shape, which only its owner may bring
-    // to this version's, is refused with the ALTER TABLE to run.
+    // A table without the columns of the holder record: plain locks
+    // still work on it, and reading their holder answers "held, by
+    // someone unknown" rather than failing on the columns the table lacks.
     let role = schema.role.clone().expect("role");
     admin
         .batch_execute(&format!(
@@ -617,43 +618,28 @@ async fn a_role_that_may_not_create_the_table_gets_an_error_naming_the_privilege
         ))
         .await
         .expect("the DBA creates the table");
-    let text = take(&backend, &key, &owner, Some("node-a"))
-        .await
-        .expect_err("the role may not migrate the table")
-        .to_string();
-    assert!(text.contains("only its owner may"), "{text}");
-    assert!(
-        text.contains(&format!(
-            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS holder"
-        )),
-        "{text}"
-    );
-    // Plain locks still work on it, and reading their holder answers
-    // "held, by someone unknown" rather than failing on the columns the
-    // table lacks.
     let plain_key = fresh_key("old-shape-plain");
     let plain_owner = OwnerId::random().expect("random");
     take(&backend, &plain_key, &plain_owner, None)
         .await
-        .expect("a plain lock on an old-shape table");
+        .expect("a plain lock on a table without the holder columns");
     let holding = backend
         .holder(&plain_key)
         .await
-        .expect("the holder of a plain lock on an old-shape table")
+        .expect("the holder of a plain lock on a table without the holder columns")
         .expect("held");
     assert_eq!(holding.holder, None, "{holding:?}");
     give_back(&backend, &plain_key, &plain_owner).await;
 
-    // Migrated, a table the role may read but not write is refused with
+    // With them, a table the role may read but not write is refused with
     // what it lacks.
     admin
         .batch_execute(&format!(
-            "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS holder text, \
-             ADD COLUMN IF NOT EXISTS holder_token int8, \
-             ADD COLUMN IF NOT EXISTS since timestamptz, ALTER COLUMN identity DROP NOT NULL"
+            "ALTER TABLE {table} ADD COLUMN holder text, ADD COLUMN holder_token int8, \
+             ADD COLUMN since timestamptz, ALTER COLUMN identity DROP NOT NULL"
         ))
         .await
-        .expect("the owner migrates the table");
+        .expect("the DBA adds the columns");
     let text = take(&backend, &key, &owner, Some("node-a"))
         .await
         .expect_err("the role may not delete records")
@@ -1657,166 +1643,6 @@ async fn a_record_written_again_keeps_its_key_and_identity_as_they_were() {
         .get(0);
     assert_eq!(written, key.as_str());
     leadership.resign().await.expect("resign");
-}
-
-/// What a dlock that recorded only leases with an identity sent to take a
-/// key with one: the lock, and its record in the old table's columns only
-/// (an upsert that leaves any other column of the row as it was). On
-/// `client`'s own session; the token.
-async fn take_as_an_older_dlock(
-    client: &dlock::pg::tokio_postgres::Client,
-    schema: &ScratchSchema,
-    key: &str,
-    identity: &str,
-) -> i64 {
-    let taken: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock(hashtextextended($1::text, 0))",
-            &[&key],
-        )
-        .await
-        .expect("lock")
-        .get(0);
-    assert!(taken, "`{key}` must be free");
-    client
-        .query_one(
-            &format!(
-                "INSERT INTO {s}.dlock_holders AS r (lock_id, key, token, pid, session_start, identity)
-                 SELECT hashtextextended($1::text, 0), $1::text, nextval('{s}.dlock_token_seq'),
-                        pg_backend_pid(),
-                        (SELECT a.backend_start FROM pg_stat_get_activity(pg_backend_pid()) AS a),
-                        $2::text
-                 ON CONFLICT (lock_id) DO UPDATE
-                 SET key = EXCLUDED.key, token = EXCLUDED.token, pid = EXCLUDED.pid,
-                     session_start = EXCLUDED.session_start, identity = EXCLUDED.identity
-                 RETURNING r.token",
-                s = schema.name
-            ),
-            &[&key, &identity],
-        )
-        .await
-        .expect("an older dlock's record")
-        .get(0)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_older_dlocks_table_is_migrated_and_its_rows_read_without_a_holder() {
-    let schema = ScratchSchema::new("holder");
-    let admin = shared_client().await;
-    let (holder, reader) = two_instances(&schema).await;
-    let table = format!("{}.dlock_holders", schema.name);
-    admin
-        .batch_execute(&format!(
-            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
-             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
-             identity text NOT NULL)"
-        ))
-        .await
-        .expect("an older dlock's table");
-    let prefix = format!("dlock-test:migrated:{}:", random_id());
-    let name = |suffix: &str| LockKey::new(format!("{prefix}{suffix}")).expect("valid key");
-    let (old_key, new_key, stale_key) = (name("old"), name("new"), name("stale"));
-
-    // An older dlock holds a key, recorded in the old shape.
-    let older = shared_client().await;
-    let old_token = take_as_an_older_dlock(&older, &schema, old_key.as_str(), "old-node").await;
-
-    // This version's first acquisition brings the table to its shape.
-    let lease = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(Arc::new(holder.clone()), &new_key)
-        .await
-        .expect("free");
-    let shape: Vec<(String, bool)> = admin
-        .query(
-            "SELECT attname::text, attnotnull FROM pg_attribute \
-             WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped \
-             ORDER BY attnum",
-            &[&table],
-        )
-        .await
-        .expect("columns")
-        .iter()
-        .map(|row| (row.get(0), row.get(1)))
-        .collect();
-    let column = |name: &str| shape.iter().find(|(n, _)| n == name).map(|(_, nn)| *nn);
-    assert_eq!(
-        (
-            column("identity"),
-            column("holder"),
-            column("holder_token"),
-            column("since")
-        ),
-        (Some(false), Some(false), Some(false), Some(false)),
-        "{shape:?}"
-    );
-    let me = dlock::HolderInfo::this_process(None);
-    let seen = reader.holder(&new_key).await.expect("read").expect("held");
-    assert_eq!(seen.token, Some(lease.token()));
-    assert_eq!(seen.holder.as_ref().map(|h| h.pid), Some(me.pid));
-
-    // The older dlock's row reads as it did, with no holder record.
-    let seen = reader.holder(&old_key).await.expect("read").expect("held");
-    assert_eq!(
-        (
-            seen.token.map(|t| t.get() as i64),
-            seen.identity.as_deref(),
-            seen.holder
-        ),
-        (Some(old_token), Some("old-node"), None)
-    );
-
-    // A row this version left behind (its session died) and an older
-    // dlock then overwrote keeps this version's columns: they are never
-    // read as the older dlock's.
-    let doomed = connect(schema.options()).await;
-    let doomed_lease = LockOptions::new(Duration::from_secs(30))
-        .acquire_on(Arc::new(doomed.clone()), &stale_key)
-        .await
-        .expect("free");
-    let pid = holding_pid(&admin, &stale_key).await;
-    admin
-        .query_one("SELECT pg_terminate_backend($1, 5000)", &[&pid])
-        .await
-        .expect("end the holder's session");
-    within(10, "the dead session's lock to go", async {
-        while !free_on_the_server(&admin, &stale_key).await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
-    drop(doomed_lease);
-    let stale_token =
-        take_as_an_older_dlock(&older, &schema, stale_key.as_str(), "old-again").await;
-    let seen = reader
-        .holder(&stale_key)
-        .await
-        .expect("read")
-        .expect("held");
-    assert_eq!(
-        (
-            seen.token.map(|t| t.get() as i64),
-            seen.identity.as_deref(),
-            seen.holder
-        ),
-        (Some(stale_token), Some("old-again"), None),
-        "never the dead lease's holder record"
-    );
-
-    // All three are listed, sorted, each with what its row tells.
-    let listed = reader.held(&prefix).await.expect("list");
-    let keys: Vec<&str> = listed.iter().map(|(key, _)| key.as_str()).collect();
-    assert_eq!(
-        keys,
-        [new_key.as_str(), old_key.as_str(), stale_key.as_str()]
-    );
-    assert_eq!(
-        listed
-            .iter()
-            .map(|(_, h)| h.holder.as_ref().map(|h| h.pid))
-            .collect::<Vec<_>>(),
-        [Some(me.pid), None, None]
-    );
-    lease.release().await.expect("release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

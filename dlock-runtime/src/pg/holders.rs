@@ -31,7 +31,7 @@
 //! A table the role cannot use costs leases without an identity their
 //! record, never their lock (see [`Inner::may_record`]).
 //!
-//! The table itself (made, migrated, judged usable) is in `holders_table`,
+//! The table itself (made, judged usable) is in `holders_table`,
 //! a renewal's rewrite of missing records in `holders_rewrite`, and the
 //! force release that names a lease in `holders_force`.
 
@@ -116,10 +116,9 @@ impl Inner {
             (&found.pid, Type::INT4),
             (&started, Type::TIMESTAMPTZ),
         ];
-        // No table of records (never made, or dropped since), or one of
-        // an earlier dlock that this role may not bring to this version's
-        // shape (only its owner may): no record to read, and the holder
-        // is read from its marks and its session's name.
+        // No table of records (never made, or dropped since), or one
+        // without the columns of the holder record: no record to read, and
+        // the holder is read from its marks and its session's name.
         let rows = if !found.records {
             Vec::new()
         } else {

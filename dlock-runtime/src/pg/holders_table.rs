@@ -1,6 +1,5 @@
-//! The table of holder records: making sure it exists, has this version's
-//! shape and the role may use it (creating or migrating it on a connection
-//! of its own), and whether acquisitions without an identity record their
+//! The table of holder records: making sure it exists and the role may use
+//! it (creating it on a connection of its own), and whether acquisitions without an identity record their
 //! holder while it is not usable.
 //!
 //! Its own file because it is setup, run once per backend or after a
@@ -23,12 +22,11 @@ use crate::error::{LockError, Operation};
 use crate::key::LockKey;
 
 impl Inner {
-    /// Makes sure the table of holder records exists, has this version's
-    /// shape and the role may use it, creating or migrating it if needed,
-    /// before an acquisition of `key` that records; checked once per
+    /// Makes sure the table of holder records exists and the role may use
+    /// it, creating it if needed, before an acquisition of `key` that records; checked once per
     /// backend (`recheck`: again, as a lock statement found it missing).
     ///
-    /// Boxed: the check and the migration are large futures, and every
+    /// Boxed: the check and the creation are large futures, and every
     /// lock path that may call this would otherwise carry their size in its
     /// own, copied into a box at each acquisition.
     pub(super) async fn ensure_holders_table(
@@ -63,8 +61,8 @@ impl Inner {
 
     /// Whether an acquisition of `key` without an identity records its
     /// holder: yes once the table is usable ([`ensure_holders_table`](Self::ensure_holders_table)).
-    /// A table that is not (a role that may not create it, nor migrate an
-    /// older dlock's, nor write it) costs such leases their record, never
+    /// A table that is not (a role that may not create it, nor write it)
+    /// costs such leases their record, never
     /// their lock: they lock without one, their holder reads as unknown,
     /// one warning says why, and the table is looked at again after
     /// [`UNUSABLE_RECHECK`] (or at once by an acquisition with an
@@ -132,7 +130,7 @@ impl Inner {
             .map(TableInspection::from_row)
             .transpose()
             .map_err(inspect_failed)?;
-        if !found.as_ref().is_some_and(|t| t.exists && t.shaped) {
+        if !found.as_ref().is_some_and(|t| t.exists) {
             self.create_holders_table(found.as_ref().map(|t| t.role.as_str()))
                 .await?;
             let rows = session
@@ -145,9 +143,9 @@ impl Inner {
                 .transpose()
                 .map_err(inspect_failed)?;
         }
-        let Some(mut found) = found.filter(|t| t.exists && t.shaped) else {
+        let Some(mut found) = found.filter(|t| t.exists) else {
             return Err(Failure::msg(format!(
-                "the table {}.dlock_holders vanished or changed while it was being checked",
+                "the table {}.dlock_holders vanished while it was being checked",
                 self.quoted_schema
             )));
         };
@@ -240,10 +238,10 @@ impl Inner {
             .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
     }
 
-    /// Creates the table of holder records, or brings an older dlock's to
-    /// this version's shape, on a connection of its own (that needs a
-    /// transaction, and a lock session carries other leases' statements),
-    /// under the setup lock the schema objects are created under.
+    /// Creates the table of holder records on a connection of its own
+    /// (that needs a transaction, and a lock session carries other leases'
+    /// statements), under the setup lock the schema objects are created
+    /// under.
     async fn create_holders_table(&self, role: Option<&str>) -> Result<(), Failure> {
         // Dropping `close` closes the connection.
         let (close, closed) = oneshot::channel();
@@ -252,59 +250,30 @@ impl Inner {
             .open(self.connector.connect_timeout(), closed, |_| {})
             .await?;
         let schema = self.options.schema.as_str();
-        let mut migrating = false;
         let created = async {
             let tx = self.setup_transaction(&mut client).await?;
             // Look again under the lock: CREATE checks the privilege before
             // IF NOT EXISTS, so a role that may not create must not try
-            // when another has just created it (nor migrate one another
-            // has just migrated: only the owner may).
+            // when another has just created it.
             let again = tx.query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema]).await?;
             let exists: bool = again.try_get(0)?;
-            let shaped = again.try_get::<_, Option<bool>>(6)?.unwrap_or(false);
             if !exists {
                 tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
                     .await?;
-            } else if !shaped {
-                migrating = true;
-                tx.batch_execute(&sql::render(
-                    sql::MIGRATE_HOLDERS_TABLE,
-                    &self.quoted_schema,
-                ))
-                .await?;
             }
             tx.commit().await
         }
         .await;
         drop(close);
-        if created.is_ok() && migrating {
-            tracing::info!(
-                schema = self.quoted_schema,
-                "the table of holder records of an older dlock now has the columns of the \
-                 holder record (holder, holder_token, since; identity nullable)"
-            );
-        }
         created.map_err(|err| {
             let denied = err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
             let role = role.unwrap_or("the role");
-            let what = if denied && migrating {
-                format!(
-                    "role {role} may not bring the table {s}.dlock_holders of an older dlock to \
-                     this version's shape (only its owner may); have its owner run: {ddl}",
-                    s = self.quoted_schema,
-                    ddl = sql::holders_migration_ddl_for_dba(&self.quoted_schema),
-                )
-            } else if denied {
+            let what = if denied {
                 format!(
                     "role {role} may not create the table {s}.dlock_holders (it needs CREATE on \
                      schema {s}), where a lock records who holds it; have a DBA run: {ddl}",
                     s = self.quoted_schema,
                     ddl = sql::holders_ddl_for_dba(&self.quoted_schema, role),
-                )
-            } else if migrating {
-                format!(
-                    "cannot bring the table {}.dlock_holders to this version's shape",
-                    self.quoted_schema
                 )
             } else {
                 format!(
@@ -319,7 +288,7 @@ impl Inner {
 
 /// How long leases without an identity go without a record after the
 /// table of holder records was found unusable (missing and not creatable,
-/// of an old shape the role may not change, short of a privilege) before
+/// short of a privilege) before
 /// an acquisition looks at it again: each look may open a connection.
 const UNUSABLE_RECHECK: Duration = Duration::from_secs(60);
 
@@ -396,8 +365,6 @@ struct TableInspection {
     update: bool,
     delete: bool,
     role: String,
-    /// Whether it has this version's shape ([`sql::MIGRATE_HOLDERS_TABLE`]).
-    shaped: bool,
     /// Whether the tables of names exist ([`sql::CREATE_NAMES_TABLES`]),
     /// and the role may use them.
     names_exist: bool,
@@ -413,9 +380,8 @@ impl TableInspection {
             update: row.try_get(3)?,
             delete: row.try_get(4)?,
             role: row.try_get(5)?,
-            shaped: row.try_get::<_, Option<bool>>(6)?.unwrap_or(false),
-            names_exist: row.try_get(7)?,
-            names_usable: row.try_get(8)?,
+            names_exist: row.try_get(6)?,
+            names_usable: row.try_get(7)?,
         })
     }
 

@@ -152,11 +152,9 @@
 //! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_keys TO app_role;
 //! ```
 //!
-//! A table of holder records made by an older dlock (which recorded only
-//! locks with an identity) is brought to this shape in the same setup
-//! transaction, by `ALTER TABLE … ADD COLUMN IF NOT EXISTS` and `ALTER
-//! COLUMN identity DROP NOT NULL` (only its owner may), and the tables of
-//! names are created beside it. An older dlock goes on writing its rows,
+//! Beside a table of holder records made by an older dlock (which recorded
+//! every lock in it), the tables of names are created on the first
+//! acquisition that records. An older dlock goes on writing its rows,
 //! which a reader believes as it believes a record; an older dlock reads
 //! a newer one's plain lock as held by someone unknown (see
 //! `tests/pg/upgrade.rs`).
@@ -557,11 +555,10 @@ struct Inner {
     held_named_sql: String,
     /// What this backend named, and whether it may (see [`names`]).
     names: names::Names,
-    /// Whether the table of holder records is known to exist, have this
-    /// version's shape and be usable, checked (created, migrated) on the
-    /// first acquisition that records, one check at a time; and, for
-    /// leases without an identity, whether it was found unusable, and when
-    /// (see `holders_table`).
+    /// Whether the table of holder records is known to exist and be
+    /// usable, checked (created) on the first acquisition that records,
+    /// one check at a time; and, for leases without an identity, whether
+    /// it was found unusable, and when (see `holders_table`).
     holders_table: AsyncMutex<bool>,
     holders_state: holders_table::TableState,
     /// When renewals last tried to create the table of identity records

@@ -654,8 +654,8 @@ pub(super) use self::records::{
 };
 pub(super) use self::schema::{
     CREATE_HOLDERS_TABLE, CREATE_NAMES_TABLES, CREATE_SCHEMA, CREATE_SEQUENCE,
-    INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, MIGRATE_HOLDERS_TABLE, SET_TOKEN_LEAD, SETUP_LOCK,
-    ddl_for_dba, holders_ddl_for_dba, holders_migration_ddl_for_dba, objects_ddl_for_dba,
+    INSPECT_HOLDERS_TABLE, INSPECT_OBJECTS, SET_TOKEN_LEAD, SETUP_LOCK, ddl_for_dba,
+    holders_ddl_for_dba, objects_ddl_for_dba,
 };
 
 /// Appends `text`'s bytes to `out` as hex digits, for a literal that

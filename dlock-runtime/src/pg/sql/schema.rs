@@ -1,5 +1,5 @@
-//! The schema objects: what inspects, creates and migrates the schema, the
-//! token sequence and the table of holder records, and the DDL a DBA runs
+//! The schema objects: what inspects and creates the schema, the token
+//! sequence and the table of holder records, and the DDL a DBA runs
 //! instead.
 //!
 //! Its own file because these run at connect and on first use, never on a
@@ -83,9 +83,7 @@ pub(in crate::pg) fn ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String
 }
 
 /// Whether the table of holder records exists, and the privileges the
-/// role has on it (SELECT, INSERT, UPDATE, DELETE), the role, whether
-/// the table has this version's shape ([`MIGRATE_HOLDERS_TABLE`]: the
-/// columns of the holder record, and `identity` nullable), whether the
+/// role has on it (SELECT, INSERT, UPDATE, DELETE), the role, whether the
 /// tables of names ([`CREATE_NAMES_TABLES`]) exist, and whether the role
 /// may use them (SELECT, INSERT and DELETE on `dlock_sessions`; SELECT,
 /// INSERT, UPDATE and DELETE on `dlock_keys`); a `dlock_keys` without its
@@ -97,14 +95,6 @@ SELECT c.oid IS NOT NULL,
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'UPDATE'::pg_catalog.text), false),
        COALESCE(pg_catalog.has_table_privilege(c.oid, 'DELETE'::pg_catalog.text), false),
        pg_catalog.quote_ident(current_user::pg_catalog.text),
-       (SELECT pg_catalog.count(*) = 3
-        FROM pg_catalog.pg_attribute AS a
-        WHERE a.attrelid = c.oid AND NOT a.attisdropped
-          AND a.attname IN ('holder'::pg_catalog.name, 'holder_token'::pg_catalog.name,
-                            'since'::pg_catalog.name))
-       AND NOT COALESCE((SELECT a.attnotnull FROM pg_catalog.pg_attribute AS a
-                         WHERE a.attrelid = c.oid AND NOT a.attisdropped
-                           AND a.attname = 'identity'::pg_catalog.name), true),
        s.oid IS NOT NULL AND k.oid IS NOT NULL
        AND EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
                    WHERE a.attrelid = k.oid AND NOT a.attisdropped
@@ -136,17 +126,6 @@ pub(in crate::pg) const CREATE_HOLDERS_TABLE: &str = include_str!("holders_table
 /// beside the table of holder records when missing; a role that may not
 /// create or write them records such leases with a write per acquisition.
 pub(in crate::pg) const CREATE_NAMES_TABLES: &str = include_str!("names_tables.sql");
-
-/// Brings an older dlock's table of holder records to this version's
-/// shape, `holders_migration.sql`. Sent in the setup transaction, only
-/// when [`INSPECT_HOLDERS_TABLE`] says the shape is old.
-pub(in crate::pg) const MIGRATE_HOLDERS_TABLE: &str = include_str!("holders_migration.sql");
-
-/// The DDL a DBA runs to bring a table of holder records of an older dlock
-/// to this version's shape (as the table's owner), for errors.
-pub(in crate::pg) fn holders_migration_ddl_for_dba(quoted_schema: &str) -> String {
-    one_line(MIGRATE_HOLDERS_TABLE, quoted_schema)
-}
 
 /// The DDL a DBA runs to create the table of holder records, for errors.
 pub(in crate::pg) fn holders_ddl_for_dba(quoted_schema: &str, role_hint: &str) -> String {
@@ -180,13 +159,12 @@ mod tests {
     use super::*;
     use crate::pg::{DEFAULT_SCHEMA, quote_schema};
 
-    const FILES: [&str; 8] = [
+    const FILES: [&str; 7] = [
         CREATE_SCHEMA,
         CREATE_SEQUENCE,
         SET_TOKEN_LEAD,
         CREATE_HOLDERS_TABLE,
         CREATE_NAMES_TABLES,
-        MIGRATE_HOLDERS_TABLE,
         MODES_SETUP,
         include_str!("../fence.sql"),
     ];
@@ -217,12 +195,6 @@ mod tests {
              \"dlock_2\".dlock_token_seq AS bigint; COMMENT ON SEQUENCE \"dlock_2\".dlock_token_seq \
              IS 'dlock-token-lead-us=10000'; GRANT USAGE ON SCHEMA \"dlock_2\" TO app; \
              GRANT USAGE, UPDATE ON SEQUENCE \"dlock_2\".dlock_token_seq TO app;"
-        );
-        assert_eq!(
-            holders_migration_ddl_for_dba(s),
-            "ALTER TABLE \"dlock_2\".dlock_holders ADD COLUMN IF NOT EXISTS holder \
-             pg_catalog.text, ADD COLUMN IF NOT EXISTS holder_token pg_catalog.int8, ADD COLUMN \
-             IF NOT EXISTS since pg_catalog.timestamptz, ALTER COLUMN identity DROP NOT NULL;"
         );
         let tables = holders_ddl_for_dba(s, "app");
         let index = "ON \"dlock_2\".dlock_keys (named_at); GRANT SELECT, INSERT, UPDATE, DELETE";

@@ -153,15 +153,24 @@ impl Connector {
     /// `token` (a connection of its own, which the server closes at once),
     /// within the connect timeout. The server says nothing of the outcome.
     pub(super) async fn cancel(&self, token: CancelToken) -> Result<(), Failure> {
-        match timeout(self.timeout, token.cancel_query(self.tls.clone())).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(Failure::new(
-                format!("cannot send a cancel request to {}", self.target),
-                err,
-            )),
+        let what = format!("cannot send a cancel request to {}", self.target);
+        self.within_connect_timeout(what, token.cancel_query(self.tls.clone()))
+            .await
+    }
+
+    /// Awaits `step` for at most the connect timeout: its error, or its
+    /// lack of an answer, is a failure of `what`.
+    pub(super) async fn within_connect_timeout<T>(
+        &self,
+        what: String,
+        step: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, Failure> {
+        match timeout(self.timeout, step).await {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(err)) => Err(Failure::new(what, err)),
             Err(_) => Err(Failure::msg(format!(
-                "cannot send a cancel request to {}: no answer within the connect timeout of {:?}",
-                self.target, self.timeout
+                "{what}: no answer within the connect timeout of {:?}",
+                self.timeout
             ))),
         }
     }
@@ -230,21 +239,8 @@ impl Connector {
         on_notification: Option<OnNotification>,
     ) -> Result<Client, Failure> {
         let connecting = self.config.connect(self.tls.clone());
-        let (client, connection) = match timeout(self.timeout, connecting).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(err)) => {
-                return Err(Failure::new(
-                    format!("cannot connect to {}", self.target),
-                    err,
-                ));
-            }
-            Err(_) => {
-                return Err(Failure::msg(format!(
-                    "cannot connect to {}: no answer within the connect timeout of {:?}",
-                    self.target, self.timeout
-                )));
-            }
-        };
+        let what = format!("cannot connect to {}", self.target);
+        let (client, connection) = self.within_connect_timeout(what, connecting).await?;
         match on_notification {
             None => tokio::spawn(drive(connection, kill, on_end)),
             Some(forward) => tokio::spawn(drive(forwarding(connection, forward), kill, on_end)),
@@ -253,17 +249,9 @@ impl Connector {
         let lock_timeout_ms = lock_timeout.as_millis().max(1).to_string();
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&lock_timeout_ms];
         let defaults = client.query_one(sql::SESSION_DEFAULTS, &params);
-        match timeout(self.timeout, defaults).await {
-            Ok(Ok(_)) => Ok(client),
-            Ok(Err(err)) => Err(Failure::new(
-                format!("cannot set up a session on {}", self.target),
-                err,
-            )),
-            Err(_) => Err(Failure::msg(format!(
-                "cannot set up a session on {}: no answer within the connect timeout of {:?}",
-                self.target, self.timeout
-            ))),
-        }
+        let what = format!("cannot set up a session on {}", self.target);
+        self.within_connect_timeout(what, defaults).await?;
+        Ok(client)
     }
 }
 

@@ -223,21 +223,10 @@ impl Shared {
             .connector
             .open_listening(wait, closed, on_end, on_notification)
             .await?;
-        match timeout(wait, client.batch_execute(&self.listen_sql)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                return Err(Failure::new(
-                    format!("cannot LISTEN on {}", self.channel),
-                    err,
-                ));
-            }
-            Err(_) => {
-                return Err(Failure::msg(format!(
-                    "cannot LISTEN on {}: no answer within the connect timeout of {wait:?}",
-                    self.channel
-                )));
-            }
-        }
+        let what = format!("cannot LISTEN on {}", self.channel);
+        self.connector
+            .within_connect_timeout(what, client.batch_execute(&self.listen_sql))
+            .await?;
         let mut state = self.state();
         if ended.load(Ordering::Acquire) {
             return Err(Failure::msg(format!(

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
@@ -118,30 +117,29 @@ impl Inner {
         }
     }
 
-    async fn check_holders_table(&self, session: &LockSession) -> Result<(), Failure> {
+    /// Reads [`sql::INSPECT_HOLDERS_TABLE`] on `session`.
+    async fn inspect_holders_table(
+        &self,
+        session: &LockSession,
+    ) -> Result<Option<TableInspection>, Failure> {
         let schema = self.options.schema.as_str();
         let inspect_failed = |e| Failure::new("cannot inspect the table of holder records", e);
         let rows = session
             .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
             .await
             .map_err(inspect_failed)?;
-        let mut found = rows
-            .first()
+        rows.first()
             .map(TableInspection::from_row)
             .transpose()
-            .map_err(inspect_failed)?;
+            .map_err(inspect_failed)
+    }
+
+    async fn check_holders_table(&self, session: &LockSession) -> Result<(), Failure> {
+        let mut found = self.inspect_holders_table(session).await?;
         if !found.as_ref().is_some_and(|t| t.exists) {
             self.create_holders_table(found.as_ref().map(|t| t.role.as_str()))
                 .await?;
-            let rows = session
-                .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
-                .await
-                .map_err(inspect_failed)?;
-            found = rows
-                .first()
-                .map(TableInspection::from_row)
-                .transpose()
-                .map_err(inspect_failed)?;
+            found = self.inspect_holders_table(session).await?;
         }
         let Some(mut found) = found.filter(|t| t.exists) else {
             return Err(Failure::msg(format!(
@@ -166,12 +164,8 @@ impl Inner {
                      identity record their holder with every acquisition instead"
                 );
             }
-            let rows = session
-                .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
-                .await
-                .map_err(inspect_failed)?;
-            if let Some(again) = rows.first() {
-                found = TableInspection::from_row(again).map_err(inspect_failed)?;
+            if let Some(again) = self.inspect_holders_table(session).await? {
+                found = again;
             }
         }
         let usable = found.names_exist && found.names_usable;
@@ -196,19 +190,14 @@ impl Inner {
     /// table of holder records made without them, on a connection of its
     /// own, under the setup lock.
     async fn create_names_tables(&self) -> Result<(), Failure> {
-        let (close, closed) = oneshot::channel();
-        let mut client = self
-            .connector
-            .open(self.connector.connect_timeout(), closed, |_| {})
+        let created = self
+            .on_own_connection(async |client| {
+                let tx = self.setup_transaction(client).await?;
+                tx.batch_execute(&sql::render(sql::CREATE_NAMES_TABLES, &self.quoted_schema))
+                    .await?;
+                tx.commit().await
+            })
             .await?;
-        let created = async {
-            let tx = self.setup_transaction(&mut client).await?;
-            tx.batch_execute(&sql::render(sql::CREATE_NAMES_TABLES, &self.quoted_schema))
-                .await?;
-            tx.commit().await
-        }
-        .await;
-        drop(close);
         created.map_err(|err| Failure::new("cannot create the tables of names", err))
     }
 
@@ -227,12 +216,7 @@ impl Inner {
     /// `session`; `None` if the table is missing, the role lacks nothing,
     /// or it could not be read.
     pub(super) async fn holders_privileges(&self, session: &LockSession) -> Option<String> {
-        let schema = self.options.schema.as_str();
-        let rows = session
-            .query_typed(sql::INSPECT_HOLDERS_TABLE, &[(&schema, Type::TEXT)])
-            .await
-            .ok()?;
-        let found = TableInspection::from_row(rows.first()?).ok()?;
+        let found = self.inspect_holders_table(session).await.ok()??;
         let missing = found.missing();
         (found.exists && !missing.is_empty())
             .then(|| self.lacks_on_holders(&found.role, &missing.join(", ")))
@@ -243,28 +227,22 @@ impl Inner {
     /// statements), under the setup lock the schema objects are created
     /// under.
     async fn create_holders_table(&self, role: Option<&str>) -> Result<(), Failure> {
-        // Dropping `close` closes the connection.
-        let (close, closed) = oneshot::channel();
-        let mut client = self
-            .connector
-            .open(self.connector.connect_timeout(), closed, |_| {})
-            .await?;
         let schema = self.options.schema.as_str();
-        let created = async {
-            let tx = self.setup_transaction(&mut client).await?;
-            // Look again under the lock: CREATE checks the privilege before
-            // IF NOT EXISTS, so a role that may not create must not try
-            // when another has just created it.
-            let again = tx.query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema]).await?;
-            let exists: bool = again.try_get(0)?;
-            if !exists {
-                tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
-                    .await?;
-            }
-            tx.commit().await
-        }
-        .await;
-        drop(close);
+        let created = self
+            .on_own_connection(async |client| {
+                let tx = self.setup_transaction(client).await?;
+                // Look again under the lock: CREATE checks the privilege
+                // before IF NOT EXISTS, so a role that may not create must
+                // not try when another has just created it.
+                let again = tx.query_one(sql::INSPECT_HOLDERS_TABLE, &[&schema]).await?;
+                let exists: bool = again.try_get(0)?;
+                if !exists {
+                    tx.batch_execute(&sql::render(sql::CREATE_HOLDERS_TABLE, &self.quoted_schema))
+                        .await?;
+                }
+                tx.commit().await
+            })
+            .await?;
         created.map_err(|err| {
             let denied = err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
             let role = role.unwrap_or("the role");

@@ -32,6 +32,24 @@ impl Inner {
         Ok(tx)
     }
 
+    /// Runs `work` on a connection of its own, closed when it is done: for
+    /// setup, which needs a transaction, while a lock session carries other
+    /// leases' statements. `Err` only if the connection cannot be opened.
+    pub(super) async fn on_own_connection<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut tokio_postgres::Client) -> T,
+    ) -> Result<T, Failure> {
+        // Dropping `close` closes the connection.
+        let (close, closed) = oneshot::channel();
+        let mut client = self
+            .connector
+            .open(self.connector.connect_timeout(), closed, |_| {})
+            .await?;
+        let done = work(&mut client).await;
+        drop(close);
+        Ok(done)
+    }
+
     /// Creates the schema and the token sequence when missing, checks the
     /// privileges on them, and refuses a sequence whose settings cannot give
     /// rising tokens.
@@ -175,24 +193,17 @@ impl Inner {
                 Some(why) => Err(Failure::msg(why.clone())),
             };
         }
-        let restored = async {
-            // Dropping `close` closes the connection.
-            let (close, closed) = oneshot::channel();
-            let mut client = self
-                .connector
-                .open(self.connector.connect_timeout(), closed, |_| {})
-                .await?;
-            let ensured = self.ensure_objects(&mut client).await;
-            drop(close);
-            ensured
-        }
-        .await
-        .map_err(|e| {
-            e.context(format!(
-                "the token sequence {}.dlock_token_seq is missing (dropped while the service runs?)",
-                self.quoted_schema
-            ))
-        });
+        let restored = self
+            .on_own_connection(async |client| self.ensure_objects(client).await)
+            .await
+            .flatten()
+            .map_err(|e| {
+                e.context(format!(
+                    "the token sequence {}.dlock_token_seq is missing (dropped while the \
+                     service runs?)",
+                    self.quoted_schema
+                ))
+            });
         *last_failure = restored.as_ref().err().map(ToString::to_string);
         self.restorations.fetch_add(1, Ordering::AcqRel);
         if restored.is_ok() {

@@ -16,74 +16,36 @@
 //!
 //! # Key mapping
 //!
-//! A lock key (a string) maps to the 64-bit advisory key
-//! `hashtextextended(key, seed)`, with the seed of
-//! [`PgOptions::key_seed`] (0 by default), which the backend also computes
-//! in process to know which leases and attempts on a session share an
-//! advisory key (each session checks that the server agrees). It is the hash PostgreSQL
-//! uses for hash partitioning, so it is stable across releases, and any
-//! client in any language locks the same key with
-//! `SELECT pg_try_advisory_lock(hashtextextended('my-key', 0))`. Two
-//! different keys with the same hash are one lock: a collision means false
-//! contention (one waits for the other), never lost exclusion — including
-//! within one process, where a colliding grant on a session that already
-//! holds the hash is given back at once. The full key is kept in process for
-//! errors and inspection ([`PgBackend::advisory_key`],
-//! [`PgBackend::holder_pids`]). The single-`bigint` advisory key space is
-//! shared with any other use of advisory locks in the database: choose a
-//! seed to keep dlock's keys apart if that matters.
+//! A lock key maps to the 64-bit advisory key `hashtextextended(key, seed)`
+//! ([`PgOptions::key_seed`], 0 by default), PostgreSQL's own stable text
+//! hash, so any client in any language takes the same lock with
+//! `SELECT pg_try_advisory_lock(hashtextextended('my-key', 0))`. The
+//! backend computes it in process too (each session checks that the server
+//! agrees), to know which leases and attempts on a session share an
+//! advisory key: a collision is false contention, never lost exclusion.
+//! The full key stays in process for errors and inspection
+//! ([`PgBackend::advisory_key`], [`PgBackend::holder_pids`]). What
+//! collisions cost, and the seed that keeps untrusted keys apart:
+//! docs/postgres.md, "Key mapping".
 //!
 //! # Fencing tokens
 //!
-//! One statement takes the lock and, only if it was taken, draws the token,
-//! so the token comes in the same round trip: the next value of the
-//! sequence `<schema>.dlock_token_seq` or the server clock in microseconds
-//! (`clock_timestamp()`) plus the sequence's token lead (10 ms on a
-//! sequence dlock creates), whichever is higher — the Redis backend's rule
-//! with the clock moved up by the lead, and its two guarantees. The clock
-//! floor keeps tokens above every token
-//! handed out before when the sequence goes back: a DBA drops and recreates
-//! it or `setval`s it, a failover to an asynchronous replica or a
-//! point-in-time restore brings back an older copy. And whenever the clock
-//! wins, the statement `setval`s the sequence to the token, so the sequence
-//! holds at least the last token and a server clock that steps back cannot
-//! lower the next one. That takes UPDATE on the sequence: a role with USAGE
-//! only still locks, but its tokens rest on the clock alone, and a clock
-//! step back lowers them. A sequence is not transactional and needs no row
-//! per key; the statement's own commit is asynchronous (a crash that loses
-//! the last `setval` only leaves the sequence behind, which the clock floor
-//! covers), so the write costs no WAL flush. With the lead it comes once
-//! per 10 ms per server: the draws in between take `nextval`, the sequence
-//! being ahead of the clock (docs/postgres.md, "What a token costs").
-//!
-//! Tokens of one key rise strictly unless the sequence went back *and* the
-//! server clock stepped back at the same time (or, after a failover, the
-//! new primary's clock is behind the old one's by more than the failover
-//! took). Tokens of different keys may be equal: a token orders the holders
-//! of one key. The reasoning, races between sessions over the sequence
-//! included, is written next to the lock statement (`pg/sql/lock.rs`).
-//!
-//! The backend creates what it needs with `CREATE ... IF NOT EXISTS` when
-//! it is missing — at connect, when a lock session opens, and when a lock
-//! statement finds the sequence dropped — and a DBA can pre-create it:
-//!
-//! ```sql
-//! CREATE SCHEMA IF NOT EXISTS dlock;
-//! CREATE SEQUENCE IF NOT EXISTS dlock.dlock_token_seq AS bigint;
-//! GRANT USAGE ON SCHEMA dlock TO app_role;
-//! GRANT USAGE, UPDATE ON SEQUENCE dlock.dlock_token_seq TO app_role;
-//! ```
-//!
-//! A sequence that cannot give rising tokens — `CACHE` above 1 (each session
-//! hands out numbers from a block of its own), `CYCLE`, an increment below
-//! 1, a maximum without a century of room above the clock in microseconds
-//! (`AS integer`), or a position more than a day ahead of the clock (its
-//! tokens would rest on the sequence alone, and the clock floor could not
-//! stand in for it were it ever lost) — is refused when a lock session
-//! opens, with the `ALTER SEQUENCE` that fixes it. Sessions open at connect and again
-//! whenever one ended, so an `ALTER` made while services run is caught
-//! there; reading the settings on every acquisition would cost a catalog
-//! lookup each time.
+//! One statement takes the lock and, only if it was taken, draws the token:
+//! the next value of the sequence `<schema>.dlock_token_seq`, or, when the
+//! server clock (`clock_timestamp()` in microseconds) has passed it, the
+//! clock plus the sequence's token lead (10 ms on a sequence dlock
+//! creates), which the statement then `setval`s — so the clock floors
+//! tokens when the sequence goes back (dropped, set back, restored) and the
+//! sequence carries them when the clock steps back. A sequence whose
+//! settings cannot give rising tokens is refused, when a lock session opens
+//! and by the draw itself, with the `ALTER SEQUENCE` that fixes it. While
+//! the sequence leads the clock the backend sends a quick statement that
+//! holds only the draw from `nextval` (see `quick`). Tokens of one key rise
+//! strictly unless the sequence went back *and* the clock stepped back at
+//! once; tokens of different keys may be equal. The proof, races between
+//! sessions included, is next to the lock statement (`pg/sql/lock.rs`);
+//! the objects a DBA can pre-create, the grants and what a token costs are
+//! in docs/postgres.md.
 //!
 //! # Time to live
 //!
@@ -133,24 +95,8 @@
 //! it only if a dlock named the key.
 //!
 //! The tables are created on the first acquisition, never at connect; a
-//! DBA can pre-create them:
-//!
-//! ```sql
-//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_holders (
-//!     lock_id int8 PRIMARY KEY, key text NOT NULL, token int8 NOT NULL,
-//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, identity text,
-//!     holder text, holder_token int8, since timestamptz);
-//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_sessions (
-//!     pid int4 NOT NULL, session_start timestamptz NOT NULL, holder text NOT NULL,
-//!     PRIMARY KEY (pid, session_start, holder));
-//! CREATE UNLOGGED TABLE IF NOT EXISTS dlock.dlock_keys (
-//!     lock_id int8 NOT NULL, key text NOT NULL, named_at timestamptz NOT NULL DEFAULT now(),
-//!     PRIMARY KEY (lock_id, key));
-//! CREATE INDEX IF NOT EXISTS dlock_keys_named_at ON dlock.dlock_keys (named_at);
-//! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_holders TO app_role;
-//! GRANT SELECT, INSERT, DELETE ON dlock.dlock_sessions TO app_role;
-//! GRANT SELECT, INSERT, UPDATE, DELETE ON dlock.dlock_keys TO app_role;
-//! ```
+//! DBA can pre-create them with the files dlock runs (docs/postgres.md,
+//! "Objects").
 //!
 //! Beside a table of holder records made by an older dlock (which recorded
 //! every lock in it), the tables of names are created on the first
@@ -242,15 +188,10 @@
 //!
 //! # Runtimes
 //!
-//! A session lock never expires by itself, so the backend's own work — its
-//! connections, ttl enforcement, liveness checks, wait probes, and the rest
-//! of an acquisition or release whose caller gave up — runs on the runtime
-//! the backend was connected on, which must keep running, and not on a
-//! caller's runtime, which may shut down right after. Callers on another
-//! runtime (a `block_on` in a blocking library) have their acquisitions
-//! and releases run there too. If that runtime shuts down, its connections
-//! close with it — the server frees their locks and their leases are told
-//! — and the next caller's runtime takes over.
+//! The backend's own work (connections, ttl enforcement, liveness checks,
+//! wait probes, the rest of a call whose caller gave up) runs on the runtime
+//! the backend was connected on, never on a caller's short-lived one; see
+//! docs/postgres.md, "Runtimes".
 //!
 //! # Fair mode
 //!

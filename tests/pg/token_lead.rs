@@ -23,7 +23,7 @@ pub(super) fn fresh_key(label: &str) -> LockKey {
 }
 
 /// The server clock, in microseconds since 1970: what a draw reads.
-async fn server_clock(client: &Client) -> i64 {
+pub(super) async fn server_clock(client: &Client) -> i64 {
     client
         .query_one(
             "SELECT (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8",

@@ -320,3 +320,81 @@ async fn a_quick_lock_on_a_dropped_sequence_has_it_restored_and_leaves_nothing_h
         at.check_and_release(lease).await;
     }
 }
+
+/// What an acquisition of a fresh key came to: its token, or its error's
+/// text without the key and without numbers (sequence values, clocks).
+async fn outcome(backend: &PgBackend) -> (Result<i64, String>, LockKey) {
+    let key = fresh_key("quick-op");
+    let taken = tokio::time::timeout(
+        Duration::from_secs(20),
+        LockOptions::new(Duration::from_secs(30)).acquire_on(Arc::new(backend.clone()), &key),
+    )
+    .await
+    .expect("an acquisition answers: no hang");
+    let outcome = match taken {
+        Ok(lease) => {
+            let token = lease.token().get() as i64;
+            lease.release().await.expect("release");
+            Ok(token)
+        }
+        Err(err) => Err(err
+            .to_string()
+            .replace(key.as_str(), "<key>")
+            .replace(|c: char| c.is_ascii_digit(), "")),
+    };
+    (outcome, key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dba_operation_on_the_sequence_is_answered_alike_with_the_quick_statement_due_or_not() {
+    let day_ahead = "(EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 + 90000000000";
+    let operations = [
+        "SELECT setval('{seq}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 + 1800000000)",
+        "SELECT setval('{seq}', (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::int8 - 1000000)",
+        &format!("SELECT setval('{{seq}}', {day_ahead})"),
+        "ALTER SEQUENCE {seq} INCREMENT -1 MINVALUE 1",
+        "ALTER SEQUENCE {seq} CACHE 10",
+        "ALTER SEQUENCE {seq} CYCLE",
+        "DROP SEQUENCE {seq}",
+        "DROP SEQUENCE {seq}; CREATE SEQUENCE {seq}",
+        "ALTER SEQUENCE {seq} RENAME TO dlock_token_seq_old",
+        "COMMENT ON SEQUENCE {seq} IS NULL",
+    ];
+    for operation in operations {
+        for named in [true, false] {
+            let at = Fixture::new(named).await;
+            // Connected before the operation, which a session that opens
+            // may refuse; it has drawn nothing, so it sends the full one.
+            let (full, _proxy) = Fixture::connect(&at.scratch.name, named).await;
+            at.make_quick_due().await;
+            let sql = operation.replace("{seq}", &at.seq());
+            at.admin.batch_execute(&sql).await.expect("the operation");
+            let (quick_due, quick_key) = outcome(&at.backend).await;
+            let (full_only, full_key) = outcome(&full).await;
+            let seen = format!("{sql} (named: {named}): {quick_due:?} against {full_only:?}");
+            assert_eq!(quick_due.is_ok(), full_only.is_ok(), "{seen}");
+            if let (Err(quick), Err(full)) = (&quick_due, &full_only) {
+                assert_eq!(quick, full, "the same refusal: {seen}");
+            }
+            assert!(at.free(&quick_key).await, "nothing held: {seen}");
+            assert!(at.free(&full_key).await, "nothing held: {seen}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_session_prepares_its_quick_statement_with_the_full_one() {
+    for named in [true, false] {
+        let at = Fixture::new(named).await;
+        at.make_quick_due().await;
+        let parsed = at.proxy.pg_sent(b'P');
+        let (lease, sent) = at.take().await.expect("free");
+        assert_eq!((at.last_statement().await, sent), ("quick", 1));
+        assert_eq!(
+            at.proxy.pg_sent(b'P'),
+            parsed,
+            "the session's first quick statement was parsed beside the full one"
+        );
+        at.check_and_release(lease).await;
+    }
+}

@@ -212,12 +212,13 @@ impl Inner {
         let answer = match recording {
             None => {
                 let statements = async {
-                    let (lock, unlock) = (&self.try_lock_named_sql, &self.unlock_named_sql);
-                    let full = match named {
-                        true => &session.named_statements(lock, unlock).await?.0,
-                        false => &session.try_lock,
-                    };
-                    Ok((self.quick.statement(session, named).await?, full))
+                    Ok(match named {
+                        true => {
+                            let named = session.named_statements(self).await?;
+                            (self.quick.due(&named.quick), &named.lock)
+                        }
+                        false => (self.quick.due(&session.try_lock_quick), &session.try_lock),
+                    })
                 };
                 match statements.await {
                     Ok(statements) => {

@@ -86,30 +86,43 @@ impl Drop for MarkSlot {
 /// What a lock session keeps of names.
 #[derive(Default)]
 struct NamedSession {
-    /// The lock and unlock of named leases, prepared on the first such
-    /// lease.
-    statements: OnceCell<(Statement, Statement)>,
+    /// The statements of named leases, prepared on the first such lease.
+    statements: OnceCell<NamedStatements>,
     /// The holders this session named, with when: one, unless its leases
     /// carry several labels.
     holders: Mutex<Vec<(Box<str>, Instant)>>,
 }
 
+/// A lock session's statements of named leases.
+pub(super) struct NamedStatements {
+    /// [`sql::TRY_LOCK_NAMED`].
+    pub(super) lock: Statement,
+    /// [`sql::TRY_LOCK_NAMED_QUICK`].
+    pub(super) quick: Statement,
+    /// [`sql::UNLOCK_NAMED`].
+    pub(super) unlock: Statement,
+}
+
 impl LockSession {
-    /// The lock and unlock statements of named leases (the SQL of
-    /// [`sql::TRY_LOCK_NAMED`] and [`sql::UNLOCK_NAMED`]), prepared on
-    /// first use.
+    /// The statements of named leases, with `inner`'s SQL, prepared on
+    /// first use (pipelined: one round trip).
     pub(super) async fn named_statements(
         &self,
-        try_lock_sql: &str,
-        unlock_sql: &str,
-    ) -> Result<&(Statement, Statement), tokio_postgres::Error> {
+        inner: &Inner,
+    ) -> Result<&NamedStatements, tokio_postgres::Error> {
         self.feature::<NamedSession>()
             .statements
             .get_or_try_init(|| async {
-                Ok((
-                    self.prepare(try_lock_sql).await?,
-                    self.prepare(unlock_sql).await?,
-                ))
+                let (lock, quick, unlock) = tokio::try_join!(
+                    self.prepare(&inner.try_lock_named_sql),
+                    self.prepare(inner.quick.sql(true)),
+                    self.prepare(&inner.unlock_named_sql),
+                )?;
+                Ok(NamedStatements {
+                    lock,
+                    quick,
+                    unlock,
+                })
             })
             .await
     }

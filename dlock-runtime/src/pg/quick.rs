@@ -15,14 +15,12 @@
 //! set it back, a server clock stepped ahead), it gives its lock back in
 //! the same statement and the full one follows on the same session.
 //!
-//! Its own file: the plain and the named lock both take it, and what it
-//! keeps (the backend's time, each session's prepared statements) belongs
-//! to neither.
+//! Its own file: the plain and the named lock both take it, and the
+//! backend's time it keeps belongs to neither.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::OnceCell;
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Error, Row, Statement};
@@ -32,7 +30,8 @@ use super::sql;
 use crate::backend::kit::after;
 
 /// A backend's choice between the quick and the full lock statement, and
-/// the quick statements' SQL, the schema filled in.
+/// the quick statements' SQL, the schema filled in (each session prepares
+/// them with the full ones).
 pub(super) struct QuickDraw {
     /// Until when the sequence leads the clock, as the last full statement
     /// said; `None` when it did not, or a quick statement found otherwise.
@@ -40,11 +39,6 @@ pub(super) struct QuickDraw {
     plain_sql: String,
     named_sql: String,
 }
-
-/// A session's quick statements, plain and named, each prepared on first
-/// use.
-#[derive(Default)]
-struct Prepared([OnceCell<Statement>; 2]);
 
 impl QuickDraw {
     pub(super) fn new(quoted_schema: &str) -> Self {
@@ -55,50 +49,47 @@ impl QuickDraw {
         }
     }
 
-    /// The quick statement (`named`: a named lease's) to send on `session`
-    /// now, prepared there on its first use; `None` when the sequence is
-    /// not known to lead the clock. Preparing runs nothing, so an error
-    /// here leaves nothing to undo.
-    pub(super) async fn statement<'s>(
-        &self,
-        session: &'s LockSession,
-        named: bool,
-    ) -> Result<Option<&'s Statement>, Error> {
-        let until = *self.until.lock().unwrap_or_else(PoisonError::into_inner);
-        if until.is_none_or(|until| Instant::now() >= until) {
-            return Ok(None);
-        }
-        let sql = if named {
+    /// The SQL of the quick statement (`named`: a named lease's).
+    pub(super) fn sql(&self, named: bool) -> &str {
+        if named {
             &self.named_sql
         } else {
             &self.plain_sql
-        };
-        session.feature::<Prepared>().0[usize::from(named)]
-            .get_or_try_init(|| session.prepare(sql))
-            .await
-            .map(Some)
+        }
     }
 
-    /// Sends `quick` (from [`statement`](Self::statement)) when there is
-    /// one, and `full` when there is none or the quick one gave its lock
-    /// back, with `params` (the key and its seed) on `session`: answers as
-    /// `full` does (see [`answer`]), without the clock when the quick one
-    /// did. An error may come after a lock was taken, as from the one
-    /// statement.
+    /// `quick` (a session's quick statement), with the time until which
+    /// the sequence leads the clock, while it does; else `None`.
+    pub(super) fn due<'s>(&self, quick: &'s Statement) -> Option<(&'s Statement, Instant)> {
+        let until = (*self.until.lock().unwrap_or_else(PoisonError::into_inner))?;
+        (Instant::now() < until).then_some((quick, until))
+    }
+
+    /// Sends the quick statement when there is one (from
+    /// [`due`](Self::due)), and `full` when there is none or the quick one
+    /// gave its lock back, with `params` (the key and its seed) on
+    /// `session`: answers as `full` does (see [`answer`]), without the
+    /// clock when the quick one did. An error may come after a lock was
+    /// taken, as from the one statement.
     pub(super) async fn lock(
         &self,
         session: &LockSession,
-        (quick, full): (Option<&Statement>, &Statement),
+        (quick, full): (Option<(&Statement, Instant)>, &Statement),
         named: bool,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        if let Some(quick) = quick {
+        if let Some((quick, seen)) = quick {
             let row = session.query_one(quick, params).await?;
             // `{0}` or `{0,0}`: a token is never 0.
             if answer(&row)?.and_then(|answer| answer.first().copied()) != Some(0) {
                 return Ok(row);
             }
-            *self.until.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            // Unless a full statement answered meanwhile: it read the
+            // sequence after this one.
+            let mut until = self.until.lock().unwrap_or_else(PoisonError::into_inner);
+            if *until == Some(seen) {
+                *until = None;
+            }
         }
         let sent = Instant::now();
         let row = session.query_one(full, params).await?;

@@ -33,6 +33,8 @@ pub(super) struct LockSession {
     /// statements the server is still working on is alive.
     answers: AtomicU64,
     pub(super) try_lock: Statement,
+    /// [`sql::TRY_LOCK_QUICK`](super::sql::TRY_LOCK_QUICK) (see `quick`).
+    pub(super) try_lock_quick: Statement,
     pub(super) unlock: Statement,
     /// Set once the session must take no new locks (see
     /// [`retire`](Self::retire)).
@@ -92,7 +94,7 @@ impl LockSession {
         id: u64,
         (pid, started): (i32, Option<SystemTime>),
         client: Client,
-        statements: (Statement, Statement),
+        (try_lock, try_lock_quick, unlock): (Statement, Statement, Statement),
         ended: watch::Receiver<Option<String>>,
         kill: oneshot::Sender<String>,
         loss: Arc<LossGroup>,
@@ -103,8 +105,9 @@ impl LockSession {
             started,
             client,
             answers: AtomicU64::new(0),
-            try_lock: statements.0,
-            unlock: statements.1,
+            try_lock,
+            try_lock_quick,
+            unlock,
             retired: AtomicBool::new(false),
             ended,
             kill: Mutex::new(Some(kill)),

@@ -135,7 +135,6 @@ impl Inner {
             if fair.is_some() {
                 client.query_one(sql::FAIR_SESSION_SETUP, &[]).await?;
             }
-            let try_lock = client.prepare(&self.try_lock_sql).await?;
             // Behind the release gate where a lease may be named by its
             // record (see `sql::UNLOCK_GATED`).
             let unlock_sql = if self.options.record_holders {
@@ -143,10 +142,15 @@ impl Inner {
             } else {
                 sql::UNLOCK
             };
-            let unlock = client.prepare(unlock_sql).await?;
-            Ok::<_, tokio_postgres::Error>(((pid, started), try_lock, unlock, hashes))
+            // Pipelined: one round trip.
+            let statements = tokio::try_join!(
+                client.prepare(&self.try_lock_sql),
+                client.prepare(self.quick.sql(false)),
+                client.prepare(unlock_sql),
+            )?;
+            Ok::<_, tokio_postgres::Error>(((pid, started), statements, hashes))
         };
-        let ((pid, started), try_lock, unlock, hashes) = setup
+        let ((pid, started), statements, hashes) = setup
             .await
             .map_err(|e| Failure::new("cannot prepare a lock session", e))?;
         pid_known.store(pid, Ordering::Release);
@@ -167,7 +171,7 @@ impl Inner {
             id,
             (pid, started),
             client,
-            (try_lock, unlock),
+            statements,
             ended,
             kill,
             loss,

@@ -153,9 +153,7 @@ impl Inner {
         immediate: bool,
     ) -> Result<Unlocked, tokio_postgres::Error> {
         if let Some((token, marks)) = marked {
-            let (_, unlock) = session
-                .named_statements(&self.try_lock_named_sql, &self.unlock_named_sql)
-                .await?;
+            let unlock = &session.named_statements(self).await?.unlock;
             let row = match session
                 .query_one(unlock, &[&advisory_key, &token, &marks, &true])
                 .await

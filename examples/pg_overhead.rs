@@ -1,7 +1,7 @@
 //! What `PgBackend` costs the client over the bare protocol: 64 tasks run
 //! the uncontended acquire + release cycle in alternating rounds, through
-//! dlock and through dlock's own two statements sent by hand on two raw
-//! tokio-postgres connections (the benchmark's floor), and the program
+//! dlock (`record_holders(false)`) and through dlock's own statements for
+//! it sent by hand on two raw tokio-postgres connections, and the program
 //! prints the process's CPU time per cycle for each, and the median ratio
 //! of their throughputs over the pairs of rounds.
 //!
@@ -17,8 +17,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::pg::PgBackend;
+use dlock::pg::protocol::{TRY_LOCK, TRY_LOCK_QUICK, UNLOCK};
+use dlock::pg::tokio_postgres::types::ToSql;
 use dlock::pg::tokio_postgres::{self, NoTls, Statement};
+use dlock::pg::{PgBackend, PgOptions};
 use dlock::{Backend, LockKey, LockOptions};
 use tokio::time::Instant;
 
@@ -32,6 +34,7 @@ const PAIRS: usize = 12;
 struct Raw {
     client: tokio_postgres::Client,
     lock: Statement,
+    quick: Statement,
     unlock: Statement,
 }
 
@@ -44,19 +47,24 @@ async fn main() -> Res<()> {
         Some(arg) => arg.parse()?,
         None => DEFAULT_TASKS,
     };
-    let backend: Arc<dyn Backend> = Arc::new(PgBackend::connect(&conn).await?);
-    // As many raw connections as dlock has lock sessions by default.
+    // The plain statements, which the raw connections send too.
+    let options = PgOptions::new().record_holders(false);
+    let backend: Arc<dyn Backend> = Arc::new(PgBackend::connect_with(&conn, options).await?);
+    // As many raw connections as dlock has lock sessions by default, with
+    // the commit dlock's sessions set.
     let mut raw = Vec::new();
     for _ in 0..2 {
         let (client, connection) = tokio_postgres::connect(&conn, NoTls).await?;
         tokio::spawn(connection);
-        let lock = client
-            .prepare(&dlock::pg::protocol::TRY_LOCK.replace("{schema}", "\"dlock\""))
-            .await?;
-        let unlock = client.prepare(dlock::pg::protocol::UNLOCK).await?;
+        client.batch_execute("SET synchronous_commit = off").await?;
+        let schema = |sql: &str| sql.replace("{schema}", "\"dlock\"");
+        let lock = client.prepare(&schema(TRY_LOCK)).await?;
+        let quick = client.prepare(&schema(TRY_LOCK_QUICK)).await?;
+        let unlock = client.prepare(UNLOCK).await?;
         raw.push(Arc::new(Raw {
             client,
             lock,
+            quick,
             unlock,
         }));
     }
@@ -121,11 +129,14 @@ async fn round(
             let mut done = 0u64;
             while Instant::now() < end {
                 if floor {
-                    let row = raw
-                        .client
-                        .query_one(&raw.lock, &[&key.as_str(), &0i64])
-                        .await?;
-                    // `{token, clock}`, NULL when held.
+                    // The quick statement, and the full one when it gave
+                    // the lock back (`{0}`): dlock's two statements, less
+                    // its choice of when to send which.
+                    let params: [&(dyn ToSql + Sync); 2] = [&key.as_str(), &0i64];
+                    let mut row = raw.client.query_one(&raw.quick, &params).await?;
+                    if row.try_get::<_, Option<Vec<i64>>>(1)?.as_deref() == Some(&[0]) {
+                        row = raw.client.query_one(&raw.lock, &params).await?;
+                    }
                     let (advisory, token): (i64, Option<Vec<i64>>) =
                         (row.try_get(0)?, row.try_get(1)?);
                     if token.is_none() {

@@ -9,7 +9,9 @@
 //! reads which one a lock session sent last from `pg_stat_activity`; each
 //! runs for a named lease and for a plain one.
 
-use crate::pg_support::{ScratchSchema, shared_client, shared_conn};
+use crate::pg_support::{
+    ScratchSchema, free_on_the_server, freed_on_the_server, shared_client, shared_conn,
+};
 use crate::support::proxy::Proxy;
 use crate::token_lead::{fresh_key, seq, server_clock, set_just_behind};
 
@@ -143,24 +145,6 @@ impl Fixture {
         }
     }
 
-    /// Whether another session can take `key` (and lets it go again).
-    async fn free(&self, key: &LockKey) -> bool {
-        let free = self
-            .admin
-            .query_one(
-                "SELECT pg_try_advisory_lock(hashtextextended($1, 0))",
-                &[&key.as_str()],
-            )
-            .await
-            .expect("try")
-            .get(0);
-        self.admin
-            .batch_execute("SELECT pg_advisory_unlock_all()")
-            .await
-            .expect("unlock");
-        free
-    }
-
     /// For a named lease, that readers find its token in its marks; then
     /// releases it, and checks that no lock statement left its key held
     /// behind it.
@@ -173,7 +157,7 @@ impl Fixture {
         let key = lease.key().clone();
         lease.release().await.expect("release");
         assert!(
-            self.free(&key).await,
+            free_on_the_server(&self.admin, &key).await,
             "the key is free once its lease let go: {key}"
         );
     }
@@ -264,7 +248,7 @@ async fn a_quick_lock_that_finds_the_sequence_unfit_leaves_the_refusal_to_the_fu
             );
             sent.push(proxy.pg_sent(b'B') - before);
             assert!(
-                at.free(&key).await,
+                freed_on_the_server(&at.admin, &key).await,
                 "nothing is left held by the refused attempt"
             );
         }
@@ -376,8 +360,16 @@ async fn a_dba_operation_on_the_sequence_is_answered_alike_with_the_quick_statem
             if let (Err(quick), Err(full)) = (&quick_due, &full_only) {
                 assert_eq!(quick, full, "the same refusal: {seen}");
             }
-            assert!(at.free(&quick_key).await, "nothing held: {seen}");
-            assert!(at.free(&full_key).await, "nothing held: {seen}");
+            // A failed attempt's transaction lets go an instant after
+            // its error: `freed_on_the_server` waits for that.
+            assert!(
+                freed_on_the_server(&at.admin, &quick_key).await,
+                "nothing held: {seen}"
+            );
+            assert!(
+                freed_on_the_server(&at.admin, &full_key).await,
+                "nothing held: {seen}"
+            );
         }
     }
 }

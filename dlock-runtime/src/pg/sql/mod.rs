@@ -310,15 +310,15 @@ macro_rules! draw {
         concat!(
             "SELECT ",
             $head,
-            "CASE WHEN t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
+            "CASE WHEN ",
+            far_ahead!(),
+            "
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
                      t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN (t.p).cache_size
-                     OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
-                 OR (t.p).cycle_option
-                 OR (t.p).increment
-                     OPERATOR(pg_catalog.<=) 0::pg_catalog.int8
+            WHEN ",
+            unfit_settings!(),
+            "
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
@@ -329,6 +329,28 @@ macro_rules! draw {
             $tail,
             draw_from!($after)
         )
+    };
+}
+
+/// Whether the sequence (`t.seq`) is more than a day ahead of the clock
+/// (`t.clock`): `draw!` refuses it, and `quick_draw!` leaves it to `draw!`.
+macro_rules! far_ahead {
+    () => {
+        "t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)"
+    };
+}
+
+/// Whether the sequence's settings (`t.p`, from `pg_sequence_parameters`)
+/// cannot give rising tokens: `draw!` refuses them, and `quick_draw!`
+/// leaves them to `draw!`. One text for both, so a check added to the
+/// draw is a check of the quick one too.
+macro_rules! unfit_settings {
+    () => {
+        "(t.p).cache_size
+                     OPERATOR(pg_catalog.<>) 1::pg_catalog.int8
+                 OR (t.p).cycle_option
+                 OR (t.p).increment
+                     OPERATOR(pg_catalog.<=) 0::pg_catalog.int8"
     };
 }
 
@@ -370,10 +392,12 @@ macro_rules! quick_draw {
     () => {
         concat!(
             "SELECT CASE WHEN t.clock OPERATOR(pg_catalog.<=) t.seq
-                  AND t.seq OPERATOR(pg_catalog.<=) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)
-                  AND (t.p).cache_size OPERATOR(pg_catalog.=) 1::pg_catalog.int8
-                  AND NOT (t.p).cycle_option
-                  AND (t.p).increment OPERATOR(pg_catalog.>) 0::pg_catalog.int8
+                  AND NOT ",
+            far_ahead!(),
+            "
+                  AND NOT (",
+            unfit_settings!(),
+            ")
              THEN t.seq END",
             draw_from!("")
         )

@@ -102,7 +102,12 @@ pub async fn renewal_keeps_a_lease_alive_past_several_ttls(backend: Arc<dyn Back
 /// The lost signal fires when an administrator breaks the lock (`force_release`).
 pub async fn lost_signal_fires_when_the_lease_is_taken_away(backend: Arc<dyn Backend>) {
     let key = fresh_key("taken-away");
-    let lease = take(&backend, &key, 300, Duration::ZERO, "free").await;
+    // A ttl long enough that the lease cannot run out by itself first: a
+    // renewal comes every third of it, so a stall of up to ~2 s on a busy
+    // machine still keeps it, and the loss it reports is the break. (At
+    // 300 ms a stall of 200 ms lost it to its ttl, and the test read that
+    // as the wrong signal.)
+    let lease = take(&backend, &key, 3_000, Duration::ZERO, "free").await;
     assert!(backend.force_release(&key).await.expect("force release"));
     let usurper = take(&backend, &key, 10_000, Duration::ZERO, "freed").await;
     let lost = within(10, "the lost signal", lease.lost()).await;

@@ -47,7 +47,13 @@
 //! - `fair`: the fair waiter's statements and its session's settings;
 //! - `modes`: shared locks and permits;
 //! - `schema`: the schema objects, their inspection and the DBA's DDL;
+//! - `marks`: the text of a named lease's token marks, shared by its
+//!   lock, its unlock and the reads of who holds a key;
 //! - `failures`: what a failed lock statement's error says.
+
+/// `token_mark_a!` and the other macros of a named lease's token marks.
+#[macro_use]
+mod marks;
 
 /// Settings of every connection the backend opens, sent first: the search
 /// path (see the module docs; `pg_temp` last, so a temporary table cannot
@@ -530,112 +536,6 @@ macro_rules! exclusive_hold {
                     WHERE d.datname = pg_catalog.current_database())
   AND l.classid::pg_catalog.int8 = ((k.h >> 32::pg_catalog.int4) & 4294967295::pg_catalog.int8)
   AND l.objid::pg_catalog.int8 = (k.h & 4294967295::pg_catalog.int8)"
-    };
-}
-
-/// The first of the two `(int4, int4)` advisory locks (`objsubid` 2) that
-/// carry the token `t` of a named lease of the advisory key `h` (SQL
-/// expressions) in `pg_locks`, as a call of `$f`: the key's high half XOR
-/// `TOKN` (`0x544f4b4e`), with the token's high half. Taken shared, by the
-/// lease's session, for as long as the lease holds the key (see
-/// `TRY_LOCK_NAMED`). The constants keep the marks off the key's own
-/// `rewriting` mark and release gate (the halves, and their complements).
-macro_rules! token_mark_a {
-    ($f:literal, $h:literal, $t:literal) => {
-        concat!(
-            $f,
-            "(((",
-            $h,
-            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (",
-            $t,
-            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
-        )
-    };
-}
-
-/// The second token mark (see `token_mark_a!`): the key's low half XOR
-/// `TOKM` (`0x544f4b4d`), with the token's low half.
-macro_rules! token_mark_b {
-    ($f:literal, $h:literal, $t:literal) => {
-        concat!(
-            $f,
-            "((((",
-            $h,
-            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4, ((",
-            $t,
-            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
-        )
-    };
-}
-
-/// The `classid` in `pg_locks` (as an `int8`) of the first token mark of
-/// the advisory key `$h` (see `token_mark_a!`).
-macro_rules! mark_class_a {
-    ($h:literal) => {
-        concat!(
-            "(((",
-            $h,
-            " >> 32::pg_catalog.int4) # 1414482766::pg_catalog.int8) & 4294967295::pg_catalog.int8)"
-        )
-    };
-}
-
-/// The `classid` in `pg_locks` (as an `int8`) of the second token mark of
-/// the advisory key `$h` (see `token_mark_a!`).
-macro_rules! mark_class_b {
-    ($h:literal) => {
-        concat!(
-            "((((",
-            $h,
-            " << 32::pg_catalog.int4) >> 32::pg_catalog.int4) # 1414482765::pg_catalog.int8) \
-             & 4294967295::pg_catalog.int8)"
-        )
-    };
-}
-
-/// The condition on a `pg_locks` row `m` that it is a token mark (a
-/// shared `(int4, int4)` advisory lock) held by the session `$pid` in this
-/// database.
-macro_rules! held_mark {
-    ($pid:literal) => {
-        concat!(
-            "m.pid = ",
-            $pid,
-            " AND m.locktype = 'advisory'::pg_catalog.text AND m.granted
-    AND m.mode = 'ShareLock'::pg_catalog.text AND m.objsubid = 2::pg_catalog.int2
-    AND m.database = (SELECT d.oid FROM pg_catalog.pg_database AS d
-                      WHERE d.datname = pg_catalog.current_database())"
-        )
-    };
-}
-
-/// The token the session `$pid` carries for the advisory key `$h` in its
-/// token marks (see `token_mark_a!`), read from `pg_locks` (as `$locks`):
-/// NULL unless exactly one mark of each half is there. Two keys of one
-/// session whose marks share a half make both unknown, never wrong.
-macro_rules! marked_token {
-    ($locks:literal, $pid:literal, $h:literal) => {
-        concat!(
-            "(SELECT CASE WHEN pg_catalog.count(*) FILTER (WHERE m.classid::pg_catalog.int8 = ",
-            mark_class_a!($h),
-            ") = 1
-              AND pg_catalog.count(*) FILTER (WHERE m.classid::pg_catalog.int8 = ",
-            mark_class_b!($h),
-            ") = 1
-         THEN (pg_catalog.max(m.objid::pg_catalog.int8) FILTER (WHERE m.classid::pg_catalog.int8 = ",
-            mark_class_a!($h),
-            ") << 32::pg_catalog.int4)
-              | pg_catalog.max(m.objid::pg_catalog.int8) FILTER (WHERE m.classid::pg_catalog.int8 = ",
-            mark_class_b!($h),
-            ")
-         END
-  FROM ",
-            $locks,
-            " AS m
-  WHERE ",
-            held_mark!($pid),
-            ")"
-        )
     };
 }
 

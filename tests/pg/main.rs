@@ -8,7 +8,7 @@
 //! and DBAs (`names_faults`) and beside marked leases of one session
 //! (`names_marks`, with `marks`, what both share), bad input and servers of a test's own
 //! (`server`), fencing tokens when the token sequence is tampered with
-//! (`tokens`) or made unlogged by a DBA (`unlogged`), drawn under the
+//! (`tokens`), changed by a DBA under running statements (`dba_sequence`), or made unlogged by a DBA (`unlogged`), drawn under the
 //! draw lock by roles with some of the sequence's privileges
 //! (`draw_roles`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
@@ -21,6 +21,7 @@ mod pg_support;
 #[path = "../support/mod.rs"]
 mod support;
 
+mod dba_sequence;
 mod draw_roles;
 mod fair;
 mod holder;

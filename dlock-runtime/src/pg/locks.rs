@@ -169,7 +169,9 @@ impl Inner {
                 continue;
             }
             *in_flight = None;
-            if sql::sequence_missing(&err) && !restored {
+            // Dropped before the statement was planned, or while it ran
+            // (then it may have taken the key: undone above).
+            if (sql::sequence_missing(&err) || sql::dropped_while_running(&err)) && !restored {
                 restored = true;
                 Box::pin(self.restore_objects())
                     .await
@@ -414,6 +416,14 @@ impl Inner {
         if let Some(unfit) = sql::refused_sequence(&err) {
             let what = super::sequence::refusal(unfit, &self.quoted_schema);
             return LockError::backend(KIND, Operation::Acquire, key.as_str(), Failure::msg(what));
+        }
+        if let Some(what) = super::sequence::failure(&err, &self.quoted_schema) {
+            return LockError::backend(
+                KIND,
+                Operation::Acquire,
+                key.as_str(),
+                Failure::new(what, err),
+            );
         }
         if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
             // A wait for a row names it in the error's context; a

@@ -139,6 +139,36 @@ pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str) -> String {
     }
 }
 
+/// What to say when a lock statement failed on the token sequence for a
+/// reason its draw does not check for: its maximum reached (a DBA lowered
+/// `MAXVALUE` while services run: `nextval` refuses to pass it, `setval`
+/// to set it), or a privilege on it or its schema revoked. `None` for any
+/// other error. The server's own text follows as the cause.
+pub(super) fn failure(err: &tokio_postgres::Error, quoted_schema: &str) -> Option<String> {
+    use tokio_postgres::error::SqlState;
+    let code = err.code()?;
+    let out_of_bounds = *code == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
+        && err
+            .as_db_error()
+            .is_some_and(|db| db.message().contains("out of bounds for sequence"));
+    if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED || out_of_bounds {
+        return Some(format!(
+            "the token sequence {s}.dlock_token_seq reached its MAXVALUE, so no token above the \
+             ones handed out can be drawn, and the lock was not taken; have its owner raise it \
+             with: ALTER SEQUENCE {s}.dlock_token_seq NO MAXVALUE",
+            s = quoted_schema
+        ));
+    }
+    (*code == SqlState::INSUFFICIENT_PRIVILEGE).then(|| {
+        format!(
+            "the role may not draw tokens: it needs USAGE on the schema {s} and USAGE and \
+             UPDATE on the sequence {s}.dlock_token_seq (see docs/postgres.md); the lock was not \
+             taken",
+            s = quoted_schema
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -311,6 +311,14 @@ fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
             s = quoted_schema,
             ddl = sql::objects_ddl_for_dba(quoted_schema),
         )
+    } else if let Some(what) = super::sequence::failure(err, quoted_schema) {
+        format!("transaction lock failed: {what}")
+    } else if sql::dropped_while_running(err) {
+        format!(
+            "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq (or \
+             another of dlock's objects) was dropped while the lock statement ran; roll back and \
+             try again"
+        )
     } else {
         "transaction lock failed".to_owned()
     }

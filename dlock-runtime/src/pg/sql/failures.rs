@@ -17,6 +17,23 @@ pub(in crate::pg) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// True when a statement failed because a relation it was planned with was
+/// dropped while it ran: a DBA's `DROP SEQUENCE` (or `DROP TABLE`, or a
+/// `DROP` and `CREATE` in one transaction) that committed while the
+/// statement waited for the relation's lock, or just before it opened it.
+/// The server reports it as an internal error (`XX000`), in text that is
+/// never translated. Unlike [`sequence_missing`], the statement may have
+/// taken its key's lock first ([`LockLeft::Unknown`]), so only a caller
+/// that undid the failed statement may retry on it.
+pub(in crate::pg) fn dropped_while_running(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    err.code() == Some(&SqlState::INTERNAL_ERROR)
+        && err.as_db_error().is_some_and(|db| {
+            db.message().starts_with("could not open relation with OID")
+                || db.message().starts_with("cache lookup failed for relation")
+        })
+}
+
 /// True when the error came from a function or a statement run on a lock
 /// statement's behalf (a DBA's trigger on the table of records, a foreign
 /// key's check), not from the statement itself: its context names them.

@@ -13,7 +13,8 @@
 //!
 //! A `MAXVALUE` lowered to the last token, and the role's privileges on
 //! the sequence revoked: the error names the cause and its fix, and the
-//! key is left free.
+//! key is left free, or, for a transaction lock that cannot give it back,
+//! the error says so.
 
 use super::token_lead::{connect, fresh_key, hold_once, seq};
 use crate::pg_support::{
@@ -26,7 +27,7 @@ use std::time::Duration;
 
 use dlock::pg::tokio_postgres::Client;
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
-use dlock::{Backend, LockOptions};
+use dlock::{Backend, LockMode, LockOptions};
 
 /// What the DBA runs, in one transaction left open until a lock statement
 /// waits for the sequence.
@@ -291,4 +292,115 @@ async fn a_role_whose_sequence_privileges_were_revoked_is_told_what_it_needs_and
         &["may not draw tokens", &needs],
     )
     .await;
+}
+
+/// A transaction lock whose sequence is behind the clock draws its token in
+/// a savepoint after taking the key. With the sequence's `MAXVALUE`
+/// between the sequence and the clock, that draw's `setval` fails: taken
+/// without waiting, the key stays with the caller's transaction (a
+/// transaction lock cannot be given back), and the error must say so;
+/// taken with a wait, the waiting savepoint is rolled back with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_whose_draw_meets_maxvalue_says_whether_it_keeps_the_key() {
+    let scratch = ScratchSchema::new("dbaxmax");
+    let _creates_the_sequence = connect(&shared_conn(), &scratch.name).await;
+    let admin = shared_client().await;
+    admin
+        .batch_execute(&format!(
+            "DO $$ DECLARE now_us bigint := \
+                 (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::bigint; \
+             BEGIN \
+                 PERFORM setval('{s}', now_us - 10000000); \
+                 EXECUTE format('ALTER SEQUENCE {s} MAXVALUE %s', now_us - 5000000); \
+             END $$",
+            s = seq(&scratch.name)
+        ))
+        .await
+        .expect("the sequence behind its MAXVALUE, behind the clock");
+    let mut app = shared_client().await;
+    for wait in [Duration::ZERO, Duration::from_secs(5)] {
+        let key = fresh_key("dba-xact-max");
+        let mut tx = app.transaction().await.expect("begin");
+        let err = TransactionLock::new()
+            .schema(&scratch.name)
+            .wait(wait)
+            .acquire(&mut tx, key.clone())
+            .await
+            .expect_err("the draw meets MAXVALUE")
+            .to_string();
+        eprintln!("{err}");
+        let held = !free_on_the_server(&admin, &key).await;
+        tx.rollback().await.expect("rollback");
+        assert!(err.contains("reached its MAXVALUE"), "{err}");
+        if wait.is_zero() {
+            assert!(
+                held,
+                "taken without waiting, the key stays with the transaction"
+            );
+            assert!(
+                err.contains("stays with this transaction") && !err.contains("not taken"),
+                "{err}"
+            );
+        } else {
+            assert!(!held, "the waiting savepoint was rolled back with the key");
+            assert!(err.contains("the lock was not taken"), "{err}");
+        }
+        assert!(
+            free_on_the_server(&admin, &key).await,
+            "free after the rollback"
+        );
+    }
+}
+
+/// Shared locks and permits draw in database functions whose handlers give
+/// back what they took when a statement inside fails: a drop under their
+/// draw is made again and the attempt sent once more, and the lock session,
+/// with the other leases on it, lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_or_permit_attempt_raced_by_a_drop_is_granted_and_loses_no_other_lease() {
+    let ttl = Duration::from_secs(30);
+    for (mode, options) in [
+        ("shared", LockOptions::new(ttl).mode(LockMode::Shared)),
+        ("permits", LockOptions::new(ttl).permits(3)),
+    ] {
+        let scratch = ScratchSchema::new("dbamodes");
+        let backend = connect(&shared_conn(), &scratch.name).await;
+        let key = fresh_key("dba-modes");
+        let warm = options
+            .acquire_on(Arc::clone(&backend), key.clone())
+            .await
+            .expect("the functions made");
+        warm.release().await.expect("release");
+        let before = hold_once(&backend, &key).await;
+        let other = LockOptions::new(Duration::from_secs(30))
+            .acquire_on(Arc::clone(&backend), fresh_key("dba-modes-other"))
+            .await
+            .expect("another lease on the one lock session");
+        let (dba, oid) = open_drop(DROP, &scratch.name).await;
+        let attempt = tokio::spawn({
+            let (backend, key) = (Arc::clone(&backend), key.clone());
+            let options = options.clone();
+            async move { options.acquire_on(backend, key).await }
+        });
+        someone_waits_for(oid).await;
+        dba.batch_execute("COMMIT").await.expect("commit the drop");
+        let lease = within(20, "the attempt after the drop", attempt)
+            .await
+            .expect("task")
+            .unwrap_or_else(|err| panic!("{mode} raced by a drop: {err}"));
+        assert!(
+            lease.token() > before,
+            "{mode}: {:?} after {before:?}",
+            lease.token()
+        );
+        lease.release().await.expect("release");
+        assert!(
+            other.check().is_ok(),
+            "{mode}: another lease of the session was lost"
+        );
+        other
+            .release()
+            .await
+            .expect("the other lease is still held");
+    }
 }

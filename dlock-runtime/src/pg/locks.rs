@@ -414,10 +414,13 @@ impl Inner {
             );
         }
         if let Some(unfit) = sql::refused_sequence(&err) {
-            let what = super::sequence::refusal(unfit, &self.quoted_schema);
+            let what =
+                super::sequence::refusal(unfit, &self.quoted_schema, super::sequence::NOT_TAKEN);
             return LockError::backend(KIND, Operation::Acquire, key.as_str(), Failure::msg(what));
         }
-        if let Some(what) = super::sequence::failure(&err, &self.quoted_schema) {
+        if let Some(what) =
+            super::sequence::failure(&err, &self.quoted_schema, super::sequence::NOT_TAKEN)
+        {
             return LockError::backend(
                 KIND,
                 Operation::Acquire,

@@ -36,92 +36,106 @@ impl Inner {
         ttl: Duration,
         access: Access,
     ) -> Result<Attempt, LockError> {
-        self.modes_ready(Operation::Acquire, key).await?;
-        let session = self.session().await?;
-        let which = match access {
-            Access::Permits { .. } => ModeStatement::TryPermit,
-            _ => ModeStatement::TryShared,
-        };
-        // A prepare takes no lock: one that fails (what it names is gone
-        // or changed, or locked by a DBA past the session's lock_timeout)
-        // leaves the session and the other leases on it alone.
-        let statement = match session.mode_statement(which, &self.modes.statements).await {
-            Ok(statement) => statement,
-            Err(err) => return Err(self.mode_unprepared(key, err).await),
-        };
-        // A permit statement may take any of its slots' advisory keys:
-        // counted in flight until its hold is booked, and not sent while an
-        // undo on the session may unlock one (see `Claims::claim_for_undo`).
-        // A shared statement takes no exclusive session lock: nothing an
-        // undo's unlock could drop.
-        let in_flight = match access {
-            Access::Permits { permits } => {
-                match session
-                    .claims
-                    .mark_permit(key.as_str(), permits, self.options.key_seed)
-                {
-                    Some(mark) => Some(mark),
+        let mut retried = false;
+        loop {
+            self.modes_ready(Operation::Acquire, key).await?;
+            let session = self.session().await?;
+            let which = match access {
+                Access::Permits { .. } => ModeStatement::TryPermit,
+                _ => ModeStatement::TryShared,
+            };
+            // A prepare takes no lock: one that fails (what it names is gone
+            // or changed, or locked by a DBA past the session's lock_timeout)
+            // leaves the session and the other leases on it alone.
+            let statement = match session.mode_statement(which, &self.modes.statements).await {
+                Ok(statement) => statement,
+                Err(err) => return Err(self.mode_unprepared(key, err).await),
+            };
+            // A permit statement may take any of its slots' advisory keys:
+            // counted in flight until its hold is booked, and not sent while an
+            // undo on the session may unlock one (see `Claims::claim_for_undo`).
+            // A shared statement takes no exclusive session lock: nothing an
+            // undo's unlock could drop.
+            let in_flight = match access {
+                Access::Permits { permits } => {
+                    match session
+                        .claims
+                        .mark_permit(key.as_str(), permits, self.options.key_seed)
+                    {
+                        Some(mark) => Some(mark),
+                        None => {
+                            self.modes.poll(key);
+                            return Ok(Attempt::Held { expires_in: None });
+                        }
+                    }
+                }
+                _ => None,
+            };
+            let answer = self
+                .send_mode_statement(&session, statement, key, access)
+                .await;
+            let (token, slot, marked) = match answer {
+                Ok(answer) => answer,
+                Err(err) => {
+                    // An object dropped while the statement ran: made again by
+                    // `mode_failed`, and the attempt sent once more, as an
+                    // exclusive one is.
+                    let dropped = sql::dropped_while_running(&err);
+                    let failed = self.mode_failed(&session, key, err).await;
+                    if dropped && !retried {
+                        retried = true;
+                        continue;
+                    }
+                    return Err(failed);
+                }
+            };
+            let Some(token) = token else {
+                // Held by a writer, a mark, readers or every slot: the wait
+                // probe hears only of exclusive holders, so waiters poll.
+                self.modes.poll(key);
+                let expires_in = marked.then_some(QUEUE_ENTRY_TTL / 3);
+                return Ok(Attempt::Held { expires_in });
+            };
+            let slot = answered_slot(&session, key, slot)?;
+            let token = match xact::to_token(token, key.as_str()) {
+                Ok(token) => token,
+                Err(err) => {
+                    session.end(format!("a bad token for `{key}`"));
+                    return Err(err);
+                }
+            };
+            let slot_number = slot;
+            let slot = match slot {
+                Some(slot) => match self.claim_slot(&session, key, slot).await? {
+                    Some(claim) => Some((slot, claim)),
                     None => {
                         self.modes.poll(key);
                         return Ok(Attempt::Held { expires_in: None });
                     }
+                },
+                None => None,
+            };
+            {
+                let mut keys = self.modes.keys();
+                let entry = keys.entry(key.clone()).or_default();
+                self.book(entry, key, owner, ttl, &session, slot, token);
+                if access == Access::Shared {
+                    entry.read = Some(ReadHold {
+                        id: self.modes.next_read.fetch_add(1, Ordering::Relaxed),
+                        session: Arc::clone(&session),
+                        token,
+                        members: 1,
+                        unlocking: None,
+                    });
                 }
             }
-            _ => None,
-        };
-        let answer = self
-            .send_mode_statement(&session, statement, key, access)
-            .await;
-        let (token, slot, marked) = match answer {
-            Ok(answer) => answer,
-            Err(err) => return Err(self.mode_failed(&session, key, err).await),
-        };
-        let Some(token) = token else {
-            // Held by a writer, a mark, readers or every slot: the wait
-            // probe hears only of exclusive holders, so waiters poll.
-            self.modes.poll(key);
-            let expires_in = marked.then_some(QUEUE_ENTRY_TTL / 3);
-            return Ok(Attempt::Held { expires_in });
-        };
-        let slot = answered_slot(&session, key, slot)?;
-        let token = match xact::to_token(token, key.as_str()) {
-            Ok(token) => token,
-            Err(err) => {
-                session.end(format!("a bad token for `{key}`"));
-                return Err(err);
-            }
-        };
-        let slot_number = slot;
-        let slot = match slot {
-            Some(slot) => match self.claim_slot(&session, key, slot).await? {
-                Some(claim) => Some((slot, claim)),
-                None => {
-                    self.modes.poll(key);
-                    return Ok(Attempt::Held { expires_in: None });
-                }
-            },
-            None => None,
-        };
-        {
-            let mut keys = self.modes.keys();
-            let entry = keys.entry(key.clone()).or_default();
-            self.book(entry, key, owner, ttl, &session, slot, token);
-            if access == Access::Shared {
-                entry.read = Some(ReadHold {
-                    id: self.modes.next_read.fetch_add(1, Ordering::Relaxed),
-                    session: Arc::clone(&session),
-                    token,
-                    members: 1,
-                    unlocking: None,
-                });
-            }
+            drop(in_flight);
+            let grant = Grant::new(token).lost_with(session.loss_group());
+            return Ok(Attempt::Acquired(match slot_number {
+                Some(slot) => grant.in_slot(slot),
+                None => grant,
+            }));
         }
-        drop(in_flight);
-        let grant = Grant::new(token).lost_with(session.loss_group());
-        Ok(Attempt::Acquired(match slot_number {
-            Some(slot) => grant.in_slot(slot),
-            None => grant,
-        }))
     }
 
     /// Sends the shared or permit `statement` for `key` (`access`) on
@@ -247,7 +261,9 @@ impl Inner {
         // lock_timeout among them: a DBA's LOCK TABLE or TRUNCATE left
         // open), so the session and the other leases on it live on.
         // Nor does a key the server's encoding lacks: it fails at bind,
-        // before anything ran.
+        // before anything ran. Nor an object dropped while the statement
+        // ran (`missing`): only the functions' statements open relations,
+        // inside the blocks whose handlers give back what they took.
         let refused = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
             || sql::unencodable(&err)
             || err
@@ -284,14 +300,18 @@ impl Inner {
         key: &LockKey,
         err: &tokio_postgres::Error,
     ) -> bool {
-        let missing = err.code().is_some_and(|code| {
-            *code == SqlState::UNDEFINED_FUNCTION
-                || *code == SqlState::UNDEFINED_TABLE
-                || *code == SqlState::INVALID_SCHEMA_NAME
-        });
+        // Dropped while the statement ran: inside the functions, whose
+        // handlers gave back what they took (see `mode_failed`).
+        let dropped = sql::dropped_while_running(err);
+        let missing = dropped
+            || err.code().is_some_and(|code| {
+                *code == SqlState::UNDEFINED_FUNCTION
+                    || *code == SqlState::UNDEFINED_TABLE
+                    || *code == SqlState::INVALID_SCHEMA_NAME
+            });
         if missing {
             *self.modes.ready.lock().await = (false, None);
-            if sql::sequence_missing(err)
+            if (dropped || sql::sequence_missing(err))
                 && let Err(failure) = Box::pin(self.restore_objects()).await
             {
                 tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");

@@ -10,6 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 use super::connection::Failure;
+use super::sequence::{KEPT, NOT_TAKEN};
 use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
 use crate::error::{LockError, Operation};
 use crate::options::{IntoLockKey, MAX_DURATION};
@@ -165,7 +166,7 @@ impl TransactionLock {
             let row = tx
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
-                .map_err(|e| fail(&lock_failed(&e, &quoted), e))?;
+                .map_err(|e| fail(&lock_failed(&e, &quoted, NOT_TAKEN), e))?;
             let answer = row
                 .try_get::<_, bool>(0)
                 .and_then(|locked| Ok((locked, row.try_get::<_, Option<i64>>(1)?)))
@@ -176,7 +177,7 @@ impl TransactionLock {
                     holder: None,
                 }),
                 (true, Some(token)) => to_token(token, key.as_str()),
-                (true, None) => draw_in_savepoint(tx, &quoted, key.as_str()).await,
+                (true, None) => draw_in_savepoint(tx, &quoted, key.as_str(), KEPT).await,
             };
         }
         let started = tokio::time::Instant::now();
@@ -209,7 +210,9 @@ impl TransactionLock {
                 let mut savepoint = savepoint;
                 let token = match token {
                     Some(token) => to_token(token, key.as_str()),
-                    None => draw_in_savepoint(&mut savepoint, &quoted, key.as_str()).await,
+                    None => {
+                        draw_in_savepoint(&mut savepoint, &quoted, key.as_str(), NOT_TAKEN).await
+                    }
                 };
                 if token.is_err() {
                     savepoint
@@ -236,7 +239,7 @@ impl TransactionLock {
                         waited: started.elapsed(),
                     })
                 } else {
-                    Err(fail(&lock_failed(&err, &quoted), err))
+                    Err(fail(&lock_failed(&err, &quoted, NOT_TAKEN), err))
                 }
             }
         }
@@ -248,11 +251,14 @@ impl TransactionLock {
 /// [`sql::DRAW_IN_SAVEPOINT`]). Should it fail, the savepoint is rolled
 /// back (the draw lock with it) and the caller's transaction is usable
 /// again; the transaction lock taken before stays until the transaction
-/// ends, as any transaction lock does.
+/// ends, as any transaction lock does, unless the caller's own savepoint
+/// is rolled back after it: `fate` says which ([`KEPT`] or
+/// [`NOT_TAKEN`]).
 async fn draw_in_savepoint(
     tx: &mut Transaction<'_>,
     quoted_schema: &str,
     key: &str,
+    fate: &str,
 ) -> Result<FencingToken, LockError> {
     let fail = |what: String, e: tokio_postgres::Error| {
         LockError::backend(KIND, Operation::Acquire, key, Failure::new(&what, e))
@@ -271,11 +277,10 @@ async fn draw_in_savepoint(
                     "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq \
                      (an ALTER SEQUENCE or a DROP left open?) or its draw lock (the advisory lock \
                      (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
-                     hand) was locked by another transaction for over 1 s; the lock taken stays \
-                     with this transaction"
+                     hand) was locked by another transaction for over 1 s; {fate}"
                 )
             } else {
-                lock_failed(&err, quoted_schema)
+                lock_failed(&err, quoted_schema, fate)
             };
             return Err(fail(what, err));
         }
@@ -297,12 +302,13 @@ async fn draw_in_savepoint(
 
 /// What to say when a lock statement failed: with the fix when the token
 /// sequence is missing (which aborts the caller's transaction; it is not
-/// recreated there, where the caller's ROLLBACK would undo it).
-fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
+/// recreated there, where the caller's ROLLBACK would undo it). `fate`:
+/// what became of the lock, for the messages that say.
+fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str, fate: &str) -> String {
     if let Some(unfit) = sql::refused_sequence(err) {
         format!(
             "transaction lock failed: {}",
-            super::sequence::refusal(unfit, quoted_schema)
+            super::sequence::refusal(unfit, quoted_schema, fate)
         )
     } else if sql::sequence_missing(err) {
         format!(
@@ -311,7 +317,7 @@ fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
             s = quoted_schema,
             ddl = sql::objects_ddl_for_dba(quoted_schema),
         )
-    } else if let Some(what) = super::sequence::failure(err, quoted_schema) {
+    } else if let Some(what) = super::sequence::failure(err, quoted_schema, fate) {
         format!("transaction lock failed: {what}")
     } else if sql::dropped_while_running(err) {
         format!(

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use dlock::pg::tokio_postgres::Client;
 use dlock::pg::{PgBackend, PgOptions, TransactionLock};
-use dlock::{Backend, LockMode, LockOptions};
+use dlock::{Backend, Lease, LockKey, LockMode, LockOptions};
 
 /// What the DBA runs, in one transaction left open until a lock statement
 /// waits for the sequence.
@@ -77,36 +77,45 @@ async fn someone_waits_for(oid: u32) {
     .await;
 }
 
+/// Takes `key` with `options` on `backend` while `ddl` commits under its
+/// statement: the lease, which it must get.
+async fn taken_through(
+    backend: &Arc<dyn Backend>,
+    schema: &str,
+    ddl: &str,
+    options: LockOptions,
+    key: &LockKey,
+) -> Lease {
+    let (dba, oid) = open_drop(ddl, schema).await;
+    let acquisition = tokio::spawn({
+        let (backend, key) = (Arc::clone(backend), key.clone());
+        async move { options.acquire_on(backend, key).await }
+    });
+    someone_waits_for(oid).await;
+    dba.batch_execute("COMMIT").await.expect("commit the drop");
+    within(20, "the acquisition after the drop", acquisition)
+        .await
+        .expect("task")
+        .unwrap_or_else(|err| panic!("{ddl}, committed under a lock statement: {err}"))
+}
+
 /// A lease taken on `backend` while `ddl` commits under its lock statement
 /// is granted, with a token above the last one before the drop, and gives
 /// its key back.
 async fn acquired_through_the_drop(backend: Arc<dyn Backend>, schema: &str, ddl: &str, fair: bool) {
     let key = fresh_key("drop-race");
     let before = hold_once(&backend, &key).await;
-    let (dba, oid) = open_drop(ddl, schema).await;
-    let acquisition = tokio::spawn({
-        let (backend, key) = (Arc::clone(&backend), key.clone());
-        async move {
-            LockOptions::new(Duration::from_secs(30))
-                .fair(fair)
-                .acquire_on(backend, key)
-                .await
-        }
-    });
-    someone_waits_for(oid).await;
-    dba.batch_execute("COMMIT").await.expect("commit the drop");
-    let lease = within(20, "the acquisition after the drop", acquisition)
-        .await
-        .expect("task")
-        .unwrap_or_else(|err| panic!("{ddl}, committed under a lock statement: {err}"));
+    let options = LockOptions::new(Duration::from_secs(30)).fair(fair);
+    let lease = taken_through(&backend, schema, ddl, options, &key).await;
     assert!(
         lease.token() > before,
         "{ddl}: token {:?} after {before:?}",
         lease.token()
     );
     lease.release().await.expect("release");
+    let watcher = shared_client().await;
     assert!(
-        free_on_the_server(&dba, &key).await,
+        free_on_the_server(&watcher, &key).await,
         "{ddl}: the key stayed held"
     );
     let after = hold_once(&backend, &key).await;
@@ -376,18 +385,7 @@ async fn a_shared_or_permit_attempt_raced_by_a_drop_is_granted_and_loses_no_othe
             .acquire_on(Arc::clone(&backend), fresh_key("dba-modes-other"))
             .await
             .expect("another lease on the one lock session");
-        let (dba, oid) = open_drop(DROP, &scratch.name).await;
-        let attempt = tokio::spawn({
-            let (backend, key) = (Arc::clone(&backend), key.clone());
-            let options = options.clone();
-            async move { options.acquire_on(backend, key).await }
-        });
-        someone_waits_for(oid).await;
-        dba.batch_execute("COMMIT").await.expect("commit the drop");
-        let lease = within(20, "the attempt after the drop", attempt)
-            .await
-            .expect("task")
-            .unwrap_or_else(|err| panic!("{mode} raced by a drop: {err}"));
+        let lease = taken_through(&backend, &scratch.name, DROP, options, &key).await;
         assert!(
             lease.token() > before,
             "{mode}: {:?} after {before:?}",

@@ -87,6 +87,40 @@ async fn twenty_acquirers_in_one_process_over_four_shared_sessions_exactly_one_w
     }
 }
 
+/// A renewal of a lease whose lock session ended (terminated by a DBA, a
+/// force release of another key on it, a restart) answers "not held":
+/// the session's locks are gone with its connection, for this process at
+/// least, so "could not tell" would only make the caller ask again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_on_a_terminated_lock_session_answers_not_held_not_an_error() {
+    use dlock::backend::{AcquireRequest, Attempt, Renewal};
+    let holder = pg().await;
+    let key = fresh_key("terminated-renewal");
+    let owner = OwnerId::random().expect("owner");
+    let ttl = Duration::from_secs(30);
+    let taken = holder
+        .try_acquire(&AcquireRequest::new(&key, &owner, ttl))
+        .await
+        .expect("answer");
+    assert!(matches!(taken, Attempt::Acquired(_)), "{taken:?}");
+    let pids = holder.holder_pids(&key).await.expect("holders");
+    raw_client()
+        .await
+        .query_one("SELECT pg_terminate_backend($1)", &[&pids[0]])
+        .await
+        .expect("terminate");
+    let answer = within(10, "a renewal that no longer renews", async {
+        loop {
+            match holder.extend(&Renewal::new(&key, &owner, ttl)).await {
+                Ok(true) => tokio::time::sleep(Duration::from_millis(5)).await,
+                other => return other,
+            }
+        }
+    })
+    .await;
+    assert!(matches!(answer, Ok(false)), "{answer:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminating_the_lock_session_marks_the_lease_lost_at_once_and_the_next_holder_gets_a_higher_token()
  {

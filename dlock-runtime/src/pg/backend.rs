@@ -36,6 +36,20 @@ pub(super) fn live_session(
         .map(|h| Arc::clone(&h.session))
 }
 
+/// Whether `err`, a statement's on a lock session, says the session is
+/// over: its connection closed, or the server ended it (a `FATAL` error:
+/// terminated by a DBA, shut down, an idle timeout).
+fn session_gone(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::Severity;
+    err.is_closed()
+        || err.as_db_error().is_some_and(|db| {
+            matches!(
+                db.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            )
+        })
+}
+
 #[async_trait]
 impl Backend for PgBackend {
     fn kind(&self) -> &'static str {
@@ -184,11 +198,26 @@ impl Backend for PgBackend {
         // Per session: the check's failure, if any, as text, and as the
         // error itself for the first lease it fails (the others get its text).
         let mut checked: Vec<(u64, Option<(String, Option<Failure>)>)> = Vec::new();
+        // Sessions the check found ended: their leases are lost.
+        let mut ended = Vec::new();
         for session in held_on.iter().flatten() {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
             let answered = session.check_connection().await;
+            if let Err(err) = &answered
+                && session_gone(err)
+            {
+                // The connection is gone, and the session's locks with it
+                // as far as this process can ever use them (the server
+                // drops them as the connection ends): its leases are lost,
+                // not in doubt. Ended here too, in case the connection's
+                // own end has not been seen yet.
+                session.end(format!("the lock session ended: {err}"));
+                ended.push(session.id);
+                checked.push((session.id, None));
+                continue;
+            }
             if answered.is_ok() {
                 let recorded = leases
                     .iter()
@@ -219,6 +248,9 @@ impl Backend for PgBackend {
                 let Some(session) = session else {
                     return Ok(false);
                 };
+                if ended.contains(&session.id) {
+                    return Ok(false);
+                }
                 match checked.iter_mut().find(|(id, _)| *id == session.id) {
                     Some((_, None)) => {}
                     Some((_, Some((text, failure)))) => {

@@ -3,7 +3,8 @@
 //! themselves: the conformance suite and what advisory locks on owned
 //! sessions show (`lock`), fair mode on the server's own lock queue
 //! (`fair`), shared locks and permits against operators and callers
-//! (`modes`), who holds a key (`holder`), how plain leases name it
+//! (`modes`) and a DBA's trigger failing their commit (`mode_triggers`),
+//! who holds a key (`holder`), how plain leases name it
 //! (`names`) and what that promises against collisions, full lock tables
 //! and DBAs (`names_faults`) and beside marked leases of one session
 //! (`names_marks`, with `marks`, what both share), bad input and servers of a test's own
@@ -27,6 +28,7 @@ mod fair;
 mod holder;
 mod lock;
 mod marks;
+mod mode_triggers;
 mod modes;
 mod names;
 mod names_faults;

@@ -77,10 +77,14 @@ impl Inner {
             let (token, slot, marked) = match answer {
                 Ok(answer) => answer,
                 Err(err) => {
-                    // An object dropped while the statement ran: made again by
-                    // `mode_failed`, and the attempt sent once more, as an
-                    // exclusive one is.
-                    let dropped = sql::dropped_while_running(&err);
+                    // An object dropped while the functions ran: made again by
+                    // `mode_failed`, and the attempt sent once more on the
+                    // session, which lives on, as an exclusive one is. Not
+                    // after an error from elsewhere (a DBA's trigger at the
+                    // commit), which ends the session: the caller's wait, if
+                    // it has one, rides that out.
+                    let dropped =
+                        sql::dropped_while_running(&err) && sql::raised_by_the_mode_call(&err);
                     let failed = self.mode_failed(&session, key, err).await;
                     if dropped && !retried {
                         retried = true;
@@ -259,17 +263,21 @@ impl Inner {
         // The functions give back what they took when a statement inside
         // them fails (a lock they waited for past the session's
         // lock_timeout among them: a DBA's LOCK TABLE or TRUNCATE left
-        // open), so the session and the other leases on it live on.
-        // Nor does a key the server's encoding lacks: it fails at bind,
-        // before anything ran. Nor an object dropped while the statement
-        // ran (`missing`): only the functions' statements open relations,
-        // inside the blocks whose handlers give back what they took.
+        // open; an object dropped while they ran, `missing`: only their
+        // statements open relations, inside those blocks), so the session
+        // and the other leases on it live on. Nor does a key the server's
+        // encoding lacks take anything: it fails at bind. But only an error
+        // of the call itself or from inside the functions: a DBA's trigger
+        // that fails at the statement's commit (a deferred constraint
+        // trigger on the table of read phases) runs after the function
+        // returned with its locks, whatever its error says.
         let refused = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE)
-            || sql::unencodable(&err)
             || err
                 .as_db_error()
                 .is_some_and(|db| db.message().contains(sql::REFUSED));
-        if !missing && !refused && !err.is_closed() && !session.is_ended() {
+        let gave_back =
+            sql::unencodable(&err) || ((missing || refused) && sql::raised_by_the_mode_call(&err));
+        if !gave_back && !err.is_closed() && !session.is_ended() {
             session.end(format!("a shared or permit statement for `{key}` failed"));
         }
         self.failed(

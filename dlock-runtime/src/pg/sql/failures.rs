@@ -34,6 +34,22 @@ pub(in crate::pg) fn dropped_while_running(err: &tokio_postgres::Error) -> bool 
         })
 }
 
+/// Whether a shared or permit statement's error came from the call itself
+/// (binding or planning it: the error names no context) or from inside
+/// dlock's functions (`dlock_try_reader`, `dlock_try_permit_slot`, named
+/// in its context), whose handlers give back what they took. Not so an
+/// error of a DBA's trigger that runs at the statement's commit (a
+/// deferred constraint trigger on the table of read phases), after the
+/// function returned with its locks: its context names only the trigger.
+pub(in crate::pg) fn raised_by_the_mode_call(err: &tokio_postgres::Error) -> bool {
+    match err.as_db_error().and_then(|db| db.where_()) {
+        None => true,
+        Some(context) => {
+            context.contains("dlock_try_reader(") || context.contains("dlock_try_permit_slot(")
+        }
+    }
+}
+
 /// True when the error came from a function or a statement run on a lock
 /// statement's behalf (a DBA's trigger on the table of records, a foreign
 /// key's check), not from the statement itself: its context names them.

@@ -548,8 +548,8 @@ mod records;
 mod schema;
 
 pub(super) use self::failures::{
-    LockLeft, Unfit, dropped_while_running, lock_left_by, raised_by_a_trigger, recorded_since,
-    refused_sequence, sequence_missing, unencodable,
+    LockLeft, Unfit, dropped_while_running, lock_left_by, raised_by_a_trigger,
+    raised_by_the_mode_call, recorded_since, refused_sequence, sequence_missing, unencodable,
 };
 pub(super) use self::fair::{
     CLIENT_CONNECTION_CHECK, FAIR_LOCK, FAIR_LOCK_MARKED, FAIR_RECORD, FAIR_SESSION_SETUP,

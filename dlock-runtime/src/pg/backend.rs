@@ -10,7 +10,7 @@ use super::home::NoRuntime;
 use super::locks::{GiveBack, no_runtime};
 use super::session::LockSession;
 use super::{
-    Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, refuse_own_lock_name,
+    Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, refuse_own_lock_name, sql,
 };
 use crate::backend::kit::after;
 use crate::backend::{
@@ -36,18 +36,15 @@ pub(super) fn live_session(
         .map(|h| Arc::clone(&h.session))
 }
 
-/// Whether `err`, a statement's on a lock session, says the session is
-/// over: its connection closed, or the server ended it (a `FATAL` error:
-/// terminated by a DBA, shut down, an idle timeout).
-fn session_gone(err: &tokio_postgres::Error) -> bool {
-    use tokio_postgres::error::Severity;
-    err.is_closed()
-        || err.as_db_error().is_some_and(|db| {
-            matches!(
-                db.parsed_severity(),
-                Some(Severity::Fatal | Severity::Panic)
-            )
-        })
+/// What the check of a lock session said, for `extend_many`.
+enum Check {
+    /// It answered: its leases are renewed.
+    Live,
+    /// It is gone: its leases are lost.
+    Ended,
+    /// It could not tell: the failure as text, and as the error itself for
+    /// the first lease it fails (the others get its text).
+    Failed(String, Option<Failure>),
 }
 
 #[async_trait]
@@ -195,49 +192,41 @@ impl Backend for PgBackend {
                 })
                 .collect()
         };
-        // Per session: the check's failure, if any, as text, and as the
-        // error itself for the first lease it fails (the others get its text).
-        let mut checked: Vec<(u64, Option<(String, Option<Failure>)>)> = Vec::new();
-        // Sessions the check found ended: their leases are lost.
-        let mut ended = Vec::new();
+        // Per session, what its check said.
+        let mut checked: Vec<(u64, Check)> = Vec::new();
         for session in held_on.iter().flatten() {
             if checked.iter().any(|(id, _)| *id == session.id) {
                 continue;
             }
-            let answered = session.check_connection().await;
-            if let Err(err) = &answered
-                && session_gone(err)
-            {
+            let check = match session.check_connection().await {
+                Ok(()) => {
+                    let recorded = leases
+                        .iter()
+                        .zip(&held_on)
+                        .filter(|(lease, on)| {
+                            lease.recorded.is_some()
+                                && on.as_ref().is_some_and(|on| on.id == session.id)
+                        })
+                        .map(|(lease, _)| (lease.key.clone(), *lease.owner))
+                        .collect();
+                    self.inner.rewrite_records_later(session, recorded);
+                    Check::Live
+                }
                 // The connection is gone, and the session's locks with it
                 // as far as this process can ever use them (the server
                 // drops them as the connection ends): its leases are lost,
                 // not in doubt. Ended here too, in case the connection's
                 // own end has not been seen yet.
-                session.end(format!("the lock session ended: {err}"));
-                ended.push(session.id);
-                checked.push((session.id, None));
-                continue;
-            }
-            if answered.is_ok() {
-                let recorded = leases
-                    .iter()
-                    .zip(&held_on)
-                    .filter(|(lease, on)| {
-                        lease.recorded.is_some()
-                            && on.as_ref().is_some_and(|on| on.id == session.id)
-                    })
-                    .map(|(lease, _)| (lease.key.clone(), *lease.owner))
-                    .collect();
-                self.inner.rewrite_records_later(session, recorded);
-            }
-            let failure = match answered {
-                Ok(()) => None,
+                Err(err) if sql::session_gone(&err) => {
+                    session.end(format!("the lock session ended: {err}"));
+                    Check::Ended
+                }
                 Err(err) => {
                     let failure = Failure::new("lock session check failed", err);
-                    Some((failure.to_string(), Some(failure)))
+                    Check::Failed(failure.to_string(), Some(failure))
                 }
             };
-            checked.push((session.id, failure));
+            checked.push((session.id, check));
         }
         let mut keys = self.inner.keys();
         let now = Instant::now();
@@ -248,12 +237,10 @@ impl Backend for PgBackend {
                 let Some(session) = session else {
                     return Ok(false);
                 };
-                if ended.contains(&session.id) {
-                    return Ok(false);
-                }
                 match checked.iter_mut().find(|(id, _)| *id == session.id) {
-                    Some((_, None)) => {}
-                    Some((_, Some((text, failure)))) => {
+                    Some((_, Check::Live)) => {}
+                    Some((_, Check::Ended)) | None => return Ok(false),
+                    Some((_, Check::Failed(text, failure))) => {
                         let failure = failure.take().unwrap_or_else(|| Failure::msg(text.clone()));
                         return Err(LockError::backend(
                             KIND,
@@ -262,7 +249,6 @@ impl Backend for PgBackend {
                             failure,
                         ));
                     }
-                    None => return Ok(false),
                 }
                 if lease.access != Access::Exclusive {
                     return Ok(self.inner.extend_mode(

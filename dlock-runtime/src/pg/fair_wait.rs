@@ -283,7 +283,7 @@ impl Rounds {
         }
         // A drop that struck while the statement ran (it may have taken
         // the lock: dropped with the fair locks above) is retried alike.
-        if (sql::sequence_missing(&err) || sql::dropped_while_running(&err)) && !self.restored {
+        if sql::missing_or_dropped(&err) && !self.restored {
             self.restored = true;
             if let Err(err) = Box::pin(inner.restore_objects()).await {
                 inner.fair_session_free(&on);

@@ -171,7 +171,7 @@ impl Inner {
             *in_flight = None;
             // Dropped before the statement was planned, or while it ran
             // (then it may have taken the key: undone above).
-            if (sql::sequence_missing(&err) || sql::dropped_while_running(&err)) && !restored {
+            if sql::missing_or_dropped(&err) && !restored {
                 restored = true;
                 Box::pin(self.restore_objects())
                     .await

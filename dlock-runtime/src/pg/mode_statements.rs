@@ -319,7 +319,7 @@ impl Inner {
             });
         if missing {
             *self.modes.ready.lock().await = (false, None);
-            if (dropped || sql::sequence_missing(err))
+            if sql::missing_or_dropped(err)
                 && let Err(failure) = Box::pin(self.restore_objects()).await
             {
                 tracing::warn!(key = %key, error = %failure, "cannot create the token sequence again");

@@ -17,6 +17,27 @@ pub(in crate::pg) fn sequence_missing(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// True when the sequence (or another of dlock's objects) is gone, dropped
+/// before the statement was planned or while it ran: what an acquisition
+/// that undid its failed statement restores and retries on.
+pub(in crate::pg) fn missing_or_dropped(err: &tokio_postgres::Error) -> bool {
+    sequence_missing(err) || dropped_while_running(err)
+}
+
+/// Whether `err`, a statement's on a lock session, says the session is
+/// over: its connection closed, or the server ended it (a `FATAL` error:
+/// terminated by a DBA, shut down, an idle timeout).
+pub(in crate::pg) fn session_gone(err: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::Severity;
+    err.is_closed()
+        || err.as_db_error().is_some_and(|db| {
+            matches!(
+                db.parsed_severity(),
+                Some(Severity::Fatal | Severity::Panic)
+            )
+        })
+}
+
 /// True when a statement failed because a relation it was planned with was
 /// dropped while it ran: a DBA's `DROP SEQUENCE` (or `DROP TABLE`, or a
 /// `DROP` and `CREATE` in one transaction) that committed while the

@@ -548,8 +548,9 @@ mod records;
 mod schema;
 
 pub(super) use self::failures::{
-    LockLeft, Unfit, dropped_while_running, lock_left_by, raised_by_a_trigger,
-    raised_by_the_mode_call, recorded_since, refused_sequence, sequence_missing, unencodable,
+    LockLeft, Unfit, dropped_while_running, lock_left_by, missing_or_dropped, raised_by_a_trigger,
+    raised_by_the_mode_call, recorded_since, refused_sequence, sequence_missing, session_gone,
+    unencodable,
 };
 pub(super) use self::fair::{
     CLIENT_CONNECTION_CHECK, FAIR_LOCK, FAIR_LOCK_MARKED, FAIR_RECORD, FAIR_SESSION_SETUP,

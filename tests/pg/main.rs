@@ -11,7 +11,8 @@
 //! (`server`), fencing tokens when the token sequence is tampered with
 //! (`tokens`), changed by a DBA under running statements (`dba_sequence`), or made unlogged by a DBA (`unlogged`), drawn under the
 //! draw lock by roles with some of the sequence's privileges
-//! (`draw_roles`), and older replicas
+//! (`draw_roles`) or beside a writer caught between its two calls
+//! (`draw_race`), and older replicas
 //! beside new ones in a rolling upgrade (`upgrade`).
 //!
 //! Tests that spawn child processes re-run this binary with the
@@ -23,6 +24,7 @@ mod pg_support;
 mod support;
 
 mod dba_sequence;
+mod draw_race;
 mod draw_roles;
 mod fair;
 mod holder;

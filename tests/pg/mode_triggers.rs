@@ -1,5 +1,5 @@
 //! A DBA's deferred constraint trigger on the table of read phases fails
-//! at the commit of a shared attempt, after `dlock_try_reader` returned
+//! at the commit of a shared attempt, after `dlock_join_readers` returned
 //! holding the key shared on the lock session. Whatever the trigger's
 //! error says (a relation missing, dropped under it, anything), it did not
 //! come from inside the function, whose handlers give back what they

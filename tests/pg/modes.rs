@@ -288,7 +288,7 @@ async fn a_joiner_beside_a_start_rolled_back_never_gets_the_old_phases_token() {
     let started: Option<i64> = starter
         .query_one(
             &format!(
-                "SELECT s.granted_token FROM \"{}\".dlock_try_reader($1, 0) AS s",
+                "SELECT s.granted_token FROM \"{}\".dlock_join_readers($1, 0) AS s",
                 schema.name
             ),
             &[&key.as_str()],
@@ -625,9 +625,9 @@ async fn dropped_functions_mid_run_are_made_again_and_keep_the_phase_token() {
     raw_client()
         .await
         .batch_execute(
-            "DROP FUNCTION dlock_review_drop.dlock_try_reader(text, int8); \
+            "DROP FUNCTION dlock_review_drop.dlock_join_readers(text, int8); \
              DROP FUNCTION dlock_review_drop.dlock_mark(text, int8, text, int8); \
-             DROP FUNCTION dlock_review_drop.dlock_try_permit_slot(text, int8, int4, int4[])",
+             DROP FUNCTION dlock_review_drop.dlock_take_permit_slot(text, int8, int4, int4[])",
         )
         .await
         .expect("drop the functions");
@@ -765,7 +765,7 @@ async fn drop_schema(schema: &str) {
         .await;
 }
 
-/// Permits never read `dlock_phases` (`dlock_try_permit_slot` touches no
+/// Permits never read `dlock_phases` (`dlock_take_permit_slot` touches no
 /// table), so a DBA's change to that table must not reach a permit
 /// attempt, let alone the other leases on its session. (When a session
 /// prepared every mode statement at once, a permit's first attempt
@@ -818,7 +818,7 @@ async fn a_dba_change_to_the_phase_table_costs_permits_nothing() {
     );
 }
 
-/// A service that uses only shared locks never calls `dlock_try_permit_slot`,
+/// A service that uses only shared locks never calls `dlock_take_permit_slot`,
 /// so a DBA dropping that function must not cost its readers anything.
 /// (HOLDS as seen by the caller: a join's mark check on a session that has
 /// not prepared fails — the prepare of all five statements trips on the
@@ -845,7 +845,7 @@ async fn dropping_the_permit_function_costs_readers_nothing_and_heals() {
     raw_client()
         .await
         .batch_execute(&format!(
-            "DROP FUNCTION {schema}.dlock_try_permit_slot(text, int8, int4, int4[])"
+            "DROP FUNCTION {schema}.dlock_take_permit_slot(text, int8, int4, int4[])"
         ))
         .await
         .expect("drop the permit function");

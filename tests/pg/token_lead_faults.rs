@@ -7,7 +7,10 @@
 //! a schema of its own on the shared server (127.0.0.1:5432, or
 //! `DLOCK_PG_URL`), or a server of its own.
 
-use super::token_lead::{connect, fresh_key, hold_once, lead_comment, seq, set_back, set_lead};
+use super::token_lead::{
+    connect, draw_lock, draw_lock_sessions, fresh_key, hold_once, lead_comment, seq, set_back,
+    set_lead,
+};
 use crate::pg_support::{OwnServer, PASSWORD, ScratchSchema, shared_client, shared_conn};
 use crate::support::within;
 
@@ -44,12 +47,14 @@ async fn a_sequence_given_a_longer_lead_and_recreated_by_dlock_still_gives_highe
 }
 
 /// A role with USAGE alone on the sequence hands out the clock plus the
-/// lead and writes nothing, so a writing draw of another key whose clock
+/// lead and writes nothing. A writing draw of another key whose clock
 /// reading came just before it (its backend descheduled between that
 /// reading and its `setval`, which this test plays step by step under the
-/// draw lock, as `draw_token!` does it) leaves the sequence below that
-/// token, within the lead of the clock: the next holder of the key, with
-/// UPDATE, takes `nextval` and undercuts it.
+/// draw lock, as `draw_token!` does it) would leave the sequence below
+/// that token, within the lead of the clock, and the next holder of the
+/// key, with UPDATE, would take `nextval` and undercut it. Every draw
+/// takes the draw lock, so the draw without UPDATE waits for the writer:
+/// the tokens of the key rise whether it drew before the write or after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_without_update_draws_the_bare_clock_which_a_late_writer_cannot_undercut() {
     let mut scratch = ScratchSchema::new("leadrev");
@@ -79,9 +84,25 @@ async fn a_role_without_update_draws_the_bare_clock_which_a_late_writer_cannot_u
         .await
         .expect("the writer's clock reading")
         .get(0);
-    // ... descheduled here, while the key's holder without UPDATE draws ...
+    // ... descheduled here, while the key's holder without UPDATE draws
+    // (and waits for the draw lock) ...
     let key = fresh_key("usage-only");
-    let without_update = hold_once(&reader, &key).await;
+    let drawing = tokio::spawn({
+        let (reader, key) = (Arc::clone(&reader), key.clone());
+        async move { hold_once(&reader, &key).await }
+    });
+    let lock = draw_lock(&admin, &scratch).await;
+    within(
+        20,
+        "the draw without UPDATE waiting for the draw lock, or done",
+        async {
+            while !drawing.is_finished() && draw_lock_sessions(&admin, lock, false).await.is_empty()
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        },
+    )
+    .await;
     // ... and then its setval lands.
     tx.execute(
         &format!("SELECT setval('{}', $1)", seq(&scratch.name)),
@@ -90,6 +111,9 @@ async fn a_role_without_update_draws_the_bare_clock_which_a_late_writer_cannot_u
     .await
     .expect("setval");
     tx.commit().await.expect("commit");
+    let without_update = within(20, "the draw without UPDATE", drawing)
+        .await
+        .expect("task");
     let with_update = hold_once(&writer, &key).await;
     assert!(
         with_update > without_update,

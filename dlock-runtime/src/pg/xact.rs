@@ -35,11 +35,12 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// lead once the clock is past it, see the [module docs](super#fencing-tokens) — so the tokens of a
 /// key rise across both, and keep rising when the sequence is dropped and
 /// recreated or set back. The sequence is not transactional: a token handed
-/// out is never handed out again, even if the transaction rolls back. With
-/// UPDATE on the sequence (see the module docs) the draw `setval`s it when
-/// the clock is past it (once per token lead, or nearly always without
-/// one), in a savepoint of its own that the same message rolls back, so
-/// the draw lock it takes is never held by your transaction; that gives
+/// out is never handed out again, even if the transaction rolls back. The
+/// token is drawn in a savepoint of its own that the same message rolls
+/// back, once the lock is taken (a second round trip), so the draw lock
+/// every draw takes is never held by your transaction. With UPDATE on the
+/// sequence (see the module docs) the draw `setval`s it when the clock is
+/// past it (once per token lead, or nearly always without one); that gives
 /// the transaction a transaction id and a WAL record: a read-only
 /// transaction becomes a writing one, whose commit waits for its WAL
 /// flush as your `synchronous_commit` says (dlock leaves that setting of
@@ -167,18 +168,16 @@ impl TransactionLock {
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
                 .map_err(|e| fail(&lock_failed(&e, &quoted, NOT_TAKEN), e))?;
-            let answer = row
+            let locked = row
                 .try_get::<_, bool>(0)
-                .and_then(|locked| Ok((locked, row.try_get::<_, Option<i64>>(1)?)))
                 .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
-            return match answer {
-                (false, _) => Err(LockError::Held {
+            if !locked {
+                return Err(LockError::Held {
                     key: key.to_string(),
                     holder: None,
-                }),
-                (true, Some(token)) => to_token(token, key.as_str()),
-                (true, None) => draw_in_savepoint(tx, &quoted, key.as_str(), KEPT).await,
-            };
+                });
+            }
+            return draw_in_savepoint(tx, &quoted, key.as_str(), KEPT).await;
         }
         let started = tokio::time::Instant::now();
         let savepoint = tx
@@ -197,10 +196,7 @@ impl TransactionLock {
             .query_typed_one(&sql::render(sql::XACT_LOCK, &quoted), &params)
             .await;
         match locked {
-            Ok(row) => {
-                let token: Option<i64> = row
-                    .try_get(0)
-                    .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
+            Ok(_) => {
                 savepoint
                     .query_typed_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
                     .await
@@ -208,12 +204,8 @@ impl TransactionLock {
                 // Drawn inside the waiting savepoint, so a failed draw
                 // rolls the lock back with it.
                 let mut savepoint = savepoint;
-                let token = match token {
-                    Some(token) => to_token(token, key.as_str()),
-                    None => {
-                        draw_in_savepoint(&mut savepoint, &quoted, key.as_str(), NOT_TAKEN).await
-                    }
-                };
+                let token =
+                    draw_in_savepoint(&mut savepoint, &quoted, key.as_str(), NOT_TAKEN).await;
                 if token.is_err() {
                     savepoint
                         .rollback()
@@ -246,8 +238,8 @@ impl TransactionLock {
     }
 }
 
-/// The draw of a transaction lock whose sequence is behind the clock, in a
-/// savepoint of its own that gives the draw lock back at once (see
+/// The draw of a transaction lock, in a savepoint of its own that gives
+/// the draw lock back at once (see
 /// [`sql::DRAW_IN_SAVEPOINT`]). Should it fail, the savepoint is rolled
 /// back (the draw lock with it) and the caller's transaction is usable
 /// again; the transaction lock taken before stays until the transaction

@@ -57,7 +57,7 @@ pub(in crate::pg) fn dropped_while_running(err: &tokio_postgres::Error) -> bool 
 
 /// Whether a shared or permit statement's error came from the call itself
 /// (binding or planning it: the error names no context) or from inside
-/// dlock's functions (`dlock_try_reader`, `dlock_try_permit_slot`, named
+/// dlock's functions (`dlock_join_readers`, `dlock_take_permit_slot`, named
 /// in its context), whose handlers give back what they took. Not so an
 /// error of a DBA's trigger that runs at the statement's commit (a
 /// deferred constraint trigger on the table of read phases), after the
@@ -66,7 +66,7 @@ pub(in crate::pg) fn raised_by_the_mode_call(err: &tokio_postgres::Error) -> boo
     match err.as_db_error().and_then(|db| db.where_()) {
         None => true,
         Some(context) => {
-            context.contains("dlock_try_reader(") || context.contains("dlock_try_permit_slot(")
+            context.contains("dlock_join_readers(") || context.contains("dlock_take_permit_slot(")
         }
     }
 }

@@ -33,9 +33,8 @@
 /// Why the tokens of one key rise strictly:
 ///
 /// 1. A token is a value its own statement drew or wrote: `nextval` when
-///    the clock is not past it, else the clock plus the lead (under the
-///    draw lock, the greater of that and a second `nextval`, which it
-///    writes) — never what the sequence holds afterwards.
+///    the clock is not past it, else the clock plus the lead, which it
+///    writes — never what the sequence holds afterwards.
 /// 2. Acquisitions of one key are serialised by its advisory lock, and the
 ///    draw comes after the lock is taken. A holder lets go only by a later
 ///    statement or by its session ending, so the next holder's `nextval`
@@ -45,13 +44,11 @@
 ///    token was `nextval`'s value, or the value it `setval`ed), so the next
 ///    holder's `nextval` is above it, whatever the clock does. A `setval`
 ///    of another key's statement cannot lower the sequence in between:
-///    draws that write take the draw lock, and under it take `nextval`
-///    again and write the greater of that and the clock plus the lead
-///    (see `draw_token!`), so each write is at or above every value drawn
-///    before it. (With no lead a draw writes without the draw lock, as
-///    dlock did before the lead: two overlapping draws may then `setval` in the
-///    wrong order, which lowers the sequence by at most their clocks'
-///    difference, below the clock the next holder reads.)
+///    every draw holds the draw lock from before its `nextval` to its
+///    end, a draw that may write exclusively (see `draw_token!`), so no
+///    `nextval` lands between a writer's `nextval` and its `setval`, and
+///    the write (the clock plus the lead, the sequence being behind the
+///    clock) is above every value drawn before it.
 /// 4. The clock is `clock_timestamp()`, read then — not `now()`, the start
 ///    of the transaction, which for a waiting `XACT_LOCK` lies before the
 ///    previous holder let go. Between two holders' readings lie at least an
@@ -81,7 +78,7 @@
 /// often, see docs/postgres.md ("What a token costs").
 ///
 /// So a lower token needs two faults at once: the sequence behind the
-/// key's last token (set back, lost, or, with no lead, that race) *and*
+/// key's last token (set back or lost) *and*
 /// that token ahead of the server clock plus the lead: the clock stepped
 /// back past it, a DBA `setval`ed the sequence ahead of the clock (by less
 /// than the day the draw allows, or, with a lead, set it back to a value
@@ -90,7 +87,11 @@
 /// behind the old one's by more than the failover took; or a role without
 /// UPDATE on the sequence and a clock that steps back. A process of a
 /// dlock without the draw lock writes out of order with a leading one:
-/// the lead is switched on only where none draws (see `token_lead!`).
+/// the lead is switched on only where none draws (see `token_lead!`). A
+/// process of a dlock from before every draw took the draw lock draws
+/// without it, so a write can still land below its `nextval` (rule 3)
+/// until every process draws under it (docs/postgres.md, "Rolling
+/// upgrades").
 pub const TRY_LOCK: &str = concat!(
     "SELECT k.h, CASE WHEN pg_catalog.pg_try_advisory_lock(k.h) THEN (",
     draw_token!("ARRAY[", ", t.clock]"),
@@ -297,37 +298,25 @@ SELECT pg_catalog.pg_backend_pid(),
        pg_catalog.hashtextextended($2::pg_catalog.text, $3::pg_catalog.int8),
        pg_catalog.current_setting('server_encoding'::pg_catalog.text) OPERATOR(pg_catalog.=) 'UTF8'::pg_catalog.text";
 
-/// Transaction-scoped, no wait: takes the transaction advisory lock and, only
-/// if taken, draws the token — one statement, for the reasons of
-/// [`TRY_LOCK`], whose argument for rising tokens holds here word for word
-/// (the lock is let go by the caller's COMMIT or ROLLBACK, a later message).
-/// Returns whether the lock was taken and the token, NULL when the draw
-/// must write: then [`DRAW_IN_SAVEPOINT`] draws it (see `draw_ahead!`).
-pub(in crate::pg) const XACT_TRY_LOCK: &str = concat!(
-    "SELECT l.locked, CASE WHEN l.locked THEN (",
-    draw_ahead!(""),
-    ") END
-FROM (SELECT pg_catalog.pg_try_advisory_xact_lock(
-                 pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8)) AS locked
-      OFFSET 0) AS l"
-);
+/// Transaction-scoped, no wait: takes the transaction advisory lock.
+/// Returns whether it was taken; the token is drawn next, by
+/// [`DRAW_IN_SAVEPOINT`], before the caller sees the lock, so the
+/// argument of [`TRY_LOCK`] for rising tokens holds word for word (the
+/// lock is let go by the caller's COMMIT or ROLLBACK, a later message).
+pub(in crate::pg) const XACT_TRY_LOCK: &str = "SELECT pg_catalog.pg_try_advisory_xact_lock(
+    pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))";
 
 /// Transaction-scoped, waiting under `lock_timeout` (set just before, inside
-/// a savepoint): the innermost subquery waits for the lock, and only then
-/// the token is drawn, with the clock read after the wait (see
-/// [`TRY_LOCK`]). Should the lock be granted in the instant the timeout
+/// a savepoint). Should the lock be granted in the instant the timeout
 /// fires, the statement still fails, and rolling back to the savepoint
-/// drops the lock it took. NULL when the draw must write, as for
-/// [`XACT_TRY_LOCK`].
-pub(in crate::pg) const XACT_LOCK: &str = draw_ahead!(
-    "FROM (SELECT pg_catalog.pg_advisory_xact_lock(
-                pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))
-      OFFSET 0) AS locked"
-);
+/// drops the lock it took. The token is drawn next, by
+/// [`DRAW_IN_SAVEPOINT`], with the clock read after the wait (see
+/// [`TRY_LOCK`]).
+pub(in crate::pg) const XACT_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lock(
+    pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))::pg_catalog.text";
 
-/// The draw of a transaction lock whose sequence is behind the clock (see
-/// `draw_ahead!`), sent as one simple query in the caller's transaction,
-/// after its lock: `draw_token!` in a savepoint that the same message
+/// The draw of a transaction lock, sent as one simple query in the
+/// caller's transaction, after its lock: `draw_token!` in a savepoint that the same message
 /// rolls back, which gives the draw lock back before the server answers
 /// (the `setval` stays: a sequence is not transactional). So the draw lock
 /// is held for the draw alone, however long the caller's transaction, and

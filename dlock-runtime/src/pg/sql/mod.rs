@@ -175,17 +175,20 @@ macro_rules! wrote_row {
 /// comment, and with it the lead its last tokens were handed out with;
 /// the floor must still be above them.
 ///
-/// Writes with a lead are serialised by the *draw lock* (see
-/// `draw_lock!`), taken for the rest of the statement's transaction only
-/// when the sequence is behind the clock: under it the draw takes
-/// `nextval` again and writes the greater of that and the clock plus the
-/// lead. Without it,
-/// two overlapping draws could `setval` in the wrong order and leave the
-/// sequence below a token just handed out by up to their clocks'
-/// difference; with no lead the next draw's clock would be past that
-/// token anyway, but with one, draws within the lead take `nextval` and
-/// would hand out lower tokens. A draw in a caller's transaction must not
-/// hold the draw lock until that transaction ends: see `draw_ahead!`.
+/// Every draw holds the *draw lock* (see `draw_lock!`) from before its
+/// `nextval` to the end of its statement's transaction: exclusively here,
+/// shared in the quick draw (`quick_draw!`). A sequence has no "raise to
+/// at least" that is one step: `setval` is a write of its own after the
+/// `nextval` that decided it, and a `nextval` of another session between
+/// the two would be undone by it, so the next draw would hand out that
+/// value again, to the same key perhaps (a writer descheduled between
+/// its two calls while another session takes and lets go of a key). So
+/// no draw takes `nextval` while a draw that may write holds the lock, and
+/// a write is `setval` to the clock plus the lead, above the `nextval` it
+/// follows (the sequence was behind the clock) and above every value drawn
+/// before, none of which came in between. A draw in a caller's
+/// transaction must not hold the draw lock until that transaction ends:
+/// it draws in a savepoint of its own (see `DRAW_IN_SAVEPOINT`).
 ///
 /// Before all that, the draw refuses (fails the statement, which takes back
 /// the lock it took: see [`REFUSED`]) a sequence that cannot keep tokens
@@ -211,27 +214,18 @@ macro_rules! wrote_row {
 /// the lock `nextval` takes on the sequence until the statement's
 /// transaction ends, so the settings read are the ones `nextval` drew with.
 ///
-/// `$after` is the row source the draw must come
-/// after. `OFFSET 0` keeps each subquery from being merged into the next
-/// (and the planner keeps a volatile column it does not need), so the
-/// order is fixed: the lock (the caller's `CASE`, or `$after`), then
-/// `nextval`, then the clock reading. Only when behind come the lead, the
-/// draw lock, and `setval` of the greater of `nextval` and the clock plus
-/// the lead, both read again under the draw lock: conditions of one
-/// `CASE`, which evaluates them in order and stops at the first that holds
-/// (the calls are volatile, so none is folded while planning). Not
-/// subqueries: the server builds the executor state of every subquery of
-/// a plan at each execution, taken or not, and this branch is taken once
-/// per lead. The draw lock is taken by a condition that never holds
-/// (`pg_advisory_xact_lock` returns `void`, which as text is empty, never
-/// NULL), so the `CASE` goes on to the write once it is granted. The
-/// write under the draw lock is never below the `nextval`
-/// drawn under it, whatever the clock does, and needs only UPDATE on the
-/// sequence, as `setval` does (no `currval`, which needs USAGE or SELECT:
-/// a transaction lock's role may have UPDATE alone). When that `nextval`
-/// is already ahead of the clock (another draw wrote meanwhile), it
-/// writes the sequence's own value back: a write more, once per lead at
-/// most, where the statement before this one wrote nothing.
+/// The draw lock is the innermost row source, so the order is fixed: the
+/// lock (the caller's `CASE`), the draw lock, `nextval`, the clock
+/// reading. `OFFSET 0` keeps each subquery from being merged into the
+/// next (and the planner keeps a volatile column it does not need). Only
+/// when behind come the lead and `setval`, conditions of one `CASE`,
+/// which evaluates them in order and stops at the first that holds (the
+/// calls are volatile, so none is folded while planning). Not subqueries:
+/// the server builds the executor state of every subquery of a plan at
+/// each execution, taken or not, and this branch is taken once per lead.
+/// The write needs only UPDATE on the sequence, as `setval` does (no
+/// `currval`, which needs USAGE or SELECT: a transaction lock's role may
+/// have UPDATE alone).
 macro_rules! draw_token {
     () => {
         draw_token!("", "")
@@ -239,56 +233,30 @@ macro_rules! draw_token {
     ($head:literal, $tail:literal) => {
         draw!(
             ($head, $tail),
-            "",
-            draw_behind!(concat!(
-                "WHEN ",
-                draw_lock!(),
-                "::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
-                          ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                   GREATEST(pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass),
-                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                            OPERATOR(pg_catalog.+) ",
-                lead!(),
-                "))"
-            ))
+            concat!(
+                "FROM (SELECT ",
+                draw_lock!("pg_advisory_xact_lock"),
+                " OFFSET 0) AS l"
+            ),
+            draw_behind!()
         )
     };
 }
 
-/// The first half of a draw in a caller's transaction
-/// ([`XACT_TRY_LOCK`], [`XACT_LOCK`]): `draw_token!` up to the draw lock,
-/// and NULL where that would take it. The backend then sends
-/// [`DRAW_IN_SAVEPOINT`], which draws with `draw_token!` in a savepoint it
-/// rolls back in the same message: rolling back gives the draw lock back
-/// at once (the `setval` stays: a sequence is not transactional), where a
-/// draw lock taken in the caller's transaction would hold every other
-/// writing draw of the server until that transaction ends. Without a lead
-/// no draw takes it, and the draw is one statement, as before the lead.
-macro_rules! draw_ahead {
-    ($after:literal) => {
-        draw!(("", ""), $after, draw_behind!("ELSE NULL::pg_catalog.int8"))
-    };
-}
-
-/// The draw of a sequence behind the clock, for `draw_token!` and
-/// `draw_ahead!`: without UPDATE the bare clock; without a lead (and not
-/// lost) `setval` to the clock, as before the lead, without the draw lock;
-/// else `$locked`, the rest of the `CASE`: the write under the draw lock.
+/// The draw of a sequence behind the clock, for `draw_token!`: without
+/// UPDATE the bare clock, else `setval` to the clock plus the lead (the
+/// clock itself without one), under the draw lock.
 macro_rules! draw_behind {
-    ($locked:expr) => {
+    () => {
         concat!(
             "ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
                                '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                'UPDATE'::pg_catalog.text)
                           THEN t.clock
-                          WHEN ",
+                          ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                                   t.clock OPERATOR(pg_catalog.+) ",
             lead!(),
-            " OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          ",
-            $locked,
-            " END"
+            ") END"
         )
     };
 }
@@ -307,12 +275,12 @@ macro_rules! lead {
     };
 }
 
-/// What `draw_token!` and `draw_ahead!` share: the refusals, then the
+/// What `draw_token!` and `quick_draw!`'s callers build on: the refusals, then the
 /// token from `nextval` when the clock is not past it, then `$behind`;
 /// the token between `$head` and `$tail`, where a lock statement adds the
 /// clock the draw read (see `quick::QuickDraw`).
 macro_rules! draw {
-    (($head:literal, $tail:literal), $after:literal, $($behind:expr),+) => {
+    (($head:literal, $tail:literal), $after:expr, $($behind:expr),+) => {
         concat!(
             "SELECT ",
             $head,
@@ -364,7 +332,7 @@ macro_rules! unfit_settings {
 /// `quick_draw!`: `nextval`, then the sequence's settings, then the
 /// clock, in that order, `$after` the row source the draw must come after.
 macro_rules! draw_from {
-    ($after:literal) => {
+    ($after:expr) => {
         concat!(
             "
 FROM (SELECT s.seq, s.p,
@@ -384,8 +352,10 @@ FROM (SELECT s.seq, s.p,
 /// [`TRY_LOCK_NAMED_QUICK`]): `draw!`'s token from `nextval`, under the
 /// same checks (at or ahead of the clock, at most a day ahead, fit
 /// settings), else NULL, and the statement gives its lock back at once.
+/// It holds the draw lock shared, so no draw that may write runs beside
+/// it (see `draw_token!`), and draws of this kind run beside each other.
 /// None of `draw!`'s rarer branches is in it: no refusal text, no lead, no
-/// draw lock, no `setval`. PostgreSQL 15 builds every expression of a
+/// `setval`. PostgreSQL 15 builds every expression of a
 /// generic plan at each execution, branches never taken included, so a
 /// statement costs what its text holds: those branches were more than a
 /// third of a named lock's server instructions (examples/bench/notes.md).
@@ -405,7 +375,11 @@ macro_rules! quick_draw {
             unfit_settings!(),
             ")
              THEN t.seq END",
-            draw_from!("")
+            draw_from!(concat!(
+                "FROM (SELECT ",
+                draw_lock!("pg_advisory_xact_lock_shared"),
+                " OFFSET 0) AS l"
+            ))
         )
     };
 }
@@ -457,17 +431,23 @@ macro_rules! token_lead {
     };
 }
 
-/// Takes the draw lock for the rest of the transaction (see
-/// `draw_token!`): the advisory lock `(0x64726177, sequence oid)` in the
+/// Takes the draw lock for the rest of the transaction with `$f`
+/// (`pg_advisory_xact_lock`, or `pg_advisory_xact_lock_shared` for a draw
+/// that never writes; see `draw_token!`): the advisory lock
+/// `(0x64726177, sequence oid)` in the
 /// `(int4, int4)` form (`objsubid` 2, never one of dlock's keys), the
 /// oid's top bit dropped to fit an `int4` (two sequences whose oids
 /// differ only there share one draw lock, which only serialises more).
 /// One per sequence, so schemas do not wait for each other.
 macro_rules! draw_lock {
-    () => {
-        "pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+    ($f:literal) => {
+        concat!(
+            "pg_catalog.",
+            $f,
+            "(1685217655::pg_catalog.int4,
                     (('{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
                      OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)"
+        )
     };
 }
 

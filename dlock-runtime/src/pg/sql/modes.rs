@@ -14,7 +14,7 @@ pub(in crate::pg) const MODES_SETUP: &str = include_str!("modes.sql");
 /// A shared attempt: one statement (see [`MODES_SETUP`]), sent only on a
 /// session that holds nothing of the key. Returns the token (NULL:
 /// refused) and whether a writer's mark refused it.
-pub(in crate::pg) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_try_reader($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
+pub(in crate::pg) const TRY_SHARED: &str = "SELECT s.granted_token, s.marked FROM {schema}.dlock_join_readers($1::pg_catalog.text, $2::pg_catalog.int8) AS s";
 
 /// Drops this process's shared hold of a key (its last reader left), of
 /// phase token `$3`: the phase key first, so that once the key
@@ -54,7 +54,7 @@ WHERE lock_id OPERATOR(pg_catalog.=) pg_catalog.hashtextextended($1::pg_catalog.
 /// slot is held.
 pub(in crate::pg) const TRY_PERMIT: &str = "\
 SELECT s.granted_slot, s.granted_token
-FROM {schema}.dlock_try_permit_slot($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.int4[]) AS s";
+FROM {schema}.dlock_take_permit_slot($1::pg_catalog.text, $2::pg_catalog.int8, $3::pg_catalog.int4, $4::pg_catalog.int4[]) AS s";
 
 /// Drops a permit slot's lock (see [`MODES_SETUP`]).
 pub(in crate::pg) const UNLOCK_PERMIT: &str = "\

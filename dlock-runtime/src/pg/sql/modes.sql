@@ -9,7 +9,7 @@
 -- argument and hash it on the server as every lock statement does. Each
 -- token draw is `draw_token!` of sql/mod.rs written out; a test keeps them equal.
 --
--- - `dlock_try_reader(key, seed)`: tries the shared advisory lock of the
+-- - `dlock_join_readers(key, seed)`: tries the shared advisory lock of the
 --   key (`pg_try_advisory_lock_shared`, which conflicts with any exclusive
 --   holder, of dlock or not), then refuses (`marked`) while a writer's
 --   mark is live. A reader also holds a shared lock on the phase key
@@ -44,11 +44,13 @@
 --   process share one hold, see the `modes` module). No row is locked
 --   and no lock table is scanned but by a joiner, which looks up the
 --   token lock's holders: a starting reader costs what a writer does.
---   Named apart from `dlock_try_read_phase` (and `dlock_try_permit_slot`
---   from `dlock_try_permit`), their forms before the draw lock, which
---   processes of an earlier dlock keep calling and making again: a body
---   of theirs left in place by the last `CREATE OR REPLACE` would draw
---   without the draw lock, beside draws with a lead, for every process.
+--   Named apart from `dlock_try_reader` and `dlock_try_read_phase` (and
+--   `dlock_take_permit_slot` from `dlock_try_permit_slot` and
+--   `dlock_try_permit`), their forms from before every draw took the draw
+--   lock, and before the draw lock, which processes of an earlier dlock
+--   keep calling and making again: a body of theirs left in place by the
+--   last `CREATE OR REPLACE` would take `nextval` without the draw lock,
+--   where a write could undo it (see `draw_token!`), for every process.
 --   Named apart from `dlock_try_shared`, its form before token locks,
 --   which processes of an earlier dlock keep calling: their unlock drops
 --   no token lock, so a shared body would leave their sessions one per
@@ -63,7 +65,7 @@
 --   refreshes `owner`'s mark (expiring `ttl_ms` from now) (a live mark of another owner stays: one
 --   waiting writer is enough to hold new readers off); answers whether
 --   readers hold.
--- - `dlock_try_permit_slot(key, seed, n, skipped)`: tries the slots `0..n` in
+-- - `dlock_take_permit_slot(key, seed, n, skipped)`: tries the slots `0..n` in
 --   order, except those in `skipped` (this process's own slots, which a
 --   re-entrant grant on the same session would hand out twice), one
 --   `pg_try_advisory_lock` each on `hashtextextended('dlock-permit:' ||
@@ -76,7 +78,7 @@ PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtextextended('dlock-mode
 CREATE UNLOGGED TABLE IF NOT EXISTS "dlock".dlock_phases (
     lock_id pg_catalog.int8 PRIMARY KEY, phase_token pg_catalog.int8,
     mark_owner pg_catalog.text, mark_until pg_catalog.timestamptz);
-CREATE OR REPLACE FUNCTION "dlock".dlock_try_reader(k pg_catalog.text, seed pg_catalog.int8,
+CREATE OR REPLACE FUNCTION "dlock".dlock_join_readers(k pg_catalog.text, seed pg_catalog.int8,
     OUT granted_token pg_catalog.int8, OUT marked pg_catalog.bool)
 LANGUAGE plpgsql AS $f$
 DECLARE
@@ -182,34 +184,22 @@ BEGIN
                                '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                'UPDATE'::pg_catalog.text)
                           THEN t.clock
-                          WHEN (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                  THEN 10000::pg_catalog.int8
-                  ELSE LEAST(COALESCE(pg_catalog.substring(
-                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                                               'pg_class'::pg_catalog.name),
-                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
-                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
-                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
                           ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   GREATEST(pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass),
-                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                            OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                                   t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
 FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
       FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
                    pg_catalog.pg_sequence_parameters(
-                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p  OFFSET 0) AS s OFFSET 0) AS t);
+                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
+                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) OFFSET 0) AS l OFFSET 0) AS s OFFSET 0) AS t);
         e := pg_catalog.hashtextextended(pg_catalog.concat('dlock-phase-token:'::pg_catalog.text,
             granted_token, ':'::pg_catalog.text, k), seed);
         PERFORM pg_catalog.pg_advisory_lock_shared(e);
@@ -248,7 +238,7 @@ BEGIN
     RETURN true;
 END
 $f$;
-CREATE OR REPLACE FUNCTION "dlock".dlock_try_permit_slot(k pg_catalog.text, seed pg_catalog.int8,
+CREATE OR REPLACE FUNCTION "dlock".dlock_take_permit_slot(k pg_catalog.text, seed pg_catalog.int8,
     n pg_catalog.int4, skipped pg_catalog.int4[],
     OUT granted_slot pg_catalog.int4, OUT granted_token pg_catalog.int8)
 LANGUAGE plpgsql AS $f$
@@ -278,34 +268,22 @@ BEGIN
                                '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                'UPDATE'::pg_catalog.text)
                           THEN t.clock
-                          WHEN (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
-                  THEN 10000::pg_catalog.int8
-                  ELSE LEAST(COALESCE(pg_catalog.substring(
-                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                                               'pg_class'::pg_catalog.name),
-                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog.=) 0::pg_catalog.int8
-                          THEN pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass, t.clock)
-                          WHEN pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
-                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
-                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4)::pg_catalog.text IS NULL THEN NULL::pg_catalog.int8
                           ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   GREATEST(pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass),
-                                            (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
-                                             OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8
-                                            OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                                   t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END))) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
 FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
       FROM (SELECT pg_catalog.nextval('"dlock".dlock_token_seq'::pg_catalog.regclass) AS seq,
                    pg_catalog.pg_sequence_parameters(
-                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p  OFFSET 0) AS s OFFSET 0) AS t);
+                       '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p FROM (SELECT pg_catalog.pg_advisory_xact_lock(1685217655::pg_catalog.int4,
+                    (('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid::pg_catalog.int8)
+                     OPERATOR(pg_catalog.&) 2147483647::pg_catalog.int8)::pg_catalog.int4) OFFSET 0) AS l OFFSET 0) AS s OFFSET 0) AS t);
             EXCEPTION WHEN OTHERS OR query_canceled THEN
                 PERFORM pg_catalog.pg_advisory_unlock(sh);
                 RAISE;

@@ -36,6 +36,7 @@ mod names;
 mod names_faults;
 mod names_marks;
 mod quick_draw;
+mod quick_turn;
 mod server;
 mod token_lead;
 mod token_lead_faults;

@@ -217,9 +217,9 @@ impl Inner {
                     Ok(match named {
                         true => {
                             let named = session.named_statements(self).await?;
-                            (self.quick.due(&named.quick), &named.lock)
+                            (&named.quick, &named.lock)
                         }
-                        false => (self.quick.due(&session.try_lock_quick), &session.try_lock),
+                        false => (&session.try_lock_quick, &session.try_lock),
                     })
                 };
                 match statements.await {

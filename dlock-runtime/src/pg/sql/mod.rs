@@ -135,8 +135,9 @@ macro_rules! wrote_row {
 
 /// Draws a fencing token once the lock is taken, for the lock statements
 /// that run in a transaction of their own (the lock sessions' statements
-/// and the shared and permit functions): the token is `nextval` while the
-/// clock is not past it, else the clock plus the lead, the clock being the
+/// and the shared and permit functions): the token is `nextval` while it
+/// leads the clock by half the lead or more, else the clock plus the lead
+/// (`nextval` still, for a role that may not write), the clock being the
 /// server's `clock_timestamp()` in microseconds since 1970 and the lead the
 /// sequence's token lead (see `token_lead!`; 0 unless switched on) — the
 /// Redis backend's rule with the clock moved up by the lead, and the same
@@ -152,9 +153,10 @@ macro_rules! wrote_row {
 ///   one a microsecond), and the floor after a loss is a later clock plus
 ///   the same lead.
 /// - The sequence holds at least the last token, so a server clock that
-///   steps back cannot lower tokens: whenever the sequence is behind the
-///   clock, the same statement `setval`s it to the token — if the role
-///   has UPDATE on it, which is asked only then. Without UPDATE tokens
+///   steps back cannot lower tokens: whenever the sequence leads the clock
+///   by less than half the lead (is behind it, without a lead), the same
+///   statement `setval`s it to the token — if the role has UPDATE on it,
+///   which is asked only then. Without UPDATE tokens
 ///   rest on the bare clock, without the lead: a token above the clock
 ///   that the sequence does not hold could be undercut by a draw within
 ///   the lead after another's `setval` of an earlier clock reading. So such
@@ -164,9 +166,13 @@ macro_rules! wrote_row {
 /// What the lead buys: a draw while the sequence is still ahead of the
 /// clock hands out `nextval` and writes nothing (`nextval` logs once in
 /// 32 values), so with a lead of 10 ms the sequence is written about once
-/// per 10 ms per server, not at every acquisition. Without one, nearly
+/// per 5 ms per server, not at every acquisition. Without one, nearly
 /// every draw writes (tokens come slower than one a microsecond), and a
-/// write costs WAL and a transaction id.
+/// write costs WAL and a transaction id. This statement writes at half
+/// the lead, not when the sequence has fallen behind, so that a backend
+/// that sends it once half the lead it last learned has passed (see
+/// `quick::QuickDraw`) keeps the sequence ahead: its quick statements
+/// never find it behind, and never all turn to this one at once.
 ///
 /// A sequence more than a day behind the clock is taken for a new or a
 /// lost one (recreated, set back to its start, restored from long ago):
@@ -185,8 +191,8 @@ macro_rules! wrote_row {
 /// its two calls while another session takes and lets go of a key). So
 /// no draw takes `nextval` while a draw that may write holds the lock, and
 /// a write is `setval` to the clock plus the lead, above the `nextval` it
-/// follows (the sequence was behind the clock) and above every value drawn
-/// before, none of which came in between. A draw in a caller's
+/// follows (which was below the clock plus half the lead) and above every
+/// value drawn before, none of which came in between. A draw in a caller's
 /// transaction must not hold the draw lock until that transaction ends:
 /// it draws in a savepoint of its own (see `DRAW_IN_SAVEPOINT`).
 ///
@@ -217,12 +223,12 @@ macro_rules! wrote_row {
 /// The draw lock is the innermost row source, so the order is fixed: the
 /// lock (the caller's `CASE`), the draw lock, `nextval`, the clock
 /// reading. `OFFSET 0` keeps each subquery from being merged into the
-/// next (and the planner keeps a volatile column it does not need). Only
-/// when behind come the lead and `setval`, conditions of one `CASE`,
-/// which evaluates them in order and stops at the first that holds (the
-/// calls are volatile, so none is folded while planning). Not subqueries:
-/// the server builds the executor state of every subquery of a plan at
-/// each execution, taken or not, and this branch is taken once per lead.
+/// next (and the planner keeps a volatile column it does not need). The
+/// lead, the privilege and `setval` are conditions of one `CASE`, which
+/// evaluates them in order and stops at the first that holds (the calls
+/// are volatile, so none is folded while planning). Not subqueries: the
+/// server builds the executor state of every subquery of a plan at each
+/// execution, taken or not, and the write is taken once per half lead.
 /// The write needs only UPDATE on the sequence, as `setval` does (no
 /// `currval`, which needs USAGE or SELECT: a transaction lock's role may
 /// have UPDATE alone).
@@ -231,32 +237,38 @@ macro_rules! draw_token {
         draw_token!("", "")
     };
     ($head:literal, $tail:literal) => {
-        draw!(
-            ($head, $tail),
-            concat!(
+        concat!(
+            "SELECT ",
+            $head,
+            "CASE WHEN ",
+            far_ahead!(),
+            "
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
+                     t.seq, ' at '::pg_catalog.text, t.clock)))
+            WHEN ",
+            unfit_settings!(),
+            "
+            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
+                     'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
+                     t.seq)))
+            WHEN (t.clock OPERATOR(pg_catalog.+) (",
+            lead!(),
+            " OPERATOR(pg_catalog./) 2::pg_catalog.int8)) OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            WHEN NOT pg_catalog.has_sequence_privilege(
+                         '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                         'UPDATE'::pg_catalog.text)
+            THEN GREATEST(t.seq, t.clock)
+            ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
+                     t.clock OPERATOR(pg_catalog.+) ",
+            lead!(),
+            ") END",
+            $tail,
+            draw_from!(concat!(
                 "FROM (SELECT ",
                 draw_lock!("pg_advisory_xact_lock"),
                 " OFFSET 0) AS l"
-            ),
-            draw_behind!()
-        )
-    };
-}
-
-/// The draw of a sequence behind the clock, for `draw_token!`: without
-/// UPDATE the bare clock, else `setval` to the clock plus the lead (the
-/// clock itself without one), under the draw lock.
-macro_rules! draw_behind {
-    () => {
-        concat!(
-            "ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
-                               '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text)
-                          THEN t.clock
-                          ELSE pg_catalog.setval('{schema}.dlock_token_seq'::pg_catalog.regclass,
-                                   t.clock OPERATOR(pg_catalog.+) ",
-            lead!(),
-            ") END"
+            ))
         )
     };
 }
@@ -275,39 +287,9 @@ macro_rules! lead {
     };
 }
 
-/// What `draw_token!` and `quick_draw!`'s callers build on: the refusals, then the
-/// token from `nextval` when the clock is not past it, then `$behind`;
-/// the token between `$head` and `$tail`, where a lock statement adds the
-/// clock the draw read (see `quick::QuickDraw`).
-macro_rules! draw {
-    (($head:literal, $tail:literal), $after:expr, $($behind:expr),+) => {
-        concat!(
-            "SELECT ",
-            $head,
-            "CASE WHEN ",
-            far_ahead!(),
-            "
-            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
-                     'dlock-refused: the token sequence is far ahead of the clock: '::pg_catalog.text,
-                     t.seq, ' at '::pg_catalog.text, t.clock)))
-            WHEN ",
-            unfit_settings!(),
-            "
-            THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
-                     'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
-                     t.seq)))
-            WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ",
-            $($behind,)+
-            " END",
-            $tail,
-            draw_from!($after)
-        )
-    };
-}
-
 /// Whether the sequence (`t.seq`) is more than a day ahead of the clock
-/// (`t.clock`): `draw!` refuses it, and `quick_draw!` leaves it to `draw!`.
+/// (`t.clock`): `draw_token!` refuses it, and `quick_draw!` leaves it to
+/// `draw_token!`.
 macro_rules! far_ahead {
     () => {
         "t.seq OPERATOR(pg_catalog.>) (t.clock OPERATOR(pg_catalog.+) 86400000000::pg_catalog.int8)"
@@ -315,8 +297,8 @@ macro_rules! far_ahead {
 }
 
 /// Whether the sequence's settings (`t.p`, from `pg_sequence_parameters`)
-/// cannot give rising tokens: `draw!` refuses them, and `quick_draw!`
-/// leaves them to `draw!`. One text for both, so a check added to the
+/// cannot give rising tokens: `draw_token!` refuses them, and
+/// `quick_draw!` leaves them to `draw_token!`. One text for both, so a check added to the
 /// draw is a check of the quick one too.
 macro_rules! unfit_settings {
     () => {
@@ -328,7 +310,7 @@ macro_rules! unfit_settings {
     };
 }
 
-/// The rows a draw reads (`t.seq`, `t.p`, `t.clock`), for `draw!` and
+/// The rows a draw reads (`t.seq`, `t.p`, `t.clock`), for `draw_token!` and
 /// `quick_draw!`: `nextval`, then the sequence's settings, then the
 /// clock, in that order, `$after` the row source the draw must come after.
 macro_rules! draw_from {
@@ -349,12 +331,12 @@ FROM (SELECT s.seq, s.p,
 
 /// The quick draw of the lock statements a lock session sends while its
 /// token sequence leads the clock ([`TRY_LOCK_QUICK`],
-/// [`TRY_LOCK_NAMED_QUICK`]): `draw!`'s token from `nextval`, under the
+/// [`TRY_LOCK_NAMED_QUICK`]): `draw_token!`'s token from `nextval`, under the
 /// same checks (at or ahead of the clock, at most a day ahead, fit
 /// settings), else NULL, and the statement gives its lock back at once.
 /// It holds the draw lock shared, so no draw that may write runs beside
 /// it (see `draw_token!`), and draws of this kind run beside each other.
-/// None of `draw!`'s rarer branches is in it: no refusal text, no lead, no
+/// None of `draw_token!`'s rarer branches is in it: no refusal text, no lead, no
 /// `setval`. PostgreSQL 15 builds every expression of a
 /// generic plan at each execution, branches never taken included, so a
 /// statement costs what its text holds: those branches were more than a

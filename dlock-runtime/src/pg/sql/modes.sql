@@ -179,19 +179,25 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
-            WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text)
-                          THEN t.clock
-                          ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+            WHEN (t.clock OPERATOR(pg_catalog.+) ((CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog./) 2::pg_catalog.int8)) OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            WHEN NOT pg_catalog.has_sequence_privilege(
+                         '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                         'UPDATE'::pg_catalog.text)
+            THEN GREATEST(t.seq, t.clock)
+            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                     t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
+                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                                               'pg_class'::pg_catalog.name),
+                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END
 FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock
@@ -263,19 +269,25 @@ BEGIN
             THEN pg_catalog.int8in(pg_catalog.textout(pg_catalog.concat(
                      'dlock-refused: the token sequence has unfit settings: '::pg_catalog.text,
                      t.seq)))
-            WHEN t.clock OPERATOR(pg_catalog.<=) t.seq THEN t.seq
-            ELSE CASE WHEN NOT pg_catalog.has_sequence_privilege(
-                               '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
-                               'UPDATE'::pg_catalog.text)
-                          THEN t.clock
-                          ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
-                                   t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+            WHEN (t.clock OPERATOR(pg_catalog.+) ((CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
                   THEN 10000::pg_catalog.int8
                   ELSE LEAST(COALESCE(pg_catalog.substring(
                     pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
                                                'pg_class'::pg_catalog.name),
                     '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
-                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END END
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END) OPERATOR(pg_catalog./) 2::pg_catalog.int8)) OPERATOR(pg_catalog.<=) t.seq THEN t.seq
+            WHEN NOT pg_catalog.has_sequence_privilege(
+                         '"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                         'UPDATE'::pg_catalog.text)
+            THEN GREATEST(t.seq, t.clock)
+            ELSE pg_catalog.setval('"dlock".dlock_token_seq'::pg_catalog.regclass,
+                     t.clock OPERATOR(pg_catalog.+) (CASE WHEN t.seq OPERATOR(pg_catalog.<) (t.clock OPERATOR(pg_catalog.-) 86400000000::pg_catalog.int8)
+                  THEN 10000::pg_catalog.int8
+                  ELSE LEAST(COALESCE(pg_catalog.substring(
+                    pg_catalog.obj_description('"dlock".dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid,
+                                               'pg_class'::pg_catalog.name),
+                    '^dlock-token-lead-us=([0-9]{1,7})$'::pg_catalog.text)::pg_catalog.int8,
+                  0::pg_catalog.int8), 10000::pg_catalog.int8) END)) END
 FROM (SELECT s.seq, s.p,
              (EXTRACT(epoch FROM pg_catalog.clock_timestamp())
               OPERATOR(pg_catalog.*) 1000000::pg_catalog.int8)::pg_catalog.int8 AS clock

@@ -11,7 +11,7 @@
 //! its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
 use super::token_lead::{draw_lock, draw_lock_sessions, fresh_key, seq, server_clock};
-use crate::pg_support::{ScratchSchema, shared_client, shared_conn};
+use crate::pg_support::{ScratchSchema, free_on_the_server, shared_client, shared_conn};
 use crate::support::within;
 
 use std::sync::Arc;
@@ -194,4 +194,116 @@ async fn no_draw_lands_between_a_writers_nextval_and_its_setval() {
         again.is_empty(),
         "tokens drawn beside a writer were handed out again: {again:#?}"
     );
+}
+
+/// A transaction lock takes its key and draws in a savepoint of its own:
+/// a draw that fails (here: `nextval` in a read-only transaction, the
+/// sequence dropped) rolls the key back with it, waiting or not, the error
+/// says the lock was not taken, and the caller's transaction goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_whose_draw_fails_gives_the_key_back_and_says_so() {
+    let scratch = ScratchSchema::new("race");
+    let admin = shared_client().await;
+    let _creates_the_objects = backend(&scratch.name, true).await;
+    let mut caller = shared_client().await;
+    for (setup, wait) in [
+        ("SET TRANSACTION READ ONLY", Duration::ZERO),
+        ("SET TRANSACTION READ ONLY", Duration::from_secs(5)),
+        ("", Duration::ZERO),
+    ] {
+        if setup.is_empty() {
+            admin
+                .batch_execute(&format!("DROP SEQUENCE {}", seq(&scratch.name)))
+                .await
+                .expect("drop the sequence");
+        }
+        let key = fresh_key("failed-draw");
+        let tx = caller.transaction().await.expect("begin");
+        if !setup.is_empty() {
+            tx.batch_execute(setup).await.expect("read only");
+        }
+        let mut tx = tx;
+        let err = TransactionLock::new()
+            .schema(&scratch.name)
+            .wait(wait)
+            .acquire(&mut tx, key.clone())
+            .await
+            .expect_err("the draw fails")
+            .to_string();
+        let usable = tx.query_one("SELECT 1", &[]).await.is_ok();
+        let free = free_on_the_server(&admin, &key).await;
+        tx.rollback().await.expect("rollback");
+        assert!(
+            usable && free && err.contains("the lock was not taken"),
+            "{setup:?}, wait {wait:?}: transaction usable {usable}, key free {free}: {err}"
+        );
+    }
+}
+
+/// A caller that stops waiting for a transaction lock while its draw
+/// waits for the draw lock (held here by another client past the draw's
+/// 1 s): its transaction must stay usable, commit what it did, and hold
+/// no key. The savepoint of the lock is rolled back when the future is
+/// dropped, after the draw's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_given_up_during_its_draw_leaves_the_transaction_whole() {
+    let scratch = ScratchSchema::new("race");
+    let admin = shared_client().await;
+    let _creates_the_objects = backend(&scratch.name, true).await;
+    admin
+        .batch_execute(&format!("CREATE TABLE {}.work (v int)", scratch.name))
+        .await
+        .expect("table");
+    let lock = draw_lock(&admin, &scratch).await;
+    let dba = shared_client().await;
+    dba.execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
+        .await
+        .expect("hold the draw lock");
+    for wait in [Duration::ZERO, Duration::from_secs(5)] {
+        let key = fresh_key("given-up");
+        let mut caller = shared_client().await;
+        let mut tx = caller.transaction().await.expect("begin");
+        tx.execute(
+            &format!("INSERT INTO {}.work VALUES (1)", scratch.name),
+            &[],
+        )
+        .await
+        .expect("the caller's work");
+        let xact = TransactionLock::new().schema(&scratch.name).wait(wait);
+        tokio::select! {
+            answer = xact.acquire(&mut tx, key.clone()) => {
+                panic!("answered while the draw lock is held: {answer:?}")
+            }
+            () = async {
+                while draw_lock_sessions(&admin, lock, false).await.is_empty() {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            } => {}
+        }
+        // The abandoned draw fails once its 1 s for the draw lock is over.
+        within(20, "the abandoned draw's end", async {
+            while !draw_lock_sessions(&admin, lock, false).await.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        // Behind the savepoint's rollback on the caller's connection.
+        let usable = tx.query_one("SELECT 1", &[]).await.is_ok();
+        let free = free_on_the_server(&admin, &key).await;
+        let committed = tx.commit().await.is_ok();
+        let rows: i64 = admin
+            .query_one(&format!("SELECT count(*) FROM {}.work", scratch.name), &[])
+            .await
+            .expect("count")
+            .get(0);
+        admin
+            .batch_execute(&format!("TRUNCATE {}.work", scratch.name))
+            .await
+            .expect("truncate");
+        assert!(
+            usable && free && committed && rows == 1,
+            "wait {wait:?}: usable {usable}, key free {free}, committed {committed}, \
+             rows committed {rows} of 1"
+        );
+    }
 }

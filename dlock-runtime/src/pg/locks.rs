@@ -414,13 +414,10 @@ impl Inner {
             );
         }
         if let Some(unfit) = sql::refused_sequence(&err) {
-            let what =
-                super::sequence::refusal(unfit, &self.quoted_schema, super::sequence::NOT_TAKEN);
+            let what = super::sequence::refusal(unfit, &self.quoted_schema);
             return LockError::backend(KIND, Operation::Acquire, key.as_str(), Failure::msg(what));
         }
-        if let Some(what) =
-            super::sequence::failure(&err, &self.quoted_schema, super::sequence::NOT_TAKEN)
-        {
+        if let Some(what) = super::sequence::failure(&err, &self.quoted_schema) {
             return LockError::backend(
                 KIND,
                 Operation::Acquire,
@@ -443,9 +440,10 @@ impl Inner {
                 )
             } else if recording {
                 format!(
-                    "the token sequence {s}.dlock_token_seq or the table {s}.dlock_holders \
-                     (an ALTER, a TRUNCATE or a DROP left open?), or another lock the \
-                     statement needed, is held by another transaction",
+                    "the token sequence {s}.dlock_token_seq, its draw lock (the advisory lock \
+                     (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
+                     hand) or the table {s}.dlock_holders (an ALTER, a TRUNCATE or a DROP left \
+                     open?), or another lock the statement needed, is held by another transaction",
                     s = self.quoted_schema
                 )
             } else {

@@ -280,12 +280,20 @@ impl Inner {
         if !gave_back && !err.is_closed() && !session.is_ended() {
             session.end(format!("a shared or permit statement for `{key}` failed"));
         }
-        self.failed(
-            Operation::Acquire,
-            key,
-            "the shared or permit statement failed",
-            err,
-        )
+        let what = if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
+            format!(
+                "the shared or permit statement waited longer than a lock session does ({:?}) \
+                 for a lock another transaction holds: the token sequence {s}.dlock_token_seq, \
+                 its draw lock (the advisory lock (0x64726177, the sequence's oid)) or the table \
+                 {s}.dlock_phases (an ALTER, a TRUNCATE, a LOCK or a row left open?); the lock \
+                 was not taken",
+                self.lock_timeout(),
+                s = self.quoted_schema
+            )
+        } else {
+            "the shared or permit statement failed".to_owned()
+        };
+        self.failed(Operation::Acquire, key, &what, err)
     }
 
     /// The error of a shared or permit statement that could not be

@@ -115,25 +115,19 @@ impl Settings {
 }
 
 /// What became of the lock when its statement failed, for the messages
-/// below: given back, for every lease and for a transaction lock whose
-/// failed statement (or waiting savepoint) undid it.
+/// below: given back, for every lease, and for a transaction lock, whose
+/// savepoint is rolled back.
 pub(super) const NOT_TAKEN: &str = "the lock was not taken";
-
-/// The same for a transaction lock taken without waiting, whose token
-/// draw then failed in a savepoint of its own: a transaction lock cannot
-/// be given back before its transaction ends.
-pub(super) const KEPT: &str =
-    "the lock taken stays with this transaction, without a token, until it ends";
 
 /// What to say when a lock statement refused the sequence (see
 /// `draw_token!`): a DBA changed it while services run, so the check at
-/// session open did not see it; `fate` says what became of the lock.
-pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str, fate: &str) -> String {
+/// session open did not see it.
+pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str) -> String {
     match unfit {
         super::sql::Unfit::Settings => format!(
             "the token sequence {s}.dlock_token_seq was changed so that it cannot give rising \
              fencing tokens (CACHE above 1: sessions hand out numbers from blocks of their own, \
-             so tokens interleave; CYCLE; or an INCREMENT that is not positive), and {fate}; \
+             so tokens interleave; CYCLE; or an INCREMENT that is not positive), and {NOT_TAKEN}; \
              have its owner fix it with: ALTER SEQUENCE {s}.dlock_token_seq INCREMENT BY 1 NO \
              CYCLE CACHE 1;",
             s = quoted_schema
@@ -141,7 +135,7 @@ pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str, fate: &str)
         super::sql::Unfit::AheadOfClock => format!(
             "the token sequence {s}.dlock_token_seq stands more than a day ahead of the server \
              clock in microseconds (set ahead, or the server clock stepped back), so its tokens \
-             rest on the sequence alone and would go back should it ever be lost; {fate}. \
+             rest on the sequence alone and would go back should it ever be lost; {NOT_TAKEN}. \
              Restart it below the clock: ALTER SEQUENCE {s}.dlock_token_seq START \
              WITH 1 RESTART; (and reset the fences that accepted its tokens with it), or set \
              the server clock right",
@@ -153,14 +147,9 @@ pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str, fate: &str)
 /// What to say when a lock statement failed on the token sequence for a
 /// reason its draw does not check for: its maximum reached (a DBA lowered
 /// `MAXVALUE` while services run: `nextval` refuses to pass it, `setval`
-/// to set it), or a privilege on it or its schema revoked; `fate` says
-/// what became of the lock. `None` for any other error. The server's own
-/// text follows as the cause.
-pub(super) fn failure(
-    err: &tokio_postgres::Error,
-    quoted_schema: &str,
-    fate: &str,
-) -> Option<String> {
+/// to set it), or a privilege on it or its schema revoked. `None` for any
+/// other error. The server's own text follows as the cause.
+pub(super) fn failure(err: &tokio_postgres::Error, quoted_schema: &str) -> Option<String> {
     use tokio_postgres::error::SqlState;
     let code = err.code()?;
     let out_of_bounds = *code == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
@@ -170,7 +159,7 @@ pub(super) fn failure(
     if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED || out_of_bounds {
         return Some(format!(
             "the token sequence {s}.dlock_token_seq reached its MAXVALUE, so no token above the \
-             ones handed out can be drawn, and {fate}; have its owner raise it with: ALTER \
+             ones handed out can be drawn, and {NOT_TAKEN}; have its owner raise it with: ALTER \
              SEQUENCE {s}.dlock_token_seq NO MAXVALUE",
             s = quoted_schema
         ));
@@ -178,7 +167,7 @@ pub(super) fn failure(
     (*code == SqlState::INSUFFICIENT_PRIVILEGE).then(|| {
         format!(
             "the role may not draw tokens: it needs USAGE on the schema {s} and USAGE and \
-             UPDATE on the sequence {s}.dlock_token_seq (see docs/postgres.md); {fate}",
+             UPDATE on the sequence {s}.dlock_token_seq (see docs/postgres.md); {NOT_TAKEN}",
             s = quoted_schema
         )
     })

@@ -10,7 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 use super::connection::Failure;
-use super::sequence::{KEPT, NOT_TAKEN};
+use super::sequence::NOT_TAKEN;
 use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
 use crate::error::{LockError, Operation};
 use crate::options::{IntoLockKey, MAX_DURATION};
@@ -163,94 +163,77 @@ impl TransactionLock {
         };
         let params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key.as_str(), Type::TEXT), (&self.key_seed, Type::INT8)];
-        if self.wait.is_zero() {
-            let row = tx
+        let started = tokio::time::Instant::now();
+        let mut savepoint = tx
+            .savepoint("dlock_lock")
+            .await
+            .map_err(|e| fail("cannot open a savepoint to lock in", e))?;
+        let locked = if self.wait.is_zero() {
+            savepoint
                 .query_typed_one(&sql::render(sql::XACT_TRY_LOCK, &quoted), &params)
                 .await
-                .map_err(|e| fail(&lock_failed(&e, &quoted, NOT_TAKEN), e))?;
-            let locked = row
-                .try_get::<_, bool>(0)
-                .map_err(|e| fail("unexpected answer to a transaction lock", e))?;
-            if !locked {
-                return Err(LockError::Held {
-                    key: key.to_string(),
-                    holder: None,
-                });
-            }
-            return draw_in_savepoint(tx, &quoted, key.as_str(), KEPT).await;
-        }
-        let started = tokio::time::Instant::now();
-        let savepoint = tx
-            .savepoint("dlock_wait")
-            .await
-            .map_err(|e| fail("cannot open a savepoint to wait in", e))?;
-        let timeout_ms = self.wait.as_millis().max(1).to_string();
-        let swapped = savepoint
-            .query_typed_one(sql::XACT_SWAP_LOCK_TIMEOUT, &[(&timeout_ms, Type::TEXT)])
-            .await
-            .map_err(|e| fail("cannot set lock_timeout", e))?;
-        let previous: String = swapped
-            .try_get(0)
-            .map_err(|e| fail("unexpected answer to setting lock_timeout", e))?;
-        let locked = savepoint
-            .query_typed_one(&sql::render(sql::XACT_LOCK, &quoted), &params)
-            .await;
-        match locked {
-            Ok(_) => {
-                savepoint
+                .and_then(|row| row.try_get::<_, bool>(0))
+        } else {
+            let timeout_ms = self.wait.as_millis().max(1).to_string();
+            let swapped = savepoint
+                .query_typed_one(sql::XACT_SWAP_LOCK_TIMEOUT, &[(&timeout_ms, Type::TEXT)])
+                .await
+                .map_err(|e| fail("cannot set lock_timeout", e))?;
+            let previous: String = swapped
+                .try_get(0)
+                .map_err(|e| fail("unexpected answer to setting lock_timeout", e))?;
+            let locked = savepoint
+                .query_typed_one(&sql::render(sql::XACT_LOCK, &quoted), &params)
+                .await;
+            match locked {
+                Ok(_) => savepoint
                     .query_typed_one(sql::SET_LOCAL_LOCK_TIMEOUT, &[(&previous, Type::TEXT)])
                     .await
-                    .map_err(|e| fail("cannot restore lock_timeout", e))?;
-                // Drawn inside the waiting savepoint, so a failed draw
-                // rolls the lock back with it.
-                let mut savepoint = savepoint;
-                let token =
-                    draw_in_savepoint(&mut savepoint, &quoted, key.as_str(), NOT_TAKEN).await;
-                if token.is_err() {
-                    savepoint
-                        .rollback()
-                        .await
-                        .map_err(|e| fail("cannot roll back the savepoint", e))?;
-                    return token;
-                }
-                savepoint
-                    .commit()
-                    .await
-                    .map_err(|e| fail("cannot release the savepoint", e))?;
-                token
+                    .map(|_| true),
+                Err(err) => Err(err),
             }
+        };
+        // Drawn inside the savepoint of the lock, so a failed draw (or a
+        // caller who stops waiting) rolls the lock back with it.
+        let outcome = match locked {
+            Ok(true) => draw_in_savepoint(&mut savepoint, &quoted, key.as_str()).await,
+            Ok(false) => Err(LockError::Held {
+                key: key.to_string(),
+                holder: None,
+            }),
+            Err(err) if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                Err(LockError::Timeout {
+                    key: key.to_string(),
+                    waited: started.elapsed(),
+                })
+            }
+            Err(err) => Err(fail(&lock_failed(&err, &quoted), err)),
+        };
+        match outcome {
+            Ok(token) => savepoint
+                .commit()
+                .await
+                .map(|()| token)
+                .map_err(|e| fail("cannot release the savepoint", e)),
             Err(err) => {
-                let timed_out = err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE);
                 savepoint
                     .rollback()
                     .await
                     .map_err(|e| fail("cannot roll back the savepoint", e))?;
-                if timed_out {
-                    Err(LockError::Timeout {
-                        key: key.to_string(),
-                        waited: started.elapsed(),
-                    })
-                } else {
-                    Err(fail(&lock_failed(&err, &quoted, NOT_TAKEN), err))
-                }
+                Err(err)
             }
         }
     }
 }
 
 /// The draw of a transaction lock, in a savepoint of its own that gives
-/// the draw lock back at once (see
-/// [`sql::DRAW_IN_SAVEPOINT`]). Should it fail, the savepoint is rolled
-/// back (the draw lock with it) and the caller's transaction is usable
-/// again; the transaction lock taken before stays until the transaction
-/// ends, as any transaction lock does, unless the caller's own savepoint
-/// is rolled back after it: `fate` says which ([`KEPT`] or
-/// [`NOT_TAKEN`]).
+/// the draw lock back at once (see [`sql::DRAW_IN_SAVEPOINT`]), inside
+/// the savepoint of the lock, which the caller rolls back should the draw
+/// fail: the lock is not taken then.
 async fn draw_in_savepoint(
     tx: &mut Transaction<'_>,
     quoted_schema: &str,
     key: &str,
-    fate: &str,
 ) -> Result<FencingToken, LockError> {
     let fail = |what: String, e: tokio_postgres::Error| {
         LockError::backend(KIND, Operation::Acquire, key, Failure::new(&what, e))
@@ -261,18 +244,15 @@ async fn draw_in_savepoint(
     let messages = match answer {
         Ok(messages) => messages,
         Err(err) => {
-            if let Err(undo) = tx.batch_execute(sql::DRAW_SAVEPOINT_UNDO).await {
-                tracing::warn!(key, error = %undo, "cannot roll back the savepoint of a failed token draw");
-            }
             let what = if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
                 format!(
                     "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq \
                      (an ALTER SEQUENCE or a DROP left open?) or its draw lock (the advisory lock \
                      (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
-                     hand) was locked by another transaction for over 1 s; {fate}"
+                     hand) was locked by another transaction for over 1 s; {NOT_TAKEN}"
                 )
             } else {
-                lock_failed(&err, quoted_schema, fate)
+                lock_failed(&err, quoted_schema)
             };
             return Err(fail(what, err));
         }
@@ -294,32 +274,30 @@ async fn draw_in_savepoint(
 
 /// What to say when a lock statement failed: with the fix when the token
 /// sequence is missing (which aborts the caller's transaction; it is not
-/// recreated there, where the caller's ROLLBACK would undo it). `fate`:
-/// what became of the lock, for the messages that say.
-fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str, fate: &str) -> String {
-    if let Some(unfit) = sql::refused_sequence(err) {
-        format!(
-            "transaction lock failed: {}",
-            super::sequence::refusal(unfit, quoted_schema, fate)
-        )
+/// recreated there, where the caller's ROLLBACK would undo it). The
+/// savepoint of the lock is rolled back: every message says it was not
+/// taken.
+fn lock_failed(err: &tokio_postgres::Error, quoted_schema: &str) -> String {
+    let what = if let Some(unfit) = sql::refused_sequence(err) {
+        super::sequence::refusal(unfit, quoted_schema)
     } else if sql::sequence_missing(err) {
         format!(
-            "transaction lock failed: the token sequence {s}.dlock_token_seq is missing; \
-             PgBackend::connect with this schema recreates it, or have a DBA run: {ddl}",
+            "the token sequence {s}.dlock_token_seq is missing; PgBackend::connect with this \
+             schema recreates it, or have a DBA run: {ddl}; {NOT_TAKEN}",
             s = quoted_schema,
             ddl = sql::objects_ddl_for_dba(quoted_schema),
         )
-    } else if let Some(what) = super::sequence::failure(err, quoted_schema, fate) {
-        format!("transaction lock failed: {what}")
+    } else if let Some(what) = super::sequence::failure(err, quoted_schema) {
+        what
     } else if sql::dropped_while_running(err) {
         format!(
-            "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq (or \
-             another of dlock's objects) was dropped while the lock statement ran; roll back and \
-             try again"
+            "the token sequence {quoted_schema}.dlock_token_seq (or another of dlock's objects) \
+             was dropped while the lock statement ran; {NOT_TAKEN}; try again"
         )
     } else {
-        "transaction lock failed".to_owned()
-    }
+        NOT_TAKEN.to_owned()
+    };
+    format!("transaction lock failed: {what}")
 }
 
 pub(super) fn to_token(token: i64, key: &str) -> Result<FencingToken, LockError> {

@@ -324,19 +324,13 @@ pub(in crate::pg) const XACT_LOCK: &str = "SELECT pg_catalog.pg_advisory_xact_lo
 /// token. The draw lock is waited for 1 s at most, whatever the caller's
 /// `lock_timeout` (0, no bound, by default): it is held for a draw alone,
 /// so a longer wait means something else holds it. Should the draw fail,
-/// the rest of the message is skipped and the backend rolls back to the
-/// savepoint itself.
+/// the rest of the message is skipped and the backend rolls back the
+/// savepoint of the lock, which holds this one.
 pub(in crate::pg) const DRAW_IN_SAVEPOINT: &str = concat!(
     "SAVEPOINT dlock_draw; SET LOCAL lock_timeout = '1s'; ",
     draw_token!(),
     "; ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw"
 );
-
-/// Drops the savepoint of a [`DRAW_IN_SAVEPOINT`] that failed, and the draw
-/// lock with it, so the caller's transaction is usable again and no other
-/// draw waits for it.
-pub(in crate::pg) const DRAW_SAVEPOINT_UNDO: &str =
-    "ROLLBACK TO SAVEPOINT dlock_draw; RELEASE SAVEPOINT dlock_draw";
 
 /// Sets `lock_timeout` for the rest of the (sub)transaction and returns the
 /// value it had, to be put back once the lock is taken.

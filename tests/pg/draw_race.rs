@@ -10,7 +10,9 @@
 //! second token must be above the first. Each test works in a schema of
 //! its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
-use super::token_lead::{draw_lock, draw_lock_sessions, fresh_key, seq, server_clock};
+use super::token_lead::{
+    draw_lock, draw_lock_sessions, fresh_key, hold_draw_lock, seq, server_clock,
+};
 use crate::pg_support::{ScratchSchema, free_on_the_server, shared_client, shared_conn};
 use crate::support::within;
 
@@ -255,10 +257,7 @@ async fn a_transaction_lock_given_up_during_its_draw_leaves_the_transaction_whol
         .await
         .expect("table");
     let lock = draw_lock(&admin, &scratch).await;
-    let dba = shared_client().await;
-    dba.execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
-        .await
-        .expect("hold the draw lock");
+    let _dba = hold_draw_lock(lock).await;
     for wait in [Duration::ZERO, Duration::from_secs(5)] {
         let key = fresh_key("given-up");
         let mut caller = shared_client().await;

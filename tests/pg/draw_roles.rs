@@ -5,7 +5,7 @@
 
 use crate::pg_support::{ScratchSchema, client_of, shared_client};
 use crate::support::within;
-use crate::token_lead::{draw_lock, draw_lock_sessions, fresh_key, seq, set_lead};
+use crate::token_lead::{draw_lock, draw_lock_sessions, fresh_key, hold_draw_lock, seq, set_lead};
 
 use std::time::Duration;
 
@@ -37,11 +37,7 @@ async fn a_transaction_lock_of_a_role_with_update_alone_draws_after_another_draw
 
     // Held by hand, as a draw that writes holds it: the transaction lock's
     // draw (its sequence far behind the clock) comes to wait for it.
-    let holder = shared_client().await;
-    holder
-        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
-        .await
-        .expect("hold the draw lock");
+    let holder = hold_draw_lock(lock).await;
 
     let schema = scratch.name.clone();
     let drawn = tokio::spawn(async move {

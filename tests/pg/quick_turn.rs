@@ -8,7 +8,7 @@
 //! waiter, exclusive (full) or shared (quick). Each test works in a schema
 //! of its own on the shared server (127.0.0.1:5432, or `DLOCK_PG_URL`).
 
-use super::token_lead::{draw_lock, fresh_key, seq, server_clock};
+use super::token_lead::{draw_lock, fresh_key, hold_draw_lock, seq, server_clock};
 use crate::pg_support::{ScratchSchema, shared_client, shared_conn};
 use crate::support::within;
 
@@ -71,11 +71,7 @@ async fn after_a_window(
         .expect("release");
     tokio::time::sleep(since).await;
     let lock = draw_lock(&admin, &scratch).await;
-    let holder = shared_client().await;
-    holder
-        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
-        .await
-        .expect("hold the draw lock");
+    let holder = hold_draw_lock(lock).await;
     (scratch, admin, holder, backend, lock)
 }
 

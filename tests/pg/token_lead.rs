@@ -290,6 +290,17 @@ pub(super) async fn draw_lock(admin: &Client, scratch: &ScratchSchema) -> (i32, 
     (row.get(0), row.get(1))
 }
 
+/// A client of its own holding the draw lock `lock` for its session, as
+/// a draw that writes holds it (or anyone may take any advisory lock).
+pub(super) async fn hold_draw_lock(lock: (i32, i32)) -> Client {
+    let holder = shared_client().await;
+    holder
+        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
+        .await
+        .expect("hold the draw lock");
+    holder
+}
+
 /// Sessions holding (`granted`) or waiting for the draw lock.
 pub(super) async fn draw_lock_sessions(
     admin: &Client,
@@ -314,13 +325,9 @@ pub(super) async fn draw_lock_sessions(
 async fn a_draw_that_must_write_waits_for_the_draw_lock() {
     let scratch = ScratchSchema::new("lead");
     let admin = shared_client().await;
-    let holder = shared_client().await;
     let backend = connect(&shared_conn(), &scratch.name).await;
     let lock = draw_lock(&admin, &scratch).await;
-    holder
-        .execute("SELECT pg_advisory_lock($1, $2)", &[&lock.0, &lock.1])
-        .await
-        .expect("hold the draw lock");
+    let holder = hold_draw_lock(lock).await;
     set_back(&admin, &scratch.name).await;
     let before = server_clock(&admin).await;
     let acquiring = tokio::spawn({

@@ -36,17 +36,19 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// key rise across both, and keep rising when the sequence is dropped and
 /// recreated or set back. The sequence is not transactional: a token handed
 /// out is never handed out again, even if the transaction rolls back. The
-/// token is drawn in a savepoint of its own that the same message rolls
-/// back, once the lock is taken (a second round trip), so the draw lock
-/// every draw takes is never held by your transaction. With UPDATE on the
+/// lock is taken in a savepoint, and the token drawn inside it in a
+/// savepoint of its own that the same message rolls back, so the draw
+/// lock every draw takes is never held by your transaction, and a draw
+/// that fails gives the lock back (four round trips without a wait: the
+/// savepoint, the lock, the draw, the release). With UPDATE on the
 /// sequence (see the module docs) the draw `setval`s it when the clock is
 /// past it (once per token lead, or nearly always without one); that gives
 /// the transaction a transaction id and a WAL record: a read-only
 /// transaction becomes a writing one, whose commit waits for its WAL
 /// flush as your `synchronous_commit` says (dlock leaves that setting of
-/// your transaction alone). Should that draw fail, the savepoint is rolled
-/// back and the error returned; the lock taken before it stays with the
-/// transaction until it ends, as any transaction lock.
+/// your transaction alone). Should that draw fail, or your code stop
+/// waiting, the savepoint is rolled back with the lock: the error says the
+/// lock was not taken, and your transaction goes on.
 ///
 /// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
 /// creates it and checks its settings (a DBA may pre-create it instead).

@@ -306,3 +306,40 @@ async fn a_transaction_lock_given_up_during_its_draw_leaves_the_transaction_whol
         );
     }
 }
+
+/// Every attempt of a transaction lock opens a savepoint: one refused
+/// (the key held elsewhere) or failed must close it again, or each would
+/// leave a level in the caller's transaction (past 64 the server's cache
+/// of subtransactions overflows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_transaction_lock_leaves_no_savepoint_open() {
+    let scratch = ScratchSchema::new("race");
+    let _creates_the_objects = backend(&scratch.name, true).await;
+    let key = fresh_key("refused");
+    let other = shared_client().await;
+    other
+        .query_one(
+            "SELECT pg_advisory_lock(hashtextextended($1::text, 0))",
+            &[&key.as_str()],
+        )
+        .await
+        .expect("hold the key elsewhere");
+    let mut caller = shared_client().await;
+    let mut tx = caller.transaction().await.expect("begin");
+    for wait in [Duration::ZERO, Duration::from_millis(50)] {
+        for _ in 0..3 {
+            let refused = TransactionLock::new()
+                .schema(&scratch.name)
+                .wait(wait)
+                .acquire(&mut tx, key.clone())
+                .await;
+            assert!(refused.is_err(), "the key is held elsewhere: {refused:?}");
+        }
+    }
+    let open = tx
+        .batch_execute("RELEASE SAVEPOINT dlock_lock")
+        .await
+        .is_ok();
+    tx.rollback().await.expect("rollback");
+    assert!(!open, "a refused attempt left its savepoint open");
+}

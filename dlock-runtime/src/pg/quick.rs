@@ -11,10 +11,11 @@
 //! one. Once half of it has passed, one acquisition at a time sends the
 //! full statement, which then writes the sequence a lead ahead again
 //! (`draw_token!` writes at half the lead), while the others go on with
-//! the quick one; once all of it has passed, the others wait for that
-//! one's answer. So a busy backend's acquisitions never all send the full
-//! statement at once, each waiting on the server for the draw lock the
-//! others hold. A service that locks once a second sends the
+//! the quick one. So a busy backend's acquisitions do not all send the
+//! full statement at once when the lead runs out, each waiting on the
+//! server for the draw lock the others hold (only when that one's answer
+//! comes after the lead, a server farther away than half the lead). A
+//! service that locks once a second sends the
 //! full statement each time, one round trip as before, and a busy one
 //! sends it about once per half lead (5 ms on a sequence dlock creates).
 //! Should the quick statement find the sequence not fit after all (a DBA
@@ -44,10 +45,9 @@ pub(super) struct QuickDraw {
     /// said; `None` before any, when it did not lead, or when a quick
     /// statement found otherwise.
     window: Mutex<Option<Window>>,
-    /// Held by the acquisition that sends the full statement while a
-    /// window is known (half over, or over): one at a time, since each
-    /// holds the draw lock exclusively on the server; the others go on
-    /// quick, or wait for its answer.
+    /// Held by the acquisition that sends the full statement past half a
+    /// window: one at a time, since each holds the draw lock exclusively
+    /// on the server; the others go on quick.
     turn: Gate<()>,
     plain_sql: String,
     named_sql: String,
@@ -88,25 +88,18 @@ impl QuickDraw {
     /// Which statement this acquisition sends: the quick one, with the
     /// window it relies on, or the full one, with the turn when it holds
     /// it. Within a window the quick one, unless half of it has passed and
-    /// the turn is free: then this one refreshes it. After a window, one
-    /// acquisition at a time sends the full statement, and those that
-    /// waited for the turn go quick if it said a new window. Without any
-    /// (the first acquisition, no lead, a quick statement that found the
-    /// sequence unfit) each sends the full statement.
-    async fn choose(&self) -> (Option<Instant>, Option<MutexGuard<'_, ()>>) {
-        let Some(window) = self.window() else {
-            return (None, None);
-        };
-        if Instant::now() < window.until {
-            return match self.turn.try_lock() {
+    /// the turn is free: then this one refreshes it. Without one (the first
+    /// acquisition, no lead, a window over, a quick statement that found
+    /// the sequence unfit) each sends the full statement: none waits for
+    /// another's, whose answer may be slow (a held draw lock, a server
+    /// farther away than the lead).
+    fn choose(&self) -> (Option<Instant>, Option<MutexGuard<'_, ()>>) {
+        match self.window() {
+            Some(window) if Instant::now() < window.until => match self.turn.try_lock() {
                 Ok(turn) if Instant::now() >= window.refresh => (None, Some(turn)),
                 _ => (Some(window.until), None),
-            };
-        }
-        let turn = self.turn.lock().await;
-        match self.window() {
-            Some(window) if Instant::now() < window.until => (Some(window.until), None),
-            _ => (None, Some(turn)),
+            },
+            _ => (None, None),
         }
     }
 
@@ -123,7 +116,7 @@ impl QuickDraw {
         named: bool,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Row, Error> {
-        let (seen, turn) = self.choose().await;
+        let (seen, turn) = self.choose();
         if let Some(seen) = seen {
             let row = session.query_one(quick, params).await?;
             // `{0}` or `{0,0}`: a token is never 0.
@@ -156,7 +149,8 @@ impl QuickDraw {
             let mut window = self.window.lock().unwrap_or_else(PoisonError::into_inner);
             // Answers of concurrent statements come in any order: the
             // sequence only goes forward, so the latest time said holds.
-            if lead.is_zero() {
+            if lead.is_zero() || said.until <= Instant::now() {
+                // No lead, or one over before its answer came.
                 *window = None;
             } else if window.is_none_or(|window| window.until < said.until) {
                 *window = Some(said);

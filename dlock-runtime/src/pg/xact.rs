@@ -222,6 +222,11 @@ impl TransactionLock {
                     .rollback()
                     .await
                     .map_err(|e| fail("cannot roll back the savepoint", e))?;
+                // `rollback` leaves the savepoint open: one level of the
+                // caller's transaction per failed attempt otherwise.
+                tx.batch_execute("RELEASE SAVEPOINT dlock_lock")
+                    .await
+                    .map_err(|e| fail("cannot release the savepoint", e))?;
                 Err(err)
             }
         }

@@ -13,11 +13,11 @@
 //! (`draw_token!` writes at half the lead), while the others go on with
 //! the quick one. So a busy backend's acquisitions do not all send the
 //! full statement at once when the lead runs out, each waiting on the
-//! server for the draw lock the others hold (only when that one's answer
-//! comes after the lead, a server farther away than half the lead). A
-//! service that locks once a second sends the
-//! full statement each time, one round trip as before, and a busy one
-//! sends it about once per half lead (5 ms on a sequence dlock creates).
+//! server for the draw lock the others hold, unless that one's answer
+//! comes after the lead (a server farther away than half the lead). A
+//! service that locks once a second sends the full statement each time,
+//! one round trip as before, and a busy one sends it about once per half
+//! lead (5 ms on a sequence dlock creates).
 //! Should the quick statement find the sequence not fit after all (a DBA
 //! set it back, a server clock stepped ahead), it gives its lock back in
 //! the same statement and the full one follows on the same session.
@@ -95,10 +95,13 @@ impl QuickDraw {
     /// farther away than the lead).
     fn choose(&self) -> (Option<Instant>, Option<MutexGuard<'_, ()>>) {
         match self.window() {
-            Some(window) if Instant::now() < window.until => match self.turn.try_lock() {
-                Ok(turn) if Instant::now() >= window.refresh => (None, Some(turn)),
-                _ => (Some(window.until), None),
-            },
+            Some(window) if Instant::now() < window.until => {
+                let refresh = Instant::now() >= window.refresh;
+                match refresh.then(|| self.turn.try_lock().ok()).flatten() {
+                    Some(turn) => (None, Some(turn)),
+                    None => (Some(window.until), None),
+                }
+            }
             _ => (None, None),
         }
     }

@@ -440,18 +440,18 @@ impl Inner {
                 )
             } else if recording {
                 format!(
-                    "the token sequence {s}.dlock_token_seq, its draw lock (the advisory lock \
-                     (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
-                     hand) or the table {s}.dlock_holders (an ALTER, a TRUNCATE or a DROP left \
-                     open?), or another lock the statement needed, is held by another transaction",
-                    s = self.quoted_schema
+                    "the token sequence {s}.dlock_token_seq, {draw_lock} or the table \
+                     {s}.dlock_holders (an ALTER, a TRUNCATE or a DROP left open?), or another \
+                     lock the statement needed, is held by another transaction",
+                    s = self.quoted_schema,
+                    draw_lock = super::sequence::DRAW_LOCK,
                 )
             } else {
                 format!(
                     "the token sequence {}.dlock_token_seq (an ALTER SEQUENCE or a DROP left \
-                     open?) or its draw lock (the advisory lock (0x64726177, the sequence's oid), \
-                     held by a draw that waits, or taken by hand) is locked by another transaction",
-                    self.quoted_schema
+                     open?) or {} is locked by another transaction",
+                    self.quoted_schema,
+                    super::sequence::DRAW_LOCK,
                 )
             };
             let what = format!(

@@ -284,11 +284,12 @@ impl Inner {
             format!(
                 "the shared or permit statement waited longer than a lock session does ({:?}) \
                  for a lock another transaction holds: the token sequence {s}.dlock_token_seq, \
-                 its draw lock (the advisory lock (0x64726177, the sequence's oid)) or the table \
-                 {s}.dlock_phases (an ALTER, a TRUNCATE, a LOCK or a row left open?); the lock \
-                 was not taken",
+                 {draw_lock} or the table {s}.dlock_phases (an ALTER, a TRUNCATE, a LOCK or a \
+                 row left open?); {not_taken}",
                 self.lock_timeout(),
-                s = self.quoted_schema
+                s = self.quoted_schema,
+                draw_lock = super::sequence::DRAW_LOCK,
+                not_taken = super::sequence::NOT_TAKEN,
             )
         } else {
             "the shared or permit statement failed".to_owned()

@@ -119,6 +119,11 @@ impl Settings {
 /// savepoint is rolled back.
 pub(super) const NOT_TAKEN: &str = "the lock was not taken";
 
+/// The draw lock, as the messages of a statement that waited for a lock
+/// name it among what it may have waited for (see `draw_lock!`).
+pub(super) const DRAW_LOCK: &str = "its draw lock (the advisory lock (0x64726177, the sequence's \
+     oid), held by a draw that waits, or taken by hand)";
+
 /// What to say when a lock statement refused the sequence (see
 /// `draw_token!`): a DBA changed it while services run, so the check at
 /// session open did not see it.

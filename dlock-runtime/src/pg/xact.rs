@@ -10,7 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{SimpleQueryMessage, Transaction};
 
 use super::connection::Failure;
-use super::sequence::NOT_TAKEN;
+use super::sequence::{DRAW_LOCK, NOT_TAKEN};
 use super::{DEFAULT_SCHEMA, KIND, quote_schema, sql};
 use crate::error::{LockError, Operation};
 use crate::options::{IntoLockKey, MAX_DURATION};
@@ -254,9 +254,8 @@ async fn draw_in_savepoint(
             let what = if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
                 format!(
                     "transaction lock failed: the token sequence {quoted_schema}.dlock_token_seq \
-                     (an ALTER SEQUENCE or a DROP left open?) or its draw lock (the advisory lock \
-                     (0x64726177, the sequence's oid), held by a draw that waits, or taken by \
-                     hand) was locked by another transaction for over 1 s; {NOT_TAKEN}"
+                     (an ALTER SEQUENCE or a DROP left open?) or {DRAW_LOCK} was locked by \
+                     another transaction for over 1 s; {NOT_TAKEN}"
                 )
             } else {
                 lock_failed(&err, quoted_schema)

@@ -69,8 +69,8 @@
 /// also moves the floor up by as much: a token from the sequence is up to
 /// the lead above the clock, so the floor after a loss must be too. A
 /// write costs WAL and a transaction id (with an asynchronous commit, no
-/// flush); with the lead it comes once per lead per server instead of at
-/// nearly every draw. The rest of the draw (the clock reading, the
+/// flush); with the lead it comes about once per half lead per busy
+/// server (see `draw_token!`) instead of at nearly every draw. The rest of the draw (the clock reading, the
 /// settings check, the privilege check) costs little beside the advisory
 /// lock itself, written without subqueries (see `draw_token!`). A sequence a DBA made `UNLOGGED`
 /// (PostgreSQL 15+) writes no WAL and keeps every rule above while the

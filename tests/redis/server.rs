@@ -881,6 +881,124 @@ async fn an_acl_without_getrange_still_serves_fair_waiters_in_order_and_says_so_
     );
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn an_acl_without_setrange_still_serves_fair_waiters_in_order() {
+    // Without `+setrange` no attempt can mark the holder, so a release
+    // hands nothing over and the waiters find the key free at their next
+    // look: the first live waiter must then take it (with others queued
+    // behind it) without an error, and the next one after its release.
+    let (logs, _guard) = support::Logs::capture();
+    let (server, backend) =
+        backend_without_rule("+setrange", "unmarking", "unmarking-pass-7").await;
+    let key = fresh_key("acl-no-setrange-fair");
+    let fair = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .fair(true);
+    let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+    let mut waiters = Vec::new();
+    let url = format!(
+        "redis://unmarking:unmarking-pass-7@127.0.0.1:{}",
+        server.port
+    );
+    for _ in 0..3 {
+        // Each waiter a process of its own: only the server can wake it.
+        let backend: Arc<dyn Backend> =
+            Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+        let (key, fair) = (key.clone(), fair.clone());
+        waiters.push(tokio::spawn(async move {
+            let lease = fair.acquire_on(backend, &key).await;
+            let lease = lease.map_err(|err| err.to_string())?;
+            let token = lease.token();
+            lease.release().await.map_err(|err| err.to_string())?;
+            Ok::<_, String>(token)
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let first = holder.token();
+    holder.release().await.expect("release");
+    let mut tokens = vec![first];
+    for waiter in waiters {
+        tokens.push(waiter.await.expect("task").expect("every waiter is served"));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "served in arrival order with rising tokens: {tokens:?}"
+    );
+    let text = logs.text();
+    assert!(
+        !text.contains("failed"),
+        "no attempt may fail on the refused mark:\n{text}"
+    );
+    assert!(
+        text.contains("+setrange") && !text.contains("unmarking-pass-7"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acl_without_setrange_still_grants_permits_and_shared_locks_to_waiters() {
+    // A caller whose process has waiters queued for the key takes it
+    // marked at once; without `+setrange` that mark is refused, and the
+    // grant must still stand, exactly once, with no error.
+    let (logs, _guard) = support::Logs::capture();
+    let (_server, backend) =
+        backend_without_rule("+setrange", "unflagged", "unflagged-pass-8").await;
+    for (name, options) in [
+        (
+            "permit",
+            LockOptions::new(Duration::from_secs(30)).permits(1),
+        ),
+        (
+            "shared",
+            LockOptions::new(Duration::from_secs(30)).mode(dlock::LockMode::Shared),
+        ),
+    ] {
+        let key = fresh_key(&format!("acl-no-setrange-{name}"));
+        let writer = LockOptions::new(Duration::from_secs(30)).wait(Duration::from_secs(20));
+        let options = options.wait(Duration::from_secs(20));
+        let inside = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for task in 0..4 {
+            let (backend, key, inside) = (backend.clone(), key.clone(), inside.clone());
+            // Shared: half the tasks write, so readers wait behind writers.
+            // A holder alone counts 1000 (a writer, the single permit), a
+            // reader 1: none may find a holder alone beside it.
+            let (options, weight) = match (name, task % 2) {
+                ("shared", 0) => (writer.clone(), 1000),
+                ("shared", _) => (options.clone(), 1),
+                _ => (options.clone(), 1000),
+            };
+            tasks.push(tokio::spawn(async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                for _ in 0..5 {
+                    let lease = options
+                        .acquire_on(backend.clone(), &key)
+                        .await
+                        .map_err(|err| err.to_string())?;
+                    let others = inside.fetch_add(weight, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    inside.fetch_sub(weight, SeqCst);
+                    lease.release().await.map_err(|err| err.to_string())?;
+                    if others >= 1000 || (weight == 1000 && others != 0) {
+                        return Err(format!("{name}: held beside others ({others})"));
+                    }
+                }
+                Ok::<_, String>(())
+            }));
+        }
+        for task in tasks {
+            task.await
+                .expect("task")
+                .expect("every acquisition is granted");
+        }
+    }
+    let text = logs.text();
+    assert!(
+        !text.contains("failed"),
+        "no attempt may fail on the refused mark:\n{text}"
+    );
+}
+
 /// Stops a server process (SIGSTOP: a hung or swapped-out server, or a
 /// partition that drops packets) until dropped (SIGCONT).
 struct Stopped(u32);

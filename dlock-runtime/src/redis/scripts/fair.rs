@@ -169,7 +169,7 @@ if not held and ARGV[4] ~= 'b' then
       redis.call('DEL', KEYS[4])
       local first = redis.call('LINDEX', KEYS[3], '0')
       if first and #first == 32 then
-        redis.call('SETRANGE', KEYS[1], '32', '+')
+        redis.pcall('SETRANGE', KEYS[1], '32', '+')
       end
     elseif entry then
       unpop(KEYS[3], entry)
@@ -202,7 +202,7 @@ if not held and ARGV[4] ~= 'b' then
     write(KEYS[3], rest, nil, nil, text)
     redis.call('DEL', KEYS[4])
     if rest ~= '' then
-      redis.call('SETRANGE', KEYS[1], '32', '+')
+      redis.pcall('SETRANGE', KEYS[1], '32', '+')
     end
   end
   return reply

@@ -201,7 +201,7 @@ local function writer_waits()
     return false
   end
   if string.byte(mark, -1) == 45 then
-    redis.call('SETRANGE', KEYS[4], 32, '+')
+    redis.pcall('SETRANGE', KEYS[4], 32, '+')
   end
   return true
 end
@@ -235,7 +235,7 @@ if not token or (lone and not left) then
 end
 local function granted()
   if ARGV[3] == '+' then
-    redis.call('SETRANGE', KEYS[1], 32, '+')
+    redis.pcall('SETRANGE', KEYS[1], 32, '+')
   end
   return token
 end
@@ -475,7 +475,7 @@ if held then
   redis.call('HSET', KEYS[3], ms(taken), slots[ms(taken)])
   stretch({KEYS[1], KEYS[3]}, last(slots) - now)
   if ARGV[3] == '+' then
-    redis.call('SETRANGE', KEYS[1], 32, '+')
+    redis.pcall('SETRANGE', KEYS[1], 32, '+')
   end
 else
   redis.call('DEL', KEYS[3])

@@ -1144,3 +1144,59 @@ async fn a_key_named_like_the_backends_own_locks_is_refused() {
         lease.release().await.expect("release");
     }
 }
+
+/// The error of a first shared attempt whose table and functions cannot
+/// be made names the missing privilege only when a privilege is what was
+/// refused: a role without CREATE on the schema is told so, while a setup
+/// that waited too long for a DBA's transaction is not sent to ask for a
+/// grant it already has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_modes_setup_names_create_only_when_the_privilege_was_refused() {
+    let admin = shared_client().await;
+    let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+
+    let mut denied = ScratchSchema::new("modes_denied");
+    let url = denied.role_without_create(&admin).await;
+    let backend = backend_at(&url, &denied).await;
+    let refused = read
+        .acquire_on(backend.clone(), &fresh_key("modes-denied"))
+        .await
+        .expect_err("no CREATE on the schema");
+    assert!(
+        refused.to_string().contains("needs CREATE on the schema"),
+        "{refused}"
+    );
+
+    let schema = ScratchSchema::new("modes_setup_locked");
+    let backend = backend_with(
+        &shared_conn(),
+        schema
+            .options()
+            .liveness_interval(Duration::from_millis(300)),
+    )
+    .await;
+    // A DBA's CREATE TABLE of the same name left open: the setup's own
+    // waits for it past the session's lock_timeout (half the liveness
+    // interval, short: the setup holds the setup lock of every schema
+    // while it waits).
+    let mut holder = pg_support::client_of(&shared_conn()).await;
+    let dba = holder.transaction().await.expect("begin");
+    dba.batch_execute(&format!(
+        "CREATE TABLE {}.dlock_phases (x int)",
+        schema.name
+    ))
+    .await
+    .expect("create the table, uncommitted");
+    let waited = read
+        .acquire_on(backend.clone(), &fresh_key("modes-setup-locked"))
+        .await
+        .expect_err("the schema is locked");
+    dba.rollback().await.expect("rollback");
+    let text = waited.to_string();
+    assert!(
+        text.contains("cannot create the table and functions") && !text.contains("CREATE on"),
+        "{text}"
+    );
+    drop(schema);
+    drop(denied);
+}

@@ -352,13 +352,15 @@ impl Inner {
             .query(&self.modes.setup_sql, &[])
             .await
             .map_err(|e| {
-                self.failed(
-                    operation,
-                    key,
-                    "cannot create the table and functions of shared locks and permits (needs \
-                     CREATE on the schema)",
-                    e,
-                )
+                // Only a refused privilege is the DBA's to grant: a lock
+                // waited for too long or a lost connection says so itself.
+                let what = if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+                    "cannot create the table and functions of shared locks and permits (the \
+                     role needs CREATE on the schema)"
+                } else {
+                    "cannot create the table and functions of shared locks and permits"
+                };
+                self.failed(operation, key, what, e)
             })?;
         *ready = (true, None);
         Ok(())

@@ -136,3 +136,104 @@ async fn a_lease_refused_its_second_mark_leaves_no_first_mark() {
         "the lease reads with its own token"
     );
 }
+
+/// Under the default key seed this key's advisory key has the low half
+/// 0x303d2a3a, so its second token mark's `classid` is 0x303d2a3a XOR
+/// `TOKM` = 0x64726177: the draw lock's.
+const DRAW_LOCK_KEY: &str = "A^EZfp/+AN=";
+
+/// A key whose token mark would have the draw lock's numbers (its
+/// `classid`, and a token whose low half is the sequence's oid, which a
+/// DBA's `setval` arranges here) takes no marks: its lease records itself
+/// and reads with its token, and every other acquisition of the schema,
+/// a new backend's full draw and a transaction lock included, goes on
+/// while it is held. Before, the mark held the draw lock shared for the
+/// lease's life and every full draw of the schema failed after 1 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_token_mark_would_be_the_draw_lock_stops_no_draw() {
+    use dlock::backend::{AcquireRequest, Attempt, ReleaseRequest};
+    use dlock::pg::{PgBackend, TransactionLock};
+    use std::time::Duration;
+
+    let schema = ScratchSchema::new("mark_draw_lock");
+    let conn = crate::pg_support::shared_conn();
+    let holder = PgBackend::connect_with(&conn, schema.options().sessions(1))
+        .await
+        .expect("connect");
+    let admin = shared_client().await;
+    let seq = format!("{}.dlock_token_seq", schema.name);
+    let oid: i64 = admin
+        .query_one(&format!("SELECT '{seq}'::regclass::oid::int8"), &[])
+        .await
+        .expect("the sequence's oid")
+        .get(0);
+    let key = LockKey::new(DRAW_LOCK_KEY).expect("a key");
+    let owner = OwnerId::random().expect("owner");
+    // The sequence set ahead of the clock (by less than the 72 minutes
+    // its low half takes to come round; a draw allows a day) so that the
+    // next token's low half is the oid.
+    let target: i64 = admin
+        .query_one(
+            &format!(
+                "SELECT setval('{seq}', ((((extract(epoch FROM clock_timestamp()) \
+                 * 1000000)::int8 >> 32) + 1) << 32 | $1::int8) - 1) + 1"
+            ),
+            &[&oid],
+        )
+        .await
+        .expect("setval")
+        .get(0);
+    let request = AcquireRequest::new(&key, &owner, Duration::from_secs(120));
+    let token = match holder.try_acquire(&request).await.expect("acquire") {
+        Attempt::Acquired(grant) => grant.token.get(),
+        held => panic!("a free key: {held:?}"),
+    };
+    // The first draw is the target; a lease that gave its lock back to
+    // take it again with a record drew once more.
+    assert!(
+        token == target as u64 || token == target as u64 + 1,
+        "the set-up's draw: {token}, not {target} (low half {oid}) or the next"
+    );
+    let read = holder.holder(&key).await.expect("read the holder");
+    assert_eq!(
+        read.and_then(|holding| holding.token).map(|t| t.get()),
+        Some(token),
+        "the lease reads with its own token"
+    );
+
+    let other = PgBackend::connect_with(&conn, schema.options())
+        .await
+        .expect("connect another backend");
+    let unrelated = LockKey::new(format!("unrelated-{}", random_id())).expect("a key");
+    let other_owner = OwnerId::random().expect("owner");
+    let full = other
+        .try_acquire(&AcquireRequest::new(
+            &unrelated,
+            &other_owner,
+            Duration::from_secs(30),
+        ))
+        .await;
+    let mut app = crate::pg_support::client_of(&conn).await;
+    let mut tx = app.transaction().await.expect("begin");
+    let xact = TransactionLock::new()
+        .schema(&schema.name)
+        .acquire(&mut tx, &format!("unrelated-xact-{}", random_id()))
+        .await;
+    tx.rollback().await.expect("rollback");
+    holder
+        .release(&ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+    assert!(
+        matches!(full, Ok(Attempt::Acquired(_))),
+        "a full draw beside the lease: {full:?}"
+    );
+    assert!(
+        xact.is_ok(),
+        "a transaction lock beside the lease: {xact:?}"
+    );
+    other
+        .release(&ReleaseRequest::new(&unrelated, &other_owner))
+        .await
+        .expect("release");
+}

@@ -39,6 +39,30 @@ macro_rules! token_mark_b {
     };
 }
 
+/// Whether a token mark of the advisory key `$h` has the draw lock's
+/// `classid` (`draw_lock!`, 1685217655): a mark with the draw lock's
+/// numbers, held shared for a lease's life, would keep every full draw of
+/// the schema (which takes it exclusively) waiting, and fail them, for
+/// as long as the lease lives. Such a mark needs the token's half to equal
+/// the sequence's oid as well, which a DBA's `setval` (or a key chosen by
+/// whoever may name keys, taken at the right microsecond) can arrange: so
+/// a key whose marks have that `classid` (one in 2^31) takes none, and its
+/// lease records itself instead, as one whose marks were refused.
+macro_rules! marks_on_the_draw_lock {
+    ($h:literal) => {
+        concat!(
+            "(((",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4
+                OPERATOR(pg_catalog.=) 1685217655::pg_catalog.int4)
+              OR (((((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4
+                OPERATOR(pg_catalog.=) 1685217655::pg_catalog.int4))"
+        )
+    };
+}
+
 /// The `classid` in `pg_locks` (as an `int8`) of the first token mark of
 /// the advisory key `$h` (see `token_mark_a!`).
 macro_rules! mark_class_a {

@@ -369,12 +369,16 @@ macro_rules! quick_draw {
 /// A named lease's two token marks of the advisory key `$h` with the token
 /// `$t` (see [`TRY_LOCK_NAMED`]), as one `CASE`, which evaluates its
 /// conditions in order and stops at the first that holds (the calls are
-/// volatile, so none is folded while planning): the first mark refused, 0;
-/// the second taken, 1; else the first is dropped, 0.
+/// volatile, so none is folded while planning): a key whose marks could
+/// be the draw lock (`marks_on_the_draw_lock!`), 0, taking none; the first
+/// mark refused, 0; the second taken, 1; else the first is dropped, 0.
 macro_rules! token_marks {
     ($h:literal, $t:literal) => {
         concat!(
-            "CASE WHEN NOT ",
+            "CASE WHEN ",
+            marks_on_the_draw_lock!($h),
+            " THEN 0::pg_catalog.int8
+                      WHEN NOT ",
             token_mark_a!("pg_catalog.pg_try_advisory_lock_shared", $h, $t),
             " THEN 0::pg_catalog.int8
                       WHEN ",

@@ -3119,6 +3119,64 @@ async fn a_record_whose_delete_a_trigger_skips_is_never_read_for_a_later_lease()
     give_back(&holder, &key, &owner).await;
 }
 
+/// A server that writes its messages in German (an operator's
+/// `lc_messages`) tells a DBA's trigger by the error's context alike: a
+/// lock statement its trigger fails after the lock (with a code the draw
+/// itself raises) leaves the key free, and a release whose record's delete
+/// it refuses lets go of the key and ends no session. The backend told a
+/// trigger by the English words of the context, and otherwise kept the
+/// key (taken to be refused before the lock) or ended the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_server_speaking_german_a_trigger_is_told_by_its_context() {
+    let server = pg_support::OwnServer::start_speaking("de", "Division durch Null");
+    let conn = server.conn(pg_support::PASSWORD, "sslmode=disable");
+    let admin = pg_support::client_of(&conn).await;
+    let schema = "dlock_german";
+    let holder = PgBackend::connect_with(&conn, PgOptions::new().schema(schema).sessions(1))
+        .await
+        .expect("connect");
+    let bystander = (fresh_key("bystander"), OwnerId::random().expect("owner"));
+    take(&holder, &bystander.0, &bystander.1, Some("bystander"))
+        .await
+        .expect("free");
+    let (key, owner) = (fresh_key("german"), OwnerId::random().expect("owner"));
+
+    // The sequence's MAXVALUE code, raised by a trigger after the lock.
+    Trigger::Raises("2200H").add(&admin, schema).await;
+    let err = take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect_err("the trigger fails the statement");
+    assert!(
+        released_on_the_server(&admin, &key).await,
+        "the failed statement ({err}) left the key held"
+    );
+    assert!(
+        !err.to_string().contains("MAXVALUE"),
+        "the trigger's code read as the sequence's: {err}"
+    );
+    admin
+        .batch_execute(&format!("DROP FUNCTION {schema}.audit() CASCADE"))
+        .await
+        .expect("drop the trigger");
+
+    take(&holder, &key, &owner, Some("node-a"))
+        .await
+        .expect("free");
+    Trigger::RaisesOnDelete { after: true }
+        .add(&admin, schema)
+        .await;
+    let released = holder.release(&ReleaseRequest::new(&key, &owner)).await;
+    assert!(
+        matches!(released, Ok(ReleaseOutcome::Released)),
+        "{released:?}"
+    );
+    assert!(
+        released_on_the_server(&admin, &key).await,
+        "released, yet the key is held"
+    );
+    assert_renew(&holder, &[(&bystander.0, &bystander.1)], "german").await;
+}
+
 /// A release of a lease with an identity whose record's delete a DBA's
 /// trigger fails (after the unlock ran, or before) or a rule refuses
 /// still lets go of the key and ends no session: the other lease on it

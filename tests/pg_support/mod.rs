@@ -285,6 +285,34 @@ impl OwnServer {
         server
     }
 
+    /// [`start`](Self::start), with the server's messages in `language`
+    /// (gettext's `LANGUAGE`, `lc_messages` C.UTF-8), as a non-English
+    /// server writes them; panics if the server does not speak it (its
+    /// translations missing), so no test passes on English by mistake.
+    pub fn start_speaking(language: &str, division_by_zero: &str) -> Self {
+        let server = Self::start();
+        let stopped = server.pg_ctl_stop("fast");
+        assert!(stopped.status.success(), "pg_ctl stop: {stopped:?}");
+        let conf = server.data().join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str("\nlc_messages = 'C.UTF-8'\n");
+        std::fs::write(&conf, text).expect("write postgresql.conf");
+        run(server.pg_ctl_start_command().env("LANGUAGE", language));
+        let psql = server
+            .as_postgres("psql")
+            .args(["-h", "127.0.0.1", "-p", &server.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-c", "SELECT 1/0"])
+            .env("PGPASSWORD", PASSWORD)
+            .output()
+            .expect("psql");
+        let said = String::from_utf8_lossy(&psql.stderr);
+        assert!(
+            said.contains(division_by_zero),
+            "the server does not speak {language} (are its translations installed?): {said}"
+        );
+        server
+    }
+
     pub fn data(&self) -> PathBuf {
         self.dir.join("data")
     }

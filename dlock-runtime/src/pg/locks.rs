@@ -426,12 +426,12 @@ impl Inner {
             );
         }
         if err.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) {
-            // A wait for a row names it in the error's context; a
-            // wait for a relation names nothing.
+            // A wait for a row names its table in the error's context (in
+            // the server's language); a wait for a relation names nothing.
             let on_record = err
                 .as_db_error()
                 .and_then(|db| db.where_())
-                .is_some_and(|context| context.contains("relation \"dlock_holders\""));
+                .is_some_and(|context| context.contains("dlock_holders"));
             let locked = if recording && on_record {
                 format!(
                     "the identity record of `{key}` in {}.dlock_holders is locked by another \

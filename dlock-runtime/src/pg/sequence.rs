@@ -153,14 +153,19 @@ pub(super) fn refusal(unfit: super::sql::Unfit, quoted_schema: &str) -> String {
 /// reason its draw does not check for: its maximum reached (a DBA lowered
 /// `MAXVALUE` while services run: `nextval` refuses to pass it, `setval`
 /// to set it), or a privilege on it or its schema revoked. `None` for any
-/// other error. The server's own text follows as the cause.
+/// other error, or for one a DBA's trigger raised (its code is the
+/// trigger's to choose). The server's own text follows as the cause.
 pub(super) fn failure(err: &tokio_postgres::Error, quoted_schema: &str) -> Option<String> {
     use tokio_postgres::error::SqlState;
+    if super::sql::raised_by_a_trigger(err) {
+        return None;
+    }
     let code = err.code()?;
+    // `setval`'s refusal names the sequence, in the server's language.
     let out_of_bounds = *code == SqlState::NUMERIC_VALUE_OUT_OF_RANGE
         && err
             .as_db_error()
-            .is_some_and(|db| db.message().contains("out of bounds for sequence"));
+            .is_some_and(|db| db.message().contains("dlock_token_seq"));
     if *code == SqlState::SEQUENCE_GENERATOR_LIMIT_EXCEEDED || out_of_bounds {
         return Some(format!(
             "the token sequence {s}.dlock_token_seq reached its MAXVALUE, so no token above the \

@@ -73,12 +73,19 @@ pub(in crate::pg) fn raised_by_the_mode_call(err: &tokio_postgres::Error) -> boo
 
 /// True when the error came from a function or a statement run on a lock
 /// statement's behalf (a DBA's trigger on the table of records, a foreign
-/// key's check), not from the statement itself: its context names them.
-/// The lock statements call no function that runs SQL.
+/// key's check), not from the statement itself: it has a context, which
+/// names them. The lock statements call no function that runs SQL, so
+/// their own errors have none, but for a parameter the server could not
+/// convert while binding it ([`unencodable`]), whose context is one line
+/// that names it as `$N`. Told by shape, not by words: the server writes
+/// its contexts in its own language (`lc_messages`).
 pub(in crate::pg) fn raised_by_a_trigger(err: &tokio_postgres::Error) -> bool {
     err.as_db_error()
         .and_then(|db| db.where_())
-        .is_some_and(|context| context.contains("function") || context.contains("SQL statement"))
+        .is_some_and(|context| {
+            let binding = unencodable(err) && !context.contains('\n') && context.contains('$');
+            !context.trim().is_empty() && !binding
+        })
 }
 
 /// What a lock statement refused its token sequence for (see

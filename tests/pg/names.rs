@@ -306,6 +306,53 @@ async fn past_the_marked_leases_a_plain_lease_records_itself_and_is_read_all_the
     }
 }
 
+/// A key taken past the marked leases records itself on the session; taken
+/// again once a marked lease was let go, it records itself again there
+/// (the earlier record could otherwise be read for it), and is read with
+/// its own token: a backend of one session keeps one connection, however
+/// often keys go past the marked leases and back. It retired the session
+/// for each such key instead, which its other leases kept open: one
+/// connection more per cycle, up to the server's limit. On a server of the
+/// test's own, whose connections are all the test's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_past_the_marked_leases_and_back_opens_no_connection() {
+    let server = crate::pg_support::OwnServer::start();
+    let conn = server.conn(crate::pg_support::PASSWORD, "sslmode=disable");
+    let admin = crate::pg_support::client_of(&conn).await;
+    let holder: Arc<dyn Backend> = Arc::new(
+        PgBackend::connect_with(&conn, PgOptions::new().sessions(1))
+            .await
+            .expect("connect"),
+    );
+    let prefix = prefix();
+    let mut leases = std::collections::VecDeque::with_capacity(MAX_MARKED);
+    for i in 0..MAX_MARKED {
+        leases.push_back(take(&holder, &fresh_key(&prefix, &format!("m{i}"))).await);
+    }
+    let connections = "SELECT count(*) FROM pg_stat_activity \
+                       WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()";
+    let mut counted = Vec::new();
+    for cycle in 0..4 {
+        let key = fresh_key(&prefix, &format!("past{cycle}"));
+        take(&holder, &key).await.release().await.expect("release");
+        let freed = leases.pop_front().expect("a marked lease");
+        freed.release().await.expect("release");
+        let again = take(&holder, &key).await;
+        let seen = holder.holder(&key).await.expect("read").expect("held");
+        assert_eq!(seen.token, Some(again.token()), "cycle {cycle}");
+        again.release().await.expect("release");
+        leases.push_back(take(&holder, &fresh_key(&prefix, &format!("r{cycle}"))).await);
+        counted.push(count(&admin, connections).await);
+    }
+    assert!(
+        counted.iter().all(|&n| n == counted[0]),
+        "connections after each cycle: {counted:?}"
+    );
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+}
+
 /// Names of keys that nobody locked for long are swept: a backend's first
 /// naming (and one every 10 minutes after) deletes the names stamped over
 /// 20 minutes ago whose advisory key nobody holds, so a service that locks

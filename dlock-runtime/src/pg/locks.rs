@@ -65,9 +65,19 @@ impl Inner {
             if recording.is_none() && session.records().may_have_a_record_of(key.as_str()) {
                 // A record it wrote of an earlier lease could be read for a
                 // lease it takes now without one (see
-                // `Records::wrote_a_record`): it takes no new lease,
-                // and the next session (a new one, if need be) takes this.
-                session.retire();
+                // `Records::wrote_a_record`). A lease that would be named
+                // records itself instead, its record written over the
+                // earlier one; any other, where no record can be written,
+                // is taken by the next session (a new one, if need be), as
+                // this one takes no new lease. Retiring for a named lease
+                // opened a connection each time a key went past the marked
+                // leases and back, each kept open by its other leases.
+                if slot.is_some() && session.started.is_some() {
+                    slot = None;
+                    record = true;
+                } else {
+                    session.retire();
+                }
                 continue;
             }
             let expected = session

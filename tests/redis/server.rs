@@ -1118,3 +1118,152 @@ async fn renewals_go_on_after_the_server_loses_its_script_cache() {
     shared.release().await.expect("release");
     permit.release().await.expect("release");
 }
+
+/// A backend on `server` as a user with the least-privilege ACL and the
+/// list queues' seven commands, beginning list queues if `list`.
+async fn backend_with_list_rules(server: &RedisServer, list: bool) -> Arc<dyn Backend> {
+    let target = ["-p".to_owned(), server.port.to_string()];
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
+    redis_support::create_user(
+        &target,
+        "lister",
+        "lister-pass-9",
+        redis_support::LEAST_PRIVILEGE_ACL
+            .split_whitespace()
+            .chain("+lpush +rpush +lpop +rpop +lindex +lpos +lrem".split_whitespace()),
+    );
+    let url = format!("redis://lister:lister-pass-9@127.0.0.1:{}", server.port);
+    Arc::new(
+        RedisBackend::builder(&url)
+            .list_queues(list)
+            .connect()
+            .await
+            .expect("connect"),
+    )
+}
+
+/// The token in a lock key's value (`<owner><mark> <token> …`), if held.
+fn token_in(server: &RedisServer, key: &str) -> Option<u64> {
+    let value = server.cli(&["GET", &format!("dlock:{{{key}}}:lock")]);
+    value.split(' ').nth(1)?.parse().ok()
+}
+
+/// A fair holder's release after an operator took a command from the ACL
+/// that the release calls once it has written (`PUBLISH`, announcing; the
+/// list queue's `LINDEX`, reading the next line after its pop) still frees
+/// the key or hands it on, and says so: it must never fail after its
+/// write, leaving the key held by its released owner for the rest of its
+/// ttl, with the queue's first line popped. Every waiter is then served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_release_refused_a_command_after_its_write_still_lets_the_key_go() {
+    for (rule, list) in [("-lindex", true), ("-publish", true), ("-publish", false)] {
+        let server = RedisServer::start(&[]);
+        let backend = backend_with_list_rules(&server, list).await;
+        let key = fresh_key("refused-after-write");
+        let fair = LockOptions::new(Duration::from_secs(30))
+            .wait(Duration::from_secs(20))
+            .fair(true);
+        let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+        let mut waiters = Vec::new();
+        for _ in 0..2 {
+            let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
+            waiters.push(tokio::spawn(async move {
+                let lease = fair
+                    .acquire_on(backend, &key)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let token = lease.token();
+                lease.release().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(token)
+            }));
+            sleep(Duration::from_millis(300)).await;
+        }
+        sleep(Duration::from_millis(300)).await;
+        server.cli(&["ACL", "SETUSER", "lister", rule]);
+        let held = holder.token();
+        let released = holder.release().await;
+        assert!(released.is_ok(), "{rule}, list {list}: {released:?}");
+        assert_ne!(
+            token_in(&server, key.as_str()),
+            Some(held.get()),
+            "{rule}, list {list}: the released lease still holds the key"
+        );
+        let mut tokens = vec![held];
+        for waiter in waiters {
+            tokens.push(waiter.await.expect("task").expect("every waiter is served"));
+        }
+        assert!(
+            tokens.windows(2).all(|pair| pair[0] < pair[1]),
+            "{rule}, list {list}: {tokens:?}"
+        );
+    }
+}
+
+/// A full server (`noeviction`, as docs/redis.md asks) refuses new
+/// acquisitions, never a release: a fair release whose handoff the full
+/// server refuses, behind a dead waiter's line that it would drop from
+/// the queue, still frees the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_server_refuses_no_fair_release() {
+    use dlock::backend::{AcquireRequest, Queue};
+    let server = RedisServer::start(&["--maxmemory-policy", "noeviction"]);
+    let backend: Arc<dyn Backend> =
+        Arc::new(RedisBackend::connect(&server.url()).await.expect("connect"));
+    let key = fresh_key("full-server");
+    let fair = LockOptions::new(Duration::from_secs(30))
+        .wait(Duration::from_secs(20))
+        .fair(true);
+    let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
+    // A waiter that queues and dies: its entry lives 300 ms.
+    let dead = OwnerId::random().expect("owner");
+    backend
+        .try_acquire(
+            &AcquireRequest::new(&key, &dead, Duration::from_secs(30))
+                .with_queue(Queue::Join {
+                    entry_ttl: Duration::from_millis(300),
+                })
+                .with_waits(true),
+        )
+        .await
+        .expect("the dead waiter queues");
+    let waiter = {
+        let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
+        tokio::spawn(async move { fair.acquire_on(backend, &key).await.map(|l| l.token()) })
+    };
+    sleep(Duration::from_millis(600)).await;
+    server.cli(&["CONFIG", "SET", "maxmemory", "1"]);
+    let held = holder.token();
+    let released = holder.release().await;
+    server.cli(&["CONFIG", "SET", "maxmemory", "0"]);
+    assert!(released.is_ok(), "{released:?}");
+    assert_ne!(
+        token_in(&server, key.as_str()),
+        Some(held.get()),
+        "the released lease still holds the key"
+    );
+    let next = waiter
+        .await
+        .expect("task")
+        .expect("the live waiter is served");
+    assert!(next > held);
+}
+
+/// A campaign whose announcement the ACL refuses (no `+publish`) still
+/// wins, or holds nothing: the identity acquisition must not fail after
+/// it took the key, which left a leader nobody was, for a whole ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_refused_its_announcement_wins_and_resigns() {
+    let server = RedisServer::start(&[]);
+    let backend = backend_with_list_rules(&server, false).await;
+    server.cli(&["ACL", "SETUSER", "lister", "-publish"]);
+    let key = fresh_key("unannounced");
+    let election = dlock::election::Election::new(key.as_str(), "node-a", Duration::from_secs(20))
+        .expect("an election")
+        .on(backend.clone());
+    let leader = tokio::time::timeout(Duration::from_secs(10), election.campaign())
+        .await
+        .expect("the campaign ends")
+        .expect("the campaign wins");
+    leader.resign().await.expect("resign");
+    assert_eq!(token_in(&server, key.as_str()), None, "the key is free");
+}

@@ -83,7 +83,7 @@ if last and not (#last == #clock and last < clock and string.find(last, '^[1-9]%
   local drawn = redis.pcall('INCR', KEYS[2])
   if type(drawn) == 'table' then
     redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+    redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
     return redis.error_reply('ERR the fencing counter ' .. KEYS[2] .. ' cannot rise: ' .. (string.gsub(drawn.err, '^ERR ', '')))
   end
   if drawn < tonumber(clock) then
@@ -154,7 +154,7 @@ macro_rules! identity_lua {
             $record,
             ", string.sub(ARGV[1], 1, 32) .. ' ' .. reply .. ' ' .. ",
             $identity,
-            ")\n  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n"
+            ")\n  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'acquired')\n"
         )
     };
 }
@@ -351,19 +351,19 @@ if mine then
         if hand_over(entry, server_time(), KEYS[1], fence) then
           return 1
         end
-        unpop(queue, entry)
+        pcall(unpop, queue, entry)
       end
     elseif type(text) == 'string' and text ~= '' then
       local clock = server_time()
       local entry, start, stop = first_live(text, queue)
       if entry then
         if hand_over(entry, clock, KEYS[1], fence) then
-          write(queue, string.sub(text, stop), nil, nil, text)
+          pcall(write, queue, string.sub(text, stop), nil, nil, text)
           return 1
         end
       end
       if start > 1 then
-        write(queue, string.sub(text, start), nil, nil, text)
+        pcall(write, queue, string.sub(text, start), nil, nil, text)
       end
     end
   end
@@ -373,7 +373,7 @@ if mine then
     redis.call('DEL', KEYS[1])
   end
   if string.byte(held, 33) == 43 then
-    redis.call('PUBLISH', stem .. 'released', 'released')
+    redis.pcall('PUBLISH', stem .. 'released', 'released')
   end
   return 1
 end
@@ -381,7 +381,7 @@ local writer = stem .. 'writer'
 local waiting = redis.pcall('GET', writer)
 if type(waiting) == 'string' and string.sub(waiting, 1, 32) == owner then
   redis.call('DEL', writer)
-  redis.call('PUBLISH', stem .. 'released', 'released')
+  redis.pcall('PUBLISH', stem .. 'released', 'released')
 end
 redis.call('DEL', waiter(queue, owner))
 local text = redis.pcall('GET', queue)

@@ -167,8 +167,8 @@ if not held and ARGV[4] ~= 'b' then
     local reply = take(false)
     if type(reply) == 'string' then
       redis.call('DEL', KEYS[4])
-      local first = redis.call('LINDEX', KEYS[3], '0')
-      if first and #first == 32 then
+      local first = redis.pcall('LINDEX', KEYS[3], '0')
+      if type(first) == 'string' and #first == 32 then
         redis.pcall('SETRANGE', KEYS[1], '32', '+')
       end
     elseif entry then

@@ -344,7 +344,7 @@ end
 local function ended()
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
   if string.byte(held, -1) == 43 then
-    redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+    redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
   end
   return 1
 end
@@ -573,7 +573,7 @@ else
   redis.call('DEL', KEYS[1], KEYS[2])
 end
 if string.byte(held, -1) == 43 then
-  redis.call('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
 end
 return 1
 "

@@ -21,7 +21,7 @@ local held = redis.call('PTTL', KEYS[1]) ~= -2
 local stem = string.sub(KEYS[1], 1, -5)
 redis.call('DEL', KEYS[1], stem .. 'info', stem .. 'readers', stem .. 'phase', stem .. 'slots', stem .. 'writer')
 if held then
-  redis.call('PUBLISH', ARGV[1], 'released')
+  redis.pcall('PUBLISH', ARGV[1], 'released')
   return 1
 end
 return 0
@@ -82,7 +82,7 @@ if not token or string.gsub(token, '^0+(%d)', '%1') ~= ARGV[2] then
   return 0
 end
 redis.call('DEL', KEYS[1], stem .. 'info', stem .. 'readers', stem .. 'phase', stem .. 'writer')
-redis.call('PUBLISH', ARGV[1], 'released')
+redis.pcall('PUBLISH', ARGV[1], 'released')
 return 1
 ";
 

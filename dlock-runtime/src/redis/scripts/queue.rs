@@ -192,7 +192,7 @@ local function hand_over(entry, clock, lock, fence)
   if type(waiting) == 'string' and string.sub(waiting, 1, 32) == entry[1] then
     redis.call('DEL', writer)
   end
-  redis.call('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
+  redis.pcall('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
   return px
 end
 local function without(text, owner)
@@ -238,14 +238,14 @@ local function pop_live(queue)
       if type(entry) == 'string' then
         local ttl, record = string.match(entry, '^(%d+) ([^\n]*)')
         if ttl then
-          local next = redis.call('LINDEX', queue, '0')
-          if next and string.byte(next, 1) == 103 then
+          local next = redis.pcall('LINDEX', queue, '0')
+          if type(next) == 'string' and string.byte(next, 1) == 103 then
             redis.call('DEL', queue)
           end
           return {owner, ttl, record, name, true}
         end
       end
-    elseif redis.call('LINDEX', queue, '0') == false then
+    elseif redis.pcall('LINDEX', queue, '0') == false then
       return nil
     end
   end
@@ -279,8 +279,8 @@ local function append(queue, owner, life, px)
 end
 local function drop(queue, owner)
   if redis.pcall('LREM', queue, '1', owner) == 1 then
-    local first = redis.call('LINDEX', queue, '0')
-    if first and string.byte(first, 1) == 103 then
+    local first = redis.pcall('LINDEX', queue, '0')
+    if type(first) == 'string' and string.byte(first, 1) == 103 then
       redis.call('DEL', queue)
     end
   end

@@ -1267,3 +1267,28 @@ async fn a_campaign_refused_its_announcement_wins_and_resigns() {
     leader.resign().await.expect("resign");
     assert_eq!(token_in(&server, key.as_str()), None, "the key is free");
 }
+
+/// A permit attempt on a free key whose slot the ACL refuses to write (no
+/// `+hset`) fails before it takes the key, so nothing stays held for its
+/// ttl: once the rule is back, the key is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_refused_its_slot_takes_no_key() {
+    let server = RedisServer::start(&[]);
+    let backend = backend_with_list_rules(&server, false).await;
+    let key = fresh_key("slotless");
+    let permit = LockOptions::new(Duration::from_secs(30)).permits(2);
+    server.cli(&["ACL", "SETUSER", "lister", "-hset"]);
+    let refused = permit.acquire_on(backend.clone(), &key).await;
+    assert!(refused.is_err(), "{:?}", refused.map(|lease| lease.token()));
+    assert_eq!(
+        server.cli(&["EXISTS", &format!("dlock:{{{key}}}:lock")]),
+        "0",
+        "the refused attempt left the key held"
+    );
+    server.cli(&["ACL", "SETUSER", "lister", "+hset"]);
+    let lease = permit
+        .acquire_on(backend.clone(), &key)
+        .await
+        .expect("free");
+    lease.release().await.expect("release");
+}

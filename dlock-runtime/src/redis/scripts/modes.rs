@@ -478,9 +478,11 @@ if held then
     redis.pcall('SETRANGE', KEYS[1], 32, '+')
   end
 else
+  -- The slot first: a refused HSET (an ACL without it) must fail the
+  -- attempt before the lock key is taken, not after.
   redis.call('DEL', KEYS[3])
-  redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ARGV[2])
   redis.call('HSET', KEYS[3], ms(taken), slots[ms(taken)])
+  redis.call('SET', KEYS[1], PERMITS .. ARGV[3], 'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
 end
 return {token, taken, permits - used}

@@ -399,3 +399,59 @@ async fn names_of_keys_nobody_locked_for_long_are_swept_and_held_ones_stay() {
     kept.release().await.expect("release");
     fresh.release().await.expect("release");
 }
+
+/// A lease whose holder cannot be named (a DBA holds `dlock_sessions`
+/// locked), on a session that named another holder for an earlier lease,
+/// records itself instead: a reader names it with its own label, never
+/// with the earlier lease's, which is all the session's names hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_holder_cannot_be_named_never_reads_with_an_earlier_label() {
+    use dlock::backend::{AcquireRequest, Attempt, ReleaseRequest};
+    let schema = ScratchSchema::new("names_label");
+    let holder = PgBackend::connect_with(&shared_conn(), schema.options().sessions(1))
+        .await
+        .expect("connect");
+    let reader = connect(schema.options()).await;
+    let prefix = prefix();
+    let (first, second) = (fresh_key(&prefix, "a"), fresh_key(&prefix, "b"));
+    let owner = OwnerId::random().expect("owner");
+    let take = async |key: &LockKey, label: &str| {
+        let request =
+            AcquireRequest::new(key, &owner, Duration::from_secs(60)).with_label(Some(label));
+        match holder.try_acquire(&request).await.expect("acquire") {
+            Attempt::Acquired(grant) => grant.token,
+            held => panic!("a free key: {held:?}"),
+        }
+    };
+    take(&first, "job-a").await;
+    let seen = reader.holder(&first).await.expect("read").expect("held");
+    let label = seen.holder.and_then(|h| h.label);
+    assert_eq!(label.as_deref(), Some("job-a"));
+    holder
+        .release(&ReleaseRequest::new(&first, &owner))
+        .await
+        .expect("release");
+
+    let mut dba = crate::pg_support::client_of(&shared_conn()).await;
+    let tx = dba.transaction().await.expect("begin");
+    tx.batch_execute(&format!(
+        "LOCK TABLE {}.dlock_sessions IN EXCLUSIVE MODE",
+        schema.name
+    ))
+    .await
+    .expect("lock the table");
+    let token = take(&second, "job-b").await;
+    let seen = reader.holder(&second).await.expect("read").expect("held");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(seen.token, Some(token));
+    let label = seen.holder.and_then(|h| h.label);
+    assert_ne!(
+        label.as_deref(),
+        Some("job-a"),
+        "read with the earlier lease's label"
+    );
+    holder
+        .release(&ReleaseRequest::new(&second, &owner))
+        .await
+        .expect("release");
+}

@@ -96,6 +96,7 @@ impl Inner {
                 answer,
                 flight,
                 told_already,
+                misnamed,
             }) = sent
             else {
                 // A lease of a colliding key, or an undo, claims the
@@ -135,6 +136,25 @@ impl Inner {
                                     locked.advisory_key,
                                     None,
                                     Some((token, false)),
+                                )
+                                .await;
+                                drop(locked);
+                                slot = None;
+                                record = true;
+                                continue;
+                            }
+                            if let (true, Some(true), Some(token)) =
+                                (misnamed, locked.marks, locked.token)
+                            {
+                                // Its holder could not be named, and the
+                                // session named others: a reader would
+                                // name it with theirs. Taken again with a
+                                // record, as above.
+                                self.give_back(
+                                    &locked.session,
+                                    locked.advisory_key,
+                                    None,
+                                    Some((token, true)),
                                 )
                                 .await;
                                 drop(locked);
@@ -221,6 +241,7 @@ impl Inner {
     ) -> Option<Sent> {
         let flight;
         let mut told_already = false;
+        let mut misnamed = false;
         let answer = match recording {
             None => {
                 let statements = async {
@@ -244,7 +265,12 @@ impl Inner {
                         let lock = self.quick.lock(session, statements, named, &params);
                         match named {
                             // The names are polled first, so sent first.
-                            true => tokio::join!(self.name_lease(session, key, holder), lock).1,
+                            true => {
+                                let (named_right, row) =
+                                    tokio::join!(self.name_lease(session, key, holder), lock);
+                                misnamed = !named_right;
+                                row
+                            }
                             false => lock.await,
                         }
                         .map(|row| (Ok(row), false))
@@ -298,6 +324,7 @@ impl Inner {
             answer,
             flight,
             told_already,
+            misnamed,
         })
     }
 
@@ -599,6 +626,10 @@ struct Sent {
     /// Whether the statement was told the session holds the key's
     /// advisory key already, so that it took no session lock.
     told_already: bool,
+    /// Whether a named lease's holder could not be named on a session
+    /// that named other holders, which readers would name it with (see
+    /// `Inner::name_lease`).
+    misnamed: bool,
 }
 
 /// What a lock statement answered.

@@ -137,6 +137,18 @@ impl LockSession {
             .any(|(named, at)| **named == *holder && at.elapsed() < kept)
     }
 
+    /// Whether this session named holders, none of them `holder`: a
+    /// reader would name a lease of `holder` on it with theirs (see
+    /// [`session_holder`]).
+    fn named_others_only(&self, holder: &str) -> bool {
+        let named = self
+            .feature::<NamedSession>()
+            .holders
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        !named.is_empty() && named.iter().all(|(n, _)| **n != *holder)
+    }
+
     /// Notes that this session named `holder` now.
     fn name(&self, holder: &str) {
         let mut named = self
@@ -223,17 +235,28 @@ impl Inner {
     /// statement is sent on the same session, so the server runs it first
     /// (see [`sql::NAME_LEASE`]). Best effort: a name that could not be
     /// written costs the lease its holder's name until its first renewal
-    /// writes its record, never its lock.
-    pub(super) async fn name_lease(&self, session: &LockSession, key: &LockKey, holder: &str) {
-        if session.started.is_none() || self.names.paused() {
-            return;
+    /// writes its record, never its lock. False when the session's holder
+    /// could not be named while the session named others: readers would
+    /// name the lease with those, so the lease is taken again with a
+    /// record (see `Inner::try_lock`).
+    pub(super) async fn name_lease(
+        &self,
+        session: &LockSession,
+        key: &LockKey,
+        holder: &str,
+    ) -> bool {
+        if session.started.is_none() {
+            return true;
+        }
+        if self.names.paused() {
+            return !session.named_others_only(holder);
         }
         let name_key = self.names.key_due(key.as_str());
         // A key named anew names its session again too (a probe when the
         // row is there), so a DBA's emptied table heals at the next new key.
         let name_session = name_key || !session.named(holder, KEPT);
         if !name_session && !name_key {
-            return;
+            return true;
         }
         let statement = sql::name_lease(
             &self.name_lease_sql,
@@ -250,6 +273,7 @@ impl Inner {
                 if name_key {
                     self.names.key_named(key.as_str());
                 }
+                return true;
             }
             // Dropped since: the next acquisition looks at the tables
             // again, and creates them.
@@ -274,7 +298,8 @@ impl Inner {
             Err(err) => {
                 tracing::debug!(key = %key, error = %err, "could not name a lease's holder");
             }
-        }
+        };
+        !session.named_others_only(holder)
     }
 }
 

@@ -47,8 +47,12 @@ pub const MAX_LOCK_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 /// transaction becomes a writing one, whose commit waits for its WAL
 /// flush as your `synchronous_commit` says (dlock leaves that setting of
 /// your transaction alone). Should that draw fail, or your code stop
-/// waiting, the savepoint is rolled back with the lock: the error says the
-/// lock was not taken, and your transaction goes on.
+/// waiting before it answered, the savepoint is rolled back with the lock:
+/// the error says the lock was not taken, and your transaction goes on.
+/// Once the token is drawn, the savepoint is released, a last round trip:
+/// code that stops waiting during that one leaves the lock to your
+/// transaction (until it ends), without its token. A transaction-level
+/// lock cannot be let go alone, so nothing can take it back then.
 ///
 /// The token sequence must exist: [`PgBackend::connect`](super::PgBackend::connect)
 /// creates it and checks its settings (a DBA may pre-create it instead).

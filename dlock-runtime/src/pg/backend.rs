@@ -6,13 +6,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::connection::Failure;
+use super::connection::no_runtime;
 use super::home::NoRuntime;
-use super::locks::{GiveBack, no_runtime};
 use super::session::LockSession;
 use super::{
-    Entry, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK, refuse_own_lock_name, sql,
+    Entry, Inner, KIND, PgBackend, State, TERMINATE_WAIT_MS, UNWATCHED_RECHECK,
+    refuse_own_lock_name, sql,
 };
 use crate::backend::kit::after;
+use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{
     Access, AcquireRequest, Attempt, Backend, ForceRelease, Grant, Handoff, OwnerId,
     QUEUE_ENTRY_TTL, Queue, ReleaseNotice, ReleaseOutcome, ReleaseRequest, Renewal,
@@ -437,5 +439,20 @@ impl Backend for PgBackend {
         prefix: &str,
     ) -> Result<Vec<(String, crate::backend::Holding)>, LockError> {
         self.inner.held(prefix).await
+    }
+}
+
+/// Gives back a lock the server granted to a caller that stopped waiting.
+struct GiveBack {
+    inner: Arc<Inner>,
+    key: LockKey,
+    owner: OwnerId,
+}
+
+impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
+    async fn handle(self, outcome: Result<Attempt, LockError>) {
+        if let Ok(Attempt::Acquired(_)) = outcome {
+            let _ = self.inner.unlock(&self.key, Some(self.owner), false).await;
+        }
     }
 }

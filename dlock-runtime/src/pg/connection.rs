@@ -17,6 +17,8 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::home::{Home, NoRuntime};
 use super::sql;
+use crate::error::{LockError, Operation};
+use crate::key::LockKey;
 
 /// A failure talking to PostgreSQL, with what was being done. Its text never
 /// holds the password: connection errors name `user@host:port/db` only.
@@ -339,4 +341,17 @@ fn describe(config: &Config) -> String {
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let db = config.get_dbname().unwrap_or(user);
     format!("{user}@{host}:{port}/{db}")
+}
+
+/// The error when no runtime is left to run the backend's work on.
+pub(super) fn no_runtime(operation: Operation, key: &LockKey) -> LockError {
+    LockError::backend(
+        super::KIND,
+        operation,
+        key.as_str(),
+        Failure::msg(
+            "the runtime the PostgreSQL backend runs on shut down, and no other runtime is \
+             there to take over",
+        ),
+    )
 }

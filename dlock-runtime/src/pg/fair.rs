@@ -93,9 +93,9 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, timeout};
 
+use super::connection::no_runtime;
 use super::fair_queue::{Fair, First, Place, Wait, Waiter};
 use super::fair_wait::wait_in_queue;
-use super::locks::no_runtime;
 use super::{Inner, State};
 use crate::backend::kit::after;
 use crate::backend::{AcquireRequest, Attempt, Grant, Handoff, OwnerId};

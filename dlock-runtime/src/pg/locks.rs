@@ -12,7 +12,6 @@ use super::connection::Failure;
 use super::session::LockSession;
 use super::{Holding, Inner, KIND, State, quick, sql, xact};
 use crate::backend::kit::after;
-use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Attempt, Grant, OwnerId};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -123,38 +122,26 @@ impl Inner {
                     );
                     match answer.await {
                         Some(Ok(mut locked)) => {
-                            if let (Some(false), Some(token)) = (locked.marks, locked.token) {
-                                // Its marks were refused (another client
-                                // holds one's numbers): without them a
-                                // reader could pair other leases' marks
-                                // of the session into a token nobody
-                                // holds. The lock goes back, and the key
-                                // is taken again with a record, which a
-                                // reader believes first.
+                            // Taken again with a record, which a reader
+                            // believes first, when its marks were refused
+                            // (another client holds one's numbers: without
+                            // them a reader could pair other leases' marks
+                            // of the session into a token nobody holds), or
+                            // when its holder could not be named on a
+                            // session that named others (a reader would
+                            // name it with theirs). The lock, and any marks
+                            // it took, go back first.
+                            let retake = match (locked.marks, locked.token) {
+                                (Some(false), Some(token)) => Some((token, false)),
+                                (Some(true), Some(token)) if misnamed => Some((token, true)),
+                                _ => None,
+                            };
+                            if let Some(marked) = retake {
                                 self.give_back(
                                     &locked.session,
                                     locked.advisory_key,
                                     None,
-                                    Some((token, false)),
-                                )
-                                .await;
-                                drop(locked);
-                                slot = None;
-                                record = true;
-                                continue;
-                            }
-                            if let (true, Some(true), Some(token)) =
-                                (misnamed, locked.marks, locked.token)
-                            {
-                                // Its holder could not be named, and the
-                                // session named others: a reader would
-                                // name it with theirs. Taken again with a
-                                // record, as above.
-                                self.give_back(
-                                    &locked.session,
-                                    locked.advisory_key,
-                                    None,
-                                    Some((token, true)),
+                                    Some(marked),
                                 )
                                 .await;
                                 drop(locked);
@@ -699,34 +686,6 @@ impl Drop for Unfinished<'_> {
                 "work on `{}` was dropped half-way (its runtime shut down)",
                 self.key
             ));
-        }
-    }
-}
-
-/// The error when no runtime is left to run the backend's work on.
-pub(super) fn no_runtime(operation: Operation, key: &LockKey) -> LockError {
-    LockError::backend(
-        KIND,
-        operation,
-        key.as_str(),
-        Failure::msg(
-            "the runtime the PostgreSQL backend runs on shut down, and no other runtime is \
-             there to take over",
-        ),
-    )
-}
-
-/// Gives back a lock the server granted to a caller that stopped waiting.
-pub(super) struct GiveBack {
-    pub(super) inner: Arc<Inner>,
-    pub(super) key: LockKey,
-    pub(super) owner: OwnerId,
-}
-
-impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {
-    async fn handle(self, outcome: Result<Attempt, LockError>) {
-        if let Ok(Attempt::Acquired(_)) = outcome {
-            let _ = self.inner.unlock(&self.key, Some(self.owner), false).await;
         }
     }
 }

@@ -42,9 +42,9 @@ use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 
 use super::claims::PermitClaim;
+use super::connection::no_runtime;
 use super::deadlines::Slot;
 use super::home::NoRuntime;
-use super::locks::no_runtime;
 use super::mode_sql::{ModeSql, ModeStatement};
 use super::read_hold::ReadHold;
 use super::session::LockSession;

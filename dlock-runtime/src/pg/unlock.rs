@@ -14,8 +14,9 @@ use tokio_postgres::error::SqlState;
 
 use super::claims::InFlight;
 use super::connection::Failure;
+use super::connection::no_runtime;
 use super::home::NoRuntime;
-use super::locks::{Unfinished, no_runtime};
+use super::locks::Unfinished;
 use super::session::LockSession;
 use super::{Inner, KIND, State, sql};
 use crate::backend::OwnerId;

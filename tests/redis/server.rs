@@ -833,6 +833,42 @@ async fn an_acl_without_setrange_still_answers_held_and_says_waiters_will_not_be
     );
 }
 
+/// A fair waiter's task: takes `key`, lets it go, and answers its token,
+/// or what failed.
+fn fair_waiter(
+    backend: Arc<dyn Backend>,
+    key: &LockKey,
+    fair: &LockOptions,
+) -> tokio::task::JoinHandle<Result<dlock::FencingToken, String>> {
+    let (key, fair) = (key.clone(), fair.clone());
+    tokio::spawn(async move {
+        let lease = fair
+            .acquire_on(backend, &key)
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = lease.token();
+        lease.release().await.map_err(|e| e.to_string())?;
+        Ok(token)
+    })
+}
+
+/// Asserts every waiter was served after the holder (`first`), in the
+/// order they queued, with rising tokens.
+async fn assert_served_in_order(
+    first: dlock::FencingToken,
+    waiters: Vec<tokio::task::JoinHandle<Result<dlock::FencingToken, String>>>,
+    case: &str,
+) {
+    let mut tokens = vec![first];
+    for waiter in waiters {
+        tokens.push(waiter.await.expect("task").expect("every waiter is served"));
+    }
+    assert!(
+        tokens.windows(2).all(|pair| pair[0] < pair[1]),
+        "{case}: served in arrival order with rising tokens: {tokens:?}"
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn an_acl_without_getrange_still_serves_fair_waiters_in_order_and_says_so_once() {
     // The previous release's least-privilege rules lack `+getrange`: a
@@ -848,27 +884,14 @@ async fn an_acl_without_getrange_still_serves_fair_waiters_in_order_and_says_so_
     let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
     let mut waiters = Vec::new();
     for _ in 0..2 {
-        let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
-        waiters.push(tokio::spawn(async move {
-            let lease = fair.acquire_on(backend, &key).await.expect("served");
-            let token = lease.token();
-            lease.release().await.expect("release");
-            token
-        }));
+        waiters.push(fair_waiter(backend.clone(), &key, &fair));
         // Past a refresh (a third of the entry's life): the next waiter
         // arrives after it.
         tokio::time::sleep(Duration::from_millis(1200)).await;
     }
     let first = holder.token();
     holder.release().await.expect("release");
-    let mut tokens = vec![first];
-    for waiter in waiters {
-        tokens.push(waiter.await.expect("task"));
-    }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "served in arrival order with rising tokens: {tokens:?}"
-    );
+    assert_served_in_order(first, waiters, "no +getrange").await;
     let text = logs.text();
     assert_eq!(
         text.matches("read of its queue's stamp").count(),
@@ -904,26 +927,12 @@ async fn an_acl_without_setrange_still_serves_fair_waiters_in_order() {
         // Each waiter a process of its own: only the server can wake it.
         let backend: Arc<dyn Backend> =
             Arc::new(RedisBackend::connect(&url).await.expect("connect"));
-        let (key, fair) = (key.clone(), fair.clone());
-        waiters.push(tokio::spawn(async move {
-            let lease = fair.acquire_on(backend, &key).await;
-            let lease = lease.map_err(|err| err.to_string())?;
-            let token = lease.token();
-            lease.release().await.map_err(|err| err.to_string())?;
-            Ok::<_, String>(token)
-        }));
+        waiters.push(fair_waiter(backend, &key, &fair));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let first = holder.token();
     holder.release().await.expect("release");
-    let mut tokens = vec![first];
-    for waiter in waiters {
-        tokens.push(waiter.await.expect("task").expect("every waiter is served"));
-    }
-    assert!(
-        tokens.windows(2).all(|pair| pair[0] < pair[1]),
-        "served in arrival order with rising tokens: {tokens:?}"
-    );
+    assert_served_in_order(first, waiters, "no +setrange").await;
     let text = logs.text();
     assert!(
         !text.contains("failed"),
@@ -1166,16 +1175,7 @@ async fn a_fair_release_refused_a_command_after_its_write_still_lets_the_key_go(
         let holder = fair.acquire_on(backend.clone(), &key).await.expect("free");
         let mut waiters = Vec::new();
         for _ in 0..2 {
-            let (backend, key, fair) = (backend.clone(), key.clone(), fair.clone());
-            waiters.push(tokio::spawn(async move {
-                let lease = fair
-                    .acquire_on(backend, &key)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let token = lease.token();
-                lease.release().await.map_err(|e| e.to_string())?;
-                Ok::<_, String>(token)
-            }));
+            waiters.push(fair_waiter(backend.clone(), &key, &fair));
             sleep(Duration::from_millis(300)).await;
         }
         sleep(Duration::from_millis(300)).await;
@@ -1188,14 +1188,7 @@ async fn a_fair_release_refused_a_command_after_its_write_still_lets_the_key_go(
             Some(held.get()),
             "{rule}, list {list}: the released lease still holds the key"
         );
-        let mut tokens = vec![held];
-        for waiter in waiters {
-            tokens.push(waiter.await.expect("task").expect("every waiter is served"));
-        }
-        assert!(
-            tokens.windows(2).all(|pair| pair[0] < pair[1]),
-            "{rule}, list {list}: {tokens:?}"
-        );
+        assert_served_in_order(held, waiters, &format!("{rule}, list {list}")).await;
     }
 }
 

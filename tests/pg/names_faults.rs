@@ -535,3 +535,45 @@ async fn held_lists_named_leases_after_the_table_of_records_was_dropped() {
     );
     give_back(&holder, &key, &owner).await;
 }
+
+/// A crash of the server empties `dlock_keys` (unlogged): once the backend
+/// is back on a new session, a key it had named before is named again at
+/// its next lock, so `held` lists it. It was not named again for up to
+/// ten minutes (the process took the key for named), and `held` and
+/// `dlock list` missed it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_crash_a_key_named_before_is_named_again_and_listed() {
+    let (server, conn, holder, _admin) = own_server_backend().await;
+    let owner = OwnerId::random().expect("owner");
+    let prefix = format!("dlock-test:rn-crash:{owner}:");
+    let key = LockKey::new(format!("{prefix}k")).expect("key");
+    let request = AcquireRequest::new(&key, &owner, Duration::from_secs(60));
+    let take = async || loop {
+        // The first attempt after the crash may meet the lost session.
+        match holder.try_acquire(&request).await {
+            Ok(Attempt::Acquired(_)) => break,
+            Ok(other) => panic!("a free key: {other:?}"),
+            Err(err) => println!("retrying after: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    take().await;
+    let listed = holder.held(&prefix).await.expect("list");
+    assert_eq!(listed.len(), 1, "named before the crash: {listed:?}");
+    holder
+        .release(&ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+
+    let stopped = server.pg_ctl_stop("immediate");
+    assert!(stopped.status.success(), "{stopped:?}");
+    server.pg_ctl_start();
+    take().await;
+    let reader = PgBackend::connect(&conn).await.expect("a reader");
+    let listed = reader.held(&prefix).await.expect("list");
+    assert_eq!(listed.len(), 1, "held after the crash, listed: {listed:?}");
+    holder
+        .release(&ReleaseRequest::new(&key, &owner))
+        .await
+        .expect("release");
+}

@@ -219,6 +219,17 @@ impl Names {
             .is_none_or(|at| at.elapsed() >= KEPT)
     }
 
+    /// Forgets which keys this process named, so each is named again at
+    /// its next lock: after a lock session was lost, as a crash or a
+    /// failover empties `dlock_keys` (unlogged), which would otherwise hide
+    /// held keys from `held` for up to [`KEPT`].
+    pub(super) fn forget_keys(&self) {
+        self.keys
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     fn key_named(&self, key: &str) {
         let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
         if keys.len() >= MAX_KEPT && !keys.contains_key(key) {

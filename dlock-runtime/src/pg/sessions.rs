@@ -68,10 +68,16 @@ impl Inner {
         if let Some(session) = slot.live() {
             return Ok(session);
         }
+        let replaces_a_lost_one = slot.current().as_ref().is_some_and(|s| s.is_ended());
         let session = self
             .open_session()
             .await
             .map_err(|e| LockError::backend(KIND, Operation::Connect, "", e))?;
+        if replaces_a_lost_one {
+            // The server may have restarted or failed over, which empties
+            // the unlogged table of key names: name each key again.
+            self.names.forget_keys();
+        }
         *slot.current() = Some(Arc::clone(&session));
         Ok(session)
     }

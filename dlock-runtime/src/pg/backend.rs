@@ -5,8 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::connection::Failure;
-use super::connection::no_runtime;
+use super::connection::{Failure, no_runtime};
 use super::home::NoRuntime;
 use super::session::LockSession;
 use super::{

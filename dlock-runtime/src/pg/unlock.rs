@@ -13,8 +13,7 @@ use tokio::time::Instant;
 use tokio_postgres::error::SqlState;
 
 use super::claims::InFlight;
-use super::connection::Failure;
-use super::connection::no_runtime;
+use super::connection::{Failure, no_runtime};
 use super::home::NoRuntime;
 use super::locks::Unfinished;
 use super::session::LockSession;

@@ -393,3 +393,75 @@ async fn a_shared_or_permit_attempt_raced_by_a_drop_is_granted_and_loses_no_othe
             .expect("the other lease is still held");
     }
 }
+
+/// With `log_parameter_max_length_on_error` set (a DBA's logging setting,
+/// PostgreSQL 13+), every error of a statement sent with parameters has a
+/// one-line context that lists them: a MAXVALUE reached still reads as
+/// the sequence's, with its fix, and not as a DBA's trigger's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxvalue_is_named_when_the_server_logs_parameters_on_error() {
+    let scratch = ScratchSchema::new("maxlogged");
+    let admin = shared_client().await;
+    let conn = format!(
+        "{} options='-c log_parameter_max_length_on_error=-1'",
+        shared_conn()
+    );
+    let backends = named_and_plain(&conn, &scratch.name).await;
+    for backend in &backends {
+        hold_once(backend, &fresh_key("before-max")).await;
+    }
+    admin
+        .batch_execute(&format!(
+            "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s MAXVALUE %s', '{s}', \
+             (SELECT last_value FROM {s})); END $$",
+            s = seq(&scratch.name)
+        ))
+        .await
+        .expect("lower MAXVALUE");
+    let fix = format!(
+        "ALTER SEQUENCE \"{}\".dlock_token_seq NO MAXVALUE",
+        scratch.name
+    );
+    refused_everywhere(
+        &backends,
+        &conn,
+        &scratch.name,
+        &["reached its MAXVALUE", &fix],
+    )
+    .await;
+}
+
+/// The same for a transaction lock, whose draw is a simple query.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_lock_names_maxvalue_when_the_server_logs_parameters_on_error() {
+    let scratch = ScratchSchema::new("xmaxlogged");
+    let _creates_the_sequence = connect(&shared_conn(), &scratch.name).await;
+    let admin = shared_client().await;
+    admin
+        .batch_execute(&format!(
+            "DO $$ DECLARE now_us bigint := \
+                 (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::bigint; \
+             BEGIN \
+                 PERFORM setval('{s}', now_us - 10000000); \
+                 EXECUTE format('ALTER SEQUENCE {s} MAXVALUE %s', now_us - 5000000); \
+             END $$",
+            s = seq(&scratch.name)
+        ))
+        .await
+        .expect("setup");
+    let conn = format!(
+        "{} options='-c log_parameter_max_length_on_error=-1'",
+        shared_conn()
+    );
+    let mut app = crate::pg_support::client_of(&conn).await;
+    let key = fresh_key("xact-max-logged");
+    let mut tx = app.transaction().await.expect("begin");
+    let err = TransactionLock::new()
+        .schema(&scratch.name)
+        .acquire(&mut tx, key.clone())
+        .await
+        .expect_err("the draw meets MAXVALUE")
+        .to_string();
+    tx.rollback().await.expect("rollback");
+    assert!(err.contains("reached its MAXVALUE"), "{err}");
+}

@@ -3213,3 +3213,44 @@ async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_a
         assert_renew(&holder, &[(&bystander.0, &bystander.1)], &case).await;
     }
 }
+
+/// A resignation whose record's delete a revoked DELETE refuses says so,
+/// with the GRANT to run, on a connection that logs parameters on error
+/// (`log_parameter_max_length_on_error`): the refusal's context lists the
+/// statement's parameters, and is no trigger's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_delete_is_named_when_the_server_logs_parameters_on_error() {
+    let mut schema = ScratchSchema::new("holderlogged");
+    let admin = shared_client().await;
+    let role_conn = schema.role_without_create(&admin).await;
+    let role_conn = format!("{role_conn} options='-c log_parameter_max_length_on_error=-1'");
+    let role = schema.role.clone().expect("role");
+    let table = format!("\"{}\".dlock_holders", schema.name);
+    admin
+        .batch_execute(&format!(
+            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
+             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
+             identity text, holder text, holder_token int8, since timestamptz); \
+             GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
+        ))
+        .await
+        .expect("the DBA creates the table");
+    let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
+        .await
+        .expect("the role connects");
+    let first = fresh_key("resign-logged");
+    let resigning = elected(&holder, &first, "node-a").await;
+    admin
+        .batch_execute(&format!("REVOKE DELETE ON {table} FROM {role};"))
+        .await
+        .expect("the DBA revokes DELETE");
+    let err = resigning
+        .resign()
+        .await
+        .expect_err("the record cannot be deleted");
+    assert!(
+        err.to_string()
+            .contains(&format!("lacks DELETE on {table}")),
+        "{err}"
+    );
+}

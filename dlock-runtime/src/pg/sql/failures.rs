@@ -55,37 +55,57 @@ pub(in crate::pg) fn dropped_while_running(err: &tokio_postgres::Error) -> bool 
         })
 }
 
+/// The lines of an error's context that came from what ran on the
+/// statement's behalf (functions, the statements they ran, a DBA's
+/// triggers), innermost first: the context without its last line when that
+/// one lists the statement's own parameters (`$1 = …`), which the server
+/// adds, outermost, to an error while binding them, and to every error of
+/// a statement sent with parameters where a DBA set
+/// `log_parameter_max_length_on_error`. Told by shape, not by words: the
+/// server writes its contexts in its own language (`lc_messages`).
+fn nested_context(err: &tokio_postgres::Error) -> Vec<&str> {
+    let Some(context) = err.as_db_error().and_then(|db| db.where_()) else {
+        return Vec::new();
+    };
+    let mut lines: Vec<&str> = context.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.last().is_some_and(|last| lists_parameters(last)) {
+        lines.pop();
+    }
+    lines
+}
+
+/// Whether a context line lists a statement's parameters: `$1 = '…'`, or
+/// a bare `$1` at its end. A statement's text (`WHERE id = $1 FOR KEY
+/// SHARE`, `VALUES ($1)`) has neither.
+fn lists_parameters(line: &str) -> bool {
+    line.split('$').skip(1).any(|after| {
+        let rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+        rest.len() < after.len() && (rest.trim_end().is_empty() || rest.starts_with(" = "))
+    })
+}
+
 /// Whether a shared or permit statement's error came from the call itself
-/// (binding or planning it: the error names no context) or from inside
-/// dlock's functions (`dlock_join_readers`, `dlock_take_permit_slot`, named
-/// in its context), whose handlers give back what they took. Not so an
+/// (binding or planning it: the error names no context of its own) or from
+/// inside dlock's functions (`dlock_join_readers`, `dlock_take_permit_slot`,
+/// named in its context), whose handlers give back what they took. Not so an
 /// error of a DBA's trigger that runs at the statement's commit (a
 /// deferred constraint trigger on the table of read phases), after the
 /// function returned with its locks: its context names only the trigger.
 pub(in crate::pg) fn raised_by_the_mode_call(err: &tokio_postgres::Error) -> bool {
-    match err.as_db_error().and_then(|db| db.where_()) {
-        None => true,
-        Some(context) => {
-            context.contains("dlock_join_readers(") || context.contains("dlock_take_permit_slot(")
-        }
-    }
+    let context = nested_context(err);
+    context.is_empty()
+        || context.iter().any(|line| {
+            line.contains("dlock_join_readers(") || line.contains("dlock_take_permit_slot(")
+        })
 }
 
 /// True when the error came from a function or a statement run on a lock
 /// statement's behalf (a DBA's trigger on the table of records, a foreign
-/// key's check), not from the statement itself: it has a context, which
-/// names them. The lock statements call no function that runs SQL, so
-/// their own errors have none, but for a parameter the server could not
-/// convert while binding it ([`unencodable`]), whose context is one line
-/// that names it as `$N`. Told by shape, not by words: the server writes
-/// its contexts in its own language (`lc_messages`).
+/// key's check), not from the statement itself: it has a context of its
+/// own ([`nested_context`]), which names them. The lock statements call no
+/// function that runs SQL, so their own errors have none.
 pub(in crate::pg) fn raised_by_a_trigger(err: &tokio_postgres::Error) -> bool {
-    err.as_db_error()
-        .and_then(|db| db.where_())
-        .is_some_and(|context| {
-            let binding = unencodable(err) && !context.contains('\n') && context.contains('$');
-            !context.trim().is_empty() && !binding
-        })
+    !nested_context(err).is_empty()
 }
 
 /// What a lock statement refused its token sequence for (see
@@ -217,4 +237,30 @@ pub(in crate::pg) fn unencodable(err: &tokio_postgres::Error) -> bool {
         *code == SqlState::UNTRANSLATABLE_CHARACTER
             || *code == SqlState::CHARACTER_NOT_IN_REPERTOIRE
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lists_parameters;
+
+    #[test]
+    fn a_line_of_parameters_is_told_from_a_statements_text_in_any_language() {
+        for line in [
+            "unnamed portal parameter $1",
+            "unnamed portal parameter $2 = '\u{e9}t\u{e9}'",
+            "unnamed portal with parameters: $1 = '-58', $2 = '1796'",
+            "unbenannter Portal-Parameter $1 = \u{bb}x\u{ab}",
+        ] {
+            assert!(lists_parameters(line), "{line}");
+        }
+        for line in [
+            "PL/pgSQL function audit() line 1 at RAISE",
+            "PL/pgSQL-Funktion audit() Zeile 1 bei RAISE",
+            "SQL statement \"SELECT 1 FROM ONLY \"t\" x WHERE \"id\" = $1 FOR KEY SHARE OF x\"",
+            "SQL statement \"INSERT INTO log VALUES ($1)\"",
+            "costs $ 5",
+        ] {
+            assert!(!lists_parameters(line), "{line}");
+        }
+    }
 }

@@ -1162,9 +1162,11 @@ fn token_in(server: &RedisServer, key: &str) -> Option<u64> {
 /// list queue's `LINDEX`, reading the next line after its pop) still frees
 /// the key or hands it on, and says so: it must never fail after its
 /// write, leaving the key held by its released owner for the rest of its
-/// ttl, with the queue's first line popped. Every waiter is then served.
+/// ttl, with the queue's first line popped. Every waiter is then served,
+/// and a backend whose release went unannounced says so once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_release_refused_a_command_after_its_write_still_lets_the_key_go() {
+    let (logs, _guard) = support::Logs::capture();
     for (rule, list) in [("-lindex", true), ("-publish", true), ("-publish", false)] {
         let server = RedisServer::start(&[]);
         let backend = backend_with_list_rules(&server, list).await;
@@ -1190,6 +1192,13 @@ async fn a_fair_release_refused_a_command_after_its_write_still_lets_the_key_go(
         );
         assert_served_in_order(held, waiters, &format!("{rule}, list {list}")).await;
     }
+    // Each -publish backend says so once: its release was not announced.
+    let text = logs.text();
+    assert_eq!(
+        text.matches("refused to announce a release").count(),
+        2,
+        "{text}"
+    );
 }
 
 /// A full server (`noeviction`, as docs/redis.md asks) refuses new

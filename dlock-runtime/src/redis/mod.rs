@@ -396,6 +396,8 @@ struct Inner {
     warned_unstamped: AtomicBool,
     /// Whether a list queue refused by the ACL was warned about.
     warned_unlisted: AtomicBool,
+    /// Whether a release whose announcement was refused was warned about.
+    warned_unannounced: AtomicBool,
     /// Take every key marked, so every release publishes
     /// ([`RedisBuilder::publish_every_release`]).
     publish_every_release: bool,

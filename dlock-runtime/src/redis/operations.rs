@@ -215,7 +215,20 @@ impl Backend for RedisBackend {
             // Released, or out of the queue (rule F3).
             self.inner.queued.done(key, owner);
         }
-        Ok(match (released == 1, retried) {
+        if released == 2
+            && !self
+                .inner
+                .warned_unannounced
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(
+                key = %key,
+                "redis refused to announce a release (an ACL without +publish?): the key was \
+                 let go, but waiters are not woken and find it free only at their next look; \
+                 see the least-privilege ACL in dlock's Redis docs"
+            );
+        }
+        Ok(match (released == 1 || released == 2, retried) {
             (true, _) => ReleaseOutcome::Released,
             (false, true) => ReleaseOutcome::Unconfirmed,
             (false, false) => ReleaseOutcome::NotOwner,

@@ -288,7 +288,8 @@ return 0
 /// a cluster), named here only when a marked release needs them: every
 /// argument costs the server, and the client, on every call, and a plain
 /// release sends exactly what it sent before fair mode. Returns 1 if released (or handed over), 0 if
-/// the caller was not the owner.
+/// the caller was not the owner, 2 if released (or handed over) but its announcement
+/// (`PUBLISH`) was refused (an ACL without `+publish`): waiters then find out at their next look.
 ///
 /// Why one atomic step: a holder whose lease ran out must never delete the
 /// lock the next owner holds now (the reference article's `releaseScript`).
@@ -348,8 +349,9 @@ if mine then
     if is_list(text) then
       local entry = pop_live(queue)
       if entry then
-        if hand_over(entry, server_time(), KEYS[1], fence) then
-          return 1
+        local handed, unannounced = hand_over(entry, server_time(), KEYS[1], fence)
+        if handed then
+          return unannounced and 2 or 1
         end
         pcall(unpop, queue, entry)
       end
@@ -357,9 +359,10 @@ if mine then
       local clock = server_time()
       local entry, start, stop = first_live(text, queue)
       if entry then
-        if hand_over(entry, clock, KEYS[1], fence) then
+        local handed, unannounced = hand_over(entry, clock, KEYS[1], fence)
+        if handed then
           pcall(write, queue, string.sub(text, stop), nil, nil, text)
-          return 1
+          return unannounced and 2 or 1
         end
       end
       if start > 1 then
@@ -372,8 +375,9 @@ if mine then
   else
     redis.call('DEL', KEYS[1])
   end
-  if string.byte(held, 33) == 43 then
-    redis.pcall('PUBLISH', stem .. 'released', 'released')
+  if string.byte(held, 33) == 43
+      and type(redis.pcall('PUBLISH', stem .. 'released', 'released')) == 'table' then
+    return 2
   end
   return 1
 end

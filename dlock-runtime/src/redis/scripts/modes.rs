@@ -317,7 +317,8 @@ return 1
 );
 
 /// Releases a reader. `KEYS[1]` lock key, `KEYS[2]` readers' hash,
-/// `KEYS[3]` phase key; `ARGV[1]` owner id. Returns 1 if released, 0 if
+/// `KEYS[3]` phase key; `ARGV[1]` owner id. Returns 1 if released (2 if its
+/// announcement was refused, see `RELEASE_LUA`), 0 if
 /// the caller held no live share (its entry gone with a lost phase key, or
 /// past its expiry). The last reader's release ends the phase (the
 /// sentinel, the hash and the phase key deleted) and, when the sentinel is
@@ -343,8 +344,9 @@ if type(phase) ~= 'string' then
 end
 local function ended()
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-  if string.byte(held, -1) == 43 then
-    redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+  if string.byte(held, -1) == 43 and type(redis.pcall('PUBLISH',
+      string.sub(KEYS[1], 1, -5) .. 'released', 'released')) == 'table' then
+    return 2
   end
   return 1
 end
@@ -545,7 +547,8 @@ return 1
 
 /// Releases a permit. `KEYS[1]` lock key, `KEYS[2]` slots' hash;
 /// `ARGV[1]` owner id, `ARGV[2]` the slot (empty: the owner's, whichever).
-/// Returns 1 if released, 0 if the caller held no such live slot. The
+/// Returns 1 if released (2 if its announcement was refused, see
+/// `RELEASE_LUA`), 0 if the caller held no such live slot. The
 /// last permit's release deletes the sentinel and the hash; each release
 /// publishes on the release channel when the sentinel is marked `+` (an
 /// attempt found the permits taken).
@@ -574,8 +577,9 @@ if next(slots) then
 else
   redis.call('DEL', KEYS[1], KEYS[2])
 end
-if string.byte(held, -1) == 43 then
-  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -5) .. 'released', 'released')
+if string.byte(held, -1) == 43 and type(redis.pcall('PUBLISH',
+    string.sub(KEYS[1], 1, -5) .. 'released', 'released')) == 'table' then
+  return 2
 end
 return 1
 "

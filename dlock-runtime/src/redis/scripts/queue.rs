@@ -192,8 +192,9 @@ local function hand_over(entry, clock, lock, fence)
   if type(waiting) == 'string' and string.sub(waiting, 1, 32) == entry[1] then
     redis.call('DEL', writer)
   end
-  redis.pcall('PUBLISH', string.sub(lock, 1, -5) .. 'handoff', entry[1] .. ' ' .. token .. ' ' .. px)
-  return px
+  local told = redis.pcall('PUBLISH', string.sub(lock, 1, -5) .. 'handoff',
+    entry[1] .. ' ' .. token .. ' ' .. px)
+  return px, type(told) == 'table'
 end
 local function without(text, owner)
   local at = string.find('\n' .. text, '\n' .. owner, 1, true)

@@ -243,33 +243,45 @@ async fn named_and_plain(conn: &str, schema: &str) -> Vec<Arc<dyn Backend>> {
     vec![connect(conn, schema).await, Arc::new(plain)]
 }
 
+/// The shared server's connection string, and the same with
+/// `log_parameter_max_length_on_error` set (a DBA's logging setting,
+/// PostgreSQL 13+): then every error of a statement sent with parameters
+/// has a context that lists them, which must not read as a DBA trigger's.
+fn plain_and_logging_parameters() -> [String; 2] {
+    let conn = shared_conn();
+    let logging = format!("{conn} options='-c log_parameter_max_length_on_error=-1'");
+    [conn, logging]
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_maxvalue_lowered_to_the_last_token_is_an_error_naming_the_fix_and_leaves_the_key_free() {
-    let scratch = ScratchSchema::new("dbamax");
-    let admin = shared_client().await;
-    let backends = named_and_plain(&shared_conn(), &scratch.name).await;
-    for backend in &backends {
-        hold_once(backend, &fresh_key("before-max")).await;
+    for conn in plain_and_logging_parameters() {
+        let scratch = ScratchSchema::new("dbamax");
+        let admin = shared_client().await;
+        let backends = named_and_plain(&conn, &scratch.name).await;
+        for backend in &backends {
+            hold_once(backend, &fresh_key("before-max")).await;
+        }
+        admin
+            .batch_execute(&format!(
+                "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s MAXVALUE %s', '{s}', \
+                 (SELECT last_value FROM {s})); END $$",
+                s = seq(&scratch.name)
+            ))
+            .await
+            .expect("lower MAXVALUE");
+        let fix = format!(
+            "ALTER SEQUENCE \"{}\".dlock_token_seq NO MAXVALUE",
+            scratch.name
+        );
+        refused_everywhere(
+            &backends,
+            &conn,
+            &scratch.name,
+            &["reached its MAXVALUE", &fix],
+        )
+        .await;
     }
-    admin
-        .batch_execute(&format!(
-            "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s MAXVALUE %s', '{s}', \
-             (SELECT last_value FROM {s})); END $$",
-            s = seq(&scratch.name)
-        ))
-        .await
-        .expect("lower MAXVALUE");
-    let fix = format!(
-        "ALTER SEQUENCE \"{}\".dlock_token_seq NO MAXVALUE",
-        scratch.name
-    );
-    refused_everywhere(
-        &backends,
-        &shared_conn(),
-        &scratch.name,
-        &["reached its MAXVALUE", &fix],
-    )
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +319,7 @@ async fn a_role_whose_sequence_privileges_were_revoked_is_told_what_it_needs_and
 /// both inside a savepoint of the lock. With the sequence's `MAXVALUE`
 /// between the sequence and the clock, that draw's `setval` fails: the
 /// savepoint of the lock is rolled back with the key, waiting or not, and
-/// the error says so.
+/// the error says so, parameters logged on error or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_lock_whose_draw_meets_maxvalue_gives_the_key_back() {
     let scratch = ScratchSchema::new("dbaxmax");
@@ -325,8 +337,17 @@ async fn a_transaction_lock_whose_draw_meets_maxvalue_gives_the_key_back() {
         ))
         .await
         .expect("the sequence behind its MAXVALUE, behind the clock");
-    let mut app = shared_client().await;
-    for wait in [Duration::ZERO, Duration::from_secs(5)] {
+    let [plain, logging] = plain_and_logging_parameters();
+    let mut apps = [
+        crate::pg_support::client_of(&plain).await,
+        crate::pg_support::client_of(&logging).await,
+    ];
+    for (which, wait) in [
+        (0, Duration::ZERO),
+        (0, Duration::from_secs(5)),
+        (1, Duration::ZERO),
+    ] {
+        let app = &mut apps[which];
         let key = fresh_key("dba-xact-max");
         let mut tx = app.transaction().await.expect("begin");
         let err = TransactionLock::new()
@@ -392,76 +413,4 @@ async fn a_shared_or_permit_attempt_raced_by_a_drop_is_granted_and_loses_no_othe
             .await
             .expect("the other lease is still held");
     }
-}
-
-/// With `log_parameter_max_length_on_error` set (a DBA's logging setting,
-/// PostgreSQL 13+), every error of a statement sent with parameters has a
-/// one-line context that lists them: a MAXVALUE reached still reads as
-/// the sequence's, with its fix, and not as a DBA's trigger's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn maxvalue_is_named_when_the_server_logs_parameters_on_error() {
-    let scratch = ScratchSchema::new("maxlogged");
-    let admin = shared_client().await;
-    let conn = format!(
-        "{} options='-c log_parameter_max_length_on_error=-1'",
-        shared_conn()
-    );
-    let backends = named_and_plain(&conn, &scratch.name).await;
-    for backend in &backends {
-        hold_once(backend, &fresh_key("before-max")).await;
-    }
-    admin
-        .batch_execute(&format!(
-            "DO $$ BEGIN EXECUTE format('ALTER SEQUENCE %s MAXVALUE %s', '{s}', \
-             (SELECT last_value FROM {s})); END $$",
-            s = seq(&scratch.name)
-        ))
-        .await
-        .expect("lower MAXVALUE");
-    let fix = format!(
-        "ALTER SEQUENCE \"{}\".dlock_token_seq NO MAXVALUE",
-        scratch.name
-    );
-    refused_everywhere(
-        &backends,
-        &conn,
-        &scratch.name,
-        &["reached its MAXVALUE", &fix],
-    )
-    .await;
-}
-
-/// The same for a transaction lock, whose draw is a simple query.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_transaction_lock_names_maxvalue_when_the_server_logs_parameters_on_error() {
-    let scratch = ScratchSchema::new("xmaxlogged");
-    let _creates_the_sequence = connect(&shared_conn(), &scratch.name).await;
-    let admin = shared_client().await;
-    admin
-        .batch_execute(&format!(
-            "DO $$ DECLARE now_us bigint := \
-                 (EXTRACT(epoch FROM clock_timestamp()) * 1000000)::bigint; \
-             BEGIN \
-                 PERFORM setval('{s}', now_us - 10000000); \
-                 EXECUTE format('ALTER SEQUENCE {s} MAXVALUE %s', now_us - 5000000); \
-             END $$",
-            s = seq(&scratch.name)
-        ))
-        .await
-        .expect("setup");
-    let conn = format!(
-        "{} options='-c log_parameter_max_length_on_error=-1'",
-        shared_conn()
-    );
-    let mut app = crate::pg_support::client_of(&conn).await;
-    let key = fresh_key("xact-max-logged");
-    let mut tx = app.transaction().await.expect("begin");
-    let err = TransactionLock::new()
-        .schema(&scratch.name)
-        .acquire(&mut tx, key.clone())
-        .await
-        .expect_err("the draw meets MAXVALUE")
-        .to_string();
-    tx.rollback().await.expect("rollback");
-    assert!(err.contains("reached its MAXVALUE"), "{err}");
 }

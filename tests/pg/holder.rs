@@ -1359,11 +1359,14 @@ async fn a_dropped_holders_table_is_created_again_and_written_by_the_renewals() 
     assert_eq!(left, 0, "every resignation deleted its record");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_live_on() {
-    let mut schema = ScratchSchema::new("holder");
-    let admin = shared_client().await;
-    let role_conn = schema.role_without_create(&admin).await;
+/// A role that may not create in `schema`, and the table of holder
+/// records made by the DBA, with every privilege the role needs on it:
+/// the role's connection string, its name and the table's.
+async fn role_with_the_dbas_holders_table(
+    schema: &mut ScratchSchema,
+    admin: &dlock::pg::tokio_postgres::Client,
+) -> (String, String, String) {
+    let role_conn = schema.role_without_create(admin).await;
     let role = schema.role.clone().expect("role");
     let table = format!("\"{}\".dlock_holders", schema.name);
     admin
@@ -1375,6 +1378,14 @@ async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_li
         ))
         .await
         .expect("the DBA creates the table");
+    (role_conn, role, table)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_live_on() {
+    let mut schema = ScratchSchema::new("holder");
+    let admin = shared_client().await;
+    let (role_conn, role, table) = role_with_the_dbas_holders_table(&mut schema, &admin).await;
     // One session: both elections are held on it.
     let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
         .await
@@ -3222,19 +3233,8 @@ async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_a
 async fn a_revoked_delete_is_named_when_the_server_logs_parameters_on_error() {
     let mut schema = ScratchSchema::new("holderlogged");
     let admin = shared_client().await;
-    let role_conn = schema.role_without_create(&admin).await;
+    let (role_conn, role, table) = role_with_the_dbas_holders_table(&mut schema, &admin).await;
     let role_conn = format!("{role_conn} options='-c log_parameter_max_length_on_error=-1'");
-    let role = schema.role.clone().expect("role");
-    let table = format!("\"{}\".dlock_holders", schema.name);
-    admin
-        .batch_execute(&format!(
-            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
-             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
-             identity text, holder text, holder_token int8, since timestamptz); \
-             GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
-        ))
-        .await
-        .expect("the DBA creates the table");
     let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
         .await
         .expect("the role connects");

@@ -200,7 +200,9 @@ async fn refused_everywhere(
 ) {
     let watcher = shared_client().await;
     for backend in backends {
-        let key = fresh_key("dba-refused");
+        // A newline in the key: an error's context that lists it would
+        // span lines.
+        let key = LockKey::new(format!("{}\nline two", fresh_key("dba-refused"))).expect("a key");
         let err = LockOptions::new(Duration::from_secs(30))
             .acquire_on(Arc::clone(backend), key.clone())
             .await

@@ -1200,3 +1200,42 @@ async fn a_failed_modes_setup_names_create_only_when_the_privilege_was_refused()
     drop(schema);
     drop(denied);
 }
+
+/// A shared attempt whose call finds dlock's functions dropped is the
+/// call's own failure, not a DBA's trigger's at commit, on a connection
+/// whose role logs parameters on error and for a key holding a newline:
+/// the session lives on, and so does the reader held on it. Read as a
+/// trigger's, the error ended the session and lost the reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_call_failing_on_dropped_functions_keeps_the_session_whatever_is_logged() {
+    let scratch = ScratchSchema::new("modes_logged");
+    let conn = format!(
+        "{} options='-c log_parameter_max_length_on_error=-1'",
+        shared_conn()
+    );
+    let backend = backend_with(&conn, scratch.options().sessions(1)).await;
+    let shared = LockOptions::new(Duration::from_secs(30)).mode(LockMode::Shared);
+    let reader = shared
+        .acquire_on(backend.clone(), &fresh_key("logged-reader"))
+        .await
+        .expect("a reader");
+    shared_client()
+        .await
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.dlock_join_readers(text, int8); \
+             DROP FUNCTION {s}.dlock_mark(text, int8, text, int8); \
+             DROP FUNCTION {s}.dlock_take_permit_slot(text, int8, int4, int4[])",
+            s = scratch.name
+        ))
+        .await
+        .expect("drop the functions");
+    let key = LockKey::new(format!("{}\nline two", fresh_key("logged-other"))).expect("a key");
+    // Made again and granted, or refused: either way the call's own.
+    let _ = shared.acquire_on(backend.clone(), &key).await;
+    assert!(
+        !reader.is_lost(),
+        "the reader on the session was lost: {:?}",
+        reader.check()
+    );
+    reader.release().await.expect("release");
+}

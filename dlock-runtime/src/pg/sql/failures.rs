@@ -58,11 +58,13 @@ pub(in crate::pg) fn dropped_while_running(err: &tokio_postgres::Error) -> bool 
 /// The lines of an error's context that came from what ran on the
 /// statement's behalf (functions, the statements they ran, a DBA's
 /// triggers), innermost first: the context without its last line when that
-/// one lists the statement's own parameters (`$1 = …`), which the server
-/// adds, outermost, to an error while binding them, and to every error of
-/// a statement sent with parameters where a DBA set
-/// `log_parameter_max_length_on_error`. Told by shape, not by words: the
-/// server writes its contexts in its own language (`lc_messages`).
+/// one names a parameter of the statement's own (`$1`), which the server
+/// adds, outermost, to an error while binding it; and to every error of a
+/// statement sent with parameters where `log_parameter_max_length_on_error`
+/// is set, which every session dlock opens turns off (`SESSION_DEFAULTS`:
+/// the values listed there, a key's newlines included, would span lines).
+/// Told by shape, not by words: the server writes its contexts in its own
+/// language (`lc_messages`).
 fn nested_context(err: &tokio_postgres::Error) -> Vec<&str> {
     let Some(context) = err.as_db_error().and_then(|db| db.where_()) else {
         return Vec::new();

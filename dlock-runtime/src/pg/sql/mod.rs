@@ -87,6 +87,15 @@ mod marks;
 /// compute with their parameters, whose values never change which plan is
 /// best, so nothing is lost by planning them once.
 ///
+/// And no parameters in the context of an error
+/// (`log_parameter_max_length_on_error` 0, PostgreSQL 13+, which a DBA
+/// may set for a role or the server): with it, every error of a statement
+/// sent with parameters would carry their values in its context, over
+/// several lines for a key holding a newline, and the backend tells an
+/// error of a DBA's trigger by its context (see `raised_by_a_trigger`).
+/// The server's log still shows every failed statement, without its
+/// parameters' values.
+///
 /// And asynchronous commits (`synchronous_commit` off) for every statement
 /// of the session, which none of them sets again: the call cost the server
 /// 9 k of the 253 k instructions of a named lock and unlock (callgrind;
@@ -105,6 +114,11 @@ SELECT pg_catalog.set_config('search_path'::pg_catalog.text, 'pg_catalog, pg_tem
                  OPERATOR(pg_catalog.>=) 120000::pg_catalog.int4
             THEN pg_catalog.set_config('plan_cache_mode'::pg_catalog.text,
                                        'force_generic_plan'::pg_catalog.text, false)
+       END,
+       CASE WHEN pg_catalog.current_setting('server_version_num'::pg_catalog.text)::pg_catalog.int4
+                 OPERATOR(pg_catalog.>=) 130000::pg_catalog.int4
+            THEN pg_catalog.set_config('log_parameter_max_length_on_error'::pg_catalog.text,
+                                       '0'::pg_catalog.text, false)
        END";
 
 /// The advisory key of a lock key: `hashtextextended(key, seed)`, the 64-bit

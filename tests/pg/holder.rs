@@ -1359,98 +1359,100 @@ async fn a_dropped_holders_table_is_created_again_and_written_by_the_renewals() 
     assert_eq!(left, 0, "every resignation deleted its record");
 }
 
-/// A role that may not create in `schema`, and the table of holder
-/// records made by the DBA, with every privilege the role needs on it:
-/// the role's connection string, its name and the table's.
-async fn role_with_the_dbas_holders_table(
-    schema: &mut ScratchSchema,
-    admin: &dlock::pg::tokio_postgres::Client,
-) -> (String, String, String) {
-    let role_conn = schema.role_without_create(admin).await;
-    let role = schema.role.clone().expect("role");
-    let table = format!("\"{}\".dlock_holders", schema.name);
-    admin
-        .batch_execute(&format!(
-            "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
-             token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
-             identity text, holder text, holder_token int8, since timestamptz); \
-             GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
-        ))
-        .await
-        .expect("the DBA creates the table");
-    (role_conn, role, table)
-}
-
+/// A resignation whose record's delete a revoked DELETE refuses names the
+/// GRANT to run and ends no other election on the session; so too on a
+/// connection that logs parameters on error
+/// (`log_parameter_max_length_on_error`), whose refusal's context lists
+/// them and is no trigger's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resignation_without_delete_names_the_grant_and_the_other_elections_live_on() {
-    let mut schema = ScratchSchema::new("holder");
-    let admin = shared_client().await;
-    let (role_conn, role, table) = role_with_the_dbas_holders_table(&mut schema, &admin).await;
-    // One session: both elections are held on it.
-    let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
-        .await
-        .expect("the role connects");
-    let reader = connect(schema.options()).await;
-    let (first, second) = (fresh_key("resign-first"), fresh_key("resign-second"));
-    let resigning = elected(&holder, &first, "node-a").await;
-    let staying = elected(&holder, &second, "node-a").await;
+    for logged in [false, true] {
+        let mut schema = ScratchSchema::new("holder");
+        let admin = shared_client().await;
+        let role_conn = schema.role_without_create(&admin).await;
+        let role = schema.role.clone().expect("role");
+        let table = format!("\"{}\".dlock_holders", schema.name);
+        admin
+            .batch_execute(&format!(
+                "CREATE UNLOGGED TABLE {table} (lock_id int8 PRIMARY KEY, key text NOT NULL, \
+                 token int8 NOT NULL, pid int4 NOT NULL, session_start timestamptz NOT NULL, \
+                 identity text, holder text, holder_token int8, since timestamptz); \
+                 GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
+            ))
+            .await
+            .expect("the DBA creates the table");
+        // Logging parameters on error gives the refusal a context that lists
+        // them, which is no trigger's.
+        let role_conn = match logged {
+            true => format!("{role_conn} options='-c log_parameter_max_length_on_error=-1'"),
+            false => role_conn,
+        };
+        // One session: both elections are held on it.
+        let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
+            .await
+            .expect("the role connects");
+        let reader = connect(schema.options()).await;
+        let (first, second) = (fresh_key("resign-first"), fresh_key("resign-second"));
+        let resigning = elected(&holder, &first, "node-a").await;
+        let staying = elected(&holder, &second, "node-a").await;
 
-    admin
-        .batch_execute(&format!("REVOKE DELETE ON {table} FROM {role};"))
-        .await
-        .expect("the DBA revokes DELETE");
-    let err = resigning
-        .resign()
-        .await
-        .expect_err("the record cannot be deleted");
-    let text = err.to_string();
-    eprintln!("{text}");
-    assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
-    assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
-    assert!(
-        text.contains(&format!(
-            "GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
-        )),
-        "{text}"
-    );
-    assert_eq!(
-        reader.holder(&first).await.expect("read"),
-        None,
-        "the lock was dropped all the same"
-    );
+        admin
+            .batch_execute(&format!("REVOKE DELETE ON {table} FROM {role};"))
+            .await
+            .expect("the DBA revokes DELETE");
+        let err = resigning
+            .resign()
+            .await
+            .expect_err("the record cannot be deleted");
+        let text = err.to_string();
+        eprintln!("{text}");
+        assert!(matches!(err, LockError::Backend { .. }), "{err:?}");
+        assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
+        assert!(
+            text.contains(&format!(
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role};"
+            )),
+            "{text}"
+        );
+        assert_eq!(
+            reader.holder(&first).await.expect("read"),
+            None,
+            "the lock was dropped all the same"
+        );
 
-    // The other election on the same session lives on, renewed and read.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!staying.is_lost(), "{:?}", staying.check());
-    assert_eq!(
-        observer(&reader, &second).leader().await.expect("read"),
-        Some(Leader {
-            identity: "node-a".into(),
-            token: staying.token()
-        })
-    );
+        // The other election on the same session lives on, renewed and read.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!staying.is_lost(), "{:?}", staying.check());
+        assert_eq!(
+            observer(&reader, &second).leader().await.expect("read"),
+            Some(Leader {
+                identity: "node-a".into(),
+                token: staying.token()
+            })
+        );
 
-    // The record left behind is never read: the key taken again without
-    // an identity reads as held by someone unknown, not by "node-a".
-    let owner = OwnerId::random().expect("owner");
-    take(&holder, &first, &owner, None).await.expect("free");
-    assert_eq!(
-        reader.holder(&first).await.expect("read"),
-        Some(Holding::new(None, None))
-    );
-    give_back(&holder, &first, &owner).await;
+        // The record left behind is never read: the key taken again without
+        // an identity reads as held by someone unknown, not by "node-a".
+        let owner = OwnerId::random().expect("owner");
+        take(&holder, &first, &owner, None).await.expect("free");
+        assert_eq!(
+            reader.holder(&first).await.expect("read"),
+            Some(Holding::new(None, None))
+        );
+        give_back(&holder, &first, &owner).await;
 
-    // Until the grant is made, identity acquisitions are refused with it.
-    let text = take(&holder, &first, &owner, Some("node-a"))
-        .await
-        .expect_err("the role may not delete records")
-        .to_string();
-    assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
-    admin
-        .batch_execute(&format!("GRANT DELETE ON {table} TO {role};"))
-        .await
-        .expect("grant");
-    staying.resign().await.expect("resign");
+        // Until the grant is made, identity acquisitions are refused with it.
+        let text = take(&holder, &first, &owner, Some("node-a"))
+            .await
+            .expect_err("the role may not delete records")
+            .to_string();
+        assert!(text.contains(&format!("lacks DELETE on {table}")), "{text}");
+        admin
+            .batch_execute(&format!("GRANT DELETE ON {table} TO {role};"))
+            .await
+            .expect("grant");
+        staying.resign().await.expect("resign");
+    }
 }
 
 /// A DBA holds a lock on the table of identity records that every write
@@ -3223,34 +3225,4 @@ async fn a_release_whose_record_delete_a_trigger_or_rule_refuses_frees_the_key_a
         let case = format!("{trigger:?}");
         assert_renew(&holder, &[(&bystander.0, &bystander.1)], &case).await;
     }
-}
-
-/// A resignation whose record's delete a revoked DELETE refuses says so,
-/// with the GRANT to run, on a connection that logs parameters on error
-/// (`log_parameter_max_length_on_error`): the refusal's context lists the
-/// statement's parameters, and is no trigger's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revoked_delete_is_named_when_the_server_logs_parameters_on_error() {
-    let mut schema = ScratchSchema::new("holderlogged");
-    let admin = shared_client().await;
-    let (role_conn, role, table) = role_with_the_dbas_holders_table(&mut schema, &admin).await;
-    let role_conn = format!("{role_conn} options='-c log_parameter_max_length_on_error=-1'");
-    let holder = PgBackend::connect_with(&role_conn, schema.options().sessions(1))
-        .await
-        .expect("the role connects");
-    let first = fresh_key("resign-logged");
-    let resigning = elected(&holder, &first, "node-a").await;
-    admin
-        .batch_execute(&format!("REVOKE DELETE ON {table} FROM {role};"))
-        .await
-        .expect("the DBA revokes DELETE");
-    let err = resigning
-        .resign()
-        .await
-        .expect_err("the record cannot be deleted");
-    assert!(
-        err.to_string()
-            .contains(&format!("lacks DELETE on {table}")),
-        "{err}"
-    );
 }

@@ -278,11 +278,7 @@ macro_rules! draw_token {
             lead!(),
             ") END",
             $tail,
-            draw_from!(concat!(
-                "FROM (SELECT ",
-                draw_lock!("pg_advisory_xact_lock"),
-                " OFFSET 0) AS l"
-            ))
+            draw_from!("pg_advisory_xact_lock")
         )
     };
 }
@@ -325,10 +321,11 @@ macro_rules! unfit_settings {
 }
 
 /// The rows a draw reads (`t.seq`, `t.p`, `t.clock`), for `draw_token!` and
-/// `quick_draw!`: `nextval`, then the sequence's settings, then the
-/// clock, in that order, `$after` the row source the draw must come after.
+/// `quick_draw!`: the draw lock taken with `$lock` (see `draw_lock!`),
+/// then `nextval`, then the sequence's settings, then the clock, in that
+/// order.
 macro_rules! draw_from {
-    ($after:expr) => {
+    ($lock:literal) => {
         concat!(
             "
 FROM (SELECT s.seq, s.p,
@@ -337,7 +334,9 @@ FROM (SELECT s.seq, s.p,
       FROM (SELECT pg_catalog.nextval('{schema}.dlock_token_seq'::pg_catalog.regclass) AS seq,
                    pg_catalog.pg_sequence_parameters(
                        '{schema}.dlock_token_seq'::pg_catalog.regclass::pg_catalog.oid) AS p ",
-            $after,
+            "FROM (SELECT ",
+            draw_lock!($lock),
+            " OFFSET 0) AS l",
             " OFFSET 0) AS s OFFSET 0) AS t"
         )
     };
@@ -371,11 +370,7 @@ macro_rules! quick_draw {
             unfit_settings!(),
             ")
              THEN t.seq END",
-            draw_from!(concat!(
-                "FROM (SELECT ",
-                draw_lock!("pg_advisory_xact_lock_shared"),
-                " OFFSET 0) AS l"
-            ))
+            draw_from!("pg_advisory_xact_lock_shared")
         )
     };
 }

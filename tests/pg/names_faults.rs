@@ -571,9 +571,64 @@ async fn after_a_crash_a_key_named_before_is_named_again_and_listed() {
     take().await;
     let reader = PgBackend::connect(&conn).await.expect("a reader");
     let listed = reader.held(&prefix).await.expect("list");
-    assert_eq!(listed.len(), 1, "held after the crash, listed: {listed:?}");
+    if listed.len() != 1 {
+        let seen = what_the_server_holds(&conn, &server.dir.join("log")).await;
+        let read = holder.holder(&key).await;
+        panic!("held after the crash, listed: {listed:?}; the holder reads {read:?}; {seen}");
+    }
     holder
         .release(&ReleaseRequest::new(&key, &owner))
         .await
         .expect("release");
+}
+
+/// The server's side of a test that found a key missing from `held`: the
+/// names it keeps, the sessions it knows, every advisory lock (with the
+/// holder's pid), read on a connection of its own, and the errors its log
+/// holds, for the failure message.
+async fn what_the_server_holds(conn: &str, log: &std::path::Path) -> String {
+    let (admin, connection) =
+        match dlock::pg::tokio_postgres::connect(conn, dlock::pg::tokio_postgres::NoTls).await {
+            Ok(pair) => pair,
+            Err(err) => return format!("(no connection to look: {err})"),
+        };
+    tokio::spawn(connection);
+    let mut seen = String::new();
+    for (what, query) in [
+        (
+            "dlock_keys",
+            "SELECT lock_id::text, key, named_at::text FROM dlock.dlock_keys",
+        ),
+        (
+            "dlock_sessions",
+            "SELECT pid::text, session_start::text, holder FROM dlock.dlock_sessions",
+        ),
+        (
+            "advisory locks",
+            "SELECT pid::text, classid::text, objid::text, objsubid::text, mode \
+             FROM pg_catalog.pg_locks WHERE locktype = 'advisory'",
+        ),
+    ] {
+        let rows = match admin.query(query, &[]).await {
+            Ok(rows) => rows
+                .iter()
+                .map(|row| {
+                    (0..row.len())
+                        .map(|i| row.get::<_, String>(i))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+            Err(err) => format!("error: {err}"),
+        };
+        seen.push_str(&format!("{what}: [{rows}] "));
+    }
+    let log = std::fs::read_to_string(log).unwrap_or_default();
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("ERROR") || line.contains("STATEMENT"))
+        .collect();
+    seen.push_str(&format!("server log errors: {errors:?}"));
+    seen
 }

@@ -245,8 +245,10 @@ impl Inner {
     /// ([`HolderInfo::encode`]) and the key. Polled before the lock
     /// statement is sent on the same session, so the server runs it first
     /// (see [`sql::NAME_LEASE`]). Best effort: a name that could not be
-    /// written costs the lease its holder's name until its first renewal
-    /// writes its record, never its lock. False when the session's holder
+    /// written leaves the lease out of `held` (and, when its session was
+    /// not named before, without its holder's name) until its key is
+    /// locked again and named then, never without its lock: renewals write
+    /// only the records of leases with an identity. False when the session's holder
     /// could not be named while the session named others: readers would
     /// name the lease with those, so the lease is taken again with a
     /// record (see `Inner::try_lock`).

@@ -15,11 +15,22 @@ macro_rules! token_mark_a {
     ($f:literal, $h:literal, $t:literal) => {
         concat!(
             $f,
-            "(((",
-            $h,
-            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4, (",
+            "(",
+            mark_classid_a!($h),
+            ", (",
             $t,
             " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
+        )
+    };
+}
+
+/// The first token mark's `classid` of the advisory key `$h`, as taken.
+macro_rules! mark_classid_a {
+    ($h:literal) => {
+        concat!(
+            "((",
+            $h,
+            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4"
         )
     };
 }
@@ -30,11 +41,22 @@ macro_rules! token_mark_b {
     ($f:literal, $h:literal, $t:literal) => {
         concat!(
             $f,
-            "((((",
-            $h,
-            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4, ((",
+            "(",
+            mark_classid_b!($h),
+            ", ((",
             $t,
             " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4)::pg_catalog.int4)"
+        )
+    };
+}
+
+/// The second token mark's `classid` of the advisory key `$h`, as taken.
+macro_rules! mark_classid_b {
+    ($h:literal) => {
+        concat!(
+            "(((",
+            $h,
+            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4"
         )
     };
 }
@@ -51,13 +73,13 @@ macro_rules! token_mark_b {
 macro_rules! marks_on_the_draw_lock {
     ($h:literal) => {
         concat!(
-            "(((",
-            $h,
-            " OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482766::pg_catalog.int8)::pg_catalog.int4
+            "(",
+            mark_classid_a!($h),
+            "
                 OPERATOR(pg_catalog.=) 1685217655::pg_catalog.int4)
-              OR (((((",
-            $h,
-            " OPERATOR(pg_catalog.<<) 32::pg_catalog.int4) OPERATOR(pg_catalog.>>) 32::pg_catalog.int4) OPERATOR(pg_catalog.#) 1414482765::pg_catalog.int8)::pg_catalog.int4
+              OR ((",
+            mark_classid_b!($h),
+            "
                 OPERATOR(pg_catalog.=) 1685217655::pg_catalog.int4))"
         )
     };

@@ -441,11 +441,12 @@ impl Backend for PgBackend {
     }
 }
 
-/// Gives back a lock the server granted to a caller that stopped waiting.
-struct GiveBack {
-    inner: Arc<Inner>,
-    key: LockKey,
-    owner: OwnerId,
+/// Gives back a lock, a shared lock or a permit the server granted to a
+/// caller that stopped waiting (`Inner::unlock` tells which).
+pub(super) struct GiveBack {
+    pub(super) inner: Arc<Inner>,
+    pub(super) key: LockKey,
+    pub(super) owner: OwnerId,
 }
 
 impl AbandonedWith<Result<Attempt, LockError>> for GiveBack {

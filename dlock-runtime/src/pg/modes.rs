@@ -41,6 +41,7 @@ use std::time::Duration;
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::time::Instant;
 
+use super::backend::GiveBack;
 use super::claims::PermitClaim;
 use super::connection::no_runtime;
 use super::deadlines::Slot;
@@ -50,7 +51,6 @@ use super::read_hold::ReadHold;
 use super::session::LockSession;
 use super::{Inner, sql};
 use crate::backend::kit::after;
-use crate::backend::kit::detach::AbandonedWith;
 use crate::backend::{Access, AcquireRequest, Attempt, Grant, OwnerId, ReleaseNotice};
 use crate::error::{LockError, Operation};
 use crate::key::LockKey;
@@ -219,25 +219,6 @@ impl Drop for Pending<'_> {
     }
 }
 
-/// Gives back a shared lock or permit the server granted to a caller that
-/// stopped waiting.
-struct ModeGiveBack {
-    inner: Arc<Inner>,
-    key: LockKey,
-    owner: OwnerId,
-}
-
-impl AbandonedWith<Result<Attempt, LockError>> for ModeGiveBack {
-    async fn handle(self, outcome: Result<Attempt, LockError>) {
-        if let Ok(Attempt::Acquired(_)) = outcome {
-            let _ = self
-                .inner
-                .unlock_mode(&self.key, Some(self.owner), false)
-                .await;
-        }
-    }
-}
-
 impl Inner {
     /// A shared or permit attempt (rules M1, M2, M5): the in-process
     /// exclusion, then one statement on a lock session.
@@ -291,7 +272,7 @@ impl Inner {
             entry.pending += 1;
             Arc::clone(&entry.turn)
         };
-        let give_back = ModeGiveBack {
+        let give_back = GiveBack {
             inner: Arc::clone(self),
             key: key.clone(),
             owner: *owner,
